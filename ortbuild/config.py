@@ -1,0 +1,412 @@
+"""Load targets.toml into a frozen, validated Project.
+
+Layers, lowest first: option defaults -> the `extends` chain (parent first) -> the target's own keys ->
+its `[[overrides]]` whose `models` globs match, in order. Every error is a ConfigError naming the file,
+the table/key and, where a name is close, "did you mean ...?".
+
+Stdlib + packaging only: the noxfile imports this module to generate one session per target.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import fnmatch
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from . import options
+from .errors import ConfigError
+
+DEFAULT_FILE = "targets.toml"
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "options": dict(self.options)}
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    path: Path
+    inputs: Path
+    calibration: Path | None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one (target, model) job is built with: the target's keys after overrides."""
+
+    precision: str
+    optimization: str
+    format: str
+    providers: tuple[Provider, ...]
+    quantization: Mapping[str, Any]
+    fp16: Mapping[str, Any]
+    int4: Mapping[str, Any]
+    session: Mapping[str, Any]
+    free_dimensions: Mapping[str, int]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "optimization": self.optimization,
+            "format": self.format,
+            "providers": [p.as_json() for p in self.providers],
+            "quantization": dict(self.quantization),
+            "fp16": dict(self.fp16),
+            "int4": dict(self.int4),
+            "session": dict(self.session),
+            "free_dimensions": dict(self.free_dimensions),
+        }
+
+    def precision_options(self) -> dict[str, Any]:
+        section = {"int8-dynamic": self.quantization, "int8-static": self.quantization,
+                   "fp16": self.fp16, "int4-weight": self.int4}.get(self.precision, {})
+        return dict(section)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    runtime: str                     # the pip requirement, e.g. "onnxruntime==1.31.1"
+    models: tuple[str, ...]          # resolved model names, in [models] order
+    settings: Mapping[str, Settings]  # per model name
+
+    @property
+    def runtime_name(self) -> str:
+        return Requirement(self.runtime).name.lower()
+
+    @property
+    def providers(self) -> tuple[Provider, ...]:
+        """The target-level providers (the first model's, which equal the target's unless overridden)."""
+        return next(iter(self.settings.values())).providers
+
+    @property
+    def tags(self) -> list[str]:
+        """nox tags: primary provider short name, and every precision it builds."""
+        ep = self.providers[0].name.removesuffix("ExecutionProvider").lower()
+        precs = {s.precision for s in self.settings.values()}
+        return [ep, *sorted(precs | {p.split("-")[0] for p in precs})]
+
+
+@dataclass(frozen=True)
+class Project:
+    file: Path
+    name: str
+    version: str
+    description: str
+    models: Mapping[str, Model]
+    targets: Mapping[str, Target]
+
+    @property
+    def root(self) -> Path:
+        return self.file.parent
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+def _close(word: str, choices: list[str] | tuple[str, ...]) -> str | None:
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    if not found:
+        lowered = {c.lower(): c for c in choices}
+        found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+        return lowered[found[0]] if found else None
+    return found[0]
+
+
+def _did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    c = _close(word, choices)
+    return f" (did you mean '{c}'?)" if c else ""
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(v), type(v).__name__)
+
+
+class _Checker:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, where: str, message: str, hint: str | None = None) -> ConfigError:
+        return ConfigError(self.file, where, message, hint)
+
+    def table(self, data: Any, spec: str, where: str) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(where, f"must be a table, got {_type_name(data)}")
+        known = options.keys(spec)
+        for name, value in data.items():
+            if name not in known:
+                raise self.fail(where, f"unknown key '{name}'{_did_you_mean(name, list(known))}",
+                                f"the keys of this table are: {', '.join(known)}")
+            self.value(value, known[name], f"{where}.{name}")
+        return data
+
+    def value(self, v: Any, k: options.Key, where: str) -> None:
+        kind = k.kind
+        if kind == "string":
+            if not isinstance(v, str):
+                raise self.fail(where, f"must be a string, got {_type_name(v)}")
+            if k.choices and v not in k.choices:
+                raise self.fail(where, f"'{v}' is not one of {', '.join(k.choices)}"
+                                       f"{_did_you_mean(v, k.choices)}")
+        elif kind == "integer":
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise self.fail(where, f"must be a non-negative integer, got {v!r}")
+        elif kind == "boolean":
+            if not isinstance(v, bool):
+                raise self.fail(where, f"must be true or false, got {v!r}",
+                                "TOML booleans are lower-case and unquoted: true / false")
+        elif kind == "strings":
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                raise self.fail(where, f"must be an array of strings, got {v!r}")
+        elif kind == "providers":
+            self.providers(v, where)
+        elif kind == "config":
+            self.config(v, where)
+        elif kind == "dims":
+            if not isinstance(v, dict):
+                raise self.fail(where, f"must be a table of dimension name = size, got {_type_name(v)}")
+            for dim, size in v.items():
+                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                    raise self.fail(f"{where}.{dim}", f"must be a positive integer, got {size!r}")
+        elif kind == "table":
+            assert k.table
+            self.table(v, k.table, where)
+        elif kind == "tables":
+            assert k.table
+            if not isinstance(v, list):
+                raise self.fail(where, f"must be an array of tables ([[{where}]]), got {_type_name(v)}")
+            for i, item in enumerate(v):
+                self.table(item, k.table, f"{where}[{i}]")
+
+    def providers(self, v: Any, where: str) -> None:
+        if not isinstance(v, list) or not v:
+            raise self.fail(where, "must be a non-empty array of provider names or {name=..., options={...}}")
+        for i, entry in enumerate(v):
+            at = f"{where}[{i}]"
+            if isinstance(entry, dict):
+                extra = set(entry) - {"name", "options"}
+                if extra:
+                    raise self.fail(at, f"unknown key '{sorted(extra)[0]}' in a provider entry",
+                                    "a provider entry has only `name` and `options`")
+                name = entry.get("name")
+                opts = entry.get("options", {})
+                if not isinstance(opts, dict) or not all(
+                        isinstance(x, str | int | float | bool) for x in opts.values()):
+                    raise self.fail(f"{at}.options", "must be a table of string, number or boolean values")
+            else:
+                name = entry
+            if not isinstance(name, str):
+                raise self.fail(at, f"provider name must be a string, got {_type_name(name)}")
+            if name not in options.PROVIDERS:
+                raise self.fail(at, f"unknown execution provider '{name}'{_did_you_mean(name, options.PROVIDERS)}",
+                                "provider names are ONNX Runtime's, e.g. CPUExecutionProvider")
+
+    def config(self, v: Any, where: str) -> None:
+        if not isinstance(v, dict):
+            raise self.fail(where, f"must be a table of \"key\" = \"value\", got {_type_name(v)}")
+        for key, value in v.items():
+            at = f"{where}.\"{key}\""
+            if key in options.RESERVED_CONFIG_KEYS:
+                raise self.fail(at, "is set by ortbuild", options.RESERVED_CONFIG_KEYS[key])
+            if key not in options.SESSION_CONFIG_KEYS:
+                raise self.fail(at, f"unknown session config key{_did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))}",
+                                "ONNX Runtime ignores unknown keys silently, so ortbuild refuses them; "
+                                "the allowed keys are in docs/targets-reference.md")
+            if not isinstance(value, str):
+                raise self.fail(at, f"must be a string, got {value!r}", f"quote it: \"{key}\" = \"{value}\"")
+
+
+def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge tables; any non-table value (lists included) in `top` replaces the one in `base`."""
+    out = copy.deepcopy(dict(base))
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _providers(raw: list[Any]) -> tuple[Provider, ...]:
+    return tuple(Provider(e) if isinstance(e, str) else Provider(e["name"], dict(e.get("options", {})))
+                 for e in raw)
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Project:
+    """Parse and validate a targets.toml. check_files=False skips file-existence checks (nox -l)."""
+    file = Path(path)
+    shown = str(path)
+    chk = _Checker(shown)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(shown, "", "file not found",
+                          "run from the directory holding targets.toml, or pass -c PATH") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(shown, "", f"cannot read: {e}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(shown, "", f"not valid TOML: {e}") from None
+
+    for key in data:
+        if key not in ("project", "models", "targets"):
+            raise chk.fail(key, f"unknown top-level table '{key}'"
+                                f"{_did_you_mean(key, ['project', 'models', 'targets'])}",
+                           "the top-level tables are [project], [models.NAME] and [targets.NAME]")
+    for key in ("project", "models", "targets"):
+        if key not in data:
+            raise chk.fail(key, f"missing [{key}] table", "see docs/targets-reference.md")
+        if not isinstance(data[key], dict):
+            raise chk.fail(key, f"must be a table, got {_type_name(data[key])}")
+
+    proj = chk.table(data["project"], "project", "project")
+    for k in ("name", "version"):
+        if k not in proj:
+            raise chk.fail("project", f"missing required key '{k}'")
+
+    root = file.parent
+    models = _load_models(chk, data["models"], root, check_files)
+    targets = _load_targets(chk, data["targets"], models)
+    return Project(file=file, name=proj["name"], version=proj["version"],
+                   description=proj.get("description", ""), models=models, targets=targets)
+
+
+def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bool) -> dict[str, Model]:
+    if not raw:
+        raise chk.fail("models", "no models declared", "add a [models.NAME] table with path and inputs")
+    models: dict[str, Model] = {}
+    for name, table in raw.items():
+        where = f"models.{name}"
+        chk.table(table, "model", where)
+        for k in ("path", "inputs"):
+            if k not in table:
+                raise chk.fail(where, f"missing required key '{k}'")
+        paths: dict[str, Path | None] = {}
+        for k in ("path", "inputs", "calibration"):
+            rel = table.get(k)
+            p = (root / rel) if rel is not None else None
+            if check_files and p is not None and not p.exists():
+                raise chk.fail(f"{where}.{k}", f"'{rel}' does not exist (looked for {p})",
+                               "paths are relative to the directory of targets.toml")
+            paths[k] = p
+        path, inputs = paths["path"], paths["inputs"]
+        assert path is not None and inputs is not None
+        models[name] = Model(name=name, path=path, inputs=inputs, calibration=paths["calibration"],
+                             description=table.get("description", ""))
+    return models
+
+
+def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str, chain: list[str]) -> dict[str, Any]:
+    table = raw[name]
+    parent = table.get("extends")
+    if parent is None:
+        return dict(table)
+    where = f"targets.{name}.extends"
+    if parent not in raw:
+        raise chk.fail(where, f"unknown target '{parent}'{_did_you_mean(parent, list(raw))}")
+    if parent in chain:
+        cycle = " -> ".join([*chain[chain.index(parent):], parent])
+        raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
+    merged = merge(_resolve_extends(chk, raw, parent, [*chain, parent]), table)
+    merged.pop("extends", None)
+    return merged
+
+
+def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) -> dict[str, Target]:
+    if not raw:
+        raise chk.fail("targets", "no targets declared", "add a [targets.NAME] table")
+    for name, table in raw.items():
+        chk.table(table, "target", f"targets.{name}")
+    targets: dict[str, Target] = {}
+    for name in raw:
+        where = f"targets.{name}"
+        t = merge(options.defaults("target"), _resolve_extends(chk, raw, name, [name]))
+        for k in ("runtime", "providers"):
+            if k not in t:
+                raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")
+        _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
+
+        selected = [m for m in models if any(fnmatch.fnmatchcase(m, pat) for pat in t["models"])]
+        for pat in t["models"]:
+            if not any(fnmatch.fnmatchcase(m, pat) for m in models):
+                raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"
+                                                  f"{_did_you_mean(pat, list(models))}",
+                               f"the models are: {', '.join(models)}")
+        settings: dict[str, Settings] = {}
+        for m in selected:
+            eff = {k: t[k] for k in ("precision", "optimization", "format", "providers", "quantization",
+                                     "fp16", "int4", "session", "free_dimensions")}
+            for i, ov in enumerate(t["overrides"]):
+                if "models" not in ov:
+                    raise chk.fail(f"{where}.overrides[{i}]", "missing required key 'models'")
+                if any(fnmatch.fnmatchcase(m, pat) for pat in ov["models"]):
+                    eff = merge(eff, {k: v for k, v in ov.items() if k != "models"})
+            _check_runtime(chk, f"{where}.providers", t["runtime"], eff["providers"])
+            _check_settings(chk, where, models[m], eff)
+            settings[m] = Settings(
+                precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
+                providers=_providers(eff["providers"]), quantization=eff["quantization"], fp16=eff["fp16"],
+                int4=eff["int4"], session=eff["session"], free_dimensions=eff["free_dimensions"])
+        for i, ov in enumerate(t["overrides"]):
+            for pat in ov["models"]:
+                if not any(fnmatch.fnmatchcase(m, pat) for m in selected):
+                    raise chk.fail(f"{where}.overrides[{i}].models",
+                                   f"pattern '{pat}' matches none of this target's models "
+                                   f"({', '.join(selected)})")
+        targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
+                               models=tuple(selected), settings=settings)
+    return targets
+
+
+def _check_runtime(chk: _Checker, where: str, runtime: str, providers: list[Any]) -> None:
+    try:
+        req = Requirement(runtime)
+    except InvalidRequirement as e:
+        raise chk.fail(where, f"'{runtime}' is not a pip requirement: {e}",
+                       "write it like onnxruntime==1.31.1") from None
+    flavor = req.name.lower()
+    if flavor not in options.RUNTIMES:
+        raise chk.fail(where, f"unknown ONNX Runtime flavor '{req.name}'"
+                              f"{_did_you_mean(flavor, list(options.RUNTIMES))}",
+                       f"known flavors: {', '.join(options.RUNTIMES)}")
+    offered = options.RUNTIMES[flavor]
+    for p in _providers(providers):
+        if p.name not in offered:
+            owner = [r for r, eps in options.RUNTIMES.items() if p.name in eps]
+            hint = f"{p.name} ships in {', '.join(owner)}" if owner else None
+            raise chk.fail(where, f"{flavor} does not provide {p.name}", hint)
+
+
+def _check_settings(chk: _Checker, where: str, model: Model, eff: dict[str, Any]) -> None:
+    if eff["precision"] == "int8-static" and model.calibration is None:
+        raise chk.fail(f"{where}.precision",
+                       f"int8-static needs calibration data, and model '{model.name}' has none",
+                       f"add `calibration = \"...npz\"` to [models.{model.name}], or use int8-dynamic "
+                       "for this model (an [[overrides]] entry)")
+    bs = eff["int4"].get("block_size", 32)
+    if bs not in (16, 32, 64, 128, 256):
+        raise chk.fail(f"{where}.int4.block_size", f"{bs} is not one of 16, 32, 64, 128, 256")
+    if eff["int4"].get("accuracy_level", 0) > 4:
+        raise chk.fail(f"{where}.int4.accuracy_level", "must be 0-4")
+    compiling = [p.name for p in _providers(eff["providers"]) if p.name in options.COMPILING_PROVIDERS]
+    if eff["format"] == "ort" and compiling:
+        raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {compiling[0]}",
+                       "use format = \"onnx\" for compiling providers")

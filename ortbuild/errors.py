@@ -1,0 +1,73 @@
+"""The error hierarchy. Each class carries its exit code; messages say what to do next.
+
+Exit codes (documented in README.md and docs/design.md):
+    0  success
+    1  internal error (a bug in ortbuild: rerun with --debug and report it)
+    2  command-line usage error
+    3  configuration error (targets.toml, its models and data files)
+    4  runtime mismatch (this environment's ONNX Runtime flavor is not the target's)
+    5  missing execution provider (with --strict, or a provider a step needs)
+    6  a build step failed (check, precision, optimize, reload)
+    7  an artifact or manifest is unreadable, tampered or does not fit this machine
+"""
+
+from __future__ import annotations
+
+
+class OrtbuildError(Exception):
+    """Base class: a message for the user, an optional hint, and an exit code."""
+
+    exit_code = 1
+    label = "error"
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        text = f"ortbuild: {self.label}: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class ConfigError(OrtbuildError):
+    """targets.toml (or a file it names) is wrong. `where` is the table/key, e.g. targets.cpu.precision."""
+
+    exit_code = 3
+    label = "config error"
+
+    def __init__(self, file: str, where: str, message: str, hint: str | None = None) -> None:
+        prefix = f"{file}: [{where}] " if where else f"{file}: "
+        super().__init__(prefix + message, hint)
+        self.file = file
+        self.where = where
+
+
+class RuntimeMismatch(OrtbuildError):
+    exit_code = 4
+    label = "runtime mismatch"
+
+
+class MissingProvider(OrtbuildError):
+    exit_code = 5
+    label = "missing execution provider"
+
+
+class StepError(OrtbuildError):
+    """A build step failed for one (target, model) job."""
+
+    exit_code = 6
+    label = "build step failed"
+
+    def __init__(self, target: str, model: str, step: str, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{target}/{model}: step '{step}': {message}", hint)
+        self.target = target
+        self.model = model
+        self.step = step
+
+
+class ArtifactError(OrtbuildError):
+    exit_code = 7
+    label = "artifact error"

@@ -1,0 +1,360 @@
+"""The single source of every targets.toml key: names, kinds, defaults and docs.
+
+It drives validation (ortbuild.config), the shipped JSON Schema (ortbuild/targets.schema.json) and the
+reference docs (docs/targets-reference.md). Regenerate the last two with `ortbuild schema --write`.
+This module is stdlib-only: the noxfile imports it (through ortbuild.config) before any venv exists.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PRECISIONS = ("fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight")
+LEVELS = ("disable", "basic", "extended", "layout", "all")
+FORMATS = ("onnx", "ort")
+
+# pip distributions that provide the `onnxruntime` module, and the providers each can offer.
+RUNTIMES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("CPUExecutionProvider", "AzureExecutionProvider", "CoreMLExecutionProvider"),
+    "onnxruntime-gpu": ("CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-openvino": ("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-directml": ("DmlExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-qnn": ("QNNExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-rocm": ("ROCMExecutionProvider", "MIGraphXExecutionProvider", "CPUExecutionProvider"),
+}
+
+PROVIDERS = (
+    "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider",
+    "NvTensorRTRTXExecutionProvider", "OpenVINOExecutionProvider", "DmlExecutionProvider",
+    "CoreMLExecutionProvider", "QNNExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
+    "XnnpackExecutionProvider", "NnapiExecutionProvider", "WebGpuExecutionProvider", "DnnlExecutionProvider",
+    "AzureExecutionProvider", "VitisAIExecutionProvider", "CANNExecutionProvider", "ACLExecutionProvider",
+    "ArmNNExecutionProvider", "JsExecutionProvider", "SNPEExecutionProvider", "RknpuExecutionProvider",
+)
+# Providers that compile subgraphs at session creation: their optimized graph cannot be serialized.
+COMPILING_PROVIDERS = frozenset({
+    "OpenVINOExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider",
+    "QNNExecutionProvider", "MIGraphXExecutionProvider", "CoreMLExecutionProvider", "VitisAIExecutionProvider",
+})
+# EXTENDED fusions apply only to nodes owned by these providers (ORT graph-optimizations doc).
+FUSING_PROVIDERS = frozenset({"CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider"})
+
+# Session config keys found in the onnxruntime 1.31.1 binary (../shared/research/ort.md, appendix B).
+# ORT accepts misspelled keys silently, so ortbuild refuses anything not listed here.
+SESSION_CONFIG_KEYS = frozenset("""
+ep.context_embed_mode ep.context_enable ep.context_file_path ep.context_model_external_initializers_file_name
+ep.enable_weightless ep.cuda.fpa_intb_gemm ep.cuda.fpa_intb_profile_m ep.cuda.gqa_workspace_max_total_sequence_length
+mlas.disable_kleidiai mlas.kleidiai.conv_igemm_max_work mlas.nchwc_depthwise_sliding
+mlas.nchwc_pointwise_conv_max_input_channel_batch mlas.qnbit.force_fp32 mlas.use_lut_gemm
+optimization.constant_folding_max_output_size_in_bytes optimization.disable_specified_optimizers
+optimization.enable_cast_chain_elimination optimization.enable_gelu_approximation
+optimization.minimal_build_optimizations session.allow_released_opsets_only
+session.collect_node_memory_stats_to_file session.debug_layout_transformation
+session.disable_aot_function_inlining session.disable_cpu_ep_fallback session.disable_double_qdq_remover
+session.disable_model_compile session.disable_prepacking session.disable_qdq_constant_folding
+session.disable_quant_qdq session.dynamic_block_base session.enable_quant_qdq_cleanup
+session.fail_on_suboptimal_compiled_model session.force_spinning_stop session.function_expansion_byte_limit
+session.function_expansion_node_limit session.graph_optimizations_loop_level session.inter_op.allow_spinning
+session.inter_op.spin_backoff_max session.inter_op.spin_duration_us session.intra_op.allow_spinning
+session.intra_op.spin_backoff_max session.intra_op.spin_duration_us session.intra_op_thread_affinities
+session.layer_assignment_settings session.log_id session.max_shape_override
+session.model_external_initializers_file_folder_path session.node_partition_config_file
+session.prepack.enable_parallel session.qdq_matmulnbits_accuracy_level session.qdq_matmulnbits_block_size
+session.qdqisint8allowed session.record_ep_graph_assignment_info session.resource_cuda_partitioning_settings
+session.set_denormal_as_zero session.strict_shape_type_inference session.strict_workspace_verification
+session.use_device_allocator_for_initializers session.use_env_allocators
+session.use_external_initializer_file_buffers_directly session.use_per_session_threads
+session.x64quantprecision
+""".split())
+# Keys ortbuild sets itself from other options: setting them by hand would contradict the manifest.
+RESERVED_CONFIG_KEYS = {
+    "session.optimized_model_filepath": "ortbuild sets it to its private temp dir during the optimize step",
+    "session.save_model_format": "use the target key `format`",
+    "session.load_model_format": "use the target key `format`",
+    "session.graph_optimization_level": "use the target key `optimization`",
+    "session.intra_op_num_threads": "use [targets.X.session] intra_op_num_threads",
+    "session.inter_op_num_threads": "use [targets.X.session] inter_op_num_threads",
+    "session.execution_mode": "use [targets.X.session] execution_mode",
+    "session.enable_mem_pattern": "use [targets.X.session] enable_mem_pattern",
+    "session.enable_cpu_mem_arena": "use [targets.X.session] enable_cpu_mem_arena",
+    "session.use_deterministic_compute": "use [targets.X.session] use_deterministic_compute",
+    "session.enable_profiling": "profiling writes files outside the build; not supported in artifacts",
+    "session.use_ort_model_bytes_directly": "unsafe from Python (the buffer must outlive the session)",
+    "session.use_ort_model_bytes_for_initializers": "segfaults from Python in 1.31.1",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Key:
+    """One key of one table. `kind` is one of KINDS; `table` names the sub-table spec of table kinds."""
+
+    name: str
+    kind: str
+    doc: str
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    table: str | None = None
+
+
+KINDS = ("string", "integer", "boolean", "strings", "providers", "config", "dims", "table", "tables")
+
+_MODELS_KEY = Key(name="models", kind="strings", default=["*"],
+                  doc="Glob patterns (fnmatch) of the model names this applies to.")
+
+TABLES: dict[str, tuple[Key, ...]] = {
+    "project": (
+        Key(name="name", kind="string", required=True, doc="Project name, recorded in every manifest."),
+        Key(name="version", kind="string", required=True, doc="Project version, recorded in every manifest."),
+        Key(name="description", kind="string", default="", doc="Free text."),
+    ),
+    "model": (
+        Key(name="path", kind="string", required=True,
+            doc="The source ONNX model, relative to targets.toml."),
+        Key(name="inputs", kind="string", required=True,
+            doc="Golden inputs, relative to targets.toml: an .npz keyed by input name (one feed), or a "
+                "directory in the ONNX layout `test_data_set_N/input_K.pb`. Every artifact must run on them."),
+        Key(name="calibration", kind="string", default=None,
+            doc="Calibration data for int8-static, same formats as `inputs`; in an .npz the first axis of "
+                "each array indexes the samples. Use realistic data: noise ruins static quantization."),
+        Key(name="description", kind="string", default="", doc="Free text."),
+    ),
+    "target": (
+        Key(name="extends", kind="string", default=None,
+            doc="Name of another target whose keys this one inherits (tables merge key by key, lists "
+                "are replaced). Chains are allowed, cycles are an error."),
+        Key(name="description", kind="string", default="", doc="Free text."),
+        Key(name="runtime", kind="string", required=True,
+            doc="pip requirement of the target's ONNX Runtime flavor, e.g. `onnxruntime==1.31.1`, "
+                "`onnxruntime-openvino==1.24.1`, `onnxruntime-gpu==1.31.1`. nox installs it into the "
+                "target's own virtualenv; `ortbuild build` refuses to build a target in an environment "
+                "whose flavor or version does not match."),
+        Key(name="providers", kind="providers", required=True,
+            doc="Ordered execution providers. Each entry is a name or a table "
+                "`{name = \"...\", options = {...}}` of provider options."),
+        Key(name="precision", kind="string", default="fp32", choices=PRECISIONS,
+            doc="fp32 (as is), fp16 (ORT float16 converter), int8-dynamic (`quantize_dynamic`), "
+                "int8-static (`quantize_static`, needs the model's `calibration`), int4-weight "
+                "(`MatMulNBitsQuantizer`, block-wise weight-only)."),
+        Key(name="optimization", kind="string", default="all", choices=LEVELS,
+            doc="Offline graph-optimization level, applied inside the target's runtime. `basic` is "
+                "portable; `extended` ties the artifact to the providers; `layout` and `all` also tie it "
+                "to the build CPU's SIMD level (NCHWc). Compiling providers (OpenVINO, TensorRT) cannot "
+                "serialize their compiled graph: the artifact then holds the portable basic graph."),
+        Key(name="format", kind="string", default="onnx", choices=FORMATS,
+            doc="Artifact format: `onnx`, or `ort` (ORT flatbuffer format, for mobile/minimal builds; "
+                "not with compiling providers)."),
+        _MODELS_KEY,
+        Key(name="quantization", kind="table", table="quantization", default={},
+            doc="Options of int8-dynamic and int8-static."),
+        Key(name="fp16", kind="table", table="fp16", default={}, doc="Options of fp16."),
+        Key(name="int4", kind="table", table="int4", default={}, doc="Options of int4-weight."),
+        Key(name="session", kind="table", table="session", default={},
+            doc="Session options recorded in the manifest and used by every session the build opens."),
+        Key(name="free_dimensions", kind="dims", default={},
+            doc="Pin symbolic dimensions by name, e.g. `{ batch = 1 }` "
+                "(`add_free_dimension_override_by_name`)."),
+        Key(name="overrides", kind="tables", table="override", default=[],
+            doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
+                "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
+                "fp16, int4, session. Later matches win; tables merge key by key."),
+    ),
+    "override": (
+        Key(name="models", kind="strings", required=True, doc="Glob patterns of the models it applies to."),
+        # the remaining keys are copied from "target" below
+    ),
+    "quantization": (
+        Key(name="format", kind="string", default="qdq", choices=("qdq", "qoperator"),
+            doc="int8-static graph format. QDQ is ORT's recommendation for CPU and the only one TensorRT "
+                "takes. int8-dynamic is always QOperator-style (DynamicQuantizeLinear + MatMulInteger)."),
+        Key(name="per_channel", kind="boolean", default=True, doc="Per-channel weight scales."),
+        Key(name="weight_type", kind="string", default="int8", choices=("int8", "uint8"),
+            doc="Weight type. S8 weights are the fast path on x86 (U8 weights gave no speed-up)."),
+        Key(name="activation_type", kind="string", default="uint8", choices=("int8", "uint8"),
+            doc="Activation type of int8-static (U8 activations / S8 weights is ORT's x86 advice)."),
+        Key(name="reduce_range", kind="boolean", default=False,
+            doc="7-bit weights; can help accuracy on CPUs without VNNI."),
+        Key(name="op_types", kind="strings", default=[],
+            doc="Op types to quantize, e.g. [\"MatMul\"]. Empty: every type the quantizer supports."),
+        Key(name="exclude_nodes", kind="strings", default=[], doc="Node names to keep in float."),
+        Key(name="calibration_method", kind="string", default="minmax",
+            choices=("minmax", "entropy", "percentile", "distribution"), doc="int8-static calibration."),
+        Key(name="preprocess", kind="boolean", default=True,
+            doc="Run `quant_pre_process` (symbolic shape inference + basic optimization) first."),
+    ),
+    "fp16": (
+        Key(name="keep_io_types", kind="boolean", default=True,
+            doc="Keep float32 graph inputs and outputs (Casts are inserted inside)."),
+        Key(name="op_block_list", kind="strings", default=[],
+            doc="Op types kept in float32, added to the converter's default block list."),
+        Key(name="node_block_list", kind="strings", default=[], doc="Node names kept in float32."),
+    ),
+    "int4": (
+        Key(name="block_size", kind="integer", default=32, doc="Quantization block size (16, 32, 64, 128 or 256)."),
+        Key(name="symmetric", kind="boolean", default=True, doc="Symmetric (no zero point) blocks."),
+        Key(name="accuracy_level", kind="integer", default=0,
+            doc="MatMulNBits compute type: 0 = runtime default, 1 fp32, 2 fp16, 3 bf16, 4 int8."),
+        Key(name="exclude_nodes", kind="strings", default=[], doc="Node names to keep in float."),
+    ),
+    "session": (
+        Key(name="intra_op_num_threads", kind="integer", default=0, doc="0 = ORT's default (physical cores)."),
+        Key(name="inter_op_num_threads", kind="integer", default=0, doc="Used only with execution_mode parallel."),
+        Key(name="execution_mode", kind="string", default="sequential", choices=("sequential", "parallel"),
+            doc="ORT execution mode."),
+        Key(name="enable_mem_pattern", kind="boolean", default=True, doc="Memory pattern planning."),
+        Key(name="enable_cpu_mem_arena", kind="boolean", default=True,
+            doc="CPU arena; off returns memory after bursts of varying shapes."),
+        Key(name="use_deterministic_compute", kind="boolean", default=False, doc="Deterministic kernels."),
+        Key(name="config", kind="config", default={},
+            doc="Session config entries (`add_session_config_entry`), e.g. "
+                "`{ \"session.intra_op.allow_spinning\" = \"0\" }`. Keys are checked against an allowlist "
+                "of the keys in onnxruntime 1.31.1, because ORT accepts misspelled keys silently."),
+    ),
+}
+
+_OVERRIDABLE = ("precision", "optimization", "format", "providers", "free_dimensions",
+                "quantization", "fp16", "int4", "session")
+TABLES["override"] = TABLES["override"] + tuple(k for k in TABLES["target"] if k.name in _OVERRIDABLE)
+
+
+def keys(table: str) -> dict[str, Key]:
+    return {k.name: k for k in TABLES[table]}
+
+
+def defaults(table: str) -> dict[str, Any]:
+    """Default values of a table, sub-tables filled recursively."""
+    out: dict[str, Any] = {}
+    for k in TABLES[table]:
+        if k.kind == "table" and k.table:
+            out[k.name] = defaults(k.table)
+        elif k.default is not None:
+            out[k.name] = json.loads(json.dumps(k.default))  # a fresh copy
+    return out
+
+
+# ----------------------------------------------------------------------------------------- JSON Schema
+
+def _key_schema(k: Key) -> dict[str, Any]:
+    s: dict[str, Any]
+    if k.kind == "string":
+        s = {"type": "string"}
+        if k.choices:
+            s["enum"] = list(k.choices)
+    elif k.kind == "integer":
+        s = {"type": "integer", "minimum": 0}
+    elif k.kind == "boolean":
+        s = {"type": "boolean"}
+    elif k.kind == "strings":
+        s = {"type": "array", "items": {"type": "string"}}
+    elif k.kind == "providers":
+        entry = {"anyOf": [
+            {"type": "string", "enum": list(PROVIDERS)},
+            {"type": "object", "additionalProperties": False, "required": ["name"], "properties": {
+                "name": {"type": "string", "enum": list(PROVIDERS)},
+                "options": {"type": "object",
+                            "additionalProperties": {"type": ["string", "integer", "number", "boolean"]}},
+            }},
+        ]}
+        s = {"type": "array", "minItems": 1, "items": entry}
+    elif k.kind == "config":
+        s = {"type": "object", "propertyNames": {"enum": sorted(SESSION_CONFIG_KEYS)},
+             "additionalProperties": {"type": "string"}}
+    elif k.kind == "dims":
+        s = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}
+    elif k.kind == "table":
+        s = {"$ref": f"#/$defs/{k.table}"}
+    elif k.kind == "tables":
+        s = {"type": "array", "items": {"$ref": f"#/$defs/{k.table}"}}
+    else:  # pragma: no cover - guarded by test_options
+        raise ValueError(k.kind)
+    s["description"] = k.doc
+    if k.default is not None and k.kind not in ("table", "tables"):
+        s["default"] = k.default
+    return s
+
+
+def _table_schema(table: str, with_required: bool) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {k.name: _key_schema(k) for k in TABLES[table]},
+    }
+    req = [k.name for k in TABLES[table] if k.required]
+    if with_required and req:
+        s["required"] = req
+    return s
+
+
+def json_schema() -> dict[str, Any]:
+    # Targets may inherit required keys through `extends`, so the schema cannot require them there.
+    defs = {t: _table_schema(t, with_required=t != "target") for t in TABLES}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "ortbuild targets.toml",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["project", "models", "targets"],
+        "properties": {
+            "project": {"$ref": "#/$defs/project"},
+            "models": {"type": "object", "additionalProperties": {"$ref": "#/$defs/model"},
+                       "description": "Source models, one table per model name."},
+            "targets": {"type": "object", "additionalProperties": {"$ref": "#/$defs/target"},
+                        "description": "Hardware targets, one table per target name."},
+        },
+        "$defs": defs,
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- docs
+
+_TITLES = {
+    "project": "[project]", "model": "[models.NAME]", "target": "[targets.NAME]",
+    "override": "[[targets.NAME.overrides]]", "quantization": "[targets.NAME.quantization]",
+    "fp16": "[targets.NAME.fp16]", "int4": "[targets.NAME.int4]", "session": "[targets.NAME.session]",
+}
+
+
+def _fmt_default(k: Key) -> str:
+    if k.required:
+        return "required"
+    if k.kind in ("table", "tables"):
+        return "see below" if k.kind == "table" else "[]"
+    if k.default is None:
+        return "none"
+    return "`" + json.dumps(k.default) + "`"
+
+
+def reference_markdown() -> str:
+    lines = [
+        "# targets.toml reference",
+        "",
+        "Generated from `ortbuild/options.py` by `ortbuild schema --write`; do not edit by hand.",
+        "The same source drives validation and the JSON Schema (`ortbuild/targets.schema.json`).",
+        "",
+    ]
+    for table in TABLES:
+        lines += [f"## `{_TITLES[table]}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for k in TABLES[table]:
+            kind = k.kind if not k.choices else " \\| ".join(k.choices)
+            doc = k.doc.replace("|", "\\|")
+            lines.append(f"| `{k.name}` | {kind} | {_fmt_default(k)} | {doc} |")
+        lines.append("")
+    lines += [
+        "## Allowed session config keys",
+        "",
+        "Keys accepted in `[targets.NAME.session] config` (found in the onnxruntime 1.31.1 binary):",
+        "",
+        ", ".join(f"`{k}`" for k in sorted(SESSION_CONFIG_KEYS)),
+        "",
+        "Reserved (ortbuild sets them from other keys):",
+        "",
+    ]
+    lines += [f"- `{k}`: {why}" for k, why in sorted(RESERVED_CONFIG_KEYS.items())]
+    lines.append("")
+    return "\n".join(lines)
