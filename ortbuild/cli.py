@@ -1,0 +1,283 @@
+"""The `ortbuild` command line: build, plan, inspect, targets, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__, config, manifest, options, plan, runtime
+from .errors import ArtifactError, OrtbuildError, RuntimeMismatch
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
+REFERENCE_FILE = PACKAGE_DIR.parent / "docs" / "targets-reference.md"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)),
+                      *(fmt.format(*r) for r in rows)])
+
+
+# ------------------------------------------------------------------------------------------ build
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, Progress
+
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    dist = Path(args.dist) if args.dist else project.root / "dist"
+    builder = Builder(project, dist, force=args.force, progress=Progress(quiet=args.json))
+    results = builder.run(jobs)
+
+    rows = []
+    for r in results:
+        ratio = f"{r.size / r.source_size:.2f}x" if r.size and r.source_size else "-"
+        level = r.level or "-"
+        requested = project.targets[r.target].settings[r.model].optimization
+        if r.level and r.level != requested:
+            level = f"{r.level} (asked {requested})"
+        rows.append([r.target, r.model, r.status.upper(), r.precision, level, _size(r.size), ratio,
+                     f"{r.seconds:.1f}s"])
+    code = 0
+    explicit = set(args.target or [])
+    for r in results:
+        if r.status == FAILED and r.error is not None:
+            code = code or r.error.exit_code
+        elif r.status == SKIPPED and (args.strict or r.target in explicit):
+            code = code or RuntimeMismatch.exit_code
+        elif r.status == PORTABLE and args.strict:
+            code = code or 5
+    if args.json:
+        print(json.dumps({"dist": str(dist), "exit_code": code, "jobs": [r.as_json() for r in results]},
+                         indent=2))
+        return code
+    print()
+    print(_table(rows, ["target", "model", "status", "precision", "level", "size", "vs src", "time"]))
+    reasons: dict[str, str] = {}
+    for r in results:
+        if r.status in (SKIPPED, PORTABLE, FAILED) and r.reason:
+            reasons.setdefault(f"{r.status.upper()} {r.target}", r.reason)
+        for n in r.notes:
+            reasons.setdefault(f"note {r.target}/{r.model}", n)
+    for who, why in reasons.items():
+        print(f"  {who}: {why}")
+    counts = {s: sum(r.status == s for r in results) for s in (BUILT, UP_TO_DATE, PORTABLE, SKIPPED, FAILED)}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
+    for r in results:
+        if r.status == FAILED and r.error is not None:
+            print(r.error.render(), file=sys.stderr)
+    return code
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
+    out = [{"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
+            "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
+            "optimization": j.settings.optimization, "format": j.settings.format,
+            "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name]}
+           for j in jobs]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(_table([[o["target"], o["model"], o["runtime"], ",".join(p.removesuffix("ExecutionProvider")
+                                                                    for p in o["providers"]),
+                   o["precision"], o["optimization"], "yes" if o["buildable_here"] else "no (other runtime)"]
+                  for o in out],
+                 ["target", "model", "runtime", "providers", "precision", "level", "here"]))
+    return 0
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    project = config.load(args.config)
+    out = []
+    for t in project.targets.values():
+        why = runtime.runtime_problem(t)
+        missing: list[str] = []
+        if why is None:
+            missing = [r for r in (runtime.probe_provider(p) for p in t.providers) if r]
+        out.append({"target": t.name, "runtime": t.runtime, "providers": [p.name for p in t.providers],
+                    "precisions": sorted({s.precision for s in t.settings.values()}), "models": list(t.models),
+                    "runtime_here": why is None, "providers_here": why is None and not missing,
+                    "why_not": why or "; ".join(missing) or None, "description": t.description})
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+
+    def state(o: dict[str, Any]) -> str:
+        if o["providers_here"]:
+            return "yes"
+        return "other runtime" if not o["runtime_here"] else "no provider (portable build only)"
+    print(_table([[o["target"], o["runtime"], ",".join(o["precisions"]), str(len(o["models"])), state(o)]
+                  for o in out], ["target", "runtime", "precision", "models", "runs here"]))
+    for o in out:
+        if o["why_not"]:
+            print(f"  {o['target']}: {o['why_not']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- inspect
+
+def _inspect_onnx(path: Path) -> dict[str, Any]:
+    import onnx
+
+    from .steps import check
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ArtifactError(f"{path}: not an ONNX model: {str(e)[:200]}") from None
+    return {"file": str(path), "size": path.stat().st_size, "sha256": manifest.sha256_file(path),
+            "ir_version": model.ir_version, "opsets": check.opsets(model), "io": check.signature(model),
+            "producer": f"{model.producer_name} {model.producer_version}".strip(), "nodes": len(model.graph.node)}
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such file or directory")
+    if path.is_file() and path.suffix == ".onnx" and not (path.parent / manifest.MANIFEST).exists():
+        info = _inspect_onnx(path)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"{path}: plain ONNX model (no ortbuild manifest beside it)")
+            print(f"  size {_size(info['size'])}  sha256 {info['sha256']}")
+            print(f"  ir {info['ir_version']}  opsets {info['opsets']}  nodes {info['nodes']}")
+            for kind in ("inputs", "outputs"):
+                for v in info["io"][kind]:
+                    print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
+        return 0
+    doc, folder = manifest.read(path)
+    integrity = manifest.integrity_problems(doc, folder)
+    fit = manifest.fit_problems(doc)
+    if args.json:
+        print(json.dumps({"manifest": doc, "integrity_problems": integrity, "fit_problems": fit}, indent=2))
+    else:
+        opt = doc["optimization"]
+        print(f"{doc['target']}/{doc['model']}  ({doc['status']})  built {doc['created']} with "
+              f"{doc['versions']['onnxruntime']['distribution']} {doc['versions']['onnxruntime']['version']}")
+        print(f"  artifact   {folder / doc['artifact']['file']}  {_size(doc['artifact']['size'])}  "
+              f"({doc['artifact']['size_ratio']:.2f}x source)  sha256 {doc['artifact']['sha256'][:16]}...")
+        print(f"  source     {doc['source']['path']}  {_size(doc['source']['size'])}  opsets {doc['source']['opsets']}")
+        print(f"  precision  {doc['precision']['name']}  {doc['precision']['options'] or ''}")
+        print(f"  providers  {', '.join(p['name'] for p in doc['providers'])}")
+        print(f"  level      {opt['applied']} (asked {opt['requested']}); "
+              + ("portable" if opt["portable"] else f"tied to {opt['tied_to']}"))
+        for kind in ("inputs", "outputs"):
+            for v in doc["io"][kind]:
+                print(f"  {kind[:-1]:<10} {v['name']}: {v['dtype']} {v['shape']}")
+        print(f"  machine    {doc['build_machine']['cpu']} ({doc['build_machine']['simd_level']})")
+        for n in doc.get("notes", []):
+            print(f"  note       {n}")
+        for p in integrity:
+            print(f"  PROBLEM    {p}")
+        for p in fit:
+            print(f"  WARNING    does not fit this environment: {p}")
+        if not integrity and not fit:
+            print("  OK         artifact matches its manifest and fits this environment")
+    if integrity:
+        return ArtifactError.exit_code
+    return ArtifactError.exit_code if (fit and args.strict) else 0
+
+
+# ----------------------------------------------------------------------------------------- schema
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
+    if args.write:
+        for f, text in files.items():
+            manifest.atomic_write(f, text.encode())
+            print(f"wrote {f}")
+        return 0
+    if args.check:
+        stale = [str(f) for f, text in files.items() if not f.exists() or f.read_text() != text]
+        if stale:
+            raise OrtbuildError(f"out of date: {', '.join(stale)}", "run `ortbuild schema --write`")
+        print("schema and reference docs are up to date")
+        return 0
+    sys.stdout.write(options.schema_text())
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- main
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ortbuild", description="Declarative multi-target ONNX Runtime builds.")
+    p.add_argument("--version", action="version", version=f"ortbuild {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def selection(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+        sp.add_argument("-t", "--target", action="append", help="target name or glob (repeatable)")
+        sp.add_argument("-m", "--model", action="append", help="model name or glob (repeatable)")
+        sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+    b = sub.add_parser("build", help="build artifacts into dist/<target>/<model>/")
+    selection(b)
+    b.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    b.add_argument("--force", action="store_true", help="rebuild even when the build key is unchanged")
+    b.add_argument("--strict", action="store_true",
+                   help="fail (exit 5/4) on portable-only builds and skipped targets instead of reporting them")
+    b.set_defaults(func=cmd_build)
+
+    pl = sub.add_parser("plan", help="show what would be built, with which runtime")
+    selection(pl)
+    pl.set_defaults(func=cmd_plan)
+
+    t = sub.add_parser("targets", help="list targets and whether this environment can run them")
+    t.add_argument("-c", "--config", default=config.DEFAULT_FILE)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_targets)
+
+    i = sub.add_parser("inspect", help="show a manifest or artifact; check integrity and fit")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true")
+    i.add_argument("--strict", action="store_true", help="exit 7 when the artifact does not fit this machine")
+    i.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("schema", help="print the JSON Schema of targets.toml")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="regenerate the shipped schema and docs reference")
+    g.add_argument("--check", action="store_true", help="fail if they are out of date")
+    s.set_defaults(func=cmd_schema)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except OrtbuildError as e:
+        if args.debug:
+            raise
+        print(e.render(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("ortbuild: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"ortbuild: internal error: {type(e).__name__}: {e}\n  hint: rerun with --debug and report "
+              "the traceback", file=sys.stderr)
+        return 1

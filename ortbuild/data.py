@@ -1,0 +1,93 @@
+"""Golden inputs and calibration data: .npz files or ONNX test_data_set directories."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+Feed = dict[str, np.ndarray]
+
+
+def _read_pb(path: Path) -> tuple[str, np.ndarray]:
+    from onnx import TensorProto, numpy_helper
+
+    t = TensorProto()
+    try:
+        t.ParseFromString(path.read_bytes())
+        return t.name, numpy_helper.to_array(t)
+    except Exception as e:  # protobuf's DecodeError and numpy conversion errors alike
+        raise ConfigError(str(path), "", f"not a serialized onnx TensorProto: {e}") from None
+
+
+def _dataset_feed(folder: Path, input_names: list[str]) -> Feed:
+    files = sorted(folder.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    if not files:
+        raise ConfigError(str(folder), "", "holds no input_K.pb files")
+    feed: Feed = {}
+    for i, f in enumerate(files):
+        name, arr = _read_pb(f)
+        if not name:
+            if i >= len(input_names):
+                raise ConfigError(str(f), "", f"unnamed tensor #{i}, but the model has {len(input_names)} inputs")
+            name = input_names[i]
+        feed[name] = arr
+    return feed
+
+
+def _datasets(path: Path) -> list[Path]:
+    sets = sorted((p for p in path.glob("test_data_set_*") if p.is_dir()),
+                  key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdigit() else 0)
+    if not sets:
+        raise ConfigError(str(path), "", "is a directory without test_data_set_N/ subdirectories",
+                          "use an .npz keyed by input name, or the ONNX layout test_data_set_N/input_K.pb")
+    return sets
+
+
+def _npz(path: Path) -> Feed:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise ConfigError(str(path), "", f"cannot read as .npz: {e}") from None
+
+
+def load_feed(path: Path, input_names: list[str]) -> Feed:
+    """One feed: an .npz keyed by input name, or test_data_set_0 of an ONNX-layout directory."""
+    if path.is_dir():
+        return _dataset_feed(_datasets(path)[0], input_names)
+    return _npz(path)
+
+
+def load_samples(path: Path, input_names: list[str]) -> list[Feed]:
+    """Calibration samples: each .npz row (first axis) as a batch of one, or each test_data_set_N."""
+    if path.is_dir():
+        return [_dataset_feed(d, input_names) for d in _datasets(path)]
+    arrays = _npz(path)
+    counts = {len(a) for a in arrays.values()}
+    if len(counts) != 1:
+        raise ConfigError(str(path), "", f"arrays have different sample counts {sorted(counts)}",
+                          "the first axis of every array indexes the calibration samples")
+    n = counts.pop()
+    return [{k: a[i:i + 1] for k, a in arrays.items()} for i in range(n)]
+
+
+def check_feed(feed: Feed, signature: dict[str, Any], where: str) -> None:
+    """Names, dtypes and ranks of a feed against a model's input signature."""
+    inputs = {i["name"]: i for i in signature["inputs"]}
+    missing = [n for n in inputs if n not in feed]
+    extra = [n for n in feed if n not in inputs]
+    if missing or extra:
+        raise ConfigError(where, "", f"inputs do not match the model: missing {missing}, unexpected {extra}",
+                          f"the model's inputs are {list(inputs)}")
+    for name, arr in feed.items():
+        spec = inputs[name]
+        if str(arr.dtype) != spec["dtype"]:
+            raise ConfigError(where, "", f"input '{name}' is {arr.dtype}, the model wants {spec['dtype']}")
+        if spec["shape"] is not None and arr.ndim != len(spec["shape"]):
+            raise ConfigError(where, "", f"input '{name}' has shape {list(arr.shape)}, the model wants rank "
+                                         f"{len(spec['shape'])} {spec['shape']}")

@@ -1,0 +1,192 @@
+"""What this environment can run: the installed ONNX Runtime flavor, its usable providers, the CPU."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as md
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from . import options
+from .config import Provider, Settings, Target
+from .errors import RuntimeMismatch
+
+# ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
+_ISA_FLAGS = (
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+    "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+    "asimd", "asimddp", "i8mm", "sve", "sve2", "bf16", "fphp", "asimdhp",
+)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    distribution: str
+    version: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"distribution": self.distribution, "version": self.version}
+
+
+def installed_flavor() -> Flavor | None:
+    """The pip distribution that provides `onnxruntime` here, or None."""
+    found = []
+    for name in options.RUNTIMES:
+        try:
+            found.append(Flavor(name, md.version(name)))
+        except md.PackageNotFoundError:
+            continue
+    if len(found) > 1:
+        names = ", ".join(f.distribution for f in found)
+        raise RuntimeMismatch(
+            f"several ONNX Runtime flavors are installed together ({names}); they overwrite each other's "
+            "`onnxruntime` module", "use one virtualenv per flavor: `nox -s build` does that for you")
+    return found[0] if found else None
+
+
+def runtime_problem(target: Target) -> str | None:
+    """Why this environment cannot build `target` (wrong flavor or version), or None if it can."""
+    req = Requirement(target.runtime)
+    have = installed_flavor()
+    how = f"run `nox -s 'build({target.name})'`, which installs {target.runtime} in the target's own virtualenv"
+    if have is None:
+        return f"no ONNX Runtime is installed here; {target.name} needs {target.runtime}; {how}"
+    if have.distribution != req.name.lower():
+        return (f"{target.name} needs {target.runtime}, this environment has {have.distribution} "
+                f"{have.version}; {how}")
+    if not req.specifier.contains(Version(have.version), prereleases=True):
+        return (f"{target.name} needs {target.runtime}, this environment has {have.distribution} "
+                f"{have.version}; {how}")
+    return None
+
+
+@functools.cache
+def _probe_model() -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    return bytes(model.SerializeToString())
+
+
+def ort_provider_args(providers: tuple[Provider, ...]) -> tuple[list[str], list[dict[str, str]]]:
+    """Providers in the form InferenceSession takes: names, and options with string values."""
+    names = [p.name for p in providers]
+    opts = [{k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in p.options.items()}
+            for p in providers]
+    return names, opts
+
+
+def probe_provider(provider: Provider) -> str | None:
+    """None if `provider` really works here (a session on it runs), else the reason it does not.
+
+    get_available_providers() is not enough: onnxruntime-gpu lists CUDA and TensorRT on a machine
+    without a GPU, and session creation then falls back to the CPU with only a warning.
+    """
+    import onnxruntime as ort
+
+    if provider.name not in ort.get_available_providers():
+        flavor = installed_flavor()
+        shown = f"{flavor.distribution} {flavor.version}" if flavor else "this onnxruntime"
+        return f"{provider.name} is not in {shown}"
+    if provider.name == "CPUExecutionProvider":
+        return None
+    names, opts = ort_provider_args((provider,))
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(_probe_model(), so, providers=names, provider_options=opts)
+    except Exception as e:  # ORT raises its own exception types; any failure means "not usable"
+        return f"{provider.name} failed to start: {str(e).splitlines()[0][:300]}"
+    if provider.name not in sess.get_providers():
+        return f"{provider.name} is installed but cannot run here (no device, or its libraries are missing)"
+    return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(value.split())
+                    break
+    except OSError:
+        pass
+    return frozenset(flags)
+
+
+def simd_level(flags: frozenset[str] | None = None) -> str:
+    """The vector width ORT's NCHWc layout is built for: it is baked into `layout`/`all` artifacts."""
+    f = cpu_flags() if flags is None else flags
+    arch = platform.machine().lower()
+    if arch in ("x86_64", "amd64"):
+        if "avx512f" in f:
+            return "x86_64-avx512"
+        if "avx2" in f:
+            return "x86_64-avx2"
+        return "x86_64-sse"
+    return arch or "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fingerprint() -> dict[str, Any]:
+    return {
+        "cpu": cpu_model(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "simd_level": simd_level(),
+        "isa_flags": sorted(cpu_flags() & set(_ISA_FLAGS)),
+        "python": platform.python_version(),
+    }
+
+
+LEVELS = ("disable", "basic", "extended", "layout", "all")
+
+
+def session_options(settings: Settings, level: str) -> Any:
+    """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    enum_name = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}[level]
+    if not hasattr(ort.GraphOptimizationLevel, enum_name):  # ORT_ENABLE_LAYOUT arrived in 1.23
+        raise RuntimeMismatch(f"optimization '{level}' needs onnxruntime >= 1.23 ({enum_name})",
+                              "use optimization = \"all\" or \"extended\" with this runtime")
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, enum_name)
+    s = settings.session
+    so.intra_op_num_threads = s["intra_op_num_threads"]
+    so.inter_op_num_threads = s["inter_op_num_threads"]
+    so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if s["execution_mode"] == "parallel"
+                         else ort.ExecutionMode.ORT_SEQUENTIAL)
+    so.enable_mem_pattern = s["enable_mem_pattern"]
+    so.enable_cpu_mem_arena = s["enable_cpu_mem_arena"]
+    so.use_deterministic_compute = s["use_deterministic_compute"]
+    for key, value in s["config"].items():
+        so.add_session_config_entry(key, value)
+    for dim, size in settings.free_dimensions.items():
+        so.add_free_dimension_override_by_name(dim, size)
+    return so

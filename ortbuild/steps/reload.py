@@ -1,0 +1,38 @@
+"""Step 4: reload the artifact with optimizations disabled, as a deployment would, and run it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import runtime
+from ..config import Provider, Settings
+from ..data import Feed
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    providers: list[str]             # what the session really runs on (InferenceSession.get_providers)
+    outputs: list[dict[str, Any]]    # name, dtype and shape of each output on the golden inputs
+    load_seconds: float
+    run_seconds: float
+
+
+def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed) -> ReloadResult:
+    import onnxruntime as ort
+
+    so = runtime.session_options(settings, "disable")
+    names, opts = runtime.ort_provider_args(tuple(providers))
+    t0 = time.perf_counter()
+    sess = ort.InferenceSession(str(path), so, providers=names, provider_options=opts)
+    t1 = time.perf_counter()
+    results = sess.run(None, feed)
+    t2 = time.perf_counter()
+    outputs = [{"name": o.name, "dtype": str(np.asarray(r).dtype), "shape": list(np.asarray(r).shape)}
+               for o, r in zip(sess.get_outputs(), results, strict=True)]
+    return ReloadResult(providers=sess.get_providers(), outputs=outputs, load_seconds=t1 - t0,
+                        run_seconds=t2 - t1)
