@@ -69,14 +69,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         return code
     print()
     print(_table(rows, ["target", "model", "status", "precision", "level", "size", "vs src", "time"]))
-    reasons: dict[str, str] = {}
+    said: dict[str, list[str]] = {}  # each reason or note once, with the jobs it concerns
     for r in results:
-        if r.status in (SKIPPED, PORTABLE, FAILED) and r.reason:
-            reasons.setdefault(f"{r.status.upper()} {r.target}", r.reason)
-        for n in r.notes:
-            reasons.setdefault(f"note {r.target}/{r.model}", n)
-    for who, why in reasons.items():
-        print(f"  {who}: {why}")
+        lines = [f"{r.status.upper()}: {r.reason}"] if r.status in (SKIPPED, PORTABLE, FAILED) and r.reason \
+            else []
+        for text in lines + [f"note: {n}" for n in r.notes if n not in r.reason]:
+            said.setdefault(text, []).append(f"{r.target}/{r.model}")
+    for text, who in said.items():
+        print(f"  [{', '.join(who)}] {text}")
     counts = {s: sum(r.status == s for r in results) for s in (BUILT, UP_TO_DATE, PORTABLE, SKIPPED, FAILED)}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for r in results:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata as md
+import io
+import os
 import platform
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,14 +108,43 @@ def probe_provider(provider: Provider) -> str | None:
         return None
     names, opts = ort_provider_args((provider,))
     so = ort.SessionOptions()
-    so.log_severity_level = 4
-    try:
-        sess = ort.InferenceSession(_probe_model(), so, providers=names, provider_options=opts)
-    except Exception as e:  # ORT raises its own exception types; any failure means "not usable"
-        return f"{provider.name} failed to start: {str(e).splitlines()[0][:300]}"
-    if provider.name not in sess.get_providers():
-        return f"{provider.name} is installed but cannot run here (no device, or its libraries are missing)"
-    return None
+    with _captured_stderr() as log:  # ORT reports why a provider failed only on the C++ stderr
+        try:
+            sess = ort.InferenceSession(_probe_model(), so, providers=names, provider_options=opts)
+            ok = provider.name in sess.get_providers()
+            error = ""
+        except Exception as e:  # ORT raises its own exception types; any failure means "not usable"
+            ok, error = False, str(e).splitlines()[0][:300]
+    if ok:
+        return None
+    detail = error or _first_error(log.getvalue())
+    return (f"{provider.name} is installed but cannot run here"
+            + (f" ({detail})" if detail else " (no device, or its libraries are missing)"))
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        for marker in ("with error: ", "Failed to create "):
+            if marker in line:
+                return line[line.index(marker):].removeprefix("with error: ").strip()[:200]
+    return ""
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[io.StringIO]:
+    """Capture file descriptor 2 (native code writes there directly) into a StringIO."""
+    buf = io.StringIO()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield buf
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            buf.write(tmp.read().decode("utf-8", "replace"))
 
 
 @functools.cache

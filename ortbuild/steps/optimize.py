@@ -53,7 +53,7 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
         providers = [Provider("CPUExecutionProvider")]
         if options.LEVELS.index(level) > cap:
             level = "basic"
-        notes.append("portable build (precision + basic level only), because " + "; ".join(missing.values()))
+        notes.append("portable build: precision + basic level only, no provider-specific optimization")
     elif compiling:
         providers = [p for p in usable if p.name not in options.COMPILING_PROVIDERS] or [
             Provider("CPUExecutionProvider")]

@@ -8,6 +8,7 @@ int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantiz
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,50 @@ class PrecisionResult:
 def _save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save_model(model, str(path))
     return path
+
+
+def _subgraph_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for n in g.node:
+                names.update(n.input)
+                names |= _subgraph_names(n)
+    return names
+
+
+def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Order nodes so every input is produced before use (ORT's fp16 converter appends Casts at the end).
+
+    Stable: nodes keep their relative order where the dependencies allow it.
+    """
+    g = model.graph
+    known = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
+    producers = {o: i for i, n in enumerate(g.node) for o in n.output}
+    deps = [{producers[x] for x in ({*n.input} | _subgraph_names(n)) if x in producers and x not in known}
+            for n in g.node]
+    users: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(i)
+    pending = [len(d) for d in deps]
+    ready = [i for i, c in enumerate(pending) if c == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(g.node):
+        raise ValueError("the graph has a cycle: it cannot be ordered")
+    nodes = [g.node[i] for i in order]
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
 
 
 def _upgrade_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
@@ -93,7 +138,7 @@ def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: P
         converted = convert_float_to_float16(
             model, keep_io_types=opts["keep_io_types"], op_block_list=block,
             node_block_list=opts["node_block_list"] or None)
-        out = _save(converted, work / "fp16.onnx")
+        out = _save(toposort(converted), work / "fp16.onnx")
         return PrecisionResult(out, precision, opts, notes)
 
     if precision in ("int8-dynamic", "int8-static"):

@@ -1,0 +1,84 @@
+"""nox sessions, generated from targets.toml.
+
+    nox -s build                  build every target, each in its own virtualenv with its ORT flavor
+    nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
+    nox -t check                  the project's own checks: lint, tests, tests-openvino
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from ortbuild import config  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
+from ortbuild.errors import ConfigError  # noqa: E402
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["build"]
+nox.options.error_on_missing_interpreters = True
+
+CONFIG = os.environ.get("ORTBUILD_CONFIG", "targets.toml")
+CPU_RUNTIME = "onnxruntime==1.31.1"
+OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"
+# Real models for the end-to-end tests, from a PyPI wheel (not committed; sha256-pinned in the tests).
+E2E_MODELS = "rapidocr-onnxruntime==1.4.4"
+
+try:
+    PROJECT = config.load(HERE / CONFIG, check_files=False)
+except ConfigError as err:  # a broken targets.toml must not hide the lint/test sessions
+    print(err.render(), file=sys.stderr)
+    PROJECT = None
+
+TARGETS = list(PROJECT.targets.values()) if PROJECT else []
+
+
+@nox.session
+@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+def build(session: nox.Session, target: str) -> None:
+    """Build one target's artifacts in a virtualenv holding that target's ONNX Runtime flavor."""
+    if PROJECT is None:
+        session.error(f"{CONFIG} is invalid (see the error above)")
+    t = PROJECT.targets[target]
+    session.install("-e", ".")
+    try:
+        session.install(t.runtime)
+    except nox.command.CommandFailed:
+        session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
+    session.run("ortbuild", "build", "-c", CONFIG, "-t", target, *session.posargs)
+    dist = HERE / "dist" / target
+    docs = [json.loads(m.read_text()) for m in sorted(dist.glob("*/manifest.json"))
+            if m.parent.name in t.models]
+    if docs and all(d["status"] == "portable" for d in docs):
+        reasons = sorted({r for d in docs for r in d["missing_providers"].values()})
+        session.skip(f"{target} cannot run here ({'; '.join(reasons)}); only its portable artifacts were "
+                     f"built (precision + basic level), see {dist}")
+
+
+@nox.session(tags=["check"])
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict."""
+    session.install("-e", ".", CPU_RUNTIME, "ruff==0.17.5", "mypy==2.4.1", "nox==2026.10.20")
+    session.run("ruff", "check", ".")
+    session.run("mypy")
+
+
+@nox.session(tags=["check"])
+def tests(session: nox.Session) -> None:
+    """The test suite, with the CPU runtime and the real models the e2e tests use."""
+    session.install("-e", ".[dev]", CPU_RUNTIME)
+    session.install("--no-deps", E2E_MODELS)
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session(name="tests-openvino", tags=["check"])
+def tests_openvino(session: nox.Session) -> None:
+    """The runtime-dependent tests again, inside the OpenVINO flavor."""
+    session.install("-e", ".[dev]", OPENVINO_RUNTIME)
+    session.run("pytest", "-q", "-m", "runtime", *session.posargs)
