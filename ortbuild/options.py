@@ -7,6 +7,7 @@ This module is stdlib-only: the noxfile imports it (through ortbuild.config) bef
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -216,7 +217,8 @@ TABLES: dict[str, tuple[Key, ...]] = {
 
 _OVERRIDABLE = ("precision", "optimization", "format", "providers", "free_dimensions",
                 "quantization", "fp16", "int4", "session")
-TABLES["override"] = TABLES["override"] + tuple(k for k in TABLES["target"] if k.name in _OVERRIDABLE)
+TABLES["override"] = TABLES["override"] + tuple(
+    dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in _OVERRIDABLE)
 
 
 def keys(table: str) -> dict[str, Key]:

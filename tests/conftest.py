@@ -1,0 +1,50 @@
+"""Shared fixtures: the repository, the example models, and small throwaway projects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import runtime
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "models"
+
+
+def here_runtime() -> str:
+    """The pip requirement of the ORT flavor installed in this venv (so test targets are buildable here)."""
+    flavor = runtime.installed_flavor()
+    assert flavor is not None, "the test venv must hold one ONNX Runtime flavor"
+    return f"{flavor.distribution}=={flavor.version}"
+
+
+def model_table(name: str, calibration: bool = False) -> str:
+    lines = [f"[models.{name}]", f'path = "{MODELS / name}.onnx"', f'inputs = "{MODELS / name}.inputs.npz"']
+    if calibration:
+        lines.append(f'calibration = "{MODELS / name}.calib.npz"')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def make_project(tmp_path: Path) -> Callable[..., Path]:
+    """Write a targets.toml into tmp_path: example models by name, then target tables as TOML text."""
+
+    def make(targets: str, models: tuple[str, ...] = ("tiny_cnn",), calibration: bool = False) -> Path:
+        text = '[project]\nname = "t"\nversion = "1"\n\n'
+        text += "\n".join(model_table(m, calibration) for m in models)
+        text += "\n" + textwrap.dedent(targets).replace("RUNTIME", here_runtime())
+        path = tmp_path / "targets.toml"
+        path.write_text(text)
+        return path
+
+    return make
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)

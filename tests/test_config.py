@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import config
+from ortbuild.errors import ConfigError
+
+from .conftest import REPO, run_cli
+
+BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
+
+
+def test_committed_targets_file_resolves_layers() -> None:
+    p = config.load(REPO / "targets.toml")
+    assert list(p.targets) == ["cpu-fp32", "cpu-int8", "cpu-int4", "openvino-cpu", "cuda-fp16", "tensorrt-fp16"]
+    int8 = p.targets["cpu-int8"]
+    # extends: runtime, providers and session come from cpu-fp32
+    assert int8.runtime == "onnxruntime==1.31.1"
+    assert int8.settings["tiny_lstm"].session["intra_op_num_threads"] == 2
+    # overrides: static for the CNN, dynamic for the rest; the override's table merges key by key
+    assert int8.settings["tiny_cnn"].precision == "int8-static"
+    assert int8.settings["tiny_cnn"].quantization["op_types"] == []
+    assert int8.settings["tiny_cnn"].quantization["per_channel"] is True
+    assert int8.settings["tiny_transformer"].precision == "int8-dynamic"
+    assert "breast_cancer_gb" not in int8.models  # models = ["tiny_*"]
+    # defaults fill what nobody set
+    assert int8.settings["tiny_lstm"].quantization["weight_type"] == "int8"
+    assert p.targets["tensorrt-fp16"].providers[0].options == {"trt_fp16_enable": True}
+    assert p.targets["tensorrt-fp16"].settings["tiny_cnn"].precision == "fp16"
+    assert p.targets["cpu-int8"].tags == ["cpu", "int8", "int8-dynamic", "int8-static"]
+
+
+def test_extends_chain_and_list_replacement(make_project: Callable[..., Path]) -> None:
+    path = make_project("""
+        [targets.a]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        fp16 = { op_block_list = ["Resize"], keep_io_types = false }
+
+        [targets.b]
+        extends = "a"
+        precision = "fp16"
+
+        [targets.c]
+        extends = "b"
+        fp16 = { op_block_list = ["TopK"] }
+    """)
+    c = config.load(path).targets["c"].settings["tiny_cnn"]
+    assert c.precision == "fp16"
+    assert c.fp16 == {"op_block_list": ["TopK"], "keep_io_types": False, "node_block_list": []}
+
+
+def test_later_overrides_win(make_project: Callable[..., Path]) -> None:
+    path = make_project("""
+        [targets.a]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        [[targets.a.overrides]]
+        models = ["*"]
+        optimization = "basic"
+        [[targets.a.overrides]]
+        models = ["tiny_c*"]
+        optimization = "extended"
+    """, models=("tiny_cnn", "tiny_lstm"))
+    t = config.load(path).targets["a"]
+    assert t.settings["tiny_cnn"].optimization == "extended"
+    assert t.settings["tiny_lstm"].optimization == "basic"
+
+
+@pytest.mark.parametrize("fixture", BAD, ids=[b.stem for b in BAD])
+def test_bad_fixture_gives_one_clear_error(fixture: Path) -> None:
+    expect = fixture.read_text().splitlines()[0].removeprefix("# expect: ")
+    with pytest.raises(ConfigError) as err:
+        config.load(fixture)
+    assert expect in err.value.message
+    assert str(fixture) in err.value.message  # names the file
+
+
+def test_there_are_at_least_twenty_bad_fixtures() -> None:
+    assert len(BAD) >= 20
+
+
+def test_bad_fixtures_through_the_cli_exit_3_without_traceback() -> None:
+    for fixture in BAD:
+        proc = run_cli("plan", "-c", str(fixture))
+        assert proc.returncode == 3, (fixture, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.count("config error") == 1, proc.stderr
+        assert proc.stdout == ""
+
+
+def test_missing_file_has_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found") as err:
+        config.load(tmp_path / "targets.toml")
+    assert err.value.hint and "-c PATH" in err.value.hint
+
+
+def test_check_files_false_skips_existence(tmp_path: Path) -> None:
+    bad = REPO / "tests" / "fixtures" / "bad" / "model_missing.toml"
+    p = config.load(bad, check_files=False)
+    assert "lstm" in p.models
