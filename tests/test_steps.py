@@ -1,0 +1,194 @@
+"""Each build step on the example models, with the real ONNX/ORT tools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from ortbuild import config, data
+from ortbuild.config import Provider, Settings
+from ortbuild.steps import check, optimize, precision, reload
+
+from .conftest import MODELS, REPO
+
+CPU = [Provider("CPUExecutionProvider")]
+PROJECT = config.load(REPO / "targets.toml")
+
+
+def settings(target: str, model: str, **changes: object) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(PROJECT.targets[target].settings[model], **changes)  # type: ignore[arg-type]
+
+
+def ops(path: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def calib(model: str) -> list[data.Feed]:
+    return data.load_samples(MODELS / f"{model}.calib.npz", [])
+
+
+def feed(model: str) -> data.Feed:
+    return data.load_feed(MODELS / f"{model}.inputs.npz", [])
+
+
+# ------------------------------------------------------------------------------------------ check
+
+def test_check_records_source_facts() -> None:
+    res = check.run(MODELS / "tiny_cnn.onnx")
+    assert res.opsets == {"ai.onnx": 17} and res.ir_version == 8
+    assert len(res.sha256) == 64 and res.size == (MODELS / "tiny_cnn.onnx").stat().st_size
+
+
+def test_check_rejects_an_invalid_graph(tmp_path: Path) -> None:
+    graph = helper.make_graph([helper.make_node("Relu", ["nowhere"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(helper.make_model(graph).SerializeToString())
+    with pytest.raises(onnx.checker.ValidationError, match="nowhere"):
+        check.run(bad)
+
+
+# -------------------------------------------------------------------------------------- precision
+
+def test_int8_dynamic_transformer_is_at_most_035x(tmp_path: Path) -> None:
+    s = settings("cpu-int8", "tiny_transformer")
+    res = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, s.precision, s.precision_options(),
+                        tmp_path)
+    check.run(res.path)
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops(res.path)
+    ratio = res.path.stat().st_size / (MODELS / "tiny_transformer.onnx").stat().st_size
+    assert ratio <= 0.35, ratio
+
+
+@pytest.mark.parametrize("fmt,expected", [("qdq", {"QuantizeLinear", "DequantizeLinear"}),
+                                          ("qoperator", {"QLinearConv"})])
+def test_int8_static_cnn_with_calibration(tmp_path: Path, fmt: str, expected: set[str]) -> None:
+    s = settings("cpu-int8", "tiny_cnn")
+    opts = {**s.precision_options(), "format": fmt}
+    res = precision.run(check.run(MODELS / "tiny_cnn.onnx").model, "int8-static", opts, tmp_path, calib("tiny_cnn"))
+    check.run(res.path)
+    assert expected <= ops(res.path)
+    assert res.options["calibration_samples"] == 32
+
+
+def test_int4_weight_uses_matmulnbits(tmp_path: Path) -> None:
+    s = settings("cpu-int4", "tiny_transformer")
+    res = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, s.precision, s.precision_options(),
+                        tmp_path)
+    check.run(res.path)
+    assert "MatMulNBits" in ops(res.path)
+    assert res.path.stat().st_size / (MODELS / "tiny_transformer.onnx").stat().st_size < 0.3
+
+
+def test_fp16_halves_weights_and_is_topologically_sorted(tmp_path: Path) -> None:
+    s = settings("cuda-fp16", "tiny_lstm")
+    res = precision.run(check.run(MODELS / "tiny_lstm.onnx").model, s.precision, s.precision_options(), tmp_path)
+    check.run(res.path)  # the full checker rejects unsorted graphs: ORT's converter emits one
+    m = onnx.load(str(res.path))
+    assert not [i.name for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    assert [i for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16]
+    assert m.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # keep_io_types
+    assert res.path.stat().st_size < 0.6 * (MODELS / "tiny_lstm.onnx").stat().st_size
+
+
+def test_quantizing_an_opset_11_graph_upgrades_it_first(tmp_path: Path) -> None:
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 32])], [w])
+    old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    old.ir_version = 6
+    s = settings("cpu-int8", "tiny_lstm")
+    res = precision.run(old, "int8-dynamic", s.precision_options(), tmp_path)
+    check.run(res.path)
+    assert any("opset 11 to 13" in n for n in res.notes)
+
+
+def test_toposort_orders_a_shuffled_graph_and_refuses_cycles() -> None:
+    m = onnx.load(str(MODELS / "tiny_lstm.onnx"))
+    nodes = list(m.graph.node)[::-1]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(m)
+    onnx.checker.check_model(precision.toposort(m))
+    cyc = helper.make_graph([helper.make_node("Relu", ["b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])],
+                            "c", [], [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [1])])
+    with pytest.raises(ValueError, match="cycle"):
+        precision.toposort(helper.make_model(cyc))
+
+
+# --------------------------------------------------------------------------------------- optimize
+
+def _fp32(tmp_path: Path, model: str) -> Path:
+    return precision.run(check.run(MODELS / f"{model}.onnx").model, "fp32", {}, tmp_path).path
+
+
+def test_level_all_on_cpu_bakes_in_the_simd_layout(tmp_path: Path) -> None:
+    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), settings("cpu-fp32", "tiny_cnn"), CPU, {}, tmp_path)
+    assert res.applied == "all" and not res.portable
+    assert "com.microsoft.nchwc" in res.op_domains
+    assert res.tied_to["simd_level"].startswith(("x86_64", "aarch64", "arm"))
+
+
+def test_level_basic_is_portable(tmp_path: Path) -> None:
+    s = settings("cpu-fp32", "tiny_transformer", optimization="basic")
+    res = optimize.run(_fp32(tmp_path, "tiny_transformer"), s, CPU, {}, tmp_path)
+    assert res.portable and res.tied_to == {} and set(res.op_domains) == {"ai.onnx"}
+    assert "LayerNormalization" in ops(res.path)  # basic fuses the decomposed LayerNorm
+
+
+def test_extended_is_tied_to_the_providers(tmp_path: Path) -> None:
+    s = settings("cpu-fp32", "tiny_transformer", optimization="extended")
+    res = optimize.run(_fp32(tmp_path, "tiny_transformer"), s, CPU, {}, tmp_path)
+    assert res.tied_to == {"providers": ["CPUExecutionProvider"]} and "com.microsoft" in res.op_domains
+
+
+def test_missing_provider_gives_a_portable_build_and_says_so(tmp_path: Path) -> None:
+    s = settings("cuda-fp16", "tiny_cnn", precision="fp32")
+    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), s, [], {"CUDAExecutionProvider": "no GPU"}, tmp_path)
+    assert res.applied == "basic" and res.requested == "all" and res.portable
+    assert any("portable build" in n for n in res.notes)
+
+
+def test_compiling_provider_keeps_the_basic_graph(tmp_path: Path) -> None:
+    s = settings("openvino-cpu", "tiny_cnn")
+    usable = [Provider("OpenVINOExecutionProvider", {"device_type": "CPU"}), *CPU]
+    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), s, usable, {}, tmp_path)
+    assert res.applied == "basic" and res.providers == ["CPUExecutionProvider"]
+    assert any("cannot serialize compiled nodes" in n for n in res.notes)
+
+
+def test_fp16_on_cpu_at_level_all_warns_about_upcast_weights(tmp_path: Path) -> None:
+    s = settings("cuda-fp16", "tiny_transformer")
+    src = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, "fp16", s.precision_options(),
+                        tmp_path).path
+    res = optimize.run(src, s, CPU, {}, tmp_path)
+    assert any("upcast the weights" in n for n in res.notes)
+
+
+def test_ort_format(tmp_path: Path) -> None:
+    s = settings("cpu-fp32", "tiny_lstm", format="ort", optimization="extended")
+    res = optimize.run(_fp32(tmp_path, "tiny_lstm"), s, CPU, {}, tmp_path)
+    assert res.path.suffix == ".ort" and res.path.read_bytes()[4:8] == b"ORTM"
+    out = reload.run(res.path, s, CPU, feed("tiny_lstm"))
+    assert out.outputs == [{"name": "forecast", "dtype": "float32", "shape": [4, 3]}]
+
+
+# ----------------------------------------------------------------------------------------- reload
+
+def test_reload_runs_with_optimizations_disabled_and_session_options(tmp_path: Path) -> None:
+    s = settings("cpu-fp32", "tiny_cnn", free_dimensions={"batch": 4})
+    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), s, CPU, {}, tmp_path)
+    out = reload.run(res.path, s, CPU, feed("tiny_cnn"))
+    assert out.providers == ["CPUExecutionProvider"]
+    assert out.outputs == [{"name": "logits", "dtype": "float32", "shape": [4, 10]}]
+    with pytest.raises(Exception, match="Expected: 4"):  # the pinned batch is enforced
+        reload.run(res.path, s, CPU, {"image": np.zeros((2, 3, 32, 32), np.float32)})
