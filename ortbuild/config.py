@@ -196,6 +196,7 @@ class _Checker:
     def providers(self, v: Any, where: str) -> None:
         if not isinstance(v, list) or not v:
             raise self.fail(where, "must be a non-empty array of provider names or {name=..., options={...}}")
+        seen: set[str] = set()
         for i, entry in enumerate(v):
             at = f"{where}[{i}]"
             if isinstance(entry, dict):
@@ -215,6 +216,9 @@ class _Checker:
             if name not in options.PROVIDERS:
                 raise self.fail(at, f"unknown execution provider '{name}'{_did_you_mean(name, options.PROVIDERS)}",
                                 "provider names are ONNX Runtime's, e.g. CPUExecutionProvider")
+            if name in seen:
+                raise self.fail(at, f"{name} is listed twice", "list each provider once, in priority order")
+            seen.add(name)
 
     def config(self, v: Any, where: str) -> None:
         if not isinstance(v, dict):

@@ -1,0 +1,127 @@
+"""The build orchestration: publish, reuse, failures, reproducibility, runtime isolation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import config, plan
+from ortbuild.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult
+from ortbuild.errors import ConfigError, StepError
+
+TWO_TARGETS = """
+    [targets.fp32]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+
+    [targets.int8]
+    extends = "fp32"
+    precision = "int8-dynamic"
+"""
+
+
+def build(path: Path, dist: Path, force: bool = False, **sel: list[str]) -> list[JobResult]:
+    project = config.load(path)
+    return Builder(project, dist, force=force, progress=lambda job, msg: None).run(plan.jobs(project, **sel))
+
+
+def test_build_publishes_artifact_and_manifest(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    results = build(make_project(TWO_TARGETS, models=("tiny_cnn", "tiny_lstm")), tmp_path / "dist")
+    assert [(r.target, r.model, r.status) for r in results] == [
+        ("fp32", "tiny_cnn", BUILT), ("fp32", "tiny_lstm", BUILT),
+        ("int8", "tiny_cnn", BUILT), ("int8", "tiny_lstm", BUILT)]
+    folder = tmp_path / "dist" / "int8" / "tiny_lstm"
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.onnx"]
+    doc = json.loads((folder / "manifest.json").read_text())
+    assert doc["status"] == "complete" and doc["precision"]["name"] == "int8-dynamic"
+    assert doc["artifact"]["size"] == (folder / "model.onnx").stat().st_size
+    assert doc["io"]["inputs"][0] == {"name": "series", "dtype": "float32", "shape": ["batch", "steps", 8]}
+    assert doc["golden_run"]["outputs"] == [{"name": "forecast", "dtype": "float32", "shape": [4, 3]}]
+    assert set(doc["versions"]) == {"ortbuild", "onnx", "onnxruntime"}
+    assert {"cpu", "simd_level", "isa_flags"} <= set(doc["build_machine"])
+    assert doc["optimization"]["requested"] == "all"
+
+
+def test_unchanged_jobs_are_reused_and_changes_rebuild(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    path = make_project(TWO_TARGETS)
+    dist = tmp_path / "dist"
+    build(path, dist)
+    assert {r.status for r in build(path, dist)} == {UP_TO_DATE}
+    assert {r.status for r in build(path, dist, force=True)} == {BUILT}
+    path.write_text(path.read_text().replace('precision = "int8-dynamic"', 'precision = "fp16"'))
+    assert [r.status for r in build(path, dist)] == [UP_TO_DATE, BUILT]
+    (dist / "fp32" / "tiny_cnn" / "model.onnx").write_bytes(b"tampered")
+    assert [r.status for r in build(path, dist)] == [BUILT, UP_TO_DATE]
+
+
+def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    path = make_project(TWO_TARGETS, models=("tiny_transformer",))
+    build(path, tmp_path / "a")
+    build(path, tmp_path / "b")
+    for t in ("fp32", "int8"):
+        for name in ("model.onnx", "manifest.json"):
+            a = (tmp_path / "a" / t / "tiny_transformer" / name).read_bytes()
+            assert a == (tmp_path / "b" / t / "tiny_transformer" / name).read_bytes(), (t, name)
+
+
+def test_a_failing_job_names_its_step_and_publishes_nothing(make_project: Callable[..., Path],
+                                                            tmp_path: Path) -> None:
+    path = make_project(TWO_TARGETS, models=("tiny_cnn", "tiny_lstm"))
+    # golden inputs of the wrong model: the CNN's inputs do not fit the LSTM
+    path.write_text(path.read_text().replace("tiny_lstm.inputs.npz", "tiny_cnn.inputs.npz"))
+    results = build(path, tmp_path / "dist", targets=["fp32"])
+    assert [r.status for r in results] == [BUILT, FAILED]
+    assert isinstance(results[1].error, ConfigError) and "missing ['series']" in results[1].reason
+    assert not (tmp_path / "dist" / "fp32" / "tiny_lstm").exists()
+
+
+def test_a_tool_failure_becomes_a_step_error(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    path = make_project(TWO_TARGETS)
+    path.write_text(path.read_text().replace(str(Path(__file__).parent.parent / "models" / "tiny_cnn.onnx"),
+                                             str(bad)))
+    res = build(path, tmp_path / "dist", targets=["fp32"])[0]
+    assert res.status == FAILED and isinstance(res.error, StepError)
+    assert res.error.step == "check" and res.error.exit_code == 6
+    assert "fp32/tiny_cnn: step 'check'" in res.error.message
+
+
+def test_other_runtime_is_skipped_with_the_nox_command(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    path = make_project("""
+        [targets.gpu]
+        runtime = "onnxruntime-gpu==1.31.1"
+        providers = ["CUDAExecutionProvider"]
+    """)
+    from ortbuild import runtime
+
+    flavor = runtime.installed_flavor()
+    assert flavor is not None
+    if flavor.distribution == "onnxruntime-gpu":
+        pytest.skip("this venv holds onnxruntime-gpu")
+    res = build(path, tmp_path / "dist")[0]
+    assert res.status == SKIPPED
+    assert "nox -s 'build(gpu)'" in res.reason and not (tmp_path / "dist").exists()
+
+
+def test_absent_provider_builds_portable(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    from ortbuild import runtime
+
+    flavor = runtime.installed_flavor()
+    if flavor is None or flavor.distribution != "onnxruntime":
+        pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
+    path = make_project("""
+        [targets.mac]
+        runtime = "RUNTIME"
+        providers = ["CoreMLExecutionProvider", "CPUExecutionProvider"]
+    """)
+    res = build(path, tmp_path / "dist")[0]
+    assert res.status == PORTABLE and "CoreMLExecutionProvider is not in onnxruntime" in res.reason
+    doc = json.loads((tmp_path / "dist" / "mac" / "tiny_cnn" / "manifest.json").read_text())
+    assert doc["status"] == "portable" and doc["optimization"]["applied"] == "basic"
+    assert doc["optimization"]["portable"] and "CoreMLExecutionProvider" in doc["missing_providers"]

@@ -1,0 +1,113 @@
+"""The ortbuild command line, run as a user runs it (a subprocess), exit codes included."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import runtime
+
+from .conftest import MODELS, run_cli
+
+CPU_TARGET = """
+    [targets.cpu]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+    precision = "int8-static"
+"""
+
+
+@pytest.fixture
+def built(make_project: Callable[..., Path]) -> Path:
+    path = make_project(CPU_TARGET, calibration=True)
+    proc = run_cli("build", "-c", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "[cpu/tiny_cnn] precision int8-static" in proc.stderr  # progress per step
+    assert "1 built, 0 up-to-date, 0 portable, 0 skipped, 0 failed" in proc.stdout  # the summary
+    return path.parent / "dist" / "cpu" / "tiny_cnn"
+
+
+def test_build_json(make_project: Callable[..., Path]) -> None:
+    path = make_project(CPU_TARGET, calibration=True)
+    proc = run_cli("build", "-c", str(path), "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["exit_code"] == 0
+    assert doc["jobs"][0]["status"] == "built" and doc["jobs"][0]["precision"] == "int8-static"
+    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "package"}
+    assert proc.stderr == ""  # --json is quiet on stderr
+
+
+def test_inspect_ok_then_tampered(built: Path) -> None:
+    proc = run_cli("inspect", str(built))
+    assert proc.returncode == 0 and "OK         artifact matches its manifest" in proc.stdout
+    assert "int8-static" in proc.stdout and "image: float32 ['batch', 3, 32, 32]" in proc.stdout
+    art = built / "model.onnx"
+    art.write_bytes(art.read_bytes()[:-10])
+    proc = run_cli("inspect", str(art))
+    assert proc.returncode == 7 and "PROBLEM    artifact model.onnx sha256 differs" in proc.stdout
+
+
+def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
+    doc = json.loads((built / "manifest.json").read_text())
+    doc["optimization"]["tied_to"]["simd_level"] = "x86_64-sse"
+    (built / "manifest.json").write_text(json.dumps(doc))
+    proc = run_cli("inspect", str(built))
+    assert proc.returncode == 0 and "WARNING    does not fit this environment: built with a x86_64-sse" in proc.stdout
+    assert run_cli("inspect", "--strict", str(built)).returncode == 7
+
+
+def test_inspect_a_plain_model_and_a_missing_path() -> None:
+    proc = run_cli("inspect", str(MODELS / "tiny_lstm.onnx"))
+    assert proc.returncode == 0 and "input  series: float32 ['batch', 'steps', 8]" in proc.stdout
+    proc = run_cli("inspect", "nowhere/manifest.json")
+    assert proc.returncode == 7 and "no such file" in proc.stderr
+
+
+def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[..., Path]) -> None:
+    flavor = runtime.installed_flavor()
+    assert flavor is not None
+    other = "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
+    path = make_project(f"""
+        [targets.elsewhere]
+        runtime = "{other}"
+        providers = ["CPUExecutionProvider"]
+    """)
+    proc = run_cli("build", "-c", str(path))
+    assert proc.returncode == 0 and "SKIPPED" in proc.stdout  # all targets: report and go on
+    proc = run_cli("build", "-c", str(path), "-t", "elsewhere")
+    assert proc.returncode == 4 and "nox -s 'build(elsewhere)'" in proc.stdout
+    proc = run_cli("plan", "-c", str(path), "--json")
+    assert json.loads(proc.stdout)[0]["buildable_here"] is False
+
+
+def test_strict_fails_on_portable_builds(make_project: Callable[..., Path]) -> None:
+    flavor = runtime.installed_flavor()
+    if flavor is None or flavor.distribution != "onnxruntime":
+        pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
+    path = make_project("""
+        [targets.mac]
+        runtime = "RUNTIME"
+        providers = ["CoreMLExecutionProvider"]
+    """)
+    assert run_cli("build", "-c", str(path)).returncode == 0
+    proc = run_cli("build", "-c", str(path), "--strict", "--force")
+    assert proc.returncode == 5 and "PORTABLE: CoreMLExecutionProvider is not in onnxruntime" in proc.stdout
+
+
+def test_unknown_target_selection(make_project: Callable[..., Path]) -> None:
+    path = make_project(CPU_TARGET, calibration=True)
+    proc = run_cli("build", "-c", str(path), "-t", "cpv")
+    assert proc.returncode == 3 and "no target matches 'cpv' (did you mean 'cpu'?)" in proc.stderr
+
+
+def test_targets_and_schema_and_version(make_project: Callable[..., Path]) -> None:
+    path = make_project(CPU_TARGET, calibration=True)
+    rows = json.loads(run_cli("targets", "-c", str(path), "--json").stdout)
+    assert rows[0]["target"] == "cpu" and rows[0]["providers_here"] is True
+    assert json.loads(run_cli("schema").stdout)["title"] == "ortbuild targets.toml"
+    assert run_cli("--version").stdout.startswith("ortbuild ")
+    usage = run_cli("build", "--nope")
+    assert usage.returncode == 2 and "unrecognized arguments" in usage.stderr

@@ -1,0 +1,62 @@
+"""What this environment can run. Marked `runtime`: nox runs these in every runtime flavor's venv."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import config, options, plan, runtime
+from ortbuild.build import BUILT, Builder
+from ortbuild.config import Provider
+
+pytestmark = pytest.mark.runtime
+
+
+def test_one_flavor_is_installed_and_its_cpu_provider_works() -> None:
+    flavor = runtime.installed_flavor()
+    assert flavor is not None and flavor.distribution in options.RUNTIMES
+    assert runtime.probe_provider(Provider("CPUExecutionProvider")) is None
+
+
+def test_a_provider_this_flavor_lacks_is_reported() -> None:
+    reason = runtime.probe_provider(Provider("QNNExecutionProvider"))
+    assert reason is not None and "QNNExecutionProvider is not in onnxruntime" in reason
+
+
+def test_simd_level_names_the_vector_width() -> None:
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86_64 only")
+    assert runtime.simd_level(frozenset({"avx2", "avx512f"})) == "x86_64-avx512"
+    assert runtime.simd_level(frozenset({"avx2", "fma"})) == "x86_64-avx2"
+    assert runtime.simd_level(frozenset()) == "x86_64-sse"
+    fp = runtime.fingerprint()
+    assert fp["simd_level"] == runtime.simd_level() and set(fp["isa_flags"]) <= runtime.cpu_flags()
+
+
+def test_primary_provider_of_this_flavor_builds_and_runs(make_project: Callable[..., Path],
+                                                         tmp_path: Path) -> None:
+    """The flavor's own accelerator provider where it runs here (OpenVINO), else the CPU."""
+    flavor = runtime.installed_flavor()
+    assert flavor is not None
+    primary = options.RUNTIMES[flavor.distribution][0]
+    if runtime.probe_provider(Provider(primary)) is not None:
+        primary = "CPUExecutionProvider"
+    providers = json.dumps(list(dict.fromkeys([primary, "CPUExecutionProvider"])))
+    path = make_project(f"""
+        [targets.here]
+        runtime = "RUNTIME"
+        providers = {providers}
+    """, models=("tiny_cnn", "breast_cancer_gb"))
+    project = config.load(path)
+    results = Builder(project, tmp_path / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    assert [r.status for r in results] == [BUILT, BUILT], [r.reason for r in results]
+    doc = json.loads((tmp_path / "dist" / "here" / "tiny_cnn" / "manifest.json").read_text())
+    assert doc["golden_run"]["providers"][0] == primary  # really ran on it, no silent CPU fallback
+    assert doc["versions"]["onnxruntime"] == flavor.as_json()
+    if primary in options.COMPILING_PROVIDERS:
+        assert doc["optimization"]["applied"] == "basic" and doc["optimization"]["portable"]
