@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from . import __version__, data, manifest, runtime
 from .config import Project, Provider
-from .errors import OrtbuildError, StepError
+from .errors import OrtbuildError, StepError, first_line
 from .plan import Job
 from .steps import check, optimize, precision, reload
 
@@ -192,8 +192,7 @@ class Builder:
             res.error = e
             res.reason = e.message
         except Exception as e:  # a tool (onnx, ORT, a quantizer) rejected the model: name the step
-            first = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
-            res.error = StepError(job.target.name, job.model.name, step, first,
+            res.error = StepError(job.target.name, job.model.name, step, first_line(e),
                                   "rerun with --debug for the full traceback")
             res.error.__cause__ = e
             res.reason = res.error.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for r in results:
         if r.status == FAILED and r.error is not None:
+            if args.debug and r.error.__cause__ is not None:
+                traceback.print_exception(r.error.__cause__, file=sys.stderr)
             print(r.error.render(), file=sys.stderr)
     return code
 

@@ -71,3 +71,9 @@ class StepError(OrtbuildError):
 class ArtifactError(OrtbuildError):
     exit_code = 7
     label = "artifact error"
+
+
+def first_line(exc: BaseException, limit: int = 400) -> str:
+    """The first line of an exception's message (tools raise multi-line or empty ones)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from . import options
 from .config import Provider, Settings, Target
-from .errors import RuntimeMismatch
+from .errors import RuntimeMismatch, first_line
 
 # ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
 _ISA_FLAGS = (
@@ -114,7 +114,7 @@ def probe_provider(provider: Provider) -> str | None:
             ok = provider.name in sess.get_providers()
             error = ""
         except Exception as e:  # ORT raises its own exception types; any failure means "not usable"
-            ok, error = False, str(e).splitlines()[0][:300]
+            ok, error = False, first_line(e, 300)
     if ok:
         return None
     detail = error or _first_error(log.getvalue())

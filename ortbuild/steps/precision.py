@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 
 from ..data import Feed
+from ..errors import first_line
 
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 
@@ -97,7 +98,7 @@ def _preprocess(src: Path, work: Path, enabled: bool, notes: list[str]) -> Path:
     try:
         quant_pre_process(str(src), str(out))
     except Exception as e:  # symbolic shape inference fails on some exported graphs
-        notes.append(f"quant_pre_process with symbolic shapes failed ({str(e).splitlines()[0][:120]}); "
+        notes.append(f"quant_pre_process with symbolic shapes failed ({first_line(e, 120)}); "
                      "retried with skip_symbolic_shape=True")
         quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
     return out
