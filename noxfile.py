@@ -30,6 +30,7 @@ OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"
 # Real models for the end-to-end tests, from a PyPI wheel (not committed; sha256-pinned in the tests).
 E2E_MODELS = "rapidocr-onnxruntime==1.4.4"
 
+PROJECT: config.Project | None
 try:
     PROJECT = config.load(HERE / CONFIG, check_files=False)
 except ConfigError as err:  # a broken targets.toml must not hide the lint/test sessions

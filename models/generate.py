@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -70,12 +71,12 @@ class _Graph:
         w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), size=shape).astype(np.float32)
         return self.const(base, w)
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: object) -> list[str]:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
         outs = [self.name(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs))
         return outs
 
-    def op1(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+    def op1(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         return self.op(op_type, inputs, 1, **attrs)[0]
 
 
@@ -220,7 +221,9 @@ def _series(rng: np.random.Generator, n: int, steps: int = 48) -> np.ndarray:
     freq = rng.uniform(0.05, 0.4, size=(n, 1, 8)).astype(np.float32)
     phase = rng.uniform(0, 2 * np.pi, size=(n, 1, 8)).astype(np.float32)
     trend = rng.normal(0, 0.01, size=(n, 1, 8)).astype(np.float32)
-    return (np.sin(freq * t + phase) + trend * t + rng.normal(0, 0.05, (n, steps, 8))).astype(np.float32)
+    noise = rng.normal(0, 0.05, (n, steps, 8))  # float64, added before the final cast
+    out: np.ndarray = (np.sin(freq * t + phase) + trend * t + noise).astype(np.float32)
+    return out
 
 
 def tiny_lstm(rng: np.random.Generator) -> onnx.ModelProto:
@@ -292,11 +295,10 @@ def generate(out: Path) -> list[Path]:
 
     def emit(name: str, model: onnx.ModelProto, inputs: dict[str, np.ndarray],
              calib: dict[str, np.ndarray]) -> None:
-        for path, fn in ((out / f"{name}.onnx", lambda p: _save(model, p)),
-                         (out / f"{name}.inputs.npz", lambda p: _save_npz(p, inputs)),
-                         (out / f"{name}.calib.npz", lambda p: _save_npz(p, calib))):
-            fn(path)
-            written.append(path)
+        _save(model, out / f"{name}.onnx")
+        _save_npz(out / f"{name}.inputs.npz", inputs)
+        _save_npz(out / f"{name}.calib.npz", calib)
+        written.extend(out / f"{name}{suffix}" for suffix in (".onnx", ".inputs.npz", ".calib.npz"))
 
     rng = np.random.default_rng(20261122)
     cnn = tiny_cnn(rng)

@@ -255,7 +255,7 @@ class Builder:
         for stale in ("model.onnx", "model.ort"):
             if stale != doc["artifact"]["file"]:
                 (out_dir / stale).unlink(missing_ok=True)
-        dest = out_dir / doc["artifact"]["file"]
+        dest: Path = out_dir / doc["artifact"]["file"]
         manifest.atomic_copy(artifact, dest)
         manifest.atomic_write(out_dir / manifest.MANIFEST, manifest.dumps(doc))
         return dest

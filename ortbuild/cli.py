@@ -92,7 +92,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
-    out = [{"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
+    out: list[dict[str, Any]] = [{"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
             "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
             "optimization": j.settings.optimization, "format": j.settings.format,
             "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name]}
@@ -110,7 +110,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     project = config.load(args.config)
-    out = []
+    out: list[dict[str, Any]] = []
     for t in project.targets.values():
         why = runtime.runtime_problem(t)
         missing: list[str] = []

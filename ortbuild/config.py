@@ -228,7 +228,8 @@ class _Checker:
             if key in options.RESERVED_CONFIG_KEYS:
                 raise self.fail(at, "is set by ortbuild", options.RESERVED_CONFIG_KEYS[key])
             if key not in options.SESSION_CONFIG_KEYS:
-                raise self.fail(at, f"unknown session config key{_did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))}",
+                close = _did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))
+                raise self.fail(at, f"unknown session config key{close}",
                                 "ONNX Runtime ignores unknown keys silently, so ortbuild refuses them; "
                                 "the allowed keys are in docs/targets-reference.md")
             if not isinstance(value, str):

@@ -39,36 +39,37 @@ COMPILING_PROVIDERS = frozenset({
     "OpenVINOExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider",
     "QNNExecutionProvider", "MIGraphXExecutionProvider", "CoreMLExecutionProvider", "VitisAIExecutionProvider",
 })
-# EXTENDED fusions apply only to nodes owned by these providers (ORT graph-optimizations doc).
-FUSING_PROVIDERS = frozenset({"CPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider"})
 
 # Session config keys found in the onnxruntime 1.31.1 binary (../shared/research/ort.md, appendix B).
 # ORT accepts misspelled keys silently, so ortbuild refuses anything not listed here.
-SESSION_CONFIG_KEYS = frozenset("""
-ep.context_embed_mode ep.context_enable ep.context_file_path ep.context_model_external_initializers_file_name
-ep.enable_weightless ep.cuda.fpa_intb_gemm ep.cuda.fpa_intb_profile_m ep.cuda.gqa_workspace_max_total_sequence_length
-mlas.disable_kleidiai mlas.kleidiai.conv_igemm_max_work mlas.nchwc_depthwise_sliding
-mlas.nchwc_pointwise_conv_max_input_channel_batch mlas.qnbit.force_fp32 mlas.use_lut_gemm
-optimization.constant_folding_max_output_size_in_bytes optimization.disable_specified_optimizers
-optimization.enable_cast_chain_elimination optimization.enable_gelu_approximation
-optimization.minimal_build_optimizations session.allow_released_opsets_only
-session.collect_node_memory_stats_to_file session.debug_layout_transformation
-session.disable_aot_function_inlining session.disable_cpu_ep_fallback session.disable_double_qdq_remover
-session.disable_model_compile session.disable_prepacking session.disable_qdq_constant_folding
-session.disable_quant_qdq session.dynamic_block_base session.enable_quant_qdq_cleanup
-session.fail_on_suboptimal_compiled_model session.force_spinning_stop session.function_expansion_byte_limit
-session.function_expansion_node_limit session.graph_optimizations_loop_level session.inter_op.allow_spinning
-session.inter_op.spin_backoff_max session.inter_op.spin_duration_us session.intra_op.allow_spinning
-session.intra_op.spin_backoff_max session.intra_op.spin_duration_us session.intra_op_thread_affinities
-session.layer_assignment_settings session.log_id session.max_shape_override
-session.model_external_initializers_file_folder_path session.node_partition_config_file
-session.prepack.enable_parallel session.qdq_matmulnbits_accuracy_level session.qdq_matmulnbits_block_size
-session.qdqisint8allowed session.record_ep_graph_assignment_info session.resource_cuda_partitioning_settings
-session.set_denormal_as_zero session.strict_shape_type_inference session.strict_workspace_verification
-session.use_device_allocator_for_initializers session.use_env_allocators
-session.use_external_initializer_file_buffers_directly session.use_per_session_threads
-session.x64quantprecision
-""".split())
+SESSION_CONFIG_KEYS = frozenset({
+    "ep.context_embed_mode", "ep.context_enable", "ep.context_file_path",
+    "ep.context_model_external_initializers_file_name", "ep.enable_weightless", "ep.cuda.fpa_intb_gemm",
+    "ep.cuda.fpa_intb_profile_m", "ep.cuda.gqa_workspace_max_total_sequence_length", "mlas.disable_kleidiai",
+    "mlas.kleidiai.conv_igemm_max_work", "mlas.nchwc_depthwise_sliding",
+    "mlas.nchwc_pointwise_conv_max_input_channel_batch", "mlas.qnbit.force_fp32", "mlas.use_lut_gemm",
+    "optimization.constant_folding_max_output_size_in_bytes", "optimization.disable_specified_optimizers",
+    "optimization.enable_cast_chain_elimination", "optimization.enable_gelu_approximation",
+    "optimization.minimal_build_optimizations", "session.allow_released_opsets_only",
+    "session.collect_node_memory_stats_to_file", "session.debug_layout_transformation",
+    "session.disable_aot_function_inlining", "session.disable_cpu_ep_fallback",
+    "session.disable_double_qdq_remover", "session.disable_model_compile", "session.disable_prepacking",
+    "session.disable_qdq_constant_folding", "session.disable_quant_qdq", "session.dynamic_block_base",
+    "session.enable_quant_qdq_cleanup", "session.fail_on_suboptimal_compiled_model",
+    "session.force_spinning_stop", "session.function_expansion_byte_limit",
+    "session.function_expansion_node_limit", "session.graph_optimizations_loop_level",
+    "session.inter_op.allow_spinning", "session.inter_op.spin_backoff_max", "session.inter_op.spin_duration_us",
+    "session.intra_op.allow_spinning", "session.intra_op.spin_backoff_max", "session.intra_op.spin_duration_us",
+    "session.intra_op_thread_affinities", "session.layer_assignment_settings", "session.log_id",
+    "session.max_shape_override", "session.model_external_initializers_file_folder_path",
+    "session.node_partition_config_file", "session.prepack.enable_parallel",
+    "session.qdq_matmulnbits_accuracy_level", "session.qdq_matmulnbits_block_size", "session.qdqisint8allowed",
+    "session.record_ep_graph_assignment_info", "session.resource_cuda_partitioning_settings",
+    "session.set_denormal_as_zero", "session.strict_shape_type_inference",
+    "session.strict_workspace_verification", "session.use_device_allocator_for_initializers",
+    "session.use_env_allocators", "session.use_external_initializer_file_buffers_directly",
+    "session.use_per_session_threads", "session.x64quantprecision",
+})
 # Keys ortbuild sets itself from other options: setting them by hand would contradict the manifest.
 RESERVED_CONFIG_KEYS = {
     "session.optimized_model_filepath": "ortbuild sets it to its private temp dir during the optimize step",

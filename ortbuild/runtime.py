@@ -72,7 +72,6 @@ def runtime_problem(target: Target) -> str | None:
 
 @functools.cache
 def _probe_model() -> bytes:
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
