@@ -1,0 +1,37 @@
+"""The nox sessions are generated from targets.toml: one build session per target, tagged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ortbuild import config
+
+from .conftest import REPO
+
+
+def _sessions(*args: str) -> list[dict[str, object]]:
+    proc = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out: list[dict[str, object]] = json.loads(proc.stdout)
+    return out
+
+
+def test_one_build_session_per_target_with_tags() -> None:
+    targets = config.load(REPO / "targets.toml").targets
+    builds = [s for s in _sessions() if s["name"] == "build"]
+    assert [s["session"] for s in builds] == [f"build({t})" for t in targets]
+    tags = {s["session"]: s["tags"] for s in builds}
+    assert tags["build(openvino-cpu)"] == ["openvino", "fp32"]
+    assert "int8" in tags["build(cpu-int8)"] and "tensorrt" in tags["build(tensorrt-fp16)"]
+
+
+def test_tag_and_keyword_selection() -> None:
+    selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
+    assert selected == ["build(openvino-cpu)"]
+    selected = [s["session"] for s in _sessions("-k", "int8")]
+    assert selected == ["build(cpu-int8)"]
+    checks = {s["session"] for s in _sessions("-t", "check")}
+    assert checks == {"lint", "tests", "tests-openvino"}
