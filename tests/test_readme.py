@@ -1,0 +1,53 @@
+"""README examples are run: its targets.toml example builds, and every `$ ortbuild ...` line succeeds."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ortbuild import config
+
+from .conftest import MODELS, REPO, here_runtime, run_cli
+
+README = (REPO / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    (toml,) = _blocks("toml")
+    root = tmp_path_factory.mktemp("readme")
+    (root / "models").symlink_to(MODELS)
+    (root / "targets.toml").write_text(toml.replace("onnxruntime==1.31.1", here_runtime()))
+    return root
+
+
+def test_readme_targets_example_is_valid(example: Path) -> None:
+    project = config.load(example / "targets.toml")
+    int8 = project.targets["cpu-int8"]
+    assert int8.settings["tiny_cnn"].precision == "int8-static"
+    assert int8.settings["tiny_transformer"].precision == "int8-dynamic"
+    assert int8.settings["tiny_transformer"].quantization["format"] == "qdq"  # merged, not replaced
+
+
+def test_readme_commands_run(example: Path) -> None:
+    (console,) = [b for b in _blocks("console") if "$ ortbuild" in b]
+    commands = [line.removeprefix("$ ") for line in console.splitlines() if line.startswith("$ ortbuild")]
+    assert len(commands) >= 5
+    for cmd in commands:
+        proc = run_cli(*shlex.split(cmd)[1:], cwd=example)
+        assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+def test_readme_quick_start_is_what_ci_runs() -> None:
+    (quick,) = [b for b in _blocks("console") if "python3 -m nox" in b]
+    ci = (REPO / ".ci" / "run").read_text()
+    for line in quick.strip().splitlines():
+        nox_part = line.split("&&")[-1].strip()
+        assert nox_part in ci, nox_part
