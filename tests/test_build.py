@@ -12,6 +12,8 @@ from ortbuild import config, plan
 from ortbuild.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult
 from ortbuild.errors import ConfigError, StepError
 
+pytestmark = pytest.mark.runtime  # runs in every flavor's venv (nox: tests, tests-openvino)
+
 TWO_TARGETS = """
     [targets.fp32]
     runtime = "RUNTIME"
