@@ -52,8 +52,8 @@ def build(session: nox.Session, target: str) -> None:
         session.install(t.runtime)
     except nox.command.CommandFailed:
         session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
-    session.run("ortbuild", "build", "-c", CONFIG, "-t", target, *session.posargs)
-    dist = HERE / "dist" / target
+    session.run("ortbuild", "build", "-c", str(PROJECT.file), "-t", target, *session.posargs)
+    dist = PROJECT.root / "dist" / target
     docs = [json.loads(m.read_text()) for m in sorted(dist.glob("*/manifest.json"))
             if m.parent.name in t.models]
     if docs and all(d["status"] == "portable" for d in docs):
