@@ -83,3 +83,11 @@ def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
     session.install("-e", ".[dev]", OPENVINO_RUNTIME)
     session.run("pytest", "-q", "-m", "runtime", *session.posargs)
+
+
+@nox.session
+def benchmark(session: nox.Session) -> None:
+    """Cold start (offline artifact vs online optimization) and int8/int4 speed-ups, as ratios."""
+    session.install("-e", ".", CPU_RUNTIME)
+    session.run("ortbuild", "build", "-t", "cpu-*")
+    session.run("python", "tests/benchmarks/bench_artifacts.py", *session.posargs)

@@ -131,9 +131,11 @@ def _fp32(tmp_path: Path, model: str) -> Path:
     return precision.run(check.run(MODELS / f"{model}.onnx").model, "fp32", {}, tmp_path).path
 
 
-def test_level_all_on_cpu_bakes_in_the_simd_layout(tmp_path: Path) -> None:
-    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), settings("cpu-fp32", "tiny_cnn"), CPU, {}, tmp_path)
-    assert res.applied == "all" and not res.portable
+@pytest.mark.parametrize("level", ["layout", "all"])
+def test_layout_levels_on_cpu_bake_in_the_simd_layout(tmp_path: Path, level: str) -> None:
+    s = settings("cpu-fp32", "tiny_cnn", optimization=level)
+    res = optimize.run(_fp32(tmp_path, "tiny_cnn"), s, CPU, {}, tmp_path)
+    assert res.applied == level and not res.portable
     assert "com.microsoft.nchwc" in res.op_domains
     assert res.tied_to["simd_level"].startswith(("x86_64", "aarch64", "arm"))
 
