@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, manifest, options, plan, runtime
-from .errors import ArtifactError, OrtbuildError, RuntimeMismatch
+from .errors import ArtifactError, MissingProvider, OrtbuildError, RuntimeMismatch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -63,7 +63,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         elif r.status == SKIPPED and (args.strict or r.target in explicit):
             code = code or RuntimeMismatch.exit_code
         elif r.status == PORTABLE and args.strict:
-            code = code or 5
+            code = code or MissingProvider.exit_code
     if args.json:
         print(json.dumps({"dist": str(dist), "exit_code": code, "jobs": [r.as_json() for r in results]},
                          indent=2))

@@ -86,10 +86,6 @@ class Target:
     settings: Mapping[str, Settings]  # per model name
 
     @property
-    def runtime_name(self) -> str:
-        return Requirement(self.runtime).name.lower()
-
-    @property
     def providers(self) -> tuple[Provider, ...]:
         """The target-level providers (the first model's, which equal the target's unless overridden)."""
         return next(iter(self.settings.values())).providers
@@ -350,6 +346,8 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
         _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
 
         selected = [m for m in models if any(fnmatch.fnmatchcase(m, pat) for pat in t["models"])]
+        if not t["models"]:
+            raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
         for pat in t["models"]:
             if not any(fnmatch.fnmatchcase(m, pat) for m in models):
                 raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"

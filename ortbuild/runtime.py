@@ -196,8 +196,6 @@ def fingerprint() -> dict[str, Any]:
     }
 
 
-LEVELS = ("disable", "basic", "extended", "layout", "all")
-
 
 def session_options(settings: Settings, level: str) -> Any:
     """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims)."""

@@ -48,3 +48,16 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600)
+
+
+@pytest.fixture
+def absent_provider_project(make_project: Callable[..., Path]) -> Path:
+    """A target whose provider the runtime does not ship here: CoreML in the Linux onnxruntime wheel."""
+    flavor = runtime.installed_flavor()
+    if flavor is None or flavor.distribution != "onnxruntime":
+        pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
+    return make_project("""
+        [targets.mac]
+        runtime = "RUNTIME"
+        providers = ["CoreMLExecutionProvider", "CPUExecutionProvider"]
+    """)

@@ -111,17 +111,8 @@ def test_other_runtime_is_skipped_with_the_nox_command(make_project: Callable[..
     assert "nox -s 'build(gpu)'" in res.reason and not (tmp_path / "dist").exists()
 
 
-def test_absent_provider_builds_portable(make_project: Callable[..., Path], tmp_path: Path) -> None:
-    from ortbuild import runtime
-
-    flavor = runtime.installed_flavor()
-    if flavor is None or flavor.distribution != "onnxruntime":
-        pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
-    path = make_project("""
-        [targets.mac]
-        runtime = "RUNTIME"
-        providers = ["CoreMLExecutionProvider", "CPUExecutionProvider"]
-    """)
+def test_absent_provider_builds_portable(absent_provider_project: Path, tmp_path: Path) -> None:
+    path = absent_provider_project
     res = build(path, tmp_path / "dist")[0]
     assert res.status == PORTABLE and "CoreMLExecutionProvider is not in onnxruntime" in res.reason
     doc = json.loads((tmp_path / "dist" / "mac" / "tiny_cnn" / "manifest.json").read_text())

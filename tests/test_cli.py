@@ -83,15 +83,8 @@ def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[...
     assert json.loads(proc.stdout)[0]["buildable_here"] is False
 
 
-def test_strict_fails_on_portable_builds(make_project: Callable[..., Path]) -> None:
-    flavor = runtime.installed_flavor()
-    if flavor is None or flavor.distribution != "onnxruntime":
-        pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
-    path = make_project("""
-        [targets.mac]
-        runtime = "RUNTIME"
-        providers = ["CoreMLExecutionProvider"]
-    """)
+def test_strict_fails_on_portable_builds(absent_provider_project: Path) -> None:
+    path = absent_provider_project
     assert run_cli("build", "-c", str(path)).returncode == 0
     proc = run_cli("build", "-c", str(path), "--strict", "--force")
     assert proc.returncode == 5 and "PORTABLE: CoreMLExecutionProvider is not in onnxruntime" in proc.stdout
