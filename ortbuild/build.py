@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +35,7 @@ class JobResult:
     size: int | None = None
     source_size: int | None = None
     seconds: float = 0.0
+    step: str = ""                   # the step running last: the one that failed, for a failed job
     steps: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     error: OrtbuildError | None = None
@@ -114,41 +116,43 @@ class Builder:
             results.append(res)
         return results
 
+    @contextlib.contextmanager
+    def _step(self, res: JobResult, job: Job, name: str, message: str) -> Iterator[None]:
+        """Announce a step, remember it (a failure is reported against it) and time it."""
+        self.progress(job.name, message)
+        res.step = name
+        t = time.perf_counter()
+        yield
+        res.steps[name] = time.perf_counter() - t
+
     def run_job(self, job: Job) -> JobResult:
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
         start = time.perf_counter()
-        step = "check"
+        s = job.settings
         try:
-            step_t = time.perf_counter()
-            self.progress(job.name, f"check {job.model.path.name}")
-            src = check.run(job.model.path)
-            res.source_size = src.size
-            feed = data.load_feed(job.model.inputs, [i["name"] for i in src.signature["inputs"]])
-            data.check_feed(feed, src.signature, str(job.model.inputs))
-            samples = None
-            if job.settings.precision == "int8-static" and job.model.calibration is not None:
-                samples = data.load_samples(job.model.calibration, [i["name"] for i in src.signature["inputs"]])
-                for s in samples:
-                    data.check_feed(s, src.signature, str(job.model.calibration))
-            res.steps["check"] = time.perf_counter() - step_t
+            with self._step(res, job, "check", f"check {job.model.path.name} and its data"):
+                src = check.run(job.model.path)
+                res.source_size = src.size
+                names = [i["name"] for i in src.signature["inputs"]]
+                feed = data.load_feed(job.model.inputs, names)
+                data.check_feed(feed, src.signature, str(job.model.inputs))
+                samples = None
+                if s.precision == "int8-static" and job.model.calibration is not None:
+                    samples = data.load_samples(job.model.calibration, names)
+                    for sample in samples:
+                        data.check_feed(sample, src.signature, str(job.model.calibration))
+                usable = [p for p in s.providers if self._probe(p) is None]
+                missing = {p.name: reason for p in s.providers if (reason := self._probe(p))}
+                flavor = runtime.installed_flavor()
+                assert flavor is not None  # runtime_problem() said this environment has the right flavor
+                inputs_sha = _digest(job.model.inputs) or ""
+                key = build_key(job, src.sha256, inputs_sha, _digest(job.model.calibration), flavor, missing)
 
-            usable, missing = [], {}
-            for p in job.settings.providers:
-                reason = self._probe(p)
-                if reason:
-                    missing[p.name] = reason
-                else:
-                    usable.append(p)
-            flavor = runtime.installed_flavor()
-            assert flavor is not None  # runtime_problem() said this environment has the right flavor
-            key = build_key(job, src.sha256, _digest(job.model.inputs) or "", _digest(job.model.calibration),
-                            flavor, missing)
             out_dir = self.dist / job.target.name / job.model.name
             reused = None if self.force else self._reusable(out_dir, key)
             if reused is not None:
-                res.status, res.artifact, res.size = UP_TO_DATE, str(out_dir / reused["artifact"]["file"]), \
-                    reused["artifact"]["size"]
-                res.level = reused["optimization"]["applied"]
+                res.status, res.level = UP_TO_DATE, reused["optimization"]["applied"]
+                res.artifact, res.size = str(out_dir / reused["artifact"]["file"]), reused["artifact"]["size"]
                 res.notes = list(reused.get("notes", []))
                 res.reason = "unchanged since the last build (same build key); --force rebuilds"
                 self.progress(job.name, "up to date")
@@ -156,43 +160,31 @@ class Builder:
 
             with tempfile.TemporaryDirectory(prefix="ortbuild-") as tmp:  # mode 0700, removed on exit
                 work = Path(tmp)
-                step, step_t = "precision", time.perf_counter()
-                self.progress(job.name, f"precision {job.settings.precision}")
-                prec = precision.run(src.model, job.settings.precision, job.settings.precision_options(),
-                                     work, samples)
-                check.run(prec.path)  # every precision output must pass the full checker
-                res.steps["precision"] = time.perf_counter() - step_t
-
-                step, step_t = "optimize", time.perf_counter()
-                self.progress(job.name, f"optimize level={job.settings.optimization} "
-                                        f"providers={[p.name for p in usable] or '-'}")
-                opt = optimize.run(prec.path, job.settings, usable, missing, work)
-                res.level = opt.applied
-                res.steps["optimize"] = time.perf_counter() - step_t
-
-                step, step_t = "reload", time.perf_counter()
+                with self._step(res, job, "precision", f"precision {s.precision}"):
+                    prec = precision.run(src.model, s.precision, s.precision_options(), work, samples)
+                    check.run(prec.path)  # every precision output must pass the full checker
+                with self._step(res, job, "optimize", f"optimize level={s.optimization} "
+                                                      f"providers={[p.name for p in usable] or '-'}"):
+                    opt = optimize.run(prec.path, s, usable, missing, work)
+                    res.level = opt.applied
                 # a portable build is proven on the CPU of this runtime; otherwise on the target's providers
                 run_on = [Provider("CPUExecutionProvider")] if missing else usable
-                self.progress(job.name, f"reload (optimizations disabled) and run on {[p.name for p in run_on]}")
-                rel = reload.run(opt.path, job.settings, run_on, feed)
-                res.steps["reload"] = time.perf_counter() - step_t
-
-                step, step_t = "package", time.perf_counter()
-                notes = prec.notes + opt.notes
-                doc = self._manifest(job, src, prec, opt, rel, key, flavor, missing, notes)
-                res.artifact = str(self._publish(out_dir, opt.path, doc))
-                res.size = doc["artifact"]["size"]
-                res.steps["package"] = time.perf_counter() - step_t
+                with self._step(res, job, "reload", "reload (optimizations disabled) and run on "
+                                                    f"{[p.name for p in run_on]}"):
+                    rel = reload.run(opt.path, s, run_on, feed)
+                with self._step(res, job, "package", f"publish into {out_dir}"):
+                    res.notes = prec.notes + opt.notes
+                    doc = self._manifest(job, src, prec, opt, rel, key, inputs_sha, flavor, missing, res.notes)
+                    res.artifact = str(self._publish(out_dir, opt.path, doc))
+                    res.size = doc["artifact"]["size"]
             res.status = PORTABLE if missing else BUILT
-            res.notes = notes
-            if missing:
-                res.reason = "; ".join(missing.values())
+            res.reason = "; ".join(missing.values())
             self.progress(job.name, f"{res.status}: {res.artifact}")
         except OrtbuildError as e:  # ConfigError (bad inputs/calibration files) included
             res.error = e
             res.reason = e.message
         except Exception as e:  # a tool (onnx, ORT, a quantizer) rejected the model: name the step
-            res.error = StepError(job.target.name, job.model.name, step, first_line(e),
+            res.error = StepError(job.target.name, job.model.name, res.step, first_line(e),
                                   "rerun with --debug for the full traceback")
             res.error.__cause__ = e
             res.reason = res.error.message
@@ -212,7 +204,7 @@ class Builder:
         return doc
 
     def _manifest(self, job: Job, src: check.CheckResult, prec: precision.PrecisionResult,
-                  opt: optimize.OptimizeResult, rel: reload.ReloadResult, key: str,
+                  opt: optimize.OptimizeResult, rel: reload.ReloadResult, key: str, inputs_sha: str,
                   flavor: runtime.Flavor, missing: dict[str, str], notes: list[str]) -> dict[str, Any]:
         import onnx
 
@@ -241,7 +233,7 @@ class Builder:
                              "op_domains": opt.op_domains},
             "io": src.signature,
             "golden_run": {"providers": rel.providers, "outputs": rel.outputs,
-                           "inputs_sha256": _digest(job.model.inputs)},
+                           "inputs_sha256": inputs_sha},
             "versions": {"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": flavor.as_json()},
             "build_machine": runtime.fingerprint(),
             "build_key": key,
