@@ -126,6 +126,17 @@ def _qtype(name: str) -> Any:
 
 def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
         calibration: list[Feed] | None = None) -> PrecisionResult:
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))  # ORT's quantizers log every node at INFO on the root logger
+    try:
+        return _run(model, precision, opts, work, calibration)
+    finally:
+        root.setLevel(level)
+
+
+def _run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
+         calibration: list[Feed] | None) -> PrecisionResult:
     notes: list[str] = []
     src = work / "source.onnx"
     opts = dict(opts)
@@ -145,7 +156,6 @@ def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: P
     if precision in ("int8-dynamic", "int8-static"):
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
 
-        logging.getLogger().setLevel(logging.ERROR)  # the quantizer logs per node at INFO
         pre = _preprocess(_save(_upgrade_opset(model, notes), src), work, opts["preprocess"], notes)
         out = work / "int8.onnx"
         common: dict[str, Any] = {
