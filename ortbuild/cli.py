@@ -76,7 +76,11 @@ def cmd_build(args: argparse.Namespace) -> int:
             else []
         for text in lines + [f"note: {n}" for n in r.notes if n not in r.reason]:
             said.setdefault(text, []).append(f"{r.target}/{r.model}")
+    per_target = {t: [f"{r.target}/{r.model}" for r in results if r.target == t] for t in {r.target for r in results}}
     for text, who in said.items():
+        for t, names in per_target.items():  # a reason for every model of a target reads "target/*"
+            if len(names) > 1 and all(n in who for n in names):
+                who = [f"{t}/*" if n == names[0] else n for n in who if n not in names[1:]]
         print(f"  [{', '.join(who)}] {text}")
     counts = {s: sum(r.status == s for r in results) for s in (BUILT, UP_TO_DATE, PORTABLE, SKIPPED, FAILED)}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
