@@ -283,7 +283,7 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
         if k not in proj:
             raise chk.fail("project", f"missing required key '{k}'")
 
-    root = file.parent
+    root = file.parent.resolve()  # model paths become absolute: build steps may change directory
     models = _load_models(chk, data["models"], root, check_files)
     targets = _load_targets(chk, data["targets"], models)
     return Project(file=file, name=proj["name"], version=proj["version"],

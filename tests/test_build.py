@@ -118,3 +118,26 @@ def test_absent_provider_builds_portable(absent_provider_project: Path, tmp_path
     doc = json.loads((tmp_path / "dist" / "mac" / "tiny_cnn" / "manifest.json").read_text())
     assert doc["status"] == "portable" and doc["optimization"]["applied"] == "basic"
     assert doc["optimization"]["portable"] and "CoreMLExecutionProvider" in doc["missing_providers"]
+
+
+def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: Callable[..., Path],
+                                                                  tmp_path: Path) -> None:
+    """ORT's symbolic shape inference dumps models into the CWD when it fails (it does on the transformer)."""
+    import os
+    import subprocess
+    import sys
+
+    path = make_project(TWO_TARGETS, models=("tiny_transformer",))
+    cwd, tmpdir = tmp_path / "cwd", tmp_path / "tmpdir"
+    cwd.mkdir()
+    tmpdir.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(path), "--force"], cwd=cwd,
+                          env={**os.environ, "TMPDIR": str(tmpdir)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "symbolic shapes failed" in proc.stdout  # the failure that used to leak really happened
+    assert list(cwd.iterdir()) == []
+    # `import onnxruntime` writes a telemetry session id, $TMPDIR/.ses (microsoft/onnxruntime#32476): no model data
+    left = {p.name: p.stat().st_size for p in tmpdir.iterdir()}
+    assert set(left) <= {".ses"} and all(size < 200 for size in left.values()), left
+    written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
+    assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8") for f in ("model.onnx", "manifest.json")}

@@ -8,6 +8,7 @@ int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantiz
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 from collections.abc import Iterator, Mapping
@@ -130,7 +131,10 @@ def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: P
     level = root.level
     root.setLevel(max(level, logging.WARNING))  # ORT's quantizers log every node at INFO on the root logger
     try:
-        return _run(model, precision, opts, work, calibration)
+        # ORT's symbolic shape inference, on failure, dumps the model and its weights (as <uuid>.data) into
+        # the current directory: run the tools inside the job's private temp dir so nothing leaks.
+        with contextlib.chdir(work):
+            return _run(model, precision, opts, work.resolve(), calibration)
     finally:
         root.setLevel(level)
 
