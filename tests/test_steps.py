@@ -194,3 +194,25 @@ def test_reload_runs_with_optimizations_disabled_and_session_options(tmp_path: P
     assert out.outputs == [{"name": "logits", "dtype": "float32", "shape": [4, 10]}]
     with pytest.raises(Exception, match="Expected: 4"):  # the pinned batch is enforced
         reload.run(res.path, s, CPU, {"image": np.zeros((2, 3, 32, 32), np.float32)})
+
+
+def test_quantizer_temp_files_stay_in_the_private_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def spy(*args: object, **kwargs: object) -> str:
+        path = real(*args, **kwargs)  # type: ignore[arg-type]
+        made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    work = tmp_path / "work"
+    work.mkdir()
+    s = settings("cpu-int8", "tiny_cnn")
+    precision.run(check.run(MODELS / "tiny_cnn.onnx").model, "int8-static", s.precision_options(), work,
+                  calib("tiny_cnn"))
+    assert made, "the quantizer made no temp dir: this test no longer tests anything"
+    assert all(Path(p).is_relative_to(work) for p in made), made
+    assert tempfile.gettempdir() != str(work)  # restored afterwards

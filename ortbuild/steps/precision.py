@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,15 +129,18 @@ def _qtype(name: str) -> Any:
 def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
         calibration: list[Feed] | None = None) -> PrecisionResult:
     root = logging.getLogger()
-    level = root.level
+    level, tmp = root.level, tempfile.tempdir
     root.setLevel(max(level, logging.WARNING))  # ORT's quantizers log every node at INFO on the root logger
+    # Keep every copy of the model inside the job's private temp dir: ORT's symbolic shape inference, on
+    # failure, dumps the model and its weights (as <uuid>.data) into the current directory, and the
+    # quantizers make their own temp dirs (calibration writes an augmented copy of the model).
+    tempfile.tempdir = str(work.resolve())
     try:
-        # ORT's symbolic shape inference, on failure, dumps the model and its weights (as <uuid>.data) into
-        # the current directory: run the tools inside the job's private temp dir so nothing leaks.
         with contextlib.chdir(work):
             return _run(model, precision, opts, work.resolve(), calibration)
     finally:
         root.setLevel(level)
+        tempfile.tempdir = tmp
 
 
 def _run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
