@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from . import __version__, data, manifest, runtime
 from .config import Project, Provider
-from .errors import OrtbuildError, StepError, first_line
+from .errors import ConfigError, OrtbuildError, StepError, first_line
 from .plan import Job
 from .steps import check, optimize, precision, reload
 
@@ -133,6 +133,10 @@ class Builder:
             with self._step(res, job, "check", f"check {job.model.path.name} and its data"):
                 src = check.run(job.model.path)
                 res.source_size = src.size
+                for key, message in check.settings_problems(src.model, src.signature, s):
+                    raise ConfigError(str(self.project.file), f"targets.{job.target.name}.{key}",
+                                      f"{message} (model '{job.model.name}')",
+                                      "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")
                 names = [i["name"] for i in src.signature["inputs"]]
                 feed = data.load_feed(job.model.inputs, names)
                 data.check_feed(feed, src.signature, str(job.model.inputs))

@@ -141,3 +141,19 @@ def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: 
     assert set(left) <= {".ses"} and all(size < 200 for size in left.values()), left
     written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
     assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8") for f in ("model.onnx", "manifest.json")}
+
+
+@pytest.mark.parametrize("setting,expect", [
+    ('quantization = { op_types = ["Matmul"] }',
+     "[targets.int8.quantization.op_types] 'Matmul' is not an ONNX op type (did you mean 'MatMul'?)"),
+    ('quantization = { exclude_nodes = ["fc1"] }',
+     "[targets.int8.quantization.exclude_nodes] the model has no node named 'fc1' (did you mean 'fc'?)"),
+    ("free_dimensions = { btach = 1 }",
+     "[targets.int8.free_dimensions.btach] no input of the model has a dimension named 'btach'"),
+])
+def test_names_the_tools_would_ignore_are_config_errors(make_project: Callable[..., Path], tmp_path: Path,
+                                                       setting: str, expect: str) -> None:
+    path = make_project(TWO_TARGETS + "    " + setting + "\n")
+    res = build(path, tmp_path / "dist", targets=["int8"])[0]
+    assert res.status == FAILED and isinstance(res.error, ConfigError)
+    assert expect in res.error.message and res.error.exit_code == 3

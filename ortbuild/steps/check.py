@@ -9,6 +9,8 @@ from typing import Any
 
 import onnx
 
+from ..config import Settings, _did_you_mean
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -56,3 +58,47 @@ def run(path: Path) -> CheckResult:
         onnx.checker.check_model(model, full_check=True)  # full_check = strict shape inference too
     return CheckResult(model=model, sha256=hashlib.sha256(data).hexdigest(), size=len(data),
                        signature=signature(model), opsets=opsets(model), ir_version=model.ir_version)
+
+
+def _node_names(model: onnx.ModelProto) -> set[str]:
+    """Node names of a model, subgraphs included."""
+    names: set[str] = set()
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for n in graph.node:
+            names.add(n.name)
+            for attr in n.attribute:
+                for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(g)
+
+    walk(model.graph)
+    return names
+
+
+def settings_problems(model: onnx.ModelProto, sig: dict[str, Any], settings: Settings) -> list[tuple[str, str]]:
+    """Names inside the settings that the tools would silently ignore: (key, message) pairs.
+
+    ORT's quantizers and float16 converter skip unknown op types and node names without a word, and
+    add_free_dimension_override_by_name ignores a dimension no input has.
+    """
+    node_names = _node_names(model)
+    known_ops = {s.name for s in onnx.defs.get_all_schemas()}
+    problems = []
+    lists = {"quantization.op_types": (settings.quantization["op_types"], "op"),
+             "fp16.op_block_list": (settings.fp16["op_block_list"], "op"),
+             "quantization.exclude_nodes": (settings.quantization["exclude_nodes"], "node"),
+             "fp16.node_block_list": (settings.fp16["node_block_list"], "node"),
+             "int4.exclude_nodes": (settings.int4["exclude_nodes"], "node")}
+    for key, (values, kind) in lists.items():
+        for v in values:
+            if kind == "op" and v not in known_ops:
+                problems.append((key, f"'{v}' is not an ONNX op type{_did_you_mean(v, sorted(known_ops))}"))
+            elif kind == "node" and v not in node_names:
+                problems.append((key, f"the model has no node named '{v}'{_did_you_mean(v, sorted(node_names))}"))
+    dims = {d for i in sig["inputs"] for d in (i["shape"] or []) if isinstance(d, str)}
+    for dim in settings.free_dimensions:
+        if dim not in dims:
+            shown = ", ".join(sorted(dims)) or "none"
+            problems.append((f"free_dimensions.{dim}",
+                             f"no input of the model has a dimension named '{dim}' (symbolic dims: {shown})"))
+    return problems  # op types absent from this model are fine: one target serves many models
