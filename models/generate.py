@@ -267,6 +267,10 @@ def breast_cancer_gb() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
         node.input[:] = ["features" if i == old else i for i in node.input]
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     model.ir_version = IR_VERSION
+    # skl2onnx collects opset imports in a set: their order follows PYTHONHASHSEED, so sort them
+    imports = sorted(model.opset_import, key=lambda o: o.domain)
+    del model.opset_import[:]
+    model.opset_import.extend(imports)
     model.producer_name = "ortbuild-models"
     model.producer_version = "1"
     model.doc_string = "GradientBoosting on sklearn's breast_cancer data (held-out rows are the inputs)."
