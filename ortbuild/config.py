@@ -123,7 +123,7 @@ def _close(word: str, choices: list[str] | tuple[str, ...]) -> str | None:
     return found[0]
 
 
-def _did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     c = _close(word, choices)
     return f" (did you mean '{c}'?)" if c else ""
 
@@ -146,7 +146,7 @@ class _Checker:
         known = options.keys(spec)
         for name, value in data.items():
             if name not in known:
-                raise self.fail(where, f"unknown key '{name}'{_did_you_mean(name, list(known))}",
+                raise self.fail(where, f"unknown key '{name}'{did_you_mean(name, list(known))}",
                                 f"the keys of this table are: {', '.join(known)}")
             self.value(value, known[name], f"{where}.{name}")
         return data
@@ -158,7 +158,7 @@ class _Checker:
                 raise self.fail(where, f"must be a string, got {_type_name(v)}")
             if k.choices and v not in k.choices:
                 raise self.fail(where, f"'{v}' is not one of {', '.join(k.choices)}"
-                                       f"{_did_you_mean(v, k.choices)}")
+                                       f"{did_you_mean(v, k.choices)}")
         elif kind == "integer":
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise self.fail(where, f"must be a non-negative integer, got {v!r}")
@@ -210,7 +210,7 @@ class _Checker:
             if not isinstance(name, str):
                 raise self.fail(at, f"provider name must be a string, got {_type_name(name)}")
             if name not in options.PROVIDERS:
-                raise self.fail(at, f"unknown execution provider '{name}'{_did_you_mean(name, options.PROVIDERS)}",
+                raise self.fail(at, f"unknown execution provider '{name}'{did_you_mean(name, options.PROVIDERS)}",
                                 "provider names are ONNX Runtime's, e.g. CPUExecutionProvider")
             if name in seen:
                 raise self.fail(at, f"{name} is listed twice", "list each provider once, in priority order")
@@ -224,7 +224,7 @@ class _Checker:
             if key in options.RESERVED_CONFIG_KEYS:
                 raise self.fail(at, "is set by ortbuild", options.RESERVED_CONFIG_KEYS[key])
             if key not in options.SESSION_CONFIG_KEYS:
-                close = _did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))
+                close = did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))
                 raise self.fail(at, f"unknown session config key{close}",
                                 "ONNX Runtime ignores unknown keys silently, so ortbuild refuses them; "
                                 "the allowed keys are in docs/targets-reference.md")
@@ -270,7 +270,7 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     for key in data:
         if key not in ("project", "models", "targets"):
             raise chk.fail(key, f"unknown top-level table '{key}'"
-                                f"{_did_you_mean(key, ['project', 'models', 'targets'])}",
+                                f"{did_you_mean(key, ['project', 'models', 'targets'])}",
                            "the top-level tables are [project], [models.NAME] and [targets.NAME]")
     for key in ("project", "models", "targets"):
         if key not in data:
@@ -322,7 +322,7 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str, chain: list[
         return dict(table)
     where = f"targets.{name}.extends"
     if parent not in raw:
-        raise chk.fail(where, f"unknown target '{parent}'{_did_you_mean(parent, list(raw))}")
+        raise chk.fail(where, f"unknown target '{parent}'{did_you_mean(parent, list(raw))}")
     if parent in chain:
         cycle = " -> ".join([*chain[chain.index(parent):], parent])
         raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
@@ -351,7 +351,7 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
         for pat in t["models"]:
             if not any(fnmatch.fnmatchcase(m, pat) for m in models):
                 raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"
-                                                  f"{_did_you_mean(pat, list(models))}",
+                                                  f"{did_you_mean(pat, list(models))}",
                                f"the models are: {', '.join(models)}")
         settings: dict[str, Settings] = {}
         for m in selected:
@@ -388,7 +388,7 @@ def _check_runtime(chk: _Checker, where: str, runtime: str, providers: list[Any]
     flavor = req.name.lower()
     if flavor not in options.RUNTIMES:
         raise chk.fail(where, f"unknown ONNX Runtime flavor '{req.name}'"
-                              f"{_did_you_mean(flavor, list(options.RUNTIMES))}",
+                              f"{did_you_mean(flavor, list(options.RUNTIMES))}",
                        f"known flavors: {', '.join(options.RUNTIMES)}")
     offered = options.RUNTIMES[flavor]
     for p in _providers(providers):

@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import Model, Project, Settings, Target, _did_you_mean
+from .config import Model, Project, Settings, Target, did_you_mean
 from .errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def _select(names: Sequence[str], patterns: Sequence[str] | None, what: str, fil
     for pat in patterns:
         hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
         if not hits:
-            raise ConfigError(file, what, f"no {what[:-1]} matches '{pat}'{_did_you_mean(pat, list(names))}",
+            raise ConfigError(file, what, f"no {what[:-1]} matches '{pat}'{did_you_mean(pat, list(names))}",
                               f"the {what} are: {', '.join(names)}")
         chosen += [h for h in hits if h not in chosen]
     return chosen

@@ -9,7 +9,7 @@ from typing import Any
 
 import onnx
 
-from ..config import Settings, _did_you_mean
+from ..config import Settings, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ def settings_problems(model: onnx.ModelProto, sig: dict[str, Any], settings: Set
     for key, (values, kind) in lists.items():
         for v in values:
             if kind == "op" and v not in known_ops:
-                problems.append((key, f"'{v}' is not an ONNX op type{_did_you_mean(v, sorted(known_ops))}"))
+                problems.append((key, f"'{v}' is not an ONNX op type{did_you_mean(v, sorted(known_ops))}"))
             elif kind == "node" and v not in node_names:
-                problems.append((key, f"the model has no node named '{v}'{_did_you_mean(v, sorted(node_names))}"))
+                problems.append((key, f"the model has no node named '{v}'{did_you_mean(v, sorted(node_names))}"))
     dims = {d for i in sig["inputs"] for d in (i["shape"] or []) if isinstance(d, str)}
     for dim in settings.free_dimensions:
         if dim not in dims:
