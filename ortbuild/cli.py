@@ -186,6 +186,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  source     {doc['source']['path']}  {_size(doc['source']['size'])}  opsets {doc['source']['opsets']}")
         print(f"  precision  {doc['precision']['name']}  {doc['precision']['options'] or ''}")
         print(f"  providers  {', '.join(p['name'] for p in doc['providers'])}")
+        for name, why in doc.get("missing_providers", {}).items():
+            print(f"  missing    {name} at build time: {why}")
         print(f"  level      {opt['applied']} (asked {opt['requested']}); "
               + ("portable" if opt["portable"] else f"tied to {opt['tied_to']}"))
         for kind in ("inputs", "outputs"):

@@ -86,6 +86,8 @@ def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[...
 def test_strict_fails_on_portable_builds(absent_provider_project: Path) -> None:
     path = absent_provider_project
     assert run_cli("build", "-c", str(path)).returncode == 0
+    shown = run_cli("inspect", str(path.parent / "dist" / "mac" / "tiny_cnn")).stdout
+    assert "(portable)" in shown and "missing    CoreMLExecutionProvider at build time: " in shown
     proc = run_cli("build", "-c", str(path), "--strict", "--force")
     assert proc.returncode == 5 and "PORTABLE: CoreMLExecutionProvider is not in onnxruntime" in proc.stdout
 
