@@ -122,4 +122,9 @@ def fit_problems(manifest: dict[str, Any]) -> list[str]:
         reason = runtime.probe_provider(Provider(name))
         if reason:
             problems.append(f"the graph holds ops fused for {name}: {reason}")
+    for p in manifest["providers"]:
+        if p["name"] not in tied.get("providers", []):
+            reason = runtime.probe_provider(Provider(p["name"], p.get("options", {})))
+            if reason:
+                problems.append(f"the target's provider cannot run here, ORT would fall back silently: {reason}")
     return problems

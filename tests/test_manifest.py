@@ -47,6 +47,7 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     art.write_bytes(b"abc")
     doc = {"artifact": {"file": "model.onnx", "size": 3, "sha256": manifest.sha256_file(art)},
            "optimization": {"applied": "all", "tied_to": {"simd_level": "riscv64-rvv"}},
+           "providers": [{"name": "QNNExecutionProvider", "options": {}}],
            "versions": {"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}}}
     assert manifest.integrity_problems(doc, tmp_path) == []
     art.write_bytes(b"abd")
@@ -56,3 +57,4 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     fit = manifest.fit_problems(doc)
     assert any("riscv64-rvv NCHWc layout" in p for p in fit)
     assert any("built with onnxruntime-qnn" in p for p in fit)
+    assert any("ORT would fall back silently: QNNExecutionProvider is not in" in p for p in fit)
