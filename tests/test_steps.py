@@ -147,6 +147,12 @@ def test_level_basic_is_portable(tmp_path: Path) -> None:
     assert "LayerNormalization" in ops(res.path)  # basic fuses the decomposed LayerNorm
 
 
+def test_level_all_without_contrib_ops_stays_portable(tmp_path: Path) -> None:
+    res = optimize.run(_fp32(tmp_path, "tiny_lstm"), settings("cpu-fp32", "tiny_lstm"), CPU, {}, tmp_path)
+    assert res.applied == "all" and set(res.op_domains) == {"ai.onnx"}
+    assert res.portable and res.tied_to == {}
+
+
 def test_extended_is_tied_to_the_providers(tmp_path: Path) -> None:
     s = settings("cpu-fp32", "tiny_transformer", optimization="extended")
     res = optimize.run(_fp32(tmp_path, "tiny_transformer"), s, CPU, {}, tmp_path)
@@ -180,6 +186,7 @@ def test_ort_format(tmp_path: Path) -> None:
     s = settings("cpu-fp32", "tiny_lstm", format="ort", optimization="extended")
     res = optimize.run(_fp32(tmp_path, "tiny_lstm"), s, CPU, {}, tmp_path)
     assert res.path.suffix == ".ort" and res.path.read_bytes()[4:8] == b"ORTM"
+    assert res.tied_to == {"providers": ["CPUExecutionProvider"]}  # unreadable graph: assumed from the level
     out = reload.run(res.path, s, CPU, feed("tiny_lstm"))
     assert out.outputs == [{"name": "forecast", "dtype": "float32", "shape": [4, 3]}]
 

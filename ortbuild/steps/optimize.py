@@ -44,24 +44,22 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
     import onnxruntime as ort
 
     notes: list[str] = []
-    requested = settings.optimization
-    level = requested
+    requested = level = settings.optimization
     providers = usable
     compiling = [p.name for p in usable if p.name in options.COMPILING_PROVIDERS]
-    cap = options.LEVELS.index("basic")
-    if missing:
-        providers = [Provider("CPUExecutionProvider")]
-        if options.LEVELS.index(level) > cap:
-            level = "basic"
-        notes.append("portable build: precision + basic level only, no provider-specific optimization")
-    elif compiling:
-        providers = [p for p in usable if p.name not in options.COMPILING_PROVIDERS] or [
-            Provider("CPUExecutionProvider")]
-        if options.LEVELS.index(level) > cap:
-            level = "basic"
-            notes.append(f"{compiling[0]} compiles subgraphs at session creation, and ORT cannot serialize "
-                         "compiled nodes: the artifact holds the portable basic-level graph, which the "
-                         "provider compiles when the artifact is loaded")
+    if missing or compiling:
+        capped = options.LEVELS.index(level) > options.LEVELS.index("basic")
+        level = "basic" if capped else level
+        if missing:
+            providers = [Provider("CPUExecutionProvider")]
+            notes.append("portable build: precision + basic level only, no provider-specific optimization")
+        else:
+            providers = [p for p in usable if p.name not in options.COMPILING_PROVIDERS] or [
+                Provider("CPUExecutionProvider")]
+            if capped:
+                notes.append(f"{compiling[0]} compiles subgraphs at session creation, and ORT cannot serialize "
+                             "compiled nodes: the artifact holds the portable basic-level graph, which the "
+                             "provider compiles when the artifact is loaded")
 
     out = work / ("optimized.ort" if settings.format == "ort" else "optimized.onnx")
     so = runtime.session_options(settings, level)
@@ -71,10 +69,16 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
 
     domains = _domains(out)
     tied: dict[str, Any] = {}
-    if any(d.startswith("com.microsoft") for d in domains) or options.LEVELS.index(level) > cap:
-        tied["providers"] = names
-    if "com.microsoft.nchwc" in domains or (settings.format == "ort" and level in ("layout", "all")):
-        tied["simd_level"] = runtime.simd_level()
+    if settings.format == "ort":  # a flatbuffer that onnx cannot read: assume what the level can do
+        if level not in ("disable", "basic"):
+            tied["providers"] = names
+        if level in ("layout", "all"):
+            tied["simd_level"] = runtime.simd_level()
+    else:  # read off the graph: contrib ops need the providers that fused them, NCHWc ops the SIMD width
+        if any(d.startswith("com.microsoft") for d in domains):
+            tied["providers"] = names
+        if "com.microsoft.nchwc" in domains:
+            tied["simd_level"] = runtime.simd_level()
     if settings.precision == "fp16" and "CPUExecutionProvider" in names and level not in ("disable", "basic"):
         grown = out.stat().st_size / max(1, src.stat().st_size)
         if grown > 1.3:
