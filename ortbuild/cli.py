@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 # ------------------------------------------------------------------------------------------ build
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, Progress
+    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult, Progress
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
@@ -56,11 +58,11 @@ def cmd_build(args: argparse.Namespace) -> int:
         rows.append([r.target, r.model, r.status.upper(), r.precision, level, _size(r.size), ratio,
                      f"{r.seconds:.1f}s"])
     code = 0
-    explicit = set(args.target or [])
     for r in results:
+        named = any(fnmatch.fnmatchcase(r.target, pat) for pat in args.target or [])
         if r.status == FAILED and r.error is not None:
             code = code or r.error.exit_code
-        elif r.status == SKIPPED and (args.strict or r.target in explicit):
+        elif r.status == SKIPPED and (args.strict or named):
             code = code or RuntimeMismatch.exit_code
         elif r.status == PORTABLE and args.strict:
             code = code or MissingProvider.exit_code
@@ -70,18 +72,18 @@ def cmd_build(args: argparse.Namespace) -> int:
         return code
     print()
     print(_table(rows, ["target", "model", "status", "precision", "level", "size", "vs src", "time"]))
-    said: dict[str, list[str]] = {}  # each reason or note once, with the jobs it concerns
+    said: dict[str, list[JobResult]] = {}  # each reason or note once, with the jobs it concerns
     for r in results:
         lines = [f"{r.status.upper()}: {r.reason}"] if r.status in (SKIPPED, PORTABLE, FAILED) and r.reason \
             else []
         for text in lines + [f"note: {n}" for n in r.notes if n not in r.reason]:
-            said.setdefault(text, []).append(f"{r.target}/{r.model}")
-    per_target = {t: [f"{r.target}/{r.model}" for r in results if r.target == t] for t in {r.target for r in results}}
+            said.setdefault(text, []).append(r)
+    jobs_of = Counter(r.target for r in results)
     for text, who in said.items():
-        for t, names in per_target.items():  # a reason for every model of a target reads "target/*"
-            if len(names) > 1 and all(n in who for n in names):
-                who = [f"{t}/*" if n == names[0] else n for n in who if n not in names[1:]]
-        print(f"  [{', '.join(who)}] {text}")
+        shown = []
+        for t, n in Counter(r.target for r in who).items():  # all the models of a target read "target/*"
+            shown += [f"{t}/*"] if n == jobs_of[t] > 1 else [f"{t}/{r.model}" for r in who if r.target == t]
+        print(f"  [{', '.join(shown)}] {text}")
     counts = {s: sum(r.status == s for r in results) for s in (BUILT, UP_TO_DATE, PORTABLE, SKIPPED, FAILED)}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for r in results:

@@ -79,6 +79,7 @@ def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[...
     assert proc.returncode == 0 and "SKIPPED" in proc.stdout  # all targets: report and go on
     proc = run_cli("build", "-c", str(path), "-t", "elsewhere")
     assert proc.returncode == 4 and "nox -s 'build(elsewhere)'" in proc.stdout
+    assert run_cli("build", "-c", str(path), "-t", "else*").returncode == 4  # named through a glob
     proc = run_cli("plan", "-c", str(path), "--json")
     assert json.loads(proc.stdout)[0]["buildable_here"] is False
 
