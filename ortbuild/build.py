@@ -155,11 +155,12 @@ class Builder:
             out_dir = self.dist / job.target.name / job.model.name
             reused = None if self.force else self._reusable(out_dir, key)
             if reused is not None:
-                res.status, res.level = UP_TO_DATE, reused["optimization"]["applied"]
+                # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
+                res.status, res.level = PORTABLE if missing else UP_TO_DATE, reused["optimization"]["applied"]
                 res.artifact, res.size = str(out_dir / reused["artifact"]["file"]), reused["artifact"]["size"]
                 res.notes = list(reused.get("notes", []))
-                res.reason = "unchanged since the last build (same build key); --force rebuilds"
-                self.progress(job.name, "up to date")
+                res.reason = "; ".join(missing.values())
+                self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
                 return res
 
             with tempfile.TemporaryDirectory(prefix="ortbuild-") as tmp:  # mode 0700, removed on exit

@@ -91,6 +91,8 @@ def test_strict_fails_on_portable_builds(absent_provider_project: Path) -> None:
     assert "(portable)" in shown and "missing    CoreMLExecutionProvider at build time: " in shown
     proc = run_cli("build", "-c", str(path), "--strict", "--force")
     assert proc.returncode == 5 and "PORTABLE: CoreMLExecutionProvider is not in onnxruntime" in proc.stdout
+    proc = run_cli("build", "-c", str(path), "--strict")  # reused, but still only portable
+    assert proc.returncode == 5 and "0 built, 0 up-to-date, 1 portable" in proc.stdout
 
 
 def test_unknown_target_selection(make_project: Callable[..., Path]) -> None:
