@@ -125,7 +125,11 @@ def _close(word: str, choices: list[str] | tuple[str, ...]) -> str | None:
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     c = _close(word, choices)
-    return f" (did you mean '{c}'?)" if c else ""
+    if c:
+        return f" (did you mean '{c}'?)"
+    # a shortened name ("int8" for int8-dynamic / int8-static) is too far for difflib: offer the completions
+    starts = [x for x in choices if word and x.lower().startswith(word.lower())]
+    return f" (did you mean {' or '.join(repr(x) for x in starts)}?)" if 0 < len(starts) <= 3 else ""
 
 
 def _type_name(v: Any) -> str:
