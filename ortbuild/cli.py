@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 import traceback
@@ -59,7 +58,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                      f"{r.seconds:.1f}s"])
     code = 0
     for r in results:
-        named = any(fnmatch.fnmatchcase(r.target, pat) for pat in args.target or [])
+        named = bool(config.matches([r.target], args.target or []))
         if r.status == FAILED and r.error is not None:
             code = code or r.error.exit_code
         elif r.status == SKIPPED and (args.strict or named):

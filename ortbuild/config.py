@@ -123,6 +123,11 @@ def _close(word: str, choices: list[str] | tuple[str, ...]) -> str | None:
     return found[0]
 
 
+def matches(names: list[str], patterns: list[str]) -> list[str]:
+    """The names any of the glob patterns (fnmatch, case-sensitive) matches, in their order."""
+    return [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+
+
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     c = _close(word, choices)
     if c:
@@ -349,22 +354,27 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")
         _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
 
-        selected = [m for m in models if any(fnmatch.fnmatchcase(m, pat) for pat in t["models"])]
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
         for pat in t["models"]:
-            if not any(fnmatch.fnmatchcase(m, pat) for m in models):
+            if not matches(list(models), [pat]):
                 raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"
                                                   f"{did_you_mean(pat, list(models))}",
                                f"the models are: {', '.join(models)}")
+        selected = matches(list(models), t["models"])
+        for i, ov in enumerate(t["overrides"]):
+            if "models" not in ov:
+                raise chk.fail(f"{where}.overrides[{i}]", "missing required key 'models'")
+            for pat in ov["models"]:
+                if not matches(selected, [pat]):
+                    raise chk.fail(f"{where}.overrides[{i}].models",
+                                   f"pattern '{pat}' matches none of this target's models "
+                                   f"({', '.join(selected)})")
         settings: dict[str, Settings] = {}
         for m in selected:
-            eff = {k: t[k] for k in ("precision", "optimization", "format", "providers", "quantization",
-                                     "fp16", "int4", "session", "free_dimensions")}
-            for i, ov in enumerate(t["overrides"]):
-                if "models" not in ov:
-                    raise chk.fail(f"{where}.overrides[{i}]", "missing required key 'models'")
-                if any(fnmatch.fnmatchcase(m, pat) for pat in ov["models"]):
+            eff = {k: t[k] for k in options.OVERRIDABLE}
+            for ov in t["overrides"]:
+                if matches([m], ov["models"]):
                     eff = merge(eff, {k: v for k, v in ov.items() if k != "models"})
             _check_runtime(chk, f"{where}.providers", t["runtime"], eff["providers"])
             _check_settings(chk, where, models[m], eff)
@@ -372,12 +382,6 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=eff["quantization"], fp16=eff["fp16"],
                 int4=eff["int4"], session=eff["session"], free_dimensions=eff["free_dimensions"])
-        for i, ov in enumerate(t["overrides"]):
-            for pat in ov["models"]:
-                if not any(fnmatch.fnmatchcase(m, pat) for m in selected):
-                    raise chk.fail(f"{where}.overrides[{i}].models",
-                                   f"pattern '{pat}' matches none of this target's models "
-                                   f"({', '.join(selected)})")
         targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
                                models=tuple(selected), settings=settings)
     return targets

@@ -216,10 +216,11 @@ TABLES: dict[str, tuple[Key, ...]] = {
     ),
 }
 
-_OVERRIDABLE = ("precision", "optimization", "format", "providers", "free_dimensions",
+OVERRIDABLE = (  # the keys of a target that can differ per model (the rest are target-wide)
+    "precision", "optimization", "format", "providers", "free_dimensions",
                 "quantization", "fp16", "int4", "session")
 TABLES["override"] = TABLES["override"] + tuple(
-    dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in _OVERRIDABLE)
+    dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in OVERRIDABLE)
 
 
 def keys(table: str) -> dict[str, Key]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .config import Model, Project, Settings, Target, did_you_mean
+from .config import Model, Project, Settings, Target, did_you_mean, matches
 from .errors import ConfigError
 
 
@@ -26,7 +25,7 @@ def _select(names: Sequence[str], patterns: Sequence[str] | None, what: str, fil
         return list(names)
     chosen = []
     for pat in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        hits = matches(list(names), [pat])
         if not hits:
             raise ConfigError(file, what, f"no {what[:-1]} matches '{pat}'{did_you_mean(pat, list(names))}",
                               f"the {what} are: {', '.join(names)}")
