@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ortbuild import config
 
-from .conftest import MODELS, REPO
+from .conftest import REPO
 
 
 def _sessions(*args: str) -> list[dict[str, object]]:
@@ -39,23 +40,16 @@ def test_tag_and_keyword_selection() -> None:
     assert checks == {"lint", "tests", "tests-openvino"}
 
 
-def test_a_runtime_that_cannot_be_installed_is_skipped_with_the_reason(tmp_path: Path) -> None:
-    (tmp_path / "targets.toml").write_text(f"""
-[project]
-name = "t"
-version = "1"
-
-[models.tiny_cnn]
-path = "{MODELS / 'tiny_cnn.onnx'}"
-inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
-
-[targets.ancient]
-runtime = "onnxruntime==0.1.0"
-providers = ["CPUExecutionProvider"]
-""")
+def test_a_runtime_that_cannot_be_installed_is_skipped_with_the_reason(make_project: Callable[..., Path],
+                                                                      tmp_path: Path) -> None:
+    config_file = make_project("""
+        [targets.ancient]
+        runtime = "onnxruntime==0.1.0"
+        providers = ["CPUExecutionProvider"]
+    """)
     proc = subprocess.run([sys.executable, "-m", "nox", "--envdir", str(tmp_path / "envs"), "-s", "build(ancient)"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "ORTBUILD_CONFIG": str(tmp_path / "targets.toml")})
+                          env={**os.environ, "ORTBUILD_CONFIG": str(config_file)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped: ancient: its runtime 'onnxruntime==0.1.0' cannot be installed on this machine" in proc.stderr
     assert not (tmp_path / "dist").exists()  # nothing built for the CPU in its place
