@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import nox
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ortbuild import config  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
+from ortbuild import config, manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
 from ortbuild.errors import ConfigError  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -54,10 +53,9 @@ def build(session: nox.Session, target: str) -> None:
         session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
     session.run("ortbuild", "build", "-c", str(PROJECT.file), "-t", target, *session.posargs)
     dist = PROJECT.root / "dist" / target
-    docs = [json.loads(m.read_text()) for m in sorted(dist.glob("*/manifest.json"))
-            if m.parent.name in t.models]
-    if docs and all(d["status"] == "portable" for d in docs):
-        reasons = sorted({r for d in docs for r in d["missing_providers"].values()})
+    docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest.MANIFEST).exists()]
+    if docs and all(d.portable_only for d in docs):
+        reasons = sorted({r for d in docs for r in d.missing_providers.values()})
         session.skip(f"{target} cannot run here ({'; '.join(reasons)}); only its portable artifacts were "
                      f"built (precision + basic level), see {dist}")
 

@@ -1,21 +1,26 @@
-"""Run the build steps for each job and publish dist/<target>/<model>/{artifact, manifest.json}."""
+"""Run each job's pipeline of steps and publish dist/<target>/<model>/{artifact, manifest.json}.
+
+A job runs in three phases (see PIPELINE, the one place a step joins):
+  prepare  check the source and its data, compute the build key (always)
+  build    make and publish the artifact, in a private temp dir (skipped when the published one is reused)
+  verify   checks on the published artifact (always: on fresh and reused artifacts alike)
+"""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
-from . import __version__, data, manifest, runtime
+from . import __version__, data, manifest, options, runtime
 from .config import Project, Provider
-from .errors import ConfigError, OrtbuildError, StepError, first_line
+from .errors import ArtifactError, ConfigError, OrtbuildError, StepError, first_line
 from .plan import Job
 from .steps import check, optimize, precision, reload
 
@@ -69,7 +74,7 @@ def build_key(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None,
         "source": src_sha, "inputs": inputs_sha, "calibration": calib_sha,
         "settings": job.settings.as_json(), "runtime": flavor.as_json(), "onnx": onnx.__version__,
         "ortbuild": __version__, "missing_providers": sorted(missing),
-        "simd_level": runtime.simd_level() if job.settings.optimization in ("layout", "all") else None,
+        "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -83,6 +88,158 @@ def _digest(path: Path | None) -> str | None:
             h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes())
         return h.hexdigest()
     return manifest.sha256_file(path)
+
+
+@dataclass
+class JobContext:
+    """What the steps of one job share: each step reads what earlier ones left and adds its own result."""
+
+    job: Job
+    project: Project
+    out_dir: Path
+    res: JobResult
+    work: Path | None = None                     # the private temp dir of the build phase
+    src: check.CheckResult | None = None
+    feed: data.Feed = field(default_factory=dict)
+    samples: list[data.Feed] | None = None
+    usable: list[Provider] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    flavor: runtime.Flavor | None = None
+    key: str = ""
+    inputs_sha: str = ""
+    prec: precision.PrecisionResult | None = None
+    opt: optimize.OptimizeResult | None = None
+    rel: reload.ReloadResult | None = None
+    manifest: manifest.Manifest | None = None    # the published one (fresh or reused)
+
+
+Phase = Literal["prepare", "build", "verify"]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    phase: Phase
+    run: Callable[[JobContext], None]
+    describe: Callable[[JobContext], str]
+
+
+def _check(ctx: JobContext) -> None:
+    job, s = ctx.job, ctx.job.settings
+    src = ctx.src = check.run(job.model.path)
+    ctx.res.source_size = src.size
+    for key, message in check.settings_problems(src.model, src.signature, s):
+        raise ConfigError(str(ctx.project.file), f"targets.{job.target.name}.{key}",
+                          f"{message} (model '{job.model.name}')",
+                          "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")
+    names = [i["name"] for i in src.signature["inputs"]]
+    ctx.feed = data.load_feed(job.model.inputs, names)
+    data.check_feed(ctx.feed, src.signature, str(job.model.inputs))
+    if s.rule.needs_calibration and job.model.calibration is not None:
+        ctx.samples = data.load_samples(job.model.calibration, names)
+        for sample in ctx.samples:
+            data.check_feed(sample, src.signature, str(job.model.calibration))
+
+
+def _precision(ctx: JobContext) -> None:
+    assert ctx.src is not None and ctx.work is not None
+    s = ctx.job.settings
+    ctx.prec = precision.run(ctx.src.model, s.precision, s.typed_precision_options(), ctx.work, ctx.samples)
+    check.run(ctx.prec.path)  # every precision output must pass the full checker
+
+
+def _optimize(ctx: JobContext) -> None:
+    assert ctx.prec is not None and ctx.work is not None
+    ctx.opt = optimize.run(ctx.prec.path, ctx.job.settings, ctx.usable, ctx.missing, ctx.work)
+    ctx.res.level = ctx.opt.applied
+
+
+def _run_on(ctx: JobContext) -> list[Provider]:
+    # a portable build is proven on the CPU of this runtime; otherwise on the target's providers
+    return [Provider("CPUExecutionProvider")] if ctx.missing else ctx.usable
+
+
+def _reload(ctx: JobContext) -> None:
+    assert ctx.opt is not None
+    ctx.rel = reload.run(ctx.opt.path, ctx.job.settings, _run_on(ctx), ctx.feed)
+
+
+def _package(ctx: JobContext) -> None:
+    assert ctx.opt is not None and ctx.prec is not None
+    ctx.res.notes = ctx.prec.notes + ctx.opt.notes
+    ctx.manifest = _manifest(ctx)
+    ctx.res.artifact = str(_publish(ctx.out_dir, ctx.opt.path, ctx.manifest))
+
+
+def _integrity(ctx: JobContext) -> None:
+    """The published artifact still matches its manifest (fresh or reused)."""
+    m, folder = manifest.read(ctx.out_dir)
+    problems = manifest.integrity_problems(m, folder)
+    if problems:
+        raise ArtifactError(f"{ctx.out_dir}: {'; '.join(problems)}", "rebuild it with --force")
+    ctx.manifest = m
+
+
+# The pipeline: a new step joins here, in its phase, and nowhere else.
+PIPELINE: tuple[Step, ...] = (
+    Step("check", "prepare", _check, lambda c: f"check {c.job.model.path.name} and its data"),
+    Step("precision", "build", _precision, lambda c: f"precision {c.job.settings.precision}"),
+    Step("optimize", "build", _optimize,
+         lambda c: f"optimize level={c.job.settings.optimization} providers={[p.name for p in c.usable] or '-'}"),
+    Step("reload", "build", _reload,
+         lambda c: f"reload (optimizations disabled) and run on {[p.name for p in _run_on(c)]}"),
+    Step("package", "build", _package, lambda c: f"publish into {c.out_dir}"),
+    Step("integrity", "verify", _integrity, lambda c: "verify the published artifact against its manifest"),
+)
+
+
+def _manifest(ctx: JobContext) -> manifest.Manifest:
+    import onnx
+
+    job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
+    assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
+    size = opt.path.stat().st_size
+    root = ctx.project.root
+    rel_path = job.model.path.resolve().relative_to(root.resolve()) \
+        if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
+    return manifest.Manifest(
+        project=manifest.ProjectInfo(ctx.project.name, ctx.project.version),
+        target=job.target.name,
+        model=job.model.name,
+        status="portable" if ctx.missing else "complete",
+        missing_providers=ctx.missing,
+        source=manifest.Source(path=str(rel_path), sha256=src.sha256, size=src.size, ir_version=src.ir_version,
+                               opsets=src.opsets),
+        artifact=manifest.Artifact(file="model.ort" if job.settings.format == "ort" else "model.onnx",
+                                   format=job.settings.format, sha256=manifest.sha256_file(opt.path), size=size,
+                                   size_ratio=round(size / src.size, 4)),
+        precision=manifest.PrecisionInfo(prec.precision, prec.options),
+        providers=[p.as_json() for p in job.settings.providers],
+        session=job.settings.session.as_json(),
+        free_dimensions=dict(job.settings.free_dimensions),
+        optimization=manifest.Optimization(requested=opt.requested, applied=opt.applied, portable=opt.portable,
+                                           tied_to=opt.tied_to, optimized_with=opt.providers,
+                                           op_domains=opt.op_domains),
+        io=src.signature,
+        golden_run=manifest.GoldenRun(providers=rel.providers, outputs=rel.outputs, inputs_sha256=ctx.inputs_sha),
+        versions={"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": flavor.as_json()},
+        build_machine=runtime.fingerprint(),
+        build_key=ctx.key,
+        created=manifest.timestamp(),
+        notes=ctx.res.notes,
+    )
+
+
+def _publish(out_dir: Path, artifact: Path, m: manifest.Manifest) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / manifest.MANIFEST).unlink(missing_ok=True)  # no manifest may describe a half-done dir
+    for stale in ("model.onnx", "model.ort"):
+        if stale != m.artifact.file:
+            (out_dir / stale).unlink(missing_ok=True)
+    dest: Path = out_dir / m.artifact.file
+    manifest.atomic_copy(artifact, dest)
+    manifest.atomic_write(out_dir / manifest.MANIFEST, m.to_json())
+    return dest
 
 
 class Builder:
@@ -116,79 +273,62 @@ class Builder:
             results.append(res)
         return results
 
-    @contextlib.contextmanager
-    def _step(self, res: JobResult, job: Job, name: str, message: str) -> Iterator[None]:
-        """Announce a step, remember it (a failure is reported against it) and time it."""
-        self.progress(job.name, message)
-        res.step = name
-        t = time.perf_counter()
-        yield
-        res.steps[name] = time.perf_counter() - t
+    def _run_phase(self, ctx: JobContext, phase: Phase) -> None:
+        """Run the phase's steps in order: announce each, remember it (a failure names it), time it."""
+        for step in PIPELINE:
+            if step.phase != phase:
+                continue
+            self.progress(ctx.job.name, step.describe(ctx))
+            ctx.res.step = step.name
+            t = time.perf_counter()
+            step.run(ctx)
+            ctx.res.steps[step.name] = time.perf_counter() - t
+
+    def _prepare(self, ctx: JobContext) -> None:
+        """What the build key needs beyond the check step: usable providers, the runtime, data digests."""
+        job, src = ctx.job, ctx.src
+        assert src is not None
+        ctx.usable = [p for p in job.settings.providers if self._probe(p) is None]
+        ctx.missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p))}
+        ctx.flavor = runtime.installed_flavor()
+        assert ctx.flavor is not None  # runtime_problem() said this environment has the right flavor
+        ctx.inputs_sha = _digest(job.model.inputs) or ""
+        ctx.key = build_key(job, src.sha256, ctx.inputs_sha, _digest(job.model.calibration), ctx.flavor,
+                            ctx.missing)
 
     def run_job(self, job: Job) -> JobResult:
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
+        ctx = JobContext(job=job, project=self.project, out_dir=self.dist / job.target.name / job.model.name,
+                         res=res)
         start = time.perf_counter()
-        s = job.settings
         try:
-            with self._step(res, job, "check", f"check {job.model.path.name} and its data"):
-                src = check.run(job.model.path)
-                res.source_size = src.size
-                for key, message in check.settings_problems(src.model, src.signature, s):
-                    raise ConfigError(str(self.project.file), f"targets.{job.target.name}.{key}",
-                                      f"{message} (model '{job.model.name}')",
-                                      "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")
-                names = [i["name"] for i in src.signature["inputs"]]
-                feed = data.load_feed(job.model.inputs, names)
-                data.check_feed(feed, src.signature, str(job.model.inputs))
-                samples = None
-                if s.precision == "int8-static" and job.model.calibration is not None:
-                    samples = data.load_samples(job.model.calibration, names)
-                    for sample in samples:
-                        data.check_feed(sample, src.signature, str(job.model.calibration))
-                usable = [p for p in s.providers if self._probe(p) is None]
-                missing = {p.name: reason for p in s.providers if (reason := self._probe(p))}
-                flavor = runtime.installed_flavor()
-                assert flavor is not None  # runtime_problem() said this environment has the right flavor
-                inputs_sha = _digest(job.model.inputs) or ""
-                key = build_key(job, src.sha256, inputs_sha, _digest(job.model.calibration), flavor, missing)
-
-            out_dir = self.dist / job.target.name / job.model.name
-            reused = None if self.force else self._reusable(out_dir, key)
+            self._run_phase(ctx, "prepare")
+            self._prepare(ctx)
+            reused = None if self.force else self._reusable(ctx.out_dir, ctx.key)
             if reused is not None:
-                # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
-                res.status, res.level = PORTABLE if missing else UP_TO_DATE, reused["optimization"]["applied"]
-                res.artifact, res.size = str(out_dir / reused["artifact"]["file"]), reused["artifact"]["size"]
-                res.notes = list(reused.get("notes", []))
-                res.reason = "; ".join(missing.values())
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
-                return res
-
-            with tempfile.TemporaryDirectory(prefix="ortbuild-") as tmp:  # mode 0700, removed on exit
-                work = Path(tmp)
-                with self._step(res, job, "precision", f"precision {s.precision}"):
-                    prec = precision.run(src.model, s.precision, s.precision_options(), work, samples)
-                    check.run(prec.path)  # every precision output must pass the full checker
-                with self._step(res, job, "optimize", f"optimize level={s.optimization} "
-                                                      f"providers={[p.name for p in usable] or '-'}"):
-                    opt = optimize.run(prec.path, s, usable, missing, work)
-                    res.level = opt.applied
-                # a portable build is proven on the CPU of this runtime; otherwise on the target's providers
-                run_on = [Provider("CPUExecutionProvider")] if missing else usable
-                with self._step(res, job, "reload", "reload (optimizations disabled) and run on "
-                                                    f"{[p.name for p in run_on]}"):
-                    rel = reload.run(opt.path, s, run_on, feed)
-                with self._step(res, job, "package", f"publish into {out_dir}"):
-                    res.notes = prec.notes + opt.notes
-                    doc = self._manifest(job, src, prec, opt, rel, key, inputs_sha, flavor, missing, res.notes)
-                    res.artifact = str(self._publish(out_dir, opt.path, doc))
-                    res.size = doc["artifact"]["size"]
-            res.status = PORTABLE if missing else BUILT
-            res.reason = "; ".join(missing.values())
-            self.progress(job.name, f"{res.status}: {res.artifact}")
+                res.notes = list(reused.notes)
+            else:
+                with tempfile.TemporaryDirectory(prefix="ortbuild-") as tmp:  # mode 0700, removed on exit
+                    ctx.work = Path(tmp)
+                    self._run_phase(ctx, "build")
+                ctx.work = None
+            self._run_phase(ctx, "verify")
+            assert ctx.manifest is not None
+            # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
+            res.status = PORTABLE if ctx.missing else (BUILT if reused is None else UP_TO_DATE)
+            res.level = ctx.manifest.optimization.applied
+            res.artifact = str(ctx.out_dir / ctx.manifest.artifact.file)
+            res.size = ctx.manifest.artifact.size
+            res.reason = "; ".join(ctx.missing.values())
+            if reused is None:
+                self.progress(job.name, f"{res.status}: {res.artifact}")
         except OrtbuildError as e:  # ConfigError (bad inputs/calibration files) included
+            res.status = FAILED
             res.error = e
             res.reason = e.message
         except Exception as e:  # a tool (onnx, ORT, a quantizer) rejected the model: name the step
+            res.status = FAILED
             res.error = StepError(job.target.name, job.model.name, res.step, first_line(e),
                                   "rerun with --debug for the full traceback")
             res.error.__cause__ = e
@@ -199,60 +339,11 @@ class Builder:
             self.progress(job.name, f"FAILED: {res.reason}")
         return res
 
-    def _reusable(self, out_dir: Path, key: str) -> dict[str, Any] | None:
+    def _reusable(self, out_dir: Path, key: str) -> manifest.Manifest | None:
         try:
-            doc, folder = manifest.read(out_dir)
+            m, folder = manifest.read(out_dir)
         except OrtbuildError:
             return None
-        if doc.get("build_key") != key or manifest.integrity_problems(doc, folder):
+        if m.build_key != key or manifest.integrity_problems(m, folder):
             return None
-        return doc
-
-    def _manifest(self, job: Job, src: check.CheckResult, prec: precision.PrecisionResult,
-                  opt: optimize.OptimizeResult, rel: reload.ReloadResult, key: str, inputs_sha: str,
-                  flavor: runtime.Flavor, missing: dict[str, str], notes: list[str]) -> dict[str, Any]:
-        import onnx
-
-        size = opt.path.stat().st_size
-        root = self.project.root
-        rel_path = job.model.path.resolve().relative_to(root.resolve()) \
-            if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
-        return {
-            "manifest_version": manifest.VERSION,
-            "project": {"name": self.project.name, "version": self.project.version},
-            "target": job.target.name,
-            "model": job.model.name,
-            "status": "portable" if missing else "complete",
-            "missing_providers": missing,
-            "source": {"path": str(rel_path), "sha256": src.sha256, "size": src.size,
-                       "ir_version": src.ir_version, "opsets": src.opsets},
-            "artifact": {"file": "model.ort" if job.settings.format == "ort" else "model.onnx",
-                         "format": job.settings.format, "sha256": manifest.sha256_file(opt.path), "size": size,
-                         "size_ratio": round(size / src.size, 4)},
-            "precision": {"name": prec.precision, "options": prec.options},
-            "providers": [p.as_json() for p in job.settings.providers],
-            "session": dict(job.settings.session),
-            "free_dimensions": dict(job.settings.free_dimensions),
-            "optimization": {"requested": opt.requested, "applied": opt.applied, "portable": opt.portable,
-                             "tied_to": opt.tied_to, "optimized_with": opt.providers,
-                             "op_domains": opt.op_domains},
-            "io": src.signature,
-            "golden_run": {"providers": rel.providers, "outputs": rel.outputs,
-                           "inputs_sha256": inputs_sha},
-            "versions": {"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": flavor.as_json()},
-            "build_machine": runtime.fingerprint(),
-            "build_key": key,
-            "created": manifest.timestamp(),
-            "notes": notes,
-        }
-
-    def _publish(self, out_dir: Path, artifact: Path, doc: dict[str, Any]) -> Path:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / manifest.MANIFEST).unlink(missing_ok=True)  # no manifest may describe a half-done dir
-        for stale in ("model.onnx", "model.ort"):
-            if stale != doc["artifact"]["file"]:
-                (out_dir / stale).unlink(missing_ok=True)
-        dest: Path = out_dir / doc["artifact"]["file"]
-        manifest.atomic_copy(artifact, dest)
-        manifest.atomic_write(out_dir / manifest.MANIFEST, manifest.dumps(doc))
-        return dest
+        return m

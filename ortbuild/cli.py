@@ -173,29 +173,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 for v in info["io"][kind]:
                     print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
         return 0
-    doc, folder = manifest.read(path)
-    integrity = manifest.integrity_problems(doc, folder)
-    fit = manifest.fit_problems(doc)
+    m, folder = manifest.read(path)
+    integrity = manifest.integrity_problems(m, folder)
+    fit = manifest.fit_problems(m)
     if args.json:
-        print(json.dumps({"manifest": doc, "integrity_problems": integrity, "fit_problems": fit}, indent=2))
+        print(json.dumps({"manifest": json.loads(m.to_json()), "integrity_problems": integrity,
+                          "fit_problems": fit}, indent=2))
     else:
-        opt = doc["optimization"]
-        print(f"{doc['target']}/{doc['model']}  ({doc['status']})  built {doc['created']} with "
-              f"{doc['versions']['onnxruntime']['distribution']} {doc['versions']['onnxruntime']['version']}")
-        print(f"  artifact   {folder / doc['artifact']['file']}  {_size(doc['artifact']['size'])}  "
-              f"({doc['artifact']['size_ratio']:.2f}x source)  sha256 {doc['artifact']['sha256'][:16]}...")
-        print(f"  source     {doc['source']['path']}  {_size(doc['source']['size'])}  opsets {doc['source']['opsets']}")
-        print(f"  precision  {doc['precision']['name']}  {doc['precision']['options'] or ''}")
-        print(f"  providers  {', '.join(p['name'] for p in doc['providers'])}")
-        for name, why in doc.get("missing_providers", {}).items():
+        opt, ort_version = m.optimization, m.versions["onnxruntime"]
+        print(f"{m.target}/{m.model}  ({m.status})  built {m.created} with "
+              f"{ort_version['distribution']} {ort_version['version']}")
+        print(f"  artifact   {folder / m.artifact.file}  {_size(m.artifact.size)}  "
+              f"({m.artifact.size_ratio:.2f}x source)  sha256 {m.artifact.sha256[:16]}...")
+        print(f"  source     {m.source.path}  {_size(m.source.size)}  opsets {m.source.opsets}")
+        print(f"  precision  {m.precision.name}  {m.precision.options or ''}")
+        print(f"  providers  {', '.join(p['name'] for p in m.providers)}")
+        for name, why in m.missing_providers.items():
             print(f"  missing    {name} at build time: {why}")
-        print(f"  level      {opt['applied']} (asked {opt['requested']}); "
-              + ("portable" if opt["portable"] else f"tied to {opt['tied_to']}"))
+        print(f"  level      {opt.applied} (asked {opt.requested}); "
+              + ("portable" if opt.portable else f"tied to {opt.tied_to}"))
         for kind in ("inputs", "outputs"):
-            for v in doc["io"][kind]:
+            for v in m.io[kind]:
                 print(f"  {kind[:-1]:<10} {v['name']}: {v['dtype']} {v['shape']}")
-        print(f"  machine    {doc['build_machine']['cpu']} ({doc['build_machine']['simd_level']})")
-        for n in doc.get("notes", []):
+        print(f"  machine    {m.build_machine['cpu']} ({m.build_machine['simd_level']})")
+        for n in m.notes:
             print(f"  note       {n}")
         for p in integrity:
             print(f"  PROBLEM    {p}")

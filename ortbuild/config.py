@@ -10,8 +10,10 @@ Stdlib + packaging only: the noxfile imports this module to generate one session
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import fnmatch
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,68 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """[targets.X.quantization]: options of int8-dynamic and int8-static."""
+
+    format: str
+    per_channel: bool
+    weight_type: str
+    activation_type: str
+    reduce_range: bool
+    op_types: tuple[str, ...]
+    exclude_nodes: tuple[str, ...]
+    calibration_method: str
+    preprocess: bool
+
+
+@dataclass(frozen=True)
+class Fp16:
+    """[targets.X.fp16]: options of fp16."""
+
+    keep_io_types: bool
+    op_block_list: tuple[str, ...]
+    node_block_list: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Int4:
+    """[targets.X.int4]: options of int4-weight."""
+
+    block_size: int
+    symmetric: bool
+    accuracy_level: int
+    exclude_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Session:
+    """[targets.X.session]: the session options every session of the build (and the loaders) opens with."""
+
+    intra_op_num_threads: int
+    inter_op_num_threads: int
+    execution_mode: str
+    enable_mem_pattern: bool
+    enable_cpu_mem_arena: bool
+    use_deterministic_compute: bool
+    config: Mapping[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "config": dict(self.config)}
+
+
+PrecisionOptions = Quantization | Fp16 | Int4 | None
+
+
+def typed(cls: type[Any], table: Mapping[str, Any]) -> Any:
+    """A sub-settings dataclass from its (validated, defaults-filled) table; lists become tuples."""
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
+@dataclass(frozen=True)
 class Settings:
     """What one (target, model) job is built with: the target's keys after overrides."""
 
@@ -52,29 +116,39 @@ class Settings:
     optimization: str
     format: str
     providers: tuple[Provider, ...]
-    quantization: Mapping[str, Any]
-    fp16: Mapping[str, Any]
-    int4: Mapping[str, Any]
-    session: Mapping[str, Any]
+    quantization: Quantization
+    fp16: Fp16
+    int4: Int4
+    session: Session
     free_dimensions: Mapping[str, int]
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = json.loads(json.dumps({
             "precision": self.precision,
             "optimization": self.optimization,
             "format": self.format,
             "providers": [p.as_json() for p in self.providers],
-            "quantization": dict(self.quantization),
-            "fp16": dict(self.fp16),
-            "int4": dict(self.int4),
-            "session": dict(self.session),
+            "quantization": _plain(self.quantization),
+            "fp16": _plain(self.fp16),
+            "int4": _plain(self.int4),
+            "session": self.session.as_json(),
             "free_dimensions": dict(self.free_dimensions),
-        }
+        }))
+        return out
+
+    @property
+    def rule(self) -> options.PrecisionRule:
+        return options.PRECISION_RULES[self.precision]
+
+    def typed_precision_options(self) -> PrecisionOptions:
+        """The typed options of this precision (its options table), or None for fp32."""
+        table = self.rule.options_table
+        return None if table is None else getattr(self, table)
 
     def precision_options(self) -> dict[str, Any]:
-        section = {"int8-dynamic": self.quantization, "int8-static": self.quantization,
-                   "fp16": self.fp16, "int4-weight": self.int4}.get(self.precision, {})
-        return dict(section)
+        """The same as a JSON-able dict (recorded in manifests)."""
+        opts = self.typed_precision_options()
+        return {} if opts is None else json.loads(json.dumps(dataclasses.asdict(opts)))
 
 
 @dataclass(frozen=True)
@@ -380,8 +454,9 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
             _check_settings(chk, where, models[m], eff)
             settings[m] = Settings(
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
-                providers=_providers(eff["providers"]), quantization=eff["quantization"], fp16=eff["fp16"],
-                int4=eff["int4"], session=eff["session"], free_dimensions=eff["free_dimensions"])
+                providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
+                fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
+                free_dimensions=eff["free_dimensions"])
         targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
                                models=tuple(selected), settings=settings)
     return targets
@@ -407,9 +482,9 @@ def _check_runtime(chk: _Checker, where: str, runtime: str, providers: list[Any]
 
 
 def _check_settings(chk: _Checker, where: str, model: Model, eff: dict[str, Any]) -> None:
-    if eff["precision"] == "int8-static" and model.calibration is None:
+    if options.PRECISION_RULES[eff["precision"]].needs_calibration and model.calibration is None:
         raise chk.fail(f"{where}.precision",
-                       f"int8-static needs calibration data, and model '{model.name}' has none",
+                       f"{eff['precision']} needs calibration data, and model '{model.name}' has none",
                        f"add `calibration = \"...npz\"` to [models.{model.name}], or use int8-dynamic "
                        "for this model (an [[overrides]] entry)")
     bs = eff["int4"].get("block_size", 32)

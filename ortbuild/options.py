@@ -12,8 +12,55 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-PRECISIONS = ("fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight")
-LEVELS = ("disable", "basic", "extended", "layout", "all")
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    """What a precision is: the table holding its options, and what it needs."""
+
+    name: str
+    options_table: str | None        # the target sub-table read by this precision (None: no options)
+    quantized: bool = False          # the quantizers' int8 path (pre-processing, opset >= 13)
+    needs_calibration: bool = False  # needs the model's `calibration` data
+
+
+# The one place that knows the precision names; everything else asks these rules.
+PRECISION_RULES: dict[str, PrecisionRule] = {r.name: r for r in (
+    PrecisionRule("fp32", None),
+    PrecisionRule("fp16", "fp16"),
+    PrecisionRule("int8-dynamic", "quantization", quantized=True),
+    PrecisionRule("int8-static", "quantization", quantized=True, needs_calibration=True),
+    PrecisionRule("int4-weight", "int4"),
+)}
+PRECISIONS = tuple(PRECISION_RULES)
+FP32, FP16, INT8_DYNAMIC, INT8_STATIC, INT4_WEIGHT = PRECISIONS
+
+
+@dataclass(frozen=True)
+class LevelRule:
+    """What an optimization level does to the graph, and what that ties the artifact to."""
+
+    name: str
+    ort_enum: str                    # the onnxruntime.GraphOptimizationLevel member
+    portable: bool                   # standard ONNX ops only: any provider can load the result
+    nchwc: bool                      # may hold NCHWc ops laid out for the build CPU's SIMD width
+
+
+# The one place that knows the optimization levels, in increasing order.
+LEVEL_RULES: dict[str, LevelRule] = {r.name: r for r in (
+    LevelRule("disable", "ORT_DISABLE_ALL", portable=True, nchwc=False),
+    LevelRule("basic", "ORT_ENABLE_BASIC", portable=True, nchwc=False),
+    LevelRule("extended", "ORT_ENABLE_EXTENDED", portable=False, nchwc=False),
+    LevelRule("layout", "ORT_ENABLE_LAYOUT", portable=False, nchwc=True),
+    LevelRule("all", "ORT_ENABLE_ALL", portable=False, nchwc=True),
+)}
+LEVELS = tuple(LEVEL_RULES)
+PORTABLE_LEVEL = "basic"  # the highest level whose graph any provider loads
+
+
+def cap_level(level: str) -> str:
+    """The level, at most the highest portable one (for portable and compiling-provider builds)."""
+    return level if LEVEL_RULES[level].portable else PORTABLE_LEVEL
+
 FORMATS = ("onnx", "ort")
 
 # pip distributions that provide the `onnxruntime` module, and the providers each can offer.

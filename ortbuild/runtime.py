@@ -203,21 +203,20 @@ def session_options(settings: Settings, level: str) -> Any:
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    enum_name = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-                 "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}[level]
+    enum_name = options.LEVEL_RULES[level].ort_enum
     if not hasattr(ort.GraphOptimizationLevel, enum_name):  # ORT_ENABLE_LAYOUT arrived in 1.23
         raise RuntimeMismatch(f"optimization '{level}' needs onnxruntime >= 1.23 ({enum_name})",
                               "use optimization = \"all\" or \"extended\" with this runtime")
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, enum_name)
     s = settings.session
-    so.intra_op_num_threads = s["intra_op_num_threads"]
-    so.inter_op_num_threads = s["inter_op_num_threads"]
-    so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if s["execution_mode"] == "parallel"
+    so.intra_op_num_threads = s.intra_op_num_threads
+    so.inter_op_num_threads = s.inter_op_num_threads
+    so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if s.execution_mode == "parallel"
                          else ort.ExecutionMode.ORT_SEQUENTIAL)
-    so.enable_mem_pattern = s["enable_mem_pattern"]
-    so.enable_cpu_mem_arena = s["enable_cpu_mem_arena"]
-    so.use_deterministic_compute = s["use_deterministic_compute"]
-    for key, value in s["config"].items():
+    so.enable_mem_pattern = s.enable_mem_pattern
+    so.enable_cpu_mem_arena = s.enable_cpu_mem_arena
+    so.use_deterministic_compute = s.use_deterministic_compute
+    for key, value in s.config.items():
         so.add_session_config_entry(key, value)
     for dim, size in settings.free_dimensions.items():
         so.add_free_dimension_override_by_name(dim, size)

@@ -36,7 +36,7 @@ def test_build_json(make_project: Callable[..., Path]) -> None:
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["exit_code"] == 0
     assert doc["jobs"][0]["status"] == "built" and doc["jobs"][0]["precision"] == "int8-static"
-    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "package"}
+    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "package", "integrity"}
     assert proc.stderr == ""  # --json is quiet on stderr
 
 

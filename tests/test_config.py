@@ -19,15 +19,15 @@ def test_committed_targets_file_resolves_layers() -> None:
     int8 = p.targets["cpu-int8"]
     # extends: runtime, providers and session come from cpu-fp32
     assert int8.runtime == "onnxruntime==1.31.1"
-    assert int8.settings["tiny_lstm"].session["intra_op_num_threads"] == 2
+    assert int8.settings["tiny_lstm"].session.intra_op_num_threads == 2
     # overrides: static for the CNN, dynamic for the rest; the override's table merges key by key
     assert int8.settings["tiny_cnn"].precision == "int8-static"
-    assert int8.settings["tiny_cnn"].quantization["op_types"] == []
-    assert int8.settings["tiny_cnn"].quantization["per_channel"] is True
+    assert int8.settings["tiny_cnn"].quantization.op_types == ()
+    assert int8.settings["tiny_cnn"].quantization.per_channel is True
     assert int8.settings["tiny_transformer"].precision == "int8-dynamic"
     assert "breast_cancer_gb" not in int8.models  # models = ["tiny_*"]
     # defaults fill what nobody set
-    assert int8.settings["tiny_lstm"].quantization["weight_type"] == "int8"
+    assert int8.settings["tiny_lstm"].quantization.weight_type == "int8"
     assert p.targets["tensorrt-fp16"].providers[0].options == {"trt_fp16_enable": True}
     assert p.targets["tensorrt-fp16"].settings["tiny_cnn"].precision == "fp16"
     assert p.targets["cpu-int8"].tags == ["cpu", "int8", "int8-dynamic", "int8-static"]
@@ -50,7 +50,7 @@ def test_extends_chain_and_list_replacement(make_project: Callable[..., Path]) -
     """)
     c = config.load(path).targets["c"].settings["tiny_cnn"]
     assert c.precision == "fp16"
-    assert c.fp16 == {"op_block_list": ["TopK"], "keep_io_types": False, "node_block_list": []}
+    assert c.fp16 == config.Fp16(op_block_list=("TopK",), keep_io_types=False, node_block_list=())
 
 
 def test_later_overrides_win(make_project: Callable[..., Path]) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -37,24 +38,56 @@ def test_read_finds_the_manifest_from_dir_file_or_artifact(tmp_path: Path) -> No
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="unreadable manifest"):
         manifest.read(tmp_path / "model.onnx")
-    (tmp_path / "manifest.json").write_text('{"manifest_version": 99}')
+    (tmp_path / "manifest.json").write_text('{"format_version": 99}')
     with pytest.raises(ArtifactError, match="not an ortbuild manifest"):
         manifest.read(tmp_path / "manifest.json")
 
 
+def _manifest(**changes: object) -> manifest.Manifest:
+    import dataclasses
+
+    base = manifest.Manifest(
+        project=manifest.ProjectInfo("p", "1"), target="t", model="m", status="complete", missing_providers={},
+        source=manifest.Source("m.onnx", "0" * 64, 3, 8, {"ai.onnx": 13}),
+        artifact=manifest.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0),
+        precision=manifest.PrecisionInfo("fp32", {}), providers=[{"name": "CPUExecutionProvider", "options": {}}],
+        session={}, free_dimensions={},
+        optimization=manifest.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
+        io={"inputs": [], "outputs": []}, golden_run=manifest.GoldenRun([], [], ""),
+        versions={"onnxruntime": {"distribution": "onnxruntime", "version": "1.31.1"}}, build_machine={},
+        build_key="k", created="2026-01-01T00:00:00Z")
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_round_trip_and_strict_reading(tmp_path: Path) -> None:
+    m = _manifest()
+    assert manifest.Manifest.from_json(m.to_json()) == m
+    doc = json.loads(m.to_json())
+    doc["artifacT"] = doc.pop("artifact")
+    with pytest.raises(ArtifactError, match="unknown manifest key 'artifacT'"):
+        manifest.Manifest.from_json(json.dumps(doc))
+    doc = json.loads(m.to_json())
+    doc["artifact"]["size"] = "3"
+    with pytest.raises(ArtifactError, match=r"'artifact\.size' has the wrong type"):
+        manifest.Manifest.from_json(json.dumps(doc))
+
+
 def test_integrity_and_fit_problems(tmp_path: Path) -> None:
+    import dataclasses
+
     art = tmp_path / "model.onnx"
     art.write_bytes(b"abc")
-    doc = {"artifact": {"file": "model.onnx", "size": 3, "sha256": manifest.sha256_file(art)},
-           "optimization": {"applied": "all", "tied_to": {"simd_level": "riscv64-rvv"}},
-           "providers": [{"name": "QNNExecutionProvider", "options": {}}],
-           "versions": {"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}}}
-    assert manifest.integrity_problems(doc, tmp_path) == []
+    m = _manifest()
+    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=manifest.sha256_file(art)),
+                  optimization=dataclasses.replace(m.optimization, tied_to={"simd_level": "riscv64-rvv"}),
+                  providers=[{"name": "QNNExecutionProvider", "options": {}}],
+                  versions={"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}})
+    assert manifest.integrity_problems(m, tmp_path) == []
     art.write_bytes(b"abd")
-    assert "sha256 differs" in manifest.integrity_problems(doc, tmp_path)[0]
+    assert "sha256 differs" in manifest.integrity_problems(m, tmp_path)[0]
     art.unlink()
-    assert "missing" in manifest.integrity_problems(doc, tmp_path)[0]
-    fit = manifest.fit_problems(doc)
+    assert "missing" in manifest.integrity_problems(m, tmp_path)[0]
+    fit = manifest.fit_problems(m)
     assert any("riscv64-rvv NCHWc layout" in p for p in fit)
     assert any("built with onnxruntime-qnn" in p for p in fit)
     assert any("ORT would fall back silently: QNNExecutionProvider is not in" in p for p in fit)

@@ -33,7 +33,7 @@ def test_readme_targets_example_is_valid(example: Path) -> None:
     int8 = project.targets["cpu-int8"]
     assert int8.settings["tiny_cnn"].precision == "int8-static"
     assert int8.settings["tiny_transformer"].precision == "int8-dynamic"
-    assert int8.settings["tiny_transformer"].quantization["format"] == "qdq"  # merged, not replaced
+    assert int8.settings["tiny_transformer"].quantization.format == "qdq"  # merged, not replaced
 
 
 def test_readme_commands_run(example: Path) -> None:

@@ -84,11 +84,11 @@ def settings_problems(model: onnx.ModelProto, sig: dict[str, Any], settings: Set
     node_names = _node_names(model)
     known_ops = {s.name for s in onnx.defs.get_all_schemas()}
     problems = []
-    lists = {"quantization.op_types": (settings.quantization["op_types"], "op"),
-             "fp16.op_block_list": (settings.fp16["op_block_list"], "op"),
-             "quantization.exclude_nodes": (settings.quantization["exclude_nodes"], "node"),
-             "fp16.node_block_list": (settings.fp16["node_block_list"], "node"),
-             "int4.exclude_nodes": (settings.int4["exclude_nodes"], "node")}
+    lists = {"quantization.op_types": (settings.quantization.op_types, "op"),
+             "fp16.op_block_list": (settings.fp16.op_block_list, "op"),
+             "quantization.exclude_nodes": (settings.quantization.exclude_nodes, "node"),
+             "fp16.node_block_list": (settings.fp16.node_block_list, "node"),
+             "int4.exclude_nodes": (settings.int4.exclude_nodes, "node")}
     for key, (values, kind) in lists.items():
         for v in values:
             if kind == "op" and v not in known_ops:

@@ -48,8 +48,8 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
     providers = usable
     compiling = [p.name for p in usable if p.name in options.COMPILING_PROVIDERS]
     if missing or compiling:
-        capped = options.LEVELS.index(level) > options.LEVELS.index("basic")
-        level = "basic" if capped else level
+        level = options.cap_level(level)
+        capped = level != requested
         if missing:
             providers = [Provider("CPUExecutionProvider")]
             notes.append("portable build: precision + basic level only, no provider-specific optimization")
@@ -70,20 +70,21 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
     domains = _domains(out)
     tied: dict[str, Any] = {}
     if settings.format == "ort":  # a flatbuffer that onnx cannot read: assume what the level can do
-        if level not in ("disable", "basic"):
+        if not options.LEVEL_RULES[level].portable:
             tied["providers"] = names
-        if level in ("layout", "all"):
+        if options.LEVEL_RULES[level].nchwc:
             tied["simd_level"] = runtime.simd_level()
     else:  # read off the graph: contrib ops need the providers that fused them, NCHWc ops the SIMD width
         if any(d.startswith("com.microsoft") for d in domains):
             tied["providers"] = names
         if "com.microsoft.nchwc" in domains:
             tied["simd_level"] = runtime.simd_level()
-    if settings.precision == "fp16" and "CPUExecutionProvider" in names and level not in ("disable", "basic"):
+    if (settings.precision == options.FP16 and "CPUExecutionProvider" in names
+            and not options.LEVEL_RULES[level].portable):
         grown = out.stat().st_size / max(1, src.stat().st_size)
         if grown > 1.3:
             notes.append(f"the CPU provider has no fp16 kernels: at level '{level}' ORT upcast the weights "
-                         f"to fp32 (artifact {grown:.2f}x the fp16 model); use optimization = \"basic\" "
-                         "to keep fp16 storage")
+                         f"to fp32 (artifact {grown:.2f}x the fp16 model); "
+                         f"use optimization = \"{options.PORTABLE_LEVEL}\" to keep fp16 storage")
     return OptimizeResult(path=out, requested=requested, applied=level, providers=names,
                           portable=not tied, tied_to=tied, op_domains=domains, notes=notes)

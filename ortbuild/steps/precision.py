@@ -9,7 +9,9 @@ int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantiz
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
+import json
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -19,6 +21,8 @@ from typing import Any
 
 import onnx
 
+from .. import options
+from ..config import Fp16, Int4, PrecisionOptions, Quantization, typed
 from ..data import Feed
 from ..errors import first_line
 
@@ -126,7 +130,16 @@ def _qtype(name: str) -> Any:
     return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
 
 
-def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
+def _typed(precision: str, opts: Mapping[str, Any] | PrecisionOptions) -> PrecisionOptions:
+    """The precision's typed options (a plain table, as recorded in manifests, is accepted too)."""
+    if opts is None or not isinstance(opts, Mapping):
+        return opts
+    table = options.PRECISION_RULES[precision].options_table
+    cls = {"quantization": Quantization, "fp16": Fp16, "int4": Int4}.get(table or "")
+    return None if cls is None else typed(cls, opts)
+
+
+def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any] | PrecisionOptions, work: Path,
         calibration: list[Feed] | None = None) -> PrecisionResult:
     root = logging.getLogger()
     level, tmp = root.level, tempfile.tempdir
@@ -137,71 +150,68 @@ def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: P
     tempfile.tempdir = str(work.resolve())
     try:
         with contextlib.chdir(work):
-            return _run(model, precision, opts, work.resolve(), calibration)
+            return _run(model, precision, _typed(precision, opts), work.resolve(), calibration)
     finally:
         root.setLevel(level)
         tempfile.tempdir = tmp
 
 
-def _run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any], work: Path,
+def _run(model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: Path,
          calibration: list[Feed] | None) -> PrecisionResult:
     notes: list[str] = []
     src = work / "source.onnx"
-    opts = dict(opts)
-    if precision == "fp32":
+    if opts is None:  # fp32: as is
         return PrecisionResult(_save(model, src), precision, {}, notes)
+    used = json.loads(json.dumps(dataclasses.asdict(opts)))  # what the manifest records
 
-    if precision == "fp16":
+    if isinstance(opts, Fp16):
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-        block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(opts["op_block_list"]))
+        block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list))
         converted = convert_float_to_float16(
-            model, keep_io_types=opts["keep_io_types"], op_block_list=block,
-            node_block_list=opts["node_block_list"] or None)
+            model, keep_io_types=opts.keep_io_types, op_block_list=block,
+            node_block_list=list(opts.node_block_list) or None)
         out = _save(toposort(converted), work / "fp16.onnx")
-        return PrecisionResult(out, precision, opts, notes)
+        return PrecisionResult(out, precision, used, notes)
 
-    if precision in ("int8-dynamic", "int8-static"):
+    if isinstance(opts, Quantization):
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
 
-        pre = _preprocess(_save(_upgrade_opset(model, notes), src), work, opts["preprocess"], notes)
+        pre = _preprocess(_save(_upgrade_opset(model, notes), src), work, opts.preprocess, notes)
         out = work / "int8.onnx"
         common: dict[str, Any] = {
-            "per_channel": opts["per_channel"], "reduce_range": opts["reduce_range"],
-            "weight_type": _qtype(opts["weight_type"]),
-            "op_types_to_quantize": opts["op_types"] or None,
-            "nodes_to_exclude": opts["exclude_nodes"] or None,
+            "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
+            "weight_type": _qtype(opts.weight_type),
+            "op_types_to_quantize": list(opts.op_types) or None,
+            "nodes_to_exclude": list(opts.exclude_nodes) or None,
         }
-        if precision == "int8-dynamic":
+        if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
             quantize_dynamic(str(pre), str(out), **common)
-            used = {k: opts[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
+            used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
                                          "exclude_nodes", "preprocess")}
             used["format"] = "qoperator"
         else:
             assert calibration, "config validation guarantees calibration data for int8-static"
             method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                       "percentile": CalibrationMethod.Percentile,
-                      "distribution": CalibrationMethod.Distribution}[opts["calibration_method"]]
+                      "distribution": CalibrationMethod.Distribution}[opts.calibration_method]
             quantize_static(
                 str(pre), str(out), _Reader(calibration),
-                quant_format=QuantFormat.QDQ if opts["format"] == "qdq" else QuantFormat.QOperator,
-                activation_type=_qtype(opts["activation_type"]), calibrate_method=method,
+                quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
+                activation_type=_qtype(opts.activation_type), calibrate_method=method,
                 calibration_providers=["CPUExecutionProvider"], **common)
-            used = dict(opts)
             used["calibration_samples"] = len(calibration)
         return PrecisionResult(out, precision, used, notes)
 
-    if precision == "int4-weight":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    # int4-weight
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        quant = MatMulNBitsQuantizer(
-            model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
-            accuracy_level=opts["accuracy_level"] or None, nodes_to_exclude=opts["exclude_nodes"] or None)
-        quant.process()
-        out = work / "int4.onnx"
-        quant.model.save_model_to_file(str(out), False)
-        if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out)).graph.node):
-            notes.append("no MatMul had a constant weight to quantize: the graph is unchanged")
-        return PrecisionResult(out, precision, opts, notes)
-
-    raise ValueError(f"unknown precision {precision!r}")  # config validation makes this unreachable
+    quant = MatMulNBitsQuantizer(
+        model, bits=4, block_size=opts.block_size, is_symmetric=opts.symmetric,
+        accuracy_level=opts.accuracy_level or None, nodes_to_exclude=list(opts.exclude_nodes) or None)
+    quant.process()
+    out = work / "int4.onnx"
+    quant.model.save_model_to_file(str(out), False)
+    if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out)).graph.node):
+        notes.append("no MatMul had a constant weight to quantize: the graph is unchanged")
+    return PrecisionResult(out, precision, used, notes)
