@@ -8,8 +8,11 @@ A job runs in three phases (see PIPELINE, the one place a step joins):
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -18,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from . import __version__, data, manifest, options, runtime
+from . import __version__, container, data, keys, loaders, manifest, options, runtime
 from .config import Project, Provider
-from .errors import ArtifactError, ConfigError, OrtbuildError, StepError, first_line
+from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
 from .steps import check, optimize, precision, reload
 
@@ -66,7 +69,7 @@ class Progress:
 
 
 def build_key(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None,
-              flavor: runtime.Flavor, missing: dict[str, str]) -> str:
+              flavor: runtime.Flavor, missing: dict[str, str], sealing: dict[str, Any] | None = None) -> str:
     """Everything the artifact depends on; equal keys mean the published artifact can be reused."""
     import onnx
 
@@ -75,6 +78,7 @@ def build_key(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None,
         "settings": job.settings.as_json(), "runtime": flavor.as_json(), "onnx": onnx.__version__,
         "ortbuild": __version__, "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
+        "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -110,7 +114,11 @@ class JobContext:
     prec: precision.PrecisionResult | None = None
     opt: optimize.OptimizeResult | None = None
     rel: reload.ReloadResult | None = None
+    sealed: list[tuple[manifest.ArtifactFile, bytes]] = field(default_factory=list)  # ciphertext, in memory
+    loader_files: dict[str, str] = field(default_factory=dict)
     manifest: manifest.Manifest | None = None    # the published one (fresh or reused)
+    enc_key: keys.EncryptionKey | None = None
+    sign_key: keys.SigningKey | None = None
 
 
 Phase = Literal["prepare", "build", "verify"]
@@ -164,20 +172,92 @@ def _reload(ctx: JobContext) -> None:
     ctx.rel = reload.run(ctx.opt.path, ctx.job.settings, _run_on(ctx), ctx.feed)
 
 
-def _package(ctx: JobContext) -> None:
-    assert ctx.opt is not None and ctx.prec is not None
-    ctx.res.notes = ctx.prec.notes + ctx.opt.notes
+def deterministic() -> bool:
+    """Encryption is deterministic when the build asks for reproducible output (SOURCE_DATE_EPOCH set)."""
+    return "SOURCE_DATE_EPOCH" in os.environ
+
+
+def _seal(ctx: JobContext) -> None:
+    """Split off external data if asked, then encrypt every file of the artifact (in memory)."""
+    import onnx
+
+    assert ctx.opt is not None and ctx.work is not None
+    s = ctx.job.settings
+    main = "model.ort" if s.format == "ort" else "model.onnx"
+    plain: list[tuple[str, str, Path]] = [(main, "model", ctx.opt.path)]
+    if s.external_data:
+        folder = ctx.work / "external"
+        folder.mkdir()
+        model = onnx.load(str(ctx.opt.path))
+        onnx.save_model(model, str(folder / main), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{main}.data", size_threshold=1024)
+        del model
+        plain = [(main, "model", folder / main), (f"{main}.data", "external_data", folder / f"{main}.data")]
+    ctx.sealed = []
+    for location, role, path in plain:
+        data = path.read_bytes()
+        if s.encrypt:
+            assert ctx.enc_key is not None
+            data = container.encrypt(data, ctx.enc_key.secret, deterministic=deterministic())
+        name = f"{location}.enc" if s.encrypt else location
+        entry = manifest.ArtifactFile(name=name, role=role, location=location,
+                                      sha256=hashlib.sha256(data).hexdigest(), size=len(data), encrypted=s.encrypt)
+        ctx.sealed.append((entry, data))
+
+
+def _loaders(ctx: JobContext) -> None:
     ctx.manifest = _manifest(ctx)
-    ctx.res.artifact = str(_publish(ctx.out_dir, ctx.opt.path, ctx.manifest))
+    ctx.loader_files = loaders.render(ctx.manifest, ctx.job.target.runtime)
+    ctx.manifest = dataclasses.replace(ctx.manifest, loaders=loaders.describe(ctx.loader_files, ctx.manifest))
+
+
+def _package(ctx: JobContext) -> None:
+    assert ctx.manifest is not None and ctx.sign_key is not None
+    ctx.res.artifact = str(_publish(ctx.out_dir, ctx.sealed, ctx.loader_files, ctx.manifest, ctx.sign_key))
 
 
 def _integrity(ctx: JobContext) -> None:
-    """The published artifact still matches its manifest (fresh or reused)."""
+    """The published artifact still matches its signed manifest (fresh or reused)."""
+    assert ctx.sign_key is not None
     m, folder = manifest.read(ctx.out_dir)
-    problems = manifest.integrity_problems(m, folder)
+    problems = manifest.integrity_problems(m, folder, ctx.sign_key.public_raw)
     if problems:
         raise ArtifactError(f"{ctx.out_dir}: {'; '.join(problems)}", "rebuild it with --force")
     ctx.manifest = m
+
+
+def _python_loader(ctx: JobContext) -> None:
+    """Open the published artifact through its generated Python loader and run the golden inputs.
+
+    Fresh builds must reproduce the unencrypted artifact's outputs (reload step); where the target's
+    providers cannot run here, the loader must refuse to load it (no silent fallback) after verifying it.
+    """
+    import numpy as np
+
+    assert ctx.manifest is not None
+    module: Any = loaders.import_python_loader(ctx.out_dir / loaders.LOADER_DIR / loaders.PYTHON)
+    secret = ctx.enc_key.secret if ctx.enc_key is not None else None
+    if ctx.missing:
+        module.verify(ctx.out_dir)
+        try:
+            module.load(key=secret, folder=ctx.out_dir)
+        except module.ProviderUnavailableError:
+            return
+        raise ArtifactError(f"{ctx.job.name}: the Python loader opened an artifact whose providers cannot run "
+                            "here: it must refuse (no silent fallback)")
+    model = module.load(key=secret, folder=ctx.out_dir)
+    got = model.run(ctx.feed)
+    expected = [(o["name"], o["dtype"], o["shape"]) for o in ctx.manifest.golden_run.outputs]
+    seen = [(name, str(np.asarray(v).dtype), list(np.asarray(v).shape)) for name, v in got.items()]
+    if seen != expected:
+        raise ArtifactError(f"{ctx.job.name}: the Python loader's outputs {seen} differ from the build's {expected}")
+    if ctx.rel is not None:
+        for (name, value), ref in zip(got.items(), ctx.rel.values, strict=True):
+            a, b = np.asarray(value), np.asarray(ref)
+            same = np.array_equal(a, b) if a.dtype.kind not in "fc" else np.allclose(a, b, rtol=1e-5, atol=1e-6)
+            if not same:
+                raise ArtifactError(f"{ctx.job.name}: output '{name}' through the Python loader differs from the "
+                                    "unencrypted artifact's")
 
 
 # The pipeline: a new step joins here, in its phase, and nowhere else.
@@ -188,8 +268,12 @@ PIPELINE: tuple[Step, ...] = (
          lambda c: f"optimize level={c.job.settings.optimization} providers={[p.name for p in c.usable] or '-'}"),
     Step("reload", "build", _reload,
          lambda c: f"reload (optimizations disabled) and run on {[p.name for p in _run_on(c)]}"),
-    Step("package", "build", _package, lambda c: f"publish into {c.out_dir}"),
-    Step("integrity", "verify", _integrity, lambda c: "verify the published artifact against its manifest"),
+    Step("encrypt", "build", _seal, lambda c: "encrypt (container v1, AES-256-GCM)" if c.job.settings.encrypt
+         else "no encryption (encrypt = false)"),
+    Step("loaders", "build", _loaders, lambda c: "generate the Python and Node.js loaders"),
+    Step("package", "build", _package, lambda c: f"sign and publish into {c.out_dir}"),
+    Step("integrity", "verify", _integrity, lambda c: "verify the signature and digests of the published artifact"),
+    Step("loader", "verify", _python_loader, lambda c: "open it through the generated Python loader"),
 )
 
 
@@ -198,10 +282,14 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
 
     job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
-    size = opt.path.stat().st_size
+    assert ctx.sign_key is not None
+    ctx.res.notes = prec.notes + opt.notes
+    size = sum(f.size for f, _ in ctx.sealed)
+    main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root
     rel_path = job.model.path.resolve().relative_to(root.resolve()) \
         if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
+    enc = ctx.enc_key
     return manifest.Manifest(
         project=manifest.ProjectInfo(ctx.project.name, ctx.project.version),
         target=job.target.name,
@@ -210,9 +298,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         missing_providers=ctx.missing,
         source=manifest.Source(path=str(rel_path), sha256=src.sha256, size=src.size, ir_version=src.ir_version,
                                opsets=src.opsets),
-        artifact=manifest.Artifact(file="model.ort" if job.settings.format == "ort" else "model.onnx",
-                                   format=job.settings.format, sha256=manifest.sha256_file(opt.path), size=size,
-                                   size_ratio=round(size / src.size, 4)),
+        artifact=manifest.Artifact(file=main.name, format=job.settings.format, sha256=main.sha256, size=size,
+                                   size_ratio=round(size / src.size, 4), files=[f for f, _ in ctx.sealed]),
         precision=manifest.PrecisionInfo(prec.precision, prec.options),
         providers=[p.as_json() for p in job.settings.providers],
         session=job.settings.session.as_json(),
@@ -226,30 +313,70 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         build_machine=runtime.fingerprint(),
         build_key=ctx.key,
         created=manifest.timestamp(),
+        encryption=manifest.Encryption(
+            container="ortbuild-container-v1", algorithm="AES-256-GCM", key_id=enc.key_id,
+            chunk_size=1 << container.DEFAULT_CHUNK_LOG2, deterministic=deterministic(),
+            development_key=enc.development) if job.settings.encrypt and enc is not None else None,
+        signing=manifest.Signing(algorithm="Ed25519", public_key=base64.b64encode(ctx.sign_key.public_raw).decode(),
+                                 public_key_id=ctx.sign_key.key_id, development_key=ctx.sign_key.development),
         notes=ctx.res.notes,
     )
 
 
-def _publish(out_dir: Path, artifact: Path, m: manifest.Manifest) -> Path:
+def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
+             m: manifest.Manifest, sign_key: keys.SigningKey) -> Path:
+    """Files first, then the signature, then manifest.json last: a manifest always finds its files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / manifest.MANIFEST).unlink(missing_ok=True)  # no manifest may describe a half-done dir
-    for stale in ("model.onnx", "model.ort"):
-        if stale != m.artifact.file:
-            (out_dir / stale).unlink(missing_ok=True)
-    dest: Path = out_dir / m.artifact.file
-    manifest.atomic_copy(artifact, dest)
-    manifest.atomic_write(out_dir / manifest.MANIFEST, m.to_json())
-    return dest
+    keep = {f.name for f, _ in sealed} | {manifest.MANIFEST, manifest.SIGNATURE}
+    for stale in out_dir.iterdir():
+        if stale.name not in keep and stale.is_file():
+            stale.unlink()  # an earlier build's files (a plaintext model.onnx, external data)
+    for f, blob in sealed:
+        manifest.atomic_write(out_dir / f.name, blob)
+    for name, code in loader_files.items():
+        manifest.atomic_write(out_dir / loaders.LOADER_DIR / name, code.encode())
+    doc = m.to_json()
+    manifest.atomic_write(out_dir / manifest.SIGNATURE, base64.b64encode(sign_key.sign(doc)) + b"\n")
+    manifest.atomic_write(out_dir / manifest.MANIFEST, doc)
+    return out_dir / m.artifact.file
+
+
+def private_dir_root(need: int) -> str | None:
+    """Where the build's private temp dirs go: /dev/shm (memory-backed) when it has room, else the temp dir."""
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize > need:
+        return str(shm)
+    return None
 
 
 class Builder:
     def __init__(self, project: Project, dist: Path, *, force: bool = False,
-                 progress: Callable[[str, str], None] | None = None) -> None:
+                 progress: Callable[[str, str], None] | None = None,
+                 enc_key: keys.EncryptionKey | None = None, sign_key: keys.SigningKey | None = None) -> None:
         self.project = project
         self.dist = dist
         self.force = force
         self.progress = progress or Progress()
         self._probes: dict[tuple[str, str], str | None] = {}
+        self.enc_key = enc_key or keys.encryption_key()
+        self.sign_key = sign_key or keys.signing_key()
+
+    def check_keys(self, jobs: Sequence[Job]) -> None:
+        """A build without the keys it needs fails before it starts, with the command that makes them."""
+        buildable = [j for j in jobs if runtime.runtime_problem(j.target) is None]
+        if buildable and self.sign_key is None:
+            raise KeyMissing("no signing key: every artifact is signed (ORTBUILD_SIGNING_KEY, "
+                             "ORTBUILD_SIGNING_KEY_FILE or --signing-key-file)", f"make keys: `{keys.MAKE_KEYS}`")
+        needs = sorted({j.target.name for j in buildable if j.settings.encrypt})
+        if needs and self.enc_key is None:
+            raise KeyMissing(f"no encryption key, and {', '.join(needs)} encrypt their artifacts (ORTBUILD_KEY, "
+                             "ORTBUILD_KEY_FILE or --key-file)",
+                             f"make keys: `{keys.MAKE_KEYS}`, or set encrypt = false on a target to opt out")
 
     def _probe(self, p: Provider) -> str | None:
         key = (p.name, json.dumps(dict(p.options), sort_keys=True))
@@ -258,6 +385,7 @@ class Builder:
         return self._probes[key]
 
     def run(self, jobs: Sequence[Job]) -> list[JobResult]:
+        self.check_keys(jobs)
         results = []
         problems: dict[str, str | None] = {}
         for job in jobs:
@@ -293,8 +421,13 @@ class Builder:
         ctx.flavor = runtime.installed_flavor()
         assert ctx.flavor is not None  # runtime_problem() said this environment has the right flavor
         ctx.inputs_sha = _digest(job.model.inputs) or ""
+        ctx.enc_key = self.enc_key if job.settings.encrypt else None
+        ctx.sign_key = self.sign_key
+        assert ctx.sign_key is not None  # check_keys()
+        sealing = {"encryption_key_id": ctx.enc_key.key_id if ctx.enc_key else None,
+                   "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
         ctx.key = build_key(job, src.sha256, ctx.inputs_sha, _digest(job.model.calibration), ctx.flavor,
-                            ctx.missing)
+                            ctx.missing, sealing)
 
     def run_job(self, job: Job) -> JobResult:
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
@@ -304,12 +437,13 @@ class Builder:
         try:
             self._run_phase(ctx, "prepare")
             self._prepare(ctx)
-            reused = None if self.force else self._reusable(ctx.out_dir, ctx.key)
+            reused = None if self.force else self._reusable(ctx.out_dir, ctx.key, ctx.sign_key)
             if reused is not None:
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
                 res.notes = list(reused.notes)
             else:
-                with tempfile.TemporaryDirectory(prefix="ortbuild-") as tmp:  # mode 0700, removed on exit
+                need = 8 * (ctx.src.size if ctx.src else 0) + (64 << 20)
+                with tempfile.TemporaryDirectory(prefix="ortbuild-", dir=private_dir_root(need)) as tmp:  # 0700
                     ctx.work = Path(tmp)
                     self._run_phase(ctx, "build")
                 ctx.work = None
@@ -339,11 +473,11 @@ class Builder:
             self.progress(job.name, f"FAILED: {res.reason}")
         return res
 
-    def _reusable(self, out_dir: Path, key: str) -> manifest.Manifest | None:
+    def _reusable(self, out_dir: Path, key: str, sign_key: keys.SigningKey | None) -> manifest.Manifest | None:
         try:
             m, folder = manifest.read(out_dir)
         except OrtbuildError:
             return None
-        if m.build_key != key or manifest.integrity_problems(m, folder):
+        if m.build_key != key or manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None):
             return None
         return m

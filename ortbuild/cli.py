@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import dataclasses
+import hashlib
 import json
 import sys
 import traceback
@@ -11,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, manifest, options, plan, runtime
-from .errors import ArtifactError, MissingProvider, OrtbuildError, RuntimeMismatch
+from . import __version__, config, container, keys, manifest, options, plan, runtime
+from .errors import ArtifactError, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -44,7 +47,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
     dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, force=args.force, progress=Progress(quiet=args.json))
+    builder = Builder(project, dist, force=args.force, progress=Progress(quiet=args.json),
+                      enc_key=keys.encryption_key(file=args.key_file),
+                      sign_key=keys.signing_key(file=args.signing_key_file))
     results = builder.run(jobs)
 
     rows = []
@@ -174,7 +179,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
         return 0
     m, folder = manifest.read(path)
-    integrity = manifest.integrity_problems(m, folder)
+    pinned = keys.read_public_key(args.public_key) if args.public_key else None
+    integrity = manifest.integrity_problems(m, folder, pinned)
     fit = manifest.fit_problems(m)
     if args.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "integrity_problems": integrity,
@@ -187,6 +193,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"({m.artifact.size_ratio:.2f}x source)  sha256 {m.artifact.sha256[:16]}...")
         print(f"  source     {m.source.path}  {_size(m.source.size)}  opsets {m.source.opsets}")
         print(f"  precision  {m.precision.name}  {m.precision.options or ''}")
+        enc = m.encryption
+        print("  encrypted  " + (f"{enc.algorithm}, {enc.container}, key id {enc.key_id}"
+                                 + (" (DEVELOPMENT KEY)" if enc.development_key else "") if enc else
+                                 "no (encrypt = false)"))
+        print(f"  signed     {m.signing.algorithm}, public key id {m.signing.public_key_id}"
+              + (" (DEVELOPMENT KEY)" if m.signing.development_key else "")
+              + ("" if pinned else " (checked with the manifest's own key: pass --public-key to pin one)"))
+        for lf in m.loaders:
+            print(f"  loader     {lf.name}" + (f"  ({lf.note})" if lf.note else ""))
         print(f"  providers  {', '.join(p['name'] for p in m.providers)}")
         for name, why in m.missing_providers.items():
             print(f"  missing    {name} at build time: {why}")
@@ -207,6 +222,64 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if integrity:
         return ArtifactError.exit_code
     return ArtifactError.exit_code if (fit and args.strict) else 0
+
+
+# ------------------------------------------------------------------------------------- keys
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    made = keys.keygen(Path(args.out), development=args.dev)
+    if args.json:
+        print(json.dumps(made, indent=2))
+        return 0
+    kind = "DEVELOPMENT keys (never for a release)" if args.dev else "keys"
+    print(f"wrote {kind}: {made['encryption_key']} (id {made['encryption_key_id']}), {made['signing_key']}, "
+          f"{made['public_key']} (id {made['public_key_id']})")
+    print(f"use them: export ORTBUILD_KEY_FILE={Path(made['encryption_key']).resolve()} "
+          f"ORTBUILD_SIGNING_KEY_FILE={Path(made['signing_key']).resolve()}")
+    print("keep encryption.key and signing.key secret; apps need encryption.key at run time, only the build "
+          "needs signing.key")
+    return 0
+
+
+def cmd_rekey(args: argparse.Namespace) -> int:
+    """Re-wrap every artifact's data keys under a new key; the model bytes are not re-encrypted."""
+    old = keys.encryption_key(file=args.old_key_file)
+    new = keys.encryption_key(file=args.new_key_file) if args.new_key_file else None
+    sign = keys.signing_key(file=args.signing_key_file)
+    if old is None or new is None or sign is None:
+        raise KeyMissing("rekey needs --old-key-file, --new-key-file and a signing key "
+                         "(--signing-key-file, ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE)",
+                         f"make a new key: `{keys.MAKE_KEYS}`")
+    done = 0
+    for path in args.paths:
+        for mf in sorted(Path(path).rglob(manifest.MANIFEST)) if Path(path).is_dir() else [manifest.locate(Path(path))]:
+            m, folder = manifest.read(mf)
+            problems = manifest.integrity_problems(m, folder)
+            if problems:
+                raise ArtifactError(f"{folder}: {'; '.join(problems)}", "rekey only intact artifacts; rebuild it")
+            if m.encryption is None:
+                continue
+            files = []
+            for f in m.artifact.files:
+                data = container.rewrap((folder / f.name).read_bytes(), old.secret, new.secret)
+                files.append((dataclasses.replace(f, sha256=hashlib.sha256(data).hexdigest(), size=len(data)), data))
+            main = next(f for f, _ in files if f.role == "model")
+            m = dataclasses.replace(
+                m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
+                encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development),
+                signing=dataclasses.replace(m.signing, public_key=base64.b64encode(sign.public_raw).decode(),
+                                            public_key_id=sign.key_id, development_key=sign.development))
+            (folder / manifest.MANIFEST).unlink()  # no manifest may describe files it no longer matches
+            for f, data in files:
+                manifest.atomic_write(folder / f.name, data)
+            doc = m.to_json()
+            manifest.atomic_write(folder / manifest.SIGNATURE, base64.b64encode(sign.sign(doc)) + b"\n")
+            manifest.atomic_write(folder / manifest.MANIFEST, doc)
+            print(f"{folder}: re-wrapped {len(files)} file(s) from key id {old.key_id} to {new.key_id}")
+            done += 1
+    print(f"{done} artifact(s) re-keyed; loaders pin the signing key, regenerate them with `ortbuild build` if it "
+          "changed")
+    return 0
 
 
 # ----------------------------------------------------------------------------------------- schema
@@ -248,6 +321,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rebuild even when the build key is unchanged")
     b.add_argument("--strict", action="store_true",
                    help="fail (exit 5/4) on portable-only builds and skipped targets instead of reporting them")
+    b.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
+    b.add_argument("--signing-key-file",
+                   help="signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
     b.set_defaults(func=cmd_build)
 
     pl = sub.add_parser("plan", help="show what would be built, with which runtime")
@@ -263,7 +339,21 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     i.add_argument("--json", action="store_true")
     i.add_argument("--strict", action="store_true", help="exit 7 when the artifact does not fit this machine")
+    i.add_argument("--public-key", help="check the signature with this public key (signing.pub)")
     i.set_defaults(func=cmd_inspect)
+
+    k = sub.add_parser("keygen", help="make an encryption key and a signing key pair")
+    k.add_argument("--out", default="keys", help="directory for encryption.key, signing.key, signing.pub")
+    k.add_argument("--dev", action="store_true", help="mark them as development keys (never for a release)")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_keygen)
+
+    r = sub.add_parser("rekey", help="re-wrap artifacts' data keys under a new encryption key (no re-encryption)")
+    r.add_argument("paths", nargs="+", help="dist/ directories or artifact directories")
+    r.add_argument("--old-key-file", help="the current key (else $ORTBUILD_KEY / $ORTBUILD_KEY_FILE)")
+    r.add_argument("--new-key-file", required=True, help="the new key")
+    r.add_argument("--signing-key-file", help="signing key (the manifest is re-signed)")
+    r.set_defaults(func=cmd_rekey)
 
     s = sub.add_parser("schema", help="print the JSON Schema of targets.toml")
     g = s.add_mutually_exclusive_group()

@@ -121,6 +121,8 @@ class Settings:
     int4: Int4
     session: Session
     free_dimensions: Mapping[str, int]
+    encrypt: bool = True
+    external_data: bool = False
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(json.dumps({
@@ -133,6 +135,8 @@ class Settings:
             "int4": _plain(self.int4),
             "session": self.session.as_json(),
             "free_dimensions": dict(self.free_dimensions),
+            "encrypt": self.encrypt,
+            "external_data": self.external_data,
         }))
         return out
 
@@ -456,7 +460,7 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
                 fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
-                free_dimensions=eff["free_dimensions"])
+                free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"])
         targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
                                models=tuple(selected), settings=settings)
     return targets
@@ -492,6 +496,9 @@ def _check_settings(chk: _Checker, where: str, model: Model, eff: dict[str, Any]
         raise chk.fail(f"{where}.int4.block_size", f"{bs} is not one of 16, 32, 64, 128, 256")
     if eff["int4"].get("accuracy_level", 0) > 4:
         raise chk.fail(f"{where}.int4.accuracy_level", "must be 0-4")
+    if eff["external_data"] and eff["format"] == "ort":
+        raise chk.fail(f"{where}.external_data", "format 'ort' cannot hold external data",
+                       "use format = \"onnx\" with external_data = true")
     compiling = [p.name for p in _providers(eff["providers"]) if p.name in options.COMPILING_PROVIDERS]
     if eff["format"] == "ort" and compiling:
         raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {compiling[0]}",

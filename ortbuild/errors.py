@@ -9,6 +9,7 @@ Exit codes (documented in README.md and docs/design.md):
     5  missing execution provider (with --strict, or a provider a step needs)
     6  a build step failed (check, precision, optimize, reload)
     7  an artifact or manifest is unreadable, tampered or does not fit this machine
+    8  no key: the encryption or signing key is missing or unreadable
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class StepError(OrtbuildError):
 class ArtifactError(OrtbuildError):
     exit_code = 7
     label = "artifact error"
+
+
+class KeyMissing(OrtbuildError):
+    """No usable encryption or signing key. Messages name the source, never the key."""
+
+    exit_code = 8
+    label = "key error"
 
 
 def first_line(exc: BaseException, limit: int = 400) -> str:

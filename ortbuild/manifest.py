@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 from .errors import ArtifactError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SIGNATURE = "manifest.sig"
 T = TypeVar("T")
 
 
@@ -43,12 +44,50 @@ class Source:
 
 
 @dataclass(frozen=True)
+class ArtifactFile:
+    name: str                        # the file in dist/<target>/<model>/ (model.onnx.enc, model.onnx.data.enc)
+    role: str                        # model | external_data
+    location: str                    # its plaintext name, as the graph's external-data locations name it
+    sha256: str                      # of the file as stored (the ciphertext when encrypted)
+    size: int
+    encrypted: bool
+
+
+@dataclass(frozen=True)
 class Artifact:
-    file: str                        # the artifact's file name in its directory
+    file: str                        # the model file's name in its directory
     format: str                      # onnx | ort
     sha256: str
-    size: int
+    size: int                        # all files of the artifact together
     size_ratio: float                # size / source size
+    files: list[ArtifactFile]        # every file of the artifact; each is signed through this manifest
+
+
+@dataclass(frozen=True)
+class Encryption:
+    container: str                   # ortbuild-container-v1 (docs/container.md)
+    algorithm: str                   # AES-256-GCM, chunked (STREAM), envelope: data key wrapped by the KEK
+    key_id: str                      # names the key-encryption key, never reveals it
+    chunk_size: int
+    deterministic: bool              # data key and nonces derived from the KEK and the plaintext digest
+    development_key: bool            # built with a `keygen --dev` key: never for a release
+
+
+@dataclass(frozen=True)
+class Signing:
+    algorithm: str                   # Ed25519 over the exact bytes of manifest.json, in manifest.sig (base64)
+    public_key: str                  # base64 of the raw 32-byte public key (loaders pin it)
+    public_key_id: str
+    development_key: bool
+
+
+@dataclass(frozen=True)
+class LoaderFile:
+    language: str                    # python | node | node-types
+    name: str                        # relative to the artifact directory
+    sha256: str
+    runs_target: bool                # False: this loader refuses the target (e.g. Node for OpenVINO)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +133,9 @@ class Manifest:
     build_machine: dict[str, Any]
     build_key: str
     created: str
+    encryption: Encryption | None    # None: the target opted out (encrypt = false)
+    signing: Signing
+    loaders: list[LoaderFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
 
@@ -135,8 +177,15 @@ def _typed(cls: type[T], data: Any, where: str, path: str) -> T:
                                     "the manifest was edited or written by another ortbuild: rebuild it")
             continue
         value, hint = data[name], hints[name]
-        if dataclasses.is_dataclass(hint):
-            value = _typed(hint, value, where, f"{path}{name}.")  # type: ignore[arg-type]
+        optional = typing.get_origin(hint) in (types.UnionType, typing.Union) and type(None) in typing.get_args(hint)
+        inner = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
+        item = typing.get_args(inner)[0] if typing.get_origin(inner) is list else None
+        if value is None and optional:
+            pass
+        elif dataclasses.is_dataclass(inner):
+            value = _typed(inner, value, where, f"{path}{name}.")  # type: ignore[arg-type]
+        elif item is not None and dataclasses.is_dataclass(item) and isinstance(value, list):
+            value = [_typed(item, v, where, f"{path}{name}[{i}].") for i, v in enumerate(value)]  # type: ignore
         elif not _matches(value, hint):
             raise ArtifactError(f"{where}: manifest key '{path + name}' has the wrong type",
                                 "the manifest was edited: rebuild the artifact")
@@ -223,15 +272,44 @@ def read(path: Path) -> tuple[Manifest, Path]:
     return Manifest.from_json(text, str(p)), p.parent
 
 
-def integrity_problems(m: Manifest, folder: Path) -> list[str]:
-    art = folder / m.artifact.file
-    if not art.exists():
-        return [f"artifact {art} is missing"]
+def signature_problem(folder: Path, public_key: bytes | None = None) -> str | None:
+    """Why manifest.sig does not verify manifest.json (with `public_key`, else the manifest's own), or None."""
+    import base64
+
+    from . import keys
+
+    try:
+        text = (folder / MANIFEST).read_bytes()
+        sig = base64.b64decode((folder / SIGNATURE).read_bytes().strip(), validate=True)
+    except FileNotFoundError as e:
+        return f"{e.filename} is missing"
+    except ValueError:
+        return f"{folder / SIGNATURE} is not a base64 signature"
+    if public_key is None:
+        public_key = base64.b64decode(Manifest.from_json(text, str(folder / MANIFEST)).signing.public_key)
+    if not keys.verify(public_key, sig, text):
+        return f"the signature of {folder / MANIFEST} does not verify (key id {keys.public_key_id(public_key)})"
+    return None
+
+
+def integrity_problems(m: Manifest, folder: Path, public_key: bytes | None = None) -> list[str]:
+    """The signature, then every artifact and loader file against its size and sha256 in the manifest."""
     problems = []
-    if art.stat().st_size != m.artifact.size:
-        problems.append(f"artifact {art.name} is {art.stat().st_size} bytes, the manifest says {m.artifact.size}")
-    if sha256_file(art) != m.artifact.sha256:
-        problems.append(f"artifact {art.name} sha256 differs from the manifest (modified or corrupted)")
+    sig = signature_problem(folder, public_key)
+    if sig:
+        problems.append(sig)
+    for f in m.artifact.files:
+        path = folder / f.name
+        if not path.exists():
+            problems.append(f"artifact file {path} is missing")
+        elif path.stat().st_size != f.size:
+            problems.append(f"artifact file {f.name} is {path.stat().st_size} bytes, the manifest says {f.size}")
+        elif sha256_file(path) != f.sha256:
+            problems.append(f"artifact file {f.name} sha256 differs from the manifest (modified or corrupted)")
+    for lf in m.loaders:
+        path = folder / lf.name
+        if not path.exists() or sha256_file(path) != lf.sha256:
+            problems.append(f"loader {lf.name} is missing or differs from the manifest")
     return problems
 
 

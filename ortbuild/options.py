@@ -195,6 +195,12 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="format", kind="string", default="onnx", choices=FORMATS,
             doc="Artifact format: `onnx`, or `ort` (ORT flatbuffer format, for mobile/minimal builds; "
                 "not with compiling providers)."),
+        Key(name="encrypt", kind="boolean", default=True,
+            doc="Encrypt the artifact (container format v1, docs/container.md) under the build's encryption "
+                "key. `false` publishes it in plaintext, recorded in the manifest; it is still signed."),
+        Key(name="external_data", kind="boolean", default=False,
+            doc="Store the weights in a separate file (`model.onnx.data`, encrypted like the graph), as models "
+                "above 2 GB need; the loaders hand it to ONNX Runtime from memory. Format `onnx` only."),
         _MODELS_KEY,
         Key(name="quantization", kind="table", table="quantization", default={},
             doc="Options of int8-dynamic and int8-static."),
@@ -208,7 +214,7 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="overrides", kind="tables", table="override", default=[],
             doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
                 "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
-                "fp16, int4, session. Later matches win; tables merge key by key."),
+                "fp16, int4, session, encrypt, external_data. Later matches win; tables merge key by key."),
     ),
     "override": (
         Key(name="models", kind="strings", required=True, doc="Glob patterns of the models it applies to."),
@@ -265,7 +271,7 @@ TABLES: dict[str, tuple[Key, ...]] = {
 
 OVERRIDABLE = (  # the keys of a target that can differ per model (the rest are target-wide)
     "precision", "optimization", "format", "providers", "free_dimensions",
-                "quantization", "fp16", "int4", "session")
+    "quantization", "fp16", "int4", "session", "encrypt", "external_data")
 TABLES["override"] = TABLES["override"] + tuple(
     dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in OVERRIDABLE)
 

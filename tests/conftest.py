@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,15 @@ from ortbuild import runtime
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "models"
+
+
+# Fixed test keys (never used outside the tests): every build and loader in the suite, subprocesses included.
+TEST_KEY = bytes(range(32))
+TEST_SIGNING_SEED = bytes(range(32, 64))
+for _name in ("ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY_FILE"):
+    os.environ.pop(_name, None)
+os.environ["ORTBUILD_KEY"] = base64.b64encode(TEST_KEY).decode()
+os.environ["ORTBUILD_SIGNING_KEY"] = base64.b64encode(TEST_SIGNING_SEED).decode()
 
 
 def here_runtime() -> str:

@@ -36,10 +36,11 @@ def test_build_publishes_artifact_and_manifest(make_project: Callable[..., Path]
         ("fp32", "tiny_cnn", BUILT), ("fp32", "tiny_lstm", BUILT),
         ("int8", "tiny_cnn", BUILT), ("int8", "tiny_lstm", BUILT)]
     folder = tmp_path / "dist" / "int8" / "tiny_lstm"
-    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.onnx"]
+    assert sorted(p.name for p in folder.iterdir()) == ["loader", "manifest.json", "manifest.sig", "model.onnx.enc"]
     doc = json.loads((folder / "manifest.json").read_text())
     assert doc["status"] == "complete" and doc["precision"]["name"] == "int8-dynamic"
-    assert doc["artifact"]["size"] == (folder / "model.onnx").stat().st_size
+    assert doc["artifact"]["size"] == (folder / "model.onnx.enc").stat().st_size
+    assert doc["encryption"]["algorithm"] == "AES-256-GCM" and doc["signing"]["algorithm"] == "Ed25519"
     assert doc["io"]["inputs"][0] == {"name": "series", "dtype": "float32", "shape": ["batch", "steps", 8]}
     assert doc["golden_run"]["outputs"] == [{"name": "forecast", "dtype": "float32", "shape": [4, 3]}]
     assert set(doc["versions"]) == {"ortbuild", "onnx", "onnxruntime"}
@@ -55,7 +56,7 @@ def test_unchanged_jobs_are_reused_and_changes_rebuild(make_project: Callable[..
     assert {r.status for r in build(path, dist, force=True)} == {BUILT}
     path.write_text(path.read_text().replace('precision = "int8-dynamic"', 'precision = "fp16"'))
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE, BUILT]
-    (dist / "fp32" / "tiny_cnn" / "model.onnx").write_bytes(b"tampered")
+    (dist / "fp32" / "tiny_cnn" / "model.onnx.enc").write_bytes(b"tampered")
     assert [r.status for r in build(path, dist)] == [BUILT, UP_TO_DATE]
 
 
@@ -66,7 +67,8 @@ def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path],
     build(path, tmp_path / "a")
     build(path, tmp_path / "b")
     for t in ("fp32", "int8"):
-        for name in ("model.onnx", "manifest.json"):
+        for name in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
+                     "loader/ortbuild_loader.mjs"):
             a = (tmp_path / "a" / t / "tiny_transformer" / name).read_bytes()
             assert a == (tmp_path / "b" / t / "tiny_transformer" / name).read_bytes(), (t, name)
 
@@ -140,7 +142,9 @@ def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: 
     left = {p.name: p.stat().st_size for p in tmpdir.iterdir()}
     assert set(left) <= {".ses"} and all(size < 200 for size in left.values()), left
     written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
-    assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8") for f in ("model.onnx", "manifest.json")}
+    assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8")
+                       for f in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
+                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts")}
 
 
 @pytest.mark.parametrize("setting,expect", [

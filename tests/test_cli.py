@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,8 @@ def test_build_json(make_project: Callable[..., Path]) -> None:
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["exit_code"] == 0
     assert doc["jobs"][0]["status"] == "built" and doc["jobs"][0]["precision"] == "int8-static"
-    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "package", "integrity"}
+    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "encrypt", "loaders",
+                                              "package", "integrity", "loader"}
     assert proc.stderr == ""  # --json is quiet on stderr
 
 
@@ -44,16 +46,23 @@ def test_inspect_ok_then_tampered(built: Path) -> None:
     proc = run_cli("inspect", str(built))
     assert proc.returncode == 0 and "OK         artifact matches its manifest" in proc.stdout
     assert "int8-static" in proc.stdout and "image: float32 ['batch', 3, 32, 32]" in proc.stdout
-    art = built / "model.onnx"
-    art.write_bytes(art.read_bytes()[:-10])
+    art = built / "model.onnx.enc"
+    art.write_bytes(art.read_bytes()[:-10] + bytes(10))
     proc = run_cli("inspect", str(art))
-    assert proc.returncode == 7 and "PROBLEM    artifact model.onnx sha256 differs" in proc.stdout
+    assert proc.returncode == 7 and "PROBLEM    artifact file model.onnx.enc sha256 differs" in proc.stdout
 
 
 def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
     doc = json.loads((built / "manifest.json").read_text())
     doc["optimization"]["tied_to"]["simd_level"] = "x86_64-sse"
     (built / "manifest.json").write_text(json.dumps(doc))
+    proc = run_cli("inspect", str(built))  # an edited manifest no longer matches its signature
+    assert proc.returncode == 7 and "PROBLEM    the signature of" in proc.stdout
+    from ortbuild import keys
+
+    sign = keys.signing_key()
+    assert sign is not None
+    (built / "manifest.sig").write_bytes(base64.b64encode(sign.sign((built / "manifest.json").read_bytes())))
     proc = run_cli("inspect", str(built))
     assert proc.returncode == 0 and "WARNING    does not fit this environment: built with a x86_64-sse" in proc.stdout
     assert run_cli("inspect", "--strict", str(built)).returncode == 7

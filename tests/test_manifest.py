@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import manifest
+from ortbuild import keys, manifest
 from ortbuild.errors import ArtifactError
 
 
@@ -49,13 +51,15 @@ def _manifest(**changes: object) -> manifest.Manifest:
     base = manifest.Manifest(
         project=manifest.ProjectInfo("p", "1"), target="t", model="m", status="complete", missing_providers={},
         source=manifest.Source("m.onnx", "0" * 64, 3, 8, {"ai.onnx": 13}),
-        artifact=manifest.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0),
+        artifact=manifest.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0,
+                                   [manifest.ArtifactFile("model.onnx", "model", "model.onnx", "0" * 64, 3, False)]),
         precision=manifest.PrecisionInfo("fp32", {}), providers=[{"name": "CPUExecutionProvider", "options": {}}],
         session={}, free_dimensions={},
         optimization=manifest.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
         io={"inputs": [], "outputs": []}, golden_run=manifest.GoldenRun([], [], ""),
         versions={"onnxruntime": {"distribution": "onnxruntime", "version": "1.31.1"}}, build_machine={},
-        build_key="k", created="2026-01-01T00:00:00Z")
+        build_key="k", created="2026-01-01T00:00:00Z", encryption=None,
+        signing=manifest.Signing("Ed25519", "", "", False))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -78,15 +82,24 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     art = tmp_path / "model.onnx"
     art.write_bytes(b"abc")
     m = _manifest()
-    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=manifest.sha256_file(art)),
+    sha = manifest.sha256_file(art)
+    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha,
+                                               files=[dataclasses.replace(m.artifact.files[0], sha256=sha)]),
                   optimization=dataclasses.replace(m.optimization, tied_to={"simd_level": "riscv64-rvv"}),
                   providers=[{"name": "QNNExecutionProvider", "options": {}}],
                   versions={"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}})
-    assert manifest.integrity_problems(m, tmp_path) == []
+    (tmp_path / "manifest.json").write_bytes(m.to_json())
+    assert manifest.integrity_problems(m, tmp_path) == [f"{tmp_path / 'manifest.sig'} is missing"]
+    sign = keys.signing_key()
+    assert sign is not None
+    (tmp_path / "manifest.sig").write_bytes(base64.b64encode(sign.sign(m.to_json())))
+    assert manifest.integrity_problems(m, tmp_path, sign.public_raw) == []
+    other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    assert "does not verify" in manifest.integrity_problems(m, tmp_path, other)[0]
     art.write_bytes(b"abd")
-    assert "sha256 differs" in manifest.integrity_problems(m, tmp_path)[0]
+    assert "sha256 differs" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
     art.unlink()
-    assert "missing" in manifest.integrity_problems(m, tmp_path)[0]
+    assert "missing" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
     fit = manifest.fit_problems(m)
     assert any("riscv64-rvv NCHWc layout" in p for p in fit)
     assert any("built with onnxruntime-qnn" in p for p in fit)

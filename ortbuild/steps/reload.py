@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ class ReloadResult:
     outputs: list[dict[str, Any]]    # name, dtype and shape of each output on the golden inputs
     load_seconds: float
     run_seconds: float
+    values: list[Any] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
 
 
 def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed) -> ReloadResult:
@@ -35,4 +36,4 @@ def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed) -
     outputs = [{"name": o.name, "dtype": str(np.asarray(r).dtype), "shape": list(np.asarray(r).shape)}
                for o, r in zip(sess.get_outputs(), results, strict=True)]
     return ReloadResult(providers=sess.get_providers(), outputs=outputs, load_seconds=t1 - t0,
-                        run_seconds=t2 - t1)
+                        run_seconds=t2 - t1, values=list(results))

@@ -1,0 +1,82 @@
+"""Generated loaders: a Python module and a Node.js ES module (+ .d.ts), rendered from a Manifest.
+
+Templates live in ortbuild/templates/ (jinja2). The loaders pin the signing public key, the target's
+providers, provider options and session options; they read everything else from the signed manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pprint
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .manifest import FORMAT_VERSION, LoaderFile, Manifest
+
+LOADER_DIR = "loader"
+PYTHON, NODE, NODE_TYPES = "ortbuild_loader.py", "ortbuild_loader.mjs", "ortbuild_loader.d.ts"
+# What onnxruntime-node ships, by ONNX Runtime provider name (the Node template has the same table).
+NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
+                  "CoreMLExecutionProvider": "coreml", "WebGpuExecutionProvider": "webgpu"}
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("ortbuild", "templates"), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True, autoescape=False)
+
+
+def _provider_options(m: Manifest) -> list[tuple[str, dict[str, str]]]:
+    return [(p["name"], {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p["options"].items()})
+            for p in m.providers]
+
+
+def node_refusal(m: Manifest) -> str:
+    """Why the Node loader cannot run this target ("" when it can)."""
+    absent = [p["name"] for p in m.providers if p["name"] not in NODE_PROVIDERS]
+    return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
+            "Python loader") if absent else ""
+
+
+def render(m: Manifest, runtime: str) -> dict[str, str]:
+    """The loader files of an artifact, by file name."""
+    providers = _provider_options(m)
+    facts = {
+        "target": m.target, "model": m.model, "version": __version__, "runtime": runtime,
+        "public_key": m.signing.public_key, "public_key_id": m.signing.public_key_id,
+        "manifest_format": FORMAT_VERSION,
+        "first_input": m.io["inputs"][0]["name"] if m.io["inputs"] else "input",
+        "providers_py": pprint.pformat(providers, width=100),
+        "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),
+        "free_dims_py": pprint.pformat(m.free_dimensions, width=100, sort_dicts=True),
+        "providers_json": json.dumps(providers), "session_json": json.dumps(m.session, sort_keys=True),
+        "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
+        "inputs": m.io["inputs"], "outputs": m.io["outputs"],
+    }
+    return {name: _ENV.get_template(template).render(**facts)
+            for name, template in ((PYTHON, "loader.py.j2"), (NODE, "loader.mjs.j2"),
+                                   (NODE_TYPES, "loader.d.ts.j2"))}
+
+
+def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
+    """The manifest entries of rendered loader files."""
+    refusal = node_refusal(m)
+    language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types"}
+    return [LoaderFile(language=language[name], name=f"{LOADER_DIR}/{name}",
+                       sha256=hashlib.sha256(text.encode()).hexdigest(),
+                       runs_target=not (refusal and name != PYTHON), note=refusal if name != PYTHON else "")
+            for name, text in sorted(files.items())]
+
+
+def import_python_loader(path: Path) -> object:
+    """Import a generated Python loader by path, under a private module name (no sys.path change)."""
+    import importlib.util
+    import sys
+
+    name = f"_ortbuild_loader_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
