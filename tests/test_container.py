@@ -1,0 +1,85 @@
+"""Container format v1 and keys: round trips, determinism, rekey, key sources and keygen."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ortbuild import container, keys
+from ortbuild.errors import KeyMissing
+
+from .conftest import TEST_KEY
+
+KEK2 = bytes(range(100, 132))
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096, 20_000])
+def test_round_trip_at_and_around_chunk_boundaries(size: int) -> None:
+    data = os.urandom(size)
+    ct = container.encrypt(data, TEST_KEY, chunk_log2=12)
+    assert len(ct) == container.HEADER + size + 16 * max(1, -(-size // 4096))
+    assert container.decrypt(ct, TEST_KEY) == data
+    if size >= 64:
+        assert data[:64] not in ct
+
+
+def test_deterministic_only_when_asked() -> None:
+    data = os.urandom(10_000)
+    a, b = (container.encrypt(data, TEST_KEY, deterministic=True) for _ in range(2))
+    assert a == b and container.parse_header(a).flags == container.FLAG_DETERMINISTIC
+    other = container.encrypt(data[:-1] + bytes([data[-1] ^ 1]), TEST_KEY, deterministic=True)
+    assert container.parse_header(other).nonce_prefix != container.parse_header(a).nonce_prefix  # new data key
+    assert container.encrypt(data, TEST_KEY) != container.encrypt(data, TEST_KEY)
+
+
+def test_rewrap_changes_the_key_slot_only() -> None:
+    data = os.urandom(9000)
+    ct = container.encrypt(data, TEST_KEY, chunk_log2=12)
+    new = container.rewrap(ct, TEST_KEY, KEK2)
+    assert new[container.HEADER:] == ct[container.HEADER:] and new[:27] == ct[:27]
+    assert container.decrypt(new, KEK2) == data
+    with pytest.raises(container.ContainerError) as err:
+        container.decrypt(new, TEST_KEY)
+    assert err.value.code == "wrong_key"
+
+
+def test_keygen_sources_and_development_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = keys.keygen(tmp_path / "k", development=True)
+    assert (tmp_path / "k" / "encryption.key").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(KeyMissing, match="never overwrites"):
+        keys.keygen(tmp_path / "k")
+    from_file = keys.encryption_key(file=made["encryption_key"])
+    assert from_file is not None and from_file.development and from_file.key_id == made["encryption_key_id"]
+    assert str(from_file.secret) not in repr(from_file) and base64.b64encode(from_file.secret).decode() not in repr(
+        from_file)
+    # order: explicit, then the file option, then $ORTBUILD_KEY, then $ORTBUILD_KEY_FILE
+    env = keys.encryption_key()
+    assert env is not None and env.secret == TEST_KEY and env.source == "ORTBUILD_KEY"
+    explicit = keys.encryption_key(KEK2, file=made["encryption_key"])
+    assert explicit is not None and explicit.secret == KEK2
+    monkeypatch.delenv("ORTBUILD_KEY")
+    monkeypatch.setenv("ORTBUILD_KEY_FILE", made["encryption_key"])
+    found = keys.encryption_key()
+    assert found is not None and found.secret == from_file.secret
+    signing = keys.signing_key(file=made["signing_key"])
+    assert signing is not None and signing.key_id == made["public_key_id"] and signing.development
+    assert keys.read_public_key(made["public_key"]) == signing.public_raw
+    monkeypatch.setenv("ORTBUILD_KEY", "bm90IDMyIGJ5dGVz")
+    with pytest.raises(KeyMissing, match=r"\$ORTBUILD_KEY: a encryption key is 32 bytes, this one is 12"):
+        keys.encryption_key()
+
+
+def test_build_without_keys_fails_with_its_exit_code_and_the_fix(tmp_path: Path) -> None:
+    from .conftest import REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORTBUILD_")}
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-t", "cpu-fp32", "--dist", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 8, proc.stderr
+    assert "no signing key" in proc.stderr and "ortbuild keygen --out keys" in proc.stderr
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())

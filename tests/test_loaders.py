@@ -1,0 +1,501 @@
+"""The generated loaders, run for real: Python in a clean interpreter, Node.js on onnxruntime-node.
+
+Both must reproduce the unencrypted artifact's outputs, load external data from memory, refuse what they
+cannot run, and reject every tampered input with its specific error (the tamper suite, >= 1,000 mutations
+through each loader). Builds and loads must leave no plaintext model bytes on disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from ortbuild import config, container, keys, loaders, manifest, plan
+from ortbuild.build import BUILT, Builder
+
+from .conftest import MODELS, TEST_KEY, here_runtime
+
+NODE_VERSION = "onnxruntime-node@1.30.0"
+TARGETS = """
+    [targets.fp32]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+
+    [targets.int8]
+    extends = "fp32"
+    precision = "int8-dynamic"
+    models = ["tiny_lstm"]
+
+    [targets.ext]
+    extends = "fp32"
+    external_data = true
+    optimization = "basic"
+    models = ["tiny_transformer"]
+"""
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("loaders")
+    text = '[project]\nname = "t"\nversion = "1"\n\n'
+    for m in ("tiny_cnn", "tiny_lstm", "tiny_transformer"):
+        text += f'[models.{m}]\npath = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
+    (root / "targets.toml").write_text(text + TARGETS.replace("    ", "").replace("RUNTIME", here_runtime()))
+    project = config.load(root / "targets.toml")
+    results = Builder(project, root / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
+    return root / "dist"
+
+
+ARTIFACTS = [("fp32", "tiny_cnn"), ("fp32", "tiny_lstm"), ("fp32", "tiny_transformer"), ("int8", "tiny_lstm"),
+             ("ext", "tiny_transformer")]
+
+
+@pytest.fixture(scope="session")
+def node_app() -> Path:
+    """A Node.js app with onnxruntime-node installed from the npm registry (cached between runs)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.fail("Node.js and npm are needed for the Node loader tests (CI installs them)")
+    app = Path(os.environ.get("ORTBUILD_NODE_APP", Path.home() / ".cache" / "ortbuild-tests" / "node-app"))
+    if not (app / "node_modules" / "onnxruntime-node" / "package.json").exists():
+        app.mkdir(parents=True, exist_ok=True)
+        (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}\n')
+        # the package's install script fetches CUDA binaries from outside the registry: skip it, the CPU
+        # binaries ship in the package itself
+        env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", NODE_VERSION], cwd=app, env=env, check=True,
+                       capture_output=True, timeout=600)
+    return app
+
+
+def node(app: Path, script: str, *args: str) -> Any:
+    """Run an ES module in the app (where onnxruntime-node resolves); it prints one JSON document."""
+    path = app / f"run_{os.getpid()}.mjs"
+    path.write_text(script)
+    proc = subprocess.run(["node", str(path), *args], cwd=app, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def feed(model: str) -> dict[str, np.ndarray]:
+    with np.load(MODELS / f"{model}.inputs.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def plain_outputs(folder: Path, model: str) -> list[np.ndarray]:
+    """The unencrypted artifact's outputs: decrypted here, run with plain onnxruntime from memory."""
+    import onnxruntime as ort
+
+    m, _ = manifest.read(folder)
+    files = {f.location: container.decrypt((folder / f.name).read_bytes(), TEST_KEY) for f in m.artifact.files}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    main = bytes(files.pop(m.artifact.files[0].location))
+    if files:
+        so.add_external_initializers_from_files_in_memory(list(files), list(files.values()),
+                                                          [len(v) for v in files.values()])
+    sess = ort.InferenceSession(main, so, providers=["CPUExecutionProvider"])
+    return list(sess.run(None, feed(model)))
+
+
+# ----------------------------------------------------------------------------------------- Python
+
+BLOCK_ORTBUILD = """
+import sys, importlib.abc
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "ortbuild" or name.startswith("ortbuild."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked: the loader must not need it)")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.mark.parametrize("target,model", ARTIFACTS)
+def test_python_loader_in_a_clean_interpreter(dist: Path, tmp_path: Path, target: str, model: str) -> None:
+    folder = dist / target / model
+    np.savez(tmp_path / "in.npz", **feed(model))
+    script = BLOCK_ORTBUILD + f"""
+import numpy as np
+try:
+    import ortbuild
+    raise SystemExit("ortbuild is importable")
+except ModuleNotFoundError:
+    pass
+sys.path.insert(0, {str(folder / "loader")!r})
+import ortbuild_loader
+m = ortbuild_loader.load()
+with np.load({str(tmp_path / "in.npz")!r}) as z:
+    out = m.run({{k: z[k] for k in z.files}})
+np.savez({str(tmp_path / "out.npz")!r}, **out)
+print(m.providers)
+"""
+    proc = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CPUExecutionProvider" in proc.stdout
+    with np.load(tmp_path / "out.npz") as z:
+        got = [z[k] for k in z.files]
+    for a, b in zip(got, plain_outputs(folder, model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_python_loader_errors(dist: Path) -> None:
+    mod: Any = loaders.import_python_loader(dist / "fp32" / "tiny_cnn" / "loader" / loaders.PYTHON)
+    m = mod.load()
+    bad = {"image": np.zeros((2, 3, 32, 32), np.float64)}
+    with pytest.raises(mod.FeedError, match="must be float32, got float64"):
+        m.run(bad)
+    with pytest.raises(mod.FeedError, match=r"takes inputs \['image'\], got \['x'\]"):
+        m.run({"x": 1})
+    with pytest.raises(mod.FeedError, match="must have shape"):
+        m.run({"image": np.zeros((2, 3, 16, 32), np.float32)})
+    with pytest.raises(mod.KeyMissingError):
+        mod.load(key=b"short")
+    saved = os.environ.pop("ORTBUILD_KEY")
+    try:
+        with pytest.raises(mod.KeyMissingError, match="no key was given"):
+            mod.load()
+    finally:
+        os.environ["ORTBUILD_KEY"] = saved
+    assert m.inputs[0]["name"] == "image" and m.manifest["target"] == "fp32"
+
+
+def test_external_data_artifact_has_both_files_encrypted(dist: Path) -> None:
+    m, folder = manifest.read(dist / "ext" / "tiny_transformer")
+    assert [(f.name, f.role, f.encrypted) for f in m.artifact.files] == [
+        ("model.onnx.enc", "model", True), ("model.onnx.data.enc", "external_data", True)]
+    graph = onnx.load_model_from_string(bytes(container.decrypt((folder / "model.onnx.enc").read_bytes(), TEST_KEY)))
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL for i in graph.graph.initializer)
+    assert (folder / "model.onnx.data.enc").stat().st_size > 10 * (folder / "model.onnx.enc").stat().st_size
+
+
+# ------------------------------------------------------------------------------------------- Node
+
+NODE_RUN = """
+import { load } from '%(loader)s';
+import ort from 'onnxruntime-node';
+import { readFileSync } from 'node:fs';
+const feeds = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const m = await load({ folder: '%(folder)s' });
+const input = {};
+for (const [name, f] of Object.entries(feeds)) {
+  const raw = Buffer.from(f.data, 'base64');
+  const Ctor = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array }[f.dtype];
+  const arr = new Ctor(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+  input[name] = new ort.Tensor(f.dtype, arr, f.shape);
+}
+const out = await m.run(input);
+const res = {};
+for (const [name, t] of Object.entries(out)) {
+  const bytes = Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+  res[name] = { dims: t.dims, type: t.type, data: bytes.toString('base64') };
+}
+console.log(JSON.stringify(res));
+"""
+
+
+@pytest.mark.parametrize("target,model", ARTIFACTS)
+def test_node_loader_reproduces_the_unencrypted_outputs(dist: Path, node_app: Path, tmp_path: Path, target: str,
+                                                         model: str) -> None:
+    folder = dist / target / model
+    loader = node_app / f"loader_{target}_{model}.mjs"
+    shutil.copy(folder / "loader" / loaders.NODE, loader)  # apps embed the generated loader
+    feeds = {k: {"dtype": str(v.dtype), "shape": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()}
+             for k, v in feed(model).items()}
+    (tmp_path / "feeds.json").write_text(json.dumps(feeds))
+    out = node(node_app, NODE_RUN % {"loader": loader.as_posix(), "folder": folder.as_posix()},
+               str(tmp_path / "feeds.json"))
+    expected = plain_outputs(folder, model)
+    assert list(out) == [o["name"] for o in manifest.read(folder)[0].io["outputs"]]
+    for (name, got), ref in zip(out.items(), expected, strict=True):
+        arr = np.frombuffer(base64.b64decode(got["data"]), dtype=ref.dtype).reshape(got["dims"])
+        np.testing.assert_array_equal(arr, ref, err_msg=name)
+
+
+def test_node_loader_refuses_providers_onnxruntime_node_lacks(dist: Path, node_app: Path, tmp_path: Path) -> None:
+    import dataclasses
+
+    m, _ = manifest.read(dist / "fp32" / "tiny_cnn")
+    ov = dataclasses.replace(m, target="openvino", providers=[
+        {"name": "OpenVINOExecutionProvider", "options": {"device_type": "CPU"}},
+        {"name": "CPUExecutionProvider", "options": {}}])
+    files = loaders.render(ov, "onnxruntime-openvino==1.24.1")
+    assert not next(lf for lf in loaders.describe(files, ov) if lf.language == "node").runs_target
+    loader = node_app / "loader_openvino.mjs"
+    loader.write_text(files[loaders.NODE])
+    out = node(node_app, f"""
+import {{ load }} from '{loader.as_posix()}';
+const folder = '{(dist / "fp32" / "tiny_cnn").as_posix()}';
+try {{ await load({{ folder }}); console.log(JSON.stringify('loaded')); }}
+catch (e) {{ console.log(JSON.stringify([e.name, e.code, e.message])); }}
+""")
+    assert out[:2] == ["ProviderUnavailableError", "provider_unavailable"]
+    assert "onnxruntime-node does not ship" in out[2] and "Python loader" in out[2]
+
+
+# --------------------------------------------------------------------------------------- tamper suite
+
+CHUNK_LOG2 = 12
+
+
+def container_mutations(ct: bytes) -> Iterator[tuple[str, bytes, bytes, str]]:
+    """(case, container, key, expected error code): >= 1,000 mutations of a 5-chunk container."""
+    rng = random.Random(1234)
+    csize, h = 1 << CHUNK_LOG2, container.HEADER
+    header = container.parse_header(ct)
+    spans = [(h + i * (csize + 16), min(csize, header.size - i * csize) + 16) for i in range(header.chunks)]
+
+    def region(pos: int) -> str:
+        if pos < 10:
+            return "unsupported_format"  # magic, version, algorithm
+        if 27 <= pos < 43:
+            return "wrong_key"            # the key id names another key
+        return "corrupt"
+
+    for pos in sorted(rng.sample(range(len(ct)), 800)) + list(range(0, h)):
+        flipped = bytearray(ct)
+        flipped[pos] ^= 1 << rng.randrange(8)
+        yield f"bitflip@{pos}", bytes(flipped), TEST_KEY, region(pos)
+    for start, length in spans:
+        for cut in (start, start + 1, start + length // 2, start + length - 16, start + length - 1):
+            yield f"truncate@{cut}", ct[:cut], TEST_KEY, "corrupt"
+    for cut in (0, 1, 8, 27, 60, 102):
+        yield f"truncate@{cut}", ct[:cut], TEST_KEY, "corrupt"  # shorter than the header
+    for extra in (b"\0", bytes(16), os.urandom(100), ct[h:h + csize + 16]):
+        yield f"append{len(extra)}", ct + extra, TEST_KEY, "corrupt"
+    chunks = [ct[s:s + n] for s, n in spans]
+    for i in range(len(chunks)):
+        for j in range(len(chunks)):
+            if i != j and len(chunks[i]) == len(chunks[j]):
+                swapped = list(chunks)
+                swapped[i], swapped[j] = swapped[j], swapped[i]
+                yield f"swap{i}-{j}", ct[:h] + b"".join(swapped), TEST_KEY, "corrupt"
+        yield f"drop{i}", ct[:h] + b"".join(c for k, c in enumerate(chunks) if k != i), TEST_KEY, "corrupt"
+        dup = list(chunks)
+        dup.insert(i, chunks[i])
+        yield f"dup{i}", ct[:h] + b"".join(dup), TEST_KEY, "corrupt"
+    for field, at, value in (("chunk_log2", 10, bytes([13])), ("flags", 11, bytes([1])), ("flags", 11, bytes([2])),
+                             ("size", 12, (header.size - 1).to_bytes(8, "big")), ("version", 8, bytes([2])),
+                             ("size", 12, (header.size + 4096).to_bytes(8, "big"))):
+        edited = bytearray(ct)
+        edited[at:at + len(value)] = value
+        yield f"header-{field}", bytes(edited), TEST_KEY, "unsupported_format" if field == "version" else "corrupt"
+    other = bytes(range(200, 232))
+    yield "wrong-key", ct, other, "wrong_key"
+    relabeled = bytearray(ct)
+    relabeled[27:43] = container.key_id(other)
+    yield "wrong-key-id", bytes(relabeled), TEST_KEY, "wrong_key"
+    yield "wrong-key-id-and-key", bytes(relabeled), other, "corrupt"  # the id fits, the slot does not open
+    yield "other-container", container.encrypt(os.urandom(len(ct)), other, chunk_log2=CHUNK_LOG2), TEST_KEY, \
+        "wrong_key"
+
+
+def artifact_mutations(folder: Path, other_folder: Path) -> Iterator[tuple[str, Callable[[Path], None], str]]:
+    """(case, how to mutate a copy of the artifact directory, expected error code)."""
+    rng = random.Random(99)
+    enc = (folder / "model.onnx.enc").read_bytes()
+    text = (folder / "manifest.json").read_bytes()
+
+    def write(name: str, data: bytes) -> Callable[[Path], None]:
+        return lambda d: (d / name).write_bytes(data)
+
+    for pos in rng.sample(range(len(enc)), 60):
+        flipped = bytearray(enc)
+        flipped[pos] ^= 1 << rng.randrange(8)
+        yield f"artifact-bitflip@{pos}", write("model.onnx.enc", bytes(flipped)), "tampered"
+    for cut in (0, 103, 4096, len(enc) // 2, len(enc) - 1):
+        yield f"artifact-truncate@{cut}", write("model.onnx.enc", enc[:cut]), "tampered"
+    yield "artifact-append", write("model.onnx.enc", enc + b"x"), "tampered"
+    yield "artifact-missing", lambda d: (d / "model.onnx.enc").unlink(), "tampered"
+    yield "artifact-from-other-build", write("model.onnx.enc", container.encrypt(os.urandom(9000), TEST_KEY)), \
+        "tampered"
+    for pos in rng.sample(range(len(text)), 40):
+        flipped = bytearray(text)
+        flipped[pos] ^= 1 << rng.randrange(7)
+        yield f"manifest-bitflip@{pos}", write("manifest.json", bytes(flipped)), "bad_signature"
+    sig = base64.b64decode((folder / "manifest.sig").read_bytes())
+    for pos in range(0, 64, 4):
+        flipped = bytearray(sig)
+        flipped[pos] ^= 1
+        yield f"signature-bitflip@{pos}", write("manifest.sig", base64.b64encode(bytes(flipped))), "bad_signature"
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    attacker = Ed25519PrivateKey.generate()
+    doc = json.loads(text)
+    doc["notes"] = ["edited by someone else"]
+    forged = json.dumps(doc).encode()
+    yield "manifest-resigned-with-another-key", lambda d: (
+        (d / "manifest.json").write_bytes(forged),
+        (d / "manifest.sig").write_bytes(base64.b64encode(attacker.sign(forged)))), "bad_signature"
+    yield "signature-missing", lambda d: (d / "manifest.sig").unlink(), "tampered"
+    yield "signature-not-base64", write("manifest.sig", b"%%%"), "bad_signature"
+    other_text, other_sig = (other_folder / "manifest.json").read_bytes(), (other_folder / "manifest.sig").read_bytes()
+    yield "manifest-of-another-model", lambda d: (
+        (d / "manifest.json").write_bytes(other_text), (d / "manifest.sig").write_bytes(other_sig)), "tampered"
+
+
+def _python_code(fn: Callable[[], Any], mod: Any) -> str:
+    try:
+        fn()
+    except mod.LoaderError as e:
+        return str(e.code)
+    except Exception as e:  # a crash: never acceptable
+        return f"crash:{type(e).__name__}:{e}"
+    return "ok"
+
+
+NODE_TAMPER = """
+import { LoaderError, decryptContainer, load } from '%(loader)s';
+import { readFileSync } from 'node:fs';
+const cases = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const out = {};
+for (const c of cases) {
+  try {
+    if (c.kind === 'container') decryptContainer(readFileSync(c.file), Buffer.from(c.key, 'base64'));
+    else await load({ folder: c.folder, key: Buffer.from(c.key, 'base64') });
+    out[c.name] = 'ok';
+  } catch (e) {
+    // a LoaderError carries one of the loader's codes; anything else (a TypeError, node's ERR_*) is a crash
+    out[c.name] = e instanceof LoaderError ? e.code : `crash:${e}`;
+  }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_tamper_suite_through_both_loaders(dist: Path, node_app: Path, tmp_path: Path) -> None:
+    folder, other = dist / "fp32" / "tiny_cnn", dist / "fp32" / "tiny_lstm"
+    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    plain = os.urandom(5 * 4096 - 300)
+    ct = container.encrypt(plain, TEST_KEY, chunk_log2=CHUNK_LOG2)
+    assert mod.decrypt_container(ct, TEST_KEY) == plain  # the loader reads what ortbuild writes
+    cases: list[dict[str, str]] = []
+    expected: dict[str, str] = {}
+    python: dict[str, str] = {}
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for i, (name, data, key, code) in enumerate(container_mutations(ct)):
+        name = f"{name}#{i}"
+        (blobs / f"{i}.bin").write_bytes(data)
+        cases.append({"kind": "container", "name": name, "file": str(blobs / f"{i}.bin"),
+                      "key": base64.b64encode(key).decode()})
+        expected[name] = code
+        python[name] = _python_code(lambda d=data, k=key: mod.decrypt_container(d, k), mod)
+    for i, (name, mutate, code) in enumerate(artifact_mutations(folder, other)):
+        name = f"{name}#{i}"
+        copy = tmp_path / "artifacts" / str(i)
+        shutil.copytree(folder, copy)
+        mutate(copy)
+        cases.append({"kind": "artifact", "name": name, "folder": str(copy),
+                      "key": base64.b64encode(TEST_KEY).decode()})
+        expected[name] = code
+        python[name] = _python_code(lambda c=copy: mod.load(key=TEST_KEY, folder=c), mod)
+    wrong = tmp_path / "artifacts" / "wrong-key"
+    shutil.copytree(folder, wrong)
+    cases.append({"kind": "artifact", "name": "load-with-wrong-key", "folder": str(wrong),
+                  "key": base64.b64encode(bytes(32)).decode()})
+    expected["load-with-wrong-key"] = python["load-with-wrong-key"] = "wrong_key"
+    python["load-with-wrong-key"] = _python_code(lambda: mod.load(key=bytes(32), folder=wrong), mod)
+    assert len(expected) >= 1000, len(expected)
+
+    loader = node_app / "loader_tamper.mjs"
+    shutil.copy(folder / "loader" / loaders.NODE, loader)
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    nodejs = node(node_app, NODE_TAMPER % {"loader": loader.as_posix()}, str(tmp_path / "cases.json"))
+    for got, lang in ((python, "python"), (nodejs, "node")):
+        wrong_codes = {n: (got[n], e) for n, e in expected.items() if got[n] != e}
+        assert not wrong_codes, (lang, len(wrong_codes), dict(list(wrong_codes.items())[:10]))
+    # and the untouched artifact still loads through both (the suite did not just break everything)
+    assert _python_code(lambda: mod.load(key=TEST_KEY, folder=folder), mod) == "ok"
+
+
+# --------------------------------------------------------------------------------- no plaintext on disk
+
+def _needles(model: Path, folder: Path) -> list[bytes]:
+    """64-byte pieces of the largest weights, from the source and from the artifact's decrypted graph."""
+    pieces = []
+    for m in (onnx.load(str(model)), onnx.load_model_from_string(bytes(container.decrypt(
+            (folder / "model.onnx.enc").read_bytes(), TEST_KEY)))):
+        inits = sorted((i for i in m.graph.initializer if len(i.raw_data) >= 256),
+                       key=lambda i: -len(i.raw_data))[:3]
+        pieces += [i.raw_data[len(i.raw_data) // 2:len(i.raw_data) // 2 + 64] for i in inits]
+    assert len(pieces) >= 4
+    return pieces
+
+
+def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, node_app: Path) -> None:
+    root, cwd, tmpdir = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp"
+    for d in (root, cwd, tmpdir):
+        d.mkdir()
+    m = "tiny_transformer"
+    (root / "targets.toml").write_text(f'[project]\nname = "t"\nversion = "1"\n[models.{m}]\n'
+                                       f'path = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
+                                       + TARGETS.replace("    ", "").replace("RUNTIME", here_runtime())
+                                       .replace('models = ["tiny_lstm"]', f'models = ["{m}"]'))
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir()) if shm.exists() else set()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(root / "targets.toml")], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = root / "dist" / "fp32" / m
+    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_loader; "
+              "ortbuild_loader.load()")
+    subprocess.run([sys.executable, "-I", "-c", script], cwd=cwd, env=env, check=True, timeout=300)
+    loader = node_app / "loader_scan.mjs"
+    shutil.copy(folder / "loader" / loaders.NODE, loader)
+    node(node_app, f"import {{ load }} from '{loader.as_posix()}'; await load({{ folder: '{folder.as_posix()}' }}); "
+                   "console.log('1');")
+    needles = _needles(MODELS / f"{m}.onnx", folder)
+    written = [p for d in (root, cwd, tmpdir) for p in d.rglob("*") if p.is_file()]
+    written += [p for p in (set(shm.iterdir()) - before if shm.exists() else set()) if p.is_file()]
+    assert not [p for p in (set(shm.iterdir()) - before if shm.exists() else set()) if p.name.startswith("ortbuild")]
+    scanned = 0
+    for p in written:
+        if p.suffix in (".onnx", ".npz") and p.is_relative_to(MODELS):
+            continue
+        data = p.read_bytes()
+        scanned += len(data)
+        hits = [n for n in needles if n in data]
+        assert not hits, f"{p} holds plaintext weight bytes"
+        if p.is_relative_to(root / "dist") and p.suffix == ".enc":
+            with pytest.raises(Exception):  # noqa: B017 - any protobuf/parse error: it is not an ONNX model
+                onnx.load_model_from_string(data)
+    assert scanned > 1_000_000  # the artifacts themselves were scanned
+    assert set(os.listdir(tmpdir)) <= {".ses"}
+
+
+def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
+    from .conftest import run_cli
+
+    copy = tmp_path / "fp32"
+    shutil.copytree(dist / "fp32", copy)
+    made = keys.keygen(tmp_path / "new")
+    old_file = tmp_path / "old.key"
+    old_file.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    before = (copy / "tiny_cnn" / "model.onnx.enc").read_bytes()
+    proc = run_cli("rekey", str(copy), "--old-key-file", str(old_file), "--new-key-file", made["encryption_key"])
+    assert proc.returncode == 0, proc.stderr
+    after = (copy / "tiny_cnn" / "model.onnx.enc").read_bytes()
+    assert after[container.HEADER:] == before[container.HEADER:] and after[27:43] != before[27:43]
+    mod: Any = loaders.import_python_loader(copy / "tiny_cnn" / "loader" / loaders.PYTHON)
+    new_key = keys.encryption_key(file=made["encryption_key"])
+    assert new_key is not None
+    mod.load(key=new_key.secret, folder=copy / "tiny_cnn").run(feed("tiny_cnn"))
+    with pytest.raises(mod.WrongKeyError):
+        mod.load(key=TEST_KEY, folder=copy / "tiny_cnn")
+    assert base64.b64encode(new_key.secret).decode() not in proc.stdout + proc.stderr
