@@ -8,7 +8,6 @@ A job runs in three phases (see PIPELINE, the one place a step joins):
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -317,28 +316,16 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
             container="ortbuild-container-v1", algorithm="AES-256-GCM", key_id=enc.key_id,
             chunk_size=1 << container.DEFAULT_CHUNK_LOG2, deterministic=deterministic(),
             development_key=enc.development) if job.settings.encrypt and enc is not None else None,
-        signing=manifest.Signing(algorithm="Ed25519", public_key=base64.b64encode(ctx.sign_key.public_raw).decode(),
-                                 public_key_id=ctx.sign_key.key_id, development_key=ctx.sign_key.development),
+        signing=ctx.sign_key.info(),
         notes=ctx.res.notes,
     )
 
 
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
              m: manifest.Manifest, sign_key: keys.SigningKey) -> Path:
-    """Files first, then the signature, then manifest.json last: a manifest always finds its files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / manifest.MANIFEST).unlink(missing_ok=True)  # no manifest may describe a half-done dir
-    keep = {f.name for f, _ in sealed} | {manifest.MANIFEST, manifest.SIGNATURE}
-    for stale in out_dir.iterdir():
-        if stale.name not in keep and stale.is_file():
-            stale.unlink()  # an earlier build's files (a plaintext model.onnx, external data)
-    for f, blob in sealed:
-        manifest.atomic_write(out_dir / f.name, blob)
-    for name, code in loader_files.items():
-        manifest.atomic_write(out_dir / loaders.LOADER_DIR / name, code.encode())
-    doc = m.to_json()
-    manifest.atomic_write(out_dir / manifest.SIGNATURE, base64.b64encode(sign_key.sign(doc)) + b"\n")
-    manifest.atomic_write(out_dir / manifest.MANIFEST, doc)
+    files = {f.name: blob for f, blob in sealed}
+    files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
+    manifest.write_signed(out_dir, files, m, sign_key.sign, prune=True)
     return out_dir / m.artifact.file
 
 
@@ -366,9 +353,8 @@ class Builder:
         self.enc_key = enc_key or keys.encryption_key()
         self.sign_key = sign_key or keys.signing_key()
 
-    def check_keys(self, jobs: Sequence[Job]) -> None:
+    def check_keys(self, buildable: Sequence[Job]) -> None:
         """A build without the keys it needs fails before it starts, with the command that makes them."""
-        buildable = [j for j in jobs if runtime.runtime_problem(j.target) is None]
         if buildable and self.sign_key is None:
             raise KeyMissing("no signing key: every artifact is signed (ORTBUILD_SIGNING_KEY, "
                              "ORTBUILD_SIGNING_KEY_FILE or --signing-key-file)", f"make keys: `{keys.MAKE_KEYS}`")
@@ -385,13 +371,12 @@ class Builder:
         return self._probes[key]
 
     def run(self, jobs: Sequence[Job]) -> list[JobResult]:
-        self.check_keys(jobs)
+        targets = {j.target.name: j.target for j in jobs}
+        problems = {name: runtime.runtime_problem(t) for name, t in targets.items()}
+        self.check_keys([j for j in jobs if problems[j.target.name] is None])
         results = []
-        problems: dict[str, str | None] = {}
         for job in jobs:
             t = job.target.name
-            if t not in problems:
-                problems[t] = runtime.runtime_problem(job.target)
             if problems[t]:
                 res = JobResult(t, job.model.name, SKIPPED, reason=problems[t] or "",
                                 precision=job.settings.precision)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
 import hashlib
 import json
@@ -267,14 +266,8 @@ def cmd_rekey(args: argparse.Namespace) -> int:
             m = dataclasses.replace(
                 m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
                 encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development),
-                signing=dataclasses.replace(m.signing, public_key=base64.b64encode(sign.public_raw).decode(),
-                                            public_key_id=sign.key_id, development_key=sign.development))
-            (folder / manifest.MANIFEST).unlink()  # no manifest may describe files it no longer matches
-            for f, data in files:
-                manifest.atomic_write(folder / f.name, data)
-            doc = m.to_json()
-            manifest.atomic_write(folder / manifest.SIGNATURE, base64.b64encode(sign.sign(doc)) + b"\n")
-            manifest.atomic_write(folder / manifest.MANIFEST, doc)
+                signing=sign.info())
+            manifest.write_signed(folder, {f.name: data for f, data in files}, m, sign.sign)
             print(f"{folder}: re-wrapped {len(files)} file(s) from key id {old.key_id} to {new.key_id}")
             done += 1
     print(f"{done} artifact(s) re-keyed; loaders pin the signing key, regenerate them with `ortbuild build` if it "

@@ -104,8 +104,10 @@ def typed(cls: type[Any], table: Mapping[str, Any]) -> Any:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
 
 
-def _plain(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+def as_plain(settings: Quantization | Fp16 | Int4) -> dict[str, Any]:
+    """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
+    plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(settings)))
+    return plain
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,9 @@ class Settings:
             "optimization": self.optimization,
             "format": self.format,
             "providers": [p.as_json() for p in self.providers],
-            "quantization": _plain(self.quantization),
-            "fp16": _plain(self.fp16),
-            "int4": _plain(self.int4),
+            "quantization": as_plain(self.quantization),
+            "fp16": as_plain(self.fp16),
+            "int4": as_plain(self.int4),
             "session": self.session.as_json(),
             "free_dimensions": dict(self.free_dimensions),
             "encrypt": self.encrypt,
@@ -152,7 +154,7 @@ class Settings:
     def precision_options(self) -> dict[str, Any]:
         """The same as a JSON-able dict (recorded in manifests)."""
         opts = self.typed_precision_options()
-        return {} if opts is None else json.loads(json.dumps(dataclasses.asdict(opts)))
+        return {} if opts is None else as_plain(opts)
 
 
 @dataclass(frozen=True)

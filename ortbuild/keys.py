@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from . import container
 from .errors import KeyMissing
+from .manifest import Signing
 
 DEV_MARKER = "DEVELOPMENT KEY"
 ENCRYPTION_FILE, SIGNING_FILE, PUBLIC_FILE = "encryption.key", "signing.key", "signing.pub"
@@ -59,6 +60,11 @@ class SigningKey:
     def key_id(self) -> str:
         return public_key_id(self.public_raw)
 
+    def info(self) -> Signing:
+        """What a manifest records of this key (the public half only)."""
+        return Signing(algorithm="Ed25519", public_key=base64.b64encode(self.public_raw).decode(),
+                       public_key_id=self.key_id, development_key=self.development)
+
     def sign(self, message: bytes) -> bytes:
         sig: bytes = self.private.sign(message)
         return sig
@@ -71,6 +77,10 @@ def public_key_id(public_raw: bytes) -> str:
     return hashlib.sha256(public_raw).hexdigest()[:16]
 
 
+def _a(what: str) -> str:
+    return f"an {what}" if what[0] in "aeiou" else f"a {what}"
+
+
 def _decode(text: str, source: str, what: str) -> tuple[bytes, bool]:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     development = any(ln.startswith("#") and DEV_MARKER in ln for ln in lines)
@@ -80,10 +90,10 @@ def _decode(text: str, source: str, what: str) -> tuple[bytes, bool]:
             raise ValueError
         raw = base64.b64decode(body[0], validate=True)
     except (ValueError, binascii.Error):
-        raise KeyMissing(f"{source}: not a {what} (one base64 line of 32 bytes expected)",
+        raise KeyMissing(f"{source}: not {_a(what)} (one base64 line of 32 bytes expected)",
                          f"make one with `{MAKE_KEYS}`") from None
     if len(raw) != 32:
-        raise KeyMissing(f"{source}: a {what} is 32 bytes, this one is {len(raw)}", f"make one with `{MAKE_KEYS}`")
+        raise KeyMissing(f"{source}: {_a(what)} is 32 bytes, this one is {len(raw)}", f"make one with `{MAKE_KEYS}`")
     return raw, development
 
 
@@ -99,8 +109,10 @@ def _read_file(path: str, what: str) -> tuple[bytes, bool]:
 def _find(explicit: bytes | None, file: str | Path | None, env: str, env_file: str,
           what: str) -> tuple[bytes, str, bool] | None:
     if explicit is not None:
-        raw, dev = _decode(base64.b64encode(explicit).decode(), "the key argument", what)
-        return raw, "argument", dev
+        if len(explicit) != 32:
+            raise KeyMissing(f"the key argument: {_a(what)} is 32 bytes, this one is {len(explicit)}",
+                             f"make one with `{MAKE_KEYS}`")
+        return bytes(explicit), "argument", False
     if file is not None:
         raw, dev = _read_file(str(file), what)
         return raw, str(file), dev

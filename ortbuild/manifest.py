@@ -8,6 +8,7 @@ it describes (sha256 and size recorded), never a half-written one.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import hashlib
@@ -16,6 +17,7 @@ import os
 import tempfile
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -272,10 +274,28 @@ def read(path: Path) -> tuple[Manifest, Path]:
     return Manifest.from_json(text, str(p)), p.parent
 
 
+def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Callable[[bytes], bytes], *,
+                 prune: bool = False) -> None:
+    """Publish `files` (names relative to `folder`), then manifest.sig, then manifest.json, each atomically.
+
+    The old manifest goes first, so no reader finds a manifest describing files half-replaced; `prune`
+    also removes the folder's other plain files (an earlier build's artifact files).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    if prune:
+        for stale in folder.iterdir():
+            if stale.is_file() and stale.name not in {*files, SIGNATURE}:
+                stale.unlink()
+    for name, blob in files.items():
+        atomic_write(folder / name, blob)
+    doc = m.to_json()
+    atomic_write(folder / SIGNATURE, base64.b64encode(sign(doc)) + b"\n")
+    atomic_write(folder / MANIFEST, doc)
+
+
 def signature_problem(folder: Path, public_key: bytes | None = None) -> str | None:
     """Why manifest.sig does not verify manifest.json (with `public_key`, else the manifest's own), or None."""
-    import base64
-
     from . import keys
 
     try:

@@ -70,7 +70,7 @@ def test_keygen_sources_and_development_marker(tmp_path: Path, monkeypatch: pyte
     assert signing is not None and signing.key_id == made["public_key_id"] and signing.development
     assert keys.read_public_key(made["public_key"]) == signing.public_raw
     monkeypatch.setenv("ORTBUILD_KEY", "bm90IDMyIGJ5dGVz")
-    with pytest.raises(KeyMissing, match=r"\$ORTBUILD_KEY: a encryption key is 32 bytes, this one is 12"):
+    with pytest.raises(KeyMissing, match=r"\$ORTBUILD_KEY: an encryption key is 32 bytes, this one is 12"):
         keys.encryption_key()
 
 

@@ -9,9 +9,7 @@ int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantiz
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import heapq
-import json
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -22,7 +20,7 @@ from typing import Any
 import onnx
 
 from .. import options
-from ..config import Fp16, Int4, PrecisionOptions, Quantization, typed
+from ..config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
 from ..data import Feed
 from ..errors import first_line
 
@@ -162,7 +160,7 @@ def _run(model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: P
     src = work / "source.onnx"
     if opts is None:  # fp32: as is
         return PrecisionResult(_save(model, src), precision, {}, notes)
-    used = json.loads(json.dumps(dataclasses.asdict(opts)))  # what the manifest records
+    used = as_plain(opts)  # what the manifest records
 
     if isinstance(opts, Fp16):
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
