@@ -2,11 +2,13 @@
 
     nox -s build                  build every target, each in its own virtualenv with its ORT flavor
     nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
+    nox -s test                   build what is missing or stale, then the release gates of every target
     nox -t check                  the project's own checks: lint, tests, tests-openvino
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from ortbuild import config, manifest  # noqa: E402  (stdlib + packaging only: s
 from ortbuild.errors import ConfigError  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["build"]
+nox.options.sessions = ["test"]
 nox.options.error_on_missing_interpreters = True
 
 CONFIG = os.environ.get("ORTBUILD_CONFIG", "targets.toml")
@@ -76,6 +78,28 @@ def build(session: nox.Session, target: str) -> None:
         reasons = sorted({r for d in docs for r in d.missing_providers.values()})
         session.skip(f"{target} cannot run here ({'; '.join(reasons)}); only its portable artifacts were "
                      f"built (precision + basic level), see {dist}")
+
+
+@nox.session
+@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+def test(session: nox.Session, target: str) -> None:
+    """Build (if missing or stale) and test one target's artifacts in its own virtualenv: golden outputs,
+    latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}."""
+    if PROJECT is None:
+        session.error(f"{CONFIG} is invalid (see the error above)")
+    t = PROJECT.targets[target]
+    session.install("-e", ".")
+    try:
+        session.install(t.runtime)
+    except nox.command.CommandFailed:
+        if t.require:
+            session.error(f"{target}: its runtime '{t.runtime}' cannot be installed, and the target is required")
+        session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
+    session.run("ortbuild", "test", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
+    dist = PROJECT.root / "dist" / target
+    reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
+    if reports and all(r["status"] == "SKIPPED" for r in reports):
+        session.skip(f"{target} cannot run here: {reports[0]['reason']}")
 
 
 @nox.session(tags=["check"])

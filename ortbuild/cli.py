@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, container, keys, manifest, options, plan, runtime
-from .errors import ArtifactError, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
+from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -94,6 +94,60 @@ def cmd_build(args: argparse.Namespace) -> int:
             if args.debug and r.error.__cause__ is not None:
                 traceback.print_exception(r.error.__cause__, file=sys.stderr)
             print(r.error.render(), file=sys.stderr)
+    return code
+
+
+# ------------------------------------------------------------------------------------------- test
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
+    from . import gates, report
+    from .build import Builder, Progress
+
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
+    for j in jobs:
+        ft = j.settings.gates.latency.faster_than if j.settings.gates else None
+        if ft is not None and not any(x.name == f"{ft.target}/{j.model.name}" for x in [*jobs, *refs]):
+            other = project.targets[ft.target]
+            refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
+    dist = Path(args.dist) if args.dist else project.root / "dist"
+    progress = Progress(quiet=args.json)
+    builder = Builder(project, dist, progress=progress, enc_key=keys.encryption_key(file=args.key_file),
+                      sign_key=keys.signing_key(file=args.signing_key_file))
+    built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs])}
+    secret = builder.enc_key.secret if builder.enc_key else None
+    results = gates.Tester(project, dist, secret, args.config, progress).run(jobs, built, args.require)
+    json_path, html_path = report.write(dist, report.collect(dist))
+
+    code = next((r.exit_code for r in results if r.exit_code), 0)
+    if not code and args.strict and any(r.status == gates.INCONCLUSIVE for r in results):
+        code = GateFailed.exit_code
+    if args.json:
+        print(json.dumps({"exit_code": code, "report": str(json_path), "html": str(html_path),
+                          "results": [r.as_json() for r in results]}, indent=2, default=str))
+        return code
+    docs = [r.as_json() for r in results]
+    print()
+    print(_table(report.rows(docs), report.HEADER))
+    notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in built.items() for n in b.notes
+                          if any(r.target + "/" + r.model == k for r in results))
+    for r in results:
+        if r.status in (gates.SKIP, gates.INCONCLUSIVE) and r.reason:
+            print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
+    for n in notes:
+        print(f"  {n}")
+    counts = {s: sum(r.status == s for r in results) for s in (gates.PASS, gates.FAIL, gates.INCONCLUSIVE, gates.SKIP)}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {json_path}, {html_path}")
+    for r in results:
+        if r.failures:
+            print(f"\nFAIL {r.target}/{r.model}:", file=sys.stderr)
+            for line in r.failures:
+                print(f"  {line}", file=sys.stderr)
+            print(f"  reproduce: {r.reproduce}", file=sys.stderr)
+    if code == 0 and any(r.status == gates.INCONCLUSIVE for r in results):
+        print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
     return code
 
 
@@ -318,6 +372,16 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--signing-key-file",
                    help="signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
     b.set_defaults(func=cmd_build)
+
+    te = sub.add_parser("test", help="build what is missing or stale, then check golden outputs, latency and size")
+    selection(te)
+    te.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    te.add_argument("--strict", action="store_true", help="INCONCLUSIVE latency verdicts fail too (exit 9)")
+    te.add_argument("--require", action="store_true",
+                    help="a target that cannot run here fails (exit 4/5) instead of being skipped")
+    te.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
+    te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
+    te.set_defaults(func=cmd_test)
 
     pl = sub.add_parser("plan", help="show what would be built, with which runtime")
     selection(pl)

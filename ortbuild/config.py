@@ -26,6 +26,7 @@ from . import options
 from .errors import ConfigError
 
 DEFAULT_FILE = "targets.toml"
+INHERITED = "\0inherited"  # marks overrides a target inherits through `extends`
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Model:
     inputs: Path
     calibration: Path | None
     description: str = ""
+    expected: Path | None = None     # user-supplied golden outputs
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,58 @@ class Session:
         return {**dataclasses.asdict(self), "config": dict(self.config)}
 
 
+@dataclass(frozen=True)
+class FasterThan:
+    target: str
+    ratio: float
+
+
+@dataclass(frozen=True)
+class Latency:
+    """[targets.X.latency]: budgets and the sample plan of the latency test."""
+
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    faster_than: FasterThan | None
+    confidence: float
+    min_samples: int
+    min_seconds: float
+    warmup_runs: int
+
+    def budgets(self) -> dict[float, float]:
+        """{percentile (0-1): budget in ms} of the percentiles that have one."""
+        pairs = ((0.5, self.p50_ms), (0.9, self.p90_ms), (0.99, self.p99_ms))
+        return {p: float(b) for p, b in pairs if b is not None}
+
+
+@dataclass(frozen=True)
+class Size:
+    max_ratio: float | None
+    max_mb: float | None
+
+
+@dataclass(frozen=True)
+class Gates:
+    """What `ortbuild test` checks an artifact against. Not part of the build key: budgets never rebuild."""
+
+    accuracy: Mapping[str, Any]      # the validated [accuracy] table (rule keys, `outputs`)
+    latency: Latency
+    size: Size
+
+    def accuracy_rule(self, precision: str, output: str) -> dict[str, Any]:
+        """The effective rule of one output: precision defaults < target rule < the output's table."""
+        rule: dict[str, Any] = dict(options.PRECISION_RULES[precision].accuracy)
+        rule["mismatch_fraction"] = 0.0
+        rule.update({k: v for k, v in self.accuracy.items() if k != "outputs"})
+        rule.update(self.accuracy.get("outputs", {}).get(output, {}))
+        return rule
+
+    def max_ratio(self, precision: str) -> float:
+        r = self.size.max_ratio
+        return float(r) if r is not None else options.PRECISION_RULES[precision].max_size_ratio
+
+
 PrecisionOptions = Quantization | Fp16 | Int4 | None
 
 
@@ -125,6 +179,9 @@ class Settings:
     free_dimensions: Mapping[str, int]
     encrypt: bool = True
     external_data: bool = False
+    constant_folding: str = "auto"
+    disabled_optimizers: tuple[str, ...] = ()
+    gates: Gates | None = field(default=None, compare=False)  # not in as_json(): budgets never rebuild
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(json.dumps({
@@ -139,6 +196,8 @@ class Settings:
             "free_dimensions": dict(self.free_dimensions),
             "encrypt": self.encrypt,
             "external_data": self.external_data,
+            "constant_folding": self.constant_folding,
+            "disabled_optimizers": list(self.disabled_optimizers),
         }))
         return out
 
@@ -164,6 +223,7 @@ class Target:
     runtime: str                     # the pip requirement, e.g. "onnxruntime==1.31.1"
     models: tuple[str, ...]          # resolved model names, in [models] order
     settings: Mapping[str, Settings]  # per model name
+    require: bool = False            # `ortbuild test` fails instead of skipping when it cannot run here
 
     @property
     def providers(self) -> tuple[Provider, ...]:
@@ -238,6 +298,10 @@ class _Checker:
                 raise self.fail(where, f"unknown key '{name}'{did_you_mean(name, list(known))}",
                                 f"the keys of this table are: {', '.join(known)}")
             self.value(value, known[name], f"{where}.{name}")
+        if spec not in ("target", "override"):  # targets may inherit required keys through `extends`
+            for k in known.values():
+                if k.required and k.name not in data:
+                    raise self.fail(where, f"missing required key '{k.name}'")
         return data
 
     def value(self, v: Any, k: options.Key, where: str) -> None:
@@ -251,6 +315,9 @@ class _Checker:
         elif kind == "integer":
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise self.fail(where, f"must be a non-negative integer, got {v!r}")
+        elif kind == "number":
+            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+                raise self.fail(where, f"must be a non-negative number, got {v!r}")
         elif kind == "boolean":
             if not isinstance(v, bool):
                 raise self.fail(where, f"must be true or false, got {v!r}",
@@ -277,6 +344,12 @@ class _Checker:
                 raise self.fail(where, f"must be an array of tables ([[{where}]]), got {_type_name(v)}")
             for i, item in enumerate(v):
                 self.table(item, k.table, f"{where}[{i}]")
+        elif kind == "named":
+            assert k.table
+            if not isinstance(v, dict):
+                raise self.fail(where, f"must be a table of NAME = {{...}}, got {_type_name(v)}")
+            for name, item in v.items():
+                self.table(item, k.table, f"{where}.{name}")
 
     def providers(self, v: Any, where: str) -> None:
         if not isinstance(v, list) or not v:
@@ -390,7 +463,7 @@ def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bo
             if k not in table:
                 raise chk.fail(where, f"missing required key '{k}'")
         paths: dict[str, Path | None] = {}
-        for k in ("path", "inputs", "calibration"):
+        for k in ("path", "inputs", "calibration", "expected"):
             rel = table.get(k)
             p = (root / rel) if rel is not None else None
             if check_files and p is not None and not p.exists():
@@ -400,7 +473,7 @@ def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bo
         path, inputs = paths["path"], paths["inputs"]
         assert path is not None and inputs is not None
         models[name] = Model(name=name, path=path, inputs=inputs, calibration=paths["calibration"],
-                             description=table.get("description", ""))
+                             description=table.get("description", ""), expected=paths["expected"])
     return models
 
 
@@ -415,7 +488,14 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str, chain: list[
     if parent in chain:
         cycle = " -> ".join([*chain[chain.index(parent):], parent])
         raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
-    merged = merge(_resolve_extends(chk, raw, parent, [*chain, parent]), table)
+    inherited = _resolve_extends(chk, raw, parent, [*chain, parent])
+    inherited = copy.deepcopy(inherited)
+    for o in inherited.get("overrides", []):
+        o[INHERITED] = True  # an inherited override may name models this target does not build
+    for part in [inherited, *inherited.get("overrides", [])]:
+        if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
+            part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
+    merged = merge(inherited, table)
     merged.pop("extends", None)
     return merged
 
@@ -443,6 +523,8 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                                f"the models are: {', '.join(models)}")
         selected = matches(list(models), t["models"])
         for i, ov in enumerate(t["overrides"]):
+            if ov.get(INHERITED):
+                continue
             if "models" not in ov:
                 raise chk.fail(f"{where}.overrides[{i}]", "missing required key 'models'")
             for pat in ov["models"]:
@@ -455,17 +537,55 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
             eff = {k: t[k] for k in options.OVERRIDABLE}
             for ov in t["overrides"]:
                 if matches([m], ov["models"]):
-                    eff = merge(eff, {k: v for k, v in ov.items() if k != "models"})
+                    eff = merge(eff, {k: v for k, v in ov.items() if k not in ("models", INHERITED)})
             _check_runtime(chk, f"{where}.providers", t["runtime"], eff["providers"])
             _check_settings(chk, where, models[m], eff)
             settings[m] = Settings(
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
                 fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
-                free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"])
+                free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
+                constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
+                gates=_gates(eff))
         targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
-                               models=tuple(selected), settings=settings)
+                               models=tuple(selected), settings=settings, require=t["require"])
+    for name, target in targets.items():
+        _check_relative_budgets(chk, name, target, targets)
     return targets
+
+
+def _gates(eff: dict[str, Any]) -> Gates:
+    def filled(table: str) -> dict[str, Any]:  # every key of the table, None where unset
+        return {k.name: eff[table].get(k.name, k.default) for k in options.TABLES[table]}
+
+    lat = filled("latency")
+    ft = lat.pop("faster_than")
+    return Gates(accuracy=eff["accuracy"],
+                 latency=Latency(**lat, faster_than=FasterThan(ft["target"], float(ft["ratio"])) if ft else None),
+                 size=Size(**filled("size")))
+
+
+def _check_relative_budgets(chk: _Checker, name: str, target: Target, targets: Mapping[str, Target]) -> None:
+    for m, s in target.settings.items():
+        assert s.gates is not None
+        lat = s.gates.latency
+        where = f"targets.{name}.latency"
+        if not 0.5 <= lat.confidence < 1:
+            raise chk.fail(f"{where}.confidence", f"must be in [0.5, 1), got {lat.confidence}")
+        ft = lat.faster_than
+        if ft is None:
+            continue
+        if ft.target == name:
+            raise chk.fail(f"{where}.faster_than.target", "names this target itself",
+                           "compare with another target, e.g. the fp32 one")
+        if ft.target not in targets:
+            raise chk.fail(f"{where}.faster_than.target",
+                           f"unknown target '{ft.target}'{did_you_mean(ft.target, list(targets))}")
+        if m not in targets[ft.target].models:
+            raise chk.fail(f"{where}.faster_than.target", f"target '{ft.target}' does not build model '{m}'",
+                           f"limit the budget to shared models with [[targets.{name}.overrides]]")
+        if ft.ratio <= 0:
+            raise chk.fail(f"{where}.faster_than.ratio", "must be above 0")
 
 
 def _check_runtime(chk: _Checker, where: str, runtime: str, providers: list[Any]) -> None:

@@ -24,7 +24,7 @@ def _read_pb(path: Path) -> tuple[str, np.ndarray]:
         raise ConfigError(str(path), "", f"not a serialized onnx TensorProto: {e}") from None
 
 
-def _dataset_feed(folder: Path, input_names: list[str]) -> Feed:
+def dataset_feed(folder: Path, input_names: list[str]) -> Feed:
     files = sorted(folder.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
     if not files:
         raise ConfigError(str(folder), "", "holds no input_K.pb files")
@@ -39,7 +39,7 @@ def _dataset_feed(folder: Path, input_names: list[str]) -> Feed:
     return feed
 
 
-def _datasets(path: Path) -> list[Path]:
+def datasets(path: Path) -> list[Path]:
     sets = sorted((p for p in path.glob("test_data_set_*") if p.is_dir()),
                   key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdigit() else 0)
     if not sets:
@@ -48,7 +48,7 @@ def _datasets(path: Path) -> list[Path]:
     return sets
 
 
-def _npz(path: Path) -> Feed:
+def npz(path: Path) -> Feed:
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -59,15 +59,15 @@ def _npz(path: Path) -> Feed:
 def load_feed(path: Path, input_names: list[str]) -> Feed:
     """One feed: an .npz keyed by input name, or test_data_set_0 of an ONNX-layout directory."""
     if path.is_dir():
-        return _dataset_feed(_datasets(path)[0], input_names)
-    return _npz(path)
+        return dataset_feed(datasets(path)[0], input_names)
+    return npz(path)
 
 
 def load_samples(path: Path, input_names: list[str]) -> list[Feed]:
     """Calibration samples: each .npz row (first axis) as a batch of one, or each test_data_set_N."""
     if path.is_dir():
-        return [_dataset_feed(d, input_names) for d in _datasets(path)]
-    arrays = _npz(path)
+        return [dataset_feed(d, input_names) for d in datasets(path)]
+    arrays = npz(path)
     counts = {len(a) for a in arrays.values()}
     if len(counts) != 1:
         raise ConfigError(str(path), "", f"arrays have different sample counts {sorted(counts)}",

@@ -10,6 +10,7 @@ Exit codes (documented in README.md and docs/design.md):
     6  a build step failed (check, precision, optimize, reload)
     7  an artifact or manifest is unreadable, tampered or does not fit this machine
     8  no key: the encryption or signing key is missing or unreadable
+    9  a release gate failed (accuracy, latency or size; INCONCLUSIVE latency with --strict)
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class KeyMissing(OrtbuildError):
 
     exit_code = 8
     label = "key error"
+
+
+class GateFailed(OrtbuildError):
+    """`ortbuild test`: an artifact failed a release gate. The report names target, model, gate and numbers."""
+
+    exit_code = 9
+    label = "release gate failed"
 
 
 def first_line(exc: BaseException, limit: int = 400) -> str:

@@ -106,6 +106,8 @@ class Optimization:
     tied_to: dict[str, Any]          # {"providers": [...], "simd_level": "..."} where not portable
     optimized_with: list[str]
     op_domains: dict[str, int]
+    disabled_optimizers: list[str] = field(default_factory=list)
+    inflation: dict[str, Any] | None = None  # what constant folding grew, and what the build did about it
 
 
 @dataclass(frozen=True)

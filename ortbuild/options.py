@@ -21,12 +21,19 @@ class PrecisionRule:
     options_table: str | None        # the target sub-table read by this precision (None: no options)
     quantized: bool = False          # the quantizers' int8 path (pre-processing, opset >= 13)
     needs_calibration: bool = False  # needs the model's `calibration` data
+    # the golden test's default rule (under [targets.X.accuracy]); fp32 is elementwise, the reduced
+    # precisions are judged by task metrics (cosine similarity, top-1 agreement), not elementwise
+    accuracy: tuple[tuple[str, float], ...] = (("cosine", 0.99),)
+    max_size_ratio: float = 1.0      # the size gate's default: a reduced precision never outgrows its source
+
+
+FP32_ACCURACY = (("rtol", 1e-4), ("atol", 1e-5))
 
 
 # The one place that knows the precision names; everything else asks these rules.
 PRECISION_RULES: dict[str, PrecisionRule] = {r.name: r for r in (
-    PrecisionRule("fp32", None),
-    PrecisionRule("fp16", "fp16"),
+    PrecisionRule("fp32", None, accuracy=FP32_ACCURACY, max_size_ratio=1.1),
+    PrecisionRule("fp16", "fp16", accuracy=(("cosine", 0.999),)),
     PrecisionRule("int8-dynamic", "quantization", quantized=True),
     PrecisionRule("int8-static", "quantization", quantized=True, needs_calibration=True),
     PrecisionRule("int4-weight", "int4"),
@@ -117,6 +124,25 @@ SESSION_CONFIG_KEYS = frozenset({
     "session.use_env_allocators", "session.use_external_initializer_file_buffers_directly",
     "session.use_per_session_threads", "session.x64quantprecision",
 })
+# Graph optimizer names found in the onnxruntime 1.31.1 binary (for `disabled_optimizers`). ORT ignores an
+# unknown name silently, so the build notes any name not listed here.
+KNOWN_OPTIMIZERS = frozenset([
+    "#", "noqa:", "SIM905", "AttentionFusion", "BiasDropoutFusion", "BiasGeluFusion", "BiasSkipLayerNormFusion",
+    "BiasSoftmaxFusion", "CastChainElimination", "CastElimination", "CommonSubexpressionElimination",
+    "ConstantFolding", "ConstantSharing", "ConvActivationFusion", "ConvAddActivationFusion", "ConvAddFusion",
+    "ConvBNFusion", "ConvMulFusion", "DivMulFusion", "DoubleQDQPairsRemover", "DynamicQuantizeMatMulFusion",
+    "EliminateDropout", "EliminateIdentity", "EliminateSlice", "EmbedLayerNormFusion", "ExpandElimination",
+    "FastGeluFusion", "FuseReluClip", "GatherToSliceFusion", "GeluApproximation", "GeluFusion",
+    "GemmActivationFusion", "GemmSumFusion", "GemmTransposeFusion", "GroupQueryAttentionFusion",
+    "LabelEncoderFusion", "LayerNormFusion", "MatMulActivationFusion", "MatMulAddFusion",
+    "MatMulIntegerToFloatFusion", "MatMulNBitsMlpFusion", "MatMulNBitsQkvFusion", "MatMulScaleFusion",
+    "MatmulTransposeFusion", "NchwcTransformer", "NhwcTransformer", "NoopElimination", "NotWhereFusion",
+    "QDQFinalCleanupTransformer", "QDQPropagationTransformer", "QDQS8ToU8Transformer",
+    "QDQSelectorActionTransformer", "QuickGeluFusion", "RemoveDuplicateCastTransformer", "ReshapeFusion",
+    "SimplifiedLayerNormFusion", "SkipLayerNormFusion", "SliceConcatToSpaceToDepthFusion", "TransposeOptimizer",
+    "UnsqueezeElimination",
+])
+
 # Keys ortbuild sets itself from other options: setting them by hand would contradict the manifest.
 RESERVED_CONFIG_KEYS = {
     "session.optimized_model_filepath": "ortbuild sets it to its private temp dir during the optimize step",
@@ -148,7 +174,8 @@ class Key:
     table: str | None = None
 
 
-KINDS = ("string", "integer", "boolean", "strings", "providers", "config", "dims", "table", "tables")
+KINDS = ("string", "integer", "number", "boolean", "strings", "providers", "config", "dims", "table", "tables",
+         "named")  # named: a table of NAME = sub-table
 
 _MODELS_KEY = Key(name="models", kind="strings", default=["*"],
                   doc="Glob patterns (fnmatch) of the model names this applies to.")
@@ -168,6 +195,11 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="calibration", kind="string", default=None,
             doc="Calibration data for int8-static, same formats as `inputs`; in an .npz the first axis of "
                 "each array indexes the samples. Use realistic data: noise ruins static quantization."),
+        Key(name="expected", kind="string", default=None,
+            doc="Expected (golden) outputs, relative to targets.toml: an .npz keyed by output name (for one "
+                "feed), or the ONNX layout `test_data_set_N/output_K.pb` (e.g. from the training framework). "
+                "Without it they are computed from the source model in fp32 on the CPU provider with "
+                "optimizations disabled, and stored beside each artifact (`golden/`)."),
         Key(name="description", kind="string", default="", doc="Free text."),
     ),
     "target": (
@@ -201,7 +233,26 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="external_data", kind="boolean", default=False,
             doc="Store the weights in a separate file (`model.onnx.data`, encrypted like the graph), as models "
                 "above 2 GB need; the loaders hand it to ONNX Runtime from memory. Format `onnx` only."),
+        Key(name="constant_folding", kind="string", default="auto", choices=("auto", "on", "off"),
+            doc="Constant folding during offline optimization. It can turn weights stored compressed (int8 or "
+                "fp16 expanded by Cast/DequantizeLinear/Mul in the graph) into fp32 initializers, up to 4x the "
+                "bytes. `auto` optimizes again without it when the artifact grew that way, and says so in the "
+                "summary and manifest; `on` keeps ORT's behaviour; `off` always disables it."),
+        Key(name="disabled_optimizers", kind="strings", default=[],
+            doc="ORT graph optimizers to disable during offline optimization (`disabled_optimizers` of "
+                "InferenceSession), e.g. [\"ConstantFolding\"]."),
+        Key(name="require", kind="boolean", default=False,
+            doc="`ortbuild test` fails (instead of skipping) when this target cannot run here, e.g. on CI "
+                "runners that have its hardware. Same as `--require`."),
         _MODELS_KEY,
+        Key(name="accuracy", kind="table", table="accuracy", default={},
+            doc="The golden-output test's rule; defaults per precision (fp32: rtol 1e-4, atol 1e-5; fp16: "
+                "cosine 0.999; int8/int4: cosine 0.99), over which the target's keys and then "
+                "`outputs.NAME` tables apply. See docs/testing.md."),
+        Key(name="latency", kind="table", table="latency", default={},
+            doc="Latency budgets (percentiles in ms, relative to another target), checked by `ortbuild test`."),
+        Key(name="size", kind="table", table="size", default={},
+            doc="Size budgets of the artifact, checked by `ortbuild test`."),
         Key(name="quantization", kind="table", table="quantization", default={},
             doc="Options of int8-dynamic and int8-static."),
         Key(name="fp16", kind="table", table="fp16", default={}, doc="Options of fp16."),
@@ -214,11 +265,43 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="overrides", kind="tables", table="override", default=[],
             doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
                 "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
-                "fp16, int4, session, encrypt, external_data. Later matches win; tables merge key by key."),
+                "fp16, int4, session, encrypt, external_data, constant_folding, disabled_optimizers, accuracy, "
+                "latency, size. Later matches win; tables merge key by key."),
     ),
     "override": (
         Key(name="models", kind="strings", required=True, doc="Glob patterns of the models it applies to."),
         # the remaining keys are copied from "target" below
+    ),
+    "accuracy": (),  # the rule keys (ACCURACY_RULE below) and `outputs`
+    "output_accuracy": (),  # the rule keys, and `ignore`
+    "latency": (
+        Key(name="p50_ms", kind="number", default=None, doc="Budget of the median latency, in ms."),
+        Key(name="p90_ms", kind="number", default=None, doc="Budget of the 90th percentile latency, in ms."),
+        Key(name="p99_ms", kind="number", default=None, doc="Budget of the 99th percentile latency, in ms."),
+        Key(name="faster_than", kind="table", table="faster_than", default=None,
+            doc="A relative budget measured in the same run, interleaved: `{ target = \"cpu-fp32\", ratio = "
+                "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
+                "Holds across machines of different speed. The other target must run in this runtime. "
+                "Not inherited through `extends`."),
+        Key(name="confidence", kind="number", default=0.99,
+            doc="Confidence of every verdict (distribution-free binomial bounds on the percentile)."),
+        Key(name="min_samples", kind="integer", default=0,
+            doc="Samples to take at least; 0: enough to decide the tightest budgeted percentile "
+                "(64 for p90, 662 for p99 at 0.99), at least 100."),
+        Key(name="min_seconds", kind="number", default=1.0, doc="Sampling lasts at least this long."),
+        Key(name="warmup_runs", kind="integer", default=5,
+            doc="Untimed runs after the first one (session creation and the first run are reported apart)."),
+    ),
+    "faster_than": (
+        Key(name="target", kind="string", required=True, doc="The target to compare with (same model)."),
+        Key(name="ratio", kind="number", required=True,
+            doc="Its median latency divided by this target's must be at least this (0.8: at most 1.25x slower)."),
+    ),
+    "size": (
+        Key(name="max_ratio", kind="number", default=None,
+            doc="Largest artifact size / source size (all files). Default 1.1 for fp32, 1.0 for the reduced "
+                "precisions: an artifact bigger than its source is usually folded constants."),
+        Key(name="max_mb", kind="number", default=None, doc="Largest artifact size in MiB (all files)."),
     ),
     "quantization": (
         Key(name="format", kind="string", default="qdq", choices=("qdq", "qoperator"),
@@ -269,9 +352,31 @@ TABLES: dict[str, tuple[Key, ...]] = {
     ),
 }
 
+ACCURACY_RULE = (
+    Key(name="rtol", kind="number", default=None,
+        doc="Elementwise rule |actual - expected| <= atol + rtol * |expected| (fp32 default 1e-4)."),
+    Key(name="atol", kind="number", default=None, doc="Elementwise absolute tolerance (fp32 default 1e-5)."),
+    Key(name="mismatch_fraction", kind="number", default=0.0,
+        doc="Fraction of elements allowed to break the elementwise rule (e.g. 0.02 for detection masks)."),
+    Key(name="cosine", kind="number", default=None,
+        doc="Least cosine similarity of actual and expected (flattened); fp16 default 0.999, int8/int4 0.99."),
+    Key(name="top1", kind="number", default=None,
+        doc="Least fraction of rows whose arg-max over the last axis (the classes) agrees with the golden one. "
+            "Set it on classifier outputs (`[targets.X.accuracy.outputs.logits] top1 = 0.99`)."),
+    Key(name="top5", kind="number", default=None,
+        doc="Least fraction of rows whose expected arg-max is among the actual top 5."),
+)
+TABLES["accuracy"] = (*ACCURACY_RULE, Key(
+    name="outputs", kind="named", table="output_accuracy", default={},
+    doc="Per-output rules `[targets.X.accuracy.outputs.NAME]`, over the target's rule. Integer, boolean "
+        "and string outputs (and the keys of sequence/map outputs) always match exactly."))
+TABLES["output_accuracy"] = (*ACCURACY_RULE, Key(
+    name="ignore", kind="boolean", default=False, doc="Do not compare this output (say why in a comment)."))
+
 OVERRIDABLE = (  # the keys of a target that can differ per model (the rest are target-wide)
     "precision", "optimization", "format", "providers", "free_dimensions",
-    "quantization", "fp16", "int4", "session", "encrypt", "external_data")
+    "quantization", "fp16", "int4", "session", "encrypt", "external_data", "constant_folding",
+    "disabled_optimizers", "accuracy", "latency", "size")
 TABLES["override"] = TABLES["override"] + tuple(
     dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in OVERRIDABLE)
 
@@ -285,7 +390,8 @@ def defaults(table: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in TABLES[table]:
         if k.kind == "table" and k.table:
-            out[k.name] = defaults(k.table)
+            if k.default is not None:  # an optional table (default None) stays absent
+                out[k.name] = defaults(k.table)
         elif k.default is not None:
             out[k.name] = json.loads(json.dumps(k.default))  # a fresh copy
     return out
@@ -301,6 +407,8 @@ def _key_schema(k: Key) -> dict[str, Any]:
             s["enum"] = list(k.choices)
     elif k.kind == "integer":
         s = {"type": "integer", "minimum": 0}
+    elif k.kind == "number":
+        s = {"type": "number", "minimum": 0}
     elif k.kind == "boolean":
         s = {"type": "boolean"}
     elif k.kind == "strings":
@@ -324,10 +432,12 @@ def _key_schema(k: Key) -> dict[str, Any]:
         s = {"$ref": f"#/$defs/{k.table}"}
     elif k.kind == "tables":
         s = {"type": "array", "items": {"$ref": f"#/$defs/{k.table}"}}
+    elif k.kind == "named":
+        s = {"type": "object", "additionalProperties": {"$ref": f"#/$defs/{k.table}"}}
     else:  # pragma: no cover - guarded by test_options
         raise ValueError(k.kind)
     s["description"] = k.doc
-    if k.default is not None and k.kind not in ("table", "tables"):
+    if k.default is not None and k.kind not in ("table", "tables", "named"):
         s["default"] = k.default
     return s
 
@@ -374,14 +484,17 @@ _TITLES = {
     "project": "[project]", "model": "[models.NAME]", "target": "[targets.NAME]",
     "override": "[[targets.NAME.overrides]]", "quantization": "[targets.NAME.quantization]",
     "fp16": "[targets.NAME.fp16]", "int4": "[targets.NAME.int4]", "session": "[targets.NAME.session]",
+    "accuracy": "[targets.NAME.accuracy]", "output_accuracy": "[targets.NAME.accuracy.outputs.OUTPUT]",
+    "latency": "[targets.NAME.latency]", "faster_than": "[targets.NAME.latency] faster_than",
+    "size": "[targets.NAME.size]",
 }
 
 
 def _fmt_default(k: Key) -> str:
     if k.required:
         return "required"
-    if k.kind in ("table", "tables"):
-        return "see below" if k.kind == "table" else "[]"
+    if k.kind in ("table", "tables", "named"):
+        return {"table": "see below", "tables": "[]", "named": "{}"}[k.kind]
     if k.default is None:
         return "none"
     return "`" + json.dumps(k.default) + "`"

@@ -15,7 +15,8 @@ BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 
 def test_committed_targets_file_resolves_layers() -> None:
     p = config.load(REPO / "targets.toml")
-    assert list(p.targets) == ["cpu-fp32", "cpu-int8", "cpu-int4", "openvino-cpu", "cuda-fp16", "tensorrt-fp16"]
+    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "openvino-cpu", "cuda-fp16",
+                              "tensorrt-fp16"]
     int8 = p.targets["cpu-int8"]
     # extends: runtime, providers and session come from cpu-fp32
     assert int8.runtime == "onnxruntime==1.31.1"

@@ -1,4 +1,4 @@
-"""The nox sessions are generated from targets.toml: one build session per target, tagged."""
+"""The nox sessions are generated from targets.toml: one build and one test session per target, tagged."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ def _sessions(*args: str) -> list[dict[str, object]]:
     return out
 
 
-def test_one_build_session_per_target_with_tags() -> None:
+def test_one_build_and_one_test_session_per_target_with_tags() -> None:
     targets = config.load(REPO / "targets.toml").targets
-    builds = [s for s in _sessions() if s["name"] == "build"]
+    sessions = _sessions()
+    builds = [s for s in sessions if s["name"] == "build"]
     assert [s["session"] for s in builds] == [f"build({t})" for t in targets]
+    assert [s["session"] for s in sessions if s["name"] == "test"] == [f"test({t})" for t in targets]
     tags = {s["session"]: s["tags"] for s in builds}
     assert tags["build(openvino-cpu)"] == ["openvino", "fp32"]
     assert "int8" in tags["build(cpu-int8)"] and "tensorrt" in tags["build(tensorrt-fp16)"]
@@ -33,9 +35,9 @@ def test_one_build_session_per_target_with_tags() -> None:
 
 def test_tag_and_keyword_selection() -> None:
     selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
-    assert selected == ["build(openvino-cpu)"]
+    assert selected == ["build(openvino-cpu)", "test(openvino-cpu)"]
     selected = [s["session"] for s in _sessions("-k", "int8")]
-    assert selected == ["build(cpu-int8)"]
+    assert selected == ["build(cpu-int8)", "test(cpu-int8)"]
     checks = {s["session"] for s in _sessions("-t", "check")}
     assert checks == {"lint", "tests", "tests-openvino"}
 

@@ -22,7 +22,31 @@ class CheckResult:
     ir_version: int
 
 
+def _elem(dt: int) -> str:
+    try:
+        return str(onnx.helper.tensor_dtype_to_np_dtype(dt))
+    except (KeyError, ValueError):
+        return str(onnx.TensorProto.DataType.Name(dt)).lower()
+
+
+def type_string(t: onnx.TypeProto) -> str:
+    """seq(map(int64,tensor(float32))) and the like, for non-tensor values."""
+    kind = t.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({_elem(t.tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"seq({type_string(t.sequence_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({_elem(t.map_type.key_type)},{type_string(t.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({type_string(t.optional_type.elem_type)})"
+    return str(kind)
+
+
 def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
+    if not v.type.HasField("tensor_type"):  # sequence, map, optional (classic-ML models return them)
+        return {"name": v.name, "dtype": type_string(v.type), "shape": None,
+                "kind": (v.type.WhichOneof("value") or "unknown").removesuffix("_type")}
     t = v.type.tensor_type
     try:
         dtype = str(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))

@@ -27,6 +27,49 @@ class OptimizeResult:
     tied_to: dict[str, Any]           # {"providers": [...], "simd_level": "..."} where not portable
     op_domains: dict[str, int]        # node count per domain in the artifact
     notes: list[str] = field(default_factory=list)
+    disabled_optimizers: list[str] = field(default_factory=list)
+    inflation: dict[str, Any] | None = None
+
+
+FOLDING = "ConstantFolding"
+GROWTH = 1.1  # initializer bytes may grow this much (fusions add small constants) before it counts as inflation
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """name -> (data type, bytes) of every initializer (and Constant node value) of the main graph."""
+    out = {i.name: (i.data_type, len(i.raw_data) or i.ByteSize()) for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    out[n.output[0]] = (a.t.data_type, len(a.t.raw_data) or a.t.ByteSize())
+    return out
+
+
+def inflation(before: Path, after: Path) -> dict[str, Any] | None:
+    """What constant folding grew: initializers of `after` that `before` computed in the graph (from smaller
+    stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH."""
+    if after.suffix == ".ort":
+        return None
+    src, out = onnx.load(str(before), load_external_data=False), onnx.load(str(after), load_external_data=False)
+    a, b = _initializers(src), _initializers(out)
+    size_a, size_b = sum(n for _, n in a.values()), sum(n for _, n in b.values())
+    if size_b <= GROWTH * size_a + 4096:
+        return None
+    producers = {o: n for n in src.graph.node for o in n.output}
+    grown = []
+    for name, (dt, nbytes) in sorted(b.items(), key=lambda kv: -kv[1][1]):
+        if name in a and a[name][1] >= nbytes:
+            continue
+        node = producers.get(name)
+        chain: list[str] = []
+        while node is not None and len(chain) < 4:  # walk back to the stored weight
+            chain.append(node.op_type)
+            node = next((producers[i] for i in node.input if i in producers), None)
+        grown.append({"initializer": name, "dtype": onnx.TensorProto.DataType.Name(dt).lower(), "bytes": nbytes,
+                      "pattern": " <- ".join(chain) or "fused"})
+    return {"weights_before": size_a, "weights_after": size_b, "growth": round(size_b / max(1, size_a), 2),
+            "grown": grown[:10]}
 
 
 def _domains(path: Path) -> dict[str, int]:
@@ -61,11 +104,43 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
                              "compiled nodes: the artifact holds the portable basic-level graph, which the "
                              "provider compiles when the artifact is loaded")
 
-    out = work / ("optimized.ort" if settings.format == "ort" else "optimized.onnx")
-    so = runtime.session_options(settings, level)
-    so.optimized_model_filepath = str(out)
     names, opts = runtime.ort_provider_args(tuple(providers))
-    ort.InferenceSession(str(src), so, providers=names, provider_options=opts)
+    disabled = list(settings.disabled_optimizers)
+    if settings.constant_folding == "off" and FOLDING not in disabled:
+        disabled.append(FOLDING)
+
+    def optimized(path: Path, disabled: list[str]) -> Path:
+        so = runtime.session_options(settings, level)
+        so.optimized_model_filepath = str(path)
+        ort.InferenceSession(str(src), so, providers=names, provider_options=opts, disabled_optimizers=disabled)
+        return path
+
+    unknown = sorted(set(disabled) - options.KNOWN_OPTIMIZERS)
+    if unknown:
+        notes.append(f"disabled_optimizers: {', '.join(unknown)} not among the optimizers found in onnxruntime "
+                     "1.31.1; ORT ignores unknown names silently (check the spelling)")
+    suffix = ".ort" if settings.format == "ort" else ".onnx"
+    out = optimized(work / f"optimized{suffix}", disabled)
+    found = inflation(src, out) if FOLDING not in disabled else None
+    if found:
+        what = ", ".join(f"{g['initializer']} ({g['dtype']}, {g['bytes'] / 1024:.0f} KB, from {g['pattern']})"
+                         for g in found["grown"][:3])
+        if settings.constant_folding == "auto":
+            retry = optimized(work / f"optimized-nofold{suffix}", [*disabled, FOLDING])
+            if retry.stat().st_size < out.stat().st_size:
+                found["action"] = f"optimized again with {FOLDING} disabled"
+                notes.append(f"constant folding grew the weights {found['growth']}x ({what}): optimized again "
+                             f"with {FOLDING} disabled ({out.stat().st_size / 1024:.0f} KB -> "
+                             f"{retry.stat().st_size / 1024:.0f} KB)")
+                out, disabled = retry, [*disabled, FOLDING]
+            else:
+                found["action"] = "kept: disabling it did not make the artifact smaller"
+                notes.append(f"constant folding grew the weights {found['growth']}x ({what}); disabling it did "
+                             "not help, kept")
+        else:
+            found["action"] = "kept (constant_folding = \"on\")"
+            notes.append(f"constant folding grew the weights {found['growth']}x ({what}); kept because "
+                         "constant_folding = \"on\"")
 
     domains = _domains(out)
     tied: dict[str, Any] = {}
@@ -87,4 +162,5 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
                          f"to fp32 (artifact {grown:.2f}x the fp16 model); "
                          f"use optimization = \"{options.PORTABLE_LEVEL}\" to keep fp16 storage")
     return OptimizeResult(path=out, requested=requested, applied=level, providers=names,
-                          portable=not tied, tied_to=tied, op_domains=domains, notes=notes)
+                          portable=not tied, tied_to=tied, op_domains=domains, notes=notes,
+                          disabled_optimizers=disabled, inflation=found)
