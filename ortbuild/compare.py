@@ -49,12 +49,21 @@ class OutputResult:
         return out
 
 
+def _item(x: Any) -> Any:
+    return x.item() if hasattr(x, "item") else x
+
+
 def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
 def _float_checks(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
     """The float rule on arrays of equal shape (float64 inside)."""
+    with np.errstate(invalid="ignore"):  # Inf - Inf: those elements are judged by the NaN/Inf check
+        _float_rule(res, a, e)
+
+
+def _float_rule(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
     rule = res.rule
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
     fin_a, fin_e = np.isfinite(a64), np.isfinite(e64)
@@ -170,9 +179,9 @@ def compare(output: str, dataset: str, expected: Any, actual: Any, rule: dict[st
         obs = f"{mism} of {a.size} elements differ"
         if mism:
             idx = np.unravel_index(int(np.argmin(eq)), a.shape) if a.ndim else ()
-            res.stats["worst"] = {"index": [int(i) for i in idx], "expected": e[idx].item(), "actual": a[idx].item()}
+            res.stats["worst"] = {"index": [int(i) for i in idx], "expected": _item(e[idx]), "actual": _item(a[idx])}
             res.stats.update({"mismatches": mism, "elements": int(a.size), "mismatch_fraction": mism / max(1, a.size)})
-            obs += f"; first at {list(map(int, idx))}: expected {e[idx].item()!r}, actual {a[idx].item()!r}"
+            obs += f"; first at {list(map(int, idx))}: expected {_item(e[idx])!r}, actual {_item(a[idx])!r}"
         res.checks.append(Check("exact", mism == 0, obs, f"equal ({a.dtype} outputs match exactly)"))
         return res
     _float_checks(res, a, e)

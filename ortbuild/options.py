@@ -300,7 +300,8 @@ TABLES: dict[str, tuple[Key, ...]] = {
     "size": (
         Key(name="max_ratio", kind="number", default=None,
             doc="Largest artifact size / source size (all files). Default 1.1 for fp32, 1.0 for the reduced "
-                "precisions: an artifact bigger than its source is usually folded constants."),
+                "precisions: an artifact bigger than its source is usually folded constants. 4 KB are allowed on top "
+                "(the container header and graph metadata of very small models)."),
         Key(name="max_mb", kind="number", default=None, doc="Largest artifact size in MiB (all files)."),
     ),
     "quantization": (

@@ -1,0 +1,260 @@
+"""`ortbuild test` end to end: each gate passes on good artifacts and fails, naming exactly what failed, on bad
+ones (an impossible relative budget, an absolute budget below what is measured, a corrupted golden value, an
+artifact inflated by constant folding); sequence-of-map outputs; several test_data_set directories; reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+from onnx import helper as h
+
+from ortbuild import golden, report
+
+from .conftest import MODELS, here_runtime, run_cli
+
+pytestmark = pytest.mark.runtime
+
+
+def _inflatable(path: Path) -> None:
+    """A MatMul whose weight is stored int8 and expanded in the graph (Cast, Mul): folding makes it fp32."""
+    wq = np.random.default_rng(0).integers(-127, 127, (256, 256), dtype=np.int8)
+    g = h.make_graph([h.make_node("Cast", ["wq"], ["wf"], to=TensorProto.FLOAT),
+                      h.make_node("Mul", ["wf", "scale"], ["w"]), h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 256])],
+                     [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(np.array(0.01, np.float32), "scale")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    np.savez(path.with_suffix(".inputs.npz"), x=np.random.default_rng(1).normal(size=(2, 256)).astype(np.float32))
+
+
+def _results(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    doc = json.loads(proc.stdout)
+    return {f"{r['target']}/{r['model']}": r for r in doc["results"]}
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    root = tmp_path_factory.mktemp("gates")
+    _inflatable(root / "inflated.onnx")
+    feed = dict(np.load(MODELS / "tiny_cnn.inputs.npz"))
+    good = golden.compute(MODELS / "tiny_cnn.onnx", [feed])[0][0]
+    bad = {k: v.copy() for k, v in good.items()}
+    bad["logits"][1, 4] += 0.5  # one corrupted golden value
+    np.savez(root / "bad.expected.npz", **bad)
+    (root / "targets.toml").write_text(f"""
+[project]
+name = "gates"
+version = "1"
+
+[models.cnn]
+path = "{MODELS / 'tiny_cnn.onnx'}"
+inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
+
+[models.cnn_bad]
+path = "{MODELS / 'tiny_cnn.onnx'}"
+inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
+expected = "bad.expected.npz"
+
+[models.inflated]
+path = "inflated.onnx"
+inputs = "inflated.inputs.npz"
+
+[targets.ok]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+models = ["cnn"]
+session = {{ intra_op_num_threads = 1 }}
+latency = {{ p90_ms = 1000, min_seconds = 0.2 }}
+
+[targets.tight]
+extends = "ok"
+latency = {{ p90_ms = 0.0001 }}
+
+[targets.impossible]
+extends = "ok"
+latency = {{ faster_than = {{ target = "ok", ratio = 100 }} }}
+
+[targets.golden]
+extends = "ok"
+models = ["cnn_bad"]
+
+[targets.folded]
+extends = "ok"
+models = ["inflated"]
+constant_folding = "on"
+
+[targets.auto]
+extends = "ok"
+models = ["inflated"]
+""")
+    proc = run_cli("test", "-c", str(root / "targets.toml"), "--json", cwd=root)
+    return root, proc
+
+
+def test_each_bad_artifact_fails_its_gate_and_only_that_one(gated: tuple[Path, Any]) -> None:
+    _, proc = gated
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    res = _results(proc)
+    assert {k: r["status"] for k, r in res.items()} == {
+        "ok/cnn": "PASS", "tight/cnn": "FAIL", "impossible/cnn": "FAIL", "golden/cnn_bad": "FAIL",
+        "folded/inflated": "FAIL", "auto/inflated": "PASS"}
+    failed_gates = {k: (r["accuracy"], r["latency_verdict"], r["size_verdict"]) for k, r in res.items()}
+    assert failed_gates["tight/cnn"] == ("PASS", "FAIL", "PASS")
+    assert failed_gates["impossible/cnn"] == ("PASS", "FAIL", "PASS")
+    assert failed_gates["golden/cnn_bad"] == ("FAIL", "PASS", "PASS")
+    assert failed_gates["folded/inflated"] == ("PASS", "PASS", "FAIL")
+
+
+def test_failure_reports_name_exactly_what_failed(gated: tuple[Path, Any]) -> None:
+    _, proc = gated
+    res = _results(proc)
+    tight = "\n".join(res["tight/cnn"]["failures"])
+    assert "latency: tight/cnn p90" in tight and "> budget 0.0001 ms" in tight
+    impossible = "\n".join(res["impossible/cnn"]["failures"])
+    assert "as fast as ok" in impossible and "below faster_than ratio 100" in impossible
+    bad = "\n".join(res["golden/cnn_bad"]["failures"])
+    assert "output 'logits' (test_data_set_0): elementwise 1 of" in bad
+    assert "worst element at [1, 4]" in bad and "smallest tolerance that would pass" in bad
+    folded = "\n".join(res["folded/inflated"]["failures"])
+    assert "above max_ratio 1.1 (+ 4 KB)" in folded and "w (float, 256 KB, from Mul <- Cast)" in folded
+    for r in res.values():
+        assert r["reproduce"].startswith("ortbuild test -c ")
+        assert f"-t {r['target']} -m {r['model']}" in r["reproduce"]
+
+
+def test_auto_constant_folding_avoids_the_inflation_and_says_so(gated: tuple[Path, Any]) -> None:
+    root, _ = gated
+    auto = json.loads((root / "dist/auto/inflated/manifest.json").read_text())
+    assert auto["optimization"]["disabled_optimizers"] == ["ConstantFolding"]
+    assert auto["optimization"]["inflation"]["grown"][0]["pattern"] == "Mul <- Cast"
+    assert auto["artifact"]["size_ratio"] < 1.1
+    assert any("optimized again with ConstantFolding disabled" in n for n in auto["notes"])
+    folded = json.loads((root / "dist/folded/inflated/manifest.json").read_text())
+    assert folded["artifact"]["size_ratio"] > 3.5
+
+
+def test_latency_method_is_recorded(gated: tuple[Path, Any]) -> None:
+    res = _results(gated[1])
+    lat = res["ok/cnn"]["latency"]
+    assert lat["samples"] >= 100 and lat["threads"] == 1 and lat["session_ms"] > 0 and lat["first_run_ms"] > 0
+    v = lat["verdicts"][0]
+    assert v["kind"] == "p90" and v["verdict"] == "PASS" and v["upper"] <= 1000 and v["confidence"] == 0.99
+    rel = res["impossible/cnn"]["latency"]["relative"]
+    assert rel["target"] == "ok" and 0.2 < rel["observed_ratio"] < 5 and rel["verdict"] == "FAIL"
+    env = json.loads((gated[0] / "dist/ok/cnn/test-report.json").read_text())["environment"]
+    assert {"cpu", "isa_flags", "load_average", "onnxruntime", "cpus"} <= set(env)
+
+
+def test_golden_data_is_stored_in_the_onnx_layout(gated: tuple[Path, Any]) -> None:
+    folder = gated[0] / "dist/ok/cnn/golden"
+    meta = json.loads((folder / "golden.json").read_text())
+    assert "computed from the source model" in meta["made_by"] and "optimizations disabled" in meta["made_by"]
+    t = onnx.load_tensor(str(folder / "test_data_set_0/output_0.pb"))
+    assert t.name == "logits"
+    feed = dict(np.load(MODELS / "tiny_cnn.inputs.npz"))
+    expected = golden.compute(MODELS / "tiny_cnn.onnx", [feed])[0][0]["logits"]
+    np.testing.assert_array_equal(numpy_helper.to_array(t), expected)
+    assert set(meta["files"]) == {"test_data_set_0/input_0.pb", "test_data_set_0/output_0.pb"}
+
+
+def test_reports_gather_every_result(gated: tuple[Path, Any]) -> None:
+    root, _ = gated
+    doc = json.loads((root / "dist" / report.REPORT_JSON).read_text())
+    assert doc["counts"] == {"PASS": 2, "FAIL": 4, "INCONCLUSIVE": 0, "SKIPPED": 0}
+    html = (root / "dist" / report.REPORT_HTML).read_text()
+    assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # offline
+
+
+def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("ORTBUILD_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is not installed (CI installs Debian's chromium)")
+        pytest.skip("Debian's chromium is not installed")
+    page = gated[0] / "dist" / report.REPORT_HTML
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(tmp_path / "p")]
+    dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert "ortbuild test report" in dom and "2 PASS, 4 FAIL" in dom
+    assert "golden/cnn_bad" in dom and "worst element at [1, 4]" in dom and "p90 budget 0.0001 ms" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([*args, "--window-size=1000,2000", f"--screenshot={shot}", page.as_uri()], capture_output=True,
+                   timeout=120)
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("RGB")).reshape(-1, 3).astype(int)
+    colours = {"pass": (0xD9, 0xF2, 0xD9), "fail": (0xF8, 0xD0, 0xD0), "bars": (0x4A, 0x78, 0xC2)}
+    for name, rgb in colours.items():  # verdict cells and histogram bars are drawn where a person sees them
+        assert (np.abs(pixels - rgb).sum(axis=1) < 12).sum() > 200, name
+
+
+def test_zipmap_sequence_of_maps_and_several_data_sets(tmp_path: Path) -> None:
+    from onnx import numpy_helper as nh
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    model = to_onnx(LogisticRegression(max_iter=500).fit(x, y), x[:1], target_opset=15)  # ZipMap by default
+    (tmp_path / "iris.onnx").write_bytes(model.SerializeToString())
+    for i in range(3):  # three test_data_set_N directories, several feeds
+        d = tmp_path / "data" / f"test_data_set_{i}"
+        d.mkdir(parents=True)
+        (d / "input_0.pb").write_bytes(nh.from_array(x[i * 40:i * 40 + 5], "X").SerializeToString())
+    (tmp_path / "targets.toml").write_text(f"""
+[project]
+name = "iris"
+version = "1"
+
+[models.iris]
+path = "iris.onnx"
+inputs = "data"
+
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+latency = {{ min_seconds = 0.1 }}
+""")
+    proc = run_cli("test", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = _results(proc)["cpu/iris"]
+    assert r["status"] == "PASS" and r["golden"]["data_sets"] == [f"test_data_set_{i}" for i in range(3)]
+    checks = {(o["output"], o["dataset"]): {c["metric"] for c in o["checks"]} for o in r["outputs"]}
+    assert checks[("output_label", "test_data_set_2")] == {"exact"}
+    assert {"structure", "exact", "elementwise"} <= checks[("output_probability", "test_data_set_1")]
+    seq = onnx.SequenceProto()
+    seq.ParseFromString((tmp_path / "dist/cpu/iris/golden/test_data_set_1/output_1.pb").read_bytes())
+    assert len(nh.to_list(seq)) == 5 and seq.elem_type == onnx.SequenceProto.MAP
+    # user-supplied expected outputs in the same layout: a wrong label fails, naming it
+    exp = tmp_path / "expected"
+    shutil.copytree(tmp_path / "dist/cpu/iris/golden", exp)
+    labels = nh.to_array(onnx.load_tensor(str(exp / "test_data_set_2/output_0.pb"))).copy()
+    labels[3] = (labels[3] + 1) % 3
+    (exp / "test_data_set_2/output_0.pb").write_bytes(nh.from_array(labels, "output_label").SerializeToString())
+    toml = (tmp_path / "targets.toml").read_text().replace('inputs = "data"', 'inputs = "data"\nexpected = "expected"')
+    (tmp_path / "targets.toml").write_text(toml)
+    proc = run_cli("test", "--json", cwd=tmp_path)
+    assert proc.returncode == 9
+    fail = "\n".join(_results(proc)["cpu/iris"]["failures"])
+    assert "output 'output_label' (test_data_set_2): exact 1 of 5 elements differ; first at [3]" in fail
+
+
+def test_a_target_that_cannot_run_here_is_skipped_unless_required(absent_provider_project: Path) -> None:
+    root = absent_provider_project.parent
+    proc = run_cli("test", "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = _results(proc)["mac/tiny_cnn"]
+    assert r["status"] == "SKIPPED" and "CoreMLExecutionProvider" in r["reason"]
+    proc = run_cli("test", "--require", "--json", cwd=root)
+    assert proc.returncode == 5 and _results(proc)["mac/tiny_cnn"]["status"] == "FAIL"
