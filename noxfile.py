@@ -59,10 +59,9 @@ def _keys_env(session: nox.Session) -> dict[str, str]:
             "ORTBUILD_SIGNING_KEY_FILE": str(DEV_KEYS / "signing.key")}
 
 
-@nox.session
-@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
-def build(session: nox.Session, target: str) -> None:
-    """Build one target's artifacts in a virtualenv holding that target's ONNX Runtime flavor."""
+def _target_env(session: nox.Session, target: str, *, required_fails: bool = False) -> config.Target:
+    """Install ortbuild and the target's runtime into the session's venv; skip (or, when asked and the target
+    is required, fail) where that runtime cannot be installed."""
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid (see the error above)")
     t = PROJECT.targets[target]
@@ -70,7 +69,18 @@ def build(session: nox.Session, target: str) -> None:
     try:
         session.install(t.runtime)
     except nox.command.CommandFailed:
+        if required_fails and t.require:
+            session.error(f"{target}: its runtime '{t.runtime}' cannot be installed, and the target is required")
         session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
+    return t
+
+
+@nox.session
+@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+def build(session: nox.Session, target: str) -> None:
+    """Build one target's artifacts in a virtualenv holding that target's ONNX Runtime flavor."""
+    t = _target_env(session, target)
+    assert PROJECT is not None
     session.run("ortbuild", "build", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
     dist = PROJECT.root / "dist" / target
     docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest.MANIFEST).exists()]
@@ -85,16 +95,8 @@ def build(session: nox.Session, target: str) -> None:
 def test(session: nox.Session, target: str) -> None:
     """Build (if missing or stale) and test one target's artifacts in its own virtualenv: golden outputs,
     latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}."""
-    if PROJECT is None:
-        session.error(f"{CONFIG} is invalid (see the error above)")
-    t = PROJECT.targets[target]
-    session.install("-e", ".")
-    try:
-        session.install(t.runtime)
-    except nox.command.CommandFailed:
-        if t.require:
-            session.error(f"{target}: its runtime '{t.runtime}' cannot be installed, and the target is required")
-        session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
+    t = _target_env(session, target, required_fails=True)
+    assert PROJECT is not None
     session.run("ortbuild", "test", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
     dist = PROJECT.root / "dist" / target
     reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]

@@ -488,8 +488,7 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str, chain: list[
     if parent in chain:
         cycle = " -> ".join([*chain[chain.index(parent):], parent])
         raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
-    inherited = _resolve_extends(chk, raw, parent, [*chain, parent])
-    inherited = copy.deepcopy(inherited)
+    inherited = copy.deepcopy(_resolve_extends(chk, raw, parent, [*chain, parent]))
     for o in inherited.get("overrides", []):
         o[INHERITED] = True  # an inherited override may name models this target does not build
     for part in [inherited, *inherited.get("overrides", [])]:

@@ -13,24 +13,32 @@ from .errors import ConfigError
 Feed = dict[str, np.ndarray]
 
 
-def _read_pb(path: Path) -> tuple[str, np.ndarray]:
-    from onnx import TensorProto, numpy_helper
+def read_pb(path: Path, kind: str = "tensor") -> tuple[str, Any]:
+    """(name, value) of a serialized TensorProto (ndarray), SequenceProto (list) or MapProto (dict)."""
+    import onnx
+    from onnx import numpy_helper
 
-    t = TensorProto()
+    proto: Any = {"sequence": onnx.SequenceProto, "map": onnx.MapProto}.get(kind, onnx.TensorProto)()
+    convert: Any = {"sequence": numpy_helper.to_list, "map": numpy_helper.to_dict}.get(kind, numpy_helper.to_array)
     try:
-        t.ParseFromString(path.read_bytes())
-        return t.name, numpy_helper.to_array(t)
+        proto.ParseFromString(path.read_bytes())
+        return proto.name, convert(proto)
     except Exception as e:  # protobuf's DecodeError and numpy conversion errors alike
-        raise ConfigError(str(path), "", f"not a serialized onnx TensorProto: {e}") from None
+        raise ConfigError(str(path), "", f"not a serialized onnx {type(proto).__name__}: {e}") from None
+
+
+def numbered(folder: Path, prefix: str) -> list[Path]:
+    """folder/{prefix}_K.pb in the order of K (input_0.pb, input_1.pb, ..., input_10.pb)."""
+    return sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
 
 
 def dataset_feed(folder: Path, input_names: list[str]) -> Feed:
-    files = sorted(folder.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    files = numbered(folder, "input")
     if not files:
         raise ConfigError(str(folder), "", "holds no input_K.pb files")
     feed: Feed = {}
     for i, f in enumerate(files):
-        name, arr = _read_pb(f)
+        name, arr = read_pb(f)
         if not name:
             if i >= len(input_names):
                 raise ConfigError(str(f), "", f"unnamed tensor #{i}, but the model has {len(input_names)} inputs")

@@ -77,6 +77,7 @@ class Tester:
         self.config_arg = config_arg
         self.progress = progress
         self._golden: dict[str, golden.Golden] = {}
+        self._outputs: dict[str, list[str]] = {}
 
     def reproduce(self, job: Job) -> str:
         cfg = "" if self.config_arg == "targets.toml" else f" -c {shlex.quote(self.config_arg)}"
@@ -89,7 +90,7 @@ class Tester:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job))
             b = built[job.name]
             if b.status == FAILED:
-                res.status, res.reason = FAIL, f"build failed: {b.reason}"
+                res.reason = f"build failed: {b.reason}"
                 res.fail([res.reason], b.error.exit_code if b.error else 6)
             elif b.status in (SKIPPED, PORTABLE):
                 res.status, res.reason = SKIP, b.reason
@@ -99,14 +100,13 @@ class Tester:
                 if require or job.target.require:
                     code = RuntimeMismatch.exit_code if b.status == SKIPPED else MissingProvider.exit_code
                     res.fail([f"required, but cannot run here: {b.reason}"], code)
-                    res.status = FAIL
             else:
                 try:
                     self._test(job, res, built)
                 except OrtbuildError as e:
-                    res.status, res.reason = FAIL, e.message
+                    res.reason = e.message
                     res.fail([e.render().removeprefix("ortbuild: ")], e.exit_code)
-            if res.failures and res.status != FAIL:
+            if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
                 res.status = FAIL
             self.progress(job.name, f"{res.status}" + (f": {res.reason}" if res.reason else ""))
             if b.status != SKIPPED:  # never overwrite the verdict another runtime's environment wrote
@@ -135,21 +135,22 @@ class Tester:
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
         self._accuracy(job, res, model, g, m.io)
         self._size(job, res, m)
-        self._latency(job, res, model, g, built)
-        if res.failures:
-            res.status = FAIL
-        elif INCONCLUSIVE in (res.latency_verdict,):
+        self._latency(job, res, module, g, built)
+        if not res.failures and res.latency_verdict == INCONCLUSIVE:
             res.status = INCONCLUSIVE
             res.reason = res.latency.get("note", "latency inconclusive")
 
     def _target_outputs(self, job: Job) -> list[str]:
+        """The output names of every model of the job's target (read once per target)."""
         import onnx
 
-        names: list[str] = []
-        for m in job.target.models:
-            graph = onnx.load(str(self.project.models[m].path), load_external_data=False).graph
-            names += [o.name for o in graph.output if o.name not in names]
-        return names
+        if job.target.name not in self._outputs:
+            names: list[str] = []
+            for m in job.target.models:
+                graph = onnx.load(str(self.project.models[m].path), load_external_data=False).graph
+                names += [o.name for o in graph.output if o.name not in names]
+            self._outputs[job.target.name] = names
+        return self._outputs[job.target.name]
 
     def _golden_of(self, job: Job, io: dict[str, Any]) -> golden.Golden:
         if job.model.name not in self._golden:
@@ -205,14 +206,13 @@ class Tester:
                 lines.append("  hint: constant_folding = \"auto\" (the default) optimizes again without it")
             res.fail(lines)
 
-    def _latency(self, job: Job, res: TestResult, model: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:
+    def _latency(self, job: Job, res: TestResult, module: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:
         gates = job.settings.gates
         assert gates is not None
         lat = gates.latency
         budgets = lat.budgets()
         feed = g.sets[0].inputs
         folder = self.dist / job.target.name / job.model.name
-        module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
 
         def opener(mod: Any, where: Path) -> Callable[[], Callable[[], object]]:
             def open_() -> Callable[[], object]:

@@ -53,30 +53,14 @@ def _to_proto(value: Any, name: str) -> Any:
     return numpy_helper.from_array(np.asarray(value), name)
 
 
-def _from_pb(path: Path, kind: str) -> tuple[str, Any]:
-    import onnx
-    from onnx import numpy_helper
-
-    proto: Any = {"sequence": onnx.SequenceProto, "map": onnx.MapProto}.get(kind, onnx.TensorProto)()
-    try:
-        proto.ParseFromString(path.read_bytes())
-        if kind == "sequence":
-            return proto.name, numpy_helper.to_list(proto)
-        if kind == "map":
-            return proto.name, numpy_helper.to_dict(proto)
-        return proto.name, numpy_helper.to_array(proto)
-    except Exception as e:  # protobuf's DecodeError, numpy conversion errors
-        raise ConfigError(str(path), "", f"not a serialized onnx {type(proto).__name__}: {e}") from None
-
-
 def _expected_dir(folder: Path, outputs: list[dict[str, Any]]) -> dict[str, Any]:
-    files = sorted(folder.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    files = data.numbered(folder, "output")
     if len(files) != len(outputs):
         raise ConfigError(str(folder), "", f"holds {len(files)} output_K.pb files, the model has {len(outputs)} "
                                            f"outputs {[o['name'] for o in outputs]}")
     out = {}
     for f, spec in zip(files, outputs, strict=True):
-        name, value = _from_pb(f, spec.get("kind", "tensor"))
+        name, value = data.read_pb(f, spec.get("kind", "tensor"))
         if name and name != spec["name"]:
             raise ConfigError(str(f), "", f"holds output '{name}', but output #{f.stem.split('_')[1]} of the model "
                                           f"is '{spec['name']}'")

@@ -48,10 +48,7 @@ def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
         return {"name": v.name, "dtype": type_string(v.type), "shape": None,
                 "kind": (v.type.WhichOneof("value") or "unknown").removesuffix("_type")}
     t = v.type.tensor_type
-    try:
-        dtype = str(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
-    except (KeyError, ValueError):
-        dtype = onnx.TensorProto.DataType.Name(t.elem_type).lower()
+    dtype = _elem(t.elem_type)
     shape: list[int | str | None] | None = None
     if t.HasField("shape"):
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
