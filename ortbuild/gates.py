@@ -99,7 +99,7 @@ class Tester:
                                   f"nox -s \"test({job.target.name})\" tests it in its own virtualenv")
                 if require or job.target.require:
                     code = RuntimeMismatch.exit_code if b.status == SKIPPED else MissingProvider.exit_code
-                    res.fail([f"required, but cannot run here: {b.reason}"], code)
+                    res.fail([f"required, but cannot run here: {res.reason}"], code)
             else:
                 try:
                     self._test(job, res, built)
