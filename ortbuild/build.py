@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from . import __version__, container, data, keys, loaders, manifest, options, runtime
+from . import __version__, container, data, keys, loaders, manifest, options, paths, runtime
 from .config import Project, Provider
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
@@ -417,8 +417,8 @@ class Builder:
 
     def run_job(self, job: Job) -> JobResult:
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
-        ctx = JobContext(job=job, project=self.project, out_dir=self.dist / job.target.name / job.model.name,
-                         res=res)
+        out_dir = paths.inside(self.dist, job.target.name, job.model.name)
+        ctx = JobContext(job=job, project=self.project, out_dir=out_dir, res=res)
         start = time.perf_counter()
         try:
             self._run_phase(ctx, "prepare")

@@ -40,11 +40,29 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 # ------------------------------------------------------------------------------------------ build
 
+def _refuse_if_nothing_fits(project: config.Project, jobs: Sequence[plan.Job], command: str) -> None:
+    """A run whose every target needs another ONNX Runtime flavor would do nothing: fail, naming the fix."""
+    targets = {j.target.name: j.target for j in jobs}
+    if not targets or any(runtime.runtime_problem(t) is None for t in targets.values()):
+        return
+    flavor = runtime.installed_flavor()
+    have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
+    wants = sorted({t.runtime for t in targets.values()})
+    one = next(iter(targets))
+    raise RuntimeMismatch(
+        f"nothing to {command} here: this environment has {have}, and the selected targets need "
+        f"{', '.join(wants)}",
+        f"run `python3 -m nox -s {command}` (one virtualenv per target, each with its runtime), or "
+        f"`python3 -m nox -s \"{command}({one})\"` for one target; or `pip install {targets[one].runtime}` "
+        "into this environment (one flavor per environment)")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult, Progress
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
+    _refuse_if_nothing_fits(project, jobs, "build")
     dist = Path(args.dist) if args.dist else project.root / "dist"
     builder = Builder(project, dist, force=args.force, progress=Progress(quiet=args.json),
                       enc_key=keys.encryption_key(file=args.key_file),
@@ -106,6 +124,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
+    _refuse_if_nothing_fits(project, jobs, "test")
     refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
     for j in jobs:
         ft = j.settings.gates.latency.faster_than if j.settings.gates else None

@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from . import options
+from . import options, paths
 from .errors import ConfigError
 
 DEFAULT_FILE = "targets.toml"
@@ -277,6 +277,12 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {' or '.join(repr(x) for x in starts)}?)" if 0 < len(starts) <= 3 else ""
 
 
+def _shown(v: Any, limit: int = 60) -> str:
+    """A value for an error message, cut short (a fuzzer's 5,000-character string is not a message)."""
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _type_name(v: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
             dict: "a table"}.get(type(v), type(v).__name__)
@@ -310,21 +316,26 @@ class _Checker:
             if not isinstance(v, str):
                 raise self.fail(where, f"must be a string, got {_type_name(v)}")
             if k.choices and v not in k.choices:
-                raise self.fail(where, f"'{v}' is not one of {', '.join(k.choices)}"
+                raise self.fail(where, f"{_shown(v)} is not one of {', '.join(k.choices)}"
                                        f"{did_you_mean(v, k.choices)}")
         elif kind == "integer":
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise self.fail(where, f"must be a non-negative integer, got {v!r}")
+            top = int(k.maximum if k.maximum is not None else options.INT_MAX)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= top:
+                raise self.fail(where, f"must be an integer from 0 to {top}, got {_shown(v)}")
         elif kind == "number":
-            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-                raise self.fail(where, f"must be a non-negative number, got {v!r}")
+            top_n = k.maximum if k.maximum is not None else options.NUMBER_MAX
+            if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= top_n:  # nan fails too
+                raise self.fail(where, f"must be a number from 0 to {top_n:g}, got {_shown(v)}")
         elif kind == "boolean":
             if not isinstance(v, bool):
                 raise self.fail(where, f"must be true or false, got {v!r}",
                                 "TOML booleans are lower-case and unquoted: true / false")
         elif kind == "strings":
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise self.fail(where, f"must be an array of strings, got {v!r}")
+                raise self.fail(where, f"must be an array of strings, got {_shown(v)}")
+            if k.name == "models" and not v:
+                raise self.fail(where, "selects no models (an empty list does nothing)",
+                                'use ["*"] for all models, or name them')
         elif kind == "providers":
             self.providers(v, where)
         elif kind == "config":
@@ -333,8 +344,9 @@ class _Checker:
             if not isinstance(v, dict):
                 raise self.fail(where, f"must be a table of dimension name = size, got {_type_name(v)}")
             for dim, size in v.items():
-                if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                    raise self.fail(f"{where}.{dim}", f"must be a positive integer, got {size!r}")
+                if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= options.INT_MAX:
+                    raise self.fail(f"{where}.{dim}", f"must be an integer from 1 to {options.INT_MAX}, "
+                                                      f"got {_shown(size)}")
         elif kind == "table":
             assert k.table
             self.table(v, k.table, where)
@@ -367,6 +379,15 @@ class _Checker:
                 if not isinstance(opts, dict) or not all(
                         isinstance(x, str | int | float | bool) for x in opts.values()):
                     raise self.fail(f"{at}.options", "must be a table of string, number or boolean values")
+                if isinstance(name, str):
+                    for opt, value in opts.items():
+                        problem = options.provider_option_problem(name, opt, value)
+                        if problem:
+                            known = sorted(options.PROVIDER_OPTIONS.get(name, {}))
+                            close = did_you_mean(opt, known) if problem.startswith("unknown") else ""
+                            raise self.fail(f"{at}.options.{opt}", problem + close,
+                                            f"{name}'s options: {', '.join(known)}" if known else
+                                            "remove the options table")
             else:
                 name = entry
             if not isinstance(name, str):
@@ -391,7 +412,10 @@ class _Checker:
                                 "ONNX Runtime ignores unknown keys silently, so ortbuild refuses them; "
                                 "the allowed keys are in docs/targets-reference.md")
             if not isinstance(value, str):
-                raise self.fail(at, f"must be a string, got {value!r}", f"quote it: \"{key}\" = \"{value}\"")
+                raise self.fail(at, f"must be a string, got {_shown(value)}", f"quote it: \"{key}\" = \"{value}\"")
+            problem = options.config_value_problem(key, value)
+            if problem:
+                raise self.fail(at, problem)
 
 
 def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -417,7 +441,14 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     file = Path(path)
     shown = str(path)
     chk = _Checker(shown)
+    too_long = paths.length_problem(file)
+    if too_long:
+        raise ConfigError(shown[:200], "", too_long)
     try:
+        if file.exists() and not file.is_file():
+            raise ConfigError(shown, "", "is not a regular file", "pass -c PATH/TO/targets.toml")
+        if file.exists() and file.stat().st_size > 16 << 20:
+            raise ConfigError(shown, "", "is larger than 16 MiB: not a targets.toml")
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(shown, "", "file not found",
@@ -428,6 +459,9 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(shown, "", f"not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses on nested arrays and inline tables
+        raise ConfigError(shown, "", "nested too deeply to parse",
+                          "targets.toml needs at most a few levels of tables and arrays") from None
 
     for key in data:
         if key not in ("project", "models", "targets"):
@@ -458,43 +492,62 @@ def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bo
     models: dict[str, Model] = {}
     for name, table in raw.items():
         where = f"models.{name}"
+        _check_name(chk, "models", name)
         chk.table(table, "model", where)
         for k in ("path", "inputs"):
             if k not in table:
                 raise chk.fail(where, f"missing required key '{k}'")
-        paths: dict[str, Path | None] = {}
+        found: dict[str, Path | None] = {}
         for k in ("path", "inputs", "calibration", "expected"):
             rel = table.get(k)
             p = (root / rel) if rel is not None else None
-            if check_files and p is not None and not p.exists():
-                raise chk.fail(f"{where}.{k}", f"'{rel}' does not exist (looked for {p})",
-                               "paths are relative to the directory of targets.toml")
-            paths[k] = p
-        path, inputs = paths["path"], paths["inputs"]
+            if p is not None and (too_long := paths.length_problem(p)):
+                raise chk.fail(f"{where}.{k}", too_long)
+            if check_files and p is not None:
+                problem = paths.input_problem(p, limit=paths.MAX_MODEL_BYTES) if k == "path" else \
+                    paths.input_problem(p, limit=paths.MAX_DATA_BYTES, directory_ok=True)
+                if problem == "does not exist":
+                    raise chk.fail(f"{where}.{k}", f"{_shown(rel)} does not exist (looked for {p})",
+                                   "paths are relative to the directory of targets.toml")
+                if problem:
+                    raise chk.fail(f"{where}.{k}", f"{_shown(rel)} {problem}",
+                                   "name an ONNX model file" if k == "path" else
+                                   "name an .npz file or a directory of test_data_set_N/ (docs/targets-reference.md)")
+            found[k] = p
+        path, inputs = found["path"], found["inputs"]
         assert path is not None and inputs is not None
-        models[name] = Model(name=name, path=path, inputs=inputs, calibration=paths["calibration"],
-                             description=table.get("description", ""), expected=paths["expected"])
+        models[name] = Model(name=name, path=path, inputs=inputs, calibration=found["calibration"],
+                             description=table.get("description", ""), expected=found["expected"])
     return models
 
 
-def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str, chain: list[str]) -> dict[str, Any]:
-    table = raw[name]
-    parent = table.get("extends")
-    if parent is None:
-        return dict(table)
-    where = f"targets.{name}.extends"
-    if parent not in raw:
-        raise chk.fail(where, f"unknown target '{parent}'{did_you_mean(parent, list(raw))}")
-    if parent in chain:
-        cycle = " -> ".join([*chain[chain.index(parent):], parent])
-        raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
-    inherited = copy.deepcopy(_resolve_extends(chk, raw, parent, [*chain, parent]))
-    for o in inherited.get("overrides", []):
-        o[INHERITED] = True  # an inherited override may name models this target does not build
-    for part in [inherited, *inherited.get("overrides", [])]:
-        if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
-            part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
-    merged = merge(inherited, table)
+def _check_name(chk: _Checker, kind: str, name: str) -> None:
+    problem = paths.name_problem(name)
+    if problem:
+        raise chk.fail(f"{kind}.{name[:40]!r}", f"{kind[:-1]} name {problem}",
+                       f"names become directories under dist/; pattern {paths.NAME_PATTERN}")
+
+
+def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The target's table merged over its `extends` chain, parent first. Iterative: chains can be long."""
+    chain = [name]
+    while (parent := raw[chain[-1]].get("extends")) is not None:
+        where = f"targets.{chain[-1]}.extends"
+        if parent not in raw:
+            raise chk.fail(where, f"unknown target {_shown(parent)}{did_you_mean(parent, list(raw))}")
+        if parent in chain:
+            cycle = " -> ".join([*chain[chain.index(parent):], parent])
+            raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
+        chain.append(parent)
+    merged: dict[str, Any] = dict(raw[chain[-1]])
+    for child in reversed(chain[:-1]):  # each child over what it inherits
+        inherited = copy.deepcopy(merged)
+        for o in inherited.get("overrides", []):
+            o[INHERITED] = True  # an inherited override may name models this target does not build
+        for part in [inherited, *inherited.get("overrides", [])]:
+            if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
+                part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
+        merged = merge(inherited, raw[child])
     merged.pop("extends", None)
     return merged
 
@@ -503,11 +556,12 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
     if not raw:
         raise chk.fail("targets", "no targets declared", "add a [targets.NAME] table")
     for name, table in raw.items():
+        _check_name(chk, "targets", name)
         chk.table(table, "target", f"targets.{name}")
     targets: dict[str, Target] = {}
     for name in raw:
         where = f"targets.{name}"
-        t = merge(options.defaults("target"), _resolve_extends(chk, raw, name, [name]))
+        t = merge(options.defaults("target"), _resolve_extends(chk, raw, name))
         for k in ("runtime", "providers"):
             if k not in t:
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
+from . import paths
+from .errors import ConfigError, first_line
 
 Feed = dict[str, np.ndarray]
 
@@ -20,6 +21,7 @@ def read_pb(path: Path, kind: str = "tensor") -> tuple[str, Any]:
 
     proto: Any = {"sequence": onnx.SequenceProto, "map": onnx.MapProto}.get(kind, onnx.TensorProto)()
     convert: Any = {"sequence": numpy_helper.to_list, "map": numpy_helper.to_dict}.get(kind, numpy_helper.to_array)
+    _readable(path)
     try:
         proto.ParseFromString(path.read_bytes())
         return proto.name, convert(proto)
@@ -29,7 +31,8 @@ def read_pb(path: Path, kind: str = "tensor") -> tuple[str, Any]:
 
 def numbered(folder: Path, prefix: str) -> list[Path]:
     """folder/{prefix}_K.pb in the order of K (input_0.pb, input_1.pb, ..., input_10.pb)."""
-    return sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    found = [p for p in folder.glob(f"{prefix}_*.pb") if p.stem.split("_", 1)[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.stem.split("_", 1)[1]))
 
 
 def dataset_feed(folder: Path, input_names: list[str]) -> Feed:
@@ -48,20 +51,40 @@ def dataset_feed(folder: Path, input_names: list[str]) -> Feed:
 
 
 def datasets(path: Path) -> list[Path]:
-    sets = sorted((p for p in path.glob("test_data_set_*") if p.is_dir()),
-                  key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdigit() else 0)
+    sets = sorted((p for p in path.glob("test_data_set_*") if p.is_dir() and p.name.rsplit("_", 1)[1].isdigit()),
+                  key=lambda p: int(p.name.rsplit("_", 1)[1]))
     if not sets:
         raise ConfigError(str(path), "", "is a directory without test_data_set_N/ subdirectories",
                           "use an .npz keyed by input name, or the ONNX layout test_data_set_N/input_K.pb")
     return sets
 
 
+def _readable(path: Path) -> None:
+    problem = paths.input_problem(path, limit=paths.MAX_DATA_BYTES)
+    if problem:
+        raise ConfigError(str(path), "", problem)
+
+
+NPZ_HINT = "write it with numpy.savez(path, name=array, ...), keyed by input (or output) name"
+
+
 def npz(path: Path) -> Feed:
+    """The arrays of an .npz file. Anything else under that name (a .npy, text, a pickle) is refused by
+    its magic bytes first, so the error says what the file is instead of numpy's guess."""
+    _readable(path)
+    with path.open("rb") as f:
+        magic = f.read(6)
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        what = "a single .npy array" if magic == b"\x93NUMPY" else "not a zip archive"
+        raise ConfigError(str(path), "", f"is not an .npz file ({what})", NPZ_HINT)
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise ConfigError(str(path), "", f"cannot read as .npz: {e}") from None
+            out = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise ConfigError(str(path), "", f"cannot read as .npz: {first_line(e)}", NPZ_HINT) from None
+    if not out:
+        raise ConfigError(str(path), "", "holds no arrays", NPZ_HINT)
+    return out
 
 
 def load_feed(path: Path, input_names: list[str]) -> Feed:
@@ -96,6 +119,10 @@ def check_feed(feed: Feed, signature: dict[str, Any], where: str) -> None:
         spec = inputs[name]
         if str(arr.dtype) != spec["dtype"]:
             raise ConfigError(where, "", f"input '{name}' is {arr.dtype}, the model wants {spec['dtype']}")
+        if arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
+            bad = int(arr.size - np.isfinite(arr).sum())
+            raise ConfigError(where, "", f"input '{name}' holds {bad} NaN or infinite value(s) of {arr.size}",
+                              "golden and calibration inputs must be finite: a test on NaN inputs proves nothing")
         if spec["shape"] is not None and arr.ndim != len(spec["shape"]):
             raise ConfigError(where, "", f"input '{name}' has shape {list(arr.shape)}, the model wants rank "
                                          f"{len(spec['shape'])} {spec['shape']}")

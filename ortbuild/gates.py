@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, compare, golden, latency, loaders, manifest, runtime
+from . import __version__, compare, golden, latency, loaders, manifest, paths, runtime
 from .build import FAILED, PORTABLE, SKIPPED, JobResult
 from .config import Project, did_you_mean
 from .errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch
@@ -115,7 +115,7 @@ class Tester:
         return results
 
     def _write(self, job: Job, res: TestResult) -> None:
-        folder = self.dist / job.target.name / job.model.name
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
         if folder.is_dir():
             doc = {"result": res.as_json(), "environment": environment()}
             manifest.atomic_write(folder / REPORT, (json.dumps(doc, indent=2, default=str) + "\n").encode())
@@ -123,7 +123,7 @@ class Tester:
     # ------------------------------------------------------------------------------------------ one job
 
     def _test(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
-        folder = self.dist / job.target.name / job.model.name
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key = m.build_key
         module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
@@ -212,7 +212,7 @@ class Tester:
         lat = gates.latency
         budgets = lat.budgets()
         feed = g.sets[0].inputs
-        folder = self.dist / job.target.name / job.model.name
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
 
         def opener(mod: Any, where: Path) -> Callable[[], Callable[[], object]]:
             def open_() -> Callable[[], object]:
@@ -230,7 +230,7 @@ class Tester:
                 ref_problem = (f"{ft.target} cannot run here ({ref_build.reason if ref_build else 'not built'}); "
                                f"relative budgets compare targets of one runtime ({ref_target.runtime})")
             else:
-                rfolder = self.dist / ft.target / job.model.name
+                rfolder = paths.inside(self.dist, ft.target, job.model.name)
                 opens[ft.target] = opener(loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),
                                           rfolder)
         n = latency.planned_samples([*budgets, *([0.5] if ft else [])], lat.confidence, lat.min_samples)

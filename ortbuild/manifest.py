@@ -141,6 +141,7 @@ class Manifest:
     signing: Signing
     loaders: list[LoaderFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    build_inputs: dict[str, str] = field(default_factory=dict)  # digest of each part of the build key
     format_version: int = FORMAT_VERSION
 
     @property
@@ -160,7 +161,54 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{where}: not an ortbuild manifest (format version {FORMAT_VERSION})",
                                 "rebuild the artifact with this ortbuild")
-        return _typed(cls, data, where, "")
+        m = _typed(cls, data, where, "")
+        problem = _content_problem(m)
+        if problem:
+            raise ArtifactError(f"{where}: damaged manifest: {problem}",
+                                "the manifest was edited or is corrupted: rebuild the artifact with `ortbuild build`")
+        return m
+
+
+def _is_value_info(v: Any) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("dtype"), str)
+            and (v.get("shape") is None or isinstance(v.get("shape"), list)))
+
+
+def file_name_problem(name: str) -> str | None:
+    """Why a file name in a manifest is not a plain relative name inside the artifact's directory."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts) \
+            or len(parts) > 2:
+        return f"file name {name[:80]!r} is not a plain name inside the artifact directory"
+    return None
+
+
+def _content_problem(m: Manifest) -> str | None:
+    """What the typed reader cannot see: the free-form parts every reader indexes, and safe file names."""
+    if m.status not in ("complete", "portable"):
+        return f"status {m.status!r} is neither 'complete' nor 'portable'"
+    ort_version = m.versions.get("onnxruntime")
+    if not (isinstance(ort_version, dict) and all(isinstance(ort_version.get(k), str)
+                                                  for k in ("distribution", "version"))):
+        return "versions.onnxruntime must have distribution and version"
+    if not all(isinstance(m.build_machine.get(k), str) for k in ("cpu", "simd_level")):
+        return "build_machine must have cpu and simd_level"
+    for kind in ("inputs", "outputs"):
+        if not (isinstance(m.io.get(kind), list) and all(_is_value_info(v) for v in m.io[kind])):
+            return f"io.{kind} must be a list of {{name, dtype, shape}}"
+    if not all(_is_value_info(v) for v in m.golden_run.outputs):
+        return "golden_run.outputs must be a list of {name, dtype, shape}"
+    if not all(isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("options", {}), dict)
+               for p in m.providers):
+        return "providers must be a list of {name, options}"
+    names = [f.name for f in m.artifact.files] + [lf.name for lf in m.loaders]
+    for name in names:
+        problem = file_name_problem(name)
+        if problem:
+            return problem
+    if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
+        return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
+    return None
 
 
 def _typed(cls: type[T], data: Any, where: str, path: str) -> T:
@@ -283,6 +331,9 @@ def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Calla
     The old manifest goes first, so no reader finds a manifest describing files half-replaced; `prune`
     also removes the folder's other plain files (an earlier build's artifact files).
     """
+    from .paths import inside
+
+    targets = {name: inside(folder, name) for name in [*files, SIGNATURE, MANIFEST]}  # refuse names leading out
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)
     if prune:
@@ -290,10 +341,10 @@ def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Calla
             if stale.is_file() and stale.name not in {*files, SIGNATURE}:
                 stale.unlink()
     for name, blob in files.items():
-        atomic_write(folder / name, blob)
+        atomic_write(targets[name], blob)
     doc = m.to_json()
-    atomic_write(folder / SIGNATURE, base64.b64encode(sign(doc)) + b"\n")
-    atomic_write(folder / MANIFEST, doc)
+    atomic_write(targets[SIGNATURE], base64.b64encode(sign(doc)) + b"\n")
+    atomic_write(targets[MANIFEST], doc)
 
 
 def signature_problem(folder: Path, public_key: bytes | None = None) -> str | None:
@@ -305,10 +356,16 @@ def signature_problem(folder: Path, public_key: bytes | None = None) -> str | No
         sig = base64.b64decode((folder / SIGNATURE).read_bytes().strip(), validate=True)
     except FileNotFoundError as e:
         return f"{e.filename} is missing"
+    except OSError as e:
+        return f"{folder}: cannot read the manifest or its signature: {e.strerror or e}"
     except ValueError:
         return f"{folder / SIGNATURE} is not a base64 signature"
     if public_key is None:
-        public_key = base64.b64decode(Manifest.from_json(text, str(folder / MANIFEST)).signing.public_key)
+        try:
+            public_key = base64.b64decode(Manifest.from_json(text, str(folder / MANIFEST)).signing.public_key,
+                                          validate=True)
+        except ValueError:
+            return f"{folder / MANIFEST}: signing.public_key is not base64"
     if not keys.verify(public_key, sig, text):
         return f"the signature of {folder / MANIFEST} does not verify (key id {keys.public_key_id(public_key)})"
     return None

@@ -12,6 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+INT_MAX = 2**31 - 1       # what ONNX Runtime's int options take
+NUMBER_MAX = 1e12         # numbers are finite: TOML's inf and nan are refused
+
 
 @dataclass(frozen=True)
 class PrecisionRule:
@@ -124,6 +127,127 @@ SESSION_CONFIG_KEYS = frozenset({
     "session.use_env_allocators", "session.use_external_initializer_file_buffers_directly",
     "session.use_per_session_threads", "session.x64quantprecision",
 })
+# The kind of each session config value (ORT parses the string; a wrong kind is ignored or fails late).
+# "0/1": a flag; "int": a non-negative integer; anything not listed is free text.
+CONFIG_FLAGS = frozenset({
+    "ep.context_enable", "ep.enable_weightless", "mlas.disable_kleidiai", "mlas.qnbit.force_fp32",
+    "mlas.use_lut_gemm", "optimization.enable_cast_chain_elimination", "optimization.enable_gelu_approximation",
+    "session.allow_released_opsets_only", "session.debug_layout_transformation",
+    "session.disable_aot_function_inlining",
+    "session.disable_cpu_ep_fallback", "session.disable_double_qdq_remover", "session.disable_model_compile",
+    "session.disable_prepacking", "session.disable_qdq_constant_folding", "session.disable_quant_qdq",
+    "session.enable_quant_qdq_cleanup", "session.fail_on_suboptimal_compiled_model", "session.force_spinning_stop",
+    "session.inter_op.allow_spinning", "session.intra_op.allow_spinning", "session.prepack.enable_parallel",
+    "session.qdqisint8allowed", "session.record_ep_graph_assignment_info", "session.set_denormal_as_zero",
+    "session.strict_shape_type_inference", "session.strict_workspace_verification",
+    "session.use_device_allocator_for_initializers", "session.use_env_allocators",
+    "session.use_external_initializer_file_buffers_directly", "session.use_per_session_threads",
+    "session.x64quantprecision", "ep.cuda.fpa_intb_gemm",
+})
+CONFIG_INTS = {  # key: largest value
+    "ep.context_embed_mode": 1, "session.graph_optimizations_loop_level": 2,
+    "session.qdq_matmulnbits_accuracy_level": 4,
+    "session.qdq_matmulnbits_block_size": 256, "session.dynamic_block_base": 1 << 20,
+    "session.function_expansion_byte_limit": INT_MAX, "session.function_expansion_node_limit": INT_MAX,
+    "session.inter_op.spin_backoff_max": 1 << 20, "session.intra_op.spin_backoff_max": 1 << 20,
+    "session.inter_op.spin_duration_us": 10_000_000, "session.intra_op.spin_duration_us": 10_000_000,
+    "optimization.constant_folding_max_output_size_in_bytes": 1 << 40, "ep.cuda.fpa_intb_profile_m": INT_MAX,
+    "ep.cuda.gqa_workspace_max_total_sequence_length": INT_MAX, "mlas.kleidiai.conv_igemm_max_work": INT_MAX,
+    "mlas.nchwc_pointwise_conv_max_input_channel_batch": INT_MAX,
+}
+
+
+@dataclass(frozen=True)
+class ProviderOption:
+    """One documented provider option: its kind ("flag", "int", "choice", "text", "json") and limits."""
+
+    kind: str
+    choices: tuple[str, ...] = ()
+    maximum: int = INT_MAX
+
+
+_F, _I, _T = ProviderOption("flag"), ProviderOption("int"), ProviderOption("text")
+# Provider options of the pinned runtimes (onnxruntime-gpu 1.31.1: CUDA and TensorRT; onnxruntime-openvino 1.24.1),
+# from ORT's EP documentation and the option names in those wheels' provider libraries. Pointer-valued options
+# (user streams, external allocators, byte streams) cannot come from a file and are left out. ORT accepts any
+# other name silently, so ortbuild refuses it. Providers not listed here are passed through unchecked.
+PROVIDER_OPTIONS: dict[str, dict[str, ProviderOption]] = {
+    "CPUExecutionProvider": {},
+    "CUDAExecutionProvider": {
+        "device_id": ProviderOption("int", maximum=255), "gpu_mem_limit": ProviderOption("int", maximum=2**62),
+        "arena_extend_strategy": ProviderOption("choice", ("kNextPowerOfTwo", "kSameAsRequested")),
+        "cudnn_conv_algo_search": ProviderOption("choice", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")),
+        "do_copy_in_default_stream": _F, "cudnn_conv_use_max_workspace": _F, "cudnn_conv1d_pad_to_nc1d": _F,
+        "enable_cuda_graph": _F, "enable_skip_layer_norm_strict_mode": _F, "prefer_nhwc": _F,
+        "use_ep_level_unified_stream": _F, "use_tf32": _F, "fuse_conv_bias": _F, "sdpa_kernel": _I,
+        "tunable_op_enable": _F, "tunable_op_tuning_enable": _F, "tunable_op_max_tuning_duration_ms": _I,
+    },
+    "TensorrtExecutionProvider": {
+        "device_id": ProviderOption("int", maximum=255), "trt_max_workspace_size": ProviderOption("int", maximum=2**62),
+        "trt_max_partition_iterations": _I, "trt_min_subgraph_size": _I, "trt_fp16_enable": _F, "trt_bf16_enable": _F,
+        "trt_int8_enable": _F, "trt_int8_calibration_table_name": _T, "trt_int8_use_native_calibration_table": _F,
+        "trt_dla_enable": _F, "trt_dla_core": ProviderOption("int", maximum=16), "trt_dump_subgraphs": _F,
+        "trt_engine_cache_enable": _F, "trt_engine_cache_path": _T, "trt_engine_cache_prefix": _T,
+        "trt_engine_decryption_enable": _F, "trt_engine_decryption_lib_path": _T,
+        "trt_force_sequential_engine_build": _F, "trt_context_memory_sharing_enable": _F,
+        "trt_layer_norm_fp32_fallback": _F, "trt_timing_cache_enable": _F, "trt_timing_cache_path": _T,
+        "trt_force_timing_cache": _F, "trt_detailed_build_log": _F, "trt_build_heuristics_enable": _F,
+        "trt_sparsity_enable": _F, "trt_builder_optimization_level": ProviderOption("int", maximum=5),
+        "trt_auxiliary_streams": _I, "trt_tactic_sources": _T, "trt_extra_plugin_lib_paths": _T,
+        "trt_profile_min_shapes": _T, "trt_profile_max_shapes": _T, "trt_profile_opt_shapes": _T,
+        "trt_cuda_graph_enable": _F, "trt_dump_ep_context_model": _F, "trt_ep_context_file_path": _T,
+        "trt_ep_context_embed_mode": ProviderOption("int", maximum=1), "trt_weight_stripped_engine_enable": _F,
+        "trt_onnx_model_folder_path": _T, "trt_op_types_to_exclude": _T, "trt_load_user_initializer": _F,
+        "trt_engine_hw_compatible": _F, "trt_preview_features": _T,
+    },
+    "OpenVINOExecutionProvider": {
+        "device_type": _T, "precision": ProviderOption("choice", ("FP32", "FP16", "ACCURACY")),
+        "num_of_threads": ProviderOption("int", maximum=1024), "num_streams": ProviderOption("int", maximum=1024),
+        "cache_dir": _T, "load_config": ProviderOption("json"), "enable_opencl_throttling": _F,
+        "enable_qdq_optimizer": _F, "disable_dynamic_shapes": _F,
+        "model_priority": ProviderOption("choice", ("LOW", "MEDIUM", "HIGH", "DEFAULT")), "reshape_input": _T,
+        "layout": _T, "device_luid": _T, "enable_causallm": _F,
+    },
+}
+
+
+def provider_option_problem(provider: str, name: str, value: Any) -> str | None:
+    """Why `name = value` is not a valid option of `provider`, or None (also None for unchecked providers)."""
+    known = PROVIDER_OPTIONS.get(provider)
+    if known is None:
+        return None
+    if name not in known:
+        if not known:
+            return f"{provider} takes no provider options (ONNX Runtime ignores them silently)"
+        return f"unknown {provider} option '{name}'"
+    spec = known[name]
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if spec.kind == "flag" and text not in ("0", "1", "true", "false"):
+        return f"must be a flag (true/false or \"0\"/\"1\"), got {value!r}"
+    if spec.kind == "int" and (isinstance(value, bool) or not text.lstrip("-").isdigit()
+                               or not -1 <= int(text) <= spec.maximum):
+        return f"must be an integer from -1 to {spec.maximum}, got {value!r}"
+    if spec.kind == "choice" and text not in spec.choices:
+        return f"'{text}' is not one of {', '.join(spec.choices)}"
+    if spec.kind == "json":
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            return "must be a JSON object in a string, e.g. '{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'"
+    return None
+
+
+def config_value_problem(key: str, value: str) -> str | None:
+    """Why `value` is not valid for session config `key`, by the key's kind, or None."""
+    if key in CONFIG_FLAGS and value not in ("0", "1"):
+        return f"must be \"0\" or \"1\", got {value!r}"
+    if key in CONFIG_INTS and (not value.isdigit() or int(value) > CONFIG_INTS[key]):
+        return f"must be an integer from 0 to {CONFIG_INTS[key]} (as a string), got {value!r}"
+    return None
+
+
 # Graph optimizer names found in the onnxruntime 1.31.1 binary (for `disabled_optimizers`). ORT ignores an
 # unknown name silently, so the build notes any name not listed here.
 KNOWN_OPTIMIZERS = frozenset([
@@ -172,6 +296,8 @@ class Key:
     required: bool = False
     choices: tuple[str, ...] = ()
     table: str | None = None
+    maximum: float | None = None     # integer/number kinds: the largest value (None: INT_MAX / NUMBER_MAX)
+
 
 
 KINDS = ("string", "integer", "number", "boolean", "strings", "providers", "config", "dims", "table", "tables",
@@ -275,34 +401,37 @@ TABLES: dict[str, tuple[Key, ...]] = {
     "accuracy": (),  # the rule keys (ACCURACY_RULE below) and `outputs`
     "output_accuracy": (),  # the rule keys, and `ignore`
     "latency": (
-        Key(name="p50_ms", kind="number", default=None, doc="Budget of the median latency, in ms."),
-        Key(name="p90_ms", kind="number", default=None, doc="Budget of the 90th percentile latency, in ms."),
-        Key(name="p99_ms", kind="number", default=None, doc="Budget of the 99th percentile latency, in ms."),
+        Key(name="p50_ms", kind="number", default=None, maximum=3_600_000, doc="Budget of the median latency, in ms."),
+        Key(name="p90_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the 90th percentile latency, in ms."),
+        Key(name="p99_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the 99th percentile latency, in ms."),
         Key(name="faster_than", kind="table", table="faster_than", default=None,
             doc="A relative budget measured in the same run, interleaved: `{ target = \"cpu-fp32\", ratio = "
                 "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
                 "Holds across machines of different speed. The other target must run in this runtime. "
                 "Not inherited through `extends`."),
-        Key(name="confidence", kind="number", default=0.99,
+        Key(name="confidence", kind="number", default=0.99, maximum=0.999999,
             doc="Confidence of every verdict (distribution-free binomial bounds on the percentile)."),
-        Key(name="min_samples", kind="integer", default=0,
+        Key(name="min_samples", kind="integer", default=0, maximum=1_000_000,
             doc="Samples to take at least; 0: enough to decide the tightest budgeted percentile "
                 "(64 for p90, 662 for p99 at 0.99), at least 100."),
-        Key(name="min_seconds", kind="number", default=1.0, doc="Sampling lasts at least this long."),
-        Key(name="warmup_runs", kind="integer", default=5,
+        Key(name="min_seconds", kind="number", default=1.0, maximum=3600, doc="Sampling lasts at least this long."),
+        Key(name="warmup_runs", kind="integer", default=5, maximum=100_000,
             doc="Untimed runs after the first one (session creation and the first run are reported apart)."),
     ),
     "faster_than": (
         Key(name="target", kind="string", required=True, doc="The target to compare with (same model)."),
-        Key(name="ratio", kind="number", required=True,
+        Key(name="ratio", kind="number", required=True, maximum=1000,
             doc="Its median latency divided by this target's must be at least this (0.8: at most 1.25x slower)."),
     ),
     "size": (
-        Key(name="max_ratio", kind="number", default=None,
+        Key(name="max_ratio", kind="number", default=None, maximum=1000,
             doc="Largest artifact size / source size (all files). Default 1.1 for fp32, 1.0 for the reduced "
                 "precisions: an artifact bigger than its source is usually folded constants. 4 KB are allowed on top "
                 "(the container header and graph metadata of very small models)."),
-        Key(name="max_mb", kind="number", default=None, doc="Largest artifact size in MiB (all files)."),
+        Key(name="max_mb", kind="number", default=None, maximum=1 << 20,
+            doc="Largest artifact size in MiB (all files)."),
     ),
     "quantization": (
         Key(name="format", kind="string", default="qdq", choices=("qdq", "qoperator"),
@@ -331,15 +460,18 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="node_block_list", kind="strings", default=[], doc="Node names kept in float32."),
     ),
     "int4": (
-        Key(name="block_size", kind="integer", default=32, doc="Quantization block size (16, 32, 64, 128 or 256)."),
+        Key(name="block_size", kind="integer", default=32, maximum=256,
+            doc="Quantization block size (16, 32, 64, 128 or 256)."),
         Key(name="symmetric", kind="boolean", default=True, doc="Symmetric (no zero point) blocks."),
-        Key(name="accuracy_level", kind="integer", default=0,
+        Key(name="accuracy_level", kind="integer", default=0, maximum=4,
             doc="MatMulNBits compute type: 0 = runtime default, 1 fp32, 2 fp16, 3 bf16, 4 int8."),
         Key(name="exclude_nodes", kind="strings", default=[], doc="Node names to keep in float."),
     ),
     "session": (
-        Key(name="intra_op_num_threads", kind="integer", default=0, doc="0 = ORT's default (physical cores)."),
-        Key(name="inter_op_num_threads", kind="integer", default=0, doc="Used only with execution_mode parallel."),
+        Key(name="intra_op_num_threads", kind="integer", default=0, maximum=1024,
+            doc="0 = ORT's default (physical cores)."),
+        Key(name="inter_op_num_threads", kind="integer", default=0, maximum=1024,
+            doc="Used only with execution_mode parallel."),
         Key(name="execution_mode", kind="string", default="sequential", choices=("sequential", "parallel"),
             doc="ORT execution mode."),
         Key(name="enable_mem_pattern", kind="boolean", default=True, doc="Memory pattern planning."),
@@ -354,17 +486,18 @@ TABLES: dict[str, tuple[Key, ...]] = {
 }
 
 ACCURACY_RULE = (
-    Key(name="rtol", kind="number", default=None,
+    Key(name="rtol", kind="number", default=None, maximum=1e6,
         doc="Elementwise rule |actual - expected| <= atol + rtol * |expected| (fp32 default 1e-4)."),
-    Key(name="atol", kind="number", default=None, doc="Elementwise absolute tolerance (fp32 default 1e-5)."),
-    Key(name="mismatch_fraction", kind="number", default=0.0,
+    Key(name="atol", kind="number", default=None, maximum=1e6,
+        doc="Elementwise absolute tolerance (fp32 default 1e-5)."),
+    Key(name="mismatch_fraction", kind="number", default=0.0, maximum=1,
         doc="Fraction of elements allowed to break the elementwise rule (e.g. 0.02 for detection masks)."),
-    Key(name="cosine", kind="number", default=None,
+    Key(name="cosine", kind="number", default=None, maximum=1,
         doc="Least cosine similarity of actual and expected (flattened); fp16 default 0.999, int8/int4 0.99."),
-    Key(name="top1", kind="number", default=None,
+    Key(name="top1", kind="number", default=None, maximum=1,
         doc="Least fraction of rows whose arg-max over the last axis (the classes) agrees with the golden one. "
             "Set it on classifier outputs (`[targets.X.accuracy.outputs.logits] top1 = 0.99`)."),
-    Key(name="top5", kind="number", default=None,
+    Key(name="top5", kind="number", default=None, maximum=1,
         doc="Least fraction of rows whose expected arg-max is among the actual top 5."),
 )
 TABLES["accuracy"] = (*ACCURACY_RULE, Key(
@@ -400,6 +533,25 @@ def defaults(table: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------- JSON Schema
 
+def _provider_options_schema(provider: str) -> dict[str, Any]:
+    """if name == provider then its options are the documented ones, of their kinds."""
+    flag = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["0", "1", "true", "false"]},
+                      {"type": "integer", "enum": [0, 1]}]}
+    kinds: dict[str, dict[str, Any]] = {"flag": flag, "text": {"type": "string"}, "json": {"type": "string"}}
+
+    def one(o: ProviderOption) -> dict[str, Any]:
+        if o.kind == "choice":
+            return {"type": "string", "enum": list(o.choices)}
+        if o.kind == "int":
+            return {"anyOf": [{"type": "integer", "minimum": -1, "maximum": o.maximum},
+                              {"type": "string", "pattern": "^-?[0-9]+$"}]}
+        return kinds[o.kind]
+    props = {name: one(o) for name, o in PROVIDER_OPTIONS[provider].items()}
+    return {"if": {"properties": {"name": {"const": provider}}},
+            "then": {"properties": {"options": {"type": "object", "additionalProperties": False,
+                                                "properties": props}}}}
+
+
 def _key_schema(k: Key) -> dict[str, Any]:
     s: dict[str, Any]
     if k.kind == "string":
@@ -407,9 +559,9 @@ def _key_schema(k: Key) -> dict[str, Any]:
         if k.choices:
             s["enum"] = list(k.choices)
     elif k.kind == "integer":
-        s = {"type": "integer", "minimum": 0}
+        s = {"type": "integer", "minimum": 0, "maximum": int(k.maximum if k.maximum is not None else INT_MAX)}
     elif k.kind == "number":
-        s = {"type": "number", "minimum": 0}
+        s = {"type": "number", "minimum": 0, "maximum": k.maximum if k.maximum is not None else NUMBER_MAX}
     elif k.kind == "boolean":
         s = {"type": "boolean"}
     elif k.kind == "strings":
@@ -421,12 +573,14 @@ def _key_schema(k: Key) -> dict[str, Any]:
                 "name": {"type": "string", "enum": list(PROVIDERS)},
                 "options": {"type": "object",
                             "additionalProperties": {"type": ["string", "integer", "number", "boolean"]}},
-            }},
+            }, "allOf": [_provider_options_schema(p) for p in PROVIDER_OPTIONS]},
         ]}
         s = {"type": "array", "minItems": 1, "items": entry}
     elif k.kind == "config":
-        s = {"type": "object", "propertyNames": {"enum": sorted(SESSION_CONFIG_KEYS)},
-             "additionalProperties": {"type": "string"}}
+        s = {"type": "object", "additionalProperties": False, "properties": {
+            key: {"type": "string", "enum": ["0", "1"]} if key in CONFIG_FLAGS
+            else {"type": "string", "pattern": "^[0-9]+$"} if key in CONFIG_INTS else {"type": "string"}
+            for key in sorted(SESSION_CONFIG_KEYS)}}
     elif k.kind == "dims":
         s = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}
     elif k.kind == "table":

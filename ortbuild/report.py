@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import manifest
+from . import manifest, paths
 from .errors import OrtbuildError
 
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
@@ -72,7 +72,7 @@ def write(dist: Path, docs: list[dict[str, Any]]) -> tuple[Path, Path]:
     created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     doc = {"created": created, "counts": counts, "results": results,
            "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs}}
-    jpath, hpath = dist / REPORT_JSON, dist / REPORT_HTML
+    jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
     manifest.atomic_write(jpath, (json.dumps(doc, indent=2, default=str) + "\n").encode())
     manifest.atomic_write(hpath, render_html(doc).encode())
     return jpath, hpath

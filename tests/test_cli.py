@@ -80,17 +80,38 @@ def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[...
     assert flavor is not None
     other = "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
     path = make_project(f"""
+        [targets.here]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        optimization = "disable"
+
         [targets.elsewhere]
         runtime = "{other}"
         providers = ["CPUExecutionProvider"]
     """)
     proc = run_cli("build", "-c", str(path))
-    assert proc.returncode == 0 and "SKIPPED" in proc.stdout  # all targets: report and go on
+    assert proc.returncode == 0 and "SKIPPED" in proc.stdout  # all targets, one fits: report and go on
     proc = run_cli("build", "-c", str(path), "-t", "elsewhere")
-    assert proc.returncode == 4 and "nox -s 'build(elsewhere)'" in proc.stdout
+    assert proc.returncode == 4 and 'nox -s "build(elsewhere)"' in proc.stderr
     assert run_cli("build", "-c", str(path), "-t", "else*").returncode == 4  # named through a glob
     proc = run_cli("plan", "-c", str(path), "--json")
-    assert json.loads(proc.stdout)[0]["buildable_here"] is False
+    assert [j["buildable_here"] for j in json.loads(proc.stdout)] == [True, False]
+
+
+def test_a_run_that_can_build_nothing_fails_with_the_fix(make_project: Callable[..., Path]) -> None:
+    flavor = runtime.installed_flavor()
+    assert flavor is not None
+    other = "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
+    path = make_project(f"""
+        [targets.elsewhere]
+        runtime = "{other}"
+        providers = ["CPUExecutionProvider"]
+    """)
+    for command in ("build", "test"):
+        proc = run_cli(command, "-c", str(path))
+        assert proc.returncode == 4, proc.stderr
+        assert f"nothing to {command} here" in proc.stderr and f"python3 -m nox -s {command}" in proc.stderr
+        assert f"pip install {other}" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_strict_fails_on_portable_builds(absent_provider_project: Path) -> None:

@@ -56,7 +56,7 @@ def test_mismatched_feeds_name_the_file_and_the_problem() -> None:
 def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_text("not a zip")
-    with pytest.raises(ConfigError, match=r"cannot read as \.npz"):
+    with pytest.raises(ConfigError, match=r"is not an \.npz file \(not a zip archive\)"):
         data.load_feed(bad, ["image"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="without test_data_set_N"):

@@ -57,7 +57,8 @@ def _manifest(**changes: object) -> manifest.Manifest:
         session={}, free_dimensions={},
         optimization=manifest.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
         io={"inputs": [], "outputs": []}, golden_run=manifest.GoldenRun([], [], ""),
-        versions={"onnxruntime": {"distribution": "onnxruntime", "version": "1.31.1"}}, build_machine={},
+        versions={"onnxruntime": {"distribution": "onnxruntime", "version": "1.31.1"}},
+        build_machine={"cpu": "x", "simd_level": "avx2"},
         build_key="k", created="2026-01-01T00:00:00Z", encryption=None,
         signing=manifest.Signing("Ed25519", "", "", False))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
@@ -74,6 +75,25 @@ def test_round_trip_and_strict_reading(tmp_path: Path) -> None:
     doc["artifact"]["size"] = "3"
     with pytest.raises(ArtifactError, match=r"'artifact\.size' has the wrong type"):
         manifest.Manifest.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda d: d["artifact"]["files"][0].update(name="../../etc/passwd"), "not a plain name"),
+    (lambda d: d["artifact"]["files"][0].update(name="/etc/passwd"), "not a plain name"),
+    (lambda d: d["artifact"].update(file="other.onnx"), "not among artifact.files"),
+    (lambda d: d["versions"].pop("onnxruntime"), "versions.onnxruntime"),
+    (lambda d: d["build_machine"].pop("cpu"), "build_machine"),
+    (lambda d: d["io"].pop("inputs"), "io.inputs"),
+    (lambda d: d["io"].update(outputs=[{"name": 1}]), "io.outputs"),
+    (lambda d: d["providers"].append("CPU"), "providers"),
+    (lambda d: d.update(status="done"), "status"),
+])
+def test_damaged_manifests_are_reported_never_indexed_blindly(edit: object, says: str) -> None:
+    doc = json.loads(_manifest().to_json())
+    edit(doc)  # type: ignore[operator]
+    with pytest.raises(ArtifactError, match="damaged manifest") as err:
+        manifest.Manifest.from_json(json.dumps(doc))
+    assert says in err.value.message and err.value.exit_code == 7
 
 
 def test_integrity_and_fit_problems(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ from typing import Any
 
 import onnx
 
+from .. import paths
 from ..config import Settings, did_you_mean
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ def opsets(model: onnx.ModelProto) -> dict[str, int]:
 
 def run(path: Path) -> CheckResult:
     """Raises onnx's ValidationError / InferenceError for an invalid model (the build names the step)."""
+    problem = paths.input_problem(path, limit=paths.MAX_MODEL_BYTES)
+    if problem:
+        raise ConfigError(str(path), "", f"the model {problem}", "name an ONNX model file")
     data = path.read_bytes()
     model = onnx.load_model_from_string(data)
     if model.ByteSize() > 2**31 - 1 or any(
