@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata as md
 import json
 import os
 import sys
-import tempfile
 import time
+import traceback
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from . import __version__, container, data, keys, loaders, manifest, options, paths, runtime
+from . import __version__, keys, manifest, options, paths, runtime, workspace
 from .config import Project, Provider
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
-from .steps import check, optimize, precision, reload
+
+if TYPE_CHECKING:  # the steps import onnx, numpy and the quantizers: a no-op build never needs them
+    from . import data
+    from .steps import check, optimize, precision, reload
 
 # statuses, and whether each counts as a usable artifact
 BUILT, PORTABLE, UP_TO_DATE, SKIPPED, FAILED = "built", "portable", "up-to-date", "skipped", "failed"
@@ -46,9 +51,10 @@ class JobResult:
     steps: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     error: OrtbuildError | None = None
+    debug: str = ""                  # the traceback behind a StepError (shown with --debug)
 
     def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "error"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("error", "debug")}
         if self.error is not None:
             out["error"] = {"class": type(self.error).__name__, "exit_code": self.error.exit_code,
                             "message": self.error.message, "hint": self.error.hint}
@@ -56,30 +62,83 @@ class JobResult:
 
 
 class Progress:
-    """Progress lines on stderr: one per job step, so long builds show where they are."""
+    """Progress on stderr. Plain lines (`[target/model] step`) in CI and pipes; on a terminal, a live table of
+    the running jobs (rich) above which finished jobs scroll."""
 
-    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False, live: bool | None = None) -> None:
         self.stream = stream or sys.stderr
         self.quiet = quiet
+        self.live = (not quiet and self.stream.isatty() and os.environ.get("TERM") != "dumb"
+                     and "CI" not in os.environ) if live is None else live
+        self._rows: dict[str, tuple[str, float]] = {}  # running job -> (its current step, since)
+        self._display: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._display = Live(self._table(), console=Console(file=self.stream), refresh_per_second=4,
+                                 transient=True, get_renderable=self._table)
+            self._display.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._display is not None:
+            self._display.__exit__(None, None, None)
+            self._display = None
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(box=None, show_header=False, pad_edge=False)
+        now = time.monotonic()
+        for job, (step, since) in sorted(self._rows.items()):
+            table.add_row(f"[bold]{job}[/]", step, f"{now - since:5.1f}s")
+        return table
 
     def __call__(self, job: str, message: str) -> None:
-        if not self.quiet:
+        if self.quiet:
+            return
+        if self._display is None:
             print(f"[{job}] {message}", file=self.stream, flush=True)
+            return
+        final = message.split(":", 1)[0] in (BUILT, PORTABLE, "FAILED", "skipped") or message.startswith("up to date")
+        if final:
+            self._rows.pop(job, None)
+            self._display.console.print(f"[{job}] {message}", highlight=False, markup=False)
+        else:
+            self._rows[job] = (message, self._rows.get(job, ("", time.monotonic()))[1])
 
 
-def build_key(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None,
-              flavor: runtime.Flavor, missing: dict[str, str], sealing: dict[str, Any] | None = None) -> str:
-    """Everything the artifact depends on; equal keys mean the published artifact can be reused."""
-    import onnx
-
-    parts = {
-        "source": src_sha, "inputs": inputs_sha, "calibration": calib_sha,
-        "settings": job.settings.as_json(), "runtime": flavor.as_json(), "onnx": onnx.__version__,
-        "ortbuild": __version__, "missing_providers": sorted(missing),
+def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
+              missing: dict[str, str], sealing: dict[str, Any]) -> dict[str, Any]:
+    """Everything the artifact depends on, by name (plan says which one changed)."""
+    parts: dict[str, Any] = {
+        "source": src_sha, "inputs": inputs_sha,
+        # only the precisions that read calibration data depend on it
+        "calibration": calib_sha if job.settings.rule.needs_calibration else None,
+        **{f"settings.{k}": v for k, v in job.settings.as_json().items()},
+        "runtime": flavor.as_json(), "onnx": md.version("onnx"), "ortbuild": __version__,
+        "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return parts
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def build_key(parts: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """The build key (equal keys: the published artifact can be reused) and a short digest of each part."""
+    return _sha(parts), {k: _sha(v)[:16] for k, v in parts.items()}
+
+
+def changed_parts(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The names of the build key's parts that differ between a manifest and now."""
+    return sorted(k for k in {*recorded, *now} if recorded.get(k) != now.get(k))
 
 
 def _digest(path: Path | None) -> str | None:
@@ -109,6 +168,7 @@ class JobContext:
     missing: dict[str, str] = field(default_factory=dict)
     flavor: runtime.Flavor | None = None
     key: str = ""
+    key_parts: dict[str, str] = field(default_factory=dict)  # digest per part of the key
     inputs_sha: str = ""
     prec: precision.PrecisionResult | None = None
     opt: optimize.OptimizeResult | None = None
@@ -129,9 +189,13 @@ class Step:
     phase: Phase
     run: Callable[[JobContext], None]
     describe: Callable[[JobContext], str]
+    on_reuse: bool = True            # verify steps: also on a reused artifact (False: only on a fresh one)
 
 
 def _check(ctx: JobContext) -> None:
+    from . import data
+    from .steps import check
+
     job, s = ctx.job, ctx.job.settings
     src = ctx.src = check.run(job.model.path)
     ctx.res.source_size = src.size
@@ -149,6 +213,8 @@ def _check(ctx: JobContext) -> None:
 
 
 def _precision(ctx: JobContext) -> None:
+    from .steps import check, precision
+
     assert ctx.src is not None and ctx.work is not None
     s = ctx.job.settings
     ctx.prec = precision.run(ctx.src.model, s.precision, s.typed_precision_options(), ctx.work, ctx.samples)
@@ -156,6 +222,8 @@ def _precision(ctx: JobContext) -> None:
 
 
 def _optimize(ctx: JobContext) -> None:
+    from .steps import optimize
+
     assert ctx.prec is not None and ctx.work is not None
     ctx.opt = optimize.run(ctx.prec.path, ctx.job.settings, ctx.usable, ctx.missing, ctx.work)
     ctx.res.level = ctx.opt.applied
@@ -167,6 +235,8 @@ def _run_on(ctx: JobContext) -> list[Provider]:
 
 
 def _reload(ctx: JobContext) -> None:
+    from .steps import reload
+
     assert ctx.opt is not None
     ctx.rel = reload.run(ctx.opt.path, ctx.job.settings, _run_on(ctx), ctx.feed)
 
@@ -179,6 +249,8 @@ def deterministic() -> bool:
 def _seal(ctx: JobContext) -> None:
     """Split off external data if asked, then encrypt every file of the artifact (in memory)."""
     import onnx
+
+    from . import container
 
     assert ctx.opt is not None and ctx.work is not None
     s = ctx.job.settings
@@ -205,6 +277,8 @@ def _seal(ctx: JobContext) -> None:
 
 
 def _loaders(ctx: JobContext) -> None:
+    from . import loaders
+
     ctx.manifest = _manifest(ctx)
     ctx.loader_files = loaders.render(ctx.manifest, ctx.job.target.runtime)
     ctx.manifest = dataclasses.replace(ctx.manifest, loaders=loaders.describe(ctx.loader_files, ctx.manifest))
@@ -232,6 +306,8 @@ def _python_loader(ctx: JobContext) -> None:
     providers cannot run here, the loader must refuse to load it (no silent fallback) after verifying it.
     """
     import numpy as np
+
+    from . import loaders
 
     assert ctx.manifest is not None
     module: Any = loaders.import_python_loader(ctx.out_dir / loaders.LOADER_DIR / loaders.PYTHON)
@@ -261,7 +337,7 @@ def _python_loader(ctx: JobContext) -> None:
 
 # The pipeline: a new step joins here, in its phase, and nowhere else.
 PIPELINE: tuple[Step, ...] = (
-    Step("check", "prepare", _check, lambda c: f"check {c.job.model.path.name} and its data"),
+    Step("check", "build", _check, lambda c: f"check {c.job.model.path.name} and its data"),
     Step("precision", "build", _precision, lambda c: f"precision {c.job.settings.precision}"),
     Step("optimize", "build", _optimize,
          lambda c: f"optimize level={c.job.settings.optimization} providers={[p.name for p in c.usable] or '-'}"),
@@ -272,7 +348,8 @@ PIPELINE: tuple[Step, ...] = (
     Step("loaders", "build", _loaders, lambda c: "generate the Python and Node.js loaders"),
     Step("package", "build", _package, lambda c: f"sign and publish into {c.out_dir}"),
     Step("integrity", "verify", _integrity, lambda c: "verify the signature and digests of the published artifact"),
-    Step("loader", "verify", _python_loader, lambda c: "open it through the generated Python loader"),
+    Step("loader", "verify", _python_loader, lambda c: "open it through the generated Python loader",
+         on_reuse=False),  # a reused artifact passed it when built; its integrity is checked every time
 )
 
 
@@ -282,6 +359,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
     assert ctx.sign_key is not None
+    from . import container
+
     ctx.res.notes = prec.notes + opt.notes
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
@@ -312,6 +391,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         versions={"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": flavor.as_json()},
         build_machine=runtime.fingerprint(),
         build_key=ctx.key,
+        build_inputs=ctx.key_parts,
         created=manifest.timestamp(),
         encryption=manifest.Encryption(
             container="ortbuild-container-v1", algorithm="AES-256-GCM", key_id=enc.key_id,
@@ -325,21 +405,11 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
              m: manifest.Manifest, sign_key: keys.SigningKey) -> Path:
     files = {f.name: blob for f, blob in sealed}
+    from . import loaders
+
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
     manifest.write_signed(out_dir, files, m, sign_key.sign, prune=True)
     return out_dir / m.artifact.file
-
-
-def private_dir_root(need: int) -> str | None:
-    """Where the build's private temp dirs go: /dev/shm (memory-backed) when it has room, else the temp dir."""
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return None
-    if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize > need:
-        return str(shm)
-    return None
 
 
 class Builder:
@@ -368,29 +438,43 @@ class Builder:
     def _probe(self, p: Provider) -> str | None:
         key = (p.name, json.dumps(dict(p.options), sort_keys=True))
         if key not in self._probes:
-            self._probes[key] = runtime.probe_provider(p)
+            self._probes[key] = runtime.cached_probe(p, refresh=self.force)
         return self._probes[key]
 
-    def run(self, jobs: Sequence[Job]) -> list[JobResult]:
+    def run(self, jobs: Sequence[Job], workers: int = 1) -> list[JobResult]:
+        """Build the jobs, `workers` at a time (in worker processes: the quantizers change the process's
+        directory and temp dir, so jobs cannot share one). Results come back in the jobs' order; a failing
+        job is reported in its result and stops nothing else."""
         targets = {j.target.name: j.target for j in jobs}
         problems = {name: runtime.runtime_problem(t) for name, t in targets.items()}
-        self.check_keys([j for j in jobs if problems[j.target.name] is None])
-        results = []
-        for job in jobs:
-            t = job.target.name
-            if problems[t]:
-                res = JobResult(t, job.model.name, SKIPPED, reason=problems[t] or "",
-                                precision=job.settings.precision)
-                self.progress(job.name, f"skipped: {res.reason}")
-            else:
-                res = self.run_job(job)
-            results.append(res)
-        return results
+        buildable = [j for j in jobs if problems[j.target.name] is None]
+        self.check_keys(buildable)
+        for j in buildable:  # probe once, here: workers get the answers (a probe opens ORT sessions)
+            for p in j.settings.providers:
+                self._probe(p)
+        results: dict[int, JobResult] = {}
+        for i, job in enumerate(jobs):
+            if problems[job.target.name]:
+                results[i] = JobResult(job.target.name, job.model.name, SKIPPED,
+                                       reason=problems[job.target.name] or "", precision=job.settings.precision)
+                self.progress(job.name, f"skipped: {results[i].reason}")
+        for i, job in enumerate(jobs):  # up-to-date jobs are settled here, cheaply (no model is parsed)
+            if i not in results and not self.force and (reused := self.run_job(job, reuse_only=True)) is not None:
+                results[i] = reused
+        todo = [(i, job) for i, job in enumerate(jobs) if i not in results]
+        if workers <= 1 or len(todo) <= 1:
+            for i, job in todo:
+                results[i] = self.run_job(job)
+        else:
+            from .parallel import run_jobs
 
-    def _run_phase(self, ctx: JobContext, phase: Phase) -> None:
+            results.update(run_jobs(self, todo, workers))
+        return [results[i] for i in range(len(jobs))]
+
+    def _run_phase(self, ctx: JobContext, phase: Phase, reused: bool = False) -> None:
         """Run the phase's steps in order: announce each, remember it (a failure names it), time it."""
         for step in PIPELINE:
-            if step.phase != phase:
+            if step.phase != phase or (reused and not step.on_reuse):
                 continue
             self.progress(ctx.job.name, step.describe(ctx))
             ctx.res.step = step.name
@@ -399,9 +483,8 @@ class Builder:
             ctx.res.steps[step.name] = time.perf_counter() - t
 
     def _prepare(self, ctx: JobContext) -> None:
-        """What the build key needs beyond the check step: usable providers, the runtime, data digests."""
-        job, src = ctx.job, ctx.src
-        assert src is not None
+        """The build key, from digests alone (no model is parsed): usable providers, runtime, data, keys."""
+        job = ctx.job
         ctx.usable = [p for p in job.settings.providers if self._probe(p) is None]
         ctx.missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p))}
         ctx.flavor = runtime.installed_flavor()
@@ -412,28 +495,46 @@ class Builder:
         assert ctx.sign_key is not None  # check_keys()
         sealing = {"encryption_key_id": ctx.enc_key.key_id if ctx.enc_key else None,
                    "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
-        ctx.key = build_key(job, src.sha256, ctx.inputs_sha, _digest(job.model.calibration), ctx.flavor,
-                            ctx.missing, sealing)
+        parts = key_parts(job, _digest(job.model.path) or "", ctx.inputs_sha, _digest(job.model.calibration),
+                          ctx.flavor, ctx.missing, sealing)
+        ctx.key, ctx.key_parts = build_key(parts)
 
-    def run_job(self, job: Job) -> JobResult:
+    def prepare(self, job: Job) -> JobContext:
+        """A job's context with its build key computed (plan uses it to say why a job would rebuild)."""
+        ctx = JobContext(job=job, project=self.project, out_dir=paths.inside(self.dist, job.target.name,
+                                                                              job.model.name),
+                         res=JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision))
+        self._prepare(ctx)
+        return ctx
+
+    @typing.overload
+    def run_job(self, job: Job) -> JobResult: ...
+    @typing.overload
+    def run_job(self, job: Job, reuse_only: bool) -> JobResult | None: ...
+
+    def run_job(self, job: Job, reuse_only: bool = False) -> JobResult | None:
+        """Build one job (or reuse its published artifact). reuse_only: None unless it can be reused."""
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
-        out_dir = paths.inside(self.dist, job.target.name, job.model.name)
-        ctx = JobContext(job=job, project=self.project, out_dir=out_dir, res=res)
         start = time.perf_counter()
         try:
-            self._run_phase(ctx, "prepare")
+            out_dir = paths.inside(self.dist, job.target.name, job.model.name)
+            ctx = JobContext(job=job, project=self.project, out_dir=out_dir, res=res)
+            res.step = "prepare"
             self._prepare(ctx)
             reused = None if self.force else self._reusable(ctx.out_dir, ctx.key, ctx.sign_key)
+            if reuse_only and reused is None:
+                return None
             if reused is not None:
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
                 res.notes = list(reused.notes)
+                res.source_size = reused.source.size
             else:
-                need = 8 * (ctx.src.size if ctx.src else 0) + (64 << 20)
-                with tempfile.TemporaryDirectory(prefix="ortbuild-", dir=private_dir_root(need)) as tmp:  # 0700
-                    ctx.work = Path(tmp)
+                need = 8 * job.model.path.stat().st_size + (64 << 20)
+                with workspace.private_dir(need) as work:
+                    ctx.work = work
                     self._run_phase(ctx, "build")
                 ctx.work = None
-            self._run_phase(ctx, "verify")
+            self._run_phase(ctx, "verify", reused=reused is not None)
             assert ctx.manifest is not None
             # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
             res.status = PORTABLE if ctx.missing else (BUILT if reused is None else UP_TO_DATE)
@@ -444,14 +545,19 @@ class Builder:
             if reused is None:
                 self.progress(job.name, f"{res.status}: {res.artifact}")
         except OrtbuildError as e:  # ConfigError (bad inputs/calibration files) included
+            if reuse_only:
+                return None  # the full run reports it
             res.status = FAILED
             res.error = e
             res.reason = e.message
         except Exception as e:  # a tool (onnx, ORT, a quantizer) rejected the model: name the step
+            if reuse_only:
+                return None
             res.status = FAILED
             res.error = StepError(job.target.name, job.model.name, res.step, first_line(e),
                                   "rerun with --debug for the full traceback")
             res.error.__cause__ = e
+            res.debug = traceback.format_exc()
             res.reason = res.error.message
         finally:
             res.seconds = time.perf_counter() - start
@@ -460,10 +566,24 @@ class Builder:
         return res
 
     def _reusable(self, out_dir: Path, key: str, sign_key: keys.SigningKey | None) -> manifest.Manifest | None:
-        try:
-            m, folder = manifest.read(out_dir)
-        except OrtbuildError:
-            return None
-        if m.build_key != key or manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None):
-            return None
-        return m
+        return published(out_dir, key, sign_key)[1]
+
+
+def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None,
+              parts: dict[str, str] | None = None) -> tuple[str | None, manifest.Manifest | None]:
+    """(why the published artifact cannot be reused, None) or (None, its manifest): missing, damaged,
+    modified, or which parts of its build key changed."""
+    if not (out_dir / manifest.MANIFEST).exists():
+        return "no artifact yet", None
+    try:
+        m, folder = manifest.read(out_dir)
+    except OrtbuildError as e:
+        return f"damaged manifest ({e.message.split(': ', 1)[-1][:120]})", None
+    problems = manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None)
+    if problems:
+        return f"artifact modified or incomplete ({problems[0][:120]})", None
+    if m.build_key != key:
+        if parts is not None and m.build_inputs:
+            return "changed: " + ", ".join(changed_parts(m.build_inputs, parts)), None
+        return "changed: the build key (built by an older ortbuild)", None
+    return None, m

@@ -7,13 +7,12 @@ import dataclasses
 import hashlib
 import json
 import sys
-import traceback
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, container, keys, manifest, options, plan, runtime
+from . import __version__, config, container, keys, manifest, options, plan, runtime, workspace
 from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -57,6 +56,22 @@ def _refuse_if_nothing_fits(project: config.Project, jobs: Sequence[plan.Job], c
         "into this environment (one flavor per environment)")
 
 
+def _workers(args: argparse.Namespace, jobs: Sequence[plan.Job]) -> int:
+    from .parallel import default_workers
+
+    if args.jobs is not None:
+        return max(1, int(args.jobs))
+    return default_workers([j for j in jobs if runtime.runtime_problem(j.target) is None])
+
+
+def _clean_leftovers(dist: Path) -> None:
+    """Start-up recovery, holding dist's lock: what killed builds left (partial files, plaintext temp dirs)."""
+    removed = workspace.clean(dist)
+    if removed:
+        shown = ", ".join(str(p) for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
+        print(f"ortbuild: removed {len(removed)} leftover(s) of interrupted builds: {shown}", file=sys.stderr)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult, Progress
 
@@ -64,10 +79,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     _refuse_if_nothing_fits(project, jobs, "build")
     dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, force=args.force, progress=Progress(quiet=args.json),
-                      enc_key=keys.encryption_key(file=args.key_file),
+    builder = Builder(project, dist, force=args.force, enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
-    results = builder.run(jobs)
+    builder.check_keys([j for j in jobs if runtime.runtime_problem(j.target) is None])  # before dist/ is touched
+    with workspace.Lock(dist, timeout=args.lock_timeout), Progress(quiet=args.json) as progress:
+        _clean_leftovers(dist)
+        builder.progress = progress
+        results = builder.run(jobs, workers=_workers(args, jobs))
 
     rows = []
     for r in results:
@@ -109,8 +127,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for r in results:
         if r.status == FAILED and r.error is not None:
-            if args.debug and r.error.__cause__ is not None:
-                traceback.print_exception(r.error.__cause__, file=sys.stderr)
+            if args.debug and r.debug:
+                print(r.debug, file=sys.stderr)
             print(r.error.render(), file=sys.stderr)
     return code
 
@@ -132,13 +150,19 @@ def cmd_test(args: argparse.Namespace) -> int:
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     dist = Path(args.dist) if args.dist else project.root / "dist"
-    progress = Progress(quiet=args.json)
-    builder = Builder(project, dist, progress=progress, enc_key=keys.encryption_key(file=args.key_file),
+    builder = Builder(project, dist, enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
-    built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs])}
-    secret = builder.enc_key.secret if builder.enc_key else None
-    results = gates.Tester(project, dist, secret, args.config, progress).run(jobs, built, args.require)
-    json_path, html_path = report.write(dist, report.collect(dist))
+    builder.check_keys([j for j in [*jobs, *refs] if runtime.runtime_problem(j.target) is None])
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        _clean_leftovers(dist)
+        with Progress(quiet=args.json) as progress:
+            builder.progress = progress
+            built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs],
+                                                                     workers=_workers(args, [*jobs, *refs]))}
+        progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
+        secret = builder.enc_key.secret if builder.enc_key else None
+        results = gates.Tester(project, dist, secret, args.config, progress).run(jobs, built, args.require)
+        json_path, html_path = report.write(dist, report.collect(dist))
 
     code = next((r.exit_code for r in results if r.exit_code), 0)
     if not code and args.strict and any(r.status == gates.INCONCLUSIVE for r in results):
@@ -171,22 +195,44 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """What would be built, with which runtime, and whether each job would rebuild and why."""
+    from .build import Builder, Progress, published
+
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
+    dist = Path(args.dist) if args.dist else project.root / "dist"
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
-    out: list[dict[str, Any]] = [{"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
-            "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
-            "optimization": j.settings.optimization, "format": j.settings.format,
-            "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name]}
-           for j in jobs]
+    builder = Builder(project, dist, progress=Progress(quiet=True), enc_key=keys.encryption_key(file=args.key_file),
+                      sign_key=keys.signing_key(file=args.signing_key_file))
+    out: list[dict[str, Any]] = []
+    for j in jobs:
+        why: str | None
+        if problems[j.target.name]:
+            rebuild, why = None, problems[j.target.name]
+        elif builder.sign_key is None or (j.settings.encrypt and builder.enc_key is None):
+            rebuild, why = None, "unknown: no keys configured (the key ids are part of the build key)"
+        else:
+            ctx = builder.prepare(j)
+            why, _ = published(ctx.out_dir, ctx.key, builder.sign_key, ctx.key_parts)
+            rebuild = why is not None
+        out.append({"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
+                    "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
+                    "optimization": j.settings.optimization, "format": j.settings.format,
+                    "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
+                    "rebuild": rebuild, "why": why})
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+
+    def state(o: dict[str, Any]) -> str:
+        if not o["buildable_here"]:
+            return "other runtime"
+        return "?" if o["rebuild"] is None else "rebuild" if o["rebuild"] else "up to date"
     print(_table([[o["target"], o["model"], o["runtime"], ",".join(p.removesuffix("ExecutionProvider")
                                                                     for p in o["providers"]),
-                   o["precision"], o["optimization"], "yes" if o["buildable_here"] else "no (other runtime)"]
+                   o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] else ""]
                   for o in out],
-                 ["target", "model", "runtime", "providers", "precision", "level", "here"]))
+                 ["target", "model", "runtime", "providers", "precision", "level", "build", "why"]))
     return 0
 
 
@@ -250,13 +296,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 for v in info["io"][kind]:
                     print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
         return 0
+    folder = manifest.locate(path).parent
+    left = [str(p) for p in workspace.leftovers(None) + workspace.partial_files(folder)]
+    for p in left:
+        print(f"  LEFTOVER   {p}: left by an interrupted build; `ortbuild clean --stale` (or the next build) "
+              "removes it", file=sys.stderr)
     m, folder = manifest.read(path)
     pinned = keys.read_public_key(args.public_key) if args.public_key else None
     integrity = manifest.integrity_problems(m, folder, pinned)
     fit = manifest.fit_problems(m)
     if args.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "integrity_problems": integrity,
-                          "fit_problems": fit}, indent=2))
+                          "fit_problems": fit, "leftovers": left}, indent=2))
     else:
         opt, ort_version = m.optimization, m.versions["onnxruntime"]
         print(f"{m.target}/{m.model}  ({m.status})  built {m.created} with "
@@ -348,6 +399,30 @@ def cmd_rekey(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------ clean
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """--stale: remove what interrupted builds left; else every artifact and report in dist/ as well."""
+    import shutil
+
+    dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        removed = workspace.clean(dist)
+        if not args.stale:
+            for entry in sorted(dist.iterdir()):
+                if entry.name == workspace.LOCK:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry)
+    for p in removed:
+        print(f"removed {p}")
+    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}"))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- schema
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -375,6 +450,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
+    def writer(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-j", "--jobs", type=int, default=None,
+                        help="jobs built at once, in worker processes (default: cores, as memory allows)")
+        sp.add_argument("--lock-timeout", type=float, default=600.0,
+                        help="seconds to wait for another ortbuild writing the same dist/ (default: %(default)s)")
+
     def selection(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
         sp.add_argument("-t", "--target", action="append", help="target name or glob (repeatable)")
@@ -390,6 +471,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     b.add_argument("--signing-key-file",
                    help="signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
+    writer(b)
     b.set_defaults(func=cmd_build)
 
     te = sub.add_parser("test", help="build what is missing or stale, then check golden outputs, latency and size")
@@ -400,11 +482,23 @@ def parser() -> argparse.ArgumentParser:
                     help="a target that cannot run here fails (exit 4/5) instead of being skipped")
     te.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
+    writer(te)
     te.set_defaults(func=cmd_test)
 
-    pl = sub.add_parser("plan", help="show what would be built, with which runtime")
+    pl = sub.add_parser("plan", help="show what would be built, with which runtime, and why each job rebuilds")
     selection(pl)
+    pl.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    pl.add_argument("--key-file", help="encryption key file (its id is part of the build key)")
+    pl.add_argument("--signing-key-file", help="signing key file (its id is part of the build key)")
     pl.set_defaults(func=cmd_plan)
+
+    cl = sub.add_parser("clean", help="remove dist/'s artifacts, or with --stale only what interrupted builds left")
+    cl.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+    cl.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    cl.add_argument("--stale", action="store_true",
+                    help="only partial files and the private temp dirs of dead builds (they hold plaintext)")
+    cl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
+    cl.set_defaults(func=cmd_clean)
 
     t = sub.add_parser("targets", help="list targets and whether this environment can run them")
     t.add_argument("-c", "--config", default=config.DEFAULT_FILE)

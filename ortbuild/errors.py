@@ -11,6 +11,7 @@ Exit codes (documented in README.md and docs/design.md):
     7  an artifact or manifest is unreadable, tampered or does not fit this machine
     8  no key: the encryption or signing key is missing or unreadable
     9  a release gate failed (accuracy, latency or size; INCONCLUSIVE latency with --strict)
+   10  the output directory is locked by another ortbuild process (gave up after --lock-timeout)
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class OrtbuildError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle by state (parallel builds send results between processes; subclasses take other args)."""
+        return (_restore, (type(self), self.message, dict(self.__dict__)))
 
     def render(self) -> str:
         text = f"ortbuild: {self.label}: {self.message}"
@@ -87,6 +92,18 @@ class GateFailed(OrtbuildError):
 
     exit_code = 9
     label = "release gate failed"
+
+
+class Busy(OrtbuildError):
+    exit_code = 10
+    label = "busy"
+
+
+def _restore(cls: type[OrtbuildError], message: str, state: dict[str, object]) -> OrtbuildError:
+    e = cls.__new__(cls)
+    Exception.__init__(e, message)
+    e.__dict__.update(state)
+    return e
 
 
 def first_line(exc: BaseException, limit: int = 400) -> str:

@@ -97,6 +97,8 @@ def probe_provider(provider: Provider) -> str | None:
     get_available_providers() is not enough: onnxruntime-gpu lists CUDA and TensorRT on a machine
     without a GPU, and session creation then falls back to the CPU with only a warning.
     """
+    if provider.name == "CPUExecutionProvider" and installed_flavor() is not None:
+        return None  # every flavor has it; importing ORT to ask costs a no-op build most of its time
     import onnxruntime as ort
 
     if provider.name not in ort.get_available_providers():
@@ -119,6 +121,65 @@ def probe_provider(provider: Provider) -> str | None:
     detail = error or _first_error(log.getvalue())
     return (f"{provider.name} is installed but cannot run here"
             + (f" ({detail})" if detail else " (no device, or its libraries are missing)"))
+
+
+PROBE_CACHE = ".ortbuild-probes.json"   # in the environment's prefix (each nox venv has its own)
+PROBE_CACHE_SECONDS = 24 * 3600
+
+
+def _environment_fingerprint() -> str:
+    """What a provider probe's answer depends on besides the provider: the runtime's files, the GPU/driver
+    side of the machine, the library search path, this boot. Any change means probing again."""
+    import hashlib
+    import json
+    import socket
+    from pathlib import Path
+
+    flavor = installed_flavor()
+    parts: dict[str, Any] = {"flavor": flavor.as_json() if flavor else None, "host": socket.gethostname()}
+    for f in ("/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version"):
+        with contextlib.suppress(OSError):
+            parts[f] = Path(f).read_text()
+    parts["env"] = {k: os.environ.get(k) for k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "PATH", "CUDA_PATH")}
+    stats = []
+    for pattern in ("/dev/nvidia*", "/dev/dri/*", "/etc/ld.so.cache"):
+        for p in sorted(Path("/").glob(pattern.lstrip("/"))):
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                stats.append((str(p), st.st_mtime_ns, st.st_size))
+    parts["devices"] = stats
+    parts["dists"] = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()
+                            if str(d.metadata["Name"] or "").lower().startswith(("nvidia-", "tensorrt", "openvino")))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cached_probe(provider: Provider, *, refresh: bool = False) -> str | None:
+    """probe_provider(), remembered per environment while its fingerprint holds (at most a day). A no-op
+    build then needs no ONNX Runtime session at all; `ortbuild build --force` probes again."""
+    import json
+    import time
+    from pathlib import Path
+
+    if provider.name == "CPUExecutionProvider":
+        return probe_provider(provider)
+    path = Path(sys.prefix) / PROBE_CACHE
+    key = f"{provider.name} {json.dumps(dict(provider.options), sort_keys=True)}"
+    fingerprint = _environment_fingerprint()
+    try:
+        cache = json.loads(path.read_text())
+        assert isinstance(cache, dict) and cache.get("fingerprint") == fingerprint
+        assert time.time() - float(cache.get("time", 0)) < PROBE_CACHE_SECONDS
+    except (OSError, ValueError, AssertionError, TypeError):
+        cache = {"fingerprint": fingerprint, "time": time.time(), "answers": {}}
+    answers = cache["answers"]
+    if refresh or key not in answers:
+        answers[key] = probe_provider(provider)
+        with contextlib.suppress(OSError):  # a read-only environment just probes every time
+            from .manifest import atomic_write
+
+            atomic_write(path, json.dumps(cache, indent=1).encode())
+    answer: str | None = answers[key]
+    return answer
 
 
 def _first_error(log: str) -> str:

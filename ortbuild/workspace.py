@@ -1,0 +1,197 @@
+"""Where builds write: one writer per output directory (a lock), private temp space, and no leftovers.
+
+- `Lock(dist)`: an exclusive `fcntl.flock` on dist/.ortbuild.lock. The kernel drops it when its process dies,
+  so the lock of a killed build is taken over at once; the file names the holder (pid, command, start) so a
+  waiting process says whom it waits for, and gives up after a timeout.
+- `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, on /dev/shm when it has room,
+  named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory from a dead one's.
+- `leftovers()` / `clean()`: what killed builds leave: private dirs of dead processes (anywhere we put them),
+  and partial files (`.NAME.*.partial`, `.golden.*`) in dist/, which only a lock holder may remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import Busy
+
+LOCK = ".ortbuild.lock"
+PRIVATE_PREFIX = "ortbuild-"
+PARTIAL_GLOBS = ("*.partial", ".golden.*")  # atomic_write's temp files, golden's temp dirs
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    now = _start_time(pid)
+    if now is None:
+        if Path("/proc/self/stat").exists():
+            return False
+        try:  # no /proc (not Linux): fall back to a signal-0 probe
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return start is None or now == start  # same pid, other start time: the pid was reused
+
+
+def _tag() -> str:
+    return f"{os.getpid()}-{_start_time(os.getpid()) or 0}"
+
+
+# --------------------------------------------------------------------------------------- private dirs
+
+def _private_roots() -> list[Path]:
+    roots = [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    return [r for r in dict.fromkeys(roots) if r.is_dir()]
+
+
+def _private_root(need: int) -> str | None:
+    """/dev/shm (memory-backed: plaintext never reaches a disk) when it has room, else the temp dir."""
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize > need:
+        return str(shm)
+    return None
+
+
+@contextlib.contextmanager
+def private_dir(need: int) -> Iterator[Path]:
+    """A private (0700) temp dir for one job's build phase, removed when the job ends however it ends,
+    short of kill -9; then the next run's clean() removes it."""
+    path = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{_tag()}-", dir=_private_root(need)))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _dead_private_dirs() -> list[Path]:
+    found = []
+    for root in _private_roots():
+        try:
+            entries = list(root.glob(f"{PRIVATE_PREFIX}*-*-*"))
+        except OSError:
+            continue
+        for d in entries:
+            parts = d.name[len(PRIVATE_PREFIX):].split("-")
+            try:
+                owned = d.is_dir() and not d.is_symlink() and d.stat().st_uid == os.getuid()
+            except OSError:
+                continue
+            if owned and parts[0].isdigit() and parts[1].isdigit() and not _alive(int(parts[0]), parts[1]):
+                found.append(d)
+    return found
+
+
+# -------------------------------------------------------------------------------------------- leftovers
+
+def partial_files(folder: Path) -> list[Path]:
+    """Temp files and dirs of interrupted writes under `folder` (a dist/ or one artifact directory)."""
+    if not folder.is_dir():
+        return []
+    return sorted({p for pattern in PARTIAL_GLOBS for p in folder.rglob(pattern)})
+
+
+def leftovers(dist: Path | None) -> list[Path]:
+    """Everything dead builds left: their private temp dirs (plaintext!) and, in dist/, partial files."""
+    return [*_dead_private_dirs(), *(partial_files(dist) if dist is not None else [])]
+
+
+def clean(dist: Path | None) -> list[Path]:
+    """Remove leftovers. Call it holding dist's lock: partial files in dist/ are then never a live write's."""
+    removed = []
+    for p in leftovers(dist):
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except FileNotFoundError:
+            pass
+        removed.append(p)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------------- lock
+
+def holder(dist: Path) -> dict[str, Any] | None:
+    """Who holds (or last held) dist's lock, as written in the lock file."""
+    try:
+        info = json.loads((dist / LOCK).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+class Lock:
+    """An exclusive lock on one output directory, for the whole of a command that writes into it."""
+
+    def __init__(self, dist: Path, *, timeout: float = 600.0, say: Callable[[str], None] | None = None,
+                 command: str = "") -> None:
+        self.dist = dist
+        self.timeout = timeout
+        self.say = say or (lambda text: print(f"ortbuild: {text}", file=sys.stderr, flush=True))
+        self.command = command or " ".join(["ortbuild", *sys.argv[1:]])[:200]
+        self.fd: int | None = None
+
+    def __enter__(self) -> Lock:
+        self.dist.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dist / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        start, told = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                who = holder(self.dist) or {}
+                if time.monotonic() - start >= self.timeout:
+                    os.close(fd)
+                    raise Busy(f"{self.dist} is locked by pid {who.get('pid', '?')} ({who.get('command', '?')}, "
+                               f"since {who.get('since', '?')}); gave up after {self.timeout:.0f} s",
+                               "wait for that build to finish, or raise --lock-timeout") from None
+                if not told:
+                    self.say(f"waiting for {self.dist}: locked by pid {who.get('pid', '?')} "
+                             f"({who.get('command', '?')}, since {who.get('since', '?')}); "
+                             f"timeout {self.timeout:.0f} s")
+                    told = True
+                time.sleep(0.1)
+        before = holder(self.dist)
+        if before and isinstance(before.get("pid"), int) and before["pid"] != os.getpid() \
+                and not _alive(int(before["pid"]), str(before.get("start")) if before.get("start") else None):
+            self.say(f"took over the lock of pid {before['pid']} ({before.get('command', '?')}), which is gone")
+        info = {"pid": os.getpid(), "start": _start_time(os.getpid()), "command": self.command,
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # released cleanly: nobody to take over from
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
