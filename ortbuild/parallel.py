@@ -44,9 +44,25 @@ def default_workers(jobs: Sequence[Job]) -> int:
 _BUILDER: Builder | None = None
 
 
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this worker when the parent dies (kill -9 included), so no orphan goes on
+    writing into dist/ after the lock its parent held is gone."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _init(state: dict[str, Any], events: Any) -> None:
     from .build import Builder
 
+    _die_with_parent(state["parent"])
     global _BUILDER
     sign = state["sign"]
     sign_key = keys.SigningKey(Ed25519PrivateKey.from_private_bytes(sign[0]), sign[1], sign[2]) \
@@ -85,7 +101,7 @@ def run_jobs(builder: Builder, todo: Sequence[tuple[int, Job]], workers: int) ->
     sign = (sk.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                      serialization.NoEncryption()), sk.source, sk.development) if sk else None
     state = {"project": builder.project, "dist": str(builder.dist), "force": builder.force,
-             "enc": builder.enc_key, "sign": sign, "probes": builder._probes}
+             "enc": builder.enc_key, "sign": sign, "probes": builder._probes, "parent": os.getpid()}
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     done = threading.Event()

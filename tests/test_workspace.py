@@ -1,0 +1,174 @@
+"""dist/ under stress, for real: kill -9 at random moments, concurrent builds, locks, leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import cli, keys, manifest, workspace
+from ortbuild.errors import Busy
+
+TARGETS = """
+[targets.fp32]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+
+[targets.int8]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+"""
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ortbuild", *args]
+
+
+def _artifacts(dist: Path) -> list[Path]:
+    return sorted(p.parent for p in dist.glob("*/*/manifest.json"))
+
+
+def _assert_no_torn_state(dist: Path) -> int:
+    """Every artifact a reader can find is complete: its manifest reads, its signature and digests hold.
+    An artifact directory without a manifest is not an artifact (readers say 'no manifest here')."""
+    pub = keys.signing_key()
+    assert pub is not None
+    for folder in _artifacts(dist):
+        m, _ = manifest.read(folder)
+        assert manifest.integrity_problems(m, folder, pub.public_raw) == [], folder
+    return len(_artifacts(dist))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _dead_private_dirs() -> list[Path]:
+    """ortbuild-<pid>-* temp dirs whose process is gone (builds and their workers): plaintext nobody owns."""
+    roots = {Path("/dev/shm"), Path(os.environ.get("TMPDIR", "/tmp"))}
+    return [d for r in roots if r.is_dir() for d in r.glob(f"{workspace.PRIVATE_PREFIX}*")
+            if d.name.split("-")[1].isdigit() and not _alive(int(d.name.split("-")[1]))]
+
+
+def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_project: Callable[..., Path],
+                                                                         tmp_path: Path) -> None:
+    path = make_project(TARGETS, models=("tiny_cnn", "tiny_transformer"))
+    dist = path.parent / "dist"
+    rng = random.Random(20261123)
+    killed_in_build = leftovers_seen = 0
+    # one complete build first, so kills also hit the replacement of published artifacts
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True, timeout=600).returncode == 0
+    for i in range(50):
+        proc = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-j", str(1 + i % 2)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(rng.uniform(0.1, 2.2))
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode == -signal.SIGKILL:
+            killed_in_build += b"] precision" in err or b"] optimize" in err or b"] sign and publish" in err
+        _assert_no_torn_state(dist)
+        # readers never crash on what a kill left; inspect names leftovers
+        for folder in dist.glob("*/*"):
+            assert cli.main(["inspect", str(folder)]) in (0, 7)  # 1 would be an internal error
+        leftovers_seen += len(workspace.partial_files(dist)) + len(_dead_private_dirs())
+    assert killed_in_build >= 10, "the kills must land inside build steps"
+    assert leftovers_seen >= 1, "some kills must leave something for the recovery to remove"
+    # the next build removes every leftover (partial files, the plaintext temp dirs of the dead processes)
+    left = workspace.partial_files(dist) + _dead_private_dirs()
+    proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert workspace.partial_files(dist) == [] and _dead_private_dirs() == []
+    assert _assert_no_torn_state(dist) == 4
+    assert ("leftover(s) of interrupted builds" in proc.stderr) == bool(left)
+
+
+def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    dist = path.parent / "dist"
+    dead = subprocess.Popen(["sleep", "0"])
+    dead.wait()
+    start = "12345"
+    private = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / f"ortbuild-{dead.pid}-{start}-test"
+    private.mkdir()
+    (private / "source.onnx").write_bytes(b"plaintext weights")
+    (dist / "fp32" / "tiny_cnn").mkdir(parents=True)
+    partial = dist / "fp32" / "tiny_cnn" / ".model.onnx.enc.x1.partial"
+    partial.write_bytes(b"half")
+    live = Path(private.parent) / f"ortbuild-{os.getpid()}-{workspace._start_time(os.getpid())}-live"
+    live.mkdir()  # a live process's private dir is never touched
+    try:
+        shown = subprocess.run(_cli("inspect", str(dist / "fp32" / "tiny_cnn")), capture_output=True, text=True)
+        assert "LEFTOVER" in shown.stderr and str(private) in shown.stderr and str(partial) in shown.stderr
+        proc = subprocess.run(_cli("clean", "--stale", "-c", str(path)), capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert not private.exists() and not partial.exists() and live.exists()
+        assert f"removed {private}" in proc.stdout
+    finally:
+        live.rmdir()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_concurrent_builds_with_different_settings_never_mismatch(make_project: Callable[..., Path], n: int) -> None:
+    base = make_project(TARGETS, models=("tiny_cnn", "tiny_lstm"))
+    text = base.read_text()
+    variants = []
+    for i, level in enumerate(["all", "basic", "extended"][:n]):
+        v = base.parent / f"targets-{i}.toml"
+        v.write_text(text.replace('providers = ["CPUExecutionProvider"]',
+                                  f'providers = ["CPUExecutionProvider"]\noptimization = "{level}"'))
+        variants.append(v)
+    dist = base.parent / "dist"
+    procs = [subprocess.Popen(_cli("build", "-c", str(v), "--dist", str(dist)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for v in variants]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, [e for _, e in outs]
+    assert any("waiting for" in err and "locked by pid" in err for _, err in outs)
+    assert _assert_no_torn_state(dist) == 4
+    # the artifacts on disk are exactly one of the variants' builds, each matching its own manifest
+    levels = {manifest.read(f)[0].optimization.requested for f in _artifacts(dist)}
+    assert len(levels) == 1
+
+
+def test_lock_times_out_naming_the_holder_and_dead_holders_are_taken_over(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    dist = path.parent / "dist"
+    with workspace.Lock(dist, command="ortbuild build (the test holds it)"):
+        proc = subprocess.run(_cli("build", "-c", str(path), "--lock-timeout", "1"), capture_output=True, text=True)
+        assert proc.returncode == Busy.exit_code
+        assert f"locked by pid {os.getpid()} (ortbuild build (the test holds it)" in proc.stderr
+        assert "gave up after 1 s" in proc.stderr and "Traceback" not in proc.stderr
+    dead = subprocess.Popen(["sleep", "0"])
+    dead.wait()
+    (dist / workspace.LOCK).write_text(json.dumps({"pid": dead.pid, "start": "1", "command": "ortbuild build",
+                                                   "since": "earlier"}))
+    proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and f"took over the lock of pid {dead.pid}" in proc.stderr
+
+
+def test_a_damaged_manifest_is_reported_and_rebuilt(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    folder = path.parent / "dist" / "fp32" / "tiny_cnn"
+    doc = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(doc.replace('"artifact"', '"artifacT"', 1))
+    shown = subprocess.run(_cli("inspect", str(folder)), capture_output=True, text=True)
+    assert shown.returncode == 7 and "unknown manifest key 'artifacT'" in shown.stderr
+    assert "rebuild" in shown.stderr and "Traceback" not in shown.stderr
+    plan = subprocess.run(_cli("plan", "-c", str(path), "--json"), capture_output=True, text=True)
+    assert json.loads(plan.stdout)[0]["why"].startswith("damaged manifest")
+    proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and "1 built" in proc.stdout
+    assert _assert_no_torn_state(path.parent / "dist") == 1
