@@ -528,19 +528,24 @@ def _check_name(chk: _Checker, kind: str, name: str) -> None:
                        f"names become directories under dist/; pattern {paths.NAME_PATTERN}")
 
 
-def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str) -> dict[str, Any]:
-    """The target's table merged over its `extends` chain, parent first. Iterative: chains can be long."""
+def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str,
+                     done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The target's table merged over its `extends` chain, parent first. Iterative (chains can be long), and
+    each target is resolved once (`done` keeps the results)."""
     chain = [name]
-    while (parent := raw[chain[-1]].get("extends")) is not None:
+    while chain[-1] not in done and (parent := raw[chain[-1]].get("extends")) is not None:
         where = f"targets.{chain[-1]}.extends"
         if parent not in raw:
             raise chk.fail(where, f"unknown target {_shown(parent)}{did_you_mean(parent, list(raw))}")
         if parent in chain:
-            cycle = " -> ".join([*chain[chain.index(parent):], parent])
-            raise chk.fail(where, f"cycle in extends: {cycle}", "remove one of the extends keys")
+            loop = [*chain[chain.index(parent):], parent]
+            shown = loop if len(loop) <= 8 else [*loop[:3], f"... ({len(loop) - 6} more)", *loop[-3:]]
+            raise chk.fail(where, f"cycle in extends: {' -> '.join(shown)}", "remove one of the extends keys")
         chain.append(parent)
-    merged: dict[str, Any] = dict(raw[chain[-1]])
-    for child in reversed(chain[:-1]):  # each child over what it inherits
+    top = chain.pop()
+    merged = done.get(top) or {k: v for k, v in raw[top].items() if k != "extends"}
+    done[top] = merged
+    for child in reversed(chain):  # each child over what it inherits
         inherited = copy.deepcopy(merged)
         for o in inherited.get("overrides", []):
             o[INHERITED] = True  # an inherited override may name models this target does not build
@@ -548,8 +553,9 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str) -> dict[str,
             if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
                 part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
         merged = merge(inherited, raw[child])
-    merged.pop("extends", None)
-    return merged
+        merged.pop("extends", None)
+        done[child] = merged
+    return copy.deepcopy(merged)
 
 
 def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) -> dict[str, Target]:
@@ -559,9 +565,10 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
         _check_name(chk, "targets", name)
         chk.table(table, "target", f"targets.{name}")
     targets: dict[str, Target] = {}
+    resolved: dict[str, dict[str, Any]] = {}
     for name in raw:
         where = f"targets.{name}"
-        t = merge(options.defaults("target"), _resolve_extends(chk, raw, name))
+        t = merge(options.defaults("target"), _resolve_extends(chk, raw, name, resolved))
         for k in ("runtime", "providers"):
             if k not in t:
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")

@@ -161,3 +161,81 @@ def test_names_the_tools_would_ignore_are_config_errors(make_project: Callable[.
     res = build(path, tmp_path / "dist", targets=["int8"])[0]
     assert res.status == FAILED and isinstance(res.error, ConfigError)
     assert expect in res.error.message and res.error.exit_code == 3
+
+
+def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifacts(
+        make_project: Callable[..., Path], tmp_path: Path) -> None:
+    import contextlib
+    import io
+    import shutil
+
+    import numpy as np
+
+    from ortbuild import cli
+
+    from .conftest import MODELS
+
+    calib = tmp_path / "cnn.calib.npz"
+    shutil.copy(MODELS / "tiny_cnn.calib.npz", calib)
+    path = make_project("""
+        [targets.fp32]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+
+        [targets.static]
+        extends = "fp32"
+        precision = "int8-static"
+        [[targets.static.overrides]]
+        models = ["tiny_lstm"]
+        precision = "int8-dynamic"
+    """, models=("tiny_cnn", "tiny_lstm"), calibration=True)
+    path.write_text(path.read_text().replace(str(MODELS / "tiny_cnn.calib.npz"), str(calib)))
+    dist = tmp_path / "dist"
+    assert {r.status for r in build(path, dist)} == {BUILT}
+    with np.load(calib) as z:
+        arrays = {k: z[k] * 0.9 for k in z.files}
+    np.savez(calib, **arrays)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["plan", "-c", str(path), "--dist", str(dist), "--json"]) == 0
+    why = {f"{j['target']}/{j['model']}": j["why"] for j in json.loads(out.getvalue())}
+    assert why == {"fp32/tiny_cnn": None, "fp32/tiny_lstm": None, "static/tiny_cnn": "changed: calibration",
+                   "static/tiny_lstm": None}
+    assert [(r.target, r.model, r.status) for r in build(path, dist)] == [
+        ("fp32", "tiny_cnn", UP_TO_DATE), ("fp32", "tiny_lstm", UP_TO_DATE), ("static", "tiny_cnn", BUILT),
+        ("static", "tiny_lstm", UP_TO_DATE)]
+
+
+def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_target() -> None:
+    from ortbuild import build as b
+    from ortbuild import runtime
+
+    project = config.load(Path(__file__).resolve().parent.parent / "targets.toml", check_files=False)
+    job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]
+    sealing = {"encryption_key_id": "e", "signing_key_id": "s", "deterministic": False}
+    a = b.build_key(b.key_parts(job, "src", "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing))
+    c = b.build_key(b.key_parts(job, "src", "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing))
+    assert a[0] != c[0] and b.changed_parts(a[1], c[1]) == ["runtime"]
+    d = b.build_key(b.key_parts(job, "src", "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing))
+    assert d == a  # an fp32 job does not depend on calibration data
+
+
+def test_parallel_builds_equal_serial_ones_and_a_failing_job_hides_nothing(make_project: Callable[..., Path],
+                                                                           tmp_path: Path) -> None:
+    path = make_project(TWO_TARGETS + """
+    [[targets.int8.overrides]]
+    models = ["tiny_lstm"]
+    quantization = { exclude_nodes = ["no_such_node"] }
+    """, models=("tiny_cnn", "tiny_lstm", "tiny_transformer"))
+    results = {}
+    for workers in (1, 2):
+        p = config.load(path)
+        res = Builder(p, tmp_path / f"dist{workers}", progress=lambda job, msg: None).run(plan.jobs(p), workers)
+        results[workers] = [(r.target, r.model, r.status, r.error.exit_code if r.error else 0) for r in res]
+    assert results[1] == results[2]
+    assert ("int8", "tiny_lstm", FAILED, 3) in results[2]
+    assert sum(s == BUILT for _, _, s, _ in results[2]) == 5
+    for workers in (1, 2):  # same artifacts: the same graphs and manifests up to timestamps and ciphertext
+        docs = [json.loads(f.read_text()) for f in sorted((tmp_path / f"dist{workers}").glob("*/*/manifest.json"))]
+        results[workers] = [(d["target"], d["model"], d["build_key"], d["golden_run"]) for d in docs]
+    assert results[1] == results[2]

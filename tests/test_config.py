@@ -103,3 +103,20 @@ def test_check_files_false_skips_existence(tmp_path: Path) -> None:
     bad = REPO / "tests" / "fixtures" / "bad" / "model_missing.toml"
     p = config.load(bad, check_files=False)
     assert "lstm" in p.models
+
+
+def test_a_long_extends_chain_resolves_without_recursion(tmp_path: Path) -> None:
+    n = 3000
+    text = f"""
+[project]
+name = "p"
+version = "1"
+[models.cnn]
+path = "{REPO / 'models' / 'tiny_cnn.onnx'}"
+inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
+"""
+    text += "\n".join(f'[targets.t{i}]\nextends = "t{i + 1}"' for i in range(n - 1))
+    text += f'\n[targets.t{n - 1}]\nruntime = "onnxruntime==1.31.1"\nproviders = ["CPUExecutionProvider"]\n'
+    (tmp_path / "targets.toml").write_text(text)
+    project = config.load(tmp_path / "targets.toml")
+    assert project.targets["t0"].runtime == "onnxruntime==1.31.1" and len(project.targets) == n
