@@ -612,6 +612,9 @@ def _table_schema(table: str, with_required: bool) -> dict[str, Any]:
 def json_schema() -> dict[str, Any]:
     # Targets may inherit required keys through `extends`, so the schema cannot require them there.
     defs = {t: _table_schema(t, with_required=t != "target") for t in TABLES}
+    from .paths import NAME_PATTERN, RESERVED_NAMES  # names become directories under dist/
+
+    names = {"pattern": f"^{NAME_PATTERN}$", "not": {"enum": sorted(RESERVED_NAMES)}}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "ortbuild targets.toml",
@@ -620,10 +623,10 @@ def json_schema() -> dict[str, Any]:
         "required": ["project", "models", "targets"],
         "properties": {
             "project": {"$ref": "#/$defs/project"},
-            "models": {"type": "object", "additionalProperties": {"$ref": "#/$defs/model"},
+            "models": {"type": "object", "additionalProperties": {"$ref": "#/$defs/model"}, "propertyNames": names,
                        "description": "Source models, one table per model name."},
             "targets": {"type": "object", "additionalProperties": {"$ref": "#/$defs/target"},
-                        "description": "Hardware targets, one table per target name."},
+                        "propertyNames": names, "description": "Hardware targets, one table per target name."},
         },
         "$defs": defs,
     }
@@ -681,5 +684,18 @@ def reference_markdown() -> str:
         "",
     ]
     lines += [f"- `{k}`: {why}" for k, why in sorted(RESERVED_CONFIG_KEYS.items())]
-    lines.append("")
+    lines += ["", "Values are strings; these must be `\"0\"` or `\"1\"`: "
+              + ", ".join(f"`{k}`" for k in sorted(CONFIG_FLAGS)) + ". These must be integers (as strings): "
+              + ", ".join(f"`{k}` (at most {v})" for k, v in sorted(CONFIG_INTS.items())) + ".", ""]
+    lines += ["## Provider options", "",
+              "Checked for these providers (ONNX Runtime accepts any name silently; ortbuild refuses unknown "
+              "names and values of the wrong kind). Other providers' options are passed through unchecked.", ""]
+    for provider, opts in PROVIDER_OPTIONS.items():
+        shown = ", ".join(f"`{n}` ({o.kind}{': ' + '/'.join(o.choices) if o.choices else ''})"
+                          for n, o in opts.items()) or "none (use `[targets.NAME.session]`)"
+        lines += [f"- **{provider}**: {shown}"]
+    from .paths import NAME_RULE, RESERVED_NAMES
+
+    lines += ["", "## Names", "", f"Target and model names are {NAME_RULE}; they become directories under `dist/`, "
+              f"so path syntax is refused, and so are {', '.join(f'`{n}`' for n in sorted(RESERVED_NAMES))}.", ""]
     return "\n".join(lines)
