@@ -69,9 +69,12 @@ def _install(session: nox.Session, *requirements: str, no_deps: tuple[str, ...] 
     wanted = {r.split("=")[0].split("<")[0].split(">")[0].strip().lower() for r in requirements}
     if wanted & set(RUNTIME_FLAVORS) and venv.name:
         others = [f for f in RUNTIME_FLAVORS if f not in wanted]
-        uv = getattr(nox.virtualenv, "UV", "uv")
-        session.run_install(uv, "pip", "uninstall", "--python", str(venv / "bin" / "python"), *others,
-                            silent=True, success_codes=[0, 1, 2])
+        if session.venv_backend == "uv":
+            uninstall = [getattr(nox.virtualenv, "UV", "uv"), "pip", "uninstall", "--python",
+                         str(venv / "bin" / "python")]
+        else:
+            uninstall = ["python", "-m", "pip", "uninstall", "-y"]
+        session.run_install(*uninstall, *others, silent=True, success_codes=[0, 1, 2])
     session.install(*requirements)
     if no_deps:
         session.install("--no-deps", *no_deps)
