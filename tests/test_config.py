@@ -120,3 +120,21 @@ inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
     (tmp_path / "targets.toml").write_text(text)
     project = config.load(tmp_path / "targets.toml")
     assert project.targets["t0"].runtime == "onnxruntime==1.31.1" and len(project.targets) == n
+
+
+def test_a_long_extends_cycle_is_one_short_error(tmp_path: Path) -> None:
+    n = 3000
+    text = f"""
+[project]
+name = "p"
+version = "1"
+[models.cnn]
+path = "{REPO / 'models' / 'tiny_cnn.onnx'}"
+inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
+"""
+    text += "\n".join(f'[targets.t{i}]\nextends = "t{(i + 1) % n}"' for i in range(n))
+    (tmp_path / "targets.toml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        config.load(tmp_path / "targets.toml")
+    assert err.value.message.endswith(
+        "[targets.t2999.extends] cycle in extends: t0 -> t1 -> t2 -> ... (2995 more) -> t2998 -> t2999 -> t0")
