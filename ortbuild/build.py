@@ -521,9 +521,12 @@ class Builder:
             ctx = JobContext(job=job, project=self.project, out_dir=out_dir, res=res)
             res.step = "prepare"
             self._prepare(ctx)
-            reused = None if self.force else self._reusable(ctx.out_dir, ctx.key, ctx.sign_key)
+            why, reused = ("--force", None) if self.force else published(ctx.out_dir, ctx.key, ctx.sign_key,
+                                                                         ctx.key_parts)
             if reuse_only and reused is None:
                 return None
+            if why and why != "no artifact yet" and not self.force:
+                self.progress(job.name, f"rebuilding: {why}")
             if reused is not None:
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
                 res.notes = list(reused.notes)
@@ -534,6 +537,8 @@ class Builder:
                     ctx.work = work
                     self._run_phase(ctx, "build")
                 ctx.work = None
+                if why and why.startswith(("damaged", "artifact modified")):  # the summary says so too
+                    res.notes.append(f"rebuilt the published artifact: {why}")
             self._run_phase(ctx, "verify", reused=reused is not None)
             assert ctx.manifest is not None
             # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
@@ -564,9 +569,6 @@ class Builder:
         if res.status == FAILED:
             self.progress(job.name, f"FAILED: {res.reason}")
         return res
-
-    def _reusable(self, out_dir: Path, key: str, sign_key: keys.SigningKey | None) -> manifest.Manifest | None:
-        return published(out_dir, key, sign_key)[1]
 
 
 def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None,

@@ -57,7 +57,9 @@ def test_unchanged_jobs_are_reused_and_changes_rebuild(make_project: Callable[..
     path.write_text(path.read_text().replace('precision = "int8-dynamic"', 'precision = "fp16"'))
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE, BUILT]
     (dist / "fp32" / "tiny_cnn" / "model.onnx.enc").write_bytes(b"tampered")
-    assert [r.status for r in build(path, dist)] == [BUILT, UP_TO_DATE]
+    rebuilt = build(path, dist)
+    assert [r.status for r in rebuilt] == [BUILT, UP_TO_DATE]
+    assert any(n.startswith("rebuilt the published artifact: artifact modified") for n in rebuilt[0].notes)
 
 
 def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path], tmp_path: Path,

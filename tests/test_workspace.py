@@ -171,4 +171,5 @@ def test_a_damaged_manifest_is_reported_and_rebuilt(make_project: Callable[..., 
     assert json.loads(plan.stdout)[0]["why"].startswith("damaged manifest")
     proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True)
     assert proc.returncode == 0 and "1 built" in proc.stdout
+    assert "note: rebuilt the published artifact: damaged manifest" in proc.stdout
     assert _assert_no_torn_state(path.parent / "dist") == 1
