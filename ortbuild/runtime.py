@@ -127,6 +127,7 @@ PROBE_CACHE = ".ortbuild-probes.json"   # in the environment's prefix (each nox 
 PROBE_CACHE_SECONDS = 24 * 3600
 
 
+@functools.cache  # one per process: the environment does not change under a running build
 def _environment_fingerprint() -> str:
     """What a provider probe's answer depends on besides the provider: the runtime's files, the GPU/driver
     side of the machine, the library search path, this boot. Any change means probing again."""
@@ -167,9 +168,12 @@ def cached_probe(provider: Provider, *, refresh: bool = False) -> str | None:
     fingerprint = _environment_fingerprint()
     try:
         cache = json.loads(path.read_text())
-        assert isinstance(cache, dict) and cache.get("fingerprint") == fingerprint
-        assert time.time() - float(cache.get("time", 0)) < PROBE_CACHE_SECONDS
-    except (OSError, ValueError, AssertionError, TypeError):
+        fresh = (isinstance(cache, dict) and cache.get("fingerprint") == fingerprint
+                 and isinstance(cache.get("answers"), dict)
+                 and time.time() - float(cache.get("time", 0)) < PROBE_CACHE_SECONDS)
+    except (OSError, ValueError, TypeError):
+        fresh = False
+    if not fresh:
         cache = {"fingerprint": fingerprint, "time": time.time(), "answers": {}}
     answers = cache["answers"]
     if refresh or key not in answers:
