@@ -356,11 +356,11 @@ PIPELINE: tuple[Step, ...] = (
 def _manifest(ctx: JobContext) -> manifest.Manifest:
     import onnx
 
+    from . import container
+
     job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
     assert ctx.sign_key is not None
-    from . import container
-
     ctx.res.notes = prec.notes + opt.notes
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
@@ -404,9 +404,9 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
 
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
              m: manifest.Manifest, sign_key: keys.SigningKey) -> Path:
-    files = {f.name: blob for f, blob in sealed}
     from . import loaders
 
+    files = {f.name: blob for f, blob in sealed}
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
     manifest.write_signed(out_dir, files, m, sign_key.sign, prune=True)
     return out_dir / m.artifact.file
@@ -421,6 +421,7 @@ class Builder:
         self.force = force
         self.progress = progress or Progress()
         self._probes: dict[tuple[str, str], str | None] = {}
+        self._digests: dict[tuple[str, int, int], str | None] = {}
         self.enc_key = enc_key or keys.encryption_key()
         self.sign_key = sign_key or keys.signing_key()
 
@@ -434,6 +435,17 @@ class Builder:
             raise KeyMissing(f"no encryption key, and {', '.join(needs)} encrypt their artifacts (ORTBUILD_KEY, "
                              "ORTBUILD_KEY_FILE or --key-file)",
                              f"make keys: `{keys.MAKE_KEYS}`, or set encrypt = false on a target to opt out")
+
+    def _digest(self, path: Path | None) -> str | None:
+        """_digest(), once per file and run: models and data are shared by many jobs (and a stale job's key
+        is computed twice: to find it stale, then to build it)."""
+        if path is None:
+            return None
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in self._digests:
+            self._digests[key] = _digest(path)
+        return self._digests[key]
 
     def _probe(self, p: Provider) -> str | None:
         key = (p.name, json.dumps(dict(p.options), sort_keys=True))
@@ -489,21 +501,21 @@ class Builder:
         ctx.missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p))}
         ctx.flavor = runtime.installed_flavor()
         assert ctx.flavor is not None  # runtime_problem() said this environment has the right flavor
-        ctx.inputs_sha = _digest(job.model.inputs) or ""
+        ctx.inputs_sha = self._digest(job.model.inputs) or ""
         ctx.enc_key = self.enc_key if job.settings.encrypt else None
         ctx.sign_key = self.sign_key
         assert ctx.sign_key is not None  # check_keys()
         sealing = {"encryption_key_id": ctx.enc_key.key_id if ctx.enc_key else None,
                    "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
-        parts = key_parts(job, _digest(job.model.path) or "", ctx.inputs_sha, _digest(job.model.calibration),
-                          ctx.flavor, ctx.missing, sealing)
+        parts = key_parts(job, self._digest(job.model.path) or "", ctx.inputs_sha,
+                          self._digest(job.model.calibration), ctx.flavor, ctx.missing, sealing)
         ctx.key, ctx.key_parts = build_key(parts)
 
-    def prepare(self, job: Job) -> JobContext:
+    def prepare(self, job: Job, res: JobResult | None = None) -> JobContext:
         """A job's context with its build key computed (plan uses it to say why a job would rebuild)."""
-        ctx = JobContext(job=job, project=self.project, out_dir=paths.inside(self.dist, job.target.name,
-                                                                              job.model.name),
-                         res=JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision))
+        res = res or JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
+        ctx = JobContext(job=job, project=self.project, res=res,
+                         out_dir=paths.inside(self.dist, job.target.name, job.model.name))
         self._prepare(ctx)
         return ctx
 
@@ -517,10 +529,8 @@ class Builder:
         res = JobResult(job.target.name, job.model.name, FAILED, precision=job.settings.precision)
         start = time.perf_counter()
         try:
-            out_dir = paths.inside(self.dist, job.target.name, job.model.name)
-            ctx = JobContext(job=job, project=self.project, out_dir=out_dir, res=res)
             res.step = "prepare"
-            self._prepare(ctx)
+            ctx = self.prepare(job, res)
             why, reused = ("--force", None) if self.force else published(ctx.out_dir, ctx.key, ctx.sign_key,
                                                                          ctx.key_parts)
             if reuse_only and reused is None:
@@ -581,11 +591,11 @@ def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None,
         m, folder = manifest.read(out_dir)
     except OrtbuildError as e:
         return f"damaged manifest ({e.message.split(': ', 1)[-1][:120]})", None
-    problems = manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None)
-    if problems:
-        return f"artifact modified or incomplete ({problems[0][:120]})", None
-    if m.build_key != key:
+    if m.build_key != key:  # decided before hashing the artifact: a changed job rebuilds either way
         if parts is not None and m.build_inputs:
             return "changed: " + ", ".join(changed_parts(m.build_inputs, parts)), None
         return "changed: the build key (built by an older ortbuild)", None
+    problems = manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None)
+    if problems:
+        return f"artifact modified or incomplete ({problems[0][:120]})", None
     return None, m
