@@ -39,11 +39,17 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 # ------------------------------------------------------------------------------------------ build
 
-def _refuse_if_nothing_fits(project: config.Project, jobs: Sequence[plan.Job], command: str) -> None:
-    """A run whose every target needs another ONNX Runtime flavor would do nothing: fail, naming the fix."""
+def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
+    """The jobs whose target's runtime is this environment's (each target checked once). With `command`, a run
+    in which none fits would do nothing: it fails, naming the nox session or the install that fixes it."""
+    problems: dict[str, str | None] = {}
+    for j in jobs:
+        if j.target.name not in problems:
+            problems[j.target.name] = runtime.runtime_problem(j.target)
+    fit = [j for j in jobs if problems[j.target.name] is None]
+    if command is None or fit or not jobs:
+        return fit
     targets = {j.target.name: j.target for j in jobs}
-    if not targets or any(runtime.runtime_problem(t) is None for t in targets.values()):
-        return
     flavor = runtime.installed_flavor()
     have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
     wants = sorted({t.runtime for t in targets.values()})
@@ -56,12 +62,10 @@ def _refuse_if_nothing_fits(project: config.Project, jobs: Sequence[plan.Job], c
         "into this environment (one flavor per environment)")
 
 
-def _workers(args: argparse.Namespace, jobs: Sequence[plan.Job]) -> int:
+def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
     from .parallel import default_workers
 
-    if args.jobs is not None:
-        return max(1, int(args.jobs))
-    return default_workers([j for j in jobs if runtime.runtime_problem(j.target) is None])
+    return max(1, int(args.jobs)) if args.jobs is not None else default_workers(fit)
 
 
 def _clean_leftovers(dist: Path) -> None:
@@ -77,15 +81,15 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    _refuse_if_nothing_fits(project, jobs, "build")
+    fit = _fitting(jobs, "build")
     dist = Path(args.dist) if args.dist else project.root / "dist"
     builder = Builder(project, dist, force=args.force, enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
-    builder.check_keys([j for j in jobs if runtime.runtime_problem(j.target) is None])  # before dist/ is touched
+    builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout), Progress(quiet=args.json) as progress:
         _clean_leftovers(dist)
         builder.progress = progress
-        results = builder.run(jobs, workers=_workers(args, jobs))
+        results = builder.run(jobs, workers=_workers(args, fit))
 
     rows = []
     for r in results:
@@ -142,7 +146,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    _refuse_if_nothing_fits(project, jobs, "test")
+    _fitting(jobs, "test")
     refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
     for j in jobs:
         ft = j.settings.gates.latency.faster_than if j.settings.gates else None
@@ -152,13 +156,13 @@ def cmd_test(args: argparse.Namespace) -> int:
     dist = Path(args.dist) if args.dist else project.root / "dist"
     builder = Builder(project, dist, enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
-    builder.check_keys([j for j in [*jobs, *refs] if runtime.runtime_problem(j.target) is None])
+    fit = _fitting([*jobs, *refs])
+    builder.check_keys(fit)
     with workspace.Lock(dist, timeout=args.lock_timeout):
         _clean_leftovers(dist)
         with Progress(quiet=args.json) as progress:
             builder.progress = progress
-            built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs],
-                                                                     workers=_workers(args, [*jobs, *refs]))}
+            built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs], workers=_workers(args, fit))}
         progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
         secret = builder.enc_key.secret if builder.enc_key else None
         results = gates.Tester(project, dist, secret, args.config, progress).run(jobs, built, args.require)
