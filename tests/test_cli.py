@@ -75,10 +75,15 @@ def test_inspect_a_plain_model_and_a_missing_path() -> None:
     assert proc.returncode == 7 and "no such file" in proc.stderr
 
 
-def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[..., Path]) -> None:
+def _other_runtime() -> str:
+    """A runtime requirement that this environment's ONNX Runtime flavor does not satisfy."""
     flavor = runtime.installed_flavor()
     assert flavor is not None
-    other = "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
+    return "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
+
+
+def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[..., Path]) -> None:
+    other = _other_runtime()
     path = make_project(f"""
         [targets.here]
         runtime = "RUNTIME"
@@ -99,9 +104,7 @@ def test_explicit_target_in_the_wrong_runtime_exits_4(make_project: Callable[...
 
 
 def test_a_run_that_can_build_nothing_fails_with_the_fix(make_project: Callable[..., Path]) -> None:
-    flavor = runtime.installed_flavor()
-    assert flavor is not None
-    other = "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
+    other = _other_runtime()
     path = make_project(f"""
         [targets.elsewhere]
         runtime = "{other}"

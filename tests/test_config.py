@@ -105,9 +105,7 @@ def test_check_files_false_skips_existence(tmp_path: Path) -> None:
     assert "lstm" in p.models
 
 
-def test_a_long_extends_chain_resolves_without_recursion(tmp_path: Path) -> None:
-    n = 3000
-    text = f"""
+ONE_MODEL = f"""
 [project]
 name = "p"
 version = "1"
@@ -115,6 +113,11 @@ version = "1"
 path = "{REPO / 'models' / 'tiny_cnn.onnx'}"
 inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
 """
+
+
+def test_a_long_extends_chain_resolves_without_recursion(tmp_path: Path) -> None:
+    n = 3000
+    text = ONE_MODEL
     text += "\n".join(f'[targets.t{i}]\nextends = "t{i + 1}"' for i in range(n - 1))
     text += f'\n[targets.t{n - 1}]\nruntime = "onnxruntime==1.31.1"\nproviders = ["CPUExecutionProvider"]\n'
     (tmp_path / "targets.toml").write_text(text)
@@ -124,14 +127,7 @@ inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
 
 def test_a_long_extends_cycle_is_one_short_error(tmp_path: Path) -> None:
     n = 3000
-    text = f"""
-[project]
-name = "p"
-version = "1"
-[models.cnn]
-path = "{REPO / 'models' / 'tiny_cnn.onnx'}"
-inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
-"""
+    text = ONE_MODEL
     text += "\n".join(f'[targets.t{i}]\nextends = "t{(i + 1) % n}"' for i in range(n))
     (tmp_path / "targets.toml").write_text(text)
     with pytest.raises(ConfigError) as err:
