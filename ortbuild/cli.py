@@ -1,4 +1,4 @@
-"""The `ortbuild` command line: build, plan, inspect, targets, schema."""
+"""The `ortbuild` command line: build, test, plan, release, verify, pull, matrix, inspect, keys, schema."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, container, keys, manifest, options, plan, runtime, workspace
+from . import __version__, config, container, keys, manifest, options, paths, plan, runtime, workspace
 from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -446,6 +446,148 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------- release
+
+def _public_key(args: argparse.Namespace) -> bytes:
+    found = keys.public_key(args.public_key)
+    if found is None:
+        raise KeyMissing("verifying a release needs the publisher's public key",
+                         "pass --public-key signing.pub (what `ortbuild keygen` wrote), or set "
+                         "ORTBUILD_PUBLIC_KEY_FILE")
+    return found[0]
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
+    from . import registry, release
+
+    project = config.load(args.config)
+    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    dist = Path(args.dist) if args.dist else project.root / "dist"
+    sign_key = keys.signing_key(file=args.signing_key_file)
+    if sign_key is None:
+        raise KeyMissing("no signing key: a release is signed (ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE, "
+                         "or --signing-key-file)", f"make one with `{keys.MAKE_KEYS}`")
+    ref = registry.parse(args.to) if args.to and registry.is_ref(args.to) else None
+    if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
+        raise OrtbuildError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
+                            "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
+                            "to {version}-{target}), or select one target with -t")
+    out_root = Path(args.to) if args.to and ref is None else dist / "release"
+    done, refused, lines = [], [], []
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        for name in names:
+            target = project.targets[name]
+            try:
+                pub = release.release_target(project, target, dist, paths.inside(out_root, name), sign_key,
+                                             force=args.force)
+            except (GateFailed, ArtifactError) as e:
+                refused.append(e)
+                continue
+            index = json.loads(pub.files["index"].read_text())
+            entry: dict[str, Any] = {"target": name, "dir": str(pub.folder),
+                                     **{k: str(v) for k, v in pub.files.items()}, "forced": pub.forced}
+            if ref is not None:
+                tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
+                                                                                          project.version)
+                where = ref.with_tag(tag)
+                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub, index)
+            done.append(entry)
+            lines.append(f"{name}: {pub.files['bundle'].name} ({_size(pub.files['bundle'].stat().st_size)}, "
+                         f"{len(index['models'])} models) -> {pub.folder}"
+                         + (f"\n  pushed {entry['pushed']} ({entry['digest']})" if "pushed" in entry else "")
+                         + ("\n  FORCED: " + "; ".join(pub.forced) if pub.forced else ""))
+    code = refused[0].exit_code if refused else 0
+    if args.json:
+        print(json.dumps({"exit_code": code, "released": done, "refused": [err.message for err in refused]}, indent=2))
+        return code
+    for line in lines:
+        print(line)
+    for err in refused:
+        print(err.render(), file=sys.stderr)
+    if done:
+        print(f"\nverify with: ortbuild verify {done[0].get('pushed', done[0]['dir'])} --public-key signing.pub")
+    return code
+
+
+def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    if as_json:
+        print(json.dumps({"name": v.name, "target": v.target, "checks": v.lines, "warnings": v.warnings,
+                          "tests": v.index["tests"], **(extra or {})}, indent=2))
+        return
+    print(f"{v.name}: verified")
+    for line in v.lines:
+        print(f"  {line}")
+    for w in v.warnings:
+        print(f"  WARNING: {w}")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
+    import tempfile
+
+    from . import registry, verify
+
+    public = _public_key(args)
+    enc = keys.encryption_key(file=args.key_file)
+    secret = enc.secret if enc else None
+    with tempfile.TemporaryDirectory(prefix="ortbuild-verify-") as tmp:
+        where = Path(args.bundle)
+        if registry.is_ref(args.bundle):
+            registry.pull(registry.parse(args.bundle), Path(tmp))
+            where = Path(tmp)
+        v = verify.verify(where, public, run=not args.no_run, key=secret)
+        try:
+            _verify_lines(v, args.json)
+        finally:
+            verify.cleanup(v)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to."""
+    import shutil
+    import tempfile
+
+    from . import registry, verify
+
+    ref = registry.parse(args.ref)
+    public = _public_key(args)
+    enc = keys.encryption_key(file=args.key_file)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
+        registry.pull(ref, Path(tmp))
+        v = verify.verify(Path(tmp), public, run=not args.no_run, key=enc.secret if enc else None)
+        dest = Path(args.to) if args.to else Path.cwd() / v.name
+        if dest.exists() and not (dest / "release.json").is_file():
+            verify.cleanup(v)
+            raise ArtifactError(f"{dest}: exists and is not a pulled release", "choose another --to directory")
+        staged = dest.parent / f".{dest.name}.pulling"
+        shutil.rmtree(staged, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(v.tree, staged)
+        verify.cleanup(v)
+        old = dest.parent / f".{dest.name}.old"
+        if dest.exists():
+            dest.rename(old)
+        staged.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    _verify_lines(v, args.json, {"dir": str(dest)})
+    if not args.json:
+        print(f"  -> {dest}  (load with {dest}/<model>/loader/ortbuild_loader.py)")
+    return 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
+    project = config.load(args.config, check_files=False)
+    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime,
+                "required": project.targets[n].require, "session": f"test({n})",
+                "models": list(project.targets[n].models)} for n in names]
+    print(json.dumps({"include": include}, indent=None if args.compact else 2))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- main
 
 def parser() -> argparse.ArgumentParser:
@@ -528,6 +670,45 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--new-key-file", required=True, help="the new key")
     r.add_argument("--signing-key-file", help="signing key (the manifest is re-signed)")
     r.set_defaults(func=cmd_rekey)
+
+    rl = sub.add_parser("release", help="bundle, sign and publish each target whose tests passed (docs/release.md)")
+    rl.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+    rl.add_argument("-t", "--target", action="append", help="target name or glob (repeatable; default: all)")
+    rl.add_argument("--to", help="a directory (default: dist/release; one subdirectory per target) or "
+                                 "oci://host[:port]/repo[:tag] ({target} and {version} are filled in; the default "
+                                 "tag is {version}-{target})")
+    rl.add_argument("--dist", help="build output directory (default: dist/ beside targets.toml)")
+    rl.add_argument("--force", action="store_true",
+                    help="release even where tests failed, were skipped or are stale (recorded in the provenance)")
+    rl.add_argument("--signing-key-file", help="signing key (else $ORTBUILD_SIGNING_KEY / _FILE)")
+    rl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(func=cmd_release)
+
+    def checks(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--public-key", help="the publisher's signing.pub (else $ORTBUILD_PUBLIC_KEY_FILE, else "
+                                             "the configured signing key's public half)")
+        sp.add_argument("--key-file", help="decryption key for the golden test (else $ORTBUILD_KEY / _FILE)")
+        sp.add_argument("--no-run", action="store_true",
+                        help="check signatures, digests and provenance only; do not run the golden test")
+        sp.add_argument("--json", action="store_true")
+
+    v = sub.add_parser("verify", help="verify a release directory, bundle or oci:// reference")
+    v.add_argument("bundle", metavar="BUNDLE_OR_REF")
+    checks(v)
+    v.set_defaults(func=cmd_verify)
+
+    pu = sub.add_parser("pull", help="fetch a release from an OCI registry, verify it, extract the bundle")
+    pu.add_argument("ref", metavar="REF", help="oci://host[:port]/repo:tag")
+    pu.add_argument("--to", help="directory for the verified bundle (default: ./<bundle name>)")
+    checks(pu)
+    pu.set_defaults(func=cmd_pull)
+
+    mx = sub.add_parser("matrix", help="print a GitHub Actions matrix: one entry per target with its runner labels")
+    mx.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+    mx.add_argument("-t", "--target", action="append", help="target name or glob (repeatable; default: all)")
+    mx.add_argument("--compact", action="store_true", help="one line (for $GITHUB_OUTPUT)")
+    mx.set_defaults(func=cmd_matrix)
 
     s = sub.add_parser("schema", help="print the JSON Schema of targets.toml")
     g = s.add_mutually_exclusive_group()

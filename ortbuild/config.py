@@ -224,6 +224,7 @@ class Target:
     models: tuple[str, ...]          # resolved model names, in [models] order
     settings: Mapping[str, Settings]  # per model name
     require: bool = False            # `ortbuild test` fails instead of skipping when it cannot run here
+    runner: tuple[str, ...] = ("ubuntu-latest",)  # CI runner labels (`ortbuild matrix`)
 
     @property
     def providers(self) -> tuple[Provider, ...]:
@@ -576,6 +577,9 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
+        if not t["runner"] or not all(label.strip() for label in t["runner"]):
+            raise chk.fail(f"{where}.runner", "needs at least one non-empty runner label",
+                           'e.g. runner = ["ubuntu-latest"] or ["self-hosted", "gpu"]')
         for pat in t["models"]:
             if not matches(list(models), [pat]):
                 raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"
@@ -608,7 +612,8 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
                 gates=_gates(eff))
         targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
-                               models=tuple(selected), settings=settings, require=t["require"])
+                               models=tuple(selected), settings=settings, require=t["require"],
+                               runner=tuple(t["runner"]))
     for name, target in targets.items():
         _check_relative_budgets(chk, name, target, targets)
     return targets

@@ -46,6 +46,7 @@ class TestResult:
     failures: list[str] = field(default_factory=list)   # the failure report's lines
     reproduce: str = ""
     build_key: str = ""
+    artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     exit_code: int = 0
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
@@ -125,7 +126,7 @@ class Tester:
     def _test(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
-        res.build_key = m.build_key
+        res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
         module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
         self.progress(job.name, "golden outputs through the generated Python loader")
         model = module.load(key=self.secret, folder=folder)

@@ -155,6 +155,13 @@ def write(folder: Path, golden: Golden, signature: dict[str, Any]) -> Path:
     return target
 
 
+def read(folder: Path, signature: dict[str, Any]) -> list[DataSet]:
+    """The golden data stored beside an artifact (folder/golden/test_data_set_N/), as written by write()."""
+    names = [i["name"] for i in signature["inputs"]]
+    return [DataSet(d.name, data.dataset_feed(d, names), _expected_dir(d, signature["outputs"]))
+            for d in data.datasets(folder / GOLDEN_DIR)]
+
+
 def digest(golden: Golden) -> str:
     """A digest of the golden data (inputs and expected outputs), recorded in the test report."""
     h = hashlib.sha256()

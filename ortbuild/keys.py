@@ -20,7 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import container
+from . import container, minisign
 from .errors import KeyMissing
 from .manifest import Signing
 
@@ -163,7 +163,8 @@ def keygen(out: Path, *, development: bool = False) -> dict[str, str]:
                          f"{base64.b64encode(enc).decode()}\n",
         SIGNING_FILE: f"# ortbuild Ed25519 signing key, public key id {public_key_id(pub)}\n{mark}"
                       f"{base64.b64encode(seed).decode()}\n",
-        PUBLIC_FILE: f"# ortbuild Ed25519 public key, id {public_key_id(pub)}\n{base64.b64encode(pub).decode()}\n",
+        # minisign's public key format, so `minisign -V -p signing.pub` checks release signatures too
+        PUBLIC_FILE: minisign.public_key_text(pub, f"ortbuild Ed25519 public key, id {public_key_id(pub)}"),
     }
     for name, text in texts.items():
         fd = os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644 if name == PUBLIC_FILE else 0o600)
@@ -175,5 +176,22 @@ def keygen(out: Path, *, development: bool = False) -> dict[str, str]:
 
 
 def read_public_key(path: str | Path) -> bytes:
-    raw, _ = _read_file(str(path), "public key")
-    return raw
+    """A public key file: minisign's format (what keygen writes) or a comment and one base64 line of 32 bytes."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyMissing(f"{path}: cannot read the public key: {e.strerror if isinstance(e, OSError) else 'not text'}",
+                         "give the signing.pub that `ortbuild keygen` wrote beside the signing key") from None
+    raw = minisign.parse_public_key(text, str(path))
+    return raw if raw is not None else _decode(text, str(path), "public key")[0]
+
+
+def public_key(path: str | Path | None = None) -> tuple[bytes, str] | None:
+    """The public key that checks release signatures, and where it came from: --public-key, else
+    ORTBUILD_PUBLIC_KEY_FILE, else the public half of the configured signing key (the publisher's own)."""
+    if path is not None:
+        return read_public_key(path), str(path)
+    if os.environ.get("ORTBUILD_PUBLIC_KEY_FILE"):
+        return read_public_key(os.environ["ORTBUILD_PUBLIC_KEY_FILE"]), os.environ["ORTBUILD_PUBLIC_KEY_FILE"]
+    sk = signing_key()
+    return (sk.public_raw, f"the signing key's public half ({sk.source})") if sk else None

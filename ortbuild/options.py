@@ -370,6 +370,9 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="require", kind="boolean", default=False,
             doc="`ortbuild test` fails (instead of skipping) when this target cannot run here, e.g. on CI "
                 "runners that have its hardware. Same as `--require`."),
+        Key(name="runner", kind="strings", default=["ubuntu-latest"],
+            doc="CI runner labels of the machine that builds and tests this target (`ortbuild matrix` puts them "
+                "in `runs-on`), e.g. [\"self-hosted\", \"linux\", \"gpu\"]. See docs/ci.md."),
         _MODELS_KEY,
         Key(name="accuracy", kind="table", table="accuracy", default={},
             doc="The golden-output test's rule; defaults per precision (fp32: rtol 1e-4, atol 1e-5; fp16: "

@@ -56,17 +56,18 @@ def installed_flavor() -> Flavor | None:
 
 def runtime_problem(target: Target) -> str | None:
     """Why this environment cannot build `target` (wrong flavor or version), or None if it can."""
-    req = Requirement(target.runtime)
-    have = installed_flavor()
     how = f"run `nox -s 'build({target.name})'`, which installs {target.runtime} in the target's own virtualenv"
+    return requirement_problem(target.name, target.runtime, how)
+
+
+def requirement_problem(name: str, requirement: str, how: str) -> str | None:
+    """Why this environment's ONNX Runtime does not satisfy `requirement` (a target's runtime), or None."""
+    req = Requirement(requirement)
+    have = installed_flavor()
     if have is None:
-        return f"no ONNX Runtime is installed here; {target.name} needs {target.runtime}; {how}"
-    if have.distribution != req.name.lower():
-        return (f"{target.name} needs {target.runtime}, this environment has {have.distribution} "
-                f"{have.version}; {how}")
-    if not req.specifier.contains(Version(have.version), prereleases=True):
-        return (f"{target.name} needs {target.runtime}, this environment has {have.distribution} "
-                f"{have.version}; {how}")
+        return f"no ONNX Runtime is installed here; {name} needs {requirement}; {how}"
+    if have.distribution != req.name.lower() or not req.specifier.contains(Version(have.version), prereleases=True):
+        return f"{name} needs {requirement}, this environment has {have.distribution} {have.version}; {how}"
     return None
 
 
