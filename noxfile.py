@@ -141,6 +141,41 @@ def test(session: nox.Session, target: str) -> None:
         session.skip(f"{target} cannot run here: {reports[0]['reason']}")
 
 
+@nox.session(venv_backend="none")
+@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+def release(session: nox.Session, target: str) -> None:
+    """Bundle, sign, publish and verify one tested target, with the ortbuild and runtime of its test session's
+    virtualenv (release what was tested, as it was tested). Arguments go to `ortbuild release`, e.g.
+    `nox -s "release(cpu-fp32)" -- --to oci://localhost:5000/models`. Default: dist/release/<target>/."""
+    if PROJECT is None:
+        session.error(f"{CONFIG} is invalid (see the error above)")
+    envdir = str(getattr(session._runner.global_config, "envdir", HERE / ".nox"))
+    venv = Path(nox.sessions._normalize_path(envdir, f"test({target})"))
+    ortbuild = venv / "bin" / "ortbuild"
+    if not ortbuild.exists():
+        session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
+    dist = PROJECT.root / "dist" / target
+    reports = [json.loads(f.read_text())["result"] for m in PROJECT.targets[target].models
+               if (f := dist / m / "test-report.json").exists()]
+    if reports and all(r["status"] == "SKIPPED" for r in reports) and not PROJECT.targets[target].require:
+        session.skip(f"{target} cannot run here ({reports[0]['reason']}): nothing tested to release")
+    env = _keys_env(session)
+    out = session.run(str(ortbuild), "release", "-c", str(PROJECT.file), "-t", target, "--json", *session.posargs,
+                      env=env, external=True, silent=True, success_codes=range(256))
+    text = str(out)
+    try:  # the JSON document on stdout (stderr lines, e.g. a lock wait, may come first)
+        done = json.JSONDecoder().raw_decode(text[text.index("{\n"):])[0]
+    except ValueError:
+        session.error(f"ortbuild release failed:\n{out}")
+    for why in done["refused"]:
+        session.log(why)
+    if done["exit_code"]:
+        session.error(f"ortbuild release -t {target} failed (exit {done['exit_code']})")
+    for r in done["released"]:
+        session.log(f"released {r['bundle']}" + (f", pushed {r['pushed']}" if "pushed" in r else ""))
+        session.run(str(ortbuild), "verify", r.get("pushed", r["dir"]), env=env, external=True)
+
+
 @nox.session(tags=["check"])
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict."""

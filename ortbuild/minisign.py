@@ -28,6 +28,7 @@ PREHASHED, LEGACY, KEY_ALG = b"ED", b"Ed", b"Ed"
 
 @dataclass(frozen=True)
 class Signature:
+    untrusted_comment: str
     algorithm: bytes
     key_id: bytes
     signature: bytes
@@ -84,15 +85,21 @@ def parse(text: str, source: str) -> Signature:
     except (ValueError, binascii.Error):
         raise ArtifactError(f"{source}: not a minisign signature (4 lines: comment, signature, trusted comment, "
                             "global signature)", "the file is damaged: fetch the release again") from None
-    return Signature(blob[:2], blob[2:10], blob[10:], lines[2].removeprefix("trusted comment: "), global_sig)
+    return Signature(lines[0].removeprefix("untrusted comment: "), blob[:2], blob[2:10], blob[10:],
+                     lines[2].removeprefix("trusted comment: "), global_sig)
 
 
-def verify(message: bytes, text: str, public_raw: bytes, source: str, signed: str) -> str:
+def verify(message: bytes, text: str, public_raw: bytes, source: str, signed: str,
+           untrusted_comment: str | None = None) -> str:
     """Check a .minisig against `message` and the public key; return the trusted comment. Raises ArtifactError
-    naming `source` (the signature file) and `signed` (the file it signs) when anything does not hold."""
+    naming `source` (the signature file) and `signed` (the file it signs) when anything does not hold.
+    `untrusted_comment`: the first line must be exactly this (it is not signed: any edit is still noticed)."""
     from . import keys
 
     sig = parse(text, source)
+    if untrusted_comment is not None and sig.untrusted_comment != untrusted_comment:
+        raise ArtifactError(f"{source}: its untrusted comment was modified (expected {untrusted_comment!r})",
+                            "fetch the release again")
     if sig.key_id != key_id(public_raw):
         raise ArtifactError(f"{source}: signed by key id {sig.key_id.hex()}, the public key given has id "
                             f"{key_id(public_raw).hex()}", "verify with the publisher's signing.pub (--public-key)")

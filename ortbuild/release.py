@@ -250,6 +250,10 @@ def envelope(statement: dict[str, Any], sign_key: SigningKey) -> bytes:
     return (json.dumps(env, sort_keys=True) + "\n").encode()
 
 
+def untrusted_comment(public_raw: bytes) -> str:
+    return f"ortbuild release signature, key id {minisign.key_id(public_raw).hex()}"
+
+
 def sums_text(digests: dict[str, str]) -> bytes:
     return "".join(f"{d}  {n}\n" for n, d in sorted(digests.items())).encode()
 
@@ -296,7 +300,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         sums = sums_text({**subjects, names["provenance"]: tarball.sha256(prov)})
         sig = minisign.sign(sums, sign_key.sign, sign_key.public_raw,
                             trusted_comment=f"timestamp:{epoch}\tfile:{SUMS}\tortbuild release {name}",
-                            untrusted_comment=f"ortbuild release signature, key id {sign_key.key_id}")
+                            untrusted_comment=untrusted_comment(sign_key.public_raw))
         # the bundle last-but-one, the signature last: a reader never pairs a new bundle with an old signature
         for f in (SUMS_SIG, SUMS):
             (out / f).unlink(missing_ok=True)

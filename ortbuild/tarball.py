@@ -25,6 +25,7 @@ from .errors import ArtifactError
 
 GZIP_LEVEL = 9
 BLOCK = 512
+READ_AHEAD = 1 << 16
 
 
 def write(out: Path, files: dict[str, bytes | Path], epoch: int, first: str) -> None:
@@ -97,10 +98,11 @@ def members(archive: Path, index_name: str, index: bytes, listed: dict[str, int]
     """
     where = str(archive)
     seen: set[str] = set()
-    total = len(index) + sum(listed.values()) + BLOCK * (3 * len(listed) + 16)  # + headers, padding, end
+    # + headers and padding per member, the end record, and the reader's read-ahead
+    total = len(index) + sum(listed.values()) + BLOCK * (3 * len(listed) + 16) + tarfile.RECORDSIZE + READ_AHEAD
     with open(archive, "rb") as raw:
         gz = gzip.GzipFile(fileobj=raw, mode="rb")
-        capped = io.BufferedReader(_Capped(gz, total, where), buffer_size=1 << 16)  # type: ignore[arg-type]
+        capped = io.BufferedReader(_Capped(gz, total, where), buffer_size=READ_AHEAD)  # type: ignore[arg-type]
         try:
             tar = tarfile.open(fileobj=capped, mode="r|")  # noqa: SIM115 (closed with the file below)
             for m in tar:
@@ -121,6 +123,7 @@ def members(archive: Path, index_name: str, index: bytes, listed: dict[str, int]
                         raise ArtifactError(f"{label} differs from the signed index published beside the bundle",
                                             "never extract this archive")
                     seen.add(name)
+                    yield name, index
                     continue
                 seen.add(name)
                 if name not in listed:

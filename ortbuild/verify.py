@@ -67,7 +67,7 @@ def _sums(folder: Path, public_key: bytes) -> dict[str, str]:
     sums_path, sig_path = folder / release.SUMS, folder / release.SUMS_SIG
     sums = _read(sums_path, "the signed list of digests")
     minisign.verify(sums, _read(sig_path, "the signature").decode(errors="replace"), public_key,
-                    str(sig_path), str(sums_path))
+                    str(sig_path), str(sums_path), release.untrusted_comment(public_key))
     listed: dict[str, str] = {}
     for n, line in enumerate(sums.decode().splitlines(), 1):
         m = SUMS_LINE.match(line)
@@ -163,7 +163,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
         progress(f"reading {bundle}")
         for member, content in tarball.members(folder / bundle, f"{name}/{release.INDEX}", index_bytes,
                                                {k: v[0] for k, v in files.items()}):
-            if tarball.sha256(content) != files[member][1]:
+            if member in files and tarball.sha256(content) != files[member][1]:
                 raise ArtifactError(f"{folder / bundle}: entry '{member}' differs from the signed index (modified)",
                                     "fetch the release again; never use a bundle that fails verify")
             out = paths.inside(tmp_root, *member.split("/"))
