@@ -73,13 +73,15 @@ def sign(message: bytes, signer: Callable[[bytes], bytes], public_raw: bytes, *,
 
 
 def parse(text: str, source: str) -> Signature:
-    lines = text.splitlines()
+    lines = text.split("\n")  # strictly: four lines, each ended by \n (no other line breaks)
     try:
-        if len(lines) != 4 or not lines[0].startswith("untrusted comment:") or \
+        if len(lines) != 5 or lines[4] != "" or not lines[0].startswith("untrusted comment:") or \
                 not lines[2].startswith("trusted comment: "):
             raise ValueError
         blob = base64.b64decode(lines[1], validate=True)
         global_sig = base64.b64decode(lines[3], validate=True)
+        if base64.b64encode(blob).decode() != lines[1] or base64.b64encode(global_sig).decode() != lines[3]:
+            raise ValueError  # canonical base64 only: unused trailing bits must not carry edits
         if len(blob) != 74 or blob[:2] not in (PREHASHED, LEGACY) or len(global_sig) != 64:
             raise ValueError
     except (ValueError, binascii.Error):
@@ -97,12 +99,12 @@ def verify(message: bytes, text: str, public_raw: bytes, source: str, signed: st
     from . import keys
 
     sig = parse(text, source)
-    if untrusted_comment is not None and sig.untrusted_comment != untrusted_comment:
-        raise ArtifactError(f"{source}: its untrusted comment was modified (expected {untrusted_comment!r})",
-                            "fetch the release again")
     if sig.key_id != key_id(public_raw):
         raise ArtifactError(f"{source}: signed by key id {sig.key_id.hex()}, the public key given has id "
                             f"{key_id(public_raw).hex()}", "verify with the publisher's signing.pub (--public-key)")
+    if untrusted_comment is not None and sig.untrusted_comment != untrusted_comment:
+        raise ArtifactError(f"{source}: its untrusted comment was modified (expected {untrusted_comment!r})",
+                            "fetch the release again")
     digest = hashlib.blake2b(message, digest_size=64).digest() if sig.algorithm == PREHASHED else message
     if not keys.verify(public_raw, sig.signature, digest):
         raise ArtifactError(f"{signed}: does not match its signature {source} (one of the two was modified)",

@@ -1,0 +1,320 @@
+"""`ortbuild release` and `ortbuild verify`: refusal, signatures, tampering, malicious bundles, reproducibility."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ortbuild import minisign, release, verify
+from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
+from ortbuild.keys import SigningKey
+
+from .conftest import MODELS, TEST_SIGNING_SEED, here_runtime
+
+pytestmark = pytest.mark.runtime
+EPOCH = "1767225600"  # 2026-01-01
+PROJECT = """\
+[project]
+name = "rel"
+version = "1.0"
+
+[models.tiny_cnn]
+path = "models/tiny_cnn.onnx"
+inputs = "models/tiny_cnn.inputs.npz"
+
+[models.breast_cancer_gb]
+path = "models/breast_cancer_gb.onnx"
+inputs = "models/breast_cancer_gb.inputs.npz"
+
+[targets.cpu]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+session = { intra_op_num_threads = 1 }
+latency = { p90_ms = 1000, min_seconds = 0.2 }
+
+[targets.cpu-strict]
+description = "fp16 judged bit-exact: its accuracy gate fails"
+extends = "cpu"
+precision = "fp16"
+models = ["tiny_cnn"]
+accuracy = { rtol = 0.0, atol = 0.0, cosine = 1.0 }
+"""
+SIGNER = SigningKey(Ed25519PrivateKey.from_private_bytes(TEST_SIGNING_SEED), "tests")
+
+
+def make_project(root: Path) -> Path:
+    (root / "models").mkdir(parents=True)
+    for m in ("tiny_cnn", "breast_cancer_gb"):
+        for suffix in (".onnx", ".inputs.npz"):
+            shutil.copy(MODELS / f"{m}{suffix}", root / "models" / f"{m}{suffix}")
+    (root / "targets.toml").write_text(PROJECT.replace("RUNTIME", here_runtime()))
+    return root / "targets.toml"
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project whose two targets were built and tested: cpu passes, cpu-strict fails its accuracy gate."""
+    root = tmp_path_factory.mktemp("rel")
+    make_project(root)
+    proc = cli("test", "-j", "1", cwd=root)
+    assert proc.returncode == 9, proc.stdout + proc.stderr  # cpu-strict fails, by design
+    return root
+
+
+@pytest.fixture(scope="module")
+def released(tested: Path) -> Path:
+    proc = cli("release", "-t", "cpu", cwd=tested)
+    assert proc.returncode == 0, proc.stderr
+    return tested / "dist" / "release" / "cpu"
+
+
+def public_key_file(tmp: Path) -> Path:
+    path = tmp / "signing.pub"
+    path.write_text(minisign.public_key_text(SIGNER.public_raw, "test key"))
+    return path
+
+
+def test_release_writes_the_five_files_and_verify_runs_the_golden_test(released: Path, tmp_path: Path) -> None:
+    assert sorted(p.name for p in released.iterdir()) == [
+        "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
+        "rel-1.0-cpu.tar.gz"]
+    proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    golden = [c for c in doc["checks"] if c.startswith("golden")]
+    assert len(golden) == 2 and all(": PASS (" in c for c in golden), golden
+    assert doc["tests"]["tiny_cnn"]["status"] == "PASS"
+
+
+def test_the_bundle_holds_artifacts_manifests_loaders_golden_data_and_verdicts(released: Path) -> None:
+    index = json.loads((released / "rel-1.0-cpu.release.json").read_text())
+    names = set(index["files"])
+    for model in ("tiny_cnn", "breast_cancer_gb"):
+        for f in ("manifest.json", "manifest.sig", "model.onnx.enc", "loader/ortbuild_loader.py",
+                  "loader/ortbuild_loader.mjs", "golden/golden.json", "golden/test_data_set_0/input_0.pb",
+                  "golden/test_data_set_0/output_0.pb"):
+            assert f"rel-1.0-cpu/{model}/{f}" in names
+    assert not any(n.endswith((".onnx", "test-report.json")) for n in names)  # no plaintext model, no timings
+    assert index["tests"]["tiny_cnn"]["accuracy"] == "PASS"
+    assert index["tests"]["tiny_cnn"]["rules"]["logits"]["rtol"] == pytest.approx(1e-4)
+    with tarfile.open(released / "rel-1.0-cpu.tar.gz") as tar:
+        first = tar.next()
+        assert first is not None and first.name == "rel-1.0-cpu/release.json"
+        assert tar.extractfile(first).read() == (released / "rel-1.0-cpu.release.json").read_bytes()  # type: ignore[union-attr]
+
+
+def test_the_provenance_is_slsa_v1_with_materials_builder_and_verdicts(released: Path) -> None:
+    env = json.loads((released / "rel-1.0-cpu.intoto.jsonl").read_text())
+    assert env["payloadType"] == "application/vnd.in-toto+json"
+    st = json.loads(base64.b64decode(env["payload"]))
+    assert st["_type"] == "https://in-toto.io/Statement/v1"
+    assert st["predicateType"] == "https://slsa.dev/provenance/v1"
+    sums = dict(reversed(line.split("  ")) for line in (released / "SHA256SUMS").read_text().splitlines())
+    assert {s["name"]: s["digest"]["sha256"] for s in st["subject"]} == \
+        {n: sums[n] for n in ("rel-1.0-cpu.tar.gz", "rel-1.0-cpu.release.json")}
+    pred = st["predicate"]
+    deps = {d["name"]: d for d in pred["buildDefinition"]["resolvedDependencies"]}
+    assert {"targets.toml", "models/tiny_cnn.onnx", "models/tiny_cnn.inputs.npz"} <= set(deps)
+    assert deps["models/tiny_cnn.onnx"]["annotations"]["role"] == "source model"
+    assert pred["buildDefinition"]["externalParameters"]["force"] is False
+    assert set(pred["runDetails"]["builder"]["version"]) >= {"ortbuild", "onnxruntime", "onnx"}
+    reports = {b["name"]: b["annotations"] for b in pred["runDetails"]["byproducts"]}
+    assert reports["test-report/tiny_cnn"]["status"] == "PASS" and "p90_ms" in reports["test-report/tiny_cnn"]
+
+
+def test_debian_minisign_verifies_the_signature(released: Path, tmp_path: Path) -> None:
+    if shutil.which("minisign") is None:
+        if os.environ.get("ORTBUILD_REQUIRE_RELEASE_TOOLS"):
+            pytest.fail("minisign is not installed (apt install minisign)")
+        pytest.skip("Debian's minisign is not installed")
+    pub = public_key_file(tmp_path)
+    ok = subprocess.run(["minisign", "-Vm", str(released / "SHA256SUMS"), "-p", str(pub)], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0 and "Signature and comment signature verified" in ok.stdout + ok.stderr
+    bad = tmp_path / "SHA256SUMS"
+    bad.write_bytes((released / "SHA256SUMS").read_bytes().replace(b"rel-1.0", b"rel-1.1"))
+    shutil.copy(released / "SHA256SUMS.minisig", tmp_path / "SHA256SUMS.minisig")
+    assert subprocess.run(["minisign", "-Vm", str(bad), "-p", str(pub)], capture_output=True).returncode != 0
+
+
+def test_a_target_whose_tests_failed_is_refused_unless_forced(tested: Path, tmp_path: Path) -> None:
+    proc = cli("release", "-t", "cpu-strict", "--to", str(tmp_path / "out"), cwd=tested)
+    assert proc.returncode == 9
+    assert "cpu-strict/tiny_cnn: its tests did not pass (FAIL" in proc.stderr and "--force" in proc.stderr
+    assert not (tmp_path / "out" / "cpu-strict").exists()
+    forced = cli("release", "-t", "cpu-strict", "--to", str(tmp_path / "out"), "--force", cwd=tested)
+    assert forced.returncode == 0, forced.stderr
+    out = tmp_path / "out" / "cpu-strict"
+    index = json.loads((out / "rel-1.0-cpu-strict.release.json").read_text())
+    assert index["forced"] and index["tests"]["tiny_cnn"]["status"] == "FAIL"
+    v = cli("verify", str(out), "--public-key", str(public_key_file(tmp_path)), "--no-run", cwd=tmp_path)
+    assert v.returncode == 0 and "WARNING: released with --force although cpu-strict/tiny_cnn" in v.stdout
+
+
+def test_untested_and_stale_tests_are_refused(tested: Path, tmp_path: Path) -> None:
+    report = tested / "dist" / "cpu" / "tiny_cnn" / "test-report.json"
+    saved = report.read_bytes()
+    try:
+        report.unlink()
+        proc = cli("release", "-t", "cpu", "--to", str(tmp_path), cwd=tested)
+        assert proc.returncode == 9 and "never tested" in proc.stderr
+        doc = json.loads(saved)
+        doc["result"]["artifact_sha256"] = "0" * 64  # the verdict of another artifact
+        report.write_text(json.dumps(doc))
+        proc = cli("release", "-t", "cpu", "--to", str(tmp_path), cwd=tested)
+        assert proc.returncode == 9 and "older than its artifact" in proc.stderr
+    finally:
+        report.write_bytes(saved)
+
+
+def _check(folder: Path) -> None:
+    v = verify.verify(folder, SIGNER.public_raw, run=False)
+    verify.cleanup(v)
+
+
+def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "r"
+    shutil.copytree(released, copy)
+    _check(copy)
+    for f in sorted(copy.iterdir()):
+        original = f.read_bytes()
+        positions = range(len(original)) if f.stat().st_size < 40000 else \
+            sorted({0, 3, 4, 9, 10, *range(11, len(original), len(original) // 40), len(original) - 1})
+        for pos in positions:
+            data = bytearray(original)
+            data[pos] ^= 0x01
+            f.write_bytes(bytes(data))
+            with pytest.raises(OrtbuildError) as err:
+                _check(copy)
+                pytest.fail(f"{f.name}: flipping byte {pos} went unnoticed")
+            assert f.name in err.value.message, (f.name, pos, err.value.message)
+        f.write_bytes(original)
+    _check(copy)
+
+
+def _resign(folder: Path, bundle: bytes) -> None:
+    """What a publisher with the key (or a bug) could ship: a validly signed release around `bundle`."""
+    b = folder / "rel-1.0-cpu.tar.gz"
+    b.write_bytes(bundle)
+    prov = folder / "rel-1.0-cpu.intoto.jsonl"
+    st = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
+    for s in st["subject"]:
+        if s["name"] == b.name:
+            s["digest"]["sha256"] = release.tarball.sha256(bundle)
+    prov.write_bytes(release.envelope(st, SIGNER))
+    sums = release.sums_text({p.name: release.tarball.sha256(p.read_bytes()) for p in
+                              (b, prov, folder / "rel-1.0-cpu.release.json")})
+    (folder / "SHA256SUMS").write_bytes(sums)
+    (folder / "SHA256SUMS.minisig").write_text(minisign.sign(
+        sums, SIGNER.sign, SIGNER.public_raw, trusted_comment="t",
+        untrusted_comment=release.untrusted_comment(SIGNER.public_raw)))
+
+
+def _repack(released: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]], *, edit: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(released / "rel-1.0-cpu.tar.gz") as src, tarfile.open(fileobj=buf, mode="w") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()  # type: ignore[union-attr]
+            if m.name == edit:
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            dst.addfile(m, io.BytesIO(data))
+        for info, content in extra:
+            dst.addfile(info, io.BytesIO(content) if content is not None else None)
+    return gzip.compress(buf.getvalue())
+
+
+def _entry(name: str, kind: bytes, **kw: Any) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    for k, v in kw.items():
+        setattr(info, k, v)
+    return info
+
+
+MALICIOUS = {
+    "traversal": ([(_entry("rel-1.0-cpu/../../evil.py", tarfile.REGTYPE, size=1), b"x")], "'..'"),
+    "symlink": ([(_entry("rel-1.0-cpu/tiny_cnn/link", tarfile.SYMTYPE, linkname="/etc/passwd"), None)],
+                "symbolic link"),
+    "device": ([(_entry("rel-1.0-cpu/tiny_cnn/dev", tarfile.CHRTYPE, devmajor=1, devminor=5), None)],
+               "character device"),
+    "bomb": ([(_entry("rel-1.0-cpu/zzz", tarfile.REGTYPE, size=1, pax_headers={"c": "0" * (48 << 20)}), b"x")],
+             "decompression bomb"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALICIOUS))
+def test_a_validly_signed_malicious_bundle_is_refused(released: Path, tmp_path: Path, case: str) -> None:
+    extra, words = MALICIOUS[case]
+    folder = tmp_path / "r"
+    shutil.copytree(released, folder)
+    _resign(folder, _repack(released, extra))  # type: ignore[arg-type]
+    proc = cli("verify", str(folder), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert words in proc.stderr and "rel-1.0-cpu.tar.gz" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_modified_member_is_named(released: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "r"
+    shutil.copytree(released, folder)
+    _resign(folder, _repack(released, [], edit="rel-1.0-cpu/tiny_cnn/model.onnx.enc"))
+    with pytest.raises(ArtifactError, match=r"entry 'rel-1\.0-cpu/tiny_cnn/model\.onnx\.enc' differs"):
+        _check(folder)
+
+
+def test_wrong_public_key_and_missing_key_are_clear(released: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.pub"
+    other.write_text(minisign.public_key_text(Ed25519PrivateKey.generate().public_key().public_bytes_raw(), "x"))
+    proc = cli("verify", str(released), "--public-key", str(other), cwd=tmp_path)
+    assert proc.returncode == 7 and "signed by key id" in proc.stderr
+    env = {k: "" for k in ("ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE", "ORTBUILD_PUBLIC_KEY_FILE")}
+    proc = cli("verify", str(released), cwd=tmp_path, env=env)
+    assert proc.returncode == 8 and "--public-key" in proc.stderr
+    proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path,
+               env={"ORTBUILD_KEY": ""})
+    assert proc.returncode == 8 and "--no-run" in proc.stderr
+    with pytest.raises(GateFailed):  # a forced verdict in the provenance without force: refused
+        folder = tmp_path / "r"
+        shutil.copytree(released, folder)
+        prov = folder / "rel-1.0-cpu.intoto.jsonl"
+        st = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
+        st["predicate"]["runDetails"]["byproducts"][0]["annotations"]["status"] = "FAIL"
+        prov.write_bytes(release.envelope(st, SIGNER))
+        _resign(folder, (folder / "rel-1.0-cpu.tar.gz").read_bytes())
+        _check(folder)
+
+
+def test_two_clean_builds_in_separate_directories_give_byte_identical_bundles(tmp_path: Path) -> None:
+    """Reproducibility: the same inputs, keys and SOURCE_DATE_EPOCH; separate checkouts, separate runs."""
+    out = []
+    for side in ("a", "b"):
+        root = tmp_path / side / "checkout"
+        make_project(root)
+        proc = cli("test", "-t", "cpu", "-j", "1", cwd=root)
+        assert proc.returncode == 0, proc.stderr
+        proc = cli("release", "-t", "cpu", cwd=root)
+        assert proc.returncode == 0, proc.stderr
+        out.append(root / "dist" / "release" / "cpu")
+    a, b = out
+    assert (a / "rel-1.0-cpu.tar.gz").read_bytes() == (b / "rel-1.0-cpu.tar.gz").read_bytes()
+    assert (a / "rel-1.0-cpu.release.json").read_bytes() == (b / "rel-1.0-cpu.release.json").read_bytes()
+    index = json.loads((a / "rel-1.0-cpu.release.json").read_text())
+    assert index["created"] == "2026-01-01T00:00:00Z"
