@@ -1,0 +1,121 @@
+"""Releases through a real OCI registry: Debian's docker-registry (distribution) on loopback, started here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ortbuild import registry
+from ortbuild.errors import OrtbuildError
+
+from .test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
+
+pytestmark = pytest.mark.runtime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def oci(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A docker-registry serving on a free loopback port, with its storage in a temp dir; its host:port."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        if os.environ.get("ORTBUILD_REQUIRE_RELEASE_TOOLS"):
+            pytest.fail("docker-registry is not installed (apt install docker-registry)")
+        pytest.skip("Debian's docker-registry is not installed")
+    root = tmp_path_factory.mktemp("registry")
+    port = _free_port()
+    (root / "config.yml").write_text(f"""version: 0.1
+log: {{level: error, accesslog: {{disabled: true}}}}
+storage: {{filesystem: {{rootdirectory: {root / 'data'}}}, delete: {{enabled: true}}}}
+http: {{addr: "127.0.0.1:{port}"}}
+""")
+    proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"docker-registry exited: {proc.stderr.read().decode()[:500]}")  # type: ignore[union-attr]
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_path: Path) -> None:  # noqa: F811
+    pub = str(public_key_file(tmp_path))
+    proc = cli("release", "-t", "cpu", "--to", f"oci://{oci}/models/rel", cwd=tested)
+    assert proc.returncode == 0, proc.stderr
+    ref = f"oci://{oci}/models/rel:1.0-cpu"
+    assert f"pushed {ref} (sha256:" in proc.stdout
+    with urllib.request.urlopen(urllib.request.Request(
+            f"http://{oci}/v2/models/rel/manifests/1.0-cpu",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})) as r:
+        import json
+        man = json.loads(r.read())
+    assert man["config"]["mediaType"] == registry.CONFIG_TYPE
+    assert man["annotations"]["dev.ortbuild.target"] == "cpu"
+    assert sorted(layer["annotations"]["org.opencontainers.image.title"] for layer in man["layers"]) == [
+        "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
+        "rel-1.0-cpu.tar.gz"]
+
+    v = cli("verify", ref, "--public-key", pub, cwd=tmp_path)
+    assert v.returncode == 0, v.stderr
+    assert "golden       tiny_cnn: PASS" in v.stdout
+    dest = tmp_path / "deploy"
+    p = cli("pull", ref, "--public-key", pub, "--to", str(dest), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (dest / "release.json").is_file() and (dest / "tiny_cnn" / "model.onnx.enc").is_file()
+    assert not list(dest.rglob("*.onnx"))  # encrypted at rest after a pull too
+    again = cli("pull", ref, "--public-key", pub, "--to", str(dest), "--no-run", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # a deploy step pulls into the same place again
+
+
+def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Someone with push rights replaces the bundle layer: pull and verify fail, naming the bundle."""
+    from ortbuild import release
+
+    evil = tmp_path / "evil"
+    shutil.copytree(released, evil)
+    bundle = evil / "rel-1.0-cpu.tar.gz"
+    data = bytearray(bundle.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bundle.write_bytes(bytes(data))
+    files = {"bundle": bundle, "index": evil / "rel-1.0-cpu.release.json", "provenance": evil / "rel-1.0-cpu.intoto.jsonl",
+             "sums": evil / "SHA256SUMS", "signature": evil / "SHA256SUMS.minisig"}
+    import json
+
+    index = json.loads(files["index"].read_text())
+    ref = registry.parse(f"oci://{oci}/models/rel:evil")
+    registry.push(ref, release.Published("cpu", evil, files, []), index)
+    proc = cli("pull", str(ref), "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d"),
+               cwd=tmp_path)
+    assert proc.returncode == 7 and "rel-1.0-cpu.tar.gz" in proc.stderr, proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_registry_errors_are_clear(oci: str, tmp_path: Path) -> None:
+    proc = cli("verify", f"oci://{oci}/models/none:1", "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 11 and f"oci://{oci}/models/none:1" in proc.stderr and "Traceback" not in proc.stderr
+    with pytest.raises(OrtbuildError, match="not an OCI reference"):
+        registry.parse("oci://UPPER/Case:tag")
+    closed = _free_port()
+    proc = cli("pull", f"oci://127.0.0.1:{closed}/x:y", "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 11 and "registry running" in proc.stderr
