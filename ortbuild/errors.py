@@ -12,6 +12,7 @@ Exit codes (documented in README.md and docs/design.md):
     8  no key: the encryption or signing key is missing or unreadable
     9  a release gate failed (accuracy, latency or size; INCONCLUSIVE latency with --strict)
    10  the output directory is locked by another ortbuild process (gave up after --lock-timeout)
+   11  an OCI registry cannot be reached, refuses a push or pull, or holds no ortbuild release there
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ class GateFailed(OrtbuildError):
 class Busy(OrtbuildError):
     exit_code = 10
     label = "busy"
+
+
+class RegistryError(OrtbuildError):
+    """An OCI registry: unreachable, refusing a push or pull, or holding no ortbuild release at a reference."""
+
+    exit_code = 11
+    label = "registry error"
 
 
 def _restore(cls: type[OrtbuildError], message: str, state: dict[str, object]) -> OrtbuildError:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import release
-from .errors import ArtifactError, OrtbuildError
+from .errors import ArtifactError, RegistryError
 
 CONFIG_TYPE = "application/vnd.ortbuild.release.v1+json"
 LAYER_TYPES = {"bundle": "application/vnd.ortbuild.bundle.v1.tar+gzip",
@@ -35,11 +35,6 @@ MAX_SMALL = 64 << 20
 REF = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?/"
                  r"(?P<repo>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
                  r"(?::(?P<tag>[A-Za-z0-9_{][A-Za-z0-9_.{}-]{0,127}))?$")
-
-
-class RegistryError(OrtbuildError):
-    exit_code = 11
-    label = "registry error"
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ def test_one_build_and_one_test_session_per_target_with_tags() -> None:
 
 def test_tag_and_keyword_selection() -> None:
     selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
-    assert selected == ["build(openvino-cpu)", "test(openvino-cpu)"]
+    assert selected == ["build(openvino-cpu)", "test(openvino-cpu)", "release(openvino-cpu)"]
     selected = [s["session"] for s in _sessions("-k", "int8")]
-    assert selected == ["build(cpu-int8)", "test(cpu-int8)"]
+    assert selected == ["build(cpu-int8)", "test(cpu-int8)", "release(cpu-int8)"]
     checks = {s["session"] for s in _sessions("-t", "check")}
     assert checks == {"lint", "tests", "tests-openvino"}
 

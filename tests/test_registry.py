@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -68,7 +69,6 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
     with urllib.request.urlopen(urllib.request.Request(
             f"http://{oci}/v2/models/rel/manifests/1.0-cpu",
             headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})) as r:
-        import json
         man = json.loads(r.read())
     assert man["config"]["mediaType"] == registry.CONFIG_TYPE
     assert man["annotations"]["dev.ortbuild.target"] == "cpu"
@@ -98,9 +98,9 @@ def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path
     data = bytearray(bundle.read_bytes())
     data[len(data) // 2] ^= 0xFF
     bundle.write_bytes(bytes(data))
-    files = {"bundle": bundle, "index": evil / "rel-1.0-cpu.release.json", "provenance": evil / "rel-1.0-cpu.intoto.jsonl",
-             "sums": evil / "SHA256SUMS", "signature": evil / "SHA256SUMS.minisig"}
-    import json
+    files = {"bundle": bundle, "index": evil / "rel-1.0-cpu.release.json",
+             "provenance": evil / "rel-1.0-cpu.intoto.jsonl", "sums": evil / "SHA256SUMS",
+             "signature": evil / "SHA256SUMS.minisig"}
 
     index = json.loads(files["index"].read_text())
     ref = registry.parse(f"oci://{oci}/models/rel:evil")
