@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, container, keys, manifest, options, paths, plan, runtime, workspace
-from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch
+from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch, UsageError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -470,7 +470,7 @@ def cmd_release(args: argparse.Namespace) -> int:
                          "or --signing-key-file)", f"make one with `{keys.MAKE_KEYS}`")
     ref = registry.parse(args.to) if args.to and registry.is_ref(args.to) else None
     if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
-        raise OrtbuildError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
+        raise UsageError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
                             "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
                             "to {version}-{target}), or select one target with -t")
     out_root = Path(args.to) if args.to and ref is None else dist / "release"

@@ -40,6 +40,13 @@ class OrtbuildError(Exception):
         return text
 
 
+class UsageError(OrtbuildError):
+    """Arguments that parse but do not fit together (argparse's own errors exit 2 too)."""
+
+    exit_code = 2
+    label = "usage error"
+
+
 class ConfigError(OrtbuildError):
     """targets.toml (or a file it names) is wrong. `where` is the table/key, e.g. targets.cpu.precision."""
 

@@ -183,7 +183,13 @@ def read_public_key(path: str | Path) -> bytes:
         raise KeyMissing(f"{path}: cannot read the public key: {e.strerror if isinstance(e, OSError) else 'not text'}",
                          "give the signing.pub that `ortbuild keygen` wrote beside the signing key") from None
     raw = minisign.parse_public_key(text, str(path))
-    return raw if raw is not None else _decode(text, str(path), "public key")[0]
+    if raw is not None:
+        return raw
+    try:
+        return _decode(text, str(path), "public key")[0]
+    except KeyMissing as e:
+        raise KeyMissing(e.message, "give the signing.pub that `ortbuild keygen` wrote beside the signing key "
+                                    "(minisign's public key format)") from None
 
 
 def public_key(path: str | Path | None = None) -> tuple[bytes, str] | None:

@@ -109,6 +109,10 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
     out = []
     for name in target.models:
         folder = paths.inside(dist, target.name, name)
+        if not (folder / manifest.MANIFEST).exists():
+            raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
+                                f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
+                                f"\"test({target.name})\"`)")
         m, _ = manifest.read(folder)
         problems = manifest.integrity_problems(m, folder, public_key)
         if problems:
