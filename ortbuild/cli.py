@@ -454,7 +454,7 @@ def _public_key(args: argparse.Namespace) -> bytes:
         raise KeyMissing("verifying a release needs the publisher's public key",
                          "pass --public-key signing.pub (what `ortbuild keygen` wrote), or set "
                          "ORTBUILD_PUBLIC_KEY_FILE")
-    return found[0]
+    return found
 
 
 def cmd_release(args: argparse.Namespace) -> int:

@@ -97,13 +97,16 @@ def _decode(text: str, source: str, what: str) -> tuple[bytes, bool]:
     return raw, development
 
 
-def _read_file(path: str, what: str) -> tuple[bytes, bool]:
+def _read_text(path: str, what: str, hint: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise KeyMissing(f"{path}: cannot read the {what}: {e.strerror if isinstance(e, OSError) else 'not text'}",
-                         f"make one with `{MAKE_KEYS}`") from None
-    return _decode(text, path, what)
+                         hint) from None
+
+
+def _read_file(path: str, what: str) -> tuple[bytes, bool]:
+    return _decode(_read_text(path, what, f"make one with `{MAKE_KEYS}`"), path, what)
 
 
 def _find(explicit: bytes | None, file: str | Path | None, env: str, env_file: str,
@@ -177,27 +180,23 @@ def keygen(out: Path, *, development: bool = False) -> dict[str, str]:
 
 def read_public_key(path: str | Path) -> bytes:
     """A public key file: minisign's format (what keygen writes) or a comment and one base64 line of 32 bytes."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise KeyMissing(f"{path}: cannot read the public key: {e.strerror if isinstance(e, OSError) else 'not text'}",
-                         "give the signing.pub that `ortbuild keygen` wrote beside the signing key") from None
+    hint = "give the signing.pub that `ortbuild keygen` wrote beside the signing key (minisign's public key format)"
+    text = _read_text(str(path), "public key", hint)
     raw = minisign.parse_public_key(text, str(path))
     if raw is not None:
         return raw
     try:
         return _decode(text, str(path), "public key")[0]
     except KeyMissing as e:
-        raise KeyMissing(e.message, "give the signing.pub that `ortbuild keygen` wrote beside the signing key "
-                                    "(minisign's public key format)") from None
+        raise KeyMissing(e.message, hint) from None
 
 
-def public_key(path: str | Path | None = None) -> tuple[bytes, str] | None:
-    """The public key that checks release signatures, and where it came from: --public-key, else
-    ORTBUILD_PUBLIC_KEY_FILE, else the public half of the configured signing key (the publisher's own)."""
+def public_key(path: str | Path | None = None) -> bytes | None:
+    """The public key that checks release signatures: --public-key, else ORTBUILD_PUBLIC_KEY_FILE, else the
+    public half of the configured signing key (the publisher's own)."""
+    if path is None:
+        path = os.environ.get("ORTBUILD_PUBLIC_KEY_FILE") or None
     if path is not None:
-        return read_public_key(path), str(path)
-    if os.environ.get("ORTBUILD_PUBLIC_KEY_FILE"):
-        return read_public_key(os.environ["ORTBUILD_PUBLIC_KEY_FILE"]), os.environ["ORTBUILD_PUBLIC_KEY_FILE"]
+        return read_public_key(path)
     sk = signing_key()
-    return (sk.public_raw, f"the signing key's public half ({sk.source})") if sk else None
+    return sk.public_raw if sk else None
