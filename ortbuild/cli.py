@@ -484,14 +484,14 @@ def cmd_release(args: argparse.Namespace) -> int:
             except (GateFailed, ArtifactError) as e:
                 refused.append(e)
                 continue
-            index = json.loads(pub.files["index"].read_text())
+            index = pub.index
             entry: dict[str, Any] = {"target": name, "dir": str(pub.folder),
                                      **{k: str(v) for k, v in pub.files.items()}, "forced": pub.forced}
             if ref is not None:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
                 where = ref.with_tag(tag)
-                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub, index)
+                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub)
             done.append(entry)
             lines.append(f"{name}: {pub.files['bundle'].name} ({_size(pub.files['bundle'].stat().st_size)}, "
                          f"{len(index['models'])} models) -> {pub.folder}"
@@ -549,23 +549,20 @@ def cmd_pull(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from . import registry, verify
+    from . import registry, release, verify
 
     ref = registry.parse(args.ref)
     public = _public_key(args)
     enc = keys.encryption_key(file=args.key_file)
     with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
-        registry.pull(ref, Path(tmp))
-        v = verify.verify(Path(tmp), public, run=not args.no_run, key=enc.secret if enc else None)
-        dest = Path(args.to) if args.to else Path.cwd() / v.name
-        if dest.exists() and not (dest / "release.json").is_file():
-            verify.cleanup(v)
+        pulled = registry.pull(ref, Path(tmp))
+        dest = Path(args.to) if args.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
+        if dest.exists() and not (dest / release.INDEX).is_file():
             raise ArtifactError(f"{dest}: exists and is not a pulled release", "choose another --to directory")
         staged = dest.parent / f".{dest.name}.pulling"
         shutil.rmtree(staged, ignore_errors=True)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(v.tree, staged)
-        verify.cleanup(v)
+        v = verify.verify(Path(tmp), public, run=not args.no_run, key=enc.secret if enc else None, extract_to=staged)
         old = dest.parent / f".{dest.name}.old"
         if dest.exists():
             dest.rename(old)

@@ -95,11 +95,11 @@ def _fail(ref: Ref, action: str, e: Exception) -> RegistryError:
                                                    "(`docker login`)? Loopback registries use HTTP, others HTTPS")
 
 
-def push(ref: Ref, published: release.Published, index: dict[str, Any]) -> str:
+def push(ref: Ref, published: release.Published) -> str:
     """Push a release's files as one OCI artifact; return the manifest digest."""
     import requests
 
-    files = published.files
+    files, index = published.files, published.index
     annotations = {"org.opencontainers.image.title": index["name"],
                    "org.opencontainers.image.version": index["project"]["version"],
                    "org.opencontainers.image.created": index["created"],

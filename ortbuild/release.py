@@ -88,6 +88,7 @@ class Published:
     folder: Path
     files: dict[str, Path]       # bundle, index, provenance, sums, signature
     forced: list[str]
+    index: dict[str, Any]        # the index's content
 
 
 def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | None, target: str) -> str | None:
@@ -319,4 +320,4 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         tmp.unlink(missing_ok=True)
     files = {"bundle": out / names["bundle"], "index": out / names["index"], "provenance": out / names["provenance"],
              "sums": out / SUMS, "signature": out / SUMS_SIG}
-    return Published(target.name, out, files, refused)
+    return Published(target.name, out, files, refused, index)

@@ -104,7 +104,7 @@ def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path
 
     index = json.loads(files["index"].read_text())
     ref = registry.parse(f"oci://{oci}/models/rel:evil")
-    registry.push(ref, release.Published("cpu", evil, files, []), index)
+    registry.push(ref, release.Published("cpu", evil, files, [], index))
     proc = cli("pull", str(ref), "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d"),
                cwd=tmp_path)
     assert proc.returncode == 7 and "rel-1.0-cpu.tar.gz" in proc.stderr, proc.stderr
