@@ -127,6 +127,16 @@ def build(session: nox.Session, target: str) -> None:
                      f"built (precision + basic level), see {dist}")
 
 
+def _skipped_here(t: config.Target) -> str | None:
+    """The reason, when the last `ortbuild test` of every model of `t` was SKIPPED (it cannot run here)."""
+    assert PROJECT is not None
+    dist = PROJECT.root / "dist" / t.name
+    reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
+    if reports and all(r["status"] == "SKIPPED" for r in reports):
+        return str(reports[0]["reason"])
+    return None
+
+
 @nox.session
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def test(session: nox.Session, target: str) -> None:
@@ -135,10 +145,9 @@ def test(session: nox.Session, target: str) -> None:
     t = _target_env(session, target, required_fails=True)
     assert PROJECT is not None
     session.run("ortbuild", "test", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
-    dist = PROJECT.root / "dist" / target
-    reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
-    if reports and all(r["status"] == "SKIPPED" for r in reports):
-        session.skip(f"{target} cannot run here: {reports[0]['reason']}")
+    skipped = _skipped_here(t)
+    if skipped:
+        session.skip(f"{target} cannot run here: {skipped}")
 
 
 @nox.session(venv_backend="none")
@@ -154,11 +163,9 @@ def release(session: nox.Session, target: str) -> None:
     ortbuild = venv / "bin" / "ortbuild"
     if not ortbuild.exists():
         session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
-    dist = PROJECT.root / "dist" / target
-    reports = [json.loads(f.read_text())["result"] for m in PROJECT.targets[target].models
-               if (f := dist / m / "test-report.json").exists()]
-    if reports and all(r["status"] == "SKIPPED" for r in reports) and not PROJECT.targets[target].require:
-        session.skip(f"{target} cannot run here ({reports[0]['reason']}): nothing tested to release")
+    skipped = _skipped_here(PROJECT.targets[target])
+    if skipped and not PROJECT.targets[target].require:
+        session.skip(f"{target} cannot run here ({skipped}): nothing tested to release")
     env = _keys_env(session)
     out = session.run(str(ortbuild), "release", "-c", str(PROJECT.file), "-t", target, "--json", *session.posargs,
                       env=env, external=True, silent=True, success_codes=range(256))

@@ -281,7 +281,12 @@ def timestamp() -> str:
                                 "unset it, or set it to e.g. $(git log -1 --format=%ct)") from None
     else:
         when = dt.datetime.now(dt.UTC)
-    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return iso_utc(when)
+
+
+def iso_utc(when: dt.datetime | None = None) -> str:
+    """A UTC time (default: now) as ortbuild writes it everywhere: 2026-01-01T00:00:00Z."""
+    return (when or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def atomic_write(path: Path, data: bytes) -> None:

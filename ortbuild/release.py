@@ -59,7 +59,7 @@ def epoch_of(created: list[str]) -> int:
 
 
 def iso(epoch: int) -> str:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat().replace("+00:00", "Z")
+    return manifest.iso_utc(dt.datetime.fromtimestamp(epoch, dt.UTC))
 
 
 def canonical(doc: Any) -> bytes:
@@ -235,7 +235,7 @@ def _provenance(project: Project, target: Target, models: list[ModelRelease], su
                                     "onnxruntime": json.dumps(versions.get("onnxruntime"), sort_keys=True),
                                     "python": platform.python_version()}},
             "metadata": {"invocationId": os.environ.get("GITHUB_RUN_ID") or str(uuid.uuid4()),
-                         "startedOn": started, "finishedOn": iso(int(dt.datetime.now(dt.UTC).timestamp()))},
+                         "startedOn": started, "finishedOn": manifest.iso_utc()},
             "byproducts": byproducts,
         },
     }
@@ -266,7 +266,7 @@ def sums_text(digests: dict[str, str]) -> bytes:
 def release_target(project: Project, target: Target, dist: Path, out: Path, sign_key: SigningKey, *,
                    force: bool) -> Published:
     """Write target's release into `out` (files appear only when complete; an old release there is replaced)."""
-    started = iso(int(dt.datetime.now(dt.UTC).timestamp()))
+    started = manifest.iso_utc()
     models = _collect(project, target, dist, sign_key.public_raw)
     refused = [f"{target.name}/{mr.name}: {mr.refusal}" for mr in models if mr.refusal]
     if refused and not force:

@@ -8,7 +8,6 @@ SVG (a latency histogram per artifact with its percentiles and budgets), readabl
 
 from __future__ import annotations
 
-import datetime as dt
 import html
 import json
 from pathlib import Path
@@ -69,7 +68,7 @@ def collect(dist: Path) -> list[dict[str, Any]]:
 def write(dist: Path, docs: list[dict[str, Any]]) -> tuple[Path, Path]:
     results = [d["result"] for d in docs]
     counts = {s: sum(r["status"] == s for r in results) for s in ("PASS", "FAIL", "INCONCLUSIVE", "SKIPPED")}
-    created = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    created = manifest.iso_utc()
     doc = {"created": created, "counts": counts, "results": results,
            "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs}}
     jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
