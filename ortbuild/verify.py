@@ -21,12 +21,11 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compare, golden, loaders, manifest, minisign, paths, release, runtime, tarball
+from . import compare, golden, keys, loaders, manifest, minisign, paths, release, runtime, tarball
 from .errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
@@ -37,7 +36,6 @@ class Verified:
     name: str
     target: str
     index: dict[str, Any]
-    tree: Path                                  # the extracted bundle (its top directory)
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -88,8 +86,6 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
         statement = json.loads(body)
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise ArtifactError(f"{path}: not a DSSE envelope holding an in-toto statement") from None
-    from . import keys
-
     if env.get("payloadType") != release.DSSE_PAYLOAD_TYPE or \
             not any(keys.verify(public_key, s, release.pae(release.DSSE_PAYLOAD_TYPE, body)) for s in sigs):
         raise ArtifactError(f"{path}: its signature does not verify with the public key given (modified, or "
@@ -109,8 +105,8 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
     return pred
 
 
-def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None, extract_to: Path | None = None,
-           progress: Callable[[str], None] = lambda s: None) -> Verified:
+def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None,
+           extract_to: Path | None = None) -> Verified:
     """Check the release in `path` (steps 1-5 above); extract the bundle into `extract_to` (a new directory; a
     temporary one when None, removed afterwards). Raises ArtifactError (7), GateFailed (9), KeyMissing (8) or
     RuntimeMismatch (4), each naming the file and what to do."""
@@ -160,7 +156,6 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
     # 4. the bundle, member by member, into a fresh directory
     tmp_root = Path(tempfile.mkdtemp(prefix=".ortbuild-verify-", dir=extract_to.parent if extract_to else None))
     try:
-        progress(f"reading {bundle}")
         for member, content in tarball.members(folder / bundle, f"{name}/{release.INDEX}", index_bytes,
                                                {k: v[0] for k, v in files.items()}):
             if member in files and tarball.sha256(content) != files[member][1]:
@@ -187,22 +182,11 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
             lines += _golden(index, tree, key)
         else:
             lines.append("golden       not run (--no-run)")
-        result = Verified(name, index["target"], index, tree, lines, warnings)
         if extract_to is not None:
             os.replace(tree, extract_to)
-            result.tree = extract_to
-    except BaseException:
+    finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
-        raise
-    if extract_to is not None:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-    return result
-
-
-def cleanup(v: Verified) -> None:
-    """Remove a verification's temporary extraction (verify without extract_to)."""
-    if v.tree.parent.name.startswith(".ortbuild-verify-"):
-        shutil.rmtree(v.tree.parent, ignore_errors=True)
+    return Verified(name, index["target"], index, lines, warnings)
 
 
 def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
