@@ -33,6 +33,9 @@ nox.options.reuse_venv = "yes"
 CONFIG = os.environ.get("ORTBUILD_CONFIG", "targets.toml")
 CPU_RUNTIME = "onnxruntime==1.31.1"
 OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"
+# The OpenVINO plugin EP for stock onnxruntime: the tests build and load compiled (EPContext) artifacts with it
+# where it offers a device (Intel CPUs), and check its refusal elsewhere.
+OPENVINO_PLUGIN = "onnxruntime-ep-openvino==1.8.1"
 # Real models for the end-to-end tests, from a PyPI wheel (not committed; sha256-pinned in the tests).
 E2E_MODELS = "rapidocr-onnxruntime==1.4.4"
 
@@ -104,11 +107,11 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
         session.error(f"{CONFIG} is invalid (see the error above)")
     t = PROJECT.targets[target]
     try:
-        _install(session, "-e", ".", t.runtime)
+        _install(session, "-e", ".", *t.requirements)
     except nox.command.CommandFailed:
         if required_fails and t.require:
-            session.error(f"{target}: its runtime '{t.runtime}' cannot be installed, and the target is required")
-        session.skip(f"{target}: its runtime '{t.runtime}' cannot be installed on this machine")
+            session.error(f"{target}: its runtime '{t.runtime_text}' cannot be installed, and the target is required")
+        session.skip(f"{target}: its runtime '{t.runtime_text}' cannot be installed on this machine")
     return t
 
 
@@ -194,7 +197,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["check"])
 def tests(session: nox.Session) -> None:
     """The test suite, with the CPU runtime and the real models the e2e tests use."""
-    _install(session, "-e", ".[dev]", CPU_RUNTIME, no_deps=(E2E_MODELS,))
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, no_deps=(E2E_MODELS,))
     session.run("pytest", "-q", *session.posargs)
 
 

@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+from packaging.requirements import Requirement
+
 from . import __version__, keys, manifest, options, paths, runtime, workspace
-from .config import Project, Provider
+from .config import Project, Provider, Target
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
 
 if TYPE_CHECKING:  # the steps import onnx, numpy and the quantizers: a no-op build never needs them
     from . import data
-    from .steps import check, optimize, precision, reload
+    from .steps import check, compile, optimize, precision, reload
 
 # statuses, and whether each counts as a usable artifact
 BUILT, PORTABLE, UP_TO_DATE, SKIPPED, FAILED = "built", "portable", "up-to-date", "skipped", "failed"
@@ -120,11 +122,26 @@ def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, fl
         "calibration": calib_sha if job.settings.rule.needs_calibration else None,
         **{f"settings.{k}": v for k, v in job.settings.as_json().items()},
         "runtime": flavor.as_json(), "onnx": md.version("onnx"), "ortbuild": __version__,
+        "plugins": plugin_versions(job.target),
         "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
     return parts
+
+
+def plugin_versions(target: Target) -> dict[str, dict[str, str]]:
+    """The target's plugin EPs as installed here, by provider: package, import name, version, devices."""
+    out = {}
+    for req in target.plugins:
+        plugin = options.PLUGINS[Requirement(req).name.lower()]
+        try:
+            version = md.version(plugin.package)
+        except md.PackageNotFoundError:
+            version = "not installed"
+        out[plugin.provider] = {"package": plugin.package, "module": plugin.module, "version": version,
+                                "devices": plugin.devices}
+    return out
 
 
 def _sha(value: Any) -> str:
@@ -172,6 +189,7 @@ class JobContext:
     inputs_sha: str = ""
     prec: precision.PrecisionResult | None = None
     opt: optimize.OptimizeResult | None = None
+    compiled: compile.CompileResult | None = None  # compiling providers: the EPContext model
     rel: reload.ReloadResult | None = None
     sealed: list[tuple[manifest.ArtifactFile, bytes]] = field(default_factory=list)  # ciphertext, in memory
     loader_files: dict[str, str] = field(default_factory=dict)
@@ -229,6 +247,37 @@ def _optimize(ctx: JobContext) -> None:
     ctx.res.level = ctx.opt.applied
 
 
+def _plugins(ctx: JobContext) -> dict[str, options.PluginEP]:
+    """The target's plugin EPs, by the provider each registers."""
+    return {p.name: plugin for p in ctx.job.settings.providers if (plugin := ctx.job.target.plugin_for(p.name))}
+
+
+def _compile_for(ctx: JobContext) -> Provider | None:
+    from .steps import compile
+
+    return None if ctx.missing else compile.provider_to_compile(ctx.usable, _plugins(ctx))
+
+
+def _compile(ctx: JobContext) -> None:
+    from .steps import compile
+
+    assert ctx.opt is not None and ctx.work is not None
+    provider = _compile_for(ctx)
+    if provider is None:
+        return
+    ctx.compiled = compile.run(ctx.opt.path, ctx.job.settings, provider, _plugins(ctx), ctx.work)
+
+
+def _artifact_path(ctx: JobContext) -> Path:
+    """The model the artifact holds: the compiled EPContext model where there is one, else the optimized one."""
+    assert ctx.opt is not None
+    return ctx.compiled.path if ctx.compiled is not None and ctx.compiled.path is not None else ctx.opt.path
+
+
+def _precompiled(ctx: JobContext) -> bool:
+    return ctx.compiled is not None and ctx.compiled.path is not None
+
+
 def _run_on(ctx: JobContext) -> list[Provider]:
     # a portable build is proven on the CPU of this runtime; otherwise on the target's providers
     return [Provider("CPUExecutionProvider")] if ctx.missing else ctx.usable
@@ -238,7 +287,8 @@ def _reload(ctx: JobContext) -> None:
     from .steps import reload
 
     assert ctx.opt is not None
-    ctx.rel = reload.run(ctx.opt.path, ctx.job.settings, _run_on(ctx), ctx.feed)
+    ctx.rel = reload.run(_artifact_path(ctx), ctx.job.settings, _run_on(ctx), ctx.feed, _plugins(ctx),
+                         precompiled=_precompiled(ctx))
 
 
 def deterministic() -> bool:
@@ -255,11 +305,11 @@ def _seal(ctx: JobContext) -> None:
     assert ctx.opt is not None and ctx.work is not None
     s = ctx.job.settings
     main = "model.ort" if s.format == "ort" else "model.onnx"
-    plain: list[tuple[str, str, Path]] = [(main, "model", ctx.opt.path)]
+    plain: list[tuple[str, str, Path]] = [(main, "model", _artifact_path(ctx))]
     if s.external_data:
         folder = ctx.work / "external"
         folder.mkdir()
-        model = onnx.load(str(ctx.opt.path))
+        model = onnx.load(str(_artifact_path(ctx)))
         onnx.save_model(model, str(folder / main), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{main}.data", size_threshold=1024)
         del model
@@ -280,7 +330,7 @@ def _loaders(ctx: JobContext) -> None:
     from . import loaders
 
     ctx.manifest = _manifest(ctx)
-    ctx.loader_files = loaders.render(ctx.manifest, ctx.job.target.runtime)
+    ctx.loader_files = loaders.render(ctx.manifest, ctx.job.target.runtime_text)
     ctx.manifest = dataclasses.replace(ctx.manifest, loaders=loaders.describe(ctx.loader_files, ctx.manifest))
 
 
@@ -341,6 +391,8 @@ PIPELINE: tuple[Step, ...] = (
     Step("precision", "build", _precision, lambda c: f"precision {c.job.settings.precision}"),
     Step("optimize", "build", _optimize,
          lambda c: f"optimize level={c.job.settings.optimization} providers={[p.name for p in c.usable] or '-'}"),
+    Step("compile", "build", _compile, lambda c: f"compile for {p.name} ahead of time (EPContext)"
+         if (p := _compile_for(c)) else "compile: no provider compiles ahead of time"),
     Step("reload", "build", _reload,
          lambda c: f"reload (optimizations disabled) and run on {[p.name for p in _run_on(c)]}"),
     Step("encrypt", "build", _seal, lambda c: "encrypt (container v1, AES-256-GCM)" if c.job.settings.encrypt
@@ -361,7 +413,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
     assert ctx.sign_key is not None
-    ctx.res.notes = prec.notes + opt.notes
+    ctx.res.notes = prec.notes + opt.notes + (ctx.compiled.notes if ctx.compiled else [])
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root
@@ -380,10 +432,11 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
                                    size_ratio=round(size / src.size, 4), files=[f for f, _ in ctx.sealed]),
         precision=manifest.PrecisionInfo(prec.precision, prec.options),
         providers=[p.as_json() for p in job.settings.providers],
-        session=job.settings.session.as_json(),
+        session=_session_json(ctx),
         free_dimensions=dict(job.settings.free_dimensions),
-        optimization=manifest.Optimization(requested=opt.requested, applied=opt.applied, portable=opt.portable,
-                                           tied_to=opt.tied_to, optimized_with=opt.providers,
+        optimization=manifest.Optimization(requested=opt.requested, applied=opt.applied,
+                                           portable=opt.portable and not _precompiled(ctx),
+                                           tied_to=_tied_to(ctx), optimized_with=opt.providers,
                                            op_domains=opt.op_domains, disabled_optimizers=opt.disabled_optimizers,
                                            inflation=opt.inflation),
         io=src.signature,
@@ -399,7 +452,32 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
             development_key=enc.development) if job.settings.encrypt and enc is not None else None,
         signing=ctx.sign_key.info(),
         notes=ctx.res.notes,
+        plugins=plugin_versions(job.target),
+        compiled=ctx.compiled.as_json() if ctx.compiled is not None and ctx.compiled.path is not None else None,
     )
+
+
+def _session_json(ctx: JobContext) -> dict[str, Any]:
+    """The session options loaders use: the target's, plus disable_model_compile for a compiled artifact."""
+    from .steps import reload
+
+    out = ctx.job.settings.session.as_json()
+    if _precompiled(ctx):
+        out["config"] = {**out["config"], reload.PRECOMPILED_CONFIG: "1"}
+    return out
+
+
+def _tied_to(ctx: JobContext) -> dict[str, Any]:
+    """What the artifact needs besides ONNX Runtime: the optimize step's ties, and for a compiled artifact its
+    provider and the device (and CPU) it was compiled for: a compiled blob is native code for them."""
+    assert ctx.opt is not None
+    tied = dict(ctx.opt.tied_to)
+    if _precompiled(ctx):
+        assert ctx.compiled is not None
+        tied["providers"] = sorted({*tied.get("providers", []), ctx.compiled.provider})
+        tied["compiled_for"] = {"provider": ctx.compiled.provider, "device": ctx.compiled.device,
+                                "cpu": runtime.cpu_model(), "simd_level": runtime.simd_level()}
+    return tied
 
 
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
@@ -420,7 +498,7 @@ class Builder:
         self.dist = dist
         self.force = force
         self.progress = progress or Progress()
-        self._probes: dict[tuple[str, str], str | None] = {}
+        self._probes: dict[tuple[str, str, str], str | None] = {}
         self._digests: dict[tuple[str, int, int], str | None] = {}
         self.enc_key = enc_key or keys.encryption_key()
         self.sign_key = sign_key or keys.signing_key()
@@ -447,10 +525,11 @@ class Builder:
             self._digests[key] = _digest(path)
         return self._digests[key]
 
-    def _probe(self, p: Provider) -> str | None:
-        key = (p.name, json.dumps(dict(p.options), sort_keys=True))
+    def _probe(self, p: Provider, target: Target) -> str | None:
+        plugin = target.plugin_for(p.name)
+        key = (p.name, json.dumps(dict(p.options), sort_keys=True), plugin.package if plugin else "")
         if key not in self._probes:
-            self._probes[key] = runtime.cached_probe(p, refresh=self.force)
+            self._probes[key] = runtime.cached_probe(p, plugin, refresh=self.force)
         return self._probes[key]
 
     def run(self, jobs: Sequence[Job], workers: int = 1) -> list[JobResult]:
@@ -463,7 +542,7 @@ class Builder:
         self.check_keys(buildable)
         for j in buildable:  # probe once, here: workers get the answers (a probe opens ORT sessions)
             for p in j.settings.providers:
-                self._probe(p)
+                self._probe(p, j.target)
         results: dict[int, JobResult] = {}
         for i, job in enumerate(jobs):
             if problems[job.target.name]:
@@ -497,8 +576,8 @@ class Builder:
     def _prepare(self, ctx: JobContext) -> None:
         """The build key, from digests alone (no model is parsed): usable providers, runtime, data, keys."""
         job = ctx.job
-        ctx.usable = [p for p in job.settings.providers if self._probe(p) is None]
-        ctx.missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p))}
+        ctx.usable = [p for p in job.settings.providers if self._probe(p, job.target) is None]
+        ctx.missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p, job.target))}
         ctx.flavor = runtime.installed_flavor()
         assert ctx.flavor is not None  # runtime_problem() said this environment has the right flavor
         ctx.inputs_sha = self._digest(job.model.inputs) or ""

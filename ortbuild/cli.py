@@ -18,6 +18,7 @@ from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, Ortb
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
 REFERENCE_FILE = PACKAGE_DIR.parent / "docs" / "targets-reference.md"
+TARGETS_DOC = PACKAGE_DIR.parent / "docs" / "targets.md"
 
 
 def _size(n: int | None) -> str:
@@ -52,13 +53,13 @@ def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.
     targets = {j.target.name: j.target for j in jobs}
     flavor = runtime.installed_flavor()
     have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
-    wants = sorted({t.runtime for t in targets.values()})
+    wants = sorted({t.runtime_text for t in targets.values()})
     one = next(iter(targets))
     raise RuntimeMismatch(
         f"nothing to {command} here: this environment has {have}, and the selected targets need "
         f"{', '.join(wants)}",
         f"run `python3 -m nox -s {command}` (one virtualenv per target, each with its runtime), or "
-        f"`python3 -m nox -s \"{command}({one})\"` for one target; or `pip install {targets[one].runtime}` "
+        f"`python3 -m nox -s \"{command}({one})\"` for one target; or `pip install {targets[one].runtime_text}` "
         "into this environment (one flavor per environment)")
 
 
@@ -219,7 +220,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             ctx = builder.prepare(j)
             why, _ = published(ctx.out_dir, ctx.key, builder.sign_key, ctx.key_parts)
             rebuild = why is not None
-        out.append({"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime,
+        out.append({"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime_text,
                     "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
                     "optimization": j.settings.optimization, "format": j.settings.format,
                     "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
@@ -240,15 +241,50 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _providers_here() -> list[dict[str, Any]]:
+    """docs/targets.md's capability table, with this environment's answer for each provider."""
+    from . import capabilities
+
+    flavor = runtime.installed_flavor()
+    out = []
+    for c in capabilities.CAPABILITIES:
+        for name in c.providers:
+            why = (capabilities.unsupported(name) if c.status == capabilities.UNSUPPORTED
+                   else runtime.provider_here(name))
+            out.append({"provider": name, "label": c.label, "status": c.status, "runtime": c.runtime,
+                        "here": why is None, "why_not": why, "environment": flavor.as_json() if flavor else None,
+                        "built_without_hardware": c.portable, "with_hardware": c.with_hardware,
+                        "verified": c.verified})
+    return out
+
+
+def _print_providers(rows: list[dict[str, Any]]) -> None:
+    flavor = runtime.installed_flavor()
+    print(f"execution providers (docs/targets.md), in this environment "
+          f"({f'{flavor.distribution} {flavor.version}' if flavor else 'no ONNX Runtime'}, {runtime.cpu_model()}):")
+    print(_table([[r["label"], r["provider"], r["status"], "yes" if r["here"] else "no"] for r in rows],
+                 ["EP", "provider", "ortbuild support", "runs here"]))
+    for r in rows:
+        if r["why_not"]:
+            print(f"  {r['provider']}: {r['why_not']}")
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
+    if args.providers:
+        rows = _providers_here()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_providers(rows)
+        return 0
     project = config.load(args.config)
     out: list[dict[str, Any]] = []
     for t in project.targets.values():
         why = runtime.runtime_problem(t)
         missing: list[str] = []
         if why is None:
-            missing = [r for r in (runtime.probe_provider(p) for p in t.providers) if r]
-        out.append({"target": t.name, "runtime": t.runtime, "providers": [p.name for p in t.providers],
+            missing = [r for r in (runtime.probe_provider(p, t.plugin_for(p.name)) for p in t.providers) if r]
+        out.append({"target": t.name, "runtime": t.runtime_text, "providers": [p.name for p in t.providers],
                     "precisions": sorted({s.precision for s in t.settings.values()}), "models": list(t.models),
                     "runtime_here": why is None, "providers_here": why is None and not missing,
                     "why_not": why or "; ".join(missing) or None, "description": t.description})
@@ -265,6 +301,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
     for o in out:
         if o["why_not"]:
             print(f"  {o['target']}: {o['why_not']}")
+    print()
+    _print_providers(_providers_here())
     return 0
 
 
@@ -430,7 +468,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------- schema
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from . import capabilities
+
     files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
+    if TARGETS_DOC.exists():  # a source checkout: its capability table is generated too
+        files[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
     if args.write:
         for f, text in files.items():
             manifest.atomic_write(f, text.encode())
@@ -575,7 +617,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
     project = config.load(args.config, check_files=False)
     names = plan._select(list(project.targets), args.target, "targets", str(project.file))
-    include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime,
+    include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
                 "required": project.targets[n].require, "session": f"test({n})",
                 "models": list(project.targets[n].models)} for n in names]
     print(json.dumps({"include": include}, indent=None if args.compact else 2))
@@ -640,8 +682,11 @@ def parser() -> argparse.ArgumentParser:
     cl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
     cl.set_defaults(func=cmd_clean)
 
-    t = sub.add_parser("targets", help="list targets and whether this environment can run them")
+    t = sub.add_parser("targets", help="list targets, and the execution providers, and whether this environment "
+                                       "can run them")
     t.add_argument("-c", "--config", default=config.DEFAULT_FILE)
+    t.add_argument("--providers", action="store_true",
+                   help="only the execution providers: ortbuild's support (docs/targets.md) and this environment's")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_targets)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from . import options, paths
+from . import capabilities, options, paths
 from .errors import ConfigError
 
 DEFAULT_FILE = "targets.toml"
@@ -220,11 +220,30 @@ class Settings:
 class Target:
     name: str
     description: str
-    runtime: str                     # the pip requirement, e.g. "onnxruntime==1.31.1"
+    runtime: str                     # the flavor's pip requirement, e.g. "onnxruntime==1.31.1"
     models: tuple[str, ...]          # resolved model names, in [models] order
     settings: Mapping[str, Settings]  # per model name
     require: bool = False            # `ortbuild test` fails instead of skipping when it cannot run here
     runner: tuple[str, ...] = ("ubuntu-latest",)  # CI runner labels (`ortbuild matrix`)
+    plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (options.PLUGINS)
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """Everything the target's environment installs: the flavor, then its plugin EPs."""
+        return (self.runtime, *self.plugins)
+
+    @property
+    def runtime_text(self) -> str:
+        """The requirements as one line (messages, tables): `pip install` takes it as is."""
+        return " ".join(self.requirements)
+
+    def plugin_for(self, provider: str) -> options.PluginEP | None:
+        """The plugin EP of this target that provides `provider`, if it comes from one."""
+        for req in self.plugins:
+            plugin = options.PLUGINS[Requirement(req).name.lower()]
+            if plugin.provider == provider:
+                return plugin
+        return None
 
     @property
     def providers(self) -> tuple[Provider, ...]:
@@ -337,6 +356,10 @@ class _Checker:
             if k.name == "models" and not v:
                 raise self.fail(where, "selects no models (an empty list does nothing)",
                                 'use ["*"] for all models, or name them')
+        elif kind == "requirements":
+            if not (isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(x, str) for x in v))):
+                raise self.fail(where, f"must be a pip requirement or an array of them, got {_shown(v)}",
+                                f'e.g. "onnxruntime==1.31.1" or {_PLUGIN_EXAMPLE}')
         elif kind == "providers":
             self.providers(v, where)
         elif kind == "config":
@@ -573,7 +596,7 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
         for k in ("runtime", "providers"):
             if k not in t:
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")
-        _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
+        flavor, plugins = _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
@@ -604,6 +627,7 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                     eff = merge(eff, {k: v for k, v in ov.items() if k not in ("models", INHERITED)})
             _check_runtime(chk, f"{where}.providers", t["runtime"], eff["providers"])
             _check_settings(chk, where, models[m], eff)
+            eff["providers"] = _effective_providers(chk, f"{where}.providers", eff, plugins)
             settings[m] = Settings(
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
@@ -611,9 +635,9 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
                 constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
                 gates=_gates(eff))
-        targets[name] = Target(name=name, description=t["description"], runtime=t["runtime"],
+        targets[name] = Target(name=name, description=t["description"], runtime=flavor,
                                models=tuple(selected), settings=settings, require=t["require"],
-                               runner=tuple(t["runner"]))
+                               runner=tuple(t["runner"]), plugins=plugins)
     for name, target in targets.items():
         _check_relative_budgets(chk, name, target, targets)
     return targets
@@ -653,23 +677,124 @@ def _check_relative_budgets(chk: _Checker, name: str, target: Target, targets: M
             raise chk.fail(f"{where}.faster_than.ratio", "must be above 0")
 
 
-def _check_runtime(chk: _Checker, where: str, runtime: str, providers: list[Any]) -> None:
-    try:
-        req = Requirement(runtime)
-    except InvalidRequirement as e:
-        raise chk.fail(where, f"'{runtime}' is not a pip requirement: {e}",
-                       "write it like onnxruntime==1.31.1") from None
-    flavor = req.name.lower()
-    if flavor not in options.RUNTIMES:
-        raise chk.fail(where, f"unknown ONNX Runtime flavor '{req.name}'"
-                              f"{did_you_mean(flavor, list(options.RUNTIMES))}",
-                       f"known flavors: {', '.join(options.RUNTIMES)}")
-    offered = options.RUNTIMES[flavor]
-    for p in _providers(providers):
+_PLUGIN_EXAMPLE = '["onnxruntime==1.31.1", "onnxruntime-ep-openvino==1.8.1"]'
+
+
+def _check_runtime(chk: _Checker, where: str, runtime: str | list[str], providers: list[Any],
+                   ) -> tuple[str, tuple[str, ...]]:
+    """The target's flavor requirement and its plugin EP requirements, after checking that together they
+    provide every provider listed (and that plugin EP targets list only the plugin's provider and the CPU)."""
+    flavor_req: str | None = None
+    plugins: list[str] = []
+    for text in [runtime] if isinstance(runtime, str) else runtime:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as e:
+            raise chk.fail(where, f"'{text}' is not a pip requirement: {e}",
+                           "write it like onnxruntime==1.31.1") from None
+        name = req.name.lower()
+        if name in options.PLUGINS:
+            if text in plugins or any(Requirement(p).name.lower() == name for p in plugins):
+                raise chk.fail(where, f"{req.name} is listed twice")
+            plugins.append(text)
+        elif name in options.RUNTIMES:
+            if flavor_req is not None:
+                raise chk.fail(where, f"lists two ONNX Runtime flavors ({flavor_req}, {text})",
+                               "one flavor per target: they overwrite each other's `onnxruntime` module")
+            flavor_req = text
+        else:
+            raise chk.fail(where, f"unknown ONNX Runtime flavor or plugin EP '{req.name}'"
+                                  f"{did_you_mean(name, [*options.RUNTIMES, *options.PLUGINS])}",
+                           f"flavors: {', '.join(options.RUNTIMES)}; plugin EPs: {', '.join(options.PLUGINS)}")
+    if flavor_req is None:
+        raise chk.fail(where, "names no ONNX Runtime flavor", f"e.g. {_PLUGIN_EXAMPLE}")
+    flavor = Requirement(flavor_req).name.lower()
+    offered = {p: flavor for p in options.RUNTIMES[flavor]}
+    for text in plugins:
+        plugin = options.PLUGINS[Requirement(text).name.lower()]
+        if flavor not in plugin.flavors:
+            raise chk.fail(where, f"{plugin.package} plugs into {', '.join(plugin.flavors)}, not {flavor}",
+                           f'e.g. runtime = ["onnxruntime==1.31.1", "{text}"]')
+        if plugin.provider in offered:
+            raise chk.fail(where, f"{plugin.provider} comes from both {flavor} and {plugin.package}",
+                           "keep one of them")
+        offered[plugin.provider] = plugin.package
+    listed = _providers(providers)
+    for p in listed:
+        gap = capabilities.unsupported(p.name)
+        if gap:
+            raise chk.fail(where, gap, f"supported providers: {', '.join(capabilities.supported())} "
+                                       "(docs/targets.md)")
         if p.name not in offered:
             owner = [r for r, eps in options.RUNTIMES.items() if p.name in eps]
-            hint = f"{p.name} ships in {', '.join(owner)}" if owner else None
-            raise chk.fail(where, f"{flavor} does not provide {p.name}", hint)
+            owner += [pl.package for pl in options.PLUGINS.values() if p.name == pl.provider]
+            hint = f"{p.name} ships in {' or '.join(owner)}" if owner else None
+            raise chk.fail(where, f"{' + '.join([flavor_req, *plugins])} does not provide {p.name}", hint)
+    from_plugin = [p.name for p in listed if offered[p.name] != flavor]
+    others = [p.name for p in listed if offered[p.name] == flavor and p.name != "CPUExecutionProvider"]
+    if from_plugin and others:
+        raise chk.fail(where, f"{from_plugin[0]} (a plugin EP) cannot be combined with {others[0]} here",
+                       "list the plugin EP and CPUExecutionProvider (its fallback) only")
+    return flavor_req, tuple(plugins)
+
+
+def _effective_providers(chk: _Checker, where: str, eff: dict[str, Any], plugins: tuple[str, ...]) -> list[Any]:
+    """The providers as built, tested and loaded: options checked against the runtime that provides them, and
+    ortbuild's safe defaults added where the target did not state them (docs/targets.md)."""
+    plugin_eps = {options.PLUGINS[Requirement(p).name.lower()].provider for p in plugins}
+    out: list[Any] = []
+    for i, p in enumerate(_providers(eff["providers"])):
+        opts = dict(p.options)
+        at = f"{where}[{i}].options"
+        for opt, why in options.PLAINTEXT_OPTIONS.get(p.name, {}).items():
+            if opt in opts:
+                raise chk.fail(f"{at}.{opt}", f"is refused: {why}", f"remove {opt}")
+        if p.name in plugin_eps:
+            for opt in opts:
+                if opt in options.PLUGIN_IGNORED.get(p.name, {}):
+                    raise chk.fail(f"{at}.{opt}", f"the {p.name} plugin ignores it (with only a warning)",
+                                   f"use {options.PLUGIN_IGNORED[p.name][opt]}")
+                if opt not in options.PLUGIN_OPTIONS.get(p.name, frozenset(opts)):
+                    known = sorted(options.PLUGIN_OPTIONS[p.name])
+                    raise chk.fail(f"{at}.{opt}", f"unknown option of the {p.name} plugin{did_you_mean(opt, known)}",
+                                   f"its options: {', '.join(known)}")
+            device = str(opts.get("device_type", "CPU"))
+            if device not in options.PLUGIN_DEVICE_TYPES:
+                raise chk.fail(f"{at}.device_type",
+                               f"'{device}' is not one of {', '.join(options.PLUGIN_DEVICE_TYPES)}",
+                               "the plugin EP offers one device per kind; HETERO/MULTI/AUTO are not supported")
+            opts["device_type"] = device
+        if p.name == "OpenVINOExecutionProvider":
+            opts = _pin_precision_hint(chk, at, opts, eff["precision"])
+        for opt, value in options.PROVIDER_DEFAULTS.get(p.name, {}).items():
+            opts.setdefault(opt, value)
+        out.append({"name": p.name, "options": opts})
+    return out
+
+
+def _pin_precision_hint(chk: _Checker, at: str, opts: dict[str, Any], precision: str) -> dict[str, Any]:
+    """OpenVINO's CPU plugin runs "fp32" models in bf16 on CPUs with AMX unless told otherwise: an fp32 target
+    gets INFERENCE_PRECISION_HINT = f32 in load_config; a target that wants bf16/f16 states it there."""
+    device = str(opts.get("device_type", "CPU"))
+    if device not in options.PLUGIN_DEVICE_TYPES:
+        return opts  # HETERO:/MULTI:/GPU.1 (the flavor's device strings): the target states load_config itself
+    try:
+        config = json.loads(str(opts.get("load_config", "{}")))
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise chk.fail(f"{at}.load_config", "must be a JSON object of device -> {property: value}",
+                       'e.g. \'{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}\'')
+    props = config.setdefault(device, {})
+    hint = props.get("INFERENCE_PRECISION_HINT")
+    if hint is None:
+        if precision != options.FP32:
+            return opts  # fp16/int8 graphs: the device's default execution precision is what they ask for
+        props["INFERENCE_PRECISION_HINT"] = "f32"
+    elif str(hint).lower() not in options.PRECISION_HINTS:
+        raise chk.fail(f"{at}.load_config", f"INFERENCE_PRECISION_HINT '{hint}' is not one of "
+                                            f"{', '.join(options.PRECISION_HINTS)}")
+    return {**opts, "load_config": json.dumps(config, sort_keys=True, separators=(",", ":"))}
 
 
 def _check_settings(chk: _Checker, where: str, model: Model, eff: dict[str, Any]) -> None:

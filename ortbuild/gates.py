@@ -96,7 +96,7 @@ class Tester:
             elif b.status in (SKIPPED, PORTABLE):
                 res.status, res.reason = SKIP, b.reason
                 if b.status == SKIPPED:  # another runtime: say which session tests it
-                    res.reason = (f"runs in {job.target.runtime}, not in this environment: "
+                    res.reason = (f"runs in {job.target.runtime_text}, not in this environment: "
                                   f"nox -s \"test({job.target.name})\" tests it in its own virtualenv")
                 if require or job.target.require:
                     code = RuntimeMismatch.exit_code if b.status == SKIPPED else MissingProvider.exit_code
@@ -229,7 +229,7 @@ class Tester:
             ref_build = built.get(f"{ft.target}/{job.model.name}")
             if ref_build is None or ref_build.status in (FAILED, SKIPPED, PORTABLE):
                 ref_problem = (f"{ft.target} cannot run here ({ref_build.reason if ref_build else 'not built'}); "
-                               f"relative budgets compare targets of one runtime ({ref_target.runtime})")
+                               f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
             else:
                 rfolder = paths.inside(self.dist, ft.target, job.model.name)
                 opens[ft.target] = opener(loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),

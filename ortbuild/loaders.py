@@ -49,6 +49,7 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "providers_py": pprint.pformat(providers, width=100),
         "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),
         "free_dims_py": pprint.pformat(m.free_dimensions, width=100, sort_dicts=True),
+        "plugins_py": pprint.pformat(m.plugins, width=100, sort_dicts=True),
         "providers_json": json.dumps(providers), "session_json": json.dumps(m.session, sort_keys=True),
         "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
         "inputs": m.io["inputs"], "outputs": m.io["outputs"],

@@ -142,6 +142,8 @@ class Manifest:
     loaders: list[LoaderFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     build_inputs: dict[str, str] = field(default_factory=dict)  # digest of each part of the build key
+    plugins: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> its plugin EP package
+    compiled: dict[str, Any] | None = None  # compiled ahead of time (EPContext): provider, device, partitions
     format_version: int = FORMAT_VERSION
 
     @property

@@ -83,6 +83,77 @@ RUNTIMES: dict[str, tuple[str, ...]] = {
     "onnxruntime-rocm": ("ROCMExecutionProvider", "MIGraphXExecutionProvider", "CPUExecutionProvider"),
 }
 
+
+
+@dataclass(frozen=True)
+class PluginEP:
+    """An execution provider shipped as a plugin library for stock `onnxruntime` (ORT's EP ABI): a pip package
+    whose Python module's get_library_path() gives the library to `register_execution_provider_library`."""
+
+    package: str                     # the pip distribution, e.g. onnxruntime-ep-openvino
+    module: str                      # its import name
+    provider: str                    # the provider name it registers
+    flavors: tuple[str, ...]         # the ONNX Runtime flavors it plugs into
+    devices: str                     # which hardware it offers devices for (its factory filters them)
+
+
+PLUGINS: dict[str, PluginEP] = {p.package: p for p in (
+    PluginEP("onnxruntime-ep-openvino", "onnxruntime_ep_openvino", "OpenVINOExecutionProvider", ("onnxruntime",),
+             "Intel CPUs, GPUs and NPUs only (PCI vendor 0x8086)"),
+)}
+PLUGIN_DEVICE_TYPES = ("CPU", "GPU", "NPU")  # `device_type` of a plugin EP: which of its devices to use
+
+# Options of the OpenVINO plugin EP (onnxruntime-ep-openvino 1.8.1, from its option parser). It selects the
+# device from the EP device it is given (ortbuild picks it by `device_type`), and it ignores other options of
+# the onnxruntime-openvino flavor with only a warning: ortbuild refuses those, saying where they go instead.
+PLUGIN_OPTIONS: dict[str, frozenset[str]] = {
+    "OpenVINOExecutionProvider": frozenset({"device_type", "load_config", "reshape_input", "enable_qdq_optimizer",
+                                            "enable_opencl_throttling", "enable_causallm"}),
+}
+PLUGIN_IGNORED: dict[str, dict[str, str]] = {
+    "OpenVINOExecutionProvider": {
+        "precision": 'load_config = \'{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}\' (f32, bf16 or f16)',
+        "num_of_threads": 'load_config = \'{"CPU": {"INFERENCE_NUM_THREADS": "2"}}\'',
+        "num_streams": 'load_config = \'{"CPU": {"NUM_STREAMS": "1"}}\'',
+        "model_priority": 'load_config = \'{"CPU": {"MODEL_PRIORITY": "LOW"}}\'',
+        "cache_dir": "nothing: ortbuild ships the compiled blob inside the encrypted artifact (a cache_dir "
+                     "would write it in plaintext)",
+        "device_id": 'device_type = "CPU", "GPU" or "NPU" (the plugin picks the device from that)',
+        "device_luid": 'device_type = "CPU", "GPU" or "NPU" (the plugin picks the device from that)',
+        "disable_dynamic_shapes": "free_dimensions (fix the dimensions at build time)",
+    },
+}
+PRECISION_HINTS = ("f32", "bf16", "f16")  # OpenVINO's INFERENCE_PRECISION_HINT values
+
+# Provider options ortbuild refuses on any runtime: they write engines, blobs or subgraphs (which hold the
+# weights) as plaintext files, or decrypt them with a library of their own; ortbuild compiles at build time
+# and ships the result inside the encrypted artifact instead.
+PLAINTEXT_OPTIONS: dict[str, dict[str, str]] = {
+    "TensorrtExecutionProvider": {
+        o: "TensorRT engines hold the weights: ortbuild builds the engine at build time (EPContext) and ships it "
+           "inside the encrypted artifact, never as a plaintext file"
+        for o in ("trt_engine_cache_enable", "trt_engine_cache_path", "trt_engine_cache_prefix", "trt_dump_subgraphs",
+                  "trt_dump_ep_context_model", "trt_ep_context_file_path", "trt_ep_context_embed_mode",
+                  "trt_engine_decryption_enable", "trt_engine_decryption_lib_path",
+                  "trt_weight_stripped_engine_enable", "trt_onnx_model_folder_path")},
+    "OpenVINOExecutionProvider": {
+        "cache_dir": "OpenVINO's model cache holds the compiled blob (and the weights) in plaintext: targets with "
+                     "the OpenVINO plugin ship the compiled blob inside the encrypted artifact instead",
+    },
+}
+
+# Defaults ortbuild sets when a target does not state them (recorded in the manifest with the other options):
+# cuDNN's DEFAULT conv algorithm search leaves Tensor Cores unused (7-8x slower than TensorRT on a Jetson Orin
+# Nano in a user report); TF32 (on by default in the CUDA EP) computes fp32 MatMul/Conv with a 10-bit
+# mantissa, outside fp32 tolerances: ortbuild turns it off unless the target says use_tf32 = true.
+PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CUDAExecutionProvider": {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": False},
+}
+
+# Providers whose compiled form ortbuild builds at build time and ships as an EPContext model (the compiled
+# blob or engine embedded, encrypted like every artifact); loaded with session.disable_model_compile = 1.
+EPCONTEXT_PROVIDERS = frozenset({"OpenVINOExecutionProvider", "TensorrtExecutionProvider"})
+
 PROVIDERS = (
     "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider",
     "NvTensorRTRTXExecutionProvider", "OpenVINOExecutionProvider", "DmlExecutionProvider",
@@ -300,8 +371,8 @@ class Key:
 
 
 
-KINDS = ("string", "integer", "number", "boolean", "strings", "providers", "config", "dims", "table", "tables",
-         "named")  # named: a table of NAME = sub-table
+KINDS = ("string", "integer", "number", "boolean", "strings", "requirements", "providers", "config", "dims", "table",
+         "tables", "named")  # named: a table of NAME = sub-table
 
 _MODELS_KEY = Key(name="models", kind="strings", default=["*"],
                   doc="Glob patterns (fnmatch) of the model names this applies to.")
@@ -333,11 +404,13 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Name of another target whose keys this one inherits (tables merge key by key, lists "
                 "are replaced). Chains are allowed, cycles are an error."),
         Key(name="description", kind="string", default="", doc="Free text."),
-        Key(name="runtime", kind="string", required=True,
+        Key(name="runtime", kind="requirements", required=True,
             doc="pip requirement of the target's ONNX Runtime flavor, e.g. `onnxruntime==1.31.1`, "
-                "`onnxruntime-openvino==1.24.1`, `onnxruntime-gpu==1.31.1`. nox installs it into the "
+                "`onnxruntime-openvino==1.24.1`, `onnxruntime-gpu==1.31.1`; or an array of the flavor and the "
+                "plugin execution providers it loads, e.g. `[\"onnxruntime==1.31.1\", "
+                "\"onnxruntime-ep-openvino==1.8.1\"]` (one flavor per target). nox installs them into the "
                 "target's own virtualenv; `ortbuild build` refuses to build a target in an environment "
-                "whose flavor or version does not match."),
+                "whose flavor, plugins or versions do not match."),
         Key(name="providers", kind="providers", required=True,
             doc="Ordered execution providers. Each entry is a name or a table "
                 "`{name = \"...\", options = {...}}` of provider options."),
@@ -569,6 +642,8 @@ def _key_schema(k: Key) -> dict[str, Any]:
         s = {"type": "boolean"}
     elif k.kind == "strings":
         s = {"type": "array", "items": {"type": "string"}}
+    elif k.kind == "requirements":
+        s = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
     elif k.kind == "providers":
         entry = {"anyOf": [
             {"type": "string", "enum": list(PROVIDERS)},

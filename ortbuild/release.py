@@ -221,7 +221,7 @@ def _provenance(project: Project, target: Target, models: list[ModelRelease], su
             "externalParameters": {"target": target.name, "config": project.file.name, "models": list(target.models),
                                    "project": {"name": project.name, "version": project.version},
                                    "force": bool(forced), "forced": forced},
-            "internalParameters": {"runtime": target.runtime, "precision": {mr.name: mr.manifest.precision.name
+            "internalParameters": {"runtime": target.runtime_text, "precision": {mr.name: mr.manifest.precision.name
                                                                             for mr in models},
                                    "providers": m0.providers,
                                    "build_keys": {mr.name: mr.manifest.build_key for mr in models},
@@ -282,7 +282,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
             members[f"{name}/{mr.name}/{rel}"] = p
     index = {
         "format": FORMAT, "name": name, "target": target.name, "description": target.description,
-        "project": {"name": project.name, "version": project.version}, "runtime": target.runtime,
+        "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,
         "providers": models[0].manifest.providers, "models": [mr.name for mr in models], "created": iso(epoch),
         "files": {k: {"sha256": manifest.sha256_file(v) if isinstance(v, Path) else tarball.sha256(v),
                       "size": v.stat().st_size if isinstance(v, Path) else len(v)} for k, v in sorted(members.items())},

@@ -10,7 +10,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,11 @@ def installed_flavor() -> Flavor | None:
 
 
 def runtime_problem(target: Target) -> str | None:
-    """Why this environment cannot build `target` (wrong flavor or version), or None if it can."""
-    how = f"run `nox -s 'build({target.name})'`, which installs {target.runtime} in the target's own virtualenv"
-    return requirement_problem(target.name, target.runtime, how)
+    """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can."""
+    how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
+           "virtualenv")
+    return requirement_problem(target.name, target.runtime, how) or next(
+        (why for req in target.plugins if (why := plugin_problem(target.name, req, how))), None)
 
 
 def requirement_problem(name: str, requirement: str, how: str) -> str | None:
@@ -69,6 +71,85 @@ def requirement_problem(name: str, requirement: str, how: str) -> str | None:
     if have.distribution != req.name.lower() or not req.specifier.contains(Version(have.version), prereleases=True):
         return f"{name} needs {requirement}, this environment has {have.distribution} {have.version}; {how}"
     return None
+
+
+def plugin_problem(name: str, requirement: str, how: str) -> str | None:
+    """Why the plugin EP `requirement` is not installed here at a matching version, or None."""
+    req = Requirement(requirement)
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        return f"{name} needs the plugin EP {requirement}, which is not installed here; {how}"
+    if not req.specifier.contains(Version(version), prereleases=True):
+        return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"
+    return None
+
+
+_REGISTERED: dict[str, str] = {}  # provider -> library, registered with ONNX Runtime in this process
+
+
+def register_plugin(plugin: options.PluginEP) -> None:
+    """Register a plugin EP's library with ONNX Runtime (once per process)."""
+    import importlib
+
+    import onnxruntime as ort
+
+    if plugin.provider in _REGISTERED:
+        return
+    try:
+        library = str(importlib.import_module(plugin.module).get_library_path())
+    except (ImportError, OSError, AttributeError) as e:
+        raise RuntimeMismatch(f"{plugin.provider} comes from the plugin {plugin.package}, which cannot be loaded "
+                              f"here: {first_line(e, 200)}", f"install {plugin.package} (nox does it)") from None
+    try:
+        ort.register_execution_provider_library(plugin.provider, library)
+    except Exception as e:  # ORT's own exception types
+        if "already registered" not in str(e):
+            raise RuntimeMismatch(f"{plugin.package}: ONNX Runtime cannot load {library}: {first_line(e, 200)}",
+                                  "reinstall the plugin at the version the target pins") from None
+    _REGISTERED[plugin.provider] = library
+
+
+def plugin_devices(plugin: options.PluginEP, device_type: str) -> tuple[list[Any], str | None]:
+    """The plugin's EP devices of `device_type` here, or ([], why there are none)."""
+    import onnxruntime as ort
+
+    register_plugin(plugin)
+    every = ort.get_ep_devices()
+    offered = [d for d in every if d.ep_name == plugin.provider]
+    chosen = [d for d in offered if d.device.type.name == device_type]
+    if chosen:
+        return chosen, None
+    cpu = next((d.device for d in every if d.device.type.name == "CPU"), None)
+    here = f"this machine's CPU is {cpu_model()}" + (f" (vendor {cpu.vendor}, id {cpu.vendor_id:#06x})" if cpu else "")
+    kinds = sorted({d.device.type.name for d in offered})
+    return [], (f"{plugin.provider} ({plugin.package}) offers no {device_type} device here"
+                + (f" (only {', '.join(kinds)})" if kinds else "") + f": it supports {plugin.devices}; {here}")
+
+
+def plugin_options(provider: Provider) -> dict[str, str]:
+    """A plugin EP's options as add_provider_for_devices takes them (device_type only selects the device)."""
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in provider.options.items()
+            if k != "device_type"}
+
+
+def open_session(model: str | bytes, so: Any, providers: Sequence[Provider],
+                 plugins: Mapping[str, options.PluginEP] | None = None, **kwargs: Any) -> Any:
+    """An InferenceSession on `providers`; those in `plugins` (provider -> its plugin EP) are added through
+    their EP devices (the only way ONNX Runtime takes a plugin EP), the CPU provider being their fallback."""
+    import onnxruntime as ort
+
+    plugins = plugins or {}
+    via_plugin = [p for p in providers if p.name in plugins]
+    if not via_plugin:
+        names, opts = ort_provider_args(tuple(providers))
+        return ort.InferenceSession(model, so, providers=names, provider_options=opts, **kwargs)
+    for p in via_plugin:
+        devices, why = plugin_devices(plugins[p.name], str(p.options.get("device_type", "CPU")))
+        if why:
+            raise RuntimeMismatch(why)
+        so.add_provider_for_devices(devices, plugin_options(p))
+    return ort.InferenceSession(model, so, **kwargs)
 
 
 @functools.cache
@@ -92,27 +173,34 @@ def ort_provider_args(providers: tuple[Provider, ...]) -> tuple[list[str], list[
     return names, opts
 
 
-def probe_provider(provider: Provider) -> str | None:
+def probe_provider(provider: Provider, plugin: options.PluginEP | None = None) -> str | None:
     """None if `provider` really works here (a session on it runs), else the reason it does not.
 
     get_available_providers() is not enough: onnxruntime-gpu lists CUDA and TensorRT on a machine
-    without a GPU, and session creation then falls back to the CPU with only a warning.
+    without a GPU, and session creation then falls back to the CPU with only a warning. A plugin EP
+    (`plugin`) works where it offers a device of the provider's `device_type`.
     """
     if provider.name == "CPUExecutionProvider" and installed_flavor() is not None:
         return None  # every flavor has it; importing ORT to ask costs a no-op build most of its time
     import onnxruntime as ort
 
-    if provider.name not in ort.get_available_providers():
+    if plugin is not None:
+        try:
+            _, why = plugin_devices(plugin, str(provider.options.get("device_type", "CPU")))
+        except RuntimeMismatch as e:
+            return e.message
+        if why:
+            return why
+    elif provider.name not in ort.get_available_providers():
         flavor = installed_flavor()
         shown = f"{flavor.distribution} {flavor.version}" if flavor else "this onnxruntime"
         return f"{provider.name} is not in {shown}"
     if provider.name == "CPUExecutionProvider":
         return None
-    names, opts = ort_provider_args((provider,))
     so = ort.SessionOptions()
     with _captured_stderr() as log:  # ORT reports why a provider failed only on the C++ stderr
         try:
-            sess = ort.InferenceSession(_probe_model(), so, providers=names, provider_options=opts)
+            sess = open_session(_probe_model(), so, [provider], {provider.name: plugin} if plugin else None)
             ok = provider.name in sess.get_providers()
             error = ""
         except Exception as e:  # ORT raises its own exception types; any failure means "not usable"
@@ -122,6 +210,23 @@ def probe_provider(provider: Provider) -> str | None:
     detail = error or _first_error(log.getvalue())
     return (f"{provider.name} is installed but cannot run here"
             + (f" ({detail})" if detail else " (no device, or its libraries are missing)"))
+
+
+_DEVICE_DISTS = ("nvidia-", "tensorrt", "openvino", "onnxruntime-ep-")  # their versions change probe answers
+def provider_here(name: str) -> str | None:
+    """None when provider `name` runs in this environment (built into its flavor, or through a plugin EP
+    installed here), else why not (`ortbuild targets`)."""
+    flavor = installed_flavor()
+    if flavor is None:
+        return "no ONNX Runtime is installed here"
+    for plugin in options.PLUGINS.values():
+        if plugin.provider == name and flavor.distribution in plugin.flavors:
+            try:
+                md.version(plugin.package)
+            except md.PackageNotFoundError:
+                continue
+            return probe_provider(Provider(name), plugin)
+    return probe_provider(Provider(name))
 
 
 PROBE_CACHE = ".ortbuild-probes.json"   # in the environment's prefix (each nox venv has its own)
@@ -151,11 +256,11 @@ def _environment_fingerprint() -> str:
                 stats.append((str(p), st.st_mtime_ns, st.st_size))
     parts["devices"] = stats
     parts["dists"] = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()
-                            if str(d.metadata["Name"] or "").lower().startswith(("nvidia-", "tensorrt", "openvino")))
+                            if str(d.metadata["Name"] or "").lower().startswith(_DEVICE_DISTS))
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def cached_probe(provider: Provider, *, refresh: bool = False) -> str | None:
+def cached_probe(provider: Provider, plugin: options.PluginEP | None = None, *, refresh: bool = False) -> str | None:
     """probe_provider(), remembered per environment while its fingerprint holds (at most a day). A no-op
     build then needs no ONNX Runtime session at all; `ortbuild build --force` probes again."""
     import json
@@ -165,7 +270,7 @@ def cached_probe(provider: Provider, *, refresh: bool = False) -> str | None:
     if provider.name == "CPUExecutionProvider":
         return probe_provider(provider)
     path = Path(sys.prefix) / PROBE_CACHE
-    key = f"{provider.name} {json.dumps(dict(provider.options), sort_keys=True)}"
+    key = f"{provider.name} {json.dumps(dict(provider.options), sort_keys=True)} {plugin.package if plugin else ''}"
     fingerprint = _environment_fingerprint()
     try:
         cache = json.loads(path.read_text())
@@ -178,7 +283,7 @@ def cached_probe(provider: Provider, *, refresh: bool = False) -> str | None:
         cache = {"fingerprint": fingerprint, "time": time.time(), "answers": {}}
     answers = cache["answers"]
     if refresh or key not in answers:
-        answers[key] = probe_provider(provider)
+        answers[key] = probe_provider(provider, plugin)
         with contextlib.suppress(OSError):  # a read-only environment just probes every time
             from .manifest import atomic_write
 

@@ -37,7 +37,7 @@ def test_build_json(make_project: Callable[..., Path]) -> None:
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["exit_code"] == 0
     assert doc["jobs"][0]["status"] == "built" and doc["jobs"][0]["precision"] == "int8-static"
-    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "reload", "encrypt", "loaders",
+    assert set(doc["jobs"][0]["steps"]) == {"check", "precision", "optimize", "compile", "reload", "encrypt", "loaders",
                                               "package", "integrity", "loader"}
     assert proc.stderr == ""  # --json is quiet on stderr
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import runtime
+from .. import options, runtime
 from ..config import Provider, Settings
 from ..data import Feed
+
+PRECOMPILED_CONFIG = "session.disable_model_compile"
 
 
 @dataclass(frozen=True)
@@ -23,13 +25,13 @@ class ReloadResult:
     values: list[Any] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
 
 
-def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed) -> ReloadResult:
-    import onnxruntime as ort
-
+def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed,
+        plugins: dict[str, options.PluginEP] | None = None, *, precompiled: bool = False) -> ReloadResult:
     so = runtime.session_options(settings, "disable")
-    names, opts = runtime.ort_provider_args(tuple(providers))
+    if precompiled:  # an EPContext model must load without compiling anything (it fails instead)
+        so.add_session_config_entry(PRECOMPILED_CONFIG, "1")
     t0 = time.perf_counter()
-    sess = ort.InferenceSession(str(path), so, providers=names, provider_options=opts)
+    sess = runtime.open_session(str(path), so, providers, plugins)
     t1 = time.perf_counter()
     results = sess.run(None, feed)
     t2 = time.perf_counter()
