@@ -409,11 +409,13 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     import onnx
 
     from . import container
+    from .steps import optimize
 
     job, src, prec, opt, rel, flavor = ctx.job, ctx.src, ctx.prec, ctx.opt, ctx.rel, ctx.flavor
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
     assert ctx.sign_key is not None
-    ctx.res.notes = prec.notes + opt.notes + (ctx.compiled.notes if ctx.compiled else [])
+    opt_notes = [n for n in opt.notes if not (_precompiled(ctx) and optimize.COMPILED_AT_LOAD in n)]
+    ctx.res.notes = prec.notes + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root

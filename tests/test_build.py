@@ -241,3 +241,42 @@ def test_parallel_builds_equal_serial_ones_and_a_failing_job_hides_nothing(make_
         docs = [json.loads(f.read_text()) for f in sorted((tmp_path / f"dist{workers}").glob("*/*/manifest.json"))]
         results[workers] = [(d["target"], d["model"], d["build_key"], d["golden_run"]) for d in docs]
     assert results[1] == results[2]
+
+
+def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that_its_loader_refuses(
+        make_project: Callable[..., Path], tmp_path: Path) -> None:
+    """The plugin EP end to end. Where it offers a CPU device (Intel): an EPContext artifact whose manifest says
+    so, loaded by the generated loader with compilation disabled. Elsewhere: a portable artifact, the reason
+    (Intel only, this CPU's vendor) in the result, and a loader that refuses it instead of running on the CPU."""
+    pytest.importorskip("onnxruntime_ep_openvino", reason="the tests session installs the OpenVINO plugin EP")
+    from ortbuild import loaders, runtime
+
+    flavor = runtime.installed_flavor()
+    if flavor is None or flavor.distribution != "onnxruntime":
+        pytest.skip("the OpenVINO plugin EP plugs into the onnxruntime flavor")
+    path = make_project("""
+        [targets.ov]
+        runtime = ["RUNTIME", "onnxruntime-ep-openvino==1.8.1"]
+        providers = [{ name = "OpenVINOExecutionProvider", options = { device_type = "CPU" } }, "CPUExecutionProvider"]
+        optimization = "all"
+    """, models=("tiny_cnn", "breast_cancer_gb"))
+    results = build(path, tmp_path / "dist")
+    folder = tmp_path / "dist" / "ov" / "tiny_cnn"
+    doc = json.loads((folder / "manifest.json").read_text())
+    assert doc["plugins"]["OpenVINOExecutionProvider"]["package"] == "onnxruntime-ep-openvino"
+    assert doc["plugins"]["OpenVINOExecutionProvider"]["version"] == "1.8.1"
+    loader = loaders.import_python_loader(folder / "loader" / "ortbuild_loader.py")
+    if results[0].status == PORTABLE:
+        assert "Intel" in results[0].reason and "vendor" in results[0].reason
+        assert doc["compiled"] is None and doc["status"] == "portable"
+        with pytest.raises(loader.ProviderUnavailableError, match="offers no CPU device"):  # type: ignore[attr-defined]
+            loader.load()  # type: ignore[attr-defined]
+        return
+    assert [r.status for r in results] == [BUILT, BUILT], [r.reason for r in results]
+    assert doc["compiled"]["provider"] == "OpenVINOExecutionProvider" and doc["compiled"]["ep_context_nodes"] >= 1
+    assert doc["session"]["config"]["session.disable_model_compile"] == "1"
+    assert doc["optimization"]["tied_to"]["compiled_for"]["device"] == "CPU" and not doc["optimization"]["portable"]
+    model = loader.load()  # type: ignore[attr-defined]
+    assert "OpenVINOExecutionProvider" in model.providers
+    tree = json.loads((tmp_path / "dist" / "ov" / "breast_cancer_gb" / "manifest.json").read_text())
+    assert tree["compiled"] is None and any("compiled no node" in n for n in tree["notes"])

@@ -11,7 +11,7 @@ import pytest
 
 from ortbuild import runtime
 
-from .conftest import MODELS, run_cli
+from .conftest import MODELS, REPO, run_cli
 
 CPU_TARGET = """
     [targets.cpu]
@@ -142,3 +142,23 @@ def test_targets_and_schema_and_version(make_project: Callable[..., Path]) -> No
     assert run_cli("--version").stdout.startswith("ortbuild ")
     usage = run_cli("build", "--nope")
     assert usage.returncode == 2 and "unrecognized arguments" in usage.stderr
+
+
+def test_targets_providers_prints_the_capability_table_with_this_machines_answers() -> None:
+    """docs/targets.md's example command, and its JSON: every EP of the table, the CPU running here, the
+    unsupported ones refused with the message config gives."""
+    from ortbuild import capabilities
+
+    doc = (REPO / "docs" / "targets.md").read_text()
+    (command,) = [line.removeprefix("$ ortbuild ") for line in doc.splitlines() if line.startswith("$ ortbuild")]
+    shown = run_cli(*command.split())
+    assert shown.returncode == 0, shown.stderr
+    assert "runs here" in shown.stdout and "XnnpackExecutionProvider" in shown.stdout
+    rows = {r["provider"]: r for r in json.loads(run_cli("targets", "--providers", "--json").stdout)}
+    assert set(rows) == {p for c in capabilities.CAPABILITIES for p in c.providers}
+    assert rows["CPUExecutionProvider"]["here"] and rows["CPUExecutionProvider"]["why_not"] is None
+    cuda = rows["CUDAExecutionProvider"]
+    assert not cuda["here"] and "CUDAExecutionProvider" in cuda["why_not"]
+    assert rows["NnapiExecutionProvider"]["why_not"] == capabilities.unsupported("NnapiExecutionProvider")
+    ov = rows["OpenVINOExecutionProvider"]
+    assert ov["here"] or "Intel" in ov["why_not"] or "not in" in ov["why_not"]

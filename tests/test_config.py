@@ -134,3 +134,58 @@ def test_a_long_extends_cycle_is_one_short_error(tmp_path: Path) -> None:
         config.load(tmp_path / "targets.toml")
     assert err.value.message.endswith(
         "[targets.t2999.extends] cycle in extends: t0 -> t1 -> t2 -> ... (2995 more) -> t2998 -> t2999 -> t0")
+
+
+def _providers(tmp_path: Path, body: str) -> list[tuple[str, dict[str, object]]]:
+    (tmp_path / "targets.toml").write_text(ONE_MODEL + "[targets.t]\n" + body)
+    t = config.load(tmp_path / "targets.toml").targets["t"]
+    return [(p.name, dict(p.options)) for p in t.providers]
+
+
+PLUGIN_RUNTIME = 'runtime = ["onnxruntime==1.31.1", "onnxruntime-ep-openvino==1.8.1"]\n'
+
+
+def test_runtime_lists_the_flavor_then_its_plugin_eps(tmp_path: Path) -> None:
+    (tmp_path / "targets.toml").write_text(ONE_MODEL + "[targets.t]\n" + PLUGIN_RUNTIME
+                                           + 'providers = ["OpenVINOExecutionProvider", "CPUExecutionProvider"]\n')
+    t = config.load(tmp_path / "targets.toml").targets["t"]
+    assert t.runtime == "onnxruntime==1.31.1" and t.plugins == ("onnxruntime-ep-openvino==1.8.1",)
+    assert t.requirements == (t.runtime, *t.plugins)
+    assert t.runtime_text == "onnxruntime==1.31.1 onnxruntime-ep-openvino==1.8.1"
+    plugin = t.plugin_for("OpenVINOExecutionProvider")
+    assert plugin is not None and plugin.module == "onnxruntime_ep_openvino"
+    assert t.plugin_for("CPUExecutionProvider") is None
+
+
+def test_openvino_fp32_pins_the_f32_hint_and_a_stated_hint_wins(tmp_path: Path) -> None:
+    pinned = _providers(tmp_path, PLUGIN_RUNTIME + 'providers = ["OpenVINOExecutionProvider"]\n')
+    assert pinned == [("OpenVINOExecutionProvider", {
+        "device_type": "CPU", "load_config": '{"CPU":{"INFERENCE_PRECISION_HINT":"f32"}}'})]
+    stated = _providers(tmp_path, PLUGIN_RUNTIME + 'providers = [{ name = "OpenVINOExecutionProvider", options = '
+                        '{ load_config = \'{"CPU": {"INFERENCE_PRECISION_HINT": "bf16", "NUM_STREAMS": "1"}}\' } }]\n')
+    assert stated[0][1]["load_config"] == '{"CPU":{"INFERENCE_PRECISION_HINT":"bf16","NUM_STREAMS":"1"}}'
+    fp16 = _providers(tmp_path, PLUGIN_RUNTIME + 'providers = ["OpenVINOExecutionProvider"]\nprecision = "fp16"\n')
+    assert "load_config" not in fp16[0][1]  # an fp16 graph: the device's own execution precision
+    flavor = _providers(tmp_path, 'runtime = "onnxruntime-openvino==1.24.1"\n'
+                        'providers = [{ name = "OpenVINOExecutionProvider", options = { device_type = "CPU" } }]\n')
+    assert flavor[0][1]["load_config"] == '{"CPU":{"INFERENCE_PRECISION_HINT":"f32"}}'  # the same pitfall
+
+
+def test_cuda_gets_safe_defaults_unless_the_target_states_them(tmp_path: Path) -> None:
+    defaults = _providers(tmp_path, 'runtime = "onnxruntime-gpu==1.31.1"\nproviders = ["CUDAExecutionProvider"]\n')
+    assert defaults == [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": False})]
+    stated = _providers(tmp_path, 'runtime = "onnxruntime-gpu==1.31.1"\nproviders = [{ name = "CUDAExecutionProvider",'
+                        ' options = { use_tf32 = true, cudnn_conv_algo_search = "HEURISTIC" } }]\n')
+    assert stated[0][1] == {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": True}
+
+
+def test_every_unsupported_provider_is_refused_with_its_reason(tmp_path: Path) -> None:
+    from ortbuild import capabilities, options
+
+    refused = [p for p in options.PROVIDERS if capabilities.unsupported(p)]
+    assert {"NnapiExecutionProvider", "XnnpackExecutionProvider", "WebGpuExecutionProvider"} <= set(refused)
+    assert set(capabilities.supported()) | set(refused) == set(options.PROVIDERS)  # every name has an answer
+    for name in refused:
+        with pytest.raises(ConfigError) as err:
+            _providers(tmp_path, f'runtime = "onnxruntime==1.31.1"\nproviders = ["{name}"]\n')
+        assert capabilities.unsupported(name) in err.value.message and "docs/targets.md" in (err.value.hint or "")

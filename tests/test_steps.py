@@ -9,9 +9,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from ortbuild import config, data
+from ortbuild import config, data, options, runtime
 from ortbuild.config import Provider, Settings
-from ortbuild.steps import check, optimize, precision, reload
+from ortbuild.errors import RuntimeMismatch
+from ortbuild.steps import check, compile, optimize, precision, reload
 
 from .conftest import MODELS, REPO
 
@@ -223,3 +224,49 @@ def test_quantizer_temp_files_stay_in_the_private_work_dir(tmp_path: Path, monke
     assert made, "the quantizer made no temp dir: this test no longer tests anything"
     assert all(Path(p).is_relative_to(work) for p in made), made
     assert tempfile.gettempdir() != str(work)  # restored afterwards
+
+
+def test_compile_step_with_no_compiling_provider_keeps_the_graph(tmp_path: Path) -> None:
+    """ONNX Runtime's compile API on a provider that compiles nothing (the CPU): no EPContext node comes back,
+    and the step says the artifact stays the basic-level graph instead of shipping a useless copy."""
+    s = settings("cpu-fp32", "tiny_cnn")
+    res = compile.run(_fp32(tmp_path, "tiny_cnn"), s, Provider("CPUExecutionProvider"), {}, tmp_path)
+    assert res.path is None and res.ep_context_nodes == 0 and res.other_nodes > 0
+    assert "compiled no node" in res.notes[0] and not (tmp_path / "compiled.onnx").exists()
+
+
+def test_only_the_openvino_plugin_and_tensorrt_compile_ahead_of_time() -> None:
+    ov = Provider("OpenVINOExecutionProvider", {"device_type": "CPU"})
+    plugin = options.PLUGINS["onnxruntime-ep-openvino"]
+    assert compile.provider_to_compile([ov, *CPU], {ov.name: plugin}) == ov
+    assert compile.provider_to_compile([ov, *CPU], {}) is None  # onnxruntime-openvino's EPContext does not reload
+    trt = Provider("TensorrtExecutionProvider")
+    assert compile.provider_to_compile([trt, Provider("CUDAExecutionProvider"), *CPU], {}) == trt
+    assert compile.provider_to_compile(CPU, {}) is None
+
+
+def test_openvino_plugin_compiles_and_reloads_without_compiling_or_says_why(tmp_path: Path) -> None:
+    """Where the plugin offers a CPU device (Intel): an EPContext model, reloaded with compilation disabled,
+    matching the CPU provider within fp32 tolerances (the f32 hint pinned). Elsewhere: the reason names
+    Intel and this CPU's vendor, and compiling refuses with it."""
+    pytest.importorskip("onnxruntime_ep_openvino", reason="the tests session installs the OpenVINO plugin EP")
+    target = config.load(REPO / "targets.toml").targets["openvino-cpu"]
+    s = target.settings["tiny_cnn"]
+    ov = s.providers[0]
+    plugins = {ov.name: options.PLUGINS["onnxruntime-ep-openvino"]}
+    assert target.plugin_for(ov.name) == plugins[ov.name]
+    assert '"INFERENCE_PRECISION_HINT":"f32"' in ov.options["load_config"]
+    src = _fp32(tmp_path, "tiny_cnn")
+    why = runtime.probe_provider(ov, plugins[ov.name])
+    if why is not None:
+        assert "Intel" in why and "offers no CPU device here" in why and "vendor" in why
+        with pytest.raises(RuntimeMismatch, match="offers no CPU device"):
+            compile.run(src, s, ov, plugins, tmp_path)
+        return
+    res = compile.run(src, s, ov, plugins, tmp_path)
+    assert res.path is not None and res.ep_context_nodes >= 1
+    assert any(n.op_type == "EPContext" for n in onnx.load(str(res.path)).graph.node)
+    got = reload.run(res.path, s, [ov, *CPU], feed("tiny_cnn"), plugins, precompiled=True)
+    assert ov.name in got.providers
+    ref = reload.run(src, s, CPU, feed("tiny_cnn"))
+    np.testing.assert_allclose(got.values[0], ref.values[0], rtol=1e-4, atol=1e-5)

@@ -32,6 +32,7 @@ class OptimizeResult:
 
 
 FOLDING = "ConstantFolding"
+COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step makes obsolete
 GROWTH = 1.1  # initializer bytes may grow this much (fusions add small constants) before it counts as inflation
 
 
@@ -100,8 +101,8 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             providers = [p for p in usable if p.name not in options.COMPILING_PROVIDERS] or [
                 Provider("CPUExecutionProvider")]
             if capped:
-                notes.append(f"{compiling[0]} compiles subgraphs at session creation, and ORT cannot serialize "
-                             "compiled nodes: the artifact holds the portable basic-level graph, which the "
+                notes.append(f"{compiling[0]} compiles subgraphs at session creation, and ORT {COMPILED_AT_LOAD}"
+                             " into a graph: the artifact holds the portable basic-level graph, which the "
                              "provider compiles when the artifact is loaded")
 
     names, opts = runtime.ort_provider_args(tuple(providers))
