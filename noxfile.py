@@ -211,11 +211,14 @@ def tests_openvino(session: nox.Session) -> None:
 @nox.session
 def benchmark(session: nox.Session) -> None:
     """Build time (full, no-op, parallel), cold start (offline artifact vs online optimization), int8/int4
-    speed-ups and the loader's cost, as ratios against plain ONNX Runtime measured in the same run."""
-    _install(session, "-e", ".", CPU_RUNTIME, "nox[uv]==2026.10.20")
+    speed-ups, the loader's cost and the compiled OpenVINO artifacts' session creation, as ratios measured in
+    the same run."""
+    _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20")
     env = _keys_env(session)
-    session.run("ortbuild", "build", "-t", "cpu-*", env=env)
+    session.run("ortbuild", "build", "-t", "cpu-*", "-t", "openvino-cpu", env=env)
     # build time: full, no-op (ortbuild and the whole nox build), parallel speed-up, vs plain ORT
     session.run("python", "tests/benchmarks/bench_build.py", "--nox", env=env)
     session.run("python", "tests/benchmarks/bench_artifacts.py", *session.posargs, env=env)
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
+    # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency
+    session.run("python", "tests/benchmarks/bench_openvino.py", *session.posargs, env=env)
