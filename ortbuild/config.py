@@ -720,10 +720,11 @@ def _check_runtime(chk: _Checker, where: str, runtime: str | list[str], provider
                            "keep one of them")
         offered[plugin.provider] = plugin.package
     listed = _providers(providers)
+    at = where.rsplit(".", 1)[0] + ".providers"
     for p in listed:
         gap = capabilities.unsupported(p.name)
         if gap:
-            raise chk.fail(where, gap, f"supported providers: {', '.join(capabilities.supported())} "
+            raise chk.fail(at, gap, f"supported providers: {', '.join(capabilities.supported())} "
                                        "(docs/targets.md)")
         if p.name not in offered:
             owner = [r for r, eps in options.RUNTIMES.items() if p.name in eps]
@@ -733,7 +734,7 @@ def _check_runtime(chk: _Checker, where: str, runtime: str | list[str], provider
     from_plugin = [p.name for p in listed if offered[p.name] != flavor]
     others = [p.name for p in listed if offered[p.name] == flavor and p.name != "CPUExecutionProvider"]
     if from_plugin and others:
-        raise chk.fail(where, f"{from_plugin[0]} (a plugin EP) cannot be combined with {others[0]} here",
+        raise chk.fail(at, f"{from_plugin[0]} (a plugin EP) cannot be combined with {others[0]} here",
                        "list the plugin EP and CPUExecutionProvider (its fallback) only")
     return flavor_req, tuple(plugins)
 
