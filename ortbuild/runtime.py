@@ -145,11 +145,16 @@ def open_session(model: str | bytes, so: Any, providers: Sequence[Provider],
         names, opts = ort_provider_args(tuple(providers))
         return ort.InferenceSession(model, so, providers=names, provider_options=opts, **kwargs)
     for p in via_plugin:
-        devices, why = plugin_devices(plugins[p.name], str(p.options.get("device_type", "CPU")))
-        if why:
-            raise RuntimeMismatch(why)
-        so.add_provider_for_devices(devices, plugin_options(p))
+        add_plugin_provider(so, p, plugins[p.name])
     return ort.InferenceSession(model, so, **kwargs)
+
+
+def add_plugin_provider(so: Any, provider: Provider, plugin: options.PluginEP) -> None:
+    """Add a plugin EP to session options through its devices of the provider's `device_type`."""
+    devices, why = plugin_devices(plugin, str(provider.options.get("device_type", "CPU")))
+    if why:
+        raise RuntimeMismatch(why)
+    so.add_provider_for_devices(devices, plugin_options(provider))
 
 
 @functools.cache

@@ -16,7 +16,6 @@ from typing import Any
 
 from .. import options, runtime
 from ..config import Provider, Settings
-from ..errors import RuntimeMismatch
 
 EP_CONTEXT = "EPContext"
 
@@ -53,10 +52,7 @@ def run(src: Path, settings: Settings, provider: Provider, plugins: dict[str, op
 
     so = runtime.session_options(settings, "disable")  # the graph was optimized by the optimize step
     if provider.name in plugins:
-        devices, why = runtime.plugin_devices(plugins[provider.name], str(provider.options.get("device_type", "CPU")))
-        if why:
-            raise RuntimeMismatch(why)
-        so.add_provider_for_devices(devices, runtime.plugin_options(provider))
+        runtime.add_plugin_provider(so, provider, plugins[provider.name])
     else:
         _, opts = runtime.ort_provider_args((provider,))
         so.add_provider(provider.name, opts[0])
