@@ -372,6 +372,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"  missing    {name} at build time: {why}")
         print(f"  level      {opt.applied} (asked {opt.requested}); "
               + ("portable" if opt.portable else f"tied to {opt.tied_to}"))
+        if m.compiled:
+            print(f"  compiled   ahead of time for {m.compiled['provider']} ({m.compiled['device']}): "
+                  f"{m.compiled['ep_context_nodes']} EPContext node(s), {m.compiled['other_nodes']} node(s) on "
+                  "the CPU; loads with session.disable_model_compile = 1")
+        for name, info in m.plugins.items():
+            print(f"  plugin     {name} from {info['package']} {info['version']} (registered by the loaders)")
         for kind in ("inputs", "outputs"):
             for v in m.io[kind]:
                 print(f"  {kind[:-1]:<10} {v['name']}: {v['dtype']} {v['shape']}")

@@ -419,13 +419,21 @@ def fit_problems(m: Manifest) -> list[str]:
         return problems
     if flavor.distribution != built["distribution"]:
         problems.append(f"built with {built['distribution']}, this environment has {flavor.distribution}")
+    from . import options
+
+    def plugin(name: str) -> options.PluginEP | None:  # the provider's plugin EP, as the build used it
+        return options.PLUGINS.get(m.plugins[name]["package"]) if name in m.plugins else None
+
+    configured = {p["name"]: Provider(p["name"], p.get("options", {})) for p in m.providers}
+    compiled = tied.get("compiled_for", {}).get("provider")
     for name in tied.get("providers", []):
-        reason = runtime.probe_provider(Provider(name))
+        reason = runtime.probe_provider(configured.get(name, Provider(name)), plugin(name))
         if reason:
-            problems.append(f"the graph holds ops fused for {name}: {reason}")
+            what = "the artifact is compiled for" if name == compiled else "the graph holds ops fused for"
+            problems.append(f"{what} {name}: {reason}")
     for p in m.providers:
         if p["name"] not in tied.get("providers", []):
-            reason = runtime.probe_provider(Provider(p["name"], p.get("options", {})))
+            reason = runtime.probe_provider(configured[p["name"]], plugin(p["name"]))
             if reason:
                 problems.append(f"the target's provider cannot run here, ORT would fall back silently: {reason}")
     return problems

@@ -249,7 +249,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     so, loaded by the generated loader with compilation disabled. Elsewhere: a portable artifact, the reason
     (Intel only, this CPU's vendor) in the result, and a loader that refuses it instead of running on the CPU."""
     pytest.importorskip("onnxruntime_ep_openvino", reason="the tests session installs the OpenVINO plugin EP")
-    from ortbuild import loaders, runtime
+    from ortbuild import loaders, manifest, runtime
 
     flavor = runtime.installed_flavor()
     if flavor is None or flavor.distribution != "onnxruntime":
@@ -266,8 +266,10 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert doc["plugins"]["OpenVINOExecutionProvider"]["package"] == "onnxruntime-ep-openvino"
     assert doc["plugins"]["OpenVINOExecutionProvider"]["version"] == "1.8.1"
     loader = loaders.import_python_loader(folder / "loader" / "ortbuild_loader.py")
+    fit = manifest.fit_problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
     if results[0].status == PORTABLE:
         assert "Intel" in results[0].reason and "vendor" in results[0].reason
+        assert len(fit) == 1 and "ORT would fall back silently" in fit[0] and "Intel" in fit[0]
         assert doc["compiled"] is None and doc["status"] == "portable"
         with pytest.raises(loader.ProviderUnavailableError, match="offers no CPU device"):  # type: ignore[attr-defined]
             loader.load()  # type: ignore[attr-defined]
@@ -276,6 +278,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert doc["compiled"]["provider"] == "OpenVINOExecutionProvider" and doc["compiled"]["ep_context_nodes"] >= 1
     assert doc["session"]["config"]["session.disable_model_compile"] == "1"
     assert doc["optimization"]["tied_to"]["compiled_for"]["device"] == "CPU" and not doc["optimization"]["portable"]
+    assert fit == []
     model = loader.load()  # type: ignore[attr-defined]
     assert "OpenVINOExecutionProvider" in model.providers
     tree = json.loads((tmp_path / "dist" / "ov" / "breast_cancer_gb" / "manifest.json").read_text())
