@@ -596,7 +596,8 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
         for k in ("runtime", "providers"):
             if k not in t:
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")
-        flavor, plugins = _check_runtime(chk, f"{where}.runtime", t["runtime"], t["providers"])
+        rt = _parse_runtime(chk, f"{where}.runtime", t["runtime"])
+        _check_providers(chk, f"{where}.runtime", f"{where}.providers", rt, t["providers"])
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
@@ -625,9 +626,9 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
             for ov in t["overrides"]:
                 if matches([m], ov["models"]):
                     eff = merge(eff, {k: v for k, v in ov.items() if k not in ("models", INHERITED)})
-            _check_runtime(chk, f"{where}.providers", t["runtime"], eff["providers"])
+            _check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             _check_settings(chk, where, models[m], eff)
-            eff["providers"] = _effective_providers(chk, f"{where}.providers", eff, plugins)
+            eff["providers"] = _effective_providers(chk, f"{where}.providers", eff, rt)
             settings[m] = Settings(
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
@@ -635,9 +636,9 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                 free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
                 constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
                 gates=_gates(eff))
-        targets[name] = Target(name=name, description=t["description"], runtime=flavor,
+        targets[name] = Target(name=name, description=t["description"], runtime=rt.flavor,
                                models=tuple(selected), settings=settings, require=t["require"],
-                               runner=tuple(t["runner"]), plugins=plugins)
+                               runner=tuple(t["runner"]), plugins=rt.plugins)
     for name, target in targets.items():
         _check_relative_budgets(chk, name, target, targets)
     return targets
@@ -680,10 +681,25 @@ def _check_relative_budgets(chk: _Checker, name: str, target: Target, targets: M
 _PLUGIN_EXAMPLE = '["onnxruntime==1.31.1", "onnxruntime-ep-openvino==1.8.1"]'
 
 
-def _check_runtime(chk: _Checker, where: str, runtime: str | list[str], providers: list[Any],
-                   ) -> tuple[str, tuple[str, ...]]:
-    """The target's flavor requirement and its plugin EP requirements, after checking that together they
-    provide every provider listed (and that plugin EP targets list only the plugin's provider and the CPU)."""
+@dataclass(frozen=True)
+class _Runtime:
+    """A target's parsed `runtime`: the flavor's requirement, its plugin EPs' requirements, and which package
+    provides each provider it can offer."""
+
+    flavor: str
+    plugins: tuple[str, ...]
+    offered: dict[str, str]          # provider -> the flavor's name, or the plugin package providing it
+
+    @property
+    def text(self) -> str:
+        return " + ".join([self.flavor, *self.plugins])
+
+    def from_plugin(self, provider: str) -> bool:
+        return self.offered.get(provider) in options.PLUGINS
+
+
+def _parse_runtime(chk: _Checker, where: str, runtime: str | list[str]) -> _Runtime:
+    """The target's flavor and plugin EP requirements (one flavor; plugins that plug into it)."""
     flavor_req: str | None = None
     plugins: list[str] = []
     for text in [runtime] if isinstance(runtime, str) else runtime:
@@ -719,30 +735,33 @@ def _check_runtime(chk: _Checker, where: str, runtime: str | list[str], provider
             raise chk.fail(where, f"{plugin.provider} comes from both {flavor} and {plugin.package}",
                            "keep one of them")
         offered[plugin.provider] = plugin.package
+    return _Runtime(flavor_req, tuple(plugins), offered)
+
+
+def _check_providers(chk: _Checker, where: str, at: str, rt: _Runtime, providers: list[Any]) -> None:
+    """Every listed provider is supported and offered by the runtime (errors about the runtime at `where`, about
+    the list at `at`); plugin EP targets list only the plugin's provider and the CPU."""
     listed = _providers(providers)
-    at = where.rsplit(".", 1)[0] + ".providers"
     for p in listed:
         gap = capabilities.unsupported(p.name)
         if gap:
             raise chk.fail(at, gap, f"supported providers: {', '.join(capabilities.supported())} "
-                                       "(docs/targets.md)")
-        if p.name not in offered:
+                                    "(docs/targets.md)")
+        if p.name not in rt.offered:
             owner = [r for r, eps in options.RUNTIMES.items() if p.name in eps]
             owner += [pl.package for pl in options.PLUGINS.values() if p.name == pl.provider]
             hint = f"{p.name} ships in {' or '.join(owner)}" if owner else None
-            raise chk.fail(where, f"{' + '.join([flavor_req, *plugins])} does not provide {p.name}", hint)
-    from_plugin = [p.name for p in listed if offered[p.name] != flavor]
-    others = [p.name for p in listed if offered[p.name] == flavor and p.name != "CPUExecutionProvider"]
+            raise chk.fail(where, f"{rt.text} does not provide {p.name}", hint)
+    from_plugin = [p.name for p in listed if rt.from_plugin(p.name)]
+    others = [p.name for p in listed if not rt.from_plugin(p.name) and p.name != "CPUExecutionProvider"]
     if from_plugin and others:
         raise chk.fail(at, f"{from_plugin[0]} (a plugin EP) cannot be combined with {others[0]} here",
                        "list the plugin EP and CPUExecutionProvider (its fallback) only")
-    return flavor_req, tuple(plugins)
 
 
-def _effective_providers(chk: _Checker, where: str, eff: dict[str, Any], plugins: tuple[str, ...]) -> list[Any]:
+def _effective_providers(chk: _Checker, where: str, eff: dict[str, Any], rt: _Runtime) -> list[Any]:
     """The providers as built, tested and loaded: options checked against the runtime that provides them, and
     ortbuild's safe defaults added where the target did not state them (docs/targets.md)."""
-    plugin_eps = {options.PLUGINS[Requirement(p).name.lower()].provider for p in plugins}
     out: list[Any] = []
     for i, p in enumerate(_providers(eff["providers"])):
         opts = dict(p.options)
@@ -750,7 +769,7 @@ def _effective_providers(chk: _Checker, where: str, eff: dict[str, Any], plugins
         for opt, why in options.PLAINTEXT_OPTIONS.get(p.name, {}).items():
             if opt in opts:
                 raise chk.fail(f"{at}.{opt}", f"is refused: {why}", f"remove {opt}")
-        if p.name in plugin_eps:
+        if rt.from_plugin(p.name):
             for opt in opts:
                 if opt in options.PLUGIN_IGNORED.get(p.name, {}):
                     raise chk.fail(f"{at}.{opt}", f"the {p.name} plugin ignores it (with only a warning)",
