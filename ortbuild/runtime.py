@@ -85,7 +85,7 @@ def plugin_problem(name: str, requirement: str, how: str) -> str | None:
     return None
 
 
-_REGISTERED: dict[str, str] = {}  # provider -> library, registered with ONNX Runtime in this process
+_REGISTERED: set[str] = set()  # providers whose plugin library this process registered with ONNX Runtime
 
 
 def register_plugin(plugin: options.PluginEP) -> None:
@@ -107,7 +107,7 @@ def register_plugin(plugin: options.PluginEP) -> None:
         if "already registered" not in str(e):
             raise RuntimeMismatch(f"{plugin.package}: ONNX Runtime cannot load {library}: {first_line(e, 200)}",
                                   "reinstall the plugin at the version the target pins") from None
-    _REGISTERED[plugin.provider] = library
+    _REGISTERED.add(plugin.provider)
 
 
 def plugin_devices(plugin: options.PluginEP, device_type: str) -> tuple[list[Any], str | None]:

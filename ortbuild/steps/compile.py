@@ -28,7 +28,6 @@ class CompileResult:
     ep_context_nodes: int            # nodes holding a compiled partition
     other_nodes: int                 # nodes left to other providers (the CPU fallback)
     seconds: float
-    size: int
     notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def run(src: Path, settings: Settings, provider: Provider, plugins: dict[str, op
     nodes = [n for n in model.graph.node if n.op_type == EP_CONTEXT]
     device = str(provider.options.get("device_type", "GPU" if "Tensorrt" in provider.name else "CPU"))
     if not nodes:
-        return CompileResult(None, provider.name, device, 0, len(model.graph.node), seconds, 0, [
+        return CompileResult(None, provider.name, device, 0, len(model.graph.node), seconds, [
             f"{provider.name} compiled no node of this model (none of its operators is supported there): the "
             "artifact is the basic-level graph, run by the CPU provider"])
     out = work / "compiled.onnx"
@@ -74,4 +73,4 @@ def run(src: Path, settings: Settings, provider: Provider, plugins: dict[str, op
     if other:
         notes.append(f"{provider.name} compiled {len(nodes)} partition(s); {other} node(s) run on the CPU "
                      "provider (unsupported there)")
-    return CompileResult(out, provider.name, device, len(nodes), other, seconds, len(compiled), notes)
+    return CompileResult(out, provider.name, device, len(nodes), other, seconds, notes)
