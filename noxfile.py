@@ -3,6 +3,7 @@
     nox -s build                  build every target, each in its own virtualenv with its ORT flavor
     nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
     nox -s test                   build what is missing or stale, then the release gates of every target
+    nox -s profile                profile every target's artifacts: ORT traces and the top operators
     nox -t check                  the project's own checks: lint, tests, tests-openvino
 """
 
@@ -151,6 +152,24 @@ def test(session: nox.Session, target: str) -> None:
     skipped = _skipped_here(t)
     if skipped:
         session.skip(f"{target} cannot run here: {skipped}")
+
+
+@nox.session
+@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+def profile(session: nox.Session, target: str) -> None:
+    """Build (if missing or stale) and profile one target's artifacts through their loader, in the target's own
+    virtualenv: dist/<target>/<model>/profile.trace.json (ORT's trace) and profile.json (the top operators)."""
+    t = _target_env(session, target)
+    assert PROJECT is not None
+    session.run("ortbuild", "profile", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
+    dist = PROJECT.root / "dist" / target
+    docs = {m: json.loads(f.read_text()) for m in t.models if (f := dist / m / "profile.json").exists()}
+    if docs and all(d.get("status") == "SKIPPED" for d in docs.values()):
+        session.skip(f"{target} cannot run here: {next(iter(docs.values()))['reason']}")
+    missing = [m for m in t.models if docs.get(m, {}).get("status") != "SKIPPED"
+               and not (dist / m / "profile.trace.json").exists()]
+    if missing:
+        session.error(f"{target}: no trace was written for {', '.join(missing)}")
 
 
 @nox.session(venv_backend="none")

@@ -9,6 +9,7 @@ A job runs in three phases (see PIPELINE, the one place a step joins):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata as md
 import json
@@ -122,12 +123,22 @@ def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, fl
         "calibration": calib_sha if job.settings.rule.needs_calibration else None,
         **{f"settings.{k}": v for k, v in job.settings.as_json().items()},
         "runtime": flavor.as_json(), "onnx": md.version("onnx"), "ortbuild": __version__,
+        "loader_templates": loader_templates(),  # a changed loader rebuilds, even within one ortbuild version
         "plugins": plugin_versions(job.target),
         "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
     return parts
+
+
+@functools.cache
+def loader_templates() -> str:
+    """A digest of the loader templates the artifact's loaders are rendered from."""
+    h = hashlib.sha256()
+    for f in sorted((Path(__file__).parent / "templates").glob("*.j2")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
 
 
 def plugin_versions(target: Target) -> dict[str, dict[str, str]]:

@@ -1,4 +1,4 @@
-"""The `ortbuild` command line: build, test, plan, release, verify, pull, matrix, inspect, keys, schema."""
+"""The `ortbuild` command line: build, test, profile, plan, release, verify, pull, matrix, inspect, keys, schema."""
 
 from __future__ import annotations
 
@@ -196,6 +196,52 @@ def cmd_test(args: argparse.Namespace) -> int:
             print(f"  reproduce: {r.reproduce}", file=sys.stderr)
     if code == 0 and any(r.status == gates.INCONCLUSIVE for r in results):
         print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
+    return code
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.profile)."""
+    from . import profile, report
+    from .build import Builder, Progress
+
+    if args.runs < 1 or args.top < 1:
+        raise UsageError("--runs and --top must be at least 1")
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    fit = _fitting(jobs, "profile")
+    dist = Path(args.dist) if args.dist else project.root / "dist"
+    builder = Builder(project, dist, enc_key=keys.encryption_key(file=args.key_file),
+                      sign_key=keys.signing_key(file=args.signing_key_file))
+    builder.check_keys(fit)
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        _clean_leftovers(dist)
+        with Progress(quiet=args.json) as progress:
+            builder.progress = progress
+            built = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+        secret = builder.enc_key.secret if builder.enc_key else None
+        results = profile.profile_jobs(jobs, dist, secret, args.runs, built, Progress(quiet=args.json, live=False))
+        _, html_path = report.write(dist, report.collect(dist))
+    code = next((r.exit_code for r in results if r.exit_code), 0)
+    if args.json:
+        print(json.dumps({"exit_code": code, "html": str(html_path), "results": [r.as_json() for r in results]},
+                         indent=2))
+        return code
+    for r in results:
+        print(f"\n{r.target}/{r.model}: {r.status}" + (f": {r.reason}" if r.reason else ""))
+        if r.status != profile.PROFILED:
+            continue
+        s = r.summary
+        shares = ", ".join(f"{p.removesuffix('ExecutionProvider')} {v['nodes']} nodes "
+                           f"{v['total_us'] / 1e3 / s['runs']:.3f} ms/run" for p, v in s["providers"].items())
+        print(f"  {s['runs']} runs, {s['run_ms']:.3f} ms per run ({s['kernel_share']:.0%} in kernels); {shares}")
+        print("  " + _table(profile.table(s, args.top), profile.HEADER).replace("\n", "\n  "))
+        if s["cpu_fallback"]:
+            print(f"  CPU fallback: {len(s['cpu_fallback'])} node(s) ran on CPUExecutionProvider, not on "
+                  f"{s['planned_providers'][0]}: " + ", ".join(f"{x['node']} ({x['op_type']}, {x['share']:.1%})"
+                                                               for x in s["cpu_fallback"][:8]))
+        print(f"  trace: {dist / r.target / r.model / profile.TRACE}  (chrome://tracing or ui.perfetto.dev)")
+    counts = {st: sum(r.status == st for r in results) for st in (profile.PROFILED, profile.SKIPPED, profile.FAILED)}
+    print("\n" + ", ".join(f"{n} {st}" for st, n in counts.items()) + f"  ->  {html_path}")
     return code
 
 
@@ -672,6 +718,17 @@ def parser() -> argparse.ArgumentParser:
     te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
     writer(te)
     te.set_defaults(func=cmd_test)
+
+    pr = sub.add_parser("profile", help="build what is missing or stale, then profile each artifact through its "
+                                        "loader: a trace and the top operators (per provider, CPU fallback)")
+    selection(pr)
+    pr.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    pr.add_argument("--runs", type=int, default=20, help="profiled runs after one warm-up (default: %(default)s)")
+    pr.add_argument("--top", type=int, default=10, help="operators shown per artifact (default: %(default)s)")
+    pr.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
+    pr.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
+    writer(pr)
+    pr.set_defaults(func=cmd_profile)
 
     pl = sub.add_parser("plan", help="show what would be built, with which runtime, and why each job rebuilds")
     selection(pl)

@@ -65,12 +65,24 @@ def collect(dist: Path) -> list[dict[str, Any]]:
     return docs
 
 
+PROFILE_TOP = 10  # operators per artifact in the report (the trace and profile.json have them all)
+
+
+def profiles(dist: Path) -> list[dict[str, Any]]:
+    """The current profiles of dist/'s artifacts (`ortbuild profile`), with their top operators only."""
+    from . import profile
+
+    return [{**{k: v for k, v in doc.items() if k != "operators"}, "operators": doc["operators"][:PROFILE_TOP],
+             "trace": f"{doc['target']}/{doc['model']}/{profile.TRACE}"} for doc in profile.collect(dist)]
+
+
 def write(dist: Path, docs: list[dict[str, Any]]) -> tuple[Path, Path]:
     results = [d["result"] for d in docs]
     counts = {s: sum(r["status"] == s for r in results) for s in ("PASS", "FAIL", "INCONCLUSIVE", "SKIPPED")}
     created = manifest.iso_utc()
     doc = {"created": created, "counts": counts, "results": results,
-           "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs}}
+           "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs},
+           "profiles": profiles(dist)}
     jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
     manifest.atomic_write(jpath, (json.dumps(doc, indent=2, default=str) + "\n").encode())
     manifest.atomic_write(hpath, render_html(doc).encode())
@@ -127,9 +139,38 @@ def _histogram(lat: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
+    """`ortbuild profile`'s top operators per target and model, each linking its trace."""
+    e = html.escape
+    if not profs:
+        return []
+    out = ["<section id=profiles><h2>profiles (<code>ortbuild profile</code>)</h2>"]
+    for target in dict.fromkeys(p["target"] for p in profs):
+        out.append(f"<h3>{e(target)}</h3>")
+        for p in (x for x in profs if x["target"] == target):
+            per = ", ".join(f"{e(k.removesuffix('ExecutionProvider'))}: {v['nodes']} nodes"
+                            for k, v in p["providers"].items())
+            out.append(f"<p id='profile-{e(target)}/{e(p['model'])}'><b>{e(p['model'])}</b>: {p['runs']} runs, "
+                       f"{p['run_ms']:.3f} ms per run; {per}; trace: <a href='{e(p['trace'])}'>{e(p['trace'])}</a>"
+                       " (chrome://tracing, ui.perfetto.dev)</p>")
+            if p["cpu_fallback"]:
+                out.append(f"<p class=FAIL>CPU fallback: {len(p['cpu_fallback'])} node(s) ran on "
+                           f"CPUExecutionProvider, not on {e(p['planned_providers'][0])}: "
+                           + e(", ".join(f"{x['node']} ({x['op_type']})" for x in p["cpu_fallback"][:20])) + "</p>")
+            out.append("<table class=profile><tr><th>op type</th><th>node</th><th>provider</th><th>calls</th>"
+                       "<th>total ms</th><th>share</th></tr>")
+            for r in p["operators"]:
+                out.append(f"<tr><td>{e(r['op_type'])}</td><td>{e(r['node'])}</td><td>{e(r['provider'])}</td>"
+                           f"<td>{r['calls']}</td><td>{r['total_us'] / 1e3:.3f}</td><td>{r['share']:.1%}</td></tr>")
+            out.append("</table>")
+    out.append("</section>")
+    return out
+
+
 def render_html(doc: dict[str, Any]) -> str:
     e = html.escape
     results = doc["results"]
+    profiled = {f"{p['target']}/{p['model']}": p["trace"] for p in doc.get("profiles") or []}
     out = ["<!doctype html><html lang=en><head><meta charset=utf-8><title>ortbuild test report</title>",
            f"<style>{CSS}</style></head><body><h1>ortbuild test report</h1>",
            f"<p>{e(doc['created'])}: " + ", ".join(f"{n} {s}" for s, n in doc["counts"].items()) + "</p>",
@@ -143,6 +184,9 @@ def render_html(doc: dict[str, Any]) -> str:
         out.append(f"<section id='{e(key)}'><h2>{e(key)} <span class={r['status']}>{e(r['status'])}</span></h2>")
         if r.get("reason"):
             out.append(f"<p>{e(r['reason'])}</p>")
+        if key in profiled:
+            out.append(f"<p>profile: <a href='#profile-{e(key)}'>top operators</a>, "
+                       f"<a href='{e(profiled[key])}'>trace</a></p>")
         if r["failures"]:
             out.append("<pre class=failures>" + e("\n".join(r["failures"])) + "</pre>")
             out.append(f"<p>reproduce: <code>{e(r['reproduce'])}</code></p>")
@@ -182,5 +226,6 @@ def render_html(doc: dict[str, Any]) -> str:
                 out.append(f"<p>note: {e(lat['note'])}</p>")
             out.append(_histogram(lat))
         out.append("</section>")
+    out += _profiles_html(doc.get("profiles") or [])
     out.append("</body></html>\n")
     return "\n".join(out)

@@ -29,6 +29,8 @@ def test_one_build_and_one_test_session_per_target_with_tags() -> None:
     builds = [s for s in sessions if s["name"] == "build"]
     assert [s["session"] for s in builds] == [f"build({t})" for t in targets]
     assert [s["session"] for s in sessions if s["name"] == "test"] == [f"test({t})" for t in targets]
+    profiles = [s["session"] for s in _sessions("-s", "profile")]
+    assert profiles == [f"profile({t})" for t in targets]
     tags = {s["session"]: s["tags"] for s in builds}
     assert tags["build(openvino-cpu)"] == ["openvino", "fp32"]
     assert "int8" in tags["build(cpu-int8)"] and "tensorrt" in tags["build(tensorrt-fp16)"]
@@ -36,9 +38,9 @@ def test_one_build_and_one_test_session_per_target_with_tags() -> None:
 
 def test_tag_and_keyword_selection() -> None:
     selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
-    assert selected == ["build(openvino-cpu)", "test(openvino-cpu)", "release(openvino-cpu)"]
+    assert selected == ["build(openvino-cpu)", "test(openvino-cpu)", "profile(openvino-cpu)", "release(openvino-cpu)"]
     selected = [s["session"] for s in _sessions("-k", "int8")]
-    assert selected == ["build(cpu-int8)", "test(cpu-int8)", "release(cpu-int8)"]
+    assert selected == ["build(cpu-int8)", "test(cpu-int8)", "profile(cpu-int8)", "release(cpu-int8)"]
     checks = {s["session"] for s in _sessions("-t", "check")}
     assert checks == {"lint", "tests", "tests-openvino"}
 
