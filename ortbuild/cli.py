@@ -142,9 +142,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
-    from . import gates, report
+    from . import explain, gates, report
     from .build import Builder, Progress
 
+    if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
+        raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
     _fitting(jobs, "test")
@@ -166,7 +168,9 @@ def cmd_test(args: argparse.Namespace) -> int:
             built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs], workers=_workers(args, fit))}
         progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
         secret = builder.enc_key.secret if builder.enc_key else None
-        results = gates.Tester(project, dist, secret, args.config, progress).run(jobs, built, args.require)
+        tester = gates.Tester(project, dist, secret, args.config, progress)
+        results = tester.run(jobs, built, args.require)
+        explained = _explain(args, builder, tester, jobs, results, progress)
         json_path, html_path = report.write(dist, report.collect(dist))
 
     code = next((r.exit_code for r in results if r.exit_code), 0)
@@ -196,7 +200,32 @@ def cmd_test(args: argparse.Namespace) -> int:
             print(f"  reproduce: {r.reproduce}", file=sys.stderr)
     if code == 0 and any(r.status == gates.INCONCLUSIVE for r in results):
         print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
+    for r in explained:
+        print()
+        print("\n".join(explain.render(f"{r.target}/{r.model}", r.explain)))
     return code
+
+
+def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence[plan.Job], results: Sequence[Any],
+             progress: Any) -> list[Any]:
+    """The precision search of every fp16/int8/int4 job whose accuracy gate failed (with --explain: of every
+    one; --no-explain: none), recorded in its test report."""
+    from . import explain, gates
+
+    if args.explain is False:
+        return []
+    ex = explain.Explainer(builder, tester, max_rebuilds=args.explain_rebuilds, max_seconds=args.explain_seconds,
+                           progress=progress)
+    done = []
+    for job, r in zip(jobs, results, strict=True):
+        if r.precision not in explain.KNOBS or r.status == gates.SKIP or r.accuracy == "-":
+            continue
+        if args.explain is None and r.accuracy != gates.FAIL:
+            continue
+        r.explain = ex.explain(job, r)
+        tester._write(job, r)
+        done.append(r)
+    return done
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -714,6 +743,16 @@ def parser() -> argparse.ArgumentParser:
     te.add_argument("--strict", action="store_true", help="INCONCLUSIVE latency verdicts fail too (exit 9)")
     te.add_argument("--require", action="store_true",
                     help="a target that cannot run here fails (exit 4/5) instead of being skipped")
+    te.add_argument("--explain", action=argparse.BooleanOptionalAction, default=None,
+                    help="precision bisection of fp16/int8/int4 artifacts: layer-wise error against fp32, then a "
+                         "search (rebuilding and re-testing) for the nodes to keep in float that make a failing "
+                         "accuracy gate pass, and the [[targets.X.overrides]] table to paste (docs/diagnose.md). "
+                         "Default: for the artifacts whose accuracy gate failed; --explain: for every one; "
+                         "--no-explain: never")
+    te.add_argument("--explain-rebuilds", type=int, default=16, help="rebuilds per explained artifact (default: "
+                                                                      "%(default)s)")
+    te.add_argument("--explain-seconds", type=float, default=300.0,
+                    help="seconds per explained artifact (default: %(default)s)")
     te.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
     writer(te)

@@ -45,6 +45,7 @@ class TestResult:
     size_verdict: str = "-"
     failures: list[str] = field(default_factory=list)   # the failure report's lines
     reproduce: str = ""
+    explain: dict[str, Any] = field(default_factory=dict)  # `--explain`: the precision search (ortbuild.explain)
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     exit_code: int = 0
@@ -124,6 +125,16 @@ class Tester:
     # ------------------------------------------------------------------------------------------ one job
 
     def _test(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
+        module, g, m = self.accuracy_gate(job, res)
+        self._size(job, res, m)
+        self._latency(job, res, module, g, built)
+        if not res.failures and res.latency_verdict == INCONCLUSIVE:
+            res.status = INCONCLUSIVE
+            res.reason = res.latency.get("note", "latency inconclusive")
+
+    def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
+        """The golden-output gate of the published artifact, through its generated Python loader: fills
+        `res` and returns the loader module, the golden data and the manifest."""
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
@@ -135,11 +146,7 @@ class Tester:
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
         self._accuracy(job, res, model, g, m.io)
-        self._size(job, res, m)
-        self._latency(job, res, module, g, built)
-        if not res.failures and res.latency_verdict == INCONCLUSIVE:
-            res.status = INCONCLUSIVE
-            res.reason = res.latency.get("note", "latency inconclusive")
+        return module, g, m
 
     def _target_outputs(self, job: Job) -> list[str]:
         """The output names of every model of the job's target (read once per target)."""

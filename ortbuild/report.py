@@ -139,6 +139,26 @@ def _histogram(lat: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _explain_html(x: dict[str, Any]) -> list[str]:
+    """The precision search of one artifact (`ortbuild test --explain`): layers, rebuilds, the override."""
+    e = html.escape
+    out = [f"<h3>explain: {e(x['status'])}</h3>" + (f"<p>{e(x['reason'])}</p>" if x.get("reason") else "")]
+    if x.get("layers"):
+        out.append("<table class=layers><tr><th>node</th><th>op type</th><th>error vs fp32</th><th>added</th></tr>"
+                   + "".join(f"<tr><td>{e(str(y['node']))}</td><td>{e(str(y['op_type']))}</td>"
+                             f"<td>{e(str(y['error']))}</td><td>{e(str(y['added']))}</td></tr>"
+                             for y in x["layers"][:10]) + "</table>")
+    if x.get("trials"):
+        out.append("<table class=trials><tr><th>rebuild</th><th>kept in float</th><th>verdict</th><th>worst</th></tr>"
+                   + "".join(f"<tr><td>{i}</td><td>{e(', '.join(t['op_types']) or ', '.join(t['nodes']))}</td>"
+                             f"<td class={'PASS' if t['passed'] else 'FAIL'}>{'PASS' if t['passed'] else 'FAIL'}</td>"
+                             f"<td>{e(t['worst'])}</td></tr>" for i, t in enumerate(x["trials"], 1)) + "</table>")
+    if x.get("override"):
+        out.append(f"<p>paste into targets.toml ({x['rebuilds']} rebuilds, {x['seconds']} s):</p>"
+                   f"<pre class=override>{e(x['override'])}</pre>")
+    return out
+
+
 def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
     """`ortbuild profile`'s top operators per target and model, each linking its trace."""
     e = html.escape
@@ -190,6 +210,8 @@ def render_html(doc: dict[str, Any]) -> str:
         if r["failures"]:
             out.append("<pre class=failures>" + e("\n".join(r["failures"])) + "</pre>")
             out.append(f"<p>reproduce: <code>{e(r['reproduce'])}</code></p>")
+        if r.get("explain"):
+            out += _explain_html(r["explain"])
         if r.get("size"):
             s = r["size"]
             out.append(f"<p>size {s['bytes'] / 1024:.1f} KB = {s['ratio']:.2f}x the source "
