@@ -32,7 +32,8 @@ def fragile_model(folder: Path) -> None:
              numpy_helper.from_array((rng.standard_normal((32, 8)) / 6).astype(np.float32), "W2"),
              numpy_helper.from_array(np.array([1000.37], np.float32), "offset"),
              numpy_helper.from_array(np.array([1000.0], np.float32), "base")]
-    nodes = [h.make_node("MatMul", ["x", "W1"], ["h1"], name="fc1"), h.make_node("Add", ["h1", "b1"], ["h2"], name="bias1"),
+    nodes = [h.make_node("MatMul", ["x", "W1"], ["h1"], name="fc1"),
+             h.make_node("Add", ["h1", "b1"], ["h2"], name="bias1"),
              h.make_node("Relu", ["h2"], ["h3"], name="relu1"), h.make_node("MatMul", ["h3", "W2"], ["h4"], name="fc2"),
              h.make_node("Add", ["h4", "offset"], ["h5"], name="shift"),
              h.make_node("Sub", ["h5", "base"], ["y"], name="unshift")]
