@@ -37,6 +37,8 @@ OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"
 # The OpenVINO plugin EP for stock onnxruntime: the tests build and load compiled (EPContext) artifacts with it
 # where it offers a device (Intel CPUs), and check its refusal elsewhere.
 OPENVINO_PLUGIN = "onnxruntime-ep-openvino==1.8.1"
+# A custom-operator library (ai.onnx.contrib ops) for the custom_ops tests: no dependencies, any ORT flavor.
+EXTENSIONS = "onnxruntime-extensions==0.15.2"
 # Real models for the end-to-end tests, from a PyPI wheel (not committed; sha256-pinned in the tests).
 E2E_MODELS = "rapidocr-onnxruntime==1.4.4"
 
@@ -216,14 +218,14 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["check"])
 def tests(session: nox.Session) -> None:
     """The test suite, with the CPU runtime and the real models the e2e tests use."""
-    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, no_deps=(E2E_MODELS,))
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=(E2E_MODELS,))
     session.run("pytest", "-q", *session.posargs)
 
 
 @nox.session(name="tests-openvino", tags=["check"])
 def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
-    _install(session, "-e", ".[dev]", OPENVINO_RUNTIME)
+    _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS)
     session.run("pytest", "-q", "-m", "runtime", *session.posargs)
 
 

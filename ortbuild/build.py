@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from packaging.requirements import Requirement
 
 from . import __version__, keys, manifest, options, paths, runtime, workspace
-from .config import Project, Provider, Target
+from .config import CustomOps, Project, Provider, Target
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
 
@@ -125,6 +125,7 @@ def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, fl
         "runtime": flavor.as_json(), "onnx": md.version("onnx"), "ortbuild": __version__,
         "loader_templates": loader_templates(),  # a changed loader rebuilds, even within one ortbuild version
         "plugins": plugin_versions(job.target),
+        "custom_ops": [lib.as_json() for lib in runtime.custom_op_libraries(job.settings.custom_ops)],
         "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
@@ -347,7 +348,8 @@ def _loaders(ctx: JobContext) -> None:
 
 def _package(ctx: JobContext) -> None:
     assert ctx.manifest is not None and ctx.sign_key is not None
-    ctx.res.artifact = str(_publish(ctx.out_dir, ctx.sealed, ctx.loader_files, ctx.manifest, ctx.sign_key))
+    ctx.res.artifact = str(_publish(ctx.out_dir, ctx.sealed, ctx.loader_files, ctx.manifest, ctx.sign_key,
+                                    ctx.job.settings.custom_ops))
 
 
 def _integrity(ctx: JobContext) -> None:
@@ -466,6 +468,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         signing=ctx.sign_key.info(),
         notes=ctx.res.notes,
         plugins=plugin_versions(job.target),
+        custom_ops=[lib.as_json() for lib in runtime.custom_op_libraries(job.settings.custom_ops)],
         compiled=ctx.compiled.as_json() if ctx.compiled is not None and ctx.compiled.path is not None else None,
     )
 
@@ -494,11 +497,13 @@ def _tied_to(ctx: JobContext) -> dict[str, Any]:
 
 
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
-             m: manifest.Manifest, sign_key: keys.SigningKey) -> Path:
+             m: manifest.Manifest, sign_key: keys.SigningKey, ctx_ops: Sequence[CustomOps] = ()) -> Path:
     from . import loaders
 
     files = {f.name: blob for f, blob in sealed}
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
+    libraries = {lib.as_json().get("file"): lib.path for lib in runtime.custom_op_libraries(ctx_ops)}
+    files.update({name: Path(path).read_bytes() for name, path in libraries.items() if name})  # shipped beside it
     manifest.write_signed(out_dir, files, m, sign_key.sign, prune=True)
     return out_dir / m.artifact.file
 

@@ -39,6 +39,24 @@ class Provider:
 
 
 @dataclass(frozen=True)
+class CustomOps:
+    """A custom-operator library: a pinned pip package whose module gives it (`get_library_path()`), or a file."""
+
+    spec: str                        # as written in targets.toml
+    package: str = ""                # pip distribution (package form), e.g. onnxruntime-extensions
+    version: str = ""                # its pinned version
+    module: str = ""                 # its import name
+    path: Path | None = None         # the library file (path form), resolved against targets.toml
+
+    @property
+    def name(self) -> str:
+        return self.package or (self.path.name if self.path else self.spec)
+
+    def as_json(self) -> dict[str, str]:
+        return {"package": self.package, "version": self.version} if self.package else {"path": self.spec}
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     path: Path
@@ -46,6 +64,7 @@ class Model:
     calibration: Path | None
     description: str = ""
     expected: Path | None = None     # user-supplied golden outputs
+    custom_ops: tuple[CustomOps, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,6 +200,7 @@ class Settings:
     external_data: bool = False
     constant_folding: str = "auto"
     disabled_optimizers: tuple[str, ...] = ()
+    custom_ops: tuple[CustomOps, ...] = ()  # the target's and the model's custom-operator libraries
     gates: Gates | None = field(default=None, compare=False)  # not in as_json(): budgets never rebuild
 
     def as_json(self) -> dict[str, Any]:
@@ -198,6 +218,7 @@ class Settings:
             "external_data": self.external_data,
             "constant_folding": self.constant_folding,
             "disabled_optimizers": list(self.disabled_optimizers),
+            **({"custom_ops": [c.as_json() for c in self.custom_ops]} if self.custom_ops else {}),
         }))
         return out
 
@@ -226,11 +247,12 @@ class Target:
     require: bool = False            # `ortbuild test` fails instead of skipping when it cannot run here
     runner: tuple[str, ...] = ("ubuntu-latest",)  # CI runner labels (`ortbuild matrix`)
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (options.PLUGINS)
+    custom_ops: tuple[CustomOps, ...] = ()  # of the target and of all its models
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        """Everything the target's environment installs: the flavor, then its plugin EPs."""
-        return (self.runtime, *self.plugins)
+        """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages."""
+        return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package))
 
     @property
     def runtime_text(self) -> str:
@@ -505,7 +527,7 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
 
     root = file.parent.resolve()  # model paths become absolute: build steps may change directory
     models = _load_models(chk, data["models"], root, check_files)
-    targets = _load_targets(chk, data["targets"], models)
+    targets = _load_targets(chk, data["targets"], models, root, check_files)
     return Project(file=file, name=proj["name"], version=proj["version"],
                    description=proj.get("description", ""), models=models, targets=targets)
 
@@ -541,8 +563,38 @@ def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bo
         path, inputs = found["path"], found["inputs"]
         assert path is not None and inputs is not None
         models[name] = Model(name=name, path=path, inputs=inputs, calibration=found["calibration"],
-                             description=table.get("description", ""), expected=found["expected"])
+                             description=table.get("description", ""), expected=found["expected"],
+                             custom_ops=_custom_ops(chk, f"{where}.custom_ops", table.get("custom_ops", []), root,
+                                                    check_files))
     return models
+
+
+def _custom_ops(chk: _Checker, where: str, specs: list[str], root: Path, check_files: bool) -> tuple[CustomOps, ...]:
+    """Parse `custom_ops`: pinned pip requirements of packages that ship a library, or library paths."""
+    out: list[CustomOps] = []
+    for spec in specs:
+        if "/" in spec or "\\" in spec or spec.endswith(options.LIBRARY_SUFFIXES) or ".so." in spec:
+            p = root / spec
+            if check_files and not p.is_file():
+                raise chk.fail(where, f"custom-op library {_shown(spec)} does not exist (looked for {p})",
+                               "paths are relative to the directory of targets.toml")
+            out.append(CustomOps(spec=spec, path=p))
+            continue
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement:
+            raise chk.fail(where, f"{_shown(spec)} is neither a pip requirement nor a library path "
+                                  f"({', '.join(options.LIBRARY_SUFFIXES)})",
+                           'e.g. "onnxruntime-extensions==0.15.2" or "libs/libmyops.so"') from None
+        pins = [s for s in req.specifier if s.operator == "=="]
+        if len(pins) != 1 or len(req.specifier) != 1 or "*" in pins[0].version or req.extras or req.marker:
+            raise chk.fail(where, f"{_shown(spec)} must pin one exact version with ==",
+                           f"e.g. \"{req.name}==<version>\": the manifest records the library's sha256, so a "
+                           "build must be reproducible")
+        package = req.name.lower()
+        out.append(CustomOps(spec=f"{package}=={pins[0].version}", package=package, version=pins[0].version,
+                             module=options.CUSTOM_OP_MODULES.get(package, package.replace("-", "_"))))
+    return tuple(dict.fromkeys(out))
 
 
 def _check_name(chk: _Checker, kind: str, name: str) -> None:
@@ -582,7 +634,8 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str,
     return copy.deepcopy(merged)
 
 
-def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) -> dict[str, Target]:
+def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model], root: Path,
+                  check_files: bool) -> dict[str, Target]:
     if not raw:
         raise chk.fail("targets", "no targets declared", "add a [targets.NAME] table")
     for name, table in raw.items():
@@ -610,6 +663,7 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
                                                   f"{did_you_mean(pat, list(models))}",
                                f"the models are: {', '.join(models)}")
         selected = matches(list(models), t["models"])
+        target_ops = _custom_ops(chk, f"{where}.custom_ops", t["custom_ops"], root, check_files)
         for i, ov in enumerate(t["overrides"]):
             if ov.get(INHERITED):
                 continue
@@ -629,19 +683,42 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model]) 
             _check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             _check_settings(chk, where, models[m], eff)
             eff["providers"] = _effective_providers(chk, f"{where}.providers", eff, rt)
+            ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
+            if ops and eff["precision"] == "int8-static":
+                raise chk.fail(f"{where}.precision", f"int8-static cannot calibrate model '{m}': it needs custom "
+                                                     f"ops ({', '.join(c.name for c in ops)}), and ONNX Runtime's "
+                               "calibrator opens its own sessions, which cannot register them",
+                               "use int8-dynamic (with quantization.preprocess = false), fp16 or int4-weight")
+            if ops and eff["precision"] == "int8-dynamic" and eff["quantization"].get("preprocess", True):
+                raise chk.fail(f"{where}.quantization.preprocess", f"model '{m}' needs custom ops "
+                                                                   f"({', '.join(c.name for c in ops)}), and "
+                               "quant_pre_process optimizes it in a session that cannot register them",
+                               "set quantization = { preprocess = false } for this target or model")
             settings[m] = Settings(
                 precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
                 providers=_providers(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
                 fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
                 free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
                 constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
-                gates=_gates(eff))
+                custom_ops=ops, gates=_gates(eff))
+        all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
+        _check_custom_op_versions(chk, where, all_ops)
         targets[name] = Target(name=name, description=t["description"], runtime=rt.flavor,
                                models=tuple(selected), settings=settings, require=t["require"],
-                               runner=tuple(t["runner"]), plugins=rt.plugins)
+                               runner=tuple(t["runner"]), plugins=rt.plugins, custom_ops=all_ops)
     for name, target in targets.items():
         _check_relative_budgets(chk, name, target, targets)
     return targets
+
+
+def _check_custom_op_versions(chk: _Checker, where: str, ops: tuple[CustomOps, ...]) -> None:
+    """One virtualenv per target: one version of each custom-op package across its models."""
+    seen: dict[str, str] = {}
+    for c in ops:
+        if c.package and seen.setdefault(c.package, c.version) != c.version:
+            raise chk.fail(f"{where}.custom_ops", f"the models of this target need {c.package} "
+                                                  f"{seen[c.package]} and {c.version}: one virtualenv holds one",
+                           "pin the same version in every model's custom_ops, or build them in two targets")
 
 
 def _gates(eff: dict[str, Any]) -> Gates:

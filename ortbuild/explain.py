@@ -71,9 +71,12 @@ def _rel(got: Any, ref: Any) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed) -> dict[str, Any]:
+def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
+                custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, Any]:
     """The values of the tensors `names` (those the graph computes) on `feed`: CPU provider, no optimization."""
     import onnxruntime as ort
+
+    from . import runtime
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -84,6 +87,7 @@ def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed) -
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runtime.register_custom_ops(so, custom_ops)
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     values = sess.run(present, dict(feed))
     return {n: v for n, v in zip(present, values, strict=True)
@@ -113,11 +117,11 @@ def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: 
 
 
 def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-              feed: data.Feed) -> list[Layer]:
+              feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> list[Layer]:
     """The changed nodes' errors against fp32, most harmful first (by error added, then by error)."""
     names = [o for n in source.graph.node for o in n.output if o]
-    ref = _outputs_of(source, names, feed)
-    got = _outputs_of(reduced, names, feed)
+    ref = _outputs_of(source, names, feed, custom_ops)
+    got = _outputs_of(reduced, names, feed, custom_ops)
     err = {n: _rel(got[n], ref[n]) for n in names if n in got and n in ref}
     layers = []
     for n in nodes:
@@ -356,7 +360,7 @@ class Explainer:
             prec = precision.run(src.model, s.precision, s.typed_precision_options(), work, samples)
             reduced = onnx.load(str(prec.path))
         nodes = changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
-        return layerwise(src.model, reduced, nodes, feed)
+        return layerwise(src.model, reduced, nodes, feed, s.custom_ops)
 
 
 def _num(x: float | None) -> float | str | None:

@@ -162,7 +162,7 @@ class Tester:
 
     def _golden_of(self, job: Job, io: dict[str, Any]) -> golden.Golden:
         if job.model.name not in self._golden:
-            self._golden[job.model.name] = golden.golden_for(job.model, io)
+            self._golden[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
         return self._golden[job.model.name]
 
     def _accuracy(self, job: Job, res: TestResult, model: Any, g: golden.Golden, io: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import data
-from .config import Model
+from .config import CustomOps, Model
 from .errors import ConfigError
 
 GOLDEN_DIR = "golden"
@@ -100,11 +101,15 @@ def load(model: Model, signature: dict[str, Any]) -> list[tuple[str, data.Feed, 
     return [(sets[0][0], sets[0][1], arrays)]
 
 
-def compute(source: Path, feeds: list[data.Feed]) -> tuple[list[dict[str, Any]], str]:
+def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps] = ()) \
+        -> tuple[list[dict[str, Any]], str]:
     """The source model's outputs in fp32 on the CPU provider with optimizations disabled, and how."""
     import onnxruntime as ort
 
+    from . import runtime
+
     so = ort.SessionOptions()
+    runtime.register_custom_ops(so, custom_ops)
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
@@ -114,12 +119,13 @@ def compute(source: Path, feeds: list[data.Feed]) -> tuple[list[dict[str, Any]],
                      " CPUExecutionProvider, optimizations disabled")
 
 
-def golden_for(model: Model, signature: dict[str, Any]) -> Golden:
+def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps] = ()) -> Golden:
+    """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's)."""
     loaded = load(model, signature)
     if all(exp is not None for *_, exp in loaded):
         return Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None],
                       f"user-supplied: {model.expected}", "user")
-    values, how = compute(model.path, [f for _, f, _ in loaded])
+    values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops or model.custom_ops)
     return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
 
 

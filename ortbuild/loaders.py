@@ -34,8 +34,13 @@ def _provider_options(m: Manifest) -> list[tuple[str, dict[str, str]]]:
 def node_refusal(m: Manifest) -> str:
     """Why the Node loader cannot run this target ("" when it can)."""
     absent = [p["name"] for p in m.providers if p["name"] not in NODE_PROVIDERS]
-    return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
-            "Python loader") if absent else ""
+    if absent:
+        return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
+                "Python loader")
+    if m.custom_ops:
+        return (f"onnxruntime-node cannot register custom-op libraries ({', '.join(c['name'] for c in m.custom_ops)}):"
+                " the Node loader refuses this artifact, use the Python loader")
+    return ""
 
 
 def render(m: Manifest, runtime: str) -> dict[str, str]:
@@ -50,6 +55,8 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),
         "free_dims_py": pprint.pformat(m.free_dimensions, width=100, sort_dicts=True),
         "plugins_py": pprint.pformat(m.plugins, width=100, sort_dicts=True),
+        "custom_ops_py": pprint.pformat(m.custom_ops, width=100, sort_dicts=True),
+        "custom_ops_json": json.dumps(m.custom_ops, sort_keys=True),
         "providers_json": json.dumps(providers), "session_json": json.dumps(m.session, sort_keys=True),
         "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
         "inputs": m.io["inputs"], "outputs": m.io["outputs"],

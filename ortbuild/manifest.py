@@ -144,6 +144,8 @@ class Manifest:
     build_inputs: dict[str, str] = field(default_factory=dict)  # digest of each part of the build key
     plugins: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> its plugin EP package
     compiled: dict[str, Any] | None = None  # compiled ahead of time (EPContext): provider, device, partitions
+    # custom-op libraries: name, version, sha256, library, and module (a package's) or file (shipped beside it)
+    custom_ops: list[dict[str, str]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -187,6 +189,11 @@ def file_name_problem(name: str) -> str | None:
 
 def _content_problem(m: Manifest) -> str | None:
     """What the typed reader cannot see: the free-form parts every reader indexes, and safe file names."""
+    for c in m.custom_ops:
+        if not all(isinstance(c.get(k), str) for k in ("name", "version", "sha256", "library")):
+            return "custom_ops entries must have name, version, sha256 and library"
+        if "file" in c and (file_name_problem(c["file"]) or not c["file"].startswith("custom_ops/")):
+            return f"custom_ops file {c['file'][:80]!r} is not custom_ops/<name>"
     if m.status not in ("complete", "portable"):
         return f"status {m.status!r} is neither 'complete' nor 'portable'"
     ort_version = m.versions.get("onnxruntime")
@@ -396,6 +403,9 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes | None = Non
         path = folder / lf.name
         if not path.exists() or sha256_file(path) != lf.sha256:
             problems.append(f"loader {lf.name} is missing or differs from the manifest")
+    for c in m.custom_ops:
+        if c.get("file") and (not (folder / c["file"]).is_file() or sha256_file(folder / c["file"]) != c["sha256"]):
+            problems.append(f"custom-op library {c['file']} is missing or differs from the manifest")
     return problems
 
 

@@ -101,6 +101,11 @@ PLUGINS: dict[str, PluginEP] = {p.package: p for p in (
     PluginEP("onnxruntime-ep-openvino", "onnxruntime_ep_openvino", "OpenVINOExecutionProvider", ("onnxruntime",),
              "Intel CPUs, GPUs and NPUs only (PCI vendor 0x8086)"),
 )}
+# Custom-operator packages whose import name is not the distribution name with "-" -> "_" (their module's
+# get_library_path() gives the shared library to `register_custom_ops_library`)
+CUSTOM_OP_MODULES: dict[str, str] = {"onnxruntime-extensions": "onnxruntime_extensions"}
+LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")
+
 PLUGIN_DEVICE_TYPES = ("CPU", "GPU", "NPU")  # `device_type` of a plugin EP: which of its devices to use
 
 # Options of the OpenVINO plugin EP (onnxruntime-ep-openvino 1.8.1, from its option parser). It selects the
@@ -397,6 +402,14 @@ TABLES: dict[str, tuple[Key, ...]] = {
                 "feed), or the ONNX layout `test_data_set_N/output_K.pb` (e.g. from the training framework). "
                 "Without it they are computed from the source model in fp32 on the CPU provider with "
                 "optimizations disabled, and stored beside each artifact (`golden/`)."),
+        Key(name="custom_ops", kind="strings", default=[],
+            doc="Custom-operator libraries the model needs (its ops outside ONNX's domains): each a pip requirement "
+                "pinned with `==` of a Python package whose module's `get_library_path()` gives the library, e.g. "
+                "`onnxruntime-extensions==0.15.2`, or the path of a shared library (`.so`, `.dylib`, `.dll`) "
+                "relative to targets.toml. nox installs the packages into the target's virtualenv; every session "
+                "the build and the tests open registers them; the manifest records each (name, version, sha256) "
+                "and the loaders check that sha256 before registering it (a path library ships beside the "
+                "artifact). See docs/diagnose.md."),
         Key(name="description", kind="string", default="", doc="Free text."),
     ),
     "target": (
@@ -414,6 +427,9 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="providers", kind="providers", required=True,
             doc="Ordered execution providers. Each entry is a name or a table "
                 "`{name = \"...\", options = {...}}` of provider options."),
+        Key(name="custom_ops", kind="strings", default=[],
+            doc="Custom-operator libraries every model of this target needs, added to each model's `custom_ops` "
+                "(same forms)."),
         Key(name="precision", kind="string", default="fp32", choices=PRECISIONS,
             doc="fp32 (as is), fp16 (ORT float16 converter), int8-dynamic (`quantize_dynamic`), "
                 "int8-static (`quantize_static`, needs the model's `calibration`), int4-weight "

@@ -124,7 +124,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         mr = ModelRelease(name, folder, m, report)
         mr.refusal = _test_problem(folder, m, report, target.name)
         for f in [manifest.MANIFEST, manifest.SIGNATURE, *(a.name for a in m.artifact.files),
-                  *(lf.name for lf in m.loaders)]:
+                  *(lf.name for lf in m.loaders), *(c["file"] for c in m.custom_ops if "file" in c)]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
         gdir = folder / golden.GOLDEN_DIR
         if (gdir / golden.GOLDEN_JSON).exists():

@@ -12,13 +12,14 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from . import options
-from .config import Provider, Settings, Target
+from .config import CustomOps, Provider, Settings, Target
 from .errors import RuntimeMismatch, first_line
 
 # ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
@@ -59,7 +60,8 @@ def runtime_problem(target: Target) -> str | None:
     how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
            "virtualenv")
     return requirement_problem(target.name, target.runtime, how) or next(
-        (why for req in target.plugins if (why := plugin_problem(target.name, req, how))), None)
+        (why for req in target.plugins if (why := plugin_problem(target.name, req, how))), None) or next(
+        (why for c in target.custom_ops if c.package and (why := package_problem(target.name, c.spec, how))), None)
 
 
 def requirement_problem(name: str, requirement: str, how: str) -> str | None:
@@ -75,11 +77,16 @@ def requirement_problem(name: str, requirement: str, how: str) -> str | None:
 
 def plugin_problem(name: str, requirement: str, how: str) -> str | None:
     """Why the plugin EP `requirement` is not installed here at a matching version, or None."""
+    return package_problem(name, requirement, how, "the plugin EP ")
+
+
+def package_problem(name: str, requirement: str, how: str, what: str = "") -> str | None:
+    """Why the package `requirement` (a plugin EP, a custom-op library) is not installed here at its version."""
     req = Requirement(requirement)
     try:
         version = md.version(req.name)
     except md.PackageNotFoundError:
-        return f"{name} needs the plugin EP {requirement}, which is not installed here; {how}"
+        return f"{name} needs {what}{requirement}, which is not installed here; {how}"
     if not req.specifier.contains(Version(version), prereleases=True):
         return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"
     return None
@@ -373,12 +380,69 @@ def fingerprint() -> dict[str, Any]:
 
 
 
+@dataclass(frozen=True)
+class CustomOpLibrary:
+    """A custom-op library as found in this environment: what the manifest records and the loaders check."""
+
+    name: str                        # the package, or the library's file name
+    version: str                     # the package's version ("" for a path)
+    sha256: str
+    path: str                        # where it is here
+    module: str = ""                 # the package's import name (package form)
+
+    def as_json(self) -> dict[str, str]:
+        out = {"name": self.name, "version": self.version, "sha256": self.sha256, "library": Path(self.path).name}
+        return {**out, "module": self.module} if self.module else {**out, "file": f"custom_ops/{out['library']}"}
+
+
+@functools.cache
+def _library(path: str, size: int, mtime: int) -> str:
+    import hashlib
+
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def custom_op_libraries(ops: Sequence[CustomOps]) -> list[CustomOpLibrary]:
+    """Find each custom-op library here: a package's `get_library_path()` (at its pinned version), or a file."""
+    import importlib
+
+    out = []
+    for c in ops:
+        if c.package:
+            why = package_problem("this build", c.spec, f"install it: pip install {c.spec}")
+            if why:
+                raise RuntimeMismatch(why)
+            try:
+                path = str(importlib.import_module(c.module).get_library_path())
+            except (ImportError, AttributeError) as e:
+                raise RuntimeMismatch(f"custom_ops {c.spec}: its module '{c.module}' gives no library "
+                                      f"(get_library_path()): {first_line(e)}") from None
+        else:
+            assert c.path is not None
+            path = str(c.path)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise RuntimeMismatch(f"custom_ops {c.spec}: cannot read the library {path}: {e.strerror}") from None
+        version = md.version(c.package) if c.package else ""
+        out.append(CustomOpLibrary(c.name, version, _library(path, st.st_size, st.st_mtime_ns), path, c.module))
+    return out
+
+
+def register_custom_ops(so: Any, ops: Sequence[CustomOps]) -> None:
+    """Register the custom-op libraries with a SessionOptions (each session needs them)."""
+    for lib in custom_op_libraries(ops):
+        so.register_custom_ops_library(lib.path)
+
+
 def session_options(settings: Settings, level: str) -> Any:
-    """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims)."""
+    """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims, custom ops)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    register_custom_ops(so, settings.custom_ops)
     enum_name = options.LEVEL_RULES[level].ort_enum
     if not hasattr(ort.GraphOptimizationLevel, enum_name):  # ORT_ENABLE_LAYOUT arrived in 1.23
         raise RuntimeMismatch(f"optimization '{level}' needs onnxruntime >= 1.23 ({enum_name})",
