@@ -453,6 +453,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                   "the CPU; loads with session.disable_model_compile = 1")
         for name, info in m.plugins.items():
             print(f"  plugin     {name} from {info['package']} {info['version']} (registered by the loaders)")
+        for c in m.custom_ops:
+            named = f"{c['name']} {c['version']}".strip()
+            print(f"  custom ops {named} ({c.get('file') or c['library']}, sha256 {c['sha256'][:16]}; registered by "
+                  "the Python loader after checking its sha256)")
         for kind in ("inputs", "outputs"):
             for v in m.io[kind]:
                 print(f"  {kind[:-1]:<10} {v['name']}: {v['dtype']} {v['shape']}")
