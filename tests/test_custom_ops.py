@@ -35,7 +35,8 @@ def contrib_model(folder: Path) -> np.ndarray:
                           h.make_node("MatMul", ["inv", "W"], ["y"], name="project"),
                           h.make_node("Relu", ["y"], ["out"], name="relu")], "contrib_inverse",
                          [h.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
-                         [h.make_tensor_value_info("out", TensorProto.FLOAT, [4, 4])], [numpy_helper.from_array(w, "W")])
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT, [4, 4])],
+                         [numpy_helper.from_array(w, "W")])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("ai.onnx.contrib", 1)])
     model.ir_version = 8
     onnx.save(model, str(folder / "inverse.onnx"))
@@ -73,7 +74,8 @@ try:
 except mod.LoaderError as e:
     print(json.dumps({{"error": type(e).__name__, "code": e.code, "message": str(e)}})); sys.exit(0)
 x = np.load({str(folder.parent.parent.parent / "inverse.inputs.npz")!r})["x"]
-print(json.dumps({{"out": model.run({{"x": x}})["out"].tolist(), "modules": sorted(m for m in sys.modules if m.startswith("ortbuild"))}}))
+mods = sorted(m for m in sys.modules if m.startswith("ortbuild"))
+print(json.dumps({{"out": model.run({{"x": x}})["out"].tolist(), "modules": mods}}))
 """
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
@@ -88,8 +90,8 @@ def test_a_model_with_an_extensions_operator_builds_tests_and_loads(tmp_path: Pa
     folder = tmp_path / "dist" / "cpu" / "inverse"
     doc = json.loads((folder / "manifest.json").read_text())
     library = Path(ext.get_library_path())
-    assert doc["custom_ops"] == [{"name": "onnxruntime-extensions", "version": "0.15.2", "module": "onnxruntime_extensions",
-                                  "library": library.name,
+    assert doc["custom_ops"] == [{"name": "onnxruntime-extensions", "version": "0.15.2",
+                                  "module": "onnxruntime_extensions", "library": library.name,
                                   "sha256": hashlib.sha256(library.read_bytes()).hexdigest()}]
     assert "custom_ops" in doc["build_inputs"]
     # the Python loader registers the library itself, in a process without ortbuild
