@@ -223,7 +223,7 @@ def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence
         if args.explain is None and r.accuracy != gates.FAIL:
             continue
         r.explain = ex.explain(job, r)
-        tester._write(job, r)
+        tester.write_report(job, r)
         done.append(r)
     return done
 

@@ -305,7 +305,7 @@ class Explainer:
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, enc_key=self.builder.enc_key,
                               sign_key=self.builder.sign_key)
             tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet)
-            tester._golden = self.tester._golden  # the golden data of the model, computed once
+            tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
 
             def trial(nodes: list[str], op_types: list[str]) -> tuple[bool, str]:
                 tjob = Job(job.target, job.model, settings_with(job.settings, knob, nodes, op_types))
@@ -336,7 +336,7 @@ class Explainer:
             builder.run_job(final_job)
             final = TestResult(job.target.name, job.model.name, job.settings.precision)
             try:
-                tester._test(final_job, final, {})
+                tester.gate(final_job, final, {})
             except OrtbuildError as e:
                 final.fail([e.message])
             doc.update(status="found", nodes=nodes, op_types=op_types, override=text,

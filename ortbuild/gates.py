@@ -78,7 +78,7 @@ class Tester:
         self.secret = secret
         self.config_arg = config_arg
         self.progress = progress
-        self._golden: dict[str, golden.Golden] = {}
+        self.golden_cache: dict[str, golden.Golden] = {}
         self._outputs: dict[str, list[str]] = {}
 
     def reproduce(self, job: Job) -> str:
@@ -104,7 +104,7 @@ class Tester:
                     res.fail([f"required, but cannot run here: {res.reason}"], code)
             else:
                 try:
-                    self._test(job, res, built)
+                    self.gate(job, res, built)
                 except OrtbuildError as e:
                     res.reason = e.message
                     res.fail([e.render().removeprefix("ortbuild: ")], e.exit_code)
@@ -112,11 +112,11 @@ class Tester:
                 res.status = FAIL
             self.progress(job.name, f"{res.status}" + (f": {res.reason}" if res.reason else ""))
             if b.status != SKIPPED:  # never overwrite the verdict another runtime's environment wrote
-                self._write(job, res)
+                self.write_report(job, res)
             results.append(res)
         return results
 
-    def _write(self, job: Job, res: TestResult) -> None:
+    def write_report(self, job: Job, res: TestResult) -> None:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         if folder.is_dir():
             doc = {"result": res.as_json(), "environment": environment()}
@@ -124,7 +124,8 @@ class Tester:
 
     # ------------------------------------------------------------------------------------------ one job
 
-    def _test(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
+    def gate(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
+        """Every gate of one built job: accuracy, size, latency (`built`: the references of relative budgets)."""
         module, g, m = self.accuracy_gate(job, res)
         self._size(job, res, m)
         self._latency(job, res, module, g, built)
@@ -161,9 +162,9 @@ class Tester:
         return self._outputs[job.target.name]
 
     def _golden_of(self, job: Job, io: dict[str, Any]) -> golden.Golden:
-        if job.model.name not in self._golden:
-            self._golden[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
-        return self._golden[job.model.name]
+        if job.model.name not in self.golden_cache:
+            self.golden_cache[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
+        return self.golden_cache[job.model.name]
 
     def _accuracy(self, job: Job, res: TestResult, model: Any, g: golden.Golden, io: dict[str, Any]) -> None:
         gates = job.settings.gates
