@@ -123,9 +123,14 @@ def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence
     ref = _outputs_of(source, names, feed, custom_ops)
     got = _outputs_of(reduced, names, feed, custom_ops)
     err = {n: _rel(got[n], ref[n]) for n in names if n in got and n in ref}
+    # a tensor the precision step hands to another node (QDQ folds a Relu into its Conv, which then writes the
+    # Relu's output name, before the activation) is no measure of the node that wrote it in the source
+    source_names = {n.name for n in source.graph.node}
+    writer = {o: n.name for n in reduced.graph.node for o in n.output}
     layers = []
     for n in nodes:
-        outs = [err[o] for o in n.output if o in err]
+        outs = [err[o] for o in n.output if o in err and not (writer.get(o, n.name) in source_names
+                                                              and writer.get(o) != n.name)]
         e_out = max(outs) if outs else None
         e_in = max((err[i] for i in n.input if i in err), default=0.0)
         if e_out is None:

@@ -173,3 +173,23 @@ def test_override_repeats_the_targets_own_list_entries() -> None:
     text = explain.override_toml(job, explain.KNOBS["int8-dynamic"], both)
     assert text == ('[[targets.cpu-int8.overrides]]\nmodels = ["m"]\n'
                     'quantization = { exclude_nodes = ["MatMul_1", "MatMul_2"] }\n')
+
+
+def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_path: Path) -> None:
+    """QDQ folds each Relu into its Conv, which then writes the Relu's output name before the activation:
+    comparing that tensor with the fp32 Relu output would blame the Relu for the activation itself."""
+    from ortbuild import data
+    from ortbuild.steps import check, precision
+
+    project = config.load(Path(__file__).parent.parent / "targets.toml")
+    s, model = project.targets["cpu-int8"].settings["tiny_cnn"], project.models["tiny_cnn"]
+    src = check.run(model.path)
+    assert model.calibration is not None
+    samples = data.load_samples(model.calibration, ["image"])
+    reduced = onnx.load(str(precision.run(src.model, s.precision, s.typed_precision_options(), tmp_path,
+                                          samples).path))
+    nodes = explain.changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
+    layers = explain.layerwise(src.model, reduced, nodes, data.load_feed(model.inputs, ["image"]))
+    relus = [x for x in layers if x.op_type == "Relu"]
+    assert relus and all(x.error is None for x in relus)
+    assert all(x.error is not None and x.error < 0.1 for x in layers if x.op_type in ("Gemm", "MaxPool"))
