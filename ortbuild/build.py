@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from packaging.requirements import Requirement
 
 from . import __version__, keys, manifest, options, paths, runtime, workspace
-from .config import CustomOps, Project, Provider, Target
+from .config import Project, Provider, Target
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
 
@@ -115,7 +115,8 @@ class Progress:
 
 
 def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
-              missing: dict[str, str], sealing: dict[str, Any]) -> dict[str, Any]:
+              missing: dict[str, str], sealing: dict[str, Any], *, plugins: dict[str, dict[str, str]],
+              libraries: Sequence[runtime.CustomOpLibrary]) -> dict[str, Any]:
     """Everything the artifact depends on, by name (plan says which one changed)."""
     parts: dict[str, Any] = {
         "source": src_sha, "inputs": inputs_sha,
@@ -124,8 +125,8 @@ def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, fl
         **{f"settings.{k}": v for k, v in job.settings.as_json().items()},
         "runtime": flavor.as_json(), "onnx": md.version("onnx"), "ortbuild": __version__,
         "loader_templates": loader_templates(),  # a changed loader rebuilds, even within one ortbuild version
-        "plugins": plugin_versions(job.target),
-        "custom_ops": [lib.as_json() for lib in runtime.custom_op_libraries(job.settings.custom_ops)],
+        "plugins": plugins,
+        "custom_ops": [lib.as_json() for lib in libraries],
         "missing_providers": sorted(missing),
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
@@ -196,6 +197,8 @@ class JobContext:
     usable: list[Provider] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     flavor: runtime.Flavor | None = None
+    plugins: dict[str, dict[str, str]] = field(default_factory=dict)  # plugin_versions(): as installed here
+    libraries: list[runtime.CustomOpLibrary] = field(default_factory=list)  # the custom-op libraries found here
     key: str = ""
     key_parts: dict[str, str] = field(default_factory=dict)  # digest per part of the key
     inputs_sha: str = ""
@@ -349,7 +352,7 @@ def _loaders(ctx: JobContext) -> None:
 def _package(ctx: JobContext) -> None:
     assert ctx.manifest is not None and ctx.sign_key is not None
     ctx.res.artifact = str(_publish(ctx.out_dir, ctx.sealed, ctx.loader_files, ctx.manifest, ctx.sign_key,
-                                    ctx.job.settings.custom_ops))
+                                    ctx.libraries))
 
 
 def _integrity(ctx: JobContext) -> None:
@@ -467,8 +470,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
             development_key=enc.development) if job.settings.encrypt and enc is not None else None,
         signing=ctx.sign_key.info(),
         notes=ctx.res.notes,
-        plugins=plugin_versions(job.target),
-        custom_ops=[lib.as_json() for lib in runtime.custom_op_libraries(job.settings.custom_ops)],
+        plugins=ctx.plugins,
+        custom_ops=[lib.as_json() for lib in ctx.libraries],
         compiled=ctx.compiled.as_json() if ctx.compiled is not None and ctx.compiled.path is not None else None,
     )
 
@@ -497,13 +500,14 @@ def _tied_to(ctx: JobContext) -> dict[str, Any]:
 
 
 def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
-             m: manifest.Manifest, sign_key: keys.SigningKey, ctx_ops: Sequence[CustomOps] = ()) -> Path:
+             m: manifest.Manifest, sign_key: keys.SigningKey, libraries: Sequence[runtime.CustomOpLibrary]) -> Path:
     from . import loaders
 
     files = {f.name: blob for f, blob in sealed}
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
-    libraries = {lib.as_json().get("file"): lib.path for lib in runtime.custom_op_libraries(ctx_ops)}
-    files.update({name: Path(path).read_bytes() for name, path in libraries.items() if name})  # shipped beside it
+    for lib in libraries:  # a path library ships beside the artifact
+        if (name := lib.as_json().get("file")) is not None:
+            files[name] = Path(lib.path).read_bytes()
     manifest.write_signed(out_dir, files, m, sign_key.sign, prune=True)
     return out_dir / m.artifact.file
 
@@ -604,8 +608,11 @@ class Builder:
         assert ctx.sign_key is not None  # check_keys()
         sealing = {"encryption_key_id": ctx.enc_key.key_id if ctx.enc_key else None,
                    "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
+        ctx.plugins = plugin_versions(job.target)
+        ctx.libraries = runtime.custom_op_libraries(job.settings.custom_ops)
         parts = key_parts(job, self._digest(job.model.path) or "", ctx.inputs_sha,
-                          self._digest(job.model.calibration), ctx.flavor, ctx.missing, sealing)
+                          self._digest(job.model.calibration), ctx.flavor, ctx.missing, sealing,
+                          plugins=ctx.plugins, libraries=ctx.libraries)
         ctx.key, ctx.key_parts = build_key(parts)
 
     def prepare(self, job: Job, res: JobResult | None = None) -> JobContext:

@@ -396,11 +396,11 @@ class CustomOpLibrary:
 
 
 @functools.cache
-def _library(path: str, size: int, mtime: int) -> str:
-    import hashlib
+def _library_sha256(path: str, size: int, mtime: int) -> str:
+    """manifest.sha256_file(), once per library file and version of it (size, mtime) in a process."""
+    from .manifest import sha256_file
 
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+    return sha256_file(Path(path))
 
 
 def custom_op_libraries(ops: Sequence[CustomOps]) -> list[CustomOpLibrary]:
@@ -426,7 +426,7 @@ def custom_op_libraries(ops: Sequence[CustomOps]) -> list[CustomOpLibrary]:
         except OSError as e:
             raise RuntimeMismatch(f"custom_ops {c.spec}: cannot read the library {path}: {e.strerror}") from None
         version = md.version(c.package) if c.package else ""
-        out.append(CustomOpLibrary(c.name, version, _library(path, st.st_size, st.st_mtime_ns), path, c.module))
+        out.append(CustomOpLibrary(c.name, version, _library_sha256(path, st.st_size, st.st_mtime_ns), path, c.module))
     return out
 
 
