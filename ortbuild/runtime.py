@@ -59,9 +59,15 @@ def runtime_problem(target: Target) -> str | None:
     """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can."""
     how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
            "virtualenv")
-    return requirement_problem(target.name, target.runtime, how) or next(
-        (why for req in target.plugins if (why := plugin_problem(target.name, req, how))), None) or next(
-        (why for c in target.custom_ops if c.package and (why := package_problem(target.name, c.spec, how))), None)
+    return requirements_problem(target.name, target.requirements, how)
+
+
+def requirements_problem(name: str, requirements: Sequence[str], how: str) -> str | None:
+    """Why this environment does not hold `requirements` (a target's: its flavor first, then its plugin EPs and
+    custom-op packages), or None."""
+    flavor, *packages = requirements
+    return requirement_problem(name, flavor, how) or next(
+        (why for req in packages if (why := package_problem(name, req, how))), None)
 
 
 def requirement_problem(name: str, requirement: str, how: str) -> str | None:
@@ -75,17 +81,13 @@ def requirement_problem(name: str, requirement: str, how: str) -> str | None:
     return None
 
 
-def plugin_problem(name: str, requirement: str, how: str) -> str | None:
-    """Why the plugin EP `requirement` is not installed here at a matching version, or None."""
-    return package_problem(name, requirement, how, "the plugin EP ")
-
-
-def package_problem(name: str, requirement: str, how: str, what: str = "") -> str | None:
+def package_problem(name: str, requirement: str, how: str) -> str | None:
     """Why the package `requirement` (a plugin EP, a custom-op library) is not installed here at its version."""
     req = Requirement(requirement)
     try:
         version = md.version(req.name)
     except md.PackageNotFoundError:
+        what = "the plugin EP " if req.name.lower() in options.PLUGINS else ""
         return f"{name} needs {what}{requirement}, which is not installed here; {how}"
     if not req.specifier.contains(Version(version), prereleases=True):
         return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"

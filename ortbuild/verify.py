@@ -192,9 +192,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
 def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
     how = ("run verify in an environment with that runtime (`python3 -m nox -s \"release(" + index["target"] +
            ")\"` does), or pass --no-run to check signatures and digests only")
-    flavor, *packages = index["runtime"].split()  # the flavor, then plugin EPs and custom-op packages
-    problem = runtime.requirement_problem(index["target"], flavor, how) or next(
-        (why for req in packages if (why := runtime.package_problem(index["target"], req, how))), None)
+    problem = runtime.requirements_problem(index["target"], index["runtime"].split(), how)
     if problem:
         raise RuntimeMismatch(f"the golden test cannot run here: {problem}")
     if key is None:
