@@ -17,7 +17,7 @@ import os
 import tempfile
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -336,6 +336,19 @@ def read(path: Path) -> tuple[Manifest, Path]:
     except OSError as e:
         raise ArtifactError(f"{p}: unreadable manifest: {e}", "rebuild the artifact with `ortbuild build`") from None
     return Manifest.from_json(text, str(p)), p.parent
+
+
+def reports(dist: Path, name: str) -> Iterator[tuple[dict[str, Any], Manifest]]:
+    """Every readable JSON document dist/<target>/<model>/<name> (a test report, a profile) with the manifest of
+    the artifact beside it, in path order; callers compare the build key the document was made for."""
+    for f in sorted(dist.glob(f"*/*/{name}")):
+        try:
+            doc = json.loads(f.read_text())
+            m, _ = read(f.parent)
+        except (OSError, ValueError, ArtifactError):
+            continue
+        if isinstance(doc, dict):
+            yield doc, m
 
 
 def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Callable[[bytes], bytes], *,

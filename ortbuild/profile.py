@@ -125,16 +125,8 @@ def write_skipped(dist: Path, job: Job, reason: str) -> None:
 
 def collect(dist: Path) -> list[dict[str, Any]]:
     """Every dist/<target>/<model>/profile.json whose artifact is still the one profiled."""
-    out = []
-    for f in sorted(dist.glob(f"*/*/{SUMMARY}")):
-        try:
-            doc = json.loads(f.read_text())
-            m, _ = manifest.read(f.parent)
-        except (OSError, ValueError, ArtifactError):
-            continue
-        if doc.get("build_key") == m.build_key and doc.get("operators") is not None:
-            out.append({"target": m.target, "model": m.model, **doc})
-    return out
+    return [{"target": m.target, "model": m.model, **doc} for doc, m in manifest.reports(dist, SUMMARY)
+            if doc.get("build_key") == m.build_key and doc.get("operators") is not None]
 
 
 def table(summary: dict[str, Any], top: int) -> list[list[str]]:

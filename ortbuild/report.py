@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from . import manifest, paths
-from .errors import OrtbuildError
 
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
 
@@ -52,17 +51,9 @@ HEADER = ["target", "model", "size (vs src/max)", "accuracy (worst)", "p50 ms/bu
 
 def collect(dist: Path) -> list[dict[str, Any]]:
     """Every dist/<target>/<model>/test-report.json whose artifact is still the one it tested."""
-    docs = []
-    for f in sorted(dist.glob("*/*/test-report.json")):
-        try:
-            doc = json.loads(f.read_text())
-            m, _ = manifest.read(f.parent)
-        except (OSError, ValueError, OrtbuildError):
-            continue
-        if doc.get("result", {}).get("build_key") not in ("", m.build_key):
-            continue  # the artifact was rebuilt since: its old verdict no longer applies
-        docs.append(doc)
-    return docs
+    # a report whose artifact was rebuilt since is left out: its old verdict no longer applies
+    return [doc for doc, m in manifest.reports(dist, "test-report.json")
+            if doc.get("result", {}).get("build_key") in ("", m.build_key)]
 
 
 PROFILE_TOP = 10  # operators per artifact in the report (the trace and profile.json have them all)
