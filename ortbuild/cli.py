@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +79,13 @@ def _clean_leftovers(dist: Path) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult, Progress
+    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, JobResult
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    fit = _fitting(jobs, "build")
-    dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, force=args.force, enc_key=keys.encryption_key(file=args.key_file),
-                      sign_key=keys.signing_key(file=args.signing_key_file))
-    builder.check_keys(fit)  # before dist/ is touched
-    with workspace.Lock(dist, timeout=args.lock_timeout), Progress(quiet=args.json) as progress:
-        _clean_leftovers(dist)
-        builder.progress = progress
-        results = builder.run(jobs, workers=_workers(args, fit))
+    _fitting(jobs, "build")
+    with _built(args, project, jobs, force=args.force) as (dist, _, built):
+        results = list(built.values())
 
     rows = []
     for r in results:
@@ -140,10 +135,31 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- test
 
+@contextlib.contextmanager
+def _built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan.Job], *, force: bool = False) \
+        -> Iterator[tuple[Path, Any, dict[str, Any]]]:
+    """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
+    them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
+    on them (`test`, `profile`) under the lock."""
+    from .build import Builder, Progress
+
+    fit = _fitting(jobs)
+    dist = Path(args.dist) if args.dist else project.root / "dist"
+    builder = Builder(project, dist, force=force, enc_key=keys.encryption_key(file=args.key_file),
+                      sign_key=keys.signing_key(file=args.signing_key_file))
+    builder.check_keys(fit)  # before dist/ is touched
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        _clean_leftovers(dist)
+        with Progress(quiet=args.json) as progress:
+            builder.progress = progress
+            built = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+        yield dist, builder, built
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
     from . import explain, gates, report
-    from .build import Builder, Progress
+    from .build import Progress
 
     if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
@@ -156,16 +172,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         if ft is not None and not any(x.name == f"{ft.target}/{j.model.name}" for x in [*jobs, *refs]):
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
-    dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, enc_key=keys.encryption_key(file=args.key_file),
-                      sign_key=keys.signing_key(file=args.signing_key_file))
-    fit = _fitting([*jobs, *refs])
-    builder.check_keys(fit)
-    with workspace.Lock(dist, timeout=args.lock_timeout):
-        _clean_leftovers(dist)
-        with Progress(quiet=args.json) as progress:
-            builder.progress = progress
-            built = {f"{r.target}/{r.model}": r for r in builder.run([*jobs, *refs], workers=_workers(args, fit))}
+    with _built(args, project, [*jobs, *refs]) as (dist, builder, built):
         progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
         secret = builder.enc_key.secret if builder.enc_key else None
         tester = gates.Tester(project, dist, secret, args.config, progress)
@@ -231,22 +238,14 @@ def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence
 def cmd_profile(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then profile every artifact through its loader (ortbuild.profile)."""
     from . import profile, report
-    from .build import Builder, Progress
+    from .build import Progress
 
     if args.runs < 1 or args.top < 1:
         raise UsageError("--runs and --top must be at least 1")
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    fit = _fitting(jobs, "profile")
-    dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, enc_key=keys.encryption_key(file=args.key_file),
-                      sign_key=keys.signing_key(file=args.signing_key_file))
-    builder.check_keys(fit)
-    with workspace.Lock(dist, timeout=args.lock_timeout):
-        _clean_leftovers(dist)
-        with Progress(quiet=args.json) as progress:
-            builder.progress = progress
-            built = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+    _fitting(jobs, "profile")
+    with _built(args, project, jobs) as (dist, builder, built):
         secret = builder.enc_key.secret if builder.enc_key else None
         results = profile.profile_jobs(jobs, dist, secret, args.runs, built, Progress(quiet=args.json, live=False))
         _, html_path = report.write(dist, report.collect(dist))
