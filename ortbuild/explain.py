@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from . import config, data, workspace
-from .build import BUILT, Builder
+from .build import BUILT, Builder, Progress
 from .errors import OrtbuildError
 from .gates import PASS, Tester, TestResult
 from .plan import Job
@@ -306,7 +306,7 @@ class Explainer:
             return doc
         with tempfile.TemporaryDirectory(prefix="ortbuild-explain-") as scratch:
             dist = Path(scratch)
-            quiet = _Quiet()
+            quiet = Progress(quiet=True)  # the search reports per rebuild itself
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, enc_key=self.builder.enc_key,
                               sign_key=self.builder.sign_key)
             tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet)
@@ -370,11 +370,6 @@ class Explainer:
 
 def _num(x: float | None) -> float | str | None:
     return None if x is None else ("inf" if math.isinf(x) else float(f"{x:.4g}"))
-
-
-class _Quiet:
-    def __call__(self, job: str, message: str) -> None:
-        pass
 
 
 def render(job_name: str, doc: dict[str, Any]) -> list[str]:
