@@ -119,13 +119,13 @@ def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps
                      " CPUExecutionProvider, optimizations disabled")
 
 
-def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps] = ()) -> Golden:
+def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps]) -> Golden:
     """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's)."""
     loaded = load(model, signature)
     if all(exp is not None for *_, exp in loaded):
         return Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None],
                       f"user-supplied: {model.expected}", "user")
-    values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops or model.custom_ops)
+    values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops)
     return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
 
 
