@@ -17,6 +17,8 @@ import hmac
 import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -104,17 +106,9 @@ def encrypt(plaintext: bytes | memoryview, kek: bytes, *, deterministic: bool = 
     give equal containers (reproducible builds); one data key still never encrypts two plaintexts.
     """
     assert len(kek) == 32 and MIN_CHUNK_LOG2 <= chunk_log2 <= MAX_CHUNK_LOG2
-    if deterministic:
-        digest = hashlib.sha256(plaintext).digest()
-        dek, prefix, wrap_nonce = (_derive(kek, b"dek", digest, 32), _derive(kek, b"nonce", digest, 7),
-                                   _derive(kek, b"wrap", digest, 12))
-    else:
-        dek, prefix, wrap_nonce = AESGCM.generate_key(256), os.urandom(7), os.urandom(12)
-    size = len(plaintext)
-    partial = Header(chunk_log2, FLAG_DETERMINISTIC if deterministic else 0, size, prefix, key_id(kek),
-                     wrap_nonce, b"")
-    wrapped = AESGCM(kek).encrypt(wrap_nonce, dek, partial.pack())  # aad: bytes 0-54
-    header = Header(partial.chunk_log2, partial.flags, size, prefix, partial.key_id, wrap_nonce, wrapped)
+    header, dek = _header(kek, len(plaintext), hashlib.sha256(plaintext).digest() if deterministic else None,
+                          chunk_log2)
+    prefix = header.nonce_prefix
     aad = header.payload_header
     out = bytearray(header.container_size)
     out[:HEADER] = header.pack()
@@ -125,6 +119,56 @@ def encrypt(plaintext: bytes | memoryview, kek: bytes, *, deterministic: bool = 
         out[pos:pos + len(piece) + TAG] = aead.encrypt(nonce, piece, aad)
         pos += len(piece) + TAG
     return bytes(out)
+
+
+def _header(kek: bytes, size: int, plain_digest: bytes | None, chunk_log2: int) -> tuple[Header, bytes]:
+    """A sealed header for `size` plaintext bytes and its data key (derived when `plain_digest` is given)."""
+    if plain_digest is not None:
+        dek, prefix, wrap_nonce = (_derive(kek, b"dek", plain_digest, 32), _derive(kek, b"nonce", plain_digest, 7),
+                                   _derive(kek, b"wrap", plain_digest, 12))
+    else:
+        dek, prefix, wrap_nonce = AESGCM.generate_key(256), os.urandom(7), os.urandom(12)
+    partial = Header(chunk_log2, FLAG_DETERMINISTIC if plain_digest is not None else 0, size, prefix, key_id(kek),
+                     wrap_nonce, b"")
+    wrapped = AESGCM(kek).encrypt(wrap_nonce, dek, partial.pack())  # aad: bytes 0-54
+    return Header(partial.chunk_log2, partial.flags, size, prefix, partial.key_id, wrap_nonce, wrapped), dek
+
+
+def encrypt_file(src: Path, out: BinaryIO, kek: bytes, *, deterministic: bool = False,
+                 chunk_log2: int = DEFAULT_CHUNK_LOG2) -> tuple[str, int]:
+    """Stream the container for the file `src` into `out`, one chunk in memory at a time (the same bytes as
+    `encrypt(src.read_bytes(), ...)`). Returns the container's sha256 (hex) and size, hashed as written.
+
+    deterministic reads `src` twice: its digest derives the data key and nonces."""
+    assert len(kek) == 32 and MIN_CHUNK_LOG2 <= chunk_log2 <= MAX_CHUNK_LOG2
+    size, csize = src.stat().st_size, 1 << chunk_log2
+    digest = None
+    if deterministic:
+        h = hashlib.sha256()
+        with open(src, "rb") as f:
+            while piece := f.read(csize):
+                h.update(piece)
+        digest = h.digest()
+    header, dek = _header(kek, size, digest, chunk_log2)
+    aead, aad, out_hash = AESGCM(dek), header.payload_header, hashlib.sha256()
+    packed = header.pack()
+    out.write(packed)
+    out_hash.update(packed)
+    buf = bytearray(csize)
+    done = 0
+    with open(src, "rb", buffering=0) as f:
+        for i in range(header.chunks):
+            n = min(csize, size - i * csize)
+            view = memoryview(buf)[:n]
+            got = f.readinto(view)
+            if got != n:
+                raise ContainerError("corrupt", f"{src} changed size while it was being encrypted")
+            nonce = header.nonce_prefix + struct.pack(">IB", i, i == header.chunks - 1)
+            sealed = aead.encrypt(nonce, view, aad)
+            out.write(sealed)
+            out_hash.update(sealed)
+            done += len(sealed)
+    return out_hash.hexdigest(), HEADER + done
 
 
 def unwrap(header: Header, kek: bytes) -> bytes:

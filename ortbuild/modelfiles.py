@@ -1,0 +1,150 @@
+"""A model is its graph file plus the external-data files its tensors name: one list, used by every step.
+
+Digests, sizes, the build key, the manifest's source record, release provenance, the size gate and every
+memory or temp-space estimate count all of a model's files, never the graph file alone.
+
+Finding the files is cheap: the graph file is streamed once (its sha256 is needed anyway) and parsed only when
+it contains the field name external data uses (`location`); a graph without it has no external data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from .errors import ConfigError
+
+# protobuf's limit for one serialized message: a model whose graph and embedded tensors pass it must keep its
+# tensors as external data (ONNX's own limit, checked by onnx.save_model and ORT)
+PROTOBUF_LIMIT = (2 << 30) - 1
+_MARKER = b"location"  # the external_data key every externally stored tensor carries (a protobuf string)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: Path          # where it is now
+    location: str       # the name the graph uses for it ("" for the graph file itself)
+    sha256: str
+    size: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"file": self.location or self.path.name, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    graph: ModelFile
+    external: tuple[ModelFile, ...]   # in the order the graph first names them
+
+    @property
+    def files(self) -> tuple[ModelFile, ...]:
+        return (self.graph, *self.external)
+
+    @property
+    def size(self) -> int:
+        """Every byte of the model: the graph file and its external data."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def weights_size(self) -> int:
+        """Bytes of tensor data: the external files, or the graph file itself when it embeds its weights."""
+        return sum(f.size for f in self.external) or self.graph.size
+
+    @property
+    def has_external_data(self) -> bool:
+        return bool(self.external)
+
+    def digests(self) -> dict[str, str]:
+        """Build-key parts: `source` (the graph file) and `source:<location>` per external-data file, so a
+        changed weight file is named by the plan."""
+        return {"source": self.graph.sha256, **{f"source:{f.location}": f.sha256 for f in self.external}}
+
+
+def _hash(path: Path, marker: bytes | None = None) -> tuple[str, int, bool]:
+    """(sha256, size, whether `marker` occurs), streaming the file in chunks."""
+    h, size, found, tail = hashlib.sha256(), 0, False, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+            if marker and not found:
+                found = marker in tail + chunk[:len(marker) - 1] or marker in chunk
+                tail = chunk[-(len(marker) - 1):]
+    return h.hexdigest(), size, found
+
+
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of a graph that may hold data: initializers, sparse ones, attribute tensors, and the
+    same inside subgraphs (If/Loop/Scan bodies)."""
+    yield from graph.initializer
+    for s in graph.sparse_initializer:
+        yield s.values
+        yield s.indices
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _tensors(a.g)
+            for g in a.graphs:
+                yield from _tensors(g)
+
+
+def locations(model: Any) -> list[str]:
+    """The external-data file names of a ModelProto (loaded without its external data), in first-use order."""
+    out: dict[str, None] = {}
+    for t in _tensors(model.graph):
+        if t.data_location == 1:  # TensorProto.EXTERNAL
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            out.setdefault(loc, None)
+    return list(out)
+
+
+def location_problem(location: str) -> str | None:
+    """Why an external-data location cannot be read safely (ORT refuses the same), or None."""
+    p = PurePosixPath(location)
+    if not location or p.is_absolute() or ".." in p.parts or "\\" in location or "\0" in location:
+        return f"external data location '{location}' must be a relative path inside the model's folder"
+    return None
+
+
+def of(path: Path, *, where: str = "") -> ModelFiles:
+    """The model at `path` with its external-data files, each hashed. ConfigError (at `where`) for a location
+    that leaves the model's folder or names a missing file."""
+    import onnx
+
+    sha, size, marked = _hash(path, _MARKER)
+    graph = ModelFile(path, "", sha, size)
+    if not marked:
+        return ModelFiles(graph, ())
+    model = onnx.load(str(path), load_external_data=False)
+    external = []
+    for loc in locations(model):
+        problem = location_problem(loc)
+        if problem:
+            raise ConfigError(str(path), where, problem, "save the model with onnx.save_model(..., "
+                              "save_as_external_data=True, location='<name>') so its data sits beside it")
+        file = path.parent / loc
+        if not file.is_file():
+            raise ConfigError(str(path), where, f"the model's external data file '{loc}' is missing "
+                              f"(looked for {file})", "keep the model's .data files beside its .onnx file")
+        fsha, fsize, _ = _hash(file)
+        external.append(ModelFile(file, loc, fsha, fsize))
+    return ModelFiles(graph, tuple(external))
+
+
+def stat_key(path: Path) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+def needs_external_data(weights: int) -> bool:
+    """Whether a model with `weights` bytes of tensors must be written with external data (with headroom for
+    the graph itself and protobuf's field overhead)."""
+    return weights > PROTOBUF_LIMIT - (64 << 20)
