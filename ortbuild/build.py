@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from packaging.requirements import Requirement
 
-from . import __version__, keys, manifest, options, paths, runtime, workspace
+from . import __version__, keys, manifest, modelfiles, options, paths, runtime, workspace
 from .config import Project, Provider, Target
 from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
 from .plan import Job
@@ -114,12 +114,13 @@ class Progress:
             self._rows[job] = (message, self._rows.get(job, ("", time.monotonic()))[1])
 
 
-def key_parts(job: Job, src_sha: str, inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
+def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
               missing: dict[str, str], sealing: dict[str, Any], *, plugins: dict[str, dict[str, str]],
               libraries: Sequence[runtime.CustomOpLibrary]) -> dict[str, Any]:
-    """Everything the artifact depends on, by name (plan says which one changed)."""
+    """Everything the artifact depends on, by name (plan says which one changed). `sources`: the model's
+    files (ModelFiles.digests(): `source`, and `source:<location>` for each external-data file)."""
     parts: dict[str, Any] = {
-        "source": src_sha, "inputs": inputs_sha,
+        **sources, "inputs": inputs_sha,
         # only the precisions that read calibration data depend on it
         "calibration": calib_sha if job.settings.rule.needs_calibration else None,
         **{f"settings.{k}": v for k, v in job.settings.as_json().items()},
@@ -191,6 +192,7 @@ class JobContext:
     out_dir: Path
     res: JobResult
     work: Path | None = None                     # the private temp dir of the build phase
+    files: modelfiles.ModelFiles | None = None   # the source model's files, hashed for the build key
     src: check.CheckResult | None = None
     feed: data.Feed = field(default_factory=dict)
     samples: list[data.Feed] | None = None
@@ -206,7 +208,9 @@ class JobContext:
     opt: optimize.OptimizeResult | None = None
     compiled: compile.CompileResult | None = None  # compiling providers: the EPContext model
     rel: reload.ReloadResult | None = None
-    sealed: list[tuple[manifest.ArtifactFile, bytes]] = field(default_factory=list)  # ciphertext, in memory
+    # each artifact file, sealed into a partial file in out_dir (renamed into place by the package step)
+    sealed: list[tuple[manifest.ArtifactFile, Path]] = field(default_factory=list)
+    external: str = ""                           # why the artifact's weights are external data ("": they are not)
     loader_files: dict[str, str] = field(default_factory=dict)
     manifest: manifest.Manifest | None = None    # the published one (fresh or reused)
     enc_key: keys.EncryptionKey | None = None
@@ -230,8 +234,13 @@ def _check(ctx: JobContext) -> None:
     from .steps import check
 
     job, s = ctx.job, ctx.job.settings
-    src = ctx.src = check.run(job.model.path)
+    src = ctx.src = check.run(job.model.path, ctx.files)
     ctx.res.source_size = src.size
+    if s.format == "ort" and modelfiles.needs_external_data(src.files.weights_size):
+        raise ConfigError(str(ctx.project.file), f"targets.{job.target.name}.format",
+                          f"model '{job.model.name}' holds {src.files.weights_size / (1 << 30):.2f} GiB of weights: "
+                          "format 'ort' is one flatbuffer, limited to 2 GiB, and cannot hold external data",
+                          'use format = "onnx" for this target (external data is then written for it)')
     for key, message in check.settings_problems(src.model, src.signature, s):
         raise ConfigError(str(ctx.project.file), f"targets.{job.target.name}.{key}",
                           f"{message} (model '{job.model.name}')",
@@ -249,17 +258,33 @@ def _precision(ctx: JobContext) -> None:
     from .steps import check, precision
 
     assert ctx.src is not None and ctx.work is not None
-    s = ctx.job.settings
-    ctx.prec = precision.run(ctx.src.model, s.precision, s.typed_precision_options(), ctx.work, ctx.samples)
-    check.run(ctx.prec.path)  # every precision output must pass the full checker
+    s, files = ctx.job.settings, ctx.src.files
+    # intermediates keep the weights as external data when the source does, or could not be one file
+    external = s.external_data or files.has_external_data or modelfiles.needs_external_data(files.weights_size)
+    ctx.prec = precision.run(ctx.job.model.path, ctx.src.model, s.precision, s.typed_precision_options(), ctx.work,
+                             ctx.samples, external=external)
+    if ctx.prec.path != ctx.job.model.path.resolve():
+        check.run(ctx.prec.path)  # every precision output must pass the full checker
 
 
 def _optimize(ctx: JobContext) -> None:
     from .steps import optimize
+    from .steps.precision import remove_model
 
     assert ctx.prec is not None and ctx.work is not None
-    ctx.opt = optimize.run(ctx.prec.path, ctx.job.settings, ctx.usable, ctx.missing, ctx.work)
+    s = ctx.job.settings
+    prec = modelfiles.of(ctx.prec.path, hashed=False)
+    if s.external_data:
+        ctx.external = "external_data = true"
+    elif s.format != "ort" and modelfiles.needs_external_data(prec.weights_size):
+        ctx.external = (f"its weights ({prec.weights_size / (1 << 30):.2f} GiB) would pass protobuf's 2 GiB limit "
+                        "for one file")
+    elif s.format != "ort" and prec.has_external_data:  # ORT keeps it so (and never re-serializes the weights)
+        ctx.external = "the source model keeps its weights as external data"
+    ctx.opt = optimize.run(ctx.prec.path, s, ctx.usable, ctx.missing, ctx.work, external=bool(ctx.external))
     ctx.res.level = ctx.opt.applied
+    if ctx.prec.path.is_relative_to(ctx.work):  # the temp space holds at most two models at once
+        remove_model(ctx.prec.path)
 
 
 def _plugins(ctx: JobContext) -> dict[str, options.PluginEP]:
@@ -312,7 +337,10 @@ def deterministic() -> bool:
 
 
 def _seal(ctx: JobContext) -> None:
-    """Split off external data if asked, then encrypt every file of the artifact (in memory)."""
+    """Encrypt every file of the artifact (the graph and its external data), streaming each from the private temp
+    dir into a partial file beside the published artifact: one chunk in memory at a time, hashed as written."""
+    import shutil
+
     import onnx
 
     from . import container
@@ -320,25 +348,35 @@ def _seal(ctx: JobContext) -> None:
     assert ctx.opt is not None and ctx.work is not None
     s = ctx.job.settings
     main = "model.ort" if s.format == "ort" else "model.onnx"
-    plain: list[tuple[str, str, Path]] = [(main, "model", _artifact_path(ctx))]
-    if s.external_data:
+    artifact = _artifact_path(ctx)
+    files = modelfiles.of(artifact, hashed=False)
+    if ctx.external and not files.has_external_data:  # a compiled (EPContext) model: split its data off here
         folder = ctx.work / "external"
         folder.mkdir()
-        model = onnx.load(str(_artifact_path(ctx)))
+        model = onnx.load(str(artifact))
         onnx.save_model(model, str(folder / main), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{main}.data", size_threshold=1024)
         del model
-        plain = [(main, "model", folder / main), (f"{main}.data", "external_data", folder / f"{main}.data")]
+        files = modelfiles.of(folder / main, hashed=False)
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
     ctx.sealed = []
-    for location, role, path in plain:
-        data = path.read_bytes()
-        if s.encrypt:
-            assert ctx.enc_key is not None
-            data = container.encrypt(data, ctx.enc_key.secret, deterministic=deterministic())
+    for f in files.files:
+        location = f.location or main
         name = f"{location}.enc" if s.encrypt else location
-        entry = manifest.ArtifactFile(name=name, role=role, location=location,
-                                      sha256=hashlib.sha256(data).hexdigest(), size=len(data), encrypted=s.encrypt)
-        ctx.sealed.append((entry, data))
+        partial = manifest.partial_file(ctx.out_dir / name)
+        with open(partial, "wb") as out:
+            if s.encrypt:
+                assert ctx.enc_key is not None
+                sha, size = container.encrypt_file(f.path, out, ctx.enc_key.secret, deterministic=deterministic())
+            else:
+                with open(f.path, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                sha, size = manifest.sha256_file(partial), f.size
+            out.flush()
+            os.fsync(out.fileno())
+        entry = manifest.ArtifactFile(name=name, role="external_data" if f.location else "model",
+                                      location=location, sha256=sha, size=size, encrypted=s.encrypt)
+        ctx.sealed.append((entry, partial))
 
 
 def _loaders(ctx: JobContext) -> None:
@@ -431,7 +469,9 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     assert src is not None and prec is not None and opt is not None and rel is not None and flavor is not None
     assert ctx.sign_key is not None
     opt_notes = [n for n in opt.notes if not (_precompiled(ctx) and optimize.COMPILED_AT_LOAD in n)]
-    ctx.res.notes = prec.notes + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
+    split = [f"weights written as external data (model.onnx.data): {ctx.external}"] \
+        if ctx.external and not job.settings.external_data and not ctx.src.files.has_external_data else []
+    ctx.res.notes = prec.notes + split + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root
@@ -445,9 +485,10 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         status="portable" if ctx.missing else "complete",
         missing_providers=ctx.missing,
         source=manifest.Source(path=str(rel_path), sha256=src.sha256, size=src.size, ir_version=src.ir_version,
-                               opsets=src.opsets),
+                               opsets=src.opsets, files=[f.as_json() for f in src.files.files]),
         artifact=manifest.Artifact(file=main.name, format=job.settings.format, sha256=main.sha256, size=size,
-                                   size_ratio=round(size / src.size, 4), files=[f for f, _ in ctx.sealed]),
+                                   size_ratio=round(size / src.size, 4), files=[f for f, _ in ctx.sealed],
+                                   external_data=ctx.external),
         precision=manifest.PrecisionInfo(prec.precision, prec.options),
         providers=[p.as_json() for p in job.settings.providers],
         session=_session_json(ctx),
@@ -499,11 +540,11 @@ def _tied_to(ctx: JobContext) -> dict[str, Any]:
     return tied
 
 
-def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, bytes]], loader_files: dict[str, str],
+def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, Path]], loader_files: dict[str, str],
              m: manifest.Manifest, sign_key: keys.SigningKey, libraries: Sequence[runtime.CustomOpLibrary]) -> Path:
     from . import loaders
 
-    files = {f.name: blob for f, blob in sealed}
+    files: dict[str, bytes | Path] = {f.name: partial for f, partial in sealed}
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in loader_files.items()})
     for lib in libraries:  # a path library ships beside the artifact
         if (name := lib.as_json().get("file")) is not None:
@@ -522,6 +563,7 @@ class Builder:
         self.progress = progress or Progress()
         self._probes: dict[tuple[str, str, str], str | None] = {}
         self._digests: dict[tuple[str, int, int], str | None] = {}
+        self._models: dict[tuple[str, int, int], tuple[modelfiles.ModelFiles, list[tuple[str, int, int]]]] = {}
         self.enc_key = enc_key or keys.encryption_key()
         self.sign_key = sign_key or keys.signing_key()
 
@@ -546,6 +588,16 @@ class Builder:
         if key not in self._digests:
             self._digests[key] = _digest(path)
         return self._digests[key]
+
+    def model_files(self, path: Path) -> modelfiles.ModelFiles:
+        """modelfiles.of(), once per run while neither the graph file nor any of its data files changed."""
+        key = modelfiles.stat_key(path)
+        known = self._models.get(key)
+        if known is not None and all(modelfiles.stat_key(Path(f[0])) == f for f in known[1]):
+            return known[0]
+        files = modelfiles.of(path, where="models")
+        self._models[key] = (files, [modelfiles.stat_key(f.path) for f in files.external])
+        return files
 
     def _probe(self, p: Provider, target: Target) -> str | None:
         plugin = target.plugin_for(p.name)
@@ -610,7 +662,8 @@ class Builder:
                    "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
         ctx.plugins = plugin_versions(job.target)
         ctx.libraries = runtime.custom_op_libraries(job.settings.custom_ops)
-        parts = key_parts(job, self._digest(job.model.path) or "", ctx.inputs_sha,
+        ctx.files = self.model_files(job.model.path)
+        parts = key_parts(job, ctx.files.digests(), ctx.inputs_sha,
                           self._digest(job.model.calibration), ctx.flavor, ctx.missing, sealing,
                           plugins=ctx.plugins, libraries=ctx.libraries)
         ctx.key, ctx.key_parts = build_key(parts)
@@ -646,8 +699,8 @@ class Builder:
                 res.notes = list(reused.notes)
                 res.source_size = reused.source.size
             else:
-                need = 8 * job.model.path.stat().st_size + (64 << 20)
-                with workspace.private_dir(need) as work:
+                assert ctx.files is not None
+                with workspace.private_dir(workspace.temp_need(ctx.files.size)) as work:
                     ctx.work = work
                     self._run_phase(ctx, "build")
                 ctx.work = None

@@ -67,7 +67,12 @@ def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.
 def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
     from .parallel import default_workers
 
-    return max(1, int(args.jobs)) if args.jobs is not None else default_workers(fit)
+    if args.jobs is not None:
+        return max(1, int(args.jobs))
+    n, why = default_workers(fit)
+    if why:
+        print(f"ortbuild: {why}", file=sys.stderr)
+    return n
 
 
 def _clean_leftovers(dist: Path) -> None:

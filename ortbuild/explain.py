@@ -361,11 +361,14 @@ class Explainer:
         feed = data.load_feed(job.model.inputs, names)
         samples = data.load_samples(job.model.calibration, names) \
             if s.rule.needs_calibration and job.model.calibration is not None else None
-        with workspace.private_dir(8 * job.model.path.stat().st_size + (64 << 20)) as work:
-            prec = precision.run(src.model, s.precision, s.typed_precision_options(), work, samples)
+        external = src.files.has_external_data
+        with workspace.private_dir(workspace.temp_need(src.size)) as work:
+            prec = precision.run(job.model.path, src.model, s.precision, s.typed_precision_options(), work, samples,
+                                 external=external)
             reduced = onnx.load(str(prec.path))
-        nodes = changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
-        return layerwise(src.model, reduced, nodes, feed, s.custom_ops)
+        source = onnx.load(str(job.model.path)) if external else src.model  # the layer-wise runs need weights
+        nodes = changed_nodes(source, reduced, s.precision, s.typed_precision_options())
+        return layerwise(source, reduced, nodes, feed, s.custom_ops)
 
 
 def _num(x: float | None) -> float | str | None:

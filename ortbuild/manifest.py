@@ -43,6 +43,9 @@ class Source:
     size: int
     ir_version: int
     opsets: dict[str, int]
+    # every file of the source model: the graph (its own name) and each external-data file (its location, as
+    # the graph names it), with sha256 and size; `sha256` above is the graph file's, `size` all files'
+    files: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Artifact:
     size: int                        # all files of the artifact together
     size_ratio: float                # size / source size
     files: list[ArtifactFile]        # every file of the artifact; each is signed through this manifest
+    external_data: str = ""          # why the weights are external data (model.onnx.data), "" when embedded
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,15 @@ def iso_utc(when: dt.datetime | None = None) -> str:
     return (when or dt.datetime.now(dt.UTC)).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+def partial_file(path: Path) -> Path:
+    """A new, empty temp file beside `path` (`.NAME.*.partial`: crash recovery removes what is left of it), to be
+    renamed over `path` once written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write to a temp file in the same directory, fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +327,19 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
-    atomic_write(dst, src.read_bytes())
+    """Copy `src` to `dst` through a partial file (streamed: never whole in memory)."""
+    import shutil
+
+    tmp = partial_file(dst)
+    try:
+        with open(src, "rb") as a, open(tmp, "wb") as b:
+            shutil.copyfileobj(a, b, 1 << 20)
+            b.flush()
+            os.fsync(b.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def locate(path: Path) -> Path:
@@ -351,12 +376,13 @@ def reports(dist: Path, name: str) -> Iterator[tuple[dict[str, Any], Manifest]]:
             yield doc, m
 
 
-def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Callable[[bytes], bytes], *,
+def write_signed(folder: Path, files: dict[str, bytes | Path], m: Manifest, sign: Callable[[bytes], bytes], *,
                  prune: bool = False) -> None:
     """Publish `files` (names relative to `folder`), then manifest.sig, then manifest.json, each atomically.
 
-    The old manifest goes first, so no reader finds a manifest describing files half-replaced; `prune`
-    also removes the folder's other plain files (an earlier build's artifact files).
+    A file given as a Path is an already written (and synced) partial file: one inside `folder` is renamed into
+    place, any other is copied. The old manifest goes first, so no reader finds a manifest describing files
+    half-replaced; `prune` also removes the folder's other plain files (an earlier build's artifact files).
     """
     from .paths import inside
 
@@ -364,11 +390,18 @@ def write_signed(folder: Path, files: dict[str, bytes], m: Manifest, sign: Calla
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)
     if prune:
+        keep = {*files, SIGNATURE, *(v.name for v in files.values() if isinstance(v, Path) and v.parent == folder)}
         for stale in folder.iterdir():
-            if stale.is_file() and stale.name not in {*files, SIGNATURE}:
+            if stale.is_file() and stale.name not in keep:
                 stale.unlink()
     for name, blob in files.items():
-        atomic_write(targets[name], blob)
+        if isinstance(blob, Path) and blob.parent.resolve() == folder.resolve():
+            targets[name].parent.mkdir(parents=True, exist_ok=True)
+            os.replace(blob, targets[name])
+        elif isinstance(blob, Path):
+            atomic_copy(blob, targets[name])
+        else:
+            atomic_write(targets[name], blob)
     doc = m.to_json()
     atomic_write(targets[SIGNATURE], base64.b64encode(sign(doc)) + b"\n")
     atomic_write(targets[MANIFEST], doc)

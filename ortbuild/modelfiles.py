@@ -65,17 +65,20 @@ class ModelFiles:
         return {"source": self.graph.sha256, **{f"source:{f.location}": f.sha256 for f in self.external}}
 
 
-def _hash(path: Path, marker: bytes | None = None) -> tuple[str, int, bool]:
-    """(sha256, size, whether `marker` occurs), streaming the file in chunks."""
+def _hash(path: Path, marker: bytes | None = None, hashed: bool = True) -> tuple[str, int, bool]:
+    """(sha256 or "", size, whether `marker` occurs), streaming the file in chunks."""
+    if not hashed and marker is None:
+        return "", path.stat().st_size, False
     h, size, found, tail = hashlib.sha256(), 0, False, b""
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            h.update(chunk)
+            if hashed:
+                h.update(chunk)
             size += len(chunk)
             if marker and not found:
                 found = marker in tail + chunk[:len(marker) - 1] or marker in chunk
                 tail = chunk[-(len(marker) - 1):]
-    return h.hexdigest(), size, found
+    return h.hexdigest() if hashed else "", size, found
 
 
 def _tensors(graph: Any) -> Iterator[Any]:
@@ -114,12 +117,12 @@ def location_problem(location: str) -> str | None:
     return None
 
 
-def of(path: Path, *, where: str = "") -> ModelFiles:
-    """The model at `path` with its external-data files, each hashed. ConfigError (at `where`) for a location
-    that leaves the model's folder or names a missing file."""
+def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
+    """The model at `path` with its external-data files, each hashed (sha256 "" when not `hashed`).
+    ConfigError (at `where`) for a location that leaves the model's folder or names a missing file."""
     import onnx
 
-    sha, size, marked = _hash(path, _MARKER)
+    sha, size, marked = _hash(path, _MARKER, hashed)
     graph = ModelFile(path, "", sha, size)
     if not marked:
         return ModelFiles(graph, ())
@@ -134,7 +137,7 @@ def of(path: Path, *, where: str = "") -> ModelFiles:
         if not file.is_file():
             raise ConfigError(str(path), where, f"the model's external data file '{loc}' is missing "
                               f"(looked for {file})", "keep the model's .data files beside its .onnx file")
-        fsha, fsize, _ = _hash(file)
+        fsha, fsize, _ = _hash(file, None, hashed)
         external.append(ModelFile(file, loc, fsha, fsize))
     return ModelFiles(graph, tuple(external))
 

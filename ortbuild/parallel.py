@@ -25,20 +25,37 @@ if TYPE_CHECKING:
     from .plan import Job
 
 PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, numpy, onnx, ORT
+PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
 
 
-def default_workers(jobs: Sequence[Job]) -> int:
-    """As many workers as cores, as memory allows (a job needs its base plus ~8x its source model), and jobs."""
+def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
+    """As many workers as cores, as memory allows (a job needs its base plus ~3x its model, every file of it
+    counted), and jobs; with the reason when memory is what limits it."""
+    from . import modelfiles
+
     if not jobs:
-        return 1
+        return 1, ""
     try:
         with open("/proc/meminfo") as f:
             avail = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
         avail = 4 << 30
-    biggest = max(j.model.path.stat().st_size for j in jobs)
-    by_memory = max(1, avail // (PER_JOB_BASE + 8 * biggest))
-    return max(1, min(os.cpu_count() or 1, by_memory, len(jobs)))
+    sizes = {}
+    for j in jobs:
+        if j.model.name not in sizes:
+            try:
+                sizes[j.model.name] = modelfiles.of(j.model.path, hashed=False).size
+            except Exception:  # the build reports a broken model; here it only sizes workers
+                sizes[j.model.name] = j.model.path.stat().st_size if j.model.path.exists() else 0
+    name, biggest = max(sizes.items(), key=lambda kv: kv[1])
+    need = PER_JOB_BASE + PER_JOB_FACTOR * biggest
+    by_memory = max(1, avail // need)
+    n = max(1, min(os.cpu_count() or 1, by_memory, len(jobs)))
+    why = ""
+    if by_memory < min(os.cpu_count() or 1, len(jobs)):
+        why = (f"{n} worker(s): the largest model, {name}, is {biggest / (1 << 30):.2f} GiB (all its files), a job "
+               f"may need ~{need / (1 << 30):.1f} GiB and {avail / (1 << 30):.1f} GiB are available (-j overrides)")
+    return n, why
 
 
 _BUILDER: Builder | None = None

@@ -3,7 +3,8 @@
 - `Lock(dist)`: an exclusive `fcntl.flock` on dist/.ortbuild.lock. The kernel drops it when its process dies,
   so the lock of a killed build is taken over at once; the file names the holder (pid, command, start) so a
   waiting process says whom it waits for, and gives up after a timeout.
-- `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, on /dev/shm when it has room,
+- `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, on /dev/shm when it has room
+  for `temp_need()` of the model's real size (all its files), else in the system temp dir on disk,
   named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory from a dead one's.
 - `leftovers()` / `clean()`: what killed builds leave: private dirs of dead processes (anywhere we put them),
   and partial files (`.NAME.*.partial`, `.golden.*`) in dist/, which only a lock holder may remove.
@@ -75,6 +76,12 @@ def _private_root(need: int) -> str | None:
     if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize > need:
         return str(shm)
     return None
+
+
+def temp_need(model_bytes: int) -> int:
+    """Temp space one job's build may need for a model of `model_bytes` (all its files): at most two plaintext
+    models at once (a step's input and output; each intermediate is removed when the next step has run)."""
+    return 2 * model_bytes + (64 << 20)
 
 
 @contextlib.contextmanager

@@ -216,10 +216,10 @@ def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_ta
     job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]
     sealing = {"encryption_key_id": "e", "signing_key_id": "s", "deterministic": False}
     here = {"plugins": {}, "libraries": []}
-    a = b.build_key(b.key_parts(job, "src", "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
-    c = b.build_key(b.key_parts(job, "src", "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
+    a = b.build_key(b.key_parts(job, {"source": "src"}, "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
+    c = b.build_key(b.key_parts(job, {"source": "src"}, "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
     assert a[0] != c[0] and b.changed_parts(a[1], c[1]) == ["runtime"]
-    d = b.build_key(b.key_parts(job, "src", "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing,
+    d = b.build_key(b.key_parts(job, {"source": "src"}, "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing,
                                 **here))
     assert d == a  # an fp32 job does not depend on calibration data
 

@@ -186,7 +186,7 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
     src = check.run(model.path)
     assert model.calibration is not None
     samples = data.load_samples(model.calibration, ["image"])
-    reduced = onnx.load(str(precision.run(src.model, s.precision, s.typed_precision_options(), tmp_path,
+    reduced = onnx.load(str(precision.run(model.path, src.model, s.precision, s.typed_precision_options(), tmp_path,
                                           samples).path))
     nodes = explain.changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
     layers = explain.layerwise(src.model, reduced, nodes, data.load_feed(model.inputs, ["image"]))

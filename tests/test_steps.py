@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,6 +20,11 @@ from .conftest import MODELS, REPO
 CPU = [Provider("CPUExecutionProvider")]
 PROJECT = config.load(REPO / "targets.toml")
 
+
+
+def _prec(path: Path, *args: Any, **kw: Any) -> precision.PrecisionResult:
+    """The precision step on a model file, as the build runs it (after the check step)."""
+    return precision.run(path, check.run(path).model, *args, **kw)
 
 def settings(target: str, model: str, **changes: object) -> Settings:
     import dataclasses
@@ -60,7 +66,7 @@ def test_check_rejects_an_invalid_graph(tmp_path: Path) -> None:
 
 def test_int8_dynamic_transformer_is_at_most_035x(tmp_path: Path) -> None:
     s = settings("cpu-int8", "tiny_transformer")
-    res = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, s.precision, s.precision_options(),
+    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, s.precision_options(),
                         tmp_path)
     check.run(res.path)
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops(res.path)
@@ -73,7 +79,7 @@ def test_int8_dynamic_transformer_is_at_most_035x(tmp_path: Path) -> None:
 def test_int8_static_cnn_with_calibration(tmp_path: Path, fmt: str, expected: set[str]) -> None:
     s = settings("cpu-int8", "tiny_cnn")
     opts = {**s.precision_options(), "format": fmt}
-    res = precision.run(check.run(MODELS / "tiny_cnn.onnx").model, "int8-static", opts, tmp_path, calib("tiny_cnn"))
+    res = _prec(MODELS / "tiny_cnn.onnx", "int8-static", opts, tmp_path, calib("tiny_cnn"))
     check.run(res.path)
     assert expected <= ops(res.path)
     assert res.options["calibration_samples"] == 32
@@ -81,7 +87,7 @@ def test_int8_static_cnn_with_calibration(tmp_path: Path, fmt: str, expected: se
 
 def test_int4_weight_uses_matmulnbits(tmp_path: Path) -> None:
     s = settings("cpu-int4", "tiny_transformer")
-    res = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, s.precision, s.precision_options(),
+    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, s.precision_options(),
                         tmp_path)
     check.run(res.path)
     assert "MatMulNBits" in ops(res.path)
@@ -90,7 +96,7 @@ def test_int4_weight_uses_matmulnbits(tmp_path: Path) -> None:
 
 def test_fp16_halves_weights_and_is_topologically_sorted(tmp_path: Path) -> None:
     s = settings("cuda-fp16", "tiny_lstm")
-    res = precision.run(check.run(MODELS / "tiny_lstm.onnx").model, s.precision, s.precision_options(), tmp_path)
+    res = _prec(MODELS / "tiny_lstm.onnx", s.precision, s.precision_options(), tmp_path)
     check.run(res.path)  # the full checker rejects unsorted graphs: ORT's converter emits one
     m = onnx.load(str(res.path))
     assert not [i.name for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
@@ -107,7 +113,9 @@ def test_quantizing_an_opset_11_graph_upgrades_it_first(tmp_path: Path) -> None:
     old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     old.ir_version = 6
     s = settings("cpu-int8", "tiny_lstm")
-    res = precision.run(old, "int8-dynamic", s.precision_options(), tmp_path)
+    onnx.save_model(old, str(tmp_path / "old.onnx"))
+    (tmp_path / "work").mkdir()
+    res = _prec(tmp_path / "old.onnx", "int8-dynamic", s.precision_options(), tmp_path / "work")
     check.run(res.path)
     assert any("opset 11 to 13" in n for n in res.notes)
 
@@ -129,7 +137,7 @@ def test_toposort_orders_a_shuffled_graph_and_refuses_cycles() -> None:
 # --------------------------------------------------------------------------------------- optimize
 
 def _fp32(tmp_path: Path, model: str) -> Path:
-    return precision.run(check.run(MODELS / f"{model}.onnx").model, "fp32", {}, tmp_path).path
+    return _prec(MODELS / f"{model}.onnx", "fp32", {}, tmp_path).path
 
 
 @pytest.mark.parametrize("level", ["layout", "all"])
@@ -177,7 +185,7 @@ def test_compiling_provider_keeps_the_basic_graph(tmp_path: Path) -> None:
 
 def test_fp16_on_cpu_at_level_all_warns_about_upcast_weights(tmp_path: Path) -> None:
     s = settings("cuda-fp16", "tiny_transformer")
-    src = precision.run(check.run(MODELS / "tiny_transformer.onnx").model, "fp16", s.precision_options(),
+    src = _prec(MODELS / "tiny_transformer.onnx", "fp16", s.precision_options(),
                         tmp_path).path
     res = optimize.run(src, s, CPU, {}, tmp_path)
     assert any("upcast the weights" in n for n in res.notes)
@@ -219,7 +227,7 @@ def test_quantizer_temp_files_stay_in_the_private_work_dir(tmp_path: Path, monke
     work = tmp_path / "work"
     work.mkdir()
     s = settings("cpu-int8", "tiny_cnn")
-    precision.run(check.run(MODELS / "tiny_cnn.onnx").model, "int8-static", s.precision_options(), work,
+    _prec(MODELS / "tiny_cnn.onnx", "int8-static", s.precision_options(), work,
                   calib("tiny_cnn"))
     assert made, "the quantizer made no temp dir: this test no longer tests anything"
     assert all(Path(p).is_relative_to(work) for p in made), made

@@ -1,24 +1,27 @@
-"""Step 1: load the source model, run the full onnx checker and shape inference, record its signature."""
+"""Step 1: load the source model, run the full onnx checker and shape inference, record its signature.
+
+A model with external data is checked from its path and its graph is read without the weights: the weights
+are only ever read by the step that changes them (precision) and by ONNX Runtime."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from .. import paths
+from .. import modelfiles, paths
 from ..config import Settings, did_you_mean
 from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    model: onnx.ModelProto
-    sha256: str
-    size: int
+    model: onnx.ModelProto           # the graph; its tensors' data not loaded when the model has external data
+    files: modelfiles.ModelFiles     # the graph file and its external-data files, hashed
+    sha256: str                      # of the graph file
+    size: int                        # of every file of the model
     signature: dict[str, Any]
     opsets: dict[str, int]
     ir_version: int
@@ -69,20 +72,20 @@ def opsets(model: onnx.ModelProto) -> dict[str, int]:
     return {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
 
 
-def run(path: Path) -> CheckResult:
-    """Raises onnx's ValidationError / InferenceError for an invalid model (the build names the step)."""
+def run(path: Path, files: modelfiles.ModelFiles | None = None) -> CheckResult:
+    """Raises onnx's ValidationError / InferenceError for an invalid model (the build names the step).
+    `files`: the model's files as the build key hashed them (else they are found and hashed here)."""
     problem = paths.input_problem(path, limit=paths.MAX_MODEL_BYTES)
     if problem:
         raise ConfigError(str(path), "", f"the model {problem}", "name an ONNX model file")
-    data = path.read_bytes()
-    model = onnx.load_model_from_string(data)
-    if model.ByteSize() > 2**31 - 1 or any(
-            i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
-        onnx.checker.check_model(str(path), full_check=True)  # the path form handles external data
-        model = onnx.load(str(path))
+    files = files or modelfiles.of(path)
+    if files.has_external_data:
+        onnx.checker.check_model(str(path), full_check=True)  # the path form reads no weights
+        model = onnx.load(str(path), load_external_data=False)
     else:
+        model = onnx.load_model_from_string(path.read_bytes())
         onnx.checker.check_model(model, full_check=True)  # full_check = strict shape inference too
-    return CheckResult(model=model, sha256=hashlib.sha256(data).hexdigest(), size=len(data),
+    return CheckResult(model=model, files=files, sha256=files.graph.sha256, size=files.size,
                        signature=signature(model), opsets=opsets(model), ir_version=model.ir_version)
 
 

@@ -36,14 +36,27 @@ COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step 
 GROWTH = 1.1  # initializer bytes may grow this much (fusions add small constants) before it counts as inflation
 
 
+def _nbytes(t: onnx.TensorProto) -> int:
+    """A tensor's data bytes, whether stored inside the graph or as external data (not loaded)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        length = next((e.value for e in t.external_data if e.key == "length"), None)
+        if length is not None:
+            return int(length)
+        n = 1
+        for d in t.dims:
+            n *= d
+        return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return len(t.raw_data) or t.ByteSize()
+
+
 def _initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """name -> (data type, bytes) of every initializer (and Constant node value) of the main graph."""
-    out = {i.name: (i.data_type, len(i.raw_data) or i.ByteSize()) for i in model.graph.initializer}
+    out = {i.name: (i.data_type, _nbytes(i)) for i in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant":
             for a in n.attribute:
                 if a.name == "value":
-                    out[n.output[0]] = (a.t.data_type, len(a.t.raw_data) or a.t.ByteSize())
+                    out[n.output[0]] = (a.t.data_type, _nbytes(a.t))
     return out
 
 
@@ -83,8 +96,20 @@ def _domains(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+EXTERNAL_FILE = "session.optimized_model_external_initializers_file_name"
+EXTERNAL_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
+
+
+def _size(path: Path) -> int:
+    """Bytes of the model at `path`, its external data included."""
+    from ..modelfiles import of
+
+    return of(path, hashed=False).size
+
+
 def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str, str], work: Path,
-        ) -> OptimizeResult:
+        external: bool = False) -> OptimizeResult:
+    """external: ORT writes the optimized model's weights as external data (<name>.data beside it)."""
     import onnxruntime as ort
 
     notes: list[str] = []
@@ -111,8 +136,12 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
         disabled.append(FOLDING)
 
     def optimized(path: Path, disabled: list[str]) -> Path:
+        path.parent.mkdir(exist_ok=True)
         so = runtime.session_options(settings, level)
         so.optimized_model_filepath = str(path)
+        if external:  # a graph of any size: ORT writes every tensor over 1 KB into one file beside it
+            so.add_session_config_entry(EXTERNAL_FILE, f"{path.name}.data")
+            so.add_session_config_entry(EXTERNAL_MIN, "1024")
         ort.InferenceSession(str(src), so, providers=names, provider_options=opts, disabled_optimizers=disabled)
         return path
 
@@ -121,20 +150,27 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
         notes.append(f"disabled_optimizers: {', '.join(unknown)} not among the optimizers found in onnxruntime "
                      "1.31.1; ORT ignores unknown names silently (check the spelling)")
     suffix = ".ort" if settings.format == "ort" else ".onnx"
-    out = optimized(work / f"optimized{suffix}", disabled)
+    main = f"model{suffix}"  # the artifact's own names: its external data is model.onnx.data
+    out = optimized(work / "optimized" / main, disabled)
     found = inflation(src, out) if FOLDING not in disabled else None
     if found:
         what = ", ".join(f"{g['initializer']} ({g['dtype']}, {g['bytes'] / 1024:.0f} KB, from {g['pattern']})"
                          for g in found["grown"][:3])
         if settings.constant_folding == "auto":
-            retry = optimized(work / f"optimized-nofold{suffix}", [*disabled, FOLDING])
-            if retry.stat().st_size < out.stat().st_size:
+            retry = optimized(work / "optimized-nofold" / main, [*disabled, FOLDING])
+            before, after = _size(out), _size(retry)
+            if after < before:
                 found["action"] = f"optimized again with {FOLDING} disabled"
                 notes.append(f"constant folding grew the weights {found['growth']}x ({what}): optimized again "
-                             f"with {FOLDING} disabled ({out.stat().st_size / 1024:.0f} KB -> "
-                             f"{retry.stat().st_size / 1024:.0f} KB)")
+                             f"with {FOLDING} disabled ({before / 1024:.0f} KB -> {after / 1024:.0f} KB)")
+                from .precision import remove_model
+
+                remove_model(out)
                 out, disabled = retry, [*disabled, FOLDING]
             else:
+                from .precision import remove_model
+
+                remove_model(retry)
                 found["action"] = "kept: disabling it did not make the artifact smaller"
                 notes.append(f"constant folding grew the weights {found['growth']}x ({what}); disabling it did "
                              "not help, kept")
@@ -157,7 +193,7 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             tied["simd_level"] = runtime.simd_level()
     if (settings.precision == options.FP16 and "CPUExecutionProvider" in names
             and not options.LEVEL_RULES[level].portable):
-        grown = out.stat().st_size / max(1, src.stat().st_size)
+        grown = _size(out) / max(1, _size(src))
         if grown > 1.3:
             notes.append(f"the CPU provider has no fp16 kernels: at level '{level}' ORT upcast the weights "
                          f"to fp32 (artifact {grown:.2f}x the fp16 model); "

@@ -1,5 +1,8 @@
 """Step 2: change the precision with ONNX Runtime's own tools. Portable: no provider is involved.
 
+Models of any size: the source is read from its path (its external data beside it), fp32 is not copied at all,
+and every output whose weights could pass protobuf's 2 GB limit is written with external data (`external`).
+
 fp16          onnxruntime.transformers.float16.convert_float_to_float16
 int8-dynamic  onnxruntime.quantization.quantize_dynamic   (after quant_pre_process)
 int8-static   onnxruntime.quantization.quantize_static    (after quant_pre_process; calibration data)
@@ -35,9 +38,35 @@ class PrecisionResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save_model(model, str(path))
+def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
+    """Write `model`; with `external`, every tensor over 1 KB goes to `<name>.data` beside it (one file)."""
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{path.name}.data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
     return path
+
+
+def _weightless(model: onnx.ModelProto) -> bool:
+    """Whether `model` was loaded without its external data (its tensors only point at files)."""
+    from ..modelfiles import locations
+
+    return bool(locations(model))
+
+
+def _full(source: Path, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its weights: `model` itself, or loaded again from `source` with its external data."""
+    return onnx.load(str(source)) if _weightless(model) else model
+
+
+def remove_model(path: Path) -> None:
+    """Delete an intermediate model and its external data (the temp space holds at most two at once)."""
+    from ..modelfiles import of
+
+    if path.exists():
+        for f in of(path, hashed=False).files:
+            f.path.unlink(missing_ok=True)
 
 
 def _subgraph_names(node: onnx.NodeProto) -> set[str]:
@@ -84,28 +113,35 @@ def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), _QUANT_MIN_OPSET)
+
+
 def _upgrade_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if version is not None and version < _QUANT_MIN_OPSET:
+    version = _opset(model)
+    if version < _QUANT_MIN_OPSET:
         notes.append(f"converted the graph from opset {version} to {_QUANT_MIN_OPSET} first: ORT's "
                      "quantizer writes per-axis DequantizeLinear, which needs opset 13")
         model = onnx.version_converter.convert_version(model, _QUANT_MIN_OPSET)
     return model
 
 
-def _preprocess(src: Path, work: Path, enabled: bool, notes: list[str]) -> Path:
+def _preprocess(src: Path, work: Path, enabled: bool, notes: list[str], external: bool) -> Path:
     if not enabled:
         return src
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     out = work / "preprocessed.onnx"
+    big = {"save_as_external_data": True, "all_tensors_to_one_file": True,
+           "external_data_location": f"{out.name}.data"} if external else {}
     try:
-        quant_pre_process(str(src), str(out))
+        quant_pre_process(str(src), str(out), **big)
     except Exception as e:  # symbolic shape inference fails on some exported graphs
         notes.append(f"quant_pre_process with symbolic shapes failed ({first_line(e, 120)}); "
                      "retried with skip_symbolic_shape=True")
-        quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
+        quant_pre_process(str(src), str(out), skip_symbolic_shape=True, **big)
     return out
+
 
 
 class _Reader:
@@ -137,8 +173,10 @@ def _typed(precision: str, opts: Mapping[str, Any] | PrecisionOptions) -> Precis
     return None if cls is None else typed(cls, opts)
 
 
-def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any] | PrecisionOptions, work: Path,
-        calibration: list[Feed] | None = None) -> PrecisionResult:
+def run(source: Path, model: onnx.ModelProto, precision: str, opts: Mapping[str, Any] | PrecisionOptions,
+        work: Path, calibration: list[Feed] | None = None, *, external: bool = False) -> PrecisionResult:
+    """Convert the model at `source` (`model`: its graph as the check step read it, weights loaded or not).
+    external: write the output's weights as external data (the model is, or may grow, too big for one file)."""
     root = logging.getLogger()
     level, tmp = root.level, tempfile.tempdir
     root.setLevel(max(level, logging.WARNING))  # ORT's quantizers log every node at INFO on the root logger
@@ -148,34 +186,48 @@ def run(model: onnx.ModelProto, precision: str, opts: Mapping[str, Any] | Precis
     tempfile.tempdir = str(work.resolve())
     try:
         with contextlib.chdir(work):
-            return _run(model, precision, _typed(precision, opts), work.resolve(), calibration)
+            return _run(source.resolve(), model, precision, _typed(precision, opts), work.resolve(), calibration,
+                        external)
     finally:
         root.setLevel(level)
         tempfile.tempdir = tmp
 
 
-def _run(model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: Path,
-         calibration: list[Feed] | None) -> PrecisionResult:
+def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: Path,
+         calibration: list[Feed] | None, external: bool) -> PrecisionResult:
     notes: list[str] = []
-    src = work / "source.onnx"
-    if opts is None:  # fp32: as is
-        return PrecisionResult(_save(model, src), precision, {}, notes)
+    if opts is None:  # fp32: the source as it is, read in place (the optimize step writes the first copy)
+        return PrecisionResult(source, precision, {}, notes)
     used = as_plain(opts)  # what the manifest records
 
     if isinstance(opts, Fp16):
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
         block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list))
+        weightless = _weightless(model)
+        full = _full(source, model)
+        if weightless:  # the converter's own shape inference serializes the whole model, which fails past 2 GB:
+            # infer the shapes on the graph without its weights, and the converter skips its own pass
+            shapes = onnx.shape_inference.infer_shapes(model)
+            del full.graph.value_info[:]
+            full.graph.value_info.extend(shapes.graph.value_info)
         converted = convert_float_to_float16(
-            model, keep_io_types=opts.keep_io_types, op_block_list=block,
-            node_block_list=list(opts.node_block_list) or None)
-        out = _save(toposort(converted), work / "fp16.onnx")
+            full, keep_io_types=opts.keep_io_types, op_block_list=block,
+            node_block_list=list(opts.node_block_list) or None, disable_shape_infer=weightless)
+        del full
+        out = _save(toposort(converted), work / "fp16.onnx", external)
         return PrecisionResult(out, precision, used, notes)
 
     if isinstance(opts, Quantization):
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
 
-        pre = _preprocess(_save(_upgrade_opset(model, notes), src), work, opts.preprocess, notes)
+        if _weightless(model) and _opset(model) >= _QUANT_MIN_OPSET:  # read in place, its data beside it
+            src = source
+        else:
+            src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
+        pre = _preprocess(src, work, opts.preprocess, notes, external)
+        if src != source and pre != src:
+            remove_model(src)
         out = work / "int8.onnx"
         common: dict[str, Any] = {
             "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
@@ -184,7 +236,7 @@ def _run(model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: P
             "nodes_to_exclude": list(opts.exclude_nodes) or None,
         }
         if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
-            quantize_dynamic(str(pre), str(out), **common)
+            quantize_dynamic(str(pre), str(out), use_external_data_format=external, **common)
             used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
                                          "exclude_nodes", "preprocess")}
             used["format"] = "qoperator"
@@ -197,19 +249,22 @@ def _run(model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: P
                 str(pre), str(out), _Reader(calibration),
                 quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
                 activation_type=_qtype(opts.activation_type), calibrate_method=method,
-                calibration_providers=["CPUExecutionProvider"], **common)
+                calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
             used["calibration_samples"] = len(calibration)
+        if pre != source:
+            remove_model(pre)
         return PrecisionResult(out, precision, used, notes)
 
     # int4-weight
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quant = MatMulNBitsQuantizer(
-        model, bits=4, block_size=opts.block_size, is_symmetric=opts.symmetric,
+        _full(source, model), bits=4, block_size=opts.block_size, is_symmetric=opts.symmetric,
         accuracy_level=opts.accuracy_level or None, nodes_to_exclude=list(opts.exclude_nodes) or None)
     quant.process()
     out = work / "int4.onnx"
-    quant.model.save_model_to_file(str(out), False)
-    if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out)).graph.node):
+    quant.model.save_model_to_file(str(out), external)
+    del quant
+    if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out), load_external_data=False).graph.node):
         notes.append("no MatMul had a constant weight to quantize: the graph is unchanged")
     return PrecisionResult(out, precision, used, notes)

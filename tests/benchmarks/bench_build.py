@@ -60,7 +60,7 @@ def main() -> int:
     project = config.load(REPO / "targets.toml")
     jobs = plan.jobs(project, [TARGETS])
     models = sorted({str(j.model.path) for j in jobs})
-    workers = default_workers(jobs)
+    workers, _ = default_workers(jobs)
     ortbuild = [sys.executable, "-m", "ortbuild", "build", "-t", TARGETS]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
     plain_proc, serial, parallel, noop, plain_inproc = [], [], [], [], []

@@ -1,0 +1,82 @@
+"""Generated MLP stacks with ONNX external data, of any size, written tensor by tensor (never whole in memory).
+
+    python tests/bigmodels.py OUT_DIR --gib 2.5 [--width 4096] [--embedded]
+
+Layer i: y = Relu(x @ W_i + b_i), W_i [width, width] float32, as a user's large model would store them:
+`model.onnx` (the graph, a few KB) beside `model.onnx.data` (every weight). Used by the tests (small sizes)
+and the scale benchmark (0.5 and 2.5 GiB); never committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+ALIGN = 4096  # ORT maps external data in place when offsets are page-aligned
+
+
+def mlp(out_dir: Path, *, layers: int, width: int = 4096, batch: int | str = "batch", seed: int = 0,
+        embedded: bool = False) -> Path:
+    """Write out_dir/model.onnx (+ model.onnx.data unless embedded) and the golden input file inputs.npz.
+    Weights are scaled so activations stay O(1) through any depth."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    data_path = out_dir / "model.onnx.data"
+    data = None if embedded else open(data_path, "wb")  # noqa: SIM115
+    scale = np.float32(np.sqrt(2.0 / width))
+    try:
+        for i in range(layers):
+            w = (rng.standard_normal((width, width), dtype=np.float32) * scale).astype(np.float32)
+            b = (rng.standard_normal(width, dtype=np.float32) * np.float32(0.01)).astype(np.float32)
+            for name, arr in ((f"W{i}", w), (f"b{i}", b)):
+                if data is None:
+                    inits.append(onnx.numpy_helper.from_array(arr, name))
+                    continue
+                pad = -data.tell() % ALIGN
+                data.write(b"\0" * pad)
+                offset = data.tell()
+                data.write(arr.tobytes())
+                t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=arr.shape)
+                t.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(arr.nbytes))):
+                    e = t.external_data.add()
+                    e.key, e.value = k, v
+                inits.append(t)
+            x = "x" if i == 0 else f"h{i - 1}"
+            nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"m{i}"], name=f"matmul{i}"),
+                      helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                      helper.make_node("Relu", [f"a{i}"], [f"h{i}" if i < layers - 1 else "y"], name=f"relu{i}")]
+    finally:
+        if data is not None:
+            data.close()
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortbuild-tests")
+    model.ir_version = 9
+    onnx.save_model(model, str(out_dir / "model.onnx"))
+    np.savez(out_dir / "inputs.npz", x=np.random.default_rng(seed + 1).standard_normal((2, width), dtype=np.float32))
+    return out_dir / "model.onnx"
+
+
+def layers_for(gib: float, width: int = 4096) -> int:
+    return max(1, round(gib * (1 << 30) / (4 * width * (width + 1))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--gib", type=float, default=0.5)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--embedded", action="store_true", help="weights inside model.onnx (under 2 GiB only)")
+    a = ap.parse_args()
+    path = mlp(a.out, layers=layers_for(a.gib, a.width), width=a.width, embedded=a.embedded)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
