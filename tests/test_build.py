@@ -216,10 +216,11 @@ def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_ta
     job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]
     sealing = {"encryption_key_id": "e", "signing_key_id": "s", "deterministic": False}
     here = {"plugins": {}, "libraries": []}
-    a = b.build_key(b.key_parts(job, {"source": "src"}, "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
-    c = b.build_key(b.key_parts(job, {"source": "src"}, "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
+    src = {"source": "src"}
+    a = b.build_key(b.key_parts(job, src, "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
+    c = b.build_key(b.key_parts(job, src, "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
     assert a[0] != c[0] and b.changed_parts(a[1], c[1]) == ["runtime"]
-    d = b.build_key(b.key_parts(job, {"source": "src"}, "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing,
+    d = b.build_key(b.key_parts(job, src, "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing,
                                 **here))
     assert d == a  # an fp32 job does not depend on calibration data
 
@@ -285,3 +286,50 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert "OpenVINOExecutionProvider" in model.providers
     tree = json.loads((tmp_path / "dist" / "ov" / "breast_cancer_gb" / "manifest.json").read_text())
     assert tree["compiled"] is None and any("compiled no node" in n for n in tree["notes"])
+
+
+def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file(
+        make_project: Callable[..., Path], tmp_path: Path) -> None:
+    import contextlib
+    import hashlib
+    import io
+
+    from ortbuild import cli
+
+    from .bigmodels import mlp
+
+    src = mlp(tmp_path / "mlp", layers=3, width=128)
+    data = src.parent / "model.onnx.data"
+    path = make_project(TWO_TARGETS, models=("tiny_cnn",))
+    path.write_text(path.read_text() + f'\n[models.mlp]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n')
+    dist = tmp_path / "dist"
+    assert {r.status for r in build(path, dist)} == {BUILT}
+    folder = dist / "int8" / "mlp"
+    assert sorted(p.name for p in folder.glob("model.*")) == ["model.onnx.data.enc", "model.onnx.enc"]
+    doc = json.loads((folder / "manifest.json").read_text())
+    assert doc["source"]["files"] == [
+        {"file": "model.onnx", "sha256": hashlib.sha256(src.read_bytes()).hexdigest(), "size": src.stat().st_size},
+        {"file": "model.onnx.data", "sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+         "size": data.stat().st_size}]
+    assert doc["source"]["size"] == src.stat().st_size + data.stat().st_size
+    assert doc["artifact"]["external_data"] == "the source model keeps its weights as external data"
+    assert [f["role"] for f in doc["artifact"]["files"]] == ["model", "external_data"]
+    # the size gate compares every file with every file (it compared the artifact with the 1 KB graph)
+    assert cli.main(["test", "-c", str(path), "--dist", str(dist), "-t", "fp32", "-m", "mlp"]) == 0
+    report = json.loads((dist / "fp32" / "mlp" / "test-report.json").read_text())
+    assert report["result"]["status"] == "PASS", report["result"]
+
+    with open(data, "r+b") as f:  # one byte of one weight
+        f.seek(4096 + 7)
+        byte = f.read(1)
+        f.seek(4096 + 7)
+        f.write(bytes([byte[0] ^ 1]))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["plan", "-c", str(path), "--dist", str(dist), "--json"]) == 0
+    why = {f"{j['target']}/{j['model']}": j["why"] for j in json.loads(out.getvalue())}
+    assert why == {"fp32/tiny_cnn": None, "int8/tiny_cnn": None,
+                   "fp32/mlp": "changed: source:model.onnx.data", "int8/mlp": "changed: source:model.onnx.data"}
+    assert [(r.target, r.model, r.status) for r in build(path, dist)] == [
+        ("fp32", "tiny_cnn", UP_TO_DATE), ("fp32", "mlp", BUILT), ("int8", "tiny_cnn", UP_TO_DATE),
+        ("int8", "mlp", BUILT)]
