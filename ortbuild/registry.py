@@ -25,11 +25,12 @@ from . import release
 from .errors import ArtifactError, RegistryError
 
 CONFIG_TYPE = "application/vnd.ortbuild.release.v1+json"
-LAYER_TYPES = {"bundle": "application/vnd.ortbuild.bundle.v1.tar+gzip",
+LAYER_TYPES = {"bundle": "application/vnd.ortbuild.bundle.v1.tar",
                "index": "application/vnd.ortbuild.release.index.v1+json",
                "provenance": "application/vnd.dsse.envelope.v1+json",
                "sums": "text/plain; charset=utf-8",
                "signature": "application/vnd.ortbuild.minisign.v1"}
+OLD_LAYER_TYPES = {"application/vnd.ortbuild.bundle.v1.tar+gzip": "bundle"}  # the earlier format: still pulled
 MAX_BLOB = {"bundle": 64 << 30}     # others: MAX_SMALL
 MAX_SMALL = 64 << 20
 REF = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?/"
@@ -137,7 +138,7 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
         raise RegistryError(f"{ref}: not an ortbuild release (config media type "
                             f"{man.get('config', {}).get('mediaType')!r})", "give the reference `ortbuild release` "
                                                                             "pushed")
-    kinds = {v: k for k, v in LAYER_TYPES.items()}
+    kinds = {**OLD_LAYER_TYPES, **{v: k for k, v in LAYER_TYPES.items()}}
     got: dict[str, Path] = {}
     for layer in man.get("layers", []):
         kind = kinds.get(layer.get("mediaType", ""))

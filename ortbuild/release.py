@@ -2,8 +2,9 @@
 
 A release of target T is five files (docs/release.md):
 
-    <project>-<version>-<T>.tar.gz          the bundle: index, then per model the encrypted artifact, its
-                                            signed manifest, both loaders and the golden data (deterministic)
+    <project>-<version>-<T>.tar             the bundle: index, then per model the encrypted artifact, its
+                                            signed manifest, both loaders and the golden data (deterministic,
+                                            uncompressed: the bulk is encrypted bytes, which no compressor shrinks)
     <project>-<version>-<T>.release.json    the bundle's index (the same bytes as its first member): every
                                             member's sha256 and size, and the test verdicts
     <project>-<version>-<T>.intoto.jsonl    a DSSE envelope (signed) holding an in-toto statement with SLSA v1
@@ -14,6 +15,10 @@ One bundle per target, not one per model across targets: an app is deployed onto
 pulls exactly that target's bundle (one OCI tag per target), and verifies it with that target's runtime.
 Release refuses a model whose tests did not pass, are missing, or are older than its artifact, unless
 `--force` (recorded in the index and the provenance).
+
+Nothing is held whole in memory: every member is hashed once before the release (the manifest's integrity
+check, or the golden data's), its digest comes from there into the index, and it is streamed into the bundle
+and checked against that digest while copied; the bundle is hashed while written (ortbuild.tarball).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, golden, manifest, minisign, paths, tarball
+from . import __version__, golden, manifest, minisign, modelfiles, paths, tarball
 from .config import Project, Target
 from .errors import ArtifactError, GateFailed
 from .gates import PASS, REPORT
@@ -37,6 +42,8 @@ from .keys import SigningKey
 FORMAT = "ortbuild-release-v1"
 SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
 INDEX = "release.json"                     # the bundle's first member
+BUNDLE_SUFFIX = ".tar"
+OLD_BUNDLE_SUFFIX = ".tar.gz"              # the earlier format (gzip -9 over the tar): still verified
 STATEMENT_TYPE, PREDICATE_TYPE = "https://in-toto.io/Statement/v1", "https://slsa.dev/provenance/v1"
 DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://github.com/ortbuild/ortbuild/blob/main/docs/release.md#provenance-v1"
@@ -47,7 +54,7 @@ def bundle_name(project: Project, target: str) -> str:
 
 
 def file_names(name: str) -> dict[str, str]:
-    return {"bundle": f"{name}.tar.gz", "index": f"{name}.{INDEX}", "provenance": f"{name}.intoto.jsonl"}
+    return {"bundle": f"{name}{BUNDLE_SUFFIX}", "index": f"{name}.{INDEX}", "provenance": f"{name}.intoto.jsonl"}
 
 
 def epoch_of(created: list[str]) -> int:
@@ -80,6 +87,7 @@ class ModelRelease:
     report: dict[str, Any] | None
     refusal: str | None = None
     files: dict[str, Path] = field(default_factory=dict)  # name inside the model's folder -> file
+    digests: dict[str, str] = field(default_factory=dict)  # name inside the model's folder -> its checked sha256
 
 
 @dataclass(frozen=True)
@@ -123,19 +131,25 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         report = json.loads(report_file.read_text()) if report_file.exists() else None
         mr = ModelRelease(name, folder, m, report)
         mr.refusal = _test_problem(folder, m, report, target.name)
-        for f in [manifest.MANIFEST, manifest.SIGNATURE, *(a.name for a in m.artifact.files),
-                  *(lf.name for lf in m.loaders), *(c["file"] for c in m.custom_ops if "file" in c)]:
+        # the digests integrity_problems just checked each file against (the bundle's writer checks them again
+        # while copying): no file is read twice before the release
+        checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
+                   **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c}}
+        for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
+            mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
         gdir = folder / golden.GOLDEN_DIR
         if (gdir / golden.GOLDEN_JSON).exists():
             meta = json.loads((gdir / golden.GOLDEN_JSON).read_text())
             mr.files[f"{golden.GOLDEN_DIR}/{golden.GOLDEN_JSON}"] = gdir / golden.GOLDEN_JSON
+            mr.digests[f"{golden.GOLDEN_DIR}/{golden.GOLDEN_JSON}"] = manifest.sha256_file(gdir / golden.GOLDEN_JSON)
             for rel, digest in sorted(meta["files"].items()):
                 p = paths.inside(gdir, *rel.split("/"))
                 if manifest.sha256_file(p) != digest:
                     raise ArtifactError(f"{p}: differs from {gdir / golden.GOLDEN_JSON}", f"run `ortbuild test -t "
                                                                                           f"{target.name}` again")
                 mr.files[f"{golden.GOLDEN_DIR}/{rel}"] = p
+                mr.digests[f"{golden.GOLDEN_DIR}/{rel}"] = digest
         elif mr.refusal is None:
             mr.refusal = "it has no golden data (golden/): run `ortbuild test` first"
         out.append(mr)
@@ -171,16 +185,25 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
 
     seen: dict[str, dict[str, Any]] = {}
 
+    def record(f: Path, role: str, digest: str | None = None, **annotations: str) -> None:
+        if rel(f) not in seen:
+            seen[rel(f)] = {"name": rel(f), "uri": f"file:{rel(f)}",
+                            "digest": {"sha256": digest} if digest else _digest(f),
+                            "annotations": {"role": role, **annotations}}
+
     def add(p: Path, role: str) -> None:
-        files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]
-        for f in files:
-            seen.setdefault(rel(f), {"name": rel(f), "uri": f"file:{rel(f)}", "digest": _digest(f),
-                                     "annotations": {"role": role}})
+        for f in sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]:
+            record(f, role)
 
     add(project.file, "config")
     for mr in models:
         model = project.models[mr.name]
-        add(model.path, "source model")
+        # the graph file and every external-data (weights) file it names, each hashed once, streaming
+        source = modelfiles.of(model.path, where=f"models.{mr.name}")
+        record(source.graph.path, "source model", source.graph.sha256)
+        for data in source.external:
+            record(data.path, "source model external data", data.sha256, location=data.location,
+                   model=rel(source.graph.path))
         add(model.inputs, "golden inputs")
         if model.expected is not None:
             add(model.expected, "golden outputs")
@@ -277,15 +300,17 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
     names = file_names(name)
     epoch = epoch_of([mr.manifest.created for mr in models])
     members: dict[str, bytes | Path] = {}
+    digests: dict[str, str] = {}
     for mr in models:
         for rel, p in mr.files.items():
             members[f"{name}/{mr.name}/{rel}"] = p
+            digests[f"{name}/{mr.name}/{rel}"] = mr.digests[rel]
     index = {
         "format": FORMAT, "name": name, "target": target.name, "description": target.description,
         "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,
         "providers": models[0].manifest.providers, "models": [mr.name for mr in models], "created": iso(epoch),
-        "files": {k: {"sha256": manifest.sha256_file(v) if isinstance(v, Path) else tarball.sha256(v),
-                      "size": v.stat().st_size if isinstance(v, Path) else len(v)} for k, v in sorted(members.items())},
+        "files": {k: {"sha256": digests[k], "size": v.stat().st_size if isinstance(v, Path) else len(v)}
+                  for k, v in sorted(members.items())},
         "tests": {mr.name: _verdicts(mr) for mr in models},
         "forced": refused,
         "signing": {"algorithm": "Ed25519", "public_key_id": sign_key.key_id,
@@ -297,8 +322,8 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
     tmp = out / f".{name}.partial"
     tmp.unlink(missing_ok=True)
     try:
-        tarball.write(tmp, {f"{name}/{INDEX}": index_bytes, **members}, epoch, first=f"{name}/{INDEX}")
-        bundle_digest = manifest.sha256_file(tmp)
+        bundle_digest = tarball.write(tmp, {f"{name}/{INDEX}": index_bytes, **members}, epoch,
+                                      first=f"{name}/{INDEX}", digests=digests)
         subjects = {names["bundle"]: bundle_digest, names["index"]: tarball.sha256(index_bytes)}
         statement = _provenance(project, target, models, subjects, started, refused)
         prov = envelope(statement, sign_key)

@@ -4,12 +4,14 @@
     2. every file SHA256SUMS lists is present with that digest (the index, the provenance, the bundle)
     3. the provenance: a DSSE envelope signed by the same key; an in-toto statement with SLSA v1 provenance
        whose subjects are the bundle and the index with those digests; its test verdicts
-    4. the bundle, read member by member (never `extractall`): the signed index first, then only regular
-       files the index lists, each once, each with the listed size and sha256 (ortbuild.tarball)
+    4. the bundle, streamed member by member (never `extractall`, never a member whole in memory): the signed
+       index first, then only regular files the index lists, each once, each with the listed size and sha256,
+       and the whole file's sha256, all on one pass (ortbuild.tarball)
     5. every artifact's manifest signature and digests (the key given), then the golden test: the golden
        inputs through the bundle's own generated Python loader, compared under the rules the tests used
 Step 5's golden run needs the target's runtime and the decryption key; `--no-run` stops after the artifact
-checks (what anyone holding only the public key can check).
+checks (what anyone holding only the public key can check). Steps 1-5 but the golden run keep memory flat
+whatever the bundle's size; the golden run loads each model into ONNX Runtime through its loader.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from . import compare, golden, keys, loaders, manifest, minisign, paths, release
 from .errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
+MAX_SMALL = 64 << 20  # SHA256SUMS, its signature, the index and the provenance are read whole: a sane bound
 
 
 @dataclass
@@ -42,7 +45,12 @@ class Verified:
 
 def _read(path: Path, what: str) -> bytes:
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_SMALL + 1)
+        if len(data) > MAX_SMALL:
+            raise ArtifactError(f"{path}: larger than {MAX_SMALL >> 20} MiB, too large for {what}",
+                                "fetch the release again; never use a bundle that fails verify")
+        return data
     except FileNotFoundError:
         raise ArtifactError(f"{path}: missing ({what})", "publish or pull the whole release: the bundle, its "
                             f"index and provenance, {release.SUMS} and {release.SUMS_SIG}") from None
@@ -58,7 +66,8 @@ def release_dir(path: Path) -> Path:
     if p.exists():
         return p.parent
     raise ArtifactError(f"{p}: no such release", "give a release directory (e.g. dist/release/<target>), its "
-                                                 ".tar.gz, or an oci://host:port/repo:tag reference")
+                                                 f"{release.BUNDLE_SUFFIX} bundle, or an oci://host:port/repo:tag "
+                                                 "reference")
 
 
 def _sums(folder: Path, public_key: bytes) -> dict[str, str]:
@@ -114,32 +123,36 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
     listed = _sums(folder, public_key)
     lines = [f"signature    {release.SUMS} verified ({release.SUMS_SIG}, key id {minisign.key_id(public_key).hex()})"]
     kinds = {suffix: [n for n in listed if n.endswith(suffix)] for suffix in
-             (".tar.gz", f".{release.INDEX}", ".intoto.jsonl")}
+             (release.BUNDLE_SUFFIX, release.OLD_BUNDLE_SUFFIX, f".{release.INDEX}", ".intoto.jsonl")}
+    kinds = {"bundle": kinds[release.BUNDLE_SUFFIX] + kinds[release.OLD_BUNDLE_SUFFIX],
+             "index": kinds[f".{release.INDEX}"], "provenance": kinds[".intoto.jsonl"]}
     if any(len(v) != 1 for v in kinds.values()) or len(listed) != 3:
         raise ArtifactError(f"{folder / release.SUMS}: lists {sorted(listed)}; a release lists one bundle, one "
                             "index and one provenance file")
-    bundle, index_name, prov_name = (kinds[s][0] for s in kinds)
-    digests: dict[str, str] = {}
-    for n in (index_name, prov_name, bundle):
-        p = folder / n
-        if not p.is_file():
-            raise ArtifactError(f"{p}: missing (listed in {release.SUMS})", "fetch the whole release again")
-        digests[n] = manifest.sha256_file(p)
-        if n != bundle and digests[n] != listed[n]:
-            raise ArtifactError(f"{p}: sha256 differs from {release.SUMS} (modified or damaged)",
+    bundle, index_name, prov_name = (kinds[k][0] for k in ("bundle", "index", "provenance"))
+    if not (folder / bundle).is_file():
+        raise ArtifactError(f"{folder / bundle}: missing (listed in {release.SUMS})", "fetch the whole release again")
+    small: dict[str, bytes] = {}
+    for n in (index_name, prov_name):
+        small[n] = _read(folder / n, "the index" if n == index_name else "the provenance")
+        if tarball.sha256(small[n]) != listed[n]:
+            raise ArtifactError(f"{folder / n}: sha256 differs from {release.SUMS} (modified or damaged)",
                                 "fetch the release again; never use a bundle that fails verify")
-    index_bytes = (folder / index_name).read_bytes()
+    index_bytes = small[index_name]
     try:
         index = json.loads(index_bytes)
         if index.get("format") != release.FORMAT:
             raise ValueError
         name = index["name"]
-        files = {k: (int(v["size"]), str(v["sha256"])) for k, v in index["files"].items()}
+        files = {str(k): (int(v["size"]), str(v["sha256"])) for k, v in index["files"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ArtifactError(f"{folder / index_name}: not an ortbuild release index ({release.FORMAT})") from None
-    if release.file_names(name) != {"bundle": bundle, "index": index_name, "provenance": prov_name}:
+    expected = release.file_names(name)
+    if bundle == f"{name}{release.OLD_BUNDLE_SUFFIX}":
+        expected["bundle"] = bundle
+    if expected != {"bundle": bundle, "index": index_name, "provenance": prov_name}:
         raise ArtifactError(f"{folder / release.SUMS}: file names do not match the release '{name}'")
-    pred = _provenance(folder / prov_name, (folder / prov_name).read_bytes(), public_key,
+    pred = _provenance(folder / prov_name, small[prov_name], public_key,
                        {bundle: listed[bundle], index_name: listed[index_name]})
     lines.append(f"provenance   {prov_name}: SLSA v1, signed, subjects match")
     warnings = []
@@ -153,22 +166,21 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
         if status != "PASS" and not forced:
             raise GateFailed(f"{folder / prov_name}: {b.get('name')} is {status}, and the release was not forced")
 
-    # 4. the bundle, member by member, into a fresh directory
+    # 4. the bundle, streamed member by member into a fresh directory; each member's digest and the whole file's
+    # are checked on the same pass
     tmp_root = Path(tempfile.mkdtemp(prefix=".ortbuild-verify-", dir=extract_to.parent if extract_to else None))
     try:
-        for member, content in tarball.members(folder / bundle, f"{name}/{release.INDEX}", index_bytes,
-                                               {k: v[0] for k, v in files.items()}):
-            if member in files and tarball.sha256(content) != files[member][1]:
-                raise ArtifactError(f"{folder / bundle}: entry '{member}' differs from the signed index (modified)",
-                                    "fetch the release again; never use a bundle that fails verify")
+        reader = tarball.Reader(folder / bundle, f"{name}/{release.INDEX}", index_bytes, files)
+        for member, chunks in reader:
             out = paths.inside(tmp_root, *member.split("/"))
             out.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(content)
-        if digests[bundle] != listed[bundle]:
+                for chunk in chunks:
+                    fh.write(chunk)
+        if reader.sha256 != listed[bundle]:
             raise ArtifactError(f"{folder / bundle}: sha256 differs from {release.SUMS} (modified outside its "
-                                "members: the gzip header or trailing data)", "fetch the release again")
+                                "members: a tar header, padding or trailing data)", "fetch the release again")
         lines.append(f"bundle       {bundle}: {len(files) + 1} files, every digest matches the signed index")
         tree = tmp_root / name
         for model in index["models"]:

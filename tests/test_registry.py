@@ -74,7 +74,7 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
     assert man["annotations"]["dev.ortbuild.target"] == "cpu"
     assert sorted(layer["annotations"]["org.opencontainers.image.title"] for layer in man["layers"]) == [
         "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
-        "rel-1.0-cpu.tar.gz"]
+        "rel-1.0-cpu.tar"]
 
     v = cli("verify", ref, "--public-key", pub, cwd=tmp_path)
     assert v.returncode == 0, v.stderr
@@ -94,7 +94,7 @@ def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path
 
     evil = tmp_path / "evil"
     shutil.copytree(released, evil)
-    bundle = evil / "rel-1.0-cpu.tar.gz"
+    bundle = evil / "rel-1.0-cpu.tar"
     data = bytearray(bundle.read_bytes())
     data[len(data) // 2] ^= 0xFF
     bundle.write_bytes(bytes(data))
@@ -107,7 +107,7 @@ def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path
     registry.push(ref, release.Published("cpu", evil, files, [], index))
     proc = cli("pull", str(ref), "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d"),
                cwd=tmp_path)
-    assert proc.returncode == 7 and "rel-1.0-cpu.tar.gz" in proc.stderr, proc.stderr
+    assert proc.returncode == 7 and "rel-1.0-cpu.tar" in proc.stderr, proc.stderr
     assert not (tmp_path / "d").exists()
 
 

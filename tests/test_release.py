@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import minisign, release, verify
+from ortbuild import minisign, release, tarball, verify
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
 from ortbuild.keys import SigningKey
 
@@ -94,7 +94,7 @@ def public_key_file(tmp: Path) -> Path:
 def test_release_writes_the_five_files_and_verify_runs_the_golden_test(released: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in released.iterdir()) == [
         "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
-        "rel-1.0-cpu.tar.gz"]
+        "rel-1.0-cpu.tar"]
     proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -114,7 +114,7 @@ def test_the_bundle_holds_artifacts_manifests_loaders_golden_data_and_verdicts(r
     assert not any(n.endswith((".onnx", "test-report.json")) for n in names)  # no plaintext model, no timings
     assert index["tests"]["tiny_cnn"]["accuracy"] == "PASS"
     assert index["tests"]["tiny_cnn"]["rules"]["logits"]["rtol"] == pytest.approx(1e-4)
-    with tarfile.open(released / "rel-1.0-cpu.tar.gz") as tar:
+    with tarfile.open(released / "rel-1.0-cpu.tar", "r:") as tar:  # stored, not compressed
         first = tar.next()
         assert first is not None and first.name == "rel-1.0-cpu/release.json"
         assert tar.extractfile(first).read() == (released / "rel-1.0-cpu.release.json").read_bytes()  # type: ignore[union-attr]
@@ -126,9 +126,9 @@ def test_the_provenance_is_slsa_v1_with_materials_builder_and_verdicts(released:
     st = json.loads(base64.b64decode(env["payload"]))
     assert st["_type"] == "https://in-toto.io/Statement/v1"
     assert st["predicateType"] == "https://slsa.dev/provenance/v1"
-    sums = dict(reversed(line.split("  ")) for line in (released / "SHA256SUMS").read_text().splitlines())
+    sums = {n: d for d, n in (line.split("  ") for line in (released / "SHA256SUMS").read_text().splitlines())}
     assert {s["name"]: s["digest"]["sha256"] for s in st["subject"]} == \
-        {n: sums[n] for n in ("rel-1.0-cpu.tar.gz", "rel-1.0-cpu.release.json")}
+        {n: sums[n] for n in ("rel-1.0-cpu.tar", "rel-1.0-cpu.release.json")}
     pred = st["predicate"]
     deps = {d["name"]: d for d in pred["buildDefinition"]["resolvedDependencies"]}
     assert {"targets.toml", "models/tiny_cnn.onnx", "models/tiny_cnn.inputs.npz"} <= set(deps)
@@ -208,17 +208,19 @@ def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released:
     _check(copy)
 
 
-def _resign(folder: Path, bundle: bytes) -> None:
+def _resign(folder: Path, bundle: bytes, name: str = "rel-1.0-cpu.tar") -> None:
     """What a publisher with the key (or a bug) could ship: a validly signed release around `bundle`."""
-    b = folder / "rel-1.0-cpu.tar.gz"
+    for old in folder.glob("rel-1.0-cpu.tar*"):
+        old.unlink()
+    b = folder / name
     b.write_bytes(bundle)
     prov = folder / "rel-1.0-cpu.intoto.jsonl"
     st = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
     for s in st["subject"]:
-        if s["name"] == b.name:
-            s["digest"]["sha256"] = release.tarball.sha256(bundle)
+        if s["name"].startswith("rel-1.0-cpu.tar"):
+            s["name"], s["digest"]["sha256"] = name, tarball.sha256(bundle)
     prov.write_bytes(release.envelope(st, SIGNER))
-    sums = release.sums_text({p.name: release.tarball.sha256(p.read_bytes()) for p in
+    sums = release.sums_text({p.name: tarball.sha256(p.read_bytes()) for p in
                               (b, prov, folder / "rel-1.0-cpu.release.json")})
     (folder / "SHA256SUMS").write_bytes(sums)
     (folder / "SHA256SUMS.minisig").write_text(minisign.sign(
@@ -226,9 +228,10 @@ def _resign(folder: Path, bundle: bytes) -> None:
         untrusted_comment=release.untrusted_comment(SIGNER.public_raw)))
 
 
-def _repack(released: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]], *, edit: str | None = None) -> bytes:
+def _repack(released: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]], *, edit: str | None = None,
+            compress: bool = False) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(released / "rel-1.0-cpu.tar.gz") as src, tarfile.open(fileobj=buf, mode="w") as dst:
+    with tarfile.open(released / "rel-1.0-cpu.tar") as src, tarfile.open(fileobj=buf, mode="w") as dst:
         for m in src.getmembers():
             data = src.extractfile(m).read()  # type: ignore[union-attr]
             if m.name == edit:
@@ -236,7 +239,7 @@ def _repack(released: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]], *
             dst.addfile(m, io.BytesIO(data))
         for info, content in extra:
             dst.addfile(info, io.BytesIO(content) if content is not None else None)
-    return gzip.compress(buf.getvalue())
+    return gzip.compress(buf.getvalue()) if compress else buf.getvalue()
 
 
 def _entry(name: str, kind: bytes, **kw: Any) -> tarfile.TarInfo:
@@ -258,17 +261,26 @@ MALICIOUS = {
 }
 
 
+@pytest.mark.parametrize("bundle", ["rel-1.0-cpu.tar", "rel-1.0-cpu.tar.gz"])
 @pytest.mark.parametrize("case", list(MALICIOUS))
-def test_a_validly_signed_malicious_bundle_is_refused(released: Path, tmp_path: Path, case: str) -> None:
+def test_a_validly_signed_malicious_bundle_is_refused(released: Path, tmp_path: Path, case: str, bundle: str) -> None:
     extra, words = MALICIOUS[case]
     folder = tmp_path / "r"
     shutil.copytree(released, folder)
-    _resign(folder, _repack(released, extra))  # type: ignore[arg-type]
+    _resign(folder, _repack(released, extra, compress=bundle.endswith(".gz")), bundle)  # type: ignore[arg-type]
     proc = cli("verify", str(folder), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 7, proc.stdout + proc.stderr
-    assert words in proc.stderr and "rel-1.0-cpu.tar.gz" in proc.stderr
+    assert words in proc.stderr and f"{bundle}:" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_gzip_bundle_of_the_earlier_format_still_verifies(released: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "r"
+    shutil.copytree(released, folder)
+    _resign(folder, _repack(released, [], compress=True), "rel-1.0-cpu.tar.gz")
+    v = verify.verify(folder, SIGNER.public_raw, run=False)
+    assert any("rel-1.0-cpu.tar.gz" in line for line in v.lines)
 
 
 def test_a_modified_member_is_named(released: Path, tmp_path: Path) -> None:
@@ -297,7 +309,7 @@ def test_wrong_public_key_and_missing_key_are_clear(released: Path, tmp_path: Pa
         st = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
         st["predicate"]["runDetails"]["byproducts"][0]["annotations"]["status"] = "FAIL"
         prov.write_bytes(release.envelope(st, SIGNER))
-        _resign(folder, (folder / "rel-1.0-cpu.tar.gz").read_bytes())
+        _resign(folder, (folder / "rel-1.0-cpu.tar").read_bytes())
         _check(folder)
 
 
@@ -313,7 +325,44 @@ def test_two_clean_builds_in_separate_directories_give_byte_identical_bundles(tm
         assert proc.returncode == 0, proc.stderr
         out.append(root / "dist" / "release" / "cpu")
     a, b = out
-    assert (a / "rel-1.0-cpu.tar.gz").read_bytes() == (b / "rel-1.0-cpu.tar.gz").read_bytes()
+    assert (a / "rel-1.0-cpu.tar").read_bytes() == (b / "rel-1.0-cpu.tar").read_bytes()
     assert (a / "rel-1.0-cpu.release.json").read_bytes() == (b / "rel-1.0-cpu.release.json").read_bytes()
     index = json.loads((a / "rel-1.0-cpu.release.json").read_text())
     assert index["created"] == "2026-01-01T00:00:00Z"
+
+
+def test_the_provenance_names_every_file_of_an_external_data_model(tmp_path: Path) -> None:
+    """A model saved with its weights beside it: the graph file and its .data file are both materials, each with
+    its sha256; the bundle (whose artifact has external data too) verifies with its golden run."""
+    import hashlib
+
+    import onnx
+
+    root = tmp_path / "ext"
+    (root / "models" / "ext").mkdir(parents=True)
+    model = onnx.load(str(MODELS / "tiny_cnn.onnx"))
+    onnx.save_model(model, str(root / "models" / "ext" / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
+    shutil.copy(MODELS / "tiny_cnn.inputs.npz", root / "models" / "ext" / "inputs.npz")
+    (root / "targets.toml").write_text(PROJECT.split("[models.tiny_cnn]")[0] + """[models.ext]
+path = "models/ext/model.onnx"
+inputs = "models/ext/inputs.npz"
+""" + "[targets.cpu]" + PROJECT.split("[targets.cpu]")[1].split("[targets.cpu-strict]")[0].replace(
+        "RUNTIME", here_runtime()))
+    proc = cli("test", "-t", "cpu", "-j", "1", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = cli("release", "-t", "cpu", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    out = root / "dist" / "release" / "cpu"
+    st = json.loads(base64.b64decode(json.loads((out / "rel-1.0-cpu.intoto.jsonl").read_text())["payload"]))
+    deps = {d["name"]: d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    for name, role in (("models/ext/model.onnx", "source model"),
+                       ("models/ext/model.onnx.data", "source model external data")):
+        assert deps[name]["annotations"]["role"] == role
+        assert deps[name]["digest"]["sha256"] == hashlib.sha256((root / name).read_bytes()).hexdigest()
+    assert deps["models/ext/model.onnx.data"]["annotations"]["location"] == "model.onnx.data"
+    index = json.loads((out / "rel-1.0-cpu.release.json").read_text())
+    assert "rel-1.0-cpu/ext/model.onnx.data.enc" in index["files"]
+    proc = cli("verify", str(out), "--public-key", str(public_key_file(tmp_path)), "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert any(c.startswith("golden       ext: PASS") for c in json.loads(proc.stdout)["checks"])
