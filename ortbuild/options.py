@@ -446,8 +446,10 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Encrypt the artifact (container format v1, docs/container.md) under the build's encryption "
                 "key. `false` publishes it in plaintext, recorded in the manifest; it is still signed."),
         Key(name="external_data", kind="boolean", default=False,
-            doc="Store the weights in a separate file (`model.onnx.data`, encrypted like the graph), as models "
-                "above 2 GB need; the loaders hand it to ONNX Runtime from memory. Format `onnx` only."),
+            doc="Store the weights in a separate file (`model.onnx.data`, encrypted like the graph); the loaders "
+                "hand it to ONNX Runtime from memory. `false` still writes external data where it is needed: for "
+                "a source that keeps its weights as external data, and where one file would pass protobuf's 2 GB "
+                "limit (the manifest's `artifact.external_data` says why). Format `onnx` only."),
         Key(name="constant_folding", kind="string", default="auto", choices=("auto", "on", "off"),
             doc="Constant folding during offline optimization. It can turn weights stored compressed (int8 or "
                 "fp16 expanded by Cast/DequantizeLinear/Mul in the graph) into fp32 initializers, up to 4x the "
