@@ -1,7 +1,15 @@
-"""Golden inputs and calibration data: .npz files or ONNX test_data_set directories."""
+"""Golden inputs and calibration data: .npz files or ONNX test_data_set directories.
+
+An .npz is checked before any array is decompressed: each member must be an .npy array, whose header (read from
+the first bytes of the member) gives a numeric dtype and a shape whose bytes fit in the member, and the members
+together may decompress to no more than NPZ_MAX_BYTES, nor to more than NPZ_MAX_RATIO times the file's size
+once past NPZ_RATIO_FLOOR (a zip bomb: 1 MB of zip holding 1 GiB of zeros). zipfile never decompresses a
+member past the size its directory records, so these bounds hold whatever the file claims.
+"""
 
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -66,6 +74,56 @@ def _readable(path: Path) -> None:
 
 
 NPZ_HINT = "write it with numpy.savez(path, name=array, ...), keyed by input (or output) name"
+NPZ_MAX_BYTES = paths.MAX_DATA_BYTES   # every array of one .npz, decompressed
+NPZ_RATIO_FLOOR = 256 << 20            # up to this, an .npz may compress as well as it likes
+NPZ_MAX_RATIO = 100                    # beyond it, decompressed / file size: real data never compresses 100x
+NPY_HEADER_MAX = 10000                 # numpy's own bound on an .npy header
+
+
+def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """name -> (shape, dtype) of each array of the .npz at `path`, from the members' .npy headers, checking the
+    bounds above before anything is decompressed (ConfigError naming the file and the member)."""
+    size = path.stat().st_size
+    bound = min(NPZ_MAX_BYTES, max(NPZ_RATIO_FLOOR, NPZ_MAX_RATIO * size))
+    out: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            member = info.filename
+
+            def refuse(problem: str, hint: str = NPZ_HINT, member: str = member) -> ConfigError:
+                return ConfigError(str(path), "", f"member '{member}' {problem}", hint)
+
+            if not member.endswith(".npy"):
+                raise refuse("is not an .npy array")
+            name = member[:-len(".npy")]
+            if name in out:
+                raise refuse("appears twice")
+            total += info.file_size
+            if total > bound:
+                what = (f"more than the {NPZ_MAX_BYTES >> 30} GiB golden or calibration data may be" if
+                        bound == NPZ_MAX_BYTES else f"more than {NPZ_MAX_RATIO} times the file's "
+                        f"{size / (1 << 20):.1f} MiB: a zip bomb, not data")
+                raise refuse(f"takes the arrays to {total / (1 << 20):.0f} MiB decompressed, {what}",
+                             "refused before decompressing anything; real data of that size is saved with "
+                             "numpy.savez (uncompressed) or does not compress that well")
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=NPY_HEADER_MAX)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=NPY_HEADER_MAX)
+                else:
+                    raise refuse(f"is .npy format {version[0]}.{version[1]}; numeric arrays are 1.0 or 2.0")
+            if dtype.hasobject:
+                raise refuse(f"holds Python objects ({dtype}), which load only by unpickling",
+                             "inputs are numeric arrays: convert them with numpy.asarray(x, dtype=...)")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes > info.file_size:
+                raise refuse(f"declares a {list(shape)} {dtype} array ({nbytes} bytes) but holds "
+                             f"{info.file_size} bytes: damaged or forged")
+            out[name] = (tuple(shape), dtype)
+    return out
 
 
 def npz(path: Path) -> Feed:
@@ -78,9 +136,10 @@ def npz(path: Path) -> Feed:
         what = "a single .npy array" if magic == b"\x93NUMPY" else "not a zip archive"
         raise ConfigError(str(path), "", f"is not an .npz file ({what})", NPZ_HINT)
     try:
+        npz_arrays(path)
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError) as e:
         raise ConfigError(str(path), "", f"cannot read as .npz: {first_line(e)}", NPZ_HINT) from None
     if not out:
         raise ConfigError(str(path), "", "holds no arrays", NPZ_HINT)

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import io
+import math
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +75,54 @@ def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:
 def test_signature_keeps_symbolic_dims() -> None:
     sig = check.signature(onnx.load(str(MODELS / "tiny_lstm.onnx")))
     assert sig["inputs"] == [{"name": "series", "dtype": "float32", "shape": ["batch", "steps", 8]}]
+
+
+def _npz_of_zeros(path: Path, shape: tuple[int, ...], name: str = "x") -> Path:
+    """An .npz whose one float32 array of `shape` is all zeros, written streaming (never whole in memory)."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    size, block = math.prod(shape) * 4, bytes(1 << 20)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z, \
+            z.open(f"{name}.npy", "w", force_zip64=True) as f:
+        f.write(header.getvalue())
+        for start in range(0, size, len(block)):
+            f.write(block[:min(len(block), size - start)])
+    return path
+
+
+def test_an_npz_bomb_is_refused_from_its_headers_with_flat_memory(tmp_path: Path) -> None:
+    """1 GiB of zeros in a 1 MB .npz: refused, naming the file and the member, before decompressing it (measured
+    in a fresh process: numpy's import is most of its memory)."""
+    bomb = _npz_of_zeros(tmp_path / "bomb.npz", (256, 1024, 1024), "input_ids")
+    assert bomb.stat().st_size < 2 << 20
+    code = ("import resource, sys\nfrom pathlib import Path\nfrom ortbuild import data\nfrom ortbuild.errors import "
+            "ConfigError\ntry:\n    data.npz(Path(sys.argv[1]))\nexcept ConfigError as e:\n    print(e.message)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=120)
+    message, peak_mib = proc.stdout.strip().rsplit("\n", 1)
+    assert "bomb.npz" in message and "member 'input_ids.npy'" in message and "zip bomb" in message, message
+    assert int(peak_mib) < 160, f"peak RSS {peak_mib} MiB"
+
+
+def test_npz_headers_are_checked_before_loading(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.npz"
+    np.savez_compressed(ok, a=np.zeros((3, 4), np.float32), b=np.arange(5))
+    assert data.npz_arrays(ok) == {"a": ((3, 4), np.dtype("float32")), "b": ((5,), np.dtype("int64"))}
+    small_zeros = _npz_of_zeros(tmp_path / "zeros.npz", (64, 1024))  # compresses 1000x, but is small: fine
+    assert data.npz(small_zeros)["x"].shape == (64, 1024)
+    pickled = tmp_path / "objects.npz"
+    np.savez(pickled, o=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ConfigError, match=r"objects\.npz.*member 'o\.npy' holds Python objects"):
+        data.npz(pickled)
+    forged = tmp_path / "forged.npz"
+    with zipfile.ZipFile(forged, "w") as z:
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (1 << 40,)})
+        z.writestr("x.npy", header.getvalue() + bytes(64))
+    with pytest.raises(ConfigError, match=r"member 'x\.npy' declares a \[1099511627776\] float64 array"):
+        data.npz(forged)
+    other = tmp_path / "other.npz"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("notes.txt", "hello")
+    with pytest.raises(ConfigError, match=r"member 'notes\.txt' is not an \.npy array"):
+        data.npz(other)
