@@ -51,3 +51,17 @@ def test_readme_quick_start_is_what_ci_runs() -> None:
     for line in quick.strip().splitlines():
         nox_part = line.split("&&")[-1].strip()
         assert nox_part in ci, nox_part
+
+
+def test_readme_big_model_generator_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ortbuild import modelfiles
+
+    (block,) = [b for b in _blocks("sh") if "tests/bigmodels.py" in b]
+    cmd = shlex.split(block.split("#")[0].strip().replace("/tmp/big", str(tmp_path)))
+    assert cmd[:2] == ["python3", "tests/bigmodels.py"]
+    subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, check=True, capture_output=True, timeout=300)
+    files = modelfiles.of(tmp_path / "mlp" / "model.onnx")
+    assert [f.location for f in files.external] == ["model.onnx.data"] and files.weights_size > 90 << 20
