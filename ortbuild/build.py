@@ -470,7 +470,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     assert ctx.sign_key is not None
     opt_notes = [n for n in opt.notes if not (_precompiled(ctx) and optimize.COMPILED_AT_LOAD in n)]
     split = [f"weights written as external data (model.onnx.data): {ctx.external}"] \
-        if ctx.external and not job.settings.external_data and not ctx.src.files.has_external_data else []
+        if ctx.external and not job.settings.external_data and not src.files.has_external_data else []
     ctx.res.notes = prec.notes + split + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")

@@ -301,7 +301,8 @@ def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file
     src = mlp(tmp_path / "mlp", layers=3, width=128)
     data = src.parent / "model.onnx.data"
     path = make_project(TWO_TARGETS, models=("tiny_cnn",))
-    path.write_text(path.read_text() + f'\n[models.mlp]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n')
+    path.write_text(path.read_text() + f'\n[models.mlp]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n'
+                    '[[targets.int8.overrides]]\nmodels = ["mlp"]\nquantization = { preprocess = false }\n')
     dist = tmp_path / "dist"
     assert {r.status for r in build(path, dist)} == {BUILT}
     folder = dist / "int8" / "mlp"
@@ -314,6 +315,8 @@ def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file
     assert doc["source"]["size"] == src.stat().st_size + data.stat().st_size
     assert doc["artifact"]["external_data"] == "the source model keeps its weights as external data"
     assert [f["role"] for f in doc["artifact"]["files"]] == ["model", "external_data"]
+    # the tools read the source in place (fp32) or through links in the private dir: nothing lands beside it
+    assert sorted(p.name for p in src.parent.iterdir()) == ["inputs.npz", "model.onnx", "model.onnx.data"]
     # the size gate compares every file with every file (it compared the artifact with the 1 KB graph)
     assert cli.main(["test", "-c", str(path), "--dist", str(dist), "-t", "fp32", "-m", "mlp"]) == 0
     report = json.loads((dist / "fp32" / "mlp" / "test-report.json").read_text())

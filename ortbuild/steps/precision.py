@@ -226,7 +226,7 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
         else:
             src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
         pre = _preprocess(src, work, opts.preprocess, notes, external)
-        if src != source and pre != src:
+        if src.parent == work and pre != src:
             remove_model(src)
         out = work / "int8.onnx"
         common: dict[str, Any] = {
@@ -251,7 +251,7 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
                 activation_type=_qtype(opts.activation_type), calibrate_method=method,
                 calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
             used["calibration_samples"] = len(calibration)
-        if pre != source:
+        if pre.parent == work:
             remove_model(pre)
         return PrecisionResult(out, precision, used, notes)
 
