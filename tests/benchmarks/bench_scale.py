@@ -1,0 +1,200 @@
+"""Scale benchmark: big external-data models through every step, as figures relative to the weights.
+
+    python tests/benchmarks/bench_scale.py --gib 0.5 [--gib 2.5] [--precisions fp32,int8-dynamic,int4-weight]
+
+For each size, an MLP stack (MatMul 4096x4096 + Add + Relu, weights in model.onnx.data; tests/bigmodels.py) is
+generated into a temp dir (never committed), then, each in a fresh process of this venv:
+- `ortbuild build` per precision: wall time, peak RSS / weights (wait4's ru_maxrss of the process), peak
+  plaintext temp space / weights (the build's private dirs, sampled every 0.2 s);
+- `ortbuild test` (golden, latency and size gates), `ortbuild release` and `ortbuild verify` of the fp32
+  target: wall time and peak RSS;
+- the generated Python loader against plain `InferenceSession(path)` on the source, alternating fresh
+  processes: time to first inference and peak RSS, medians of --reps.
+Prints a markdown table (docs/benchmarks.md has the results); --json writes them too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.bigmodels import layers_for, mlp  # noqa: E402
+
+GIB = 1 << 30
+TARGETS = """[project]
+name = "scale"
+version = "1"
+
+[models.mlp]
+path = "mlp/model.onnx"
+inputs = "mlp/inputs.npz"
+
+[targets.fp32]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+optimization = "basic"
+latency = { p90_ms = 60000 }
+
+[targets.int8-dynamic]
+extends = "fp32"
+precision = "int8-dynamic"
+
+[targets.int4-weight]
+extends = "fp32"
+precision = "int4-weight"
+
+[targets.fp16]
+extends = "fp32"
+precision = "fp16"
+"""
+
+FIRST_RUN = """
+import sys, time
+t = time.perf_counter()
+import numpy as np
+feed = dict(np.load(sys.argv[2]))
+if sys.argv[1] == "plain":
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(sys.argv[3], so, providers=["CPUExecutionProvider"])
+    session.run(None, feed)
+else:
+    sys.path.insert(0, sys.argv[3] + "/loader")
+    import ortbuild_loader
+    ortbuild_loader.load(folder=sys.argv[3]).run(feed)
+print(time.perf_counter() - t)
+"""
+
+
+PRIVATE_DIRS = ("/dev/shm", tempfile.gettempdir())  # where builds keep plaintext (workspace.private_dir)
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = False) -> tuple[dict[str, float], str]:
+    """Run `cmd` in a fresh process: wall seconds, peak RSS (bytes) and, if asked, peak bytes in private dirs;
+    and its output."""
+    peak_temp = [0]
+    done = threading.Event()
+    pid = [0]
+
+    def sample() -> None:
+        while not done.is_set():
+            total = 0
+            for d in (d for root in PRIVATE_DIRS for d in Path(root).glob(f"ortbuild-{pid[0]}-*")):
+                for f in d.rglob("*"):
+                    with contextlib.suppress(OSError):
+                        total += f.stat().st_size if f.is_file() and not f.is_symlink() else 0
+            peak_temp[0] = max(peak_temp[0], total)
+            done.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    t = time.perf_counter()
+    log = tempfile.TemporaryFile()  # not a pipe: wait4 comes before reading, and a full pipe would block
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    pid[0] = proc.pid  # its private dirs are named ortbuild-<pid>-... (-j 1: the build runs in this process)
+    if sample_temp:
+        sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    log.seek(0)
+    out = log.read().decode(errors="replace")
+    log.close()
+    done.set()
+    if sample_temp:
+        sampler.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
+    return {"seconds": wall, "rss": usage.ru_maxrss * 1024.0, "temp": float(peak_temp[0])}, out
+
+
+def first_runs(which: str, inputs: Path, where: Path, env: dict[str, str], cwd: Path) -> dict[str, float]:
+    r, out = run([sys.executable, "-c", FIRST_RUN, which, str(inputs), str(where)], cwd, env)
+    return {"seconds": float(out.strip().splitlines()[-1]), "rss": r["rss"]}
+
+
+def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str, Any]:
+    from tests.conftest import here_runtime
+
+    project = root / f"scale-{gib}"
+    source = mlp(project / "mlp", layers=layers_for(gib))
+    weights = (project / "mlp" / "model.onnx.data").stat().st_size
+    (project / "targets.toml").write_text(TARGETS.replace("RUNTIME", here_runtime()))
+    keys = project / "keys"
+    env = {**os.environ, "ORTBUILD_KEY_FILE": str(keys / "encryption.key"),
+           "ORTBUILD_SIGNING_KEY_FILE": str(keys / "signing.key"), "PYTHONDONTWRITEBYTECODE": "1"}
+    for k in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY"):
+        env.pop(k, None)
+    ortbuild = [sys.executable, "-m", "ortbuild"]
+    subprocess.run([*ortbuild, "keygen", "--dev", "--out", str(keys)], cwd=project, env=env, check=True,
+                   capture_output=True)
+    rows: dict[str, Any] = {"gib": gib, "weights": weights, "steps": {}}
+    for p in precisions:
+        r, _ = run([*ortbuild, "build", "-t", p, "-j", "1"], project, env, sample_temp=True)
+        t, _ = run([*ortbuild, "build", "-t", p, "-j", "1"], project, env)  # up to date
+        rows["steps"][f"build {p}"] = {"seconds": r["seconds"], "rss": r["rss"] / weights,
+                                       "temp": r["temp"] / weights, "noop_seconds": t["seconds"]}
+    for step, cmd in (("test fp32", [*ortbuild, "test", "-t", "fp32"]),
+                      ("release fp32", [*ortbuild, "release", "-t", "fp32", "--force"]),
+                      ("verify fp32", [*ortbuild, "verify", "dist/release/fp32"])):
+        r, _ = run(cmd, project, env)
+        rows["steps"][step] = {"seconds": r["seconds"], "rss": r["rss"] / weights, "rss_mb": r["rss"] / (1 << 20)}
+    loader, plain = [], []
+    for _ in range(reps):  # alternating fresh processes: the page cache is warm for both
+        plain.append(first_runs("plain", source.parent / "inputs.npz", source, env, project))
+        loader.append(first_runs("loader", source.parent / "inputs.npz", project / "dist" / "fp32" / "mlp", env,
+                                 project))
+    med = {name: {k: statistics.median(x[k] for x in runs) for k in ("seconds", "rss")}
+           for name, runs in (("plain", plain), ("loader", loader))}
+    rows["loader"] = {**med, "time_ratio": med["loader"]["seconds"] / med["plain"]["seconds"],
+                      "rss_ratio": med["loader"]["rss"] / med["plain"]["rss"]}
+    shutil.rmtree(project)
+    return rows
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | step | wall | peak RSS / weights | temp space / weights |", "|---|---|---|---|---|"]
+    for r in results:
+        name = f"{r['weights'] / GIB:.2f} GiB"
+        for step, v in r["steps"].items():
+            temp = f"{v['temp']:.2f}x" if "temp" in v else "-"
+            extra = f" (no-op {v['noop_seconds']:.1f} s)" if "noop_seconds" in v else ""
+            lines.append(f"| {name} | {step} | {v['seconds']:.1f} s{extra} | {v['rss']:.2f}x | {temp} |")
+        lo = r["loader"]
+        lines.append(f"| {name} | loader vs plain ORT, first inference | {lo['loader']['seconds']:.2f} s vs "
+                     f"{lo['plain']['seconds']:.2f} s (**{lo['time_ratio']:.2f}x**) | {lo['loader']['rss'] / GIB:.2f} "
+                     f"vs {lo['plain']['rss'] / GIB:.2f} GiB (**{lo['rss_ratio']:.2f}x** plain) | - |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, action="append", help="model sizes (default 0.5)")
+    ap.add_argument("--precisions", default="fp32,int8-dynamic,int4-weight")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
+        results = [bench(g, a.precisions.split(","), a.reps, Path(tmp)) for g in (a.gib or [0.5])]
+    print(table(results))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
