@@ -104,7 +104,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = Fals
 
     sampler = threading.Thread(target=sample, daemon=True)
     t = time.perf_counter()
-    log = tempfile.TemporaryFile()  # not a pipe: wait4 comes before reading, and a full pipe would block
+    log = tempfile.TemporaryFile()  # noqa: SIM115  (not a pipe: wait4 comes before reading; a full pipe blocks)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     pid[0] = proc.pid  # its private dirs are named ortbuild-<pid>-... (-j 1: the build runs in this process)
     if sample_temp:
