@@ -63,6 +63,39 @@ def mlp(out_dir: Path, *, layers: int, width: int = 4096, batch: int | str = "ba
     return out_dir / "model.onnx"
 
 
+def needles(data_file: Path, count: int = 16, size: int = 64) -> list[bytes]:
+    """`count` pieces of plaintext weights, spread over the whole external-data file (one per region)."""
+    total = data_file.stat().st_size
+    out = []
+    with open(data_file, "rb") as f:
+        for i in range(count):
+            f.seek((total * i // count + total // (2 * count)) // 4 * 4)
+            piece = f.read(size)
+            if piece.strip(b"\0"):
+                out.append(piece)
+    assert len(out) >= count // 2, "too few non-zero pieces to scan for"
+    return out
+
+
+def plaintext_hits(roots: list[Path], pieces: list[bytes], skip: tuple[Path, ...] = ()) -> tuple[list[str], int]:
+    """Files under `roots` (outside `skip`) that hold any of `pieces`, streamed in chunks; and bytes scanned."""
+    hits, scanned, overlap = [], 0, max(len(p) for p in pieces) - 1
+    for root in roots:
+        for path in [root] if root.is_file() else sorted(root.rglob("*")):
+            if not path.is_file() or path.is_symlink() or any(path.is_relative_to(s) for s in skip):
+                continue
+            tail = b""
+            with open(path, "rb") as f:
+                while chunk := f.read(64 << 20):
+                    window = tail + chunk
+                    if any(p in window for p in pieces):
+                        hits.append(str(path))
+                        break
+                    scanned += len(chunk)
+                    tail = window[-overlap:]
+    return hits, scanned
+
+
 def layers_for(gib: float, width: int = 4096) -> int:
     return max(1, round(gib * (1 << 30) / (4 * width * (width + 1))))
 

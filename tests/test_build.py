@@ -336,3 +336,52 @@ def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file
     assert [(r.target, r.model, r.status) for r in build(path, dist)] == [
         ("fp32", "tiny_cnn", UP_TO_DATE), ("fp32", "mlp", BUILT), ("int8", "tiny_cnn", UP_TO_DATE),
         ("int8", "mlp", BUILT)]
+
+
+def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_external_data_build(
+        tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from .bigmodels import mlp, needles, plaintext_hits
+    from .conftest import here_runtime
+
+    src = mlp(tmp_path / "src" / "mlp", layers=4, width=256)
+    root, cwd, tmpdir = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp"
+    for d in (root, cwd, tmpdir):
+        d.mkdir()
+    (root / "targets.toml").write_text(
+        f'[project]\nname = "t"\nversion = "1"\n[models.mlp]\npath = "{src}"\n'
+        f'inputs = "{src.parent / "inputs.npz"}"\n[targets.fp32]\nruntime = "{here_runtime()}"\n'
+        'providers = ["CPUExecutionProvider"]\noptimization = "basic"\n'
+        '[targets.ext]\nextends = "fp32"\nexternal_data = true\nencrypt = true\n')
+    pieces = needles(src.parent / "model.onnx.data")
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:  # at any point of the build: dist/, the cwd and $TMPDIR hold no plaintext
+        while not done.wait(0.05):
+            seen.extend(plaintext_hits([root / "dist", cwd, tmpdir], pieces)[0] if (root / "dist").exists() else [])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(root / "targets.toml")], cwd=cwd,
+                              env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        done.set()
+        watcher.join()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = root / "dist" / "fp32" / "mlp"
+    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_loader; "
+              "ortbuild_loader.load()")
+    subprocess.run([sys.executable, "-I", "-c", script], cwd=cwd, env=env, check=True, timeout=300)
+    hits, scanned = plaintext_hits([root, cwd, tmpdir], pieces)
+    assert not hits and not seen, hits + seen
+    assert scanned > 2 * (src.parent / "model.onnx.data").stat().st_size  # both artifacts' weights were scanned
+    assert set(os.listdir(tmpdir)) <= {".ses"}
+    left = [d for d in Path("/dev/shm").glob("ortbuild-*") if plaintext_hits([d], pieces)[0]]
+    assert not left, left  # no private dir of this build survives it
