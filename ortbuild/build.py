@@ -339,8 +339,6 @@ def deterministic() -> bool:
 def _seal(ctx: JobContext) -> None:
     """Encrypt every file of the artifact (the graph and its external data), streaming each from the private temp
     dir into a partial file beside the published artifact: one chunk in memory at a time, hashed as written."""
-    import shutil
-
     import onnx
 
     from . import container
@@ -368,10 +366,14 @@ def _seal(ctx: JobContext) -> None:
             if s.encrypt:
                 assert ctx.enc_key is not None
                 sha, size = container.encrypt_file(f.path, out, ctx.enc_key.secret, deterministic=deterministic())
-            else:
+            else:  # encrypt = false: the plaintext, copied and hashed in one pass
+                h, size = hashlib.sha256(), 0
                 with open(f.path, "rb") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                sha, size = manifest.sha256_file(partial), f.size
+                    while piece := src.read(1 << 20):
+                        h.update(piece)
+                        out.write(piece)
+                        size += len(piece)
+                sha = h.hexdigest()
             out.flush()
             os.fsync(out.fileno())
         entry = manifest.ArtifactFile(name=name, role="external_data" if f.location else "model",
