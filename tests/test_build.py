@@ -385,3 +385,20 @@ def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_ex
     assert set(os.listdir(tmpdir)) <= {".ses"}
     left = [d for d in Path("/dev/shm").glob("ortbuild-*") if plaintext_hits([d], pieces)[0]]
     assert not left, left  # no private dir of this build survives it
+
+
+def test_an_unencrypted_target_publishes_the_plain_model_signed(make_project: Callable[..., Path],
+                                                                tmp_path: Path) -> None:
+    import hashlib
+
+    import onnx
+
+    path = make_project(TWO_TARGETS.split("[targets.int8]")[0] + "    encrypt = false\n")
+    dist = tmp_path / "dist"
+    assert [r.status for r in build(path, dist)] == [BUILT]
+    folder = dist / "fp32" / "tiny_cnn"
+    doc = json.loads((folder / "manifest.json").read_text())
+    assert doc["encryption"] is None and doc["artifact"]["files"][0]["name"] == "model.onnx"
+    assert doc["artifact"]["sha256"] == hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
+    onnx.checker.check_model(onnx.load(str(folder / "model.onnx")))
+    assert [r.status for r in build(path, dist)] == [UP_TO_DATE]
