@@ -111,29 +111,39 @@ def write(out: Path, files: dict[str, bytes | Path], epoch: int, first: str,
 
 # ------------------------------------------------------------------------------------------ reading
 
-class _Guard:
-    """The stream tarfile reads (the decompressed side of a gzip bundle): it gives no more than `allow` let
-    through since the last call, so neither a header nor a member's data can grow past what the caller expects."""
+class _Sequential:
+    """The file tarfile reads (the decompressed side of a gzip bundle), strictly from start to end: a forward seek
+    reads what it skips (so the whole file is hashed), a backward one is refused, and no read may go past the
+    end `allow` set: a header longer than the cap, or a member longer than listed, is refused before it is read."""
 
     def __init__(self, inner: BinaryIO, where: str) -> None:
         self.inner, self.where = inner, where
-        self.count = self.limit = 0
+        self.pos = self.limit = 0
         self.why = ""
 
-    def allow(self, n: int, why: str) -> None:
-        self.limit, self.why = self.count + n, why
+    def allow(self, end: int, why: str) -> None:
+        self.limit, self.why = end, why
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence != 0 or pos < self.pos:
+            raise ArtifactError(f"{self.where}: read out of order (offset {pos}, at {self.pos})",
+                                "never use this archive")
+        while self.pos < pos and self.read(min(CHUNK, pos - self.pos)):
+            pass
+        return self.pos
 
     def read(self, n: int = -1) -> bytes:
-        room = self.limit - self.count
-        want = CHUNK if n is None or n < 0 else n
+        if n is None or n < 0 or self.pos + n > self.limit:
+            raise ArtifactError(f"{self.where}: {self.why}", "never use this archive")
         try:
-            data = self.inner.read(min(want, room) if room > 0 else 1)
+            data = self.inner.read(n)
         except (OSError, EOFError, zlib.error) as e:
             raise ArtifactError(f"{self.where}: not a readable bundle ({e})",
                                 "the file is damaged or truncated: fetch it again") from None
-        if room <= 0 and data:
-            raise ArtifactError(f"{self.where}: {self.why}", "never use this archive")
-        self.count += len(data)
+        self.pos += len(data)
         return data
 
 
@@ -194,24 +204,26 @@ class Reader:
             f.seek(0)
             raw = _RawHash(f)
             inner: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw  # type: ignore
-            guard = _Guard(inner, where)
+            stream = _Sequential(inner, where)
             with self._errors():
-                guard.allow(HEADER_MAX, f"the first tar headers take more than {HEADER_MAX} bytes (a tar or "
-                                        "decompression bomb, or not a bundle)")
-                with tarfile.open(fileobj=guard, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
+                stream.allow(HEADER_MAX, f"the first tar headers take more than {HEADER_MAX} bytes (a tar or "
+                                         "decompression bomb, or not a bundle)")
+                with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
                     while True:
                         m = tar.next()
                         if m is None:
                             break
                         name, size = self._check(m, seen)
-                        guard.allow(size + BLOCK, f"entry '{name}' holds more than the {size} bytes its index lists "
-                                                  "(a decompression bomb, or extra data)")
+                        if stream.tell() != m.offset_data:
+                            raise ArtifactError(f"{where}: entry '{name}': its data is not where its header ends")
+                        stream.allow(tar.offset, f"entry '{name}' holds more than the {size} bytes its index "
+                                                 "lists (a decompression bomb, or extra data)")
                         seen.append(name)
-                        chunks = self._content(tar, m, name)
+                        chunks = self._content(stream, m, name)
                         yield name, chunks
                         collections.deque(chunks, maxlen=0)  # what the caller left unread, read and checked
-                        guard.allow(HEADER_MAX, f"the tar headers after entry '{name}' take more than {HEADER_MAX} "
-                                                "bytes (a tar or decompression bomb)")
+                        stream.allow(tar.offset + HEADER_MAX, f"the tar headers after entry '{name}' take more "
+                                                              f"than {HEADER_MAX} bytes (a tar or decompression bomb)")
             raw.drain()
             self.sha256 = raw.hash.hexdigest()
         if not seen:
@@ -257,25 +269,21 @@ class Reader:
                                 "never extract this archive")
         return name, m.size
 
-    def _content(self, tar: tarfile.TarFile, m: tarfile.TarInfo, name: str) -> Iterator[bytes]:
+    def _content(self, stream: _Sequential, m: tarfile.TarInfo, name: str) -> Iterator[bytes]:
+        """The member's data, read straight from the archive after its header (tarfile skips to the next header
+        by offset, so it need not see the data)."""
         label = f"{self.where}: entry '{name}'"
-        f = tar.extractfile(m)
-        if f is None:
-            raise ArtifactError(f"{label} cannot be read")
         h, n = hashlib.sha256(), 0
-        while True:
-            with self._errors():
-                chunk = f.read(min(CHUNK, m.size - n))
+        while n < m.size:
+            chunk = stream.read(min(CHUNK, m.size - n))
             if not chunk:
-                break
+                raise ArtifactError(f"{label} is truncated ({n} of {m.size} bytes)", "fetch it again")
             n += len(chunk)
             h.update(chunk)
             if name == self.index_name and chunk != self.index[n - len(chunk):n]:
                 raise ArtifactError(f"{label} differs from the signed index published beside the bundle",
                                     "never extract this archive")
             yield chunk
-        if n != m.size:
-            raise ArtifactError(f"{label} is truncated ({n} of {m.size} bytes)", "fetch it again")
         if name != self.index_name and h.hexdigest() != self.listed[name][1]:
             raise ArtifactError(f"{label} differs from the signed index (its sha256: modified)",
                                 "fetch the release again; never use a bundle that fails verify")
