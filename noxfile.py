@@ -243,3 +243,15 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
     # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency
     session.run("python", "tests/benchmarks/bench_openvino.py", *session.posargs, env=env)
+    # a 0.5 GiB external-data model through build (fp32, int8, int4), test, release, verify and the loader
+    session.run("python", "tests/benchmarks/bench_scale.py", "--gib", "0.5")
+
+
+@nox.session
+def scale(session: nox.Session) -> None:
+    """Models of any size: generated 0.5 and 2.5 GiB external-data models (temp dir, never committed) through
+    build in every precision, test, release, verify and the loader vs plain ORT (~15 minutes, ~12 GB RAM).
+    Arguments go to bench_scale.py, e.g. `nox -s scale -- --gib 1 --precisions fp32`."""
+    _install(session, "-e", ".", CPU_RUNTIME)
+    args = session.posargs or ["--gib", "0.5", "--gib", "2.5", "--precisions", "fp32,int8-dynamic,int4-weight,fp16"]
+    session.run("python", "tests/benchmarks/bench_scale.py", *args)
