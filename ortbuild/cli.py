@@ -436,6 +436,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  artifact   {folder / m.artifact.file}  {_size(m.artifact.size)}  "
               f"({m.artifact.size_ratio:.2f}x source)  sha256 {m.artifact.sha256[:16]}...")
         print(f"  source     {m.source.path}  {_size(m.source.size)}  opsets {m.source.opsets}")
+        for f in m.source.files[1:]:  # the external-data files the graph names
+            print(f"             + {f['file']}  {_size(int(f['size']))}  sha256 {str(f['sha256'])[:16]}...")
+        if m.artifact.external_data:
+            print(f"  weights    external data (model.onnx.data): {m.artifact.external_data}")
         print(f"  precision  {m.precision.name}  {m.precision.options or ''}")
         enc = m.encryption
         print("  encrypted  " + (f"{enc.algorithm}, {enc.container}, key id {enc.key_id}"
