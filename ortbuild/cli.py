@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config, container, keys, manifest, options, paths, plan, runtime, workspace
-from .errors import ArtifactError, GateFailed, KeyMissing, MissingProvider, OrtbuildError, RuntimeMismatch, UsageError
+from .errors import (
+    ArtifactError,
+    GateFailed,
+    KeyMissing,
+    MissingProvider,
+    OrtbuildError,
+    RuntimeMismatch,
+    UsageError,
+    first_line,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -234,7 +243,15 @@ def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence
             continue
         if args.explain is None and r.accuracy != gates.FAIL:
             continue
-        r.explain = ex.explain(job, r)
+        try:
+            r.explain = ex.explain(job, r)
+        except OrtbuildError as e:  # the diagnosis failing changes no verdict: it is recorded and shown
+            r.explain = {"status": "failed", "reason": e.message}
+        except Exception as e:
+            r.explain = {"status": "failed", "reason": f"{type(e).__name__}: {first_line(e)} (the verdict stands; "
+                                                       "rerun with --debug for the traceback)"}
+            if getattr(args, "debug", False):
+                raise
         tester.write_report(job, r)
         done.append(r)
     return done

@@ -290,6 +290,14 @@ class Explainer:
         if knob is None:
             return {"status": "not applicable", "reason": f"precision {job.settings.precision}: nothing to keep in "
                                                           "float (only fp16, int8 and int4 are searched)"}
+        from . import modelfiles
+
+        weights = self.builder.model_files(job.model.path).weights_size
+        if modelfiles.needs_external_data(weights):
+            return {"status": "not run", "reason": f"the model holds {weights / (1 << 30):.2f} GiB of weights: the "
+                    "search runs it whole with every layer exposed and rebuilds it per candidate, which a model past "
+                    "protobuf's 2 GB limit does not fit; keep layers in float by hand (quantization.exclude_nodes, "
+                    "int4.exclude_nodes, fp16.node_block_list) or explain a smaller model of the same architecture"}
         start = time.monotonic()
         self.progress(job.name, "explain: layer-wise error against fp32 on the golden inputs")
         layers = self._layers(job)

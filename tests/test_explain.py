@@ -193,3 +193,29 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
     relus = [x for x in layers if x.op_type == "Relu"]
     assert relus and all(x.error is None for x in relus)
     assert all(x.error is not None and x.error < 0.1 for x in layers if x.op_type in ("Gemm", "MaxPool"))
+
+
+def test_a_model_past_protobufs_limit_is_not_searched_and_says_why(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from ortbuild import cli, modelfiles
+
+    path = _project(tmp_path)
+    monkeypatch.setattr(modelfiles, "needs_external_data", lambda weights: True)  # as if it held 2.5 GB
+    assert cli.main(["test", "-c", str(path)]) == 9  # the gate's verdict, not an internal error
+    out = capsys.readouterr().out
+    assert "explain cpu-fp16/fragile: not run: the model holds 0.00 GiB of weights" in out
+    doc = json.loads((tmp_path / "dist" / "cpu-fp16" / "fragile" / "test-report.json").read_text())["result"]
+    assert doc["status"] == "FAIL" and doc["explain"]["status"] == "not run"
+
+
+def test_a_failing_diagnosis_changes_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from ortbuild import cli
+
+    def boom(*args: object) -> dict[str, object]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(explain.Explainer, "explain", boom)
+    assert cli.main(["test", "-c", str(_project(tmp_path))]) == 9
+    assert "explain cpu-fp16/fragile: failed: RuntimeError: boom (the verdict stands" in capsys.readouterr().out
