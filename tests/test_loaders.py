@@ -43,6 +43,10 @@ TARGETS = """
     external_data = true
     optimization = "basic"
     models = ["tiny_transformer"]
+
+    [targets.ext-copy]
+    extends = "ext"
+    session = { config = { "session.use_external_initializer_file_buffers_directly" = "0" } }
 """
 
 
@@ -62,7 +66,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 ARTIFACTS = [("fp32", "tiny_cnn"), ("fp32", "tiny_lstm"), ("fp32", "tiny_transformer"), ("int8", "tiny_lstm"),
-             ("ext", "tiny_transformer")]
+             ("ext", "tiny_transformer"), ("ext-copy", "tiny_transformer")]
 
 
 @pytest.fixture(scope="session")
@@ -183,6 +187,172 @@ def test_external_data_artifact_has_both_files_encrypted(dist: Path) -> None:
     assert (folder / "model.onnx.data.enc").stat().st_size > 10 * (folder / "model.onnx.enc").stat().st_size
 
 
+# ------------------------------------------------------------- one pass: read, hash, decrypt (Python)
+
+@pytest.mark.parametrize("size,chunk_log2", [(0, 20), (1, 20), (1 << 20, 20), ((1 << 20) + 1, 20),
+                                             ((9 << 20) + 12345, 20), ((3 << 20) - 7, 12), (5000, 24)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_one_pass_reads_what_ortbuild_writes(dist: Path, tmp_path: Path, size: int, chunk_log2: int,
+                                             graph: bool) -> None:
+    """Empty, one-byte, exact-chunk and multi-piece files, 4 KiB to 16 MiB chunks: the loader's one pass (pieces
+    of several chunks hashed on a second thread, decrypted straight into the result) gives back the plaintext;
+    the graph comes back as `bytes` (what InferenceSession takes)."""
+    import hashlib
+
+    mod: Any = loaders.import_python_loader(dist / "ext" / "tiny_transformer" / "loader" / loaders.PYTHON)
+    plain = random.Random(size).randbytes(size)
+    path = tmp_path / "c.enc"
+    with open(path, "wb") as out:
+        (tmp_path / "p").write_bytes(plain)
+        digest, n = container.encrypt_file(tmp_path / "p", out, TEST_KEY, chunk_log2=chunk_log2)
+    entry = {"size": n, "sha256": digest}
+    got, err = mod._open_file(path, entry, True, TEST_KEY, None, graph=graph)
+    assert err is None and bytes(got) == plain and len(got) == size
+    assert isinstance(got, bytes) if graph else not isinstance(got, bytes)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    # an unencrypted artifact file: read in place, hashed the same way
+    got, err = mod._open_file(tmp_path / "p", {"size": size, "sha256": hashlib.sha256(plain).hexdigest()}, False,
+                              None, None, graph=graph)
+    assert err is None and bytes(got) == plain
+
+
+def test_one_pass_checks_the_digest_before_decryption_errors(dist: Path, tmp_path: Path) -> None:
+    """A chunk that does not authenticate is reported only when the file's digest is the signed one
+    (CorruptContainerError); with another digest the file is TamperedError, whatever fails inside it."""
+    import hashlib
+
+    mod: Any = loaders.import_python_loader(dist / "ext" / "tiny_transformer" / "loader" / loaders.PYTHON)
+    plain = os.urandom((6 << 20) + 99)
+    ct = bytearray(container.encrypt(plain, TEST_KEY))
+    ct[container.HEADER + (5 << 20) + 7] ^= 4  # in chunk 4 (of 7), inside the second piece
+    path = tmp_path / "c.enc"
+    path.write_bytes(ct)
+    signed = {"size": len(ct), "sha256": hashlib.sha256(ct).hexdigest()}
+    got, err = mod._open_file(path, signed, True, TEST_KEY, None, graph=False)
+    assert got is None and isinstance(err, mod.CorruptContainerError) and "chunk 4 of 7" in str(err)
+    with pytest.raises(mod.TamperedError):
+        mod._open_file(path, {**signed, "sha256": "0" * 64}, True, TEST_KEY, None, graph=False)
+    with pytest.raises(mod.TamperedError):  # wrong key and wrong digest: the digest wins
+        mod._open_file(path, {**signed, "sha256": "0" * 64}, True, bytes(32), None, graph=False)
+    got, err = mod._open_file(path, signed, True, bytes(32), None, graph=False)
+    assert got is None and isinstance(err, mod.WrongKeyError)
+    with pytest.raises(mod.TamperedError):  # a size that is not the signed one is refused before reading
+        mod._open_file(path, {**signed, "size": len(ct) + 1}, True, TEST_KEY, None, graph=False)
+
+
+def _resign(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite manifest.json with `edit` and sign it with the test signing key (what a legitimate build does)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from .conftest import TEST_SIGNING_SEED
+
+    doc = json.loads((folder / "manifest.json").read_bytes())
+    edit(doc)
+    text = json.dumps(doc, indent=2).encode()
+    (folder / "manifest.json").write_bytes(text)
+    sig = Ed25519PrivateKey.from_private_bytes(TEST_SIGNING_SEED).sign(text)
+    (folder / "manifest.sig").write_bytes(base64.b64encode(sig))
+
+
+def _forge_weights(folder: Path) -> None:
+    """Re-encrypt the external data with one weight changed, under the artifact's own key: every GCM tag is valid
+    (anyone holding the key, i.e. every app, can do this); only the signed sha256 tells."""
+    path = folder / "model.onnx.data.enc"
+    plain = bytearray(container.decrypt(path.read_bytes(), TEST_KEY))
+    for i in range(0, len(plain) - 4, 4096):
+        plain[i:i + 4] = np.float32(3.0).tobytes()
+    path.write_bytes(container.encrypt(bytes(plain), TEST_KEY))
+
+
+def _set_file(doc: dict[str, Any], folder: Path, name: str) -> None:
+    import hashlib
+
+    data = (folder / name).read_bytes()
+    for f in doc["artifact"]["files"]:
+        if f["name"] == name:
+            f["sha256"], f["size"] = hashlib.sha256(data).hexdigest(), len(data)
+
+
+@pytest.mark.parametrize("case", ["bitflip", "forged-under-the-app-key", "bitflip-and-wrong-key",
+                                  "bitflip-and-no-key", "signed-corrupt-chunk"])
+def test_external_data_is_checked_before_onnx_runtime_sees_anything(dist: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   case: str) -> None:
+    folder = tmp_path / "a"
+    shutil.copytree(dist / "ext" / "tiny_transformer", folder)
+    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    handed: list[str] = []
+    real = mod._session_options
+    monkeypatch.setattr(mod, "_session_options", lambda *a, **k: handed.append("so") or real(*a, **k))
+    data = folder / "model.onnx.data.enc"
+    ct = bytearray(data.read_bytes())
+    key: Any = TEST_KEY
+    expected = mod.TamperedError
+    if case == "forged-under-the-app-key":
+        _forge_weights(folder)
+    else:
+        ct[len(ct) // 2] ^= 0x10
+        data.write_bytes(ct)
+    if case == "bitflip-and-wrong-key":
+        key = bytes(32)
+    if case == "bitflip-and-no-key":
+        monkeypatch.delenv("ORTBUILD_KEY")
+        key = None
+    if case == "signed-corrupt-chunk":  # the signer signed a broken container: the chunk's tag says so
+        _resign(folder, lambda doc: _set_file(doc, folder, "model.onnx.data.enc"))
+        expected = mod.CorruptContainerError
+    with pytest.raises(expected):
+        mod.load(key=key, folder=folder)
+    assert handed == []  # no SessionOptions was even made: nothing reached ONNX Runtime
+    mod.load(key=TEST_KEY, folder=dist / "ext" / "tiny_transformer")
+    assert handed == ["so"]  # (the spy sees a load that gets there)
+
+
+def test_signed_digest_is_what_catches_a_forged_container(dist: Path, tmp_path: Path) -> None:
+    """Control for the case above: the same forged weights, once the manifest signs their digest, load and change
+    the outputs; so the refusal above came from the signed sha256, not from GCM."""
+    folder = tmp_path / "a"
+    shutil.copytree(dist / "ext" / "tiny_transformer", folder)
+    _forge_weights(folder)
+    _resign(folder, lambda doc: _set_file(doc, folder, "model.onnx.data.enc"))
+    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    forged = list(mod.load(folder=folder).run(feed("tiny_transformer")).values())
+    original = plain_outputs(dist / "ext" / "tiny_transformer", "tiny_transformer")
+    assert any(not np.array_equal(a, b) for a, b in zip(forged, original, strict=True))
+
+
+@pytest.mark.parametrize("target,borrowed", [("ext", True), ("ext-copy", False)])
+def test_external_data_buffers_outlive_the_session_when_borrowed(dist: Path, target: str, borrowed: bool) -> None:
+    """By default ONNX Runtime reads the decrypted external data in place
+    (session.use_external_initializer_file_buffers_directly): the Model (and the session object) keep the
+    buffers, and outputs stay equal to plain ONNX Runtime's after everything else is collected and the freed
+    memory is reused. A target that sets the key to "0" gets ONNX Runtime's copy and keeps no buffer."""
+    import gc
+
+    folder = dist / target / "tiny_transformer"
+    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    m = mod.load()
+    options = m.session.get_session_options()
+    assert options.get_session_config_entry("session.use_external_initializer_file_buffers_directly") == (
+        "1" if borrowed else "0")
+    assert options.get_session_config_entry("session.prepack.enable_parallel") == "1"
+    data = next(f for f in m.manifest["artifact"]["files"] if f["role"] == "external_data")
+    if borrowed:
+        assert [len(w) for w in m._weights] == [container.parse_header(
+            (folder / data["name"]).read_bytes()[:container.HEADER]).size]
+        assert m.session._ortbuild_weights is m._weights
+    else:
+        assert m._weights == ()
+    session = m.session
+    del m
+    gc.collect()
+    junk = [bytearray(os.urandom(1 << 16)) for _ in range(256)]  # reuse whatever was freed
+    got = session.run(None, feed("tiny_transformer"))
+    del junk
+    for a, b in zip(got, plain_outputs(folder, "tiny_transformer"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------------------------------------- Node
 
 NODE_RUN = """
@@ -245,6 +415,43 @@ catch (e) {{ console.log(JSON.stringify([e.name, e.code, e.message])); }}
 """)
     assert out[:2] == ["ProviderUnavailableError", "provider_unavailable"]
     assert "onnxruntime-node does not ship" in out[2] and "Python loader" in out[2]
+
+
+NODE_CASES = """
+import { LoaderError, load } from '%(loader)s';
+const out = {};
+for (const [name, folder, key] of JSON.parse(process.argv[2])) {
+  try { await load({ folder, key: Buffer.from(key, 'base64') }); out[name] = 'ok'; }
+  catch (e) { out[name] = e instanceof LoaderError ? e.code : `crash:${e}`; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_node_loader_checks_external_data_in_one_pass(dist: Path, node_app: Path, tmp_path: Path) -> None:
+    """The Node loader's one pass (read, hash, decrypt each piece) gives the same verdicts as the Python one."""
+    src = dist / "ext" / "tiny_transformer"
+    cases, expected = [], {}
+    for name in ("intact", "bitflip", "forged-under-the-app-key", "bitflip-and-wrong-key", "signed-corrupt-chunk",
+                 "signed-forgery"):
+        folder = tmp_path / name
+        shutil.copytree(src, folder)
+        data = folder / "model.onnx.data.enc"
+        if "forge" in name:
+            _forge_weights(folder)
+        elif name != "intact":
+            ct = bytearray(data.read_bytes())
+            ct[len(ct) // 2] ^= 0x10
+            data.write_bytes(ct)
+        if name.startswith("signed"):
+            _resign(folder, lambda doc, f=folder: _set_file(doc, f, "model.onnx.data.enc"))
+        key = bytes(32) if "wrong-key" in name else TEST_KEY
+        cases.append([name, folder.as_posix(), base64.b64encode(key).decode()])
+        expected[name] = {"intact": "ok", "signed-corrupt-chunk": "corrupt", "signed-forgery": "ok"}.get(name,
+                                                                                                       "tampered")
+    loader = node_app / "loader_ext_cases.mjs"
+    shutil.copy(src / "loader" / loaders.NODE, loader)
+    assert node(node_app, NODE_CASES % {"loader": loader.as_posix()}, json.dumps(cases)) == expected
 
 
 # --------------------------------------------------------------------------------------- tamper suite
