@@ -88,6 +88,7 @@ class ModelRelease:
     refusal: str | None = None
     files: dict[str, Path] = field(default_factory=dict)  # name inside the model's folder -> file
     digests: dict[str, str] = field(default_factory=dict)  # name inside the model's folder -> its checked sha256
+    source: modelfiles.ModelFiles | None = None  # the source model's files now, hashed once for the provenance
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,15 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     return None
 
 
+def _source_changes(m: manifest.Manifest, now: modelfiles.ModelFiles) -> list[str]:
+    """The source files whose sha256 differs from what the manifest says the artifact was built from."""
+    if not m.source.files:  # built by an ortbuild that recorded only the graph file
+        return [] if m.source.sha256 == now.graph.sha256 else [now.graph.path.name]
+    built = {str(f["file"]): str(f["sha256"]) for f in m.source.files}
+    current = {f.location or f.path.name: f.sha256 for f in now.files}
+    return sorted(k for k in {*built, *current} if built.get(k) != current.get(k))
+
+
 def _collect(project: Project, target: Target, dist: Path, public_key: bytes) -> list[ModelRelease]:
     out = []
     for name in target.models:
@@ -131,6 +141,11 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         report = json.loads(report_file.read_text()) if report_file.exists() else None
         mr = ModelRelease(name, folder, m, report)
         mr.refusal = _test_problem(folder, m, report, target.name)
+        mr.source = modelfiles.of(project.models[name].path, where=f"models.{name}")
+        changed = _source_changes(m, mr.source)
+        if changed and mr.refusal is None:  # the provenance must name what the artifact was built from
+            mr.refusal = (f"its source changed since it was built ({', '.join(changed)}): rebuild and test it: "
+                          f"`ortbuild test -t {target.name}`")
         # the digests integrity_problems just checked each file against (the bundle's writer checks them again
         # while copying): no file is read twice before the release
         checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
@@ -199,7 +214,7 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
     for mr in models:
         model = project.models[mr.name]
         # the graph file and every external-data (weights) file it names, each hashed once, streaming
-        source = modelfiles.of(model.path, where=f"models.{mr.name}")
+        source = mr.source or modelfiles.of(model.path, where=f"models.{mr.name}")
         record(source.graph.path, "source model", source.graph.sha256)
         for data in source.external:
             record(data.path, "source model external data", data.sha256, location=data.location,

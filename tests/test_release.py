@@ -366,3 +366,11 @@ inputs = "models/ext/inputs.npz"
     proc = cli("verify", str(out), "--public-key", str(public_key_file(tmp_path)), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert any(c.startswith("golden       ext: PASS") for c in json.loads(proc.stdout)["checks"])
+    # one weight byte changed after the tests: the provenance would name files the artifact was not built from
+    data = root / "models" / "ext" / "model.onnx.data"
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 1
+    data.write_bytes(bytes(blob))
+    proc = cli("release", "-t", "cpu", cwd=root)
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert "its source changed since it was built (model.onnx.data)" in proc.stdout + proc.stderr
