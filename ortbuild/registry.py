@@ -114,7 +114,7 @@ def push(ref: Ref, published: release.Published) -> str:
             target=f"{ref.registry}/{ref.repository}:{ref.tag}",
             files=[f"{files[k]}:{LAYER_TYPES[k]}" for k in ("index", "bundle", "provenance", "sums", "signature")],
             manifest_config=f"{files['index']}:{CONFIG_TYPE}", manifest_annotations=annotations,
-            disable_path_validation=True, quiet=True)
+            disable_path_validation=True, quiet=True, do_chunked=True)  # 16 MiB pieces: never the bundle whole
     except (requests.RequestException, ValueError, OSError) as e:
         raise _fail(ref, "cannot push to", e) from None
     digest = resp.headers.get("Docker-Content-Digest", "")
