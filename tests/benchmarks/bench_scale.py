@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.bigmodels import layers_for, mlp  # noqa: E402
+from tests.bigmodels import layers_for, mlp, needles, plaintext_hits  # noqa: E402
 
 GIB = 1 << 30
 TARGETS = """[project]
@@ -85,7 +85,19 @@ print(time.perf_counter() - t)
 PRIVATE_DIRS = ("/dev/shm", tempfile.gettempdir())  # where builds keep plaintext (workspace.private_dir)
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = False) -> tuple[dict[str, float], str]:
+def _running(private_dir: Path) -> bool:
+    """Whether the process a private dir is named after (ortbuild-<pid>-...) still runs: not ours to judge."""
+    try:
+        os.kill(int(private_dir.name.split("-")[1]), 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = False,
+        ok: tuple[int, ...] = (0,)) -> tuple[dict[str, Any], str]:
     """Run `cmd` in a fresh process: wall seconds, peak RSS (bytes) and, if asked, peak bytes in private dirs;
     and its output."""
     peak_temp = [0]
@@ -117,7 +129,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = Fals
     done.set()
     if sample_temp:
         sampler.join()
-    if os.waitstatus_to_exitcode(status) != 0:
+    if os.waitstatus_to_exitcode(status) not in ok:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
     return {"seconds": wall, "rss": usage.ru_maxrss * 1024.0, "temp": float(peak_temp[0])}, out
 
@@ -131,6 +143,7 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
     from tests.conftest import here_runtime
 
     project = root / f"scale-{gib}"
+    private_before = {d for r in PRIVATE_DIRS for d in Path(r).glob("ortbuild-*")}
     source = mlp(project / "mlp", layers=layers_for(gib))
     weights = (project / "mlp" / "model.onnx.data").stat().st_size
     (project / "targets.toml").write_text(TARGETS.replace("RUNTIME", here_runtime()))
@@ -148,9 +161,15 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
         t, _ = run([*ortbuild, "build", "-t", p, "-j", "1"], project, env)  # up to date
         rows["steps"][f"build {p}"] = {"seconds": r["seconds"], "rss": r["rss"] / weights,
                                        "temp": r["temp"] / weights, "noop_seconds": t["seconds"]}
-    for step, cmd in (("test fp32", [*ortbuild, "test", "-t", "fp32"]),
-                      ("release fp32", [*ortbuild, "release", "-t", "fp32", "--force"]),
-                      ("verify fp32", [*ortbuild, "verify", "dist/release/fp32"])):
+    for p in precisions:  # the gates (a failing one is a result here, not an error)
+        r, _ = run([*ortbuild, "test", "-t", p, "--no-explain"], project, env, ok=(0, 9))
+        result = json.loads((project / "dist" / p / "mlp" / "test-report.json").read_text())["result"]
+        rows["steps"][f"test {p}"] = {"seconds": r["seconds"], "rss": r["rss"] / weights,
+                                      "verdict": f"{result['status']} ({result['worst']}, size "
+                                                 f"{result['size']['ratio']:.2f}x)"}
+    for step, cmd in (("release fp32", [*ortbuild, "release", "-t", "fp32", "--force"]),
+                      ("verify fp32", [*ortbuild, "verify", "dist/release/fp32"]),
+                      ("verify fp32 --no-run", [*ortbuild, "verify", "dist/release/fp32", "--no-run"])):
         r, _ = run(cmd, project, env)
         rows["steps"][step] = {"seconds": r["seconds"], "rss": r["rss"] / weights, "rss_mb": r["rss"] / (1 << 20)}
     loader, plain = [], []
@@ -162,22 +181,34 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
            for name, runs in (("plain", plain), ("loader", loader))}
     rows["loader"] = {**med, "time_ratio": med["loader"]["seconds"] / med["plain"]["seconds"],
                       "rss_ratio": med["loader"]["rss"] / med["plain"]["rss"]}
+    # no plaintext weight bytes anywhere the build, test, release, verify and the loaders wrote (the source
+    # model's own folder excepted), and no private dir left behind
+    hits, scanned = plaintext_hits([project], needles(source.parent / "model.onnx.data", 32), skip=(source.parent,))
+    left = [str(d) for root in PRIVATE_DIRS for d in Path(root).glob("ortbuild-*")
+            if d not in private_before and not _running(d)]
+    rows["plaintext"] = {"hits": hits, "scanned": scanned, "private_dirs_left": left}
     shutil.rmtree(project)
     return rows
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | step | wall | peak RSS / weights | temp space / weights |", "|---|---|---|---|---|"]
+    lines = ["| model | step | wall | peak RSS / weights | temp space / weights | result |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         name = f"{r['weights'] / GIB:.2f} GiB"
         for step, v in r["steps"].items():
             temp = f"{v['temp']:.2f}x" if "temp" in v else "-"
             extra = f" (no-op {v['noop_seconds']:.1f} s)" if "noop_seconds" in v else ""
-            lines.append(f"| {name} | {step} | {v['seconds']:.1f} s{extra} | {v['rss']:.2f}x | {temp} |")
+            rss = f"{v['rss']:.2f}x" + (f" ({v['rss_mb']:.0f} MB)" if "rss_mb" in v else "")
+            lines.append(f"| {name} | {step} | {v['seconds']:.1f} s{extra} | {rss} | {temp} | {v.get('verdict', '')} |")
         lo = r["loader"]
         lines.append(f"| {name} | loader vs plain ORT, first inference | {lo['loader']['seconds']:.2f} s vs "
                      f"{lo['plain']['seconds']:.2f} s (**{lo['time_ratio']:.2f}x**) | {lo['loader']['rss'] / GIB:.2f} "
-                     f"vs {lo['plain']['rss'] / GIB:.2f} GiB (**{lo['rss_ratio']:.2f}x** plain) | - |")
+                     f"vs {lo['plain']['rss'] / GIB:.2f} GiB (**{lo['rss_ratio']:.2f}x** plain) | - | |")
+        pt = r["plaintext"]
+        lines.append(f"| {name} | plaintext scan of everything written ({pt['scanned'] / GIB:.2f} GiB, 32 pieces "
+                     f"of the weights) | {len(pt['hits'])} files hold plaintext, {len(pt['private_dirs_left'])} "
+                     "private dirs left | - | - | |")
     return "\n".join(lines)
 
 
@@ -191,6 +222,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         results = [bench(g, a.precisions.split(","), a.reps, Path(tmp)) for g in (a.gib or [0.5])]
     print(table(results))
+    if any(r["plaintext"]["hits"] or r["plaintext"]["private_dirs_left"] for r in results):
+        print("plaintext weight bytes found outside the private temp dir:",
+              [r["plaintext"] for r in results], file=sys.stderr)
+        return 1
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0
