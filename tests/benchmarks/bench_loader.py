@@ -178,7 +178,7 @@ def decrypt_rates(total: int = 256 << 20) -> dict[str, float]:
             lambda: [aead.decrypt_into(nonces[0], hot_ct, aad, hot_out) for _ in range(256)]),
         "decrypt_into, container in RAM -> touched buffer (the loader's pass)": total / best(lambda: stream(warm)),
         "decrypt_into, container in RAM -> fresh map (first-touch faults)": total / best(
-            lambda: stream(mmap.mmap(-1, total))),
+            lambda: stream(_fresh_map(total))),
         "container.decrypt (allocates bytearray(size): memset + faults)": total / best(
             lambda: container.decrypt(ct, key), reps=3),
         "sha256 (hashlib)": total / best(lambda: hashlib.sha256(ct)),
@@ -209,8 +209,13 @@ def decrypt_rates(total: int = 256 << 20) -> dict[str, float]:
     return rates
 
 
+def _fresh_map(n: int) -> mmap.mmap:
+    """Fresh private anonymous memory, as the loader allocates it."""
+    return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 def _touch(n: int) -> None:
-    m = mmap.mmap(-1, n)
+    m = _fresh_map(n)
     for off in range(0, n, 4096):
         m[off] = 1
     m.close()
@@ -219,7 +224,7 @@ def _touch(n: int) -> None:
 def _populate(n: int) -> None:
     import ctypes
 
-    m = mmap.mmap(-1, n)
+    m = _fresh_map(n)
     anchor = (ctypes.c_char * n).from_buffer(m)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(n), 23)
