@@ -63,6 +63,23 @@ def mlp(out_dir: Path, *, layers: int, width: int = 4096, batch: int | str = "ba
     return out_dir / "model.onnx"
 
 
+def dev_keys_env(project: Path) -> dict[str, str]:
+    """Make a DEVELOPMENT key pair in project/keys and return the environment that builds with it (and nothing
+    else: keys from the caller's environment are dropped) in fresh `python -m ortbuild` processes."""
+    import os
+    import subprocess
+    import sys
+
+    keys = project / "keys"
+    env = {**os.environ, "ORTBUILD_KEY_FILE": str(keys / "encryption.key"),
+           "ORTBUILD_SIGNING_KEY_FILE": str(keys / "signing.key"), "PYTHONDONTWRITEBYTECODE": "1"}
+    for k in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY"):
+        env.pop(k, None)
+    subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--dev", "--out", str(keys)], cwd=project, env=env,
+                   check=True, capture_output=True)
+    return env
+
+
 def needles(data_file: Path, count: int = 16, size: int = 64) -> list[bytes]:
     """`count` pieces of plaintext weights, spread over the whole external-data file (one per region)."""
     total = data_file.stat().st_size

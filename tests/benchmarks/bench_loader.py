@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.bigmodels import mlp  # noqa: E402
+from tests.bigmodels import dev_keys_env, mlp  # noqa: E402
 
 MB = 1_000_000
 WIDTH = 4096
@@ -97,14 +97,8 @@ def build(root: Path, sizes: list[int]) -> tuple[dict[str, int], dict[str, str]]
     text += (f'[targets.cpu]\nruntime = "{flavor.distribution}=={flavor.version}"\n'
              'providers = ["CPUExecutionProvider"]\nexternal_data = true\noptimization = "basic"\n')
     (root / "targets.toml").write_text(text)
-    keys = root / "keys"
-    env = {**os.environ, "ORTBUILD_KEY_FILE": str(keys / "encryption.key"),
-           "ORTBUILD_SIGNING_KEY_FILE": str(keys / "signing.key"), "PYTHONDONTWRITEBYTECODE": "1"}
-    for k in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY"):
-        env.pop(k, None)
+    env = dev_keys_env(root)
     ortbuild = [sys.executable, "-m", "ortbuild"]
-    subprocess.run([*ortbuild, "keygen", "--dev", "--out", str(keys)], cwd=root, env=env, check=True,
-                   capture_output=True)
     for name in weights:
         proc = subprocess.run([*ortbuild, "build", "-j", "1", "-m", name], cwd=root, env=env, capture_output=True,
                               text=True)

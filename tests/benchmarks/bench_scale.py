@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.bigmodels import layers_for, mlp, needles, plaintext_hits  # noqa: E402
+from tests.bigmodels import dev_keys_env, layers_for, mlp, needles, plaintext_hits  # noqa: E402
 
 GIB = 1 << 30
 TARGETS = """[project]
@@ -147,14 +147,8 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
     source = mlp(project / "mlp", layers=layers_for(gib))
     weights = (project / "mlp" / "model.onnx.data").stat().st_size
     (project / "targets.toml").write_text(TARGETS.replace("RUNTIME", here_runtime()))
-    keys = project / "keys"
-    env = {**os.environ, "ORTBUILD_KEY_FILE": str(keys / "encryption.key"),
-           "ORTBUILD_SIGNING_KEY_FILE": str(keys / "signing.key"), "PYTHONDONTWRITEBYTECODE": "1"}
-    for k in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY"):
-        env.pop(k, None)
+    env = dev_keys_env(project)
     ortbuild = [sys.executable, "-m", "ortbuild"]
-    subprocess.run([*ortbuild, "keygen", "--dev", "--out", str(keys)], cwd=project, env=env, check=True,
-                   capture_output=True)
     rows: dict[str, Any] = {"gib": gib, "weights": weights, "steps": {}}
     for p in precisions:
         r, _ = run([*ortbuild, "build", "-t", p, "-j", "1"], project, env, sample_temp=True)
