@@ -4,7 +4,8 @@ Models of any size: the source is read from its path (its external data beside i
 and every output whose weights could pass protobuf's 2 GB limit is written with external data (`external`).
 
 fp16          onnxruntime.transformers.float16.convert_float_to_float16
-int8-dynamic  onnxruntime.quantization.quantize_dynamic   (after quant_pre_process)
+int8-dynamic  onnxruntime.quantization.quantize_dynamic   (after quant_pre_process; with external data, the same
+              quantizer fed one weight at a time: streamquant)
 int8-static   onnxruntime.quantization.quantize_static    (after quant_pre_process; calibration data)
 int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer
 """
@@ -26,6 +27,7 @@ from .. import options
 from ..config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
 from ..data import Feed
 from ..errors import first_line
+from . import streamquant
 
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 
@@ -225,7 +227,12 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             src = source
         else:
             src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
-        pre = _preprocess(src, work, opts.preprocess, notes, external)
+        dynamic = not options.PRECISION_RULES[precision].needs_calibration
+        streamed = dynamic and external  # ORT's quantizer fed one weight at a time (streamquant)
+        if streamed and opts.preprocess:
+            pre = streamquant.preprocess(src, work / "preprocessed.onnx", notes)
+        else:
+            pre = _preprocess(src, work, opts.preprocess, notes, external)
         if src.parent == work and pre != src:
             remove_model(src)
         out = work / "int8.onnx"
@@ -235,8 +242,12 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             "op_types_to_quantize": list(opts.op_types) or None,
             "nodes_to_exclude": list(opts.exclude_nodes) or None,
         }
-        if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
-            quantize_dynamic(str(pre), str(out), use_external_data_format=external, **common)
+        if dynamic:
+            if streamed:
+                streamquant.quantize_dynamic(pre, out, **common,
+                                             consume=(lambda: remove_model(pre)) if pre.parent == work else None)
+            else:
+                quantize_dynamic(str(pre), str(out), use_external_data_format=external, **common)
             used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
                                          "exclude_nodes", "preprocess")}
             used["format"] = "qoperator"

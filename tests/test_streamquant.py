@@ -1,0 +1,103 @@
+"""steps/streamquant.py: ORT's dynamic quantizer fed one weight at a time gives exactly ORT's own result."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from ortbuild.steps import streamquant
+from tests import bigmodels
+
+MODELS = Path(__file__).parent.parent / "models"
+
+
+def _external(src: Path, out_dir: Path) -> Path:
+    out_dir.mkdir()
+    out = out_dir / "model.onnx"
+    onnx.save_model(onnx.load(str(src)), str(out), save_as_external_data=True, location="model.onnx.data",
+                    size_threshold=1024)
+    return out
+
+
+def _ort(src: Path, out_dir: Path, per_channel: bool) -> Path:
+    """What precision.py did before streamquant: quant_pre_process then quantize_dynamic, all in memory."""
+    out_dir.mkdir()
+    pre, out = out_dir / "pre.onnx", out_dir / "q.onnx"
+    kw = {"save_as_external_data": True, "external_data_location": "pre.onnx.data"}
+    try:
+        quant_pre_process(str(src), str(pre), **kw)
+    except Exception:
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, **kw)
+    quantize_dynamic(str(pre), str(out), use_external_data_format=True, per_channel=per_channel,
+                     reduce_range=True, weight_type=QuantType.QInt8)
+    return out
+
+
+def _streamed(src: Path, out_dir: Path, per_channel: bool) -> Path:
+    out_dir.mkdir()
+    pre = streamquant.preprocess(src, out_dir / "pre.onnx", [])
+    removed: list[bool] = []
+    out = streamquant.quantize_dynamic(
+        pre, out_dir / "q.onnx", per_channel=per_channel, reduce_range=True, weight_type=QuantType.QInt8,
+        op_types_to_quantize=None, nodes_to_exclude=None, consume=lambda: removed.append(True))
+    assert removed == [True]
+    return out
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("name", ["tiny_cnn", "tiny_transformer", "tiny_lstm", "mlp"])
+def test_the_streamed_quantizer_writes_what_quantize_dynamic_writes(
+        tmp_path: Path, name: str, per_channel: bool) -> None:
+    logging.getLogger().setLevel(logging.WARNING)
+    if name == "mlp":
+        src = bigmodels.mlp(tmp_path / "src", layers=3, width=256)
+    else:
+        src = _external(MODELS / f"{name}.onnx", tmp_path / "src")
+    ours = onnx.load(str(_streamed(src, tmp_path / "streamed", per_channel)))
+    theirs = onnx.load(str(_ort(src, tmp_path / "ort", per_channel)))
+
+    assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in theirs.graph.node]
+    assert any(n.op_type in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM") for n in ours.graph.node)
+    ours_t = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
+    theirs_t = {t.name: numpy_helper.to_array(t) for t in theirs.graph.initializer}
+    assert ours_t.keys() == theirs_t.keys()
+    for key, value in theirs_t.items():
+        assert ours_t[key].dtype == value.dtype and np.array_equal(ours_t[key], value), key
+    assert list(ours.opset_import) == list(theirs.opset_import)
+    assert [o.SerializeToString() for o in ours.graph.output] == [o.SerializeToString() for o in theirs.graph.output]
+
+
+def test_weights_are_read_when_asked_and_the_model_stays_weightless(tmp_path: Path) -> None:
+    src = bigmodels.mlp(tmp_path / "src", layers=2, width=128)
+    model = onnx.load(str(src), load_external_data=False)
+    w0 = next(t for t in model.graph.initializer if t.name == "W0")
+    with streamquant.weights_on_demand(src.parent):
+        array = onnx.numpy_helper.to_array(w0)
+    assert array.shape == (128, 128)
+    assert np.array_equal(array, numpy_helper.to_array(next(
+        t for t in onnx.load(str(src)).graph.initializer if t.name == "W0")))
+    assert not w0.HasField("raw_data") and w0.data_location == onnx.TensorProto.EXTERNAL
+    with pytest.raises(onnx.checker.ValidationError):  # outside the block, ONNX's own to_array is back
+        onnx.numpy_helper.to_array(w0)
+
+
+def test_save_writes_weights_as_external_data_copying_the_untouched_ones_from_their_file(tmp_path: Path) -> None:
+    src = bigmodels.mlp(tmp_path / "src", layers=2, width=128)
+    model = onnx.load(str(src), load_external_data=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.arange(512, dtype=np.float32), "held"))
+    (tmp_path / "out").mkdir()
+    out = streamquant.save(model, tmp_path / "out" / "m.onnx", src.parent)
+    graph = onnx.load(str(out), load_external_data=False).graph
+    assert {e.value for t in graph.initializer for e in t.external_data if e.key == "location"} == {"m.onnx.data"}
+    loaded = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(src)).graph.initializer}
+    assert np.array_equal(loaded["held"], np.arange(512, dtype=np.float32))
+    for key, value in original.items():
+        assert np.array_equal(loaded[key], value), key
