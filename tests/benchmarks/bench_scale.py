@@ -117,21 +117,45 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], sample_temp: bool = Fals
     sampler = threading.Thread(target=sample, daemon=True)
     t = time.perf_counter()
     log = tempfile.TemporaryFile()  # noqa: SIM115  (not a pipe: wait4 comes before reading; a full pipe blocks)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    pid[0] = proc.pid  # its private dirs are named ortbuild-<pid>-... (-j 1: the build runs in this process)
-    if sample_temp:
-        sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report"
+        proc = subprocess.Popen([sys.executable, "-c", MEASURE, str(report), *cmd], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+        if sample_temp:
+            while proc.poll() is None and not report.exists():
+                time.sleep(0.01)
+            # its private dirs are named ortbuild-<pid>-... (-j 1: the build runs in the command's process)
+            pid[0] = int(report.read_text().split()[0]) if report.exists() else 0
+            sampler.start()
+        status = proc.wait()
+        wall = time.perf_counter() - t
+        pid_and_rss = report.read_text().split() if report.exists() else []
     log.seek(0)
     out = log.read().decode(errors="replace")
     log.close()
     done.set()
     if sample_temp:
         sampler.join()
-    if os.waitstatus_to_exitcode(status) not in ok:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-3000:]}")
-    return {"seconds": wall, "rss": usage.ru_maxrss * 1024.0, "temp": float(peak_temp[0])}, out
+    if status not in ok or len(pid_and_rss) != 2:
+        raise SystemExit(f"{' '.join(cmd)} failed ({status}):\n{out[-3000:]}")
+    return {"seconds": wall, "rss": int(pid_and_rss[1]) * 1024.0, "temp": float(peak_temp[0])}, out
+
+
+# Runs the command from a small fresh process and writes "<pid>" at its start and "<pid> <peak RSS KiB>" at its
+# end. A child's ru_maxrss counts the memory of the process it was forked from (Linux keeps the pre-exec high-water
+# mark), so spawning from this process, which holds the generated model's pieces, floored small steps at ~257 MB.
+MEASURE = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+with open(sys.argv[1] + ".part", "w") as f:
+    f.write(str(proc.pid))
+os.replace(sys.argv[1] + ".part", sys.argv[1])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1] + ".part", "w") as f:
+    f.write(f"{proc.pid} {usage.ru_maxrss}")
+os.replace(sys.argv[1] + ".part", sys.argv[1])
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def first_runs(which: str, inputs: Path, where: Path, env: dict[str, str], cwd: Path) -> dict[str, float]:
