@@ -42,17 +42,27 @@ def _external(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
 
 
+def _span(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
+    """Where the weightless tensor `t` keeps its bytes: file, offset, length (no length: to the file's end)."""
+    info = _info(t)
+    path = base / info["location"]
+    offset = int(info.get("offset", 0))
+    length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+    return path, offset, length
+
+
 def _read(t: onnx.TensorProto, base: Path) -> onnx.TensorProto:
     """A copy of the weightless tensor `t` with its bytes read from its file under `base`."""
-    info = _info(t)
+    path, offset, length = _span(t, base)
     full = onnx.TensorProto()
     full.CopyFrom(t)
     del full.external_data[:]
     full.data_location = onnx.TensorProto.DEFAULT
-    with open(base / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", 0)))
-        length = int(info["length"]) if "length" in info else -1
+    with open(path, "rb") as f:
+        f.seek(offset)
         full.raw_data = f.read(length)
+    if len(full.raw_data) != length:
+        raise ValueError(f"tensor {t.name!r}: {path.name} ends before its data")
     return full
 
 
@@ -90,17 +100,16 @@ def save(model: onnx.ModelProto, out: Path, base: Path) -> Path:
     with open(data, "wb") as sink:
         for t in _tensors(model.graph):
             if _external(t):
-                info = _info(t)
-                with open(base / info["location"], "rb") as f:
-                    f.seek(int(info.get("offset", 0)))
-                    offset, left = sink.tell(), int(info["length"])
+                path, start, length = _span(t, base)
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    offset, left = sink.tell(), length
                     while left:
                         chunk = f.read(min(_CHUNK, left))
                         if not chunk:
-                            raise ValueError(f"tensor {t.name!r}: {info['location']} ends before its data")
+                            raise ValueError(f"tensor {t.name!r}: {path.name} ends before its data")
                         sink.write(chunk)
                         left -= len(chunk)
-                length = int(info["length"])
             elif t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN:
                 offset, length = sink.tell(), len(t.raw_data)
                 sink.write(t.raw_data)
