@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -92,7 +93,7 @@ def test_save_writes_weights_as_external_data_copying_the_untouched_ones_from_th
     src = bigmodels.mlp(tmp_path / "src", layers=2, width=128)
     model = onnx.load(str(src), load_external_data=False)
     model.graph.initializer.append(numpy_helper.from_array(np.arange(512, dtype=np.float32), "held"))
-    last = max(model.graph.initializer, key=lambda t: int(streamquant._info(t).get("offset", -1)))
+    last = max(model.graph.initializer, key=lambda t: ExternalDataInfo(t).offset or -1)
     kept = [e for e in last.external_data if e.key != "length"]  # no length: its data runs to the file's end
     del last.external_data[:]
     last.external_data.extend(kept)

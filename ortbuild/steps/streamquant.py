@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from ..modelfiles import _tensors
 
@@ -34,20 +35,18 @@ _EXTERNAL_MIN = 1024  # tensors of this many bytes or more are written as extern
 FOLDER = "session.model_external_initializers_file_folder_path"
 
 
-def _info(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
-
-
 def _external(t: onnx.TensorProto) -> bool:
-    return t.data_location == onnx.TensorProto.EXTERNAL and not t.HasField("raw_data")
+    """Whether `t` points at external data not loaded (a weightless tensor)."""
+    return uses_external_data(t) and not t.HasField("raw_data")
 
 
 def _span(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
-    """Where the weightless tensor `t` keeps its bytes: file, offset, length (no length: to the file's end)."""
-    info = _info(t)
-    path = base / info["location"]
-    offset = int(info.get("offset", 0))
-    length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+    """Where the weightless tensor `t` keeps its bytes: file, offset, length (no length: to the file's end),
+    as ONNX's own `ExternalDataInfo` parses them (negative offsets and lengths refused)."""
+    info = ExternalDataInfo(t)
+    path = base / info.location
+    offset = info.offset or 0
+    length = info.length if info.length is not None else path.stat().st_size - offset
     return path, offset, length
 
 
@@ -171,7 +170,7 @@ def quantize_dynamic(src: Path, out: Path, *, per_channel: bool, reduce_range: b
     `src` is a model with external data (its files beside it); `out` gets `<name>.data` beside it.
     consume: removes `src` (an intermediate): called once the weights left in float are read into memory, before
     the result is written, so the temp space never holds both."""
-    from onnxruntime.quantization import onnx_quantizer
+    from onnxruntime.quantization import QuantType, onnx_quantizer
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
     from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -185,7 +184,7 @@ def quantize_dynamic(src: Path, out: Path, *, per_channel: bool, reduce_range: b
         with weights_on_demand(base):
             quantizer = ONNXQuantizer(
                 model, per_channel, reduce_range, QuantizationMode.IntegerOps, False, weight_type,
-                _uint8(), None, None, nodes_to_exclude or [],
+                QuantType.QUInt8, None, None, nodes_to_exclude or [],  # dynamic activations: uint8 only
                 op_types_to_quantize or list(IntegerOpsRegistry.keys()), {"MatMulConstBOnly": True})
             del model
             quantizer.quantize_model()
@@ -200,8 +199,3 @@ def quantize_dynamic(src: Path, out: Path, *, per_channel: bool, reduce_range: b
         consume()
     return save(result, out, base)
 
-
-def _uint8() -> Any:
-    from onnxruntime.quantization import QuantType
-
-    return QuantType.QUInt8  # dynamic activations are uint8 only (as quantize_dynamic passes)
