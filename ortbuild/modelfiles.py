@@ -139,7 +139,31 @@ def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
                               f"(looked for {file})", "keep the model's .data files beside its .onnx file")
         fsha, fsize, _ = _hash(file, None, hashed)
         external.append(ModelFile(file, loc, fsha, fsize))
+    problem = _extent_problem(model, {f.location: f.size for f in external})
+    if problem:
+        raise ConfigError(str(path), where, problem, "the data file was cut short or belongs to another export of "
+                          "the model: copy or export the .onnx file and its .data files together again")
     return ModelFiles(graph, tuple(external))
+
+
+def _extent_problem(model: Any, sizes: dict[str, int]) -> str | None:
+    """Why a tensor's external data does not lie inside its file (by the sizes in `sizes`), or None: checked
+    here, before any step reads a weight, instead of as a runtime's out-of-bounds error minutes later."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    for t in _tensors(model.graph):
+        if t.data_location != 1:  # TensorProto.EXTERNAL
+            continue
+        try:
+            info = ExternalDataInfo(t)
+        except ValueError as e:
+            return str(e)
+        offset, size = info.offset or 0, sizes[info.location]
+        end = offset + (info.length if info.length is not None else 0)
+        if end > size:
+            return (f"tensor '{t.name}' needs bytes {offset}-{end} of '{info.location}', which holds "
+                    f"{size} bytes")
+    return None
 
 
 def stat_key(path: Path) -> tuple[str, int, int]:

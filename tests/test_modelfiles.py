@@ -64,6 +64,16 @@ def test_unsafe_or_missing_external_data_is_a_config_error(tmp_path: Path, locat
     assert message in e.value.message and str(path) in e.value.message and "[models.m.path]" in e.value.message
 
 
+def test_a_data_file_shorter_than_its_tensors_is_a_config_error_naming_the_tensor(tmp_path: Path) -> None:
+    path = mlp(tmp_path / "m", layers=2, width=32)
+    data = path.parent / "model.onnx.data"
+    data.write_bytes(data.read_bytes()[:-1])
+    with pytest.raises(ConfigError) as e:
+        modelfiles.of(path, where="models.m.path")
+    assert "tensor 'b1' needs bytes" in e.value.message and "'model.onnx.data', which holds" in e.value.message
+    assert str(path) in e.value.message and "copy or export the .onnx file and its .data files" in e.value.hint
+
+
 def test_needs_external_data_at_protobufs_limit() -> None:
     assert not modelfiles.needs_external_data(1 << 30)
     assert modelfiles.needs_external_data(int(2.5 * (1 << 30)))
