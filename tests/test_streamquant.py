@@ -1,19 +1,22 @@
-"""steps/streamquant.py: ORT's dynamic quantizer fed one weight at a time gives exactly ORT's own result."""
+"""steps/streamquant.py: ORT's quantizers, run on the graph without its weights, write exactly what they write
+with the weights in memory."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
-from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from ortbuild.steps import streamquant
+from ortbuild.data import load_samples
+from ortbuild.steps import precision, streamquant
 from tests import bigmodels
 
 MODELS = Path(__file__).parent.parent / "models"
@@ -27,8 +30,19 @@ def _external(src: Path, out_dir: Path) -> Path:
     return out
 
 
-def _ort(src: Path, out_dir: Path, per_channel: bool) -> Path:
-    """What precision.py did before streamquant: quant_pre_process then quantize_dynamic, all in memory."""
+def _quantize(pre: Path, out: Path, static: dict[str, Any] | None, per_channel: bool) -> None:
+    """ORT's quantize_dynamic, or quantize_static with `static`'s samples, format and calibration method."""
+    common: dict[str, Any] = {"per_channel": per_channel, "reduce_range": True, "weight_type": QuantType.QInt8,
+                              "use_external_data_format": True}
+    if static is None:
+        quantize_dynamic(str(pre), str(out), **common)
+    else:
+        quantize_static(str(pre), str(out), precision._Reader(static["samples"]), quant_format=static["format"],
+                        calibrate_method=static["method"], activation_type=QuantType.QUInt8, **common)
+
+
+def _ort(src: Path, out_dir: Path, static: dict[str, Any] | None, per_channel: bool) -> Path:
+    """What precision.py does for a model without external data: quant_pre_process, then the quantizer."""
     out_dir.mkdir()
     pre, out = out_dir / "pre.onnx", out_dir / "q.onnx"
     kw = {"save_as_external_data": True, "external_data_location": "pre.onnx.data"}
@@ -36,36 +50,63 @@ def _ort(src: Path, out_dir: Path, per_channel: bool) -> Path:
         quant_pre_process(str(src), str(pre), **kw)
     except Exception:
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, **kw)
-    quantize_dynamic(str(pre), str(out), use_external_data_format=True, per_channel=per_channel,
-                     reduce_range=True, weight_type=QuantType.QInt8)
+    _quantize(pre, out, static, per_channel)
     return out
 
 
-def _streamed(src: Path, out_dir: Path, per_channel: bool) -> Path:
+def _streamed(src: Path, out_dir: Path, static: dict[str, Any] | None, per_channel: bool) -> Path:
+    """The same quantizer inside streamquant.weightless; every ONNX load in it must leave the weights out."""
     out_dir.mkdir()
-    pre = streamquant.preprocess(src, out_dir / "pre.onnx", [])
+    pre, out = streamquant.preprocess(src, out_dir / "pre.onnx", []), out_dir / "q.onnx"
     removed: list[bool] = []
-    out = streamquant.quantize_dynamic(
-        pre, out_dir / "q.onnx", per_channel=per_channel, reduce_range=True, weight_type=QuantType.QInt8,
-        op_types_to_quantize=None, nodes_to_exclude=None, consume=lambda: removed.append(True))
+    loads: list[bool] = []
+    real_load = onnx.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> onnx.ModelProto:
+        loads.append(kwargs.get("load_external_data", True))
+        return real_load(f, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(onnx, "load", load)
+        mp.setattr(onnx, "load_model", load)
+        with streamquant.weightless(pre.parent, consume=lambda: removed.append(True)):
+            _quantize(pre, out, static, per_channel)
+    assert loads and not any(loads)
     assert removed == [True]
     return out
 
 
+CASES: list[tuple[str, dict[str, Any] | None]] = [
+    *((name, None) for name in ("tiny_cnn", "tiny_transformer", "tiny_lstm", "mlp")),
+    ("tiny_cnn", {"format": QuantFormat.QDQ, "method": CalibrationMethod.MinMax}),
+    ("tiny_cnn", {"format": QuantFormat.QOperator, "method": CalibrationMethod.MinMax}),
+    ("tiny_cnn", {"format": QuantFormat.QDQ, "method": CalibrationMethod.Entropy}),
+    ("tiny_lstm", {"format": QuantFormat.QDQ, "method": CalibrationMethod.Percentile}),
+    ("mlp", {"format": QuantFormat.QDQ, "method": CalibrationMethod.MinMax}),
+]
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
-@pytest.mark.parametrize("name", ["tiny_cnn", "tiny_transformer", "tiny_lstm", "mlp"])
-def test_the_streamed_quantizer_writes_what_quantize_dynamic_writes(
-        tmp_path: Path, name: str, per_channel: bool) -> None:
+@pytest.mark.parametrize("name,static", CASES, ids=[
+    f"{n}-dynamic" if s is None else f"{n}-{s['format'].name}-{s['method'].name}" for n, s in CASES])
+def test_without_the_weights_in_memory_ort_s_quantizers_write_what_they_write_with_them(
+        tmp_path: Path, name: str, static: dict[str, Any] | None, per_channel: bool) -> None:
     logging.getLogger().setLevel(logging.WARNING)
     if name == "mlp":
         src = bigmodels.mlp(tmp_path / "src", layers=3, width=256)
+        calib = src.parent / "inputs.npz"
     else:
         src = _external(MODELS / f"{name}.onnx", tmp_path / "src")
-    ours = onnx.load(str(_streamed(src, tmp_path / "streamed", per_channel)))
-    theirs = onnx.load(str(_ort(src, tmp_path / "ort", per_channel)))
+        calib = MODELS / f"{name}.calib.npz"
+    if static is not None:
+        inputs = [i.name for i in onnx.load(str(src), load_external_data=False).graph.input]
+        static = {**static, "samples": load_samples(calib, inputs)}
+    ours = onnx.load(str(_streamed(src, tmp_path / "streamed", static, per_channel)))
+    theirs = onnx.load(str(_ort(src, tmp_path / "ort", static, per_channel)))
 
     assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in theirs.graph.node]
-    assert any(n.op_type in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM") for n in ours.graph.node)
+    assert any(n.op_type in ("MatMulInteger", "ConvInteger", "DynamicQuantizeLSTM", "QuantizeLinear",
+                             "QLinearConv") for n in ours.graph.node)
     ours_t = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
     theirs_t = {t.name: numpy_helper.to_array(t) for t in theirs.graph.initializer}
     assert ours_t.keys() == theirs_t.keys()

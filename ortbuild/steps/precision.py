@@ -4,9 +4,10 @@ Models of any size: the source is read from its path (its external data beside i
 and every output whose weights could pass protobuf's 2 GB limit is written with external data (`external`).
 
 fp16          onnxruntime.transformers.float16.convert_float_to_float16
-int8-dynamic  onnxruntime.quantization.quantize_dynamic   (after quant_pre_process; with external data, the same
-              quantizer fed one weight at a time: streamquant)
+int8-dynamic  onnxruntime.quantization.quantize_dynamic   (after quant_pre_process)
 int8-static   onnxruntime.quantization.quantize_static    (after quant_pre_process; calibration data)
+              (with external data, both run on the graph without its weights, each weight read when the
+              quantizer asks for it: streamquant)
 int4-weight   onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer
 """
 
@@ -227,9 +228,7 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             src = source
         else:
             src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
-        dynamic = not options.PRECISION_RULES[precision].needs_calibration
-        streamed = dynamic and external  # ORT's quantizer fed one weight at a time (streamquant)
-        if streamed and opts.preprocess:
+        if external and opts.preprocess:  # the same passes, the weights read from their files
             pre = streamquant.preprocess(src, work / "preprocessed.onnx", notes)
         else:
             pre = _preprocess(src, work, opts.preprocess, notes, external)
@@ -242,11 +241,12 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             "op_types_to_quantize": list(opts.op_types) or None,
             "nodes_to_exclude": list(opts.exclude_nodes) or None,
         }
-        if dynamic:
-            if streamed:
-                streamquant.quantize_dynamic(pre, out, **common,
-                                             consume=(lambda: remove_model(pre)) if pre.parent == work else None)
-            else:
+        # with external data, ORT's quantizers run on the graph without its weights, each weight read from its
+        # file when asked (streamquant); the pre-processed copy is removed before the result is written
+        consume = (lambda: remove_model(pre)) if pre.parent == work else None
+        streamed = streamquant.weightless(pre.parent, consume) if external else contextlib.nullcontext()
+        if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
+            with streamed:
                 quantize_dynamic(str(pre), str(out), use_external_data_format=external, **common)
             used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
                                          "exclude_nodes", "preprocess")}
@@ -256,11 +256,12 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                       "percentile": CalibrationMethod.Percentile,
                       "distribution": CalibrationMethod.Distribution}[opts.calibration_method]
-            quantize_static(
-                str(pre), str(out), _Reader(calibration),
-                quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
-                activation_type=_qtype(opts.activation_type), calibrate_method=method,
-                calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
+            with streamed:
+                quantize_static(
+                    str(pre), str(out), _Reader(calibration),
+                    quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
+                    activation_type=_qtype(opts.activation_type), calibrate_method=method,
+                    calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
             used["calibration_samples"] = len(calibration)
         if pre.parent == work:
             remove_model(pre)

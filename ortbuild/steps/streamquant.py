@@ -1,26 +1,31 @@
-"""int8-dynamic for models with external data: ONNX Runtime's own quantizer, fed one weight at a time.
+"""int8 for models with external data: ONNX Runtime's own quantizers, fed one weight at a time.
 
-`quant_pre_process` and `quantize_dynamic` load the whole model and copy it 2-3 times (symbolic shape
-inference, a deep copy saved and reloaded for shape inference, the result serialized whole): 3.5-4x the weights
-in memory. Here ORT's `ONNXQuantizer` runs unchanged on the graph loaded *without* its weights:
+`quant_pre_process`, `quantize_dynamic` and `quantize_static` load the whole model and copy it 2-3 times
+(symbolic shape inference, a deep copy saved and reloaded for shape inference, the calibrator's augmented copy,
+the result serialized whole): 3.5-4x the weights in memory, and 2x in temp space. Inside `weightless`, ORT's
+functions run unchanged on the graph loaded *without* its weights:
 
 - every weight the quantizer asks for (all of them go through `onnx.numpy_helper.to_array`) is read from its
   external-data file when asked and dropped when the quantizer is done with it;
 - shape inference runs on the weightless graph (it needs shapes and types, never values);
-- pre-processing does what `quant_pre_process` does (symbolic shape inference, ORT's basic-level
-  optimization, ONNX shape inference), with ORT reading the weights from the source's folder and writing the
-  result's weights as external data;
+- the calibrator's augmented graph is written alone, its data files hard-linked beside it (ORT's calibration
+  session maps the same bytes);
 - the result is written tensor by tensor: quantized weights from memory (a quarter of the float ones), the
   weights left in float copied from their file in chunks.
 
-What the quantizer decides and computes is ORT's: `tests/test_streamquant.py` checks that the output equals
-`quantize_dynamic`'s (the same nodes, the same tensors) on every model it quantizes.
+`preprocess` does what `quant_pre_process` does (symbolic shape inference, ORT's basic-level optimization, ONNX
+shape inference), with ORT reading the weights from the source's folder and writing the result's weights as
+external data.
+
+What the quantizers decide and compute is ORT's: `tests/test_streamquant.py` checks that the output equals
+theirs with the weights in memory (the same nodes, the same tensors), dynamic and static, QDQ and QOperator.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -162,40 +167,79 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     return out
 
 
-def quantize_dynamic(src: Path, out: Path, *, per_channel: bool, reduce_range: bool, weight_type: Any,
-                     op_types_to_quantize: list[str] | None, nodes_to_exclude: list[str] | None,
-                     consume: Callable[[], None] | None = None) -> Path:
-    """ORT's `quantize_dynamic(src, out, use_external_data_format=True, ...)`, one weight in memory at a time.
+def _link_data(model: onnx.ModelProto, where: Path, base: Path) -> None:
+    """Make the external-data files `model` names readable beside `where` (a graph ORT will load from there):
+    hard links to the files under `base` (no bytes copied); a copy where the two folders are on different
+    file systems."""
+    from ..modelfiles import locations
 
-    `src` is a model with external data (its files beside it); `out` gets `<name>.data` beside it.
-    consume: removes `src` (an intermediate): called once the weights left in float are read into memory, before
-    the result is written, so the temp space never holds both."""
-    from onnxruntime.quantization import QuantType, onnx_quantizer
-    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
-    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
-    from onnxruntime.quantization.registry import IntegerOpsRegistry
+    for loc in locations(model):
+        dst = where.parent / loc
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(base / loc, dst)
+            except OSError:
+                shutil.copyfile(base / loc, dst)
 
-    base = src.parent
-    model = _shape_inferred(onnx.load(str(src), load_external_data=False))
-    model = update_opset_version(model, weight_type)
-    reload = onnx_quantizer.save_and_reload_model_with_shape_infer
-    onnx_quantizer.save_and_reload_model_with_shape_infer = _shape_inferred
+
+@contextlib.contextmanager
+def weightless(base: Path, consume: Callable[[], None] | None = None) -> Iterator[None]:
+    """While inside, ONNX Runtime's `quantize_dynamic` and `quantize_static`, called as they are, work on the
+    graph without its weights (`base`: the folder of the model's external data):
+
+    - ORT's loads (`load_model_with_shape_infer`, `save_and_reload_model_with_shape_infer`) load the graph
+      alone and infer shapes on it;
+    - every weight is read when the quantizer asks for it (`weights_on_demand`);
+    - a weightless graph ORT saves for its own sessions (the calibrator's augmented model) is written alone,
+      its data files hard-linked beside it;
+    - the result (`ONNXModel.save_model_to_file`) is written by `save`, tensor by tensor. `consume` removes the
+      input (an intermediate): it is called once the weights left in float are in memory, before the result is
+      written, so the temp space never holds both.
+    """
+    import sys
+
+    from onnxruntime.quantization import base_quantizer, calibrate, onnx_quantizer
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    quantize = sys.modules["onnxruntime.quantization.quantize"]
+    real_save: Callable[..., Any] = onnx.save_model
+
+    def load(path: Path) -> onnx.ModelProto:
+        return _shape_inferred(onnx.load(str(path), load_external_data=False))
+
+    def save_model(proto: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(proto, onnx.ModelProto) and any(_external(t) for t in _tensors(proto.graph)):
+            _link_data(proto, Path(f), base)
+            Path(f).write_bytes(proto.SerializeToString())
+        else:
+            real_save(proto, f, *args, **kwargs)
+
+    def save_result(self: Any, output_path: str, use_external_data_format: bool = False) -> None:
+        self.topological_sort()
+        if consume is not None:
+            for t in _tensors(self.model.graph):
+                if _external(t):
+                    t.CopyFrom(_read(t, base))
+            consume()
+        save(self.model, Path(output_path), base)
+
+    patches: list[tuple[Any, str, Any]] = [
+        (quantize, "load_model_with_shape_infer", load),
+        (calibrate, "load_model_with_shape_infer", load),
+        (quantize, "save_and_reload_model_with_shape_infer", _shape_inferred),
+        (onnx_quantizer, "save_and_reload_model_with_shape_infer", _shape_inferred),
+        (base_quantizer, "save_and_reload_model_with_shape_infer", _shape_inferred),
+        (onnx, "save", save_model),
+        (onnx, "save_model", save_model),
+        (ONNXModel, "save_model_to_file", save_result),
+    ]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     try:
+        for obj, name, new in patches:
+            setattr(obj, name, new)
         with weights_on_demand(base):
-            quantizer = ONNXQuantizer(
-                model, per_channel, reduce_range, QuantizationMode.IntegerOps, False, weight_type,
-                QuantType.QUInt8, None, None, nodes_to_exclude or [],  # dynamic activations: uint8 only
-                op_types_to_quantize or list(IntegerOpsRegistry.keys()), {"MatMulConstBOnly": True})
-            del model
-            quantizer.quantize_model()
+            yield
     finally:
-        onnx_quantizer.save_and_reload_model_with_shape_infer = reload
-    quantizer.model.topological_sort()
-    result = quantizer.model.model
-    if consume is not None:
-        for t in _tensors(result.graph):
-            if _external(t):
-                t.CopyFrom(_read(t, base))
-        consume()
-    return save(result, out, base)
-
+        for obj, name, old in saved:
+            setattr(obj, name, old)
