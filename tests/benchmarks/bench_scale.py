@@ -6,8 +6,8 @@ For each size, an MLP stack (MatMul 4096x4096 + Add + Relu, weights in model.onn
 generated into a temp dir (never committed), then, each in a fresh process of this venv:
 - `ortbuild build` per precision: wall time, peak RSS / weights (wait4's ru_maxrss of the process), peak
   plaintext temp space / weights (the build's private dirs, sampled every 0.2 s);
-- `ortbuild test` (golden, latency and size gates), `ortbuild release` and `ortbuild verify` of the fp32
-  target: wall time and peak RSS;
+- `ortbuild test` per precision (golden, latency and size gates), then `ortbuild release` of every precision
+  (no --force: each must have passed) and `ortbuild verify` of each released target: wall time and peak RSS;
 - the generated Python loader against plain `InferenceSession(path)` on the source, alternating fresh
   processes: time to first inference and peak RSS, medians of --reps.
 Prints a markdown table (docs/benchmarks.md has the results); --json writes them too.
@@ -57,6 +57,10 @@ precision = "int8-dynamic"
 [targets.int4-weight]
 extends = "fp32"
 precision = "int4-weight"
+# Block-wise 4-bit rounding of Gaussian weights costs ~0.12% cosine per layer and 40 random layers without
+# residual connections compound it to 0.951 (block 16, asymmetric: 0.954 on a 40-layer analogue): no int4
+# scheme meets the default 0.99 on this model, a trained one should. The size gate keeps its default.
+accuracy = { cosine = 0.94 }
 
 [targets.fp16]
 extends = "fp32"
@@ -185,9 +189,12 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
         rows["steps"][f"test {p}"] = {"seconds": r["seconds"], "rss": r["rss"] / weights,
                                       "verdict": f"{result['status']} ({result['worst']}, size "
                                                  f"{result['size']['ratio']:.2f}x)"}
-    for step, cmd in (("release fp32", [*ortbuild, "release", "-t", "fp32", "--force"]),
-                      ("verify fp32", [*ortbuild, "verify", "dist/release/fp32"]),
-                      ("verify fp32 --no-run", [*ortbuild, "verify", "dist/release/fp32", "--no-run"])):
+    steps = [("release (every target, gates passed)", [*ortbuild, "release", *(a for p in precisions
+                                                                              for a in ("-t", p))])]
+    for p in precisions:
+        steps += [(f"verify {p}", [*ortbuild, "verify", f"dist/release/{p}"]),
+                  (f"verify {p} --no-run", [*ortbuild, "verify", f"dist/release/{p}", "--no-run"])]
+    for step, cmd in steps:
         r, _ = run(cmd, project, env)
         rows["steps"][step] = {"seconds": r["seconds"], "rss": r["rss"] / weights, "rss_mb": r["rss"] / (1 << 20)}
     loader, plain = [], []
