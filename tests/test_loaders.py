@@ -74,6 +74,11 @@ def node_app() -> Path:
     """A Node.js app with onnxruntime-node installed from the npm registry (cached between runs)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("Node.js and npm are needed for the Node loader tests (CI installs them)")
+    return install_node_app()
+
+
+def install_node_app() -> Path:
+    """The app folder ($ORTBUILD_NODE_APP, else a cache folder) with onnxruntime-node installed in it."""
     app = Path(os.environ.get("ORTBUILD_NODE_APP", Path.home() / ".cache" / "ortbuild-tests" / "node-app"))
     if not (app / "node_modules" / "onnxruntime-node" / "package.json").exists():
         app.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,9 @@ generated into a temp dir (never committed), then, each in a fresh process of th
   plaintext temp space / weights (the build's private dirs, sampled every 0.2 s);
 - `ortbuild test` per precision (golden, latency and size gates), then `ortbuild release` of every precision
   (no --force: each must have passed) and `ortbuild verify` of each released target: wall time and peak RSS;
-- the generated Python loader against plain `InferenceSession(path)` on the source, alternating fresh
-  processes: time to first inference and peak RSS, medians of --reps.
+- the generated Python loader against plain `InferenceSession(path)` on the source, and the Node loader
+  against plain onnxruntime-node `InferenceSession.create(path)` (where node and npm are installed), alternating
+  fresh processes: time to first inference and peak RSS, medians of --reps.
 Prints a markdown table (docs/benchmarks.md has the results); --json writes them too.
 """
 
@@ -28,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import onnx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -85,6 +88,21 @@ else:
 print(time.perf_counter() - t)
 """
 
+# The same in Node (onnxruntime-node, from the app folder where it is installed): argv: which, where, width.
+NODE_FIRST_RUN = """
+const t = performance.now();
+const [which, where, loader, width] = process.argv.slice(2);
+const ort = (await import('onnxruntime-node')).default;
+const x = new ort.Tensor('float32', new Float32Array(2 * Number(width)).fill(0.5), [2, Number(width)]);
+if (which === 'plain') {
+  const options = { executionProviders: ['cpu'], graphOptimizationLevel: 'disabled' };
+  await (await ort.InferenceSession.create(where, options)).run({ x });
+} else {
+  const { load } = await import(loader);
+  await (await load({ folder: where })).run({ x });
+}
+console.log((performance.now() - t) / 1000);
+"""
 
 PRIVATE_DIRS = ("/dev/shm", tempfile.gettempdir())  # where builds keep plaintext (workspace.private_dir)
 
@@ -167,6 +185,27 @@ def first_runs(which: str, inputs: Path, where: Path, env: dict[str, str], cwd: 
     return {"seconds": float(out.strip().splitlines()[-1]), "rss": r["rss"]}
 
 
+def node_first_runs(which: str, app: Path, where: Path, width: int, env: dict[str, str]) -> dict[str, float]:
+    script = app / f"scale_first_run_{os.getpid()}.mjs"
+    loader = app / f"scale_loader_{os.getpid()}.mjs"  # apps embed the generated loader (it imports onnxruntime-node)
+    script.write_text(NODE_FIRST_RUN)
+    if which == "loader":
+        shutil.copy(where / "loader" / "ortbuild_loader.mjs", loader)
+    try:
+        r, out = run(["node", str(script), which, str(where), loader.as_uri(), str(width)], app, env)
+    finally:
+        script.unlink()
+        loader.unlink(missing_ok=True)
+    return {"seconds": float(out.strip().splitlines()[-1]), "rss": r["rss"]}
+
+
+def versus(loader: list[dict[str, float]], plain: list[dict[str, float]]) -> dict[str, Any]:
+    med = {name: {k: statistics.median(x[k] for x in runs) for k in ("seconds", "rss")}
+           for name, runs in (("plain", plain), ("loader", loader))}
+    return {**med, "time_ratio": med["loader"]["seconds"] / med["plain"]["seconds"],
+            "rss_ratio": med["loader"]["rss"] / med["plain"]["rss"]}
+
+
 def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str, Any]:
     from tests.conftest import here_runtime
 
@@ -202,10 +241,17 @@ def bench(gib: float, precisions: list[str], reps: int, root: Path) -> dict[str,
         plain.append(first_runs("plain", source.parent / "inputs.npz", source, env, project))
         loader.append(first_runs("loader", source.parent / "inputs.npz", project / "dist" / "fp32" / "mlp", env,
                                  project))
-    med = {name: {k: statistics.median(x[k] for x in runs) for k in ("seconds", "rss")}
-           for name, runs in (("plain", plain), ("loader", loader))}
-    rows["loader"] = {**med, "time_ratio": med["loader"]["seconds"] / med["plain"]["seconds"],
-                      "rss_ratio": med["loader"]["rss"] / med["plain"]["rss"]}
+    rows["loader"] = versus(loader, plain)
+    if shutil.which("node") and shutil.which("npm"):  # the Node loader against plain onnxruntime-node
+        from tests.test_loaders import install_node_app
+
+        app, width = install_node_app(), onnx.load(str(source), load_external_data=False).graph.input[0]
+        n = width.type.tensor_type.shape.dim[1].dim_value
+        loader, plain = [], []
+        for _ in range(reps):
+            plain.append(node_first_runs("plain", app, source, n, env))
+            loader.append(node_first_runs("loader", app, project / "dist" / "fp32" / "mlp", n, env))
+        rows["node_loader"] = versus(loader, plain)
     # no plaintext weight bytes anywhere the build, test, release, verify and the loaders wrote (the source
     # model's own folder excepted), and no private dir left behind
     hits, scanned = plaintext_hits([project], needles(source.parent / "model.onnx.data", 32), skip=(source.parent,))
@@ -230,6 +276,13 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {name} | loader vs plain ORT, first inference | {lo['loader']['seconds']:.2f} s vs "
                      f"{lo['plain']['seconds']:.2f} s (**{lo['time_ratio']:.2f}x**) | {lo['loader']['rss'] / GIB:.2f} "
                      f"vs {lo['plain']['rss'] / GIB:.2f} GiB (**{lo['rss_ratio']:.2f}x** plain) | - | |")
+        if "node_loader" in r:
+            lo = r["node_loader"]
+            lines.append(f"| {name} | Node loader vs plain onnxruntime-node, first inference | "
+                         f"{lo['loader']['seconds']:.2f} s vs {lo['plain']['seconds']:.2f} s "
+                         f"(**{lo['time_ratio']:.2f}x**)"
+                         f" | {lo['loader']['rss'] / GIB:.2f} vs {lo['plain']['rss'] / GIB:.2f} GiB "
+                         f"(**{lo['rss_ratio']:.2f}x** plain) | - | |")
         pt = r["plaintext"]
         lines.append(f"| {name} | plaintext scan of everything written ({pt['scanned'] / GIB:.2f} GiB, 32 pieces "
                      f"of the weights) | {len(pt['hits'])} files hold plaintext, {len(pt['private_dirs_left'])} "
