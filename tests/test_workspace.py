@@ -173,3 +173,18 @@ def test_a_damaged_manifest_is_reported_and_rebuilt(make_project: Callable[..., 
     assert proc.returncode == 0 and "1 built" in proc.stdout
     assert "note: rebuilt the published artifact: damaged manifest" in proc.stdout
     assert _assert_no_torn_state(path.parent / "dist") == 1
+
+
+def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0700(tmp_path: Path) -> None:
+    import stat
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm here")
+    for need, root in ((1 << 20, shm), (1 << 60, Path(tempfile.gettempdir()))):  # 1 EiB: no /dev/shm has room
+        with workspace.private_dir(need) as d:
+            assert d.parent == root and d.name.startswith(workspace.PRIVATE_PREFIX)
+            assert stat.S_IMODE(d.stat().st_mode) == 0o700
+            (d / "model.onnx").write_bytes(b"plaintext")
+        assert not d.exists()  # removed when the job ends

@@ -1,0 +1,47 @@
+"""parallel: default -j is sized by every file of the biggest model, and says so when memory is what limits it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import cli, config, plan
+from ortbuild.parallel import default_workers
+
+from .bigmodels import mlp
+
+TWO_TARGETS = """
+    [targets.fp32]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+
+    [targets.int8]
+    extends = "fp32"
+    precision = "int8-dynamic"
+"""
+
+
+def test_workers_are_sized_by_the_external_data_too_and_the_cli_says_why(
+        make_project: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    src = mlp(tmp_path / "mlp", layers=2, width=64)
+    path = make_project(TWO_TARGETS)
+    path.write_text(path.read_text() + f'\n[models.mlp]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n')
+    jobs = plan.jobs(config.load(path))
+    assert len(jobs) == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    n, why = default_workers(jobs)
+    assert n == 4 and why == ""  # small models: one worker per job (24 GiB machines have room for 4 x 0.6 GiB)
+    # the weights grow to 64 GiB (a sparse file: nothing is written); the graph file stays a few KB
+    with open(src.parent / "model.onnx.data", "r+b") as f:
+        f.truncate(64 << 30)
+    n, why = default_workers(jobs)
+    assert n == 1
+    assert "the largest model, mlp, is 64.00 GiB (all its files)" in why and "-j overrides" in why
+    assert cli._workers(argparse.Namespace(jobs=None), jobs) == 1
+    assert f"ortbuild: {why}" in capsys.readouterr().err
+    assert cli._workers(argparse.Namespace(jobs=3), jobs) == 3  # -j is the user's word
