@@ -146,23 +146,29 @@ def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
     return ModelFiles(graph, tuple(external))
 
 
+def extent(t: Any) -> tuple[str, int, int | None]:
+    """Where an external tensor keeps its bytes: location, offset and length (None: to the file's end), as
+    ONNX's own `ExternalDataInfo` parses them (ValueError for negative offsets and lengths)."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    info = ExternalDataInfo(t)
+    return info.location, info.offset or 0, info.length
+
+
 def _extent_problem(model: Any, sizes: dict[str, int]) -> str | None:
     """Why a tensor's external data does not lie inside its file (by the sizes in `sizes`), or None: checked
     here, before any step reads a weight, instead of as a runtime's out-of-bounds error minutes later."""
-    from onnx.external_data_helper import ExternalDataInfo
-
     for t in _tensors(model.graph):
         if t.data_location != 1:  # TensorProto.EXTERNAL
             continue
         try:
-            info = ExternalDataInfo(t)
+            location, offset, length = extent(t)
         except ValueError as e:
             return str(e)
-        offset, size = info.offset or 0, sizes[info.location]
-        end = offset + (info.length if info.length is not None else 0)
+        size = sizes[location]
+        end = offset + (length if length is not None else 0)
         if end > size:
-            return (f"tensor '{t.name}' needs bytes {offset}-{end} of '{info.location}', which holds "
-                    f"{size} bytes")
+            return f"tensor '{t.name}' needs bytes {offset}-{end} of '{location}', which holds {size} bytes"
     return None
 
 

@@ -13,16 +13,7 @@ from ortbuild import cli, config, plan
 from ortbuild.parallel import default_workers
 
 from .bigmodels import mlp
-
-TWO_TARGETS = """
-    [targets.fp32]
-    runtime = "RUNTIME"
-    providers = ["CPUExecutionProvider"]
-
-    [targets.int8]
-    extends = "fp32"
-    precision = "int8-dynamic"
-"""
+from .test_build import TWO_TARGETS
 
 
 def test_workers_are_sized_by_the_external_data_too_and_the_cli_says_why(

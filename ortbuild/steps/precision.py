@@ -27,7 +27,6 @@ import onnx
 from .. import options
 from ..config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
 from ..data import Feed
-from ..errors import first_line
 from . import streamquant
 
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
@@ -132,17 +131,16 @@ def _upgrade_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
 def _preprocess(src: Path, work: Path, enabled: bool, notes: list[str], external: bool) -> Path:
     if not enabled:
         return src
+    out = work / "preprocessed.onnx"
+    if external:  # the same passes, the weights read from their files
+        return streamquant.preprocess(src, out, notes)
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    out = work / "preprocessed.onnx"
-    big = {"save_as_external_data": True, "all_tensors_to_one_file": True,
-           "external_data_location": f"{out.name}.data"} if external else {}
     try:
-        quant_pre_process(str(src), str(out), **big)
+        quant_pre_process(str(src), str(out))
     except Exception as e:  # symbolic shape inference fails on some exported graphs
-        notes.append(f"quant_pre_process with symbolic shapes failed ({first_line(e, 120)}); "
-                     "retried with skip_symbolic_shape=True")
-        quant_pre_process(str(src), str(out), skip_symbolic_shape=True, **big)
+        notes.append(streamquant.no_symbolic_shapes(e))
+        quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
     return out
 
 
@@ -228,10 +226,7 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
             src = source
         else:
             src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
-        if external and opts.preprocess:  # the same passes, the weights read from their files
-            pre = streamquant.preprocess(src, work / "preprocessed.onnx", notes)
-        else:
-            pre = _preprocess(src, work, opts.preprocess, notes, external)
+        pre = _preprocess(src, work, opts.preprocess, notes, external)
         if src.parent == work and pre != src:
             remove_model(src)
         out = work / "int8.onnx"

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from onnx.external_data_helper import uses_external_data
 
-from ..modelfiles import _tensors
+from ..modelfiles import _tensors, extent
 
 _CHUNK = 1 << 20
 _EXTERNAL_MIN = 1024  # tensors of this many bytes or more are written as external data (ONNX's default)
@@ -46,13 +46,11 @@ def _external(t: onnx.TensorProto) -> bool:
 
 
 def _span(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
-    """Where the weightless tensor `t` keeps its bytes: file, offset, length (no length: to the file's end),
-    as ONNX's own `ExternalDataInfo` parses them (negative offsets and lengths refused)."""
-    info = ExternalDataInfo(t)
-    path = base / info.location
-    offset = info.offset or 0
-    length = info.length if info.length is not None else path.stat().st_size - offset
-    return path, offset, length
+    """Where the weightless tensor `t` keeps its bytes: file under `base`, offset, length (no length in the
+    model: to the file's end)."""
+    location, offset, length = extent(t)
+    path = base / location
+    return path, offset, length if length is not None else path.stat().st_size - offset
 
 
 def _read(t: onnx.TensorProto, base: Path) -> onnx.TensorProto:
@@ -129,6 +127,14 @@ def save(model: onnx.ModelProto, out: Path, base: Path) -> Path:
     return out
 
 
+def no_symbolic_shapes(e: Exception) -> str:
+    """The build note when symbolic shape inference fails and pre-processing goes on without it."""
+    from ..errors import first_line
+
+    return (f"quant_pre_process with symbolic shapes failed ({first_line(e, 120)}); "
+            "retried with skip_symbolic_shape=True")
+
+
 def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     """What `quant_pre_process` does, without the weights in memory: symbolic shape inference on the weightless
     graph, ORT's basic-level optimization reading the weights from `src`'s folder (ORT writes the result with
@@ -137,7 +143,6 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    from ..errors import first_line
     from .optimize import EXTERNAL_FILE, EXTERNAL_MIN
 
     base = src.parent
@@ -146,8 +151,7 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
         with weights_on_demand(base):
             model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     except Exception as e:  # as quant_pre_process's caller does: go on without symbolic shapes
-        notes.append(f"quant_pre_process with symbolic shapes failed ({first_line(e, 120)}); "
-                     "retried with skip_symbolic_shape=True")
+        notes.append(no_symbolic_shapes(e))
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(out)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
