@@ -32,12 +32,15 @@ PARTIAL_GLOBS = ("*.partial", ".golden.*")  # atomic_write's temp files, golden'
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone."""
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone or
+    has exited and waits to be reaped (a zombie writes nothing more; some init processes reap orphans, such as
+    the workers of a killed build, only seconds later)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _alive(pid: int, start: str | None) -> bool:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,11 +51,12 @@ def _assert_no_torn_state(dist: Path) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Running: not gone and not a zombie (an exited process its parent or init has not reaped yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
         return False
-    return True
+    return state not in ("Z", "X")
 
 
 def _dead_private_dirs() -> list[Path]:
@@ -177,7 +180,6 @@ def test_a_damaged_manifest_is_reported_and_rebuilt(make_project: Callable[..., 
 
 def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0700(tmp_path: Path) -> None:
     import stat
-    import tempfile
 
     shm = Path("/dev/shm")
     if not (shm.is_dir() and os.access(shm, os.W_OK)):
@@ -188,3 +190,25 @@ def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0
             assert stat.S_IMODE(d.stat().st_mode) == 0o700
             (d / "model.onnx").write_bytes(b"plaintext")
         assert not d.exists()  # removed when the job ends
+
+
+def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_removable() -> None:
+    # a killed build's workers are orphans; some init processes reap them seconds later, and until then they
+    # are zombies: their plaintext dirs are nobody's and the next build's recovery must remove them
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    private = Path(tempfile.gettempdir()) / "never-made"
+    try:
+        start = workspace._start_time(child.pid)
+        assert start is not None
+        private = Path(tempfile.mkdtemp(prefix=f"{workspace.PRIVATE_PREFIX}{child.pid}-{start}-"))
+        assert private not in workspace._dead_private_dirs()  # running: its dir is in use
+        child.kill()
+        deadline = time.monotonic() + 10
+        while _alive(child.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert private in workspace._dead_private_dirs()  # exited, not reaped (we have not waited for it)
+    finally:
+        child.kill()
+        child.wait()
+        shutil.rmtree(private, ignore_errors=True)
