@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 
 from . import __version__, keys, manifest, modelfiles, options, paths, runtime, workspace
 from .config import Project, Provider, Target
-from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, first_line
+from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
 from .plan import Job
 
 if TYPE_CHECKING:  # the steps import onnx, numpy and the quantizers: a no-op build never needs them
@@ -398,11 +398,7 @@ def _package(ctx: JobContext) -> None:
 def _integrity(ctx: JobContext) -> None:
     """The published artifact still matches its signed manifest (fresh or reused)."""
     assert ctx.sign_key is not None
-    m, folder = manifest.read(ctx.out_dir)
-    problems = manifest.integrity_problems(m, folder, ctx.sign_key.public_raw)
-    if problems:
-        raise ArtifactError(f"{ctx.out_dir}: {'; '.join(problems)}", "rebuild it with --force")
-    ctx.manifest = m
+    ctx.manifest = manifest.trusted(ctx.out_dir, ctx.sign_key.public_raw)
 
 
 def _python_loader(ctx: JobContext) -> None:
@@ -482,6 +478,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     enc = ctx.enc_key
     return manifest.Manifest(
         project=manifest.ProjectInfo(ctx.project.name, ctx.project.version),
+        epoch=ctx.project.epoch,
         target=job.target.name,
         model=job.model.name,
         status="portable" if ctx.missing else "complete",
@@ -556,12 +553,13 @@ def _publish(out_dir: Path, sealed: list[tuple[manifest.ArtifactFile, Path]], lo
 
 
 class Builder:
-    def __init__(self, project: Project, dist: Path, *, force: bool = False,
+    def __init__(self, project: Project, dist: Path, *, force: bool = False, repair: bool = False,
                  progress: Callable[[str, str], None] | None = None,
                  enc_key: keys.EncryptionKey | None = None, sign_key: keys.SigningKey | None = None) -> None:
         self.project = project
         self.dist = dist
         self.force = force
+        self.repair = repair  # rebuild a TAMPERED artifact (and say what was replaced) instead of refusing
         self.progress = progress or Progress()
         self._probes: dict[tuple[str, str, str], str | None] = {}
         self._digests: dict[tuple[str, int, int], str | None] = {}
@@ -660,8 +658,10 @@ class Builder:
         ctx.enc_key = self.enc_key if job.settings.encrypt else None
         ctx.sign_key = self.sign_key
         assert ctx.sign_key is not None  # check_keys()
-        sealing = {"encryption_key_id": ctx.enc_key.key_id if ctx.enc_key else None,
-                   "signing_key_id": ctx.sign_key.key_id, "deterministic": deterministic()}
+        # the encryption key's id is not part of the key: `ortbuild rekey` re-wraps an artifact under a new key
+        # without a rebuild, and the reuse check refuses an artifact sealed for another key (WrongKey)
+        sealing = {"encrypted": ctx.enc_key is not None, "signing_key_id": ctx.sign_key.key_id,
+                   "deterministic": deterministic(), "epoch": self.project.epoch}
         ctx.plugins = plugin_versions(job.target)
         ctx.libraries = runtime.custom_op_libraries(job.settings.custom_ops)
         ctx.files = self.model_files(job.model.path)
@@ -690,11 +690,18 @@ class Builder:
         try:
             res.step = "prepare"
             ctx = self.prepare(job, res)
-            why, reused = ("--force", None) if self.force else published(ctx.out_dir, ctx.key, ctx.sign_key,
-                                                                         ctx.key_parts)
+            try:
+                why, reused = published(ctx.out_dir, ctx.key, ctx.sign_key, ctx.key_parts,
+                                        None if self.force else ctx.enc_key)
+            except Tampered as e:
+                if not self.repair:
+                    raise
+                why, reused = f"TAMPERED, replaced on --repair: {e.message}", None
+            if self.force and reused is not None:
+                why, reused = "--force", None
             if reuse_only and reused is None:
                 return None
-            if why and why != "no artifact yet" and not self.force:
+            if why and why != "no artifact yet" and why != "--force":
                 self.progress(job.name, f"rebuilding: {why}")
             if reused is not None:
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
@@ -706,8 +713,8 @@ class Builder:
                     ctx.work = work
                     self._run_phase(ctx, "build")
                 ctx.work = None
-                if why and why.startswith(("damaged", "artifact modified")):  # the summary says so too
-                    res.notes.append(f"rebuilt the published artifact: {why}")
+                if why and why.startswith("TAMPERED"):  # the summary says what was replaced
+                    res.notes.append(why)
             self._run_phase(ctx, "verify", reused=reused is not None)
             assert ctx.manifest is not None
             # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
@@ -723,7 +730,7 @@ class Builder:
                 return None  # the full run reports it
             res.status = FAILED
             res.error = e
-            res.reason = e.message
+            res.reason = f"{e.label}: {e.message}" if isinstance(e, Tampered | WrongKey) else e.message
         except Exception as e:  # a tool (onnx, ORT, a quantizer) rejected the model: name the step
             if reuse_only:
                 return None
@@ -740,21 +747,30 @@ class Builder:
         return res
 
 
-def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None,
-              parts: dict[str, str] | None = None) -> tuple[str | None, manifest.Manifest | None]:
-    """(why the published artifact cannot be reused, None) or (None, its manifest): missing, damaged,
-    modified, or which parts of its build key changed."""
-    if not (out_dir / manifest.MANIFEST).exists():
+def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None, parts: dict[str, str] | None = None,
+              enc_key: keys.EncryptionKey | None = None) -> tuple[str | None, manifest.Manifest | None]:
+    """(why the published artifact must be rebuilt, None) or (None, its manifest).
+
+    Trust first, with the configured signing key (never the manifest's own): a manifest whose signature does
+    not verify, or a signed file (artifact, loaders, golden data, custom ops) that differs, raises Tampered
+    whatever else changed: a build never replaces what someone modified (`--repair` does, on purpose). An
+    intact artifact is rebuilt when its build key changed; one sealed for another encryption key raises WrongKey
+    (`ortbuild rekey` rotated it: the old key no longer opens it)."""
+    if not (out_dir / manifest.MANIFEST).exists() and not (out_dir / manifest.SIGNATURE).exists():
         return "no artifact yet", None
-    try:
-        m, folder = manifest.read(out_dir)
-    except OrtbuildError as e:
-        return f"damaged manifest ({e.message.split(': ', 1)[-1][:120]})", None
-    if m.build_key != key:  # decided before hashing the artifact: a changed job rebuilds either way
+    if sign_key is None:
+        raise KeyMissing("no signing key: the published artifacts are checked with its public half",
+                         f"make keys: `{keys.MAKE_KEYS}`")
+    m = manifest.trusted(out_dir, sign_key.public_raw, development=sign_key.development, rebuildable=True)
+    if m is None:  # signed by this key, in another ortbuild's manifest format
+        return "built by another ortbuild (manifest format)", None
+    if m.build_key != key:
         if parts is not None and m.build_inputs:
             return "changed: " + ", ".join(changed_parts(m.build_inputs, parts)), None
         return "changed: the build key (built by an older ortbuild)", None
-    problems = manifest.integrity_problems(m, folder, sign_key.public_raw if sign_key else None)
-    if problems:
-        return f"artifact modified or incomplete ({problems[0][:120]})", None
+    if m.encryption is not None and enc_key is not None and m.encryption.key_id != enc_key.key_id:
+        raise WrongKey(f"{out_dir}: encrypted for key id {m.encryption.key_id}, the configured key "
+                       f"({enc_key.source}) is id {enc_key.key_id}",
+                       "use the key it was built or re-keyed with (after `ortbuild rekey`, the new one); "
+                       "`ortbuild build --repair` rebuilds it under this key")
     return None, m

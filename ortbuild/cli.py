@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -21,7 +21,9 @@ from .errors import (
     MissingProvider,
     OrtbuildError,
     RuntimeMismatch,
+    Tampered,
     UsageError,
+    WrongKey,
     first_line,
 )
 
@@ -159,7 +161,8 @@ def _built(args: argparse.Namespace, project: config.Project, jobs: Sequence[pla
 
     fit = _fitting(jobs)
     dist = Path(args.dist) if args.dist else project.root / "dist"
-    builder = Builder(project, dist, force=force, enc_key=keys.encryption_key(file=args.key_file),
+    builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False),
+                      enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
@@ -189,7 +192,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     with _built(args, project, [*jobs, *refs]) as (dist, builder, built):
         progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
         secret = builder.enc_key.secret if builder.enc_key else None
-        tester = gates.Tester(project, dist, secret, args.config, progress)
+        tester = gates.Tester(project, dist, secret, args.config, progress, builder.sign_key)
         results = tester.run(jobs, built, args.require)
         explained = _explain(args, builder, tester, jobs, results, progress)
         json_path, html_path = report.write(dist, report.collect(dist))
@@ -314,8 +317,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             rebuild, why = None, "unknown: no keys configured (the key ids are part of the build key)"
         else:
             ctx = builder.prepare(j)
-            why, _ = published(ctx.out_dir, ctx.key, builder.sign_key, ctx.key_parts)
-            rebuild = why is not None
+            try:
+                why, _ = published(ctx.out_dir, ctx.key, builder.sign_key, ctx.key_parts, ctx.enc_key)
+                rebuild = why is not None
+            except OrtbuildError as e:  # TAMPERED or a wrong key: a build refuses it, `--repair` rebuilds it
+                why, rebuild = f"{e.label}: {e.message}", True
         out.append({"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime_text,
                     "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
                     "optimization": j.settings.optimization, "format": j.settings.format,
@@ -440,11 +446,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  LEFTOVER   {p}: left by an interrupted build; `ortbuild clean --stale` (or the next build) "
               "removes it", file=sys.stderr)
     m, folder = manifest.read(path)
-    pinned = keys.read_public_key(args.public_key) if args.public_key else None
-    integrity = manifest.integrity_problems(m, folder, pinned)
+    # one trust root: --public-key, else $ORTBUILD_PUBLIC_KEY_FILE, else the configured signing key's public half;
+    # the public key a manifest names is information, never trust
+    pinned = keys.public_key(args.public_key)
+    unverified = None if pinned else ("no public key configured: nothing here is verified (pass --public-key "
+                                      "signing.pub, or set ORTBUILD_PUBLIC_KEY_FILE or ORTBUILD_SIGNING_KEY_FILE)")
+    integrity = manifest.integrity_problems(m, folder, pinned) if pinned else []
     fit = manifest.fit_problems(m)
     if args.json:
-        print(json.dumps({"manifest": json.loads(m.to_json()), "integrity_problems": integrity,
+        print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
+                          "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
+                          "integrity_problems": integrity if pinned else [unverified],
                           "fit_problems": fit, "leftovers": left}, indent=2))
     else:
         opt, ort_version = m.optimization, m.versions["onnxruntime"]
@@ -464,7 +476,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                                  "no (encrypt = false)"))
         print(f"  signed     {m.signing.algorithm}, public key id {m.signing.public_key_id}"
               + (" (DEVELOPMENT KEY)" if m.signing.development_key else "")
-              + ("" if pinned else " (checked with the manifest's own key: pass --public-key to pin one)"))
+              + (f"; checked with the trusted key id {keys.public_key_id(pinned)}" if pinned else ""))
+        print(f"  epoch      {m.epoch} (rollback counter: loaders generated at a higher epoch refuse this one)")
+        if m.golden:
+            print(f"  golden     {len(m.golden)} signed file(s) under golden/")
         for lf in m.loaders:
             print(f"  loader     {lf.name}" + (f"  ({lf.note})" if lf.note else ""))
         print(f"  providers  {', '.join(p['name'] for p in m.providers)}")
@@ -489,13 +504,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for n in m.notes:
             print(f"  note       {n}")
         for p in integrity:
-            print(f"  PROBLEM    {p}")
+            print(f"  TAMPERED   {p}")
         for p in fit:
             print(f"  WARNING    does not fit this environment: {p}")
-        if not integrity and not fit:
-            print("  OK         artifact matches its manifest and fits this environment")
+        if unverified:
+            print(f"  UNVERIFIED {unverified}")
+        elif not integrity and not fit:
+            print("  OK         signature and every signed file verified; fits this environment")
+        if m.signing.development_key or (m.encryption is not None and m.encryption.development_key):
+            print("  WARNING    built with a DEVELOPMENT key: never release it")
     if integrity:
-        return ArtifactError.exit_code
+        return Tampered.exit_code
+    if unverified:
+        return KeyMissing.exit_code
     return ArtifactError.exit_code if (fit and args.strict) else 0
 
 
@@ -517,7 +538,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_rekey(args: argparse.Namespace) -> int:
-    """Re-wrap every artifact's data keys under a new key; the model bytes are not re-encrypted."""
+    """Re-wrap every artifact's data keys under a new key and re-sign its manifest, in place: the model bytes are
+    not re-encrypted and the build key does not change, so the next `ortbuild test` with the new key reuses the
+    artifact, and the old key gets WrongKey. Each artifact is checked against the signing key first."""
     old = keys.encryption_key(file=args.old_key_file)
     new = keys.encryption_key(file=args.new_key_file) if args.new_key_file else None
     sign = keys.signing_key(file=args.signing_key_file)
@@ -525,30 +548,56 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         raise KeyMissing("rekey needs --old-key-file, --new-key-file and a signing key "
                          "(--signing-key-file, ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE)",
                          f"make a new key: `{keys.MAKE_KEYS}`")
-    done = 0
+    folders = []
     for path in args.paths:
-        for mf in sorted(Path(path).rglob(manifest.MANIFEST)) if Path(path).is_dir() else [manifest.locate(Path(path))]:
-            m, folder = manifest.read(mf)
-            problems = manifest.integrity_problems(m, folder)
-            if problems:
-                raise ArtifactError(f"{folder}: {'; '.join(problems)}", "rekey only intact artifacts; rebuild it")
-            if m.encryption is None:
-                continue
-            files = []
-            for f in m.artifact.files:
-                data = container.rewrap((folder / f.name).read_bytes(), old.secret, new.secret)
-                files.append((dataclasses.replace(f, sha256=hashlib.sha256(data).hexdigest(), size=len(data)), data))
-            main = next(f for f, _ in files if f.role == "model")
-            m = dataclasses.replace(
-                m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
-                encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development),
-                signing=sign.info())
-            manifest.write_signed(folder, {f.name: data for f, data in files}, m, sign.sign)
-            print(f"{folder}: re-wrapped {len(files)} file(s) from key id {old.key_id} to {new.key_id}")
-            done += 1
-    print(f"{done} artifact(s) re-keyed; loaders pin the signing key, regenerate them with `ortbuild build` if it "
-          "changed")
+        p = Path(path)
+        found = sorted(p.rglob(manifest.MANIFEST)) if p.is_dir() and not (p / manifest.MANIFEST).exists() \
+            else [manifest.locate(p)]
+        if not found or not found[0].exists():
+            raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
+        folders += [f.parent for f in found]
+    done = 0
+    for folder in folders:
+        dist = folder.parent.parent  # a dist/<target>/<model>/ is re-keyed under dist's lock
+        locked = (dist / workspace.LOCK).exists()
+        with workspace.Lock(dist, timeout=args.lock_timeout) if locked else contextlib.nullcontext():
+            done += _rekey_one(folder, old, new, sign)
+    print(f"{done} artifact(s) re-keyed to key id {new.key_id}; build keys unchanged (no rebuild), the old key "
+          "no longer opens them")
     return 0
+
+
+def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, sign: keys.SigningKey) -> int:
+    m = manifest.trusted(folder, sign.public_raw)  # Tampered: rekey never signs what it did not check
+    assert m is not None
+    if m.encryption is None:
+        return 0
+    if m.encryption.key_id == new.key_id:
+        print(f"{folder}: already under key id {new.key_id}")
+        return 0
+    if m.encryption.key_id != old.key_id:
+        raise WrongKey(f"{folder}: encrypted under key id {m.encryption.key_id}, --old-key-file ({old.source}) is "
+                       f"id {old.key_id}", "give the key it is encrypted under as --old-key-file")
+    files, partials = [], []
+    try:
+        for f in m.artifact.files:
+            partial = manifest.partial_file(folder / f.name)
+            partials.append(partial)
+            with open(partial, "wb") as out:
+                sha, size = container.rewrap_file(folder / f.name, out, old.secret, new.secret)
+                out.flush()
+                os.fsync(out.fileno())
+            files.append((dataclasses.replace(f, sha256=sha, size=size), partial))
+        main = next(f for f, _ in files if f.role == "model")
+        m = dataclasses.replace(
+            m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
+            encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development))
+        manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign)
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
+    print(f"{folder}: re-wrapped {len(files)} file(s) from key id {old.key_id} to {new.key_id}")
+    return 1
 
 
 # ------------------------------------------------------------------------------------------ clean
@@ -758,6 +807,9 @@ def parser() -> argparse.ArgumentParser:
     selection(b)
     b.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
     b.add_argument("--force", action="store_true", help="rebuild even when the build key is unchanged")
+    b.add_argument("--repair", action="store_true",
+                   help="rebuild artifacts whose files differ from their signed manifest (TAMPERED), saying what "
+                        "was replaced; without it a build refuses them")
     b.add_argument("--strict", action="store_true",
                    help="fail (exit 5/4) on portable-only builds and skipped targets instead of reporting them")
     b.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
@@ -770,6 +822,8 @@ def parser() -> argparse.ArgumentParser:
     selection(te)
     te.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
     te.add_argument("--strict", action="store_true", help="INCONCLUSIVE latency verdicts fail too (exit 9)")
+    te.add_argument("--repair", action="store_true",
+                    help="rebuild TAMPERED artifacts (saying what was replaced) instead of failing")
     te.add_argument("--require", action="store_true",
                     help="a target that cannot run here fails (exit 4/5) instead of being skipped")
     te.add_argument("--explain", action=argparse.BooleanOptionalAction, default=None,
@@ -839,6 +893,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--old-key-file", help="the current key (else $ORTBUILD_KEY / $ORTBUILD_KEY_FILE)")
     r.add_argument("--new-key-file", required=True, help="the new key")
     r.add_argument("--signing-key-file", help="signing key (the manifest is re-signed)")
+    r.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
     r.set_defaults(func=cmd_rekey)
 
     rl = sub.add_parser("release", help="bundle, sign and publish each target whose tests passed (docs/release.md)")

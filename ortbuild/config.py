@@ -288,6 +288,7 @@ class Project:
     description: str
     models: Mapping[str, Model]
     targets: Mapping[str, Target]
+    epoch: int = 0                   # rollback counter: signed into every manifest, loaders pin a minimum
 
     @property
     def root(self) -> Path:
@@ -529,7 +530,8 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     models = _load_models(chk, data["models"], root, check_files)
     targets = _load_targets(chk, data["targets"], models, root, check_files)
     return Project(file=file, name=proj["name"], version=proj["version"],
-                   description=proj.get("description", ""), models=models, targets=targets)
+                   description=proj.get("description", ""), models=models, targets=targets,
+                   epoch=proj.get("epoch", 0))
 
 
 def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bool) -> dict[str, Model]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import os
 import struct
 from dataclasses import dataclass
@@ -207,10 +208,27 @@ def decrypt(data: bytes | bytearray | memoryview, kek: bytes) -> bytearray:
 
 def rewrap(data: bytes, old_kek: bytes, new_kek: bytes) -> bytes:
     """The same container with its data key wrapped under `new_kek`; the chunks are not re-encrypted."""
-    header = parse_header(data)
+    return rewrap_header(bytes(data[:HEADER]), old_kek, new_kek) + bytes(data[HEADER:])
+
+
+def rewrap_header(head: bytes, old_kek: bytes, new_kek: bytes) -> bytes:
+    """A container's header with its data key re-wrapped under `new_kek` (WrongKey: `old_kek` is not its key)."""
+    header = parse_header(head)
     dek = unwrap(header, old_kek)
     wrap_nonce = os.urandom(12)
     partial = Header(header.chunk_log2, header.flags, header.size, header.nonce_prefix, key_id(new_kek),
                      wrap_nonce, b"")
     wrapped: bytes = AESGCM(new_kek).encrypt(wrap_nonce, dek, partial.pack())
-    return partial.pack() + wrapped + bytes(data[HEADER:])
+    return partial.pack() + wrapped
+
+
+def rewrap_file(src: Path, dst: BinaryIO, old_kek: bytes, new_kek: bytes) -> tuple[str, int]:
+    """Stream `src` into `dst` with its header re-wrapped (one chunk in memory): (sha256, size) of what was written."""
+    h, size = hashlib.sha256(), 0
+    with open(src, "rb") as f:
+        head = rewrap_header(f.read(HEADER), old_kek, new_kek)
+        for piece in itertools.chain([head], iter(lambda: f.read(1 << 20), b"")):
+            h.update(piece)
+            dst.write(piece)
+            size += len(piece)
+    return h.hexdigest(), size

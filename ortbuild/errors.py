@@ -88,11 +88,30 @@ class ArtifactError(OrtbuildError):
     label = "artifact error"
 
 
+class Tampered(ArtifactError):
+    """A published file differs from its signed manifest, or the manifest's signature does not verify with the
+    trusted public key. Nothing is replaced: `--repair` (or `ortbuild clean`) rebuilds on purpose."""
+
+    label = "TAMPERED"
+
+
+class RolledBack(ArtifactError):
+    """A validly signed artifact older (a lower epoch) than the minimum the reader pins."""
+
+    label = "rolled back"
+
+
 class KeyMissing(OrtbuildError):
     """No usable encryption or signing key. Messages name the source, never the key."""
 
     exit_code = 8
     label = "key error"
+
+
+class WrongKey(KeyMissing):
+    """The artifact is encrypted under another key (e.g. the old one, after `ortbuild rekey`)."""
+
+    label = "wrong key"
 
 
 class GateFailed(OrtbuildError):
@@ -112,6 +131,24 @@ class RegistryError(OrtbuildError):
 
     exit_code = 11
     label = "registry error"
+
+
+def from_loader(e: Exception, where: str) -> OrtbuildError:
+    """The ortbuild error for a generated loader's LoaderError (its stable `code`, docs/container.md)."""
+    code = getattr(e, "code", "loader_error")
+    text = f"{where}: the generated loader refused it ({code}): {e}"
+    if code in ("tampered", "bad_signature"):
+        return Tampered(text, "the artifact differs from what was built and signed: `ortbuild build --repair` "
+                              "rebuilds it on purpose")
+    if code == "wrong_key":
+        return WrongKey(text, "give the key it was built or re-keyed with (after `ortbuild rekey`, the new one)")
+    if code == "key_missing":
+        return KeyMissing(text, "set ORTBUILD_KEY_FILE or pass --key-file")
+    if code == "rolled_back":
+        return RolledBack(text, "an older artifact replaced the current one: rebuild or restore it")
+    if code == "provider_unavailable":
+        return MissingProvider(text)
+    return ArtifactError(text)
 
 
 def _restore(cls: type[OrtbuildError], message: str, state: dict[str, object]) -> OrtbuildError:

@@ -317,7 +317,8 @@ class Explainer:
             quiet = Progress(quiet=True)  # the search reports per rebuild itself
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, enc_key=self.builder.enc_key,
                               sign_key=self.builder.sign_key)
-            tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet)
+            tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet,
+                            self.tester.sign_key)
             tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
 
             def trial(nodes: list[str], op_types: list[str]) -> tuple[bool, str]:

@@ -19,7 +19,8 @@ from typing import Any
 from . import __version__, compare, golden, latency, loaders, manifest, paths, runtime
 from .build import FAILED, PORTABLE, SKIPPED, JobResult
 from .config import Project, did_you_mean
-from .errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch
+from .errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
+from .keys import SigningKey
 from .plan import Job
 
 PASS, FAIL, INCONCLUSIVE = latency.PASS, latency.FAIL, latency.INCONCLUSIVE
@@ -72,8 +73,9 @@ def environment() -> dict[str, Any]:
 
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
-                 progress: Callable[[str, str], None]) -> None:
+                 progress: Callable[[str, str], None], sign_key: SigningKey | None = None) -> None:
         self.project = project
+        self.sign_key = sign_key  # signs the golden data into each tested artifact's manifest
         self.dist = dist
         self.secret = secret
         self.config_arg = config_arg
@@ -141,9 +143,14 @@ class Tester:
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
         module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
         self.progress(job.name, "golden outputs through the generated Python loader")
-        model = module.load(key=self.secret, folder=folder)
+        try:
+            model = module.load(key=self.secret, folder=folder)
+        except module.LoaderError as e:
+            raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
         g = self._golden_of(job, m.io)
-        golden.write(folder, g, m.io)
+        sk = self.sign_key
+        golden.write(folder, g, m.io, sign=None if sk is None else
+                     lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
         self._accuracy(job, res, model, g, m.io)

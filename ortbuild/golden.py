@@ -15,18 +15,18 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import data
+from . import data, manifest
 from .config import CustomOps, Model
 from .errors import ConfigError
 
-GOLDEN_DIR = "golden"
+GOLDEN_DIR = manifest.GOLDEN_DIR
 GOLDEN_JSON = "golden.json"
 
 
@@ -129,12 +129,16 @@ def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[Cus
     return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
 
 
-def write(folder: Path, golden: Golden, signature: dict[str, Any]) -> Path:
-    """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole."""
+def write(folder: Path, golden: Golden, signature: dict[str, Any],
+          sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
+    """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every
+    file's name (relative to `folder`), sha256 and size once they are written, before they replace the old ones
+    (the signed manifest lists them: equal golden data, the common case, leaves no window where they differ)."""
     target = folder / GOLDEN_DIR
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".golden.", dir=folder))
     files: dict[str, str] = {}
+    sizes: dict[str, tuple[str, int]] = {}
     try:
         for ds in golden.sets:
             d = tmp / ds.name
@@ -146,10 +150,15 @@ def write(folder: Path, golden: Golden, signature: dict[str, Any]) -> Path:
                 blob = _to_proto(value, name).SerializeToString()
                 (d / file).write_bytes(blob)
                 files[f"{ds.name}/{file}"] = hashlib.sha256(blob).hexdigest()
+                sizes[f"{GOLDEN_DIR}/{ds.name}/{file}"] = (files[f"{ds.name}/{file}"], len(blob))
         meta = {"made_by": golden.made_by, "source": golden.source, "files": files,
                 "inputs": [i["name"] for i in signature["inputs"]],
                 "outputs": [o["name"] for o in signature["outputs"]]}
-        (tmp / GOLDEN_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+        text = (json.dumps(meta, indent=2) + "\n").encode()
+        (tmp / GOLDEN_JSON).write_bytes(text)
+        sizes[f"{GOLDEN_DIR}/{GOLDEN_JSON}"] = (hashlib.sha256(text).hexdigest(), len(text))
+        if sign is not None:
+            sign(sizes)
         old = folder / f".golden.old.{os.getpid()}"
         if target.exists():
             target.rename(old)

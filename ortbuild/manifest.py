@@ -9,6 +9,7 @@ it describes (sha256 and size recorded), never a half-written one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -27,6 +28,7 @@ from .errors import ArtifactError
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
 SIGNATURE = "manifest.sig"
+GOLDEN_DIR = "golden"               # golden data beside the artifact, written by `ortbuild test` and signed here
 T = TypeVar("T")
 
 
@@ -97,6 +99,14 @@ class LoaderFile:
 
 
 @dataclass(frozen=True)
+class SignedFile:
+    """A file beside the artifact that readers use but the loaders do not decrypt (the golden data)."""
+    name: str                        # relative to the artifact directory, e.g. golden/test_data_set_0/input_0.pb
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class PrecisionInfo:
     name: str
     options: dict[str, Any]
@@ -150,6 +160,8 @@ class Manifest:
     compiled: dict[str, Any] | None = None  # compiled ahead of time (EPContext): provider, device, partitions
     # custom-op libraries: name, version, sha256, library, and module (a package's) or file (shipped beside it)
     custom_ops: list[dict[str, str]] = field(default_factory=list)
+    epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
+    golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
     format_version: int = FORMAT_VERSION
 
     @property
@@ -186,7 +198,7 @@ def file_name_problem(name: str) -> str | None:
     """Why a file name in a manifest is not a plain relative name inside the artifact's directory."""
     parts = name.split("/")
     if not name or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts) \
-            or len(parts) > 2:
+            or len(parts) > (3 if parts[0] == "golden" else 2):
         return f"file name {name[:80]!r} is not a plain name inside the artifact directory"
     return None
 
@@ -214,11 +226,15 @@ def _content_problem(m: Manifest) -> str | None:
     if not all(isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("options", {}), dict)
                for p in m.providers):
         return "providers must be a list of {name, options}"
-    names = [f.name for f in m.artifact.files] + [lf.name for lf in m.loaders]
+    names = [f.name for f in m.artifact.files] + [lf.name for lf in m.loaders] + [g.name for g in m.golden]
     for name in names:
         problem = file_name_problem(name)
         if problem:
             return problem
+    if any(not g.name.startswith("golden/") for g in m.golden):
+        return "golden files must be under golden/"
+    if not isinstance(m.epoch, int) or m.epoch < 0:
+        return "epoch must be a non-negative integer"
     if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
         return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
     return None
@@ -394,6 +410,10 @@ def write_signed(folder: Path, files: dict[str, bytes | Path], m: Manifest, sign
         for stale in folder.iterdir():
             if stale.is_file() and stale.name not in keep:
                 stale.unlink()
+        if (folder / GOLDEN_DIR).is_dir() and not (folder / GOLDEN_DIR).is_symlink():  # the old artifact's
+            import shutil
+
+            shutil.rmtree(folder / GOLDEN_DIR)
     for name, blob in files.items():
         if isinstance(blob, Path) and blob.parent.resolve() == folder.resolve():
             targets[name].parent.mkdir(parents=True, exist_ok=True)
@@ -407,8 +427,9 @@ def write_signed(folder: Path, files: dict[str, bytes | Path], m: Manifest, sign
     atomic_write(targets[MANIFEST], doc)
 
 
-def signature_problem(folder: Path, public_key: bytes | None = None) -> str | None:
-    """Why manifest.sig does not verify manifest.json (with `public_key`, else the manifest's own), or None."""
+def signature_problem(folder: Path, public_key: bytes) -> str | None:
+    """Why manifest.sig does not verify the exact bytes of manifest.json with `public_key` (the trust root: the
+    configured one, never the key a manifest names), or None."""
     from . import keys
 
     try:
@@ -420,39 +441,84 @@ def signature_problem(folder: Path, public_key: bytes | None = None) -> str | No
         return f"{folder}: cannot read the manifest or its signature: {e.strerror or e}"
     except ValueError:
         return f"{folder / SIGNATURE} is not a base64 signature"
-    if public_key is None:
-        try:
-            public_key = base64.b64decode(Manifest.from_json(text, str(folder / MANIFEST)).signing.public_key,
-                                          validate=True)
-        except ValueError:
-            return f"{folder / MANIFEST}: signing.public_key is not base64"
     if not keys.verify(public_key, sig, text):
-        return f"the signature of {folder / MANIFEST} does not verify (key id {keys.public_key_id(public_key)})"
+        named = ""
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            named = f"; the manifest names key id {json.loads(text)['signing']['public_key_id']}"
+        return (f"the signature of {folder / MANIFEST} does not verify with the trusted public key (id "
+                f"{keys.public_key_id(public_key)}){named}")
     return None
 
 
-def integrity_problems(m: Manifest, folder: Path, public_key: bytes | None = None) -> list[str]:
-    """The signature, then every artifact and loader file against its size and sha256 in the manifest."""
+def golden_listing(folder: Path) -> list[str]:
+    """Every file under folder/golden/, as names relative to `folder` (golden/test_data_set_0/input_0.pb)."""
+    root = folder / GOLDEN_DIR
+    if not root.exists() and not root.is_symlink():
+        return []
+    if root.is_symlink() or not root.is_dir():
+        return [GOLDEN_DIR]
+    return sorted(str(p.relative_to(folder)) for p in root.rglob("*") if not p.is_dir() or p.is_symlink())
+
+
+def _file_problem(folder: Path, name: str, sha256: str, size: int | None, what: str) -> str | None:
+    path = folder / name
+    if path.is_symlink() or not path.is_file():
+        return f"{what} {path} is missing" if not path.exists() else f"{what} {path} is not a plain file"
+    if size is not None and path.stat().st_size != size:
+        return f"{what} {name} is {path.stat().st_size} bytes, the manifest says {size}"
+    if sha256_file(path) != sha256:
+        return f"{what} {name} sha256 differs from the manifest (modified or corrupted)"
+    return None
+
+
+def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str]:
+    """The signature (with `public_key`), then every signed file against its size and sha256: the artifact's
+    files, the loaders, custom-op libraries shipped beside it, and the golden data (golden/ holds exactly the
+    files the manifest lists)."""
     problems = []
     sig = signature_problem(folder, public_key)
     if sig:
         problems.append(sig)
-    for f in m.artifact.files:
-        path = folder / f.name
-        if not path.exists():
-            problems.append(f"artifact file {path} is missing")
-        elif path.stat().st_size != f.size:
-            problems.append(f"artifact file {f.name} is {path.stat().st_size} bytes, the manifest says {f.size}")
-        elif sha256_file(path) != f.sha256:
-            problems.append(f"artifact file {f.name} sha256 differs from the manifest (modified or corrupted)")
-    for lf in m.loaders:
-        path = folder / lf.name
-        if not path.exists() or sha256_file(path) != lf.sha256:
-            problems.append(f"loader {lf.name} is missing or differs from the manifest")
-    for c in m.custom_ops:
-        if c.get("file") and (not (folder / c["file"]).is_file() or sha256_file(folder / c["file"]) != c["sha256"]):
-            problems.append(f"custom-op library {c['file']} is missing or differs from the manifest")
+    checks: list[tuple[str, str, int | None, str]] = [(f.name, f.sha256, f.size, "artifact file")
+                                                      for f in m.artifact.files]
+    checks += [(lf.name, lf.sha256, None, "loader") for lf in m.loaders]
+    checks += [(c["file"], c["sha256"], None, "custom-op library") for c in m.custom_ops if c.get("file")]
+    checks += [(g.name, g.sha256, g.size, "golden file") for g in m.golden]
+    for name, sha, size, what in checks:
+        problem = _file_problem(folder, name, sha, size, what)
+        if problem:
+            problems.append(problem)
+    extra = sorted(set(golden_listing(folder)) - {g.name for g in m.golden})
+    if extra:
+        problems.append(f"golden data not in the signed manifest: {folder / extra[0]}"
+                        + (f" and {len(extra) - 1} more" if len(extra) > 1 else ""))
     return problems
+
+
+def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebuildable: bool = False) \
+        -> Manifest | None:
+    """The manifest of an artifact directory whose signature verifies with `public_key` and whose every signed
+    file matches it, else Tampered (naming the first problem, and how many more). `rebuildable`: None for a
+    manifest signed with this key in another ortbuild's format (a rebuild replaces it), rather than an error."""
+    from .errors import Tampered
+
+    hint = ("someone or something changed it after the build: find out what, then `ortbuild build --repair` "
+            "(or `ortbuild clean`) rebuilds it on purpose" + (" (checked with a DEVELOPMENT key)" if development
+                                                                else ""))
+    sig = signature_problem(folder, public_key)
+    if sig:
+        raise Tampered(f"{folder}: {sig}", hint)
+    try:
+        m, _ = read(folder)
+    except ArtifactError:
+        if rebuildable:
+            return None
+        raise
+    problems = integrity_problems(m, folder, public_key)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise Tampered(f"{folder}: {problems[0]}{more}", hint)
+    return m
 
 
 def fit_problems(m: Manifest) -> list[str]:
@@ -493,3 +559,21 @@ def fit_problems(m: Manifest) -> list[str]:
             if reason:
                 problems.append(f"the target's provider cannot run here, ORT would fall back silently: {reason}")
     return problems
+
+
+def sign_golden(folder: Path, files: dict[str, tuple[str, int]], sign: Callable[[bytes], bytes],
+                public_key: bytes) -> Manifest:
+    """Re-sign the manifest of a trusted artifact with its golden data (`files`: name -> (sha256, size), names
+    relative to `folder`); nothing else in it changes."""
+    from .errors import Tampered
+
+    sig = signature_problem(folder, public_key)  # the artifact's files were checked by the build, under the lock
+    if sig:
+        raise Tampered(f"{folder}: {sig}", "`ortbuild build --repair` rebuilds it")
+    m, _ = read(folder)
+    listed = [SignedFile(name, sha, size) for name, (sha, size) in sorted(files.items())]
+    if listed != m.golden:
+        m = dataclasses.replace(m, golden=listed)
+        write_signed(folder, {}, m, sign)
+    return m
+

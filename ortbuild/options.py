@@ -387,6 +387,10 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="name", kind="string", required=True, doc="Project name, recorded in every manifest."),
         Key(name="version", kind="string", required=True, doc="Project version, recorded in every manifest."),
         Key(name="description", kind="string", default="", doc="Free text."),
+        Key(name="epoch", kind="integer", default=0,
+            doc="Rollback counter, signed into every manifest: raise it when an older artifact must no longer "
+                "load. Each generated loader refuses an artifact whose epoch is below the one it was generated "
+                "with (docs/container.md, rollback protection)."),
     ),
     "model": (
         Key(name="path", kind="string", required=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import golden, loaders, manifest, paths, workspace
-from .errors import ArtifactError
+from .errors import ArtifactError, from_loader
 from .plan import Job
 
 TRACE, SUMMARY = "profile.trace.json", "profile.json"
@@ -95,7 +95,10 @@ def profile_artifact(job: Job, folder: Path, secret: bytes | None, runs: int) ->
     module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
     feeds = [feed for _, feed, _ in golden.load(job.model, m.io)]
     with workspace.private_dir(64 << 20) as work:
-        model = module.load(key=secret, folder=folder, profile=work / "trace")
+        try:
+            model = module.load(key=secret, folder=folder, profile=work / "trace")
+        except module.LoaderError as e:
+            raise from_loader(e, job.name) from None
         model.run(feeds[0])  # warm-up: left out of the summary (first-run allocations)
         for i in range(runs):
             model.run(feeds[i % len(feeds)])

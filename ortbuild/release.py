@@ -132,11 +132,8 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
             raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
                                 f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
                                 f"\"test({target.name})\"`)")
-        m, _ = manifest.read(folder)
-        problems = manifest.integrity_problems(m, folder, public_key)
-        if problems:
-            raise ArtifactError(f"{folder}: {problems[0]}", f"rebuild it: `ortbuild build -t {target.name}`, then "
-                                                             "test it before releasing")
+        m = manifest.trusted(folder, public_key)  # Tampered, naming what differs; nothing is released
+        assert m is not None
         report_file = folder / REPORT
         report = json.loads(report_file.read_text()) if report_file.exists() else None
         mr = ModelRelease(name, folder, m, report)
@@ -146,27 +143,16 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         if changed and mr.refusal is None:  # the provenance must name what the artifact was built from
             mr.refusal = (f"its source changed since it was built ({', '.join(changed)}): rebuild and test it: "
                           f"`ortbuild test -t {target.name}`")
-        # the digests integrity_problems just checked each file against (the bundle's writer checks them again
-        # while copying): no file is read twice before the release
+        # the digests the integrity check just verified each file against (the bundle's writer checks them again
+        # while copying): no file is read twice before the release. The golden data is signed in the manifest.
         checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
-                   **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c}}
+                   **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c},
+                   **{g.name: g.sha256 for g in m.golden}}
         for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
             mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
-        gdir = folder / golden.GOLDEN_DIR
-        if (gdir / golden.GOLDEN_JSON).exists():
-            meta = json.loads((gdir / golden.GOLDEN_JSON).read_text())
-            mr.files[f"{golden.GOLDEN_DIR}/{golden.GOLDEN_JSON}"] = gdir / golden.GOLDEN_JSON
-            mr.digests[f"{golden.GOLDEN_DIR}/{golden.GOLDEN_JSON}"] = manifest.sha256_file(gdir / golden.GOLDEN_JSON)
-            for rel, digest in sorted(meta["files"].items()):
-                p = paths.inside(gdir, *rel.split("/"))
-                if manifest.sha256_file(p) != digest:
-                    raise ArtifactError(f"{p}: differs from {gdir / golden.GOLDEN_JSON}", f"run `ortbuild test -t "
-                                                                                          f"{target.name}` again")
-                mr.files[f"{golden.GOLDEN_DIR}/{rel}"] = p
-                mr.digests[f"{golden.GOLDEN_DIR}/{rel}"] = digest
-        elif mr.refusal is None:
-            mr.refusal = "it has no golden data (golden/): run `ortbuild test` first"
+        if not m.golden and mr.refusal is None:
+            mr.refusal = f"it has no signed golden data ({golden.GOLDEN_DIR}/): run `ortbuild test` first"
         out.append(mr)
     return out
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compare, golden, keys, loaders, manifest, minisign, paths, release, runtime, tarball
-from .errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch
+from .errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
 MAX_SMALL = 64 << 20  # SHA256SUMS, its signature, the index and the provenance are read whole: a sane bound
@@ -188,7 +188,8 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
             m, _ = manifest.read(mfolder)
             problems = manifest.integrity_problems(m, mfolder, public_key)
             if problems:
-                raise ArtifactError(f"{bundle}: {name}/{model}: {problems[0]}")
+                raise Tampered(f"{bundle}: {name}/{model}: {problems[0]}",
+                               "the bundle differs from what its publisher signed: fetch it again from the publisher")
         lines.append(f"artifacts    {', '.join(index['models'])}: manifests signed, artifact and loader digests match")
         if run:
             lines += _golden(index, tree, key)
@@ -215,7 +216,10 @@ def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
         folder = tree / model
         m, _ = manifest.read(folder)
         module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
-        loaded = module.load(key=key, folder=folder)
+        try:
+            loaded = module.load(key=key, folder=folder)
+        except module.LoaderError as e:
+            raise from_loader(e, f"{index['name']}/{model}") from None
         rules = index["tests"][model]["rules"]
         results = []
         for ds in golden.read(folder, m.io):

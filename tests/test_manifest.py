@@ -109,9 +109,9 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
                   providers=[{"name": "QNNExecutionProvider", "options": {}}],
                   versions={"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}})
     (tmp_path / "manifest.json").write_bytes(m.to_json())
-    assert manifest.integrity_problems(m, tmp_path) == [f"{tmp_path / 'manifest.sig'} is missing"]
     sign = keys.signing_key()
     assert sign is not None
+    assert manifest.integrity_problems(m, tmp_path, sign.public_raw) == [f"{tmp_path / 'manifest.sig'} is missing"]
     (tmp_path / "manifest.sig").write_bytes(base64.b64encode(sign.sign(m.to_json())))
     assert manifest.integrity_problems(m, tmp_path, sign.public_raw) == []
     other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()

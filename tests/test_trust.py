@@ -1,0 +1,224 @@
+"""Trust: the artifact that ships is the one that passed its gates.
+
+The tamper matrix: five kinds of tampering (the artifact, the manifest, a loader, the golden data, and a manifest
+re-signed with another key) through five entry points (`build`, `test`, `release`, `inspect`, both loaders).
+Every cell must be loud (a non-zero exit naming TAMPERED, or the loader's `tampered`/`bad_signature`), and
+`build`/`test` must replace nothing. Then: `--repair` rebuilds on purpose and says so; `rekey` rotates the
+encryption key without a rebuild and the old key gets WrongKey; the one trust root of `inspect`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ortbuild import cli, keys, loaders, manifest
+from ortbuild.errors import Tampered, WrongKey
+
+from .conftest import TEST_KEY
+from .test_loaders import install_node_app, node
+
+TARGET = """
+[targets.cpu]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+"""
+ART = Path("cpu") / "tiny_cnn"
+
+
+def ortbuild(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A project whose one artifact was built and tested (golden data signed): copied for each case."""
+    from .conftest import here_runtime, model_table
+
+    root = tmp_path_factory.mktemp("trust")
+    (root / "targets.toml").write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
+                                       + TARGET.replace("RUNTIME", here_runtime()))
+    assert cli.main(["test", "-c", str(root / "targets.toml"), "--no-explain"]) == 0
+    yield root
+
+
+def copy(pristine: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "p"
+    shutil.copytree(pristine, root, symlinks=True)
+    return root
+
+
+def _flip(path: Path, at: int = -20) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _edit_manifest(folder: Path) -> None:
+    doc = json.loads((folder / manifest.MANIFEST).read_text())
+    doc["notes"] = [*doc["notes"], "an edit"]
+    (folder / manifest.MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _resign(folder: Path) -> None:
+    """Swap the artifact for a modified one, and make the manifest say so, signed by a fresh key that the manifest
+    itself names: only a reader that trusts the manifest's own key would accept it."""
+    enc = folder / "model.onnx.enc"
+    _flip(enc)
+    doc = json.loads((folder / manifest.MANIFEST).read_text())
+    sha = manifest.sha256_file(enc)
+    doc["artifact"]["sha256"] = sha
+    for f in doc["artifact"]["files"]:
+        if f["name"] == enc.name:
+            f["sha256"] = sha
+    other = Ed25519PrivateKey.generate()
+    raw = other.public_key().public_bytes_raw()
+    doc["signing"].update(public_key=base64.b64encode(raw).decode(), public_key_id=keys.public_key_id(raw))
+    text = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    (folder / manifest.MANIFEST).write_bytes(text)
+    (folder / manifest.SIGNATURE).write_bytes(base64.b64encode(other.sign(text)) + b"\n")
+
+
+# kind -> (what to tamper with, given the artifact folder; the file whose bytes must survive)
+KINDS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "artifact": (lambda f: _flip(f / "model.onnx.enc"), "model.onnx.enc"),
+    "manifest": (_edit_manifest, manifest.MANIFEST),
+    "loader": (lambda f: _flip(f / loaders.LOADER_DIR / loaders.NODE, 10), f"{loaders.LOADER_DIR}/{loaders.NODE}"),
+    "golden": (lambda f: _flip(f / "golden" / "test_data_set_0" / "output_0.pb"), "golden/test_data_set_0/output_0.pb"),
+    "resigned": (_resign, manifest.SIGNATURE),
+}
+LOUD = ("TAMPERED",)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("entry", ["build", "test", "release", "inspect"])
+def test_tampering_is_loud_through_every_command_and_replaces_nothing(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, entry: str) -> None:
+    root = copy(pristine, tmp_path)
+    folder = root / "dist" / ART
+    tamper, survivor = KINDS[kind]
+    tamper(folder)
+    after = (folder / survivor).read_bytes()
+    cfg = str(root / "targets.toml")
+    args = {"build": ["build", "-c", cfg], "test": ["test", "-c", cfg, "--no-explain"],
+            "release": ["release", "-c", cfg, "--to", str(root / "out")], "inspect": ["inspect", str(folder)]}[entry]
+    code, text = ortbuild(capsys, *args)
+    assert code == Tampered.exit_code, text
+    assert "TAMPERED" in text, text
+    assert (folder / survivor).read_bytes() == after, "the tampered file was replaced without --repair"
+    if entry == "release":
+        assert not list((root / "out").rglob("*.tar")), "a bundle was released"
+
+
+NODE_LOAD = """
+import { LoaderError, load } from '%(loader)s';
+try { await load({ folder: '%(folder)s', key: Buffer.from('%(key)s', 'base64') }); console.log('"ok"'); }
+catch (e) { console.log(JSON.stringify(e instanceof LoaderError ? e.code : `crash:${e}`)); }
+"""
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_tampering_is_loud_through_both_loaders(pristine: Path, tmp_path: Path, kind: str) -> None:
+    root = copy(pristine, tmp_path)
+    folder = root / "dist" / ART
+    app = tmp_path / "app"  # apps embed a copy of the generated loaders
+    shutil.copytree(folder / loaders.LOADER_DIR, app)
+    tamper, _ = KINDS[kind]
+    tamper(folder)  # "loader": the Node loader beside the artifact; each loader checks the files listed there
+    py_code = _python_load(app, folder)
+    expected = {"tampered", "bad_signature"}
+    assert py_code in expected
+    node_app = install_node_app()
+    loader = node_app / f"loader_trust_{kind}.mjs"
+    shutil.copy(app / loaders.NODE, loader)
+    got = node(node_app, NODE_LOAD % {"loader": loader.as_posix(), "folder": folder.as_posix(),
+                                      "key": base64.b64encode(TEST_KEY).decode()})
+    assert got in expected
+
+
+def _python_load(app: Path, folder: Path) -> str:
+    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    try:
+        mod.load(key=TEST_KEY, folder=folder)
+    except mod.LoaderError as e:
+        return str(e.code)
+    return "ok"
+
+
+def test_untampered_copies_load_and_repair_rebuilds_on_purpose(pristine: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    root = copy(pristine, tmp_path)
+    folder = root / "dist" / ART
+    assert _python_load(folder / loaders.LOADER_DIR, folder) == "ok"  # the control: the copy itself is sound
+    cfg = str(root / "targets.toml")
+    _flip(folder / "model.onnx.enc")
+    code, text = ortbuild(capsys, "test", "-c", cfg, "--no-explain", "--repair")
+    assert code == 0, text
+    assert "TAMPERED, replaced on --repair" in text and "model.onnx.enc" in text, text
+    code, text = ortbuild(capsys, "inspect", str(folder))
+    assert code == 0 and "OK" in text, text
+
+
+def test_rekey_rotates_the_key_without_a_rebuild_and_the_old_key_gets_wrong_key(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    root = copy(pristine, tmp_path)
+    folder = root / "dist" / ART
+    cfg = str(root / "targets.toml")
+    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    old = tmp_path / "old.key"
+    old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old.chmod(0o600)
+    built = json.loads((folder / manifest.MANIFEST).read_text())
+    code, text = ortbuild(capsys, "rekey", str(root / "dist"), "--old-key-file", str(old), "--new-key-file", new)
+    assert code == 0, text
+    m, _ = manifest.read(folder)
+    assert m.build_key == built["build_key"] and m.encryption is not None
+    assert m.encryption.key_id == keys.encryption_key(file=new).key_id  # type: ignore[union-attr]
+    # the new key: reused as it is (no rebuild), and its gates pass through the re-wrapped artifact
+    monkeypatch.delenv("ORTBUILD_KEY")
+    code, text = ortbuild(capsys, "test", "-c", cfg, "--no-explain", "--key-file", new)
+    assert code == 0, text
+    assert "up to date" in text or manifest.read(folder)[0].created == built["created"], text
+    assert manifest.read(folder)[0].created == built["created"]
+    # the old key: a clear WrongKey, from test, build, plan and the loader; nothing rebuilt
+    for args in (["test", "-c", cfg, "--no-explain"], ["build", "-c", cfg]):
+        code, text = ortbuild(capsys, *args, "--key-file", str(old))
+        assert code == WrongKey.exit_code, text
+        assert "wrong key" in text and "internal error" not in text, text
+    code, text = ortbuild(capsys, "plan", "-c", cfg, "--key-file", str(old))
+    assert code == 0 and "wrong key" in text, text
+    assert _python_load_code(folder, TEST_KEY) == "wrong_key"
+    assert manifest.read(folder)[0].created == built["created"]
+
+
+def _python_load_code(folder: Path, key: bytes) -> str:
+    mod: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+    try:
+        mod.load(key=key, folder=folder)
+    except mod.LoaderError as e:
+        return str(e.code)
+    return "ok"
+
+
+def test_inspect_trusts_only_the_configured_key(pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    root = copy(pristine, tmp_path)
+    folder = root / "dist" / ART
+    code, text = ortbuild(capsys, "inspect", str(folder))
+    assert code == 0 and "OK" in text, text
+    monkeypatch.delenv("ORTBUILD_SIGNING_KEY")
+    code, text = ortbuild(capsys, "inspect", str(folder))
+    assert code == 8 and "UNVERIFIED" in text and " OK " not in text, text  # no key: nothing called verified
+    made = keys.keygen(tmp_path / "k")
+    code, text = ortbuild(capsys, "inspect", str(folder), "--public-key", made["public_key"])
+    assert code == Tampered.exit_code and "does not verify with the trusted public key" in text, text
