@@ -445,10 +445,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for p in left:
         print(f"  LEFTOVER   {p}: left by an interrupted build; `ortbuild clean --stale` (or the next build) "
               "removes it", file=sys.stderr)
-    m, folder = manifest.read(path)
     # one trust root: --public-key, else $ORTBUILD_PUBLIC_KEY_FILE, else the configured signing key's public half;
     # the public key a manifest names is information, never trust
     pinned = keys.public_key(args.public_key)
+    if pinned and (sig := manifest.signature_problem(folder, pinned)):  # before reading what may be forged
+        raise Tampered(f"{folder}: {sig}", "someone or something changed it after the build: find out what, then "
+                                           "`ortbuild build --repair` rebuilds it on purpose")
+    m, folder = manifest.read(path)
     unverified = None if pinned else ("no public key configured: nothing here is verified (pass --public-key "
                                       "signing.pub, or set ORTBUILD_PUBLIC_KEY_FILE or ORTBUILD_SIGNING_KEY_FILE)")
     integrity = manifest.integrity_problems(m, folder, pinned) if pinned else []
@@ -607,11 +610,18 @@ def cmd_clean(args: argparse.Namespace) -> int:
     import shutil
 
     dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
+    if not dist.exists():
+        print(f"nothing to clean: {dist} does not exist")
+        return 0
+    if not args.stale and not workspace.owned(dist):
+        raise UsageError(f"{dist}: not an ortbuild output directory (no {workspace.MARKER} marker in it): clean "
+                         "empties only directories ortbuild made", f"check --dist; if {dist} holds only build output "
+                                                                   "of an older ortbuild, remove it yourself")
     with workspace.Lock(dist, timeout=args.lock_timeout):
         removed = workspace.clean(dist)
         if not args.stale:
             for entry in sorted(dist.iterdir()):
-                if entry.name == workspace.LOCK:
+                if entry.name in (workspace.LOCK, workspace.MARKER):
                     continue
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
@@ -742,6 +752,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+PULLED = ".ortbuild-pulled"  # in every directory `ortbuild pull` made: only such a directory is replaced
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to."""
     import shutil
@@ -755,12 +768,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
         pulled = registry.pull(ref, Path(tmp))
         dest = Path(args.to) if args.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
-        if dest.exists() and not (dest / release.INDEX).is_file():
-            raise ArtifactError(f"{dest}: exists and is not a pulled release", "choose another --to directory")
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            raise UsageError(f"{dest}: is a symlink or not a directory: pull replaces only a directory it made",
+                             "choose another --to directory")
+        if dest.exists() and any(dest.iterdir()) and not (dest / PULLED).is_file():
+            raise UsageError(f"{dest}: not empty, and not a release `ortbuild pull` made (no {PULLED} in it): pull "
+                             "replaces only its own", "choose another --to directory, or an empty one")
         staged = dest.parent / f".{dest.name}.pulling"
         shutil.rmtree(staged, ignore_errors=True)
         dest.parent.mkdir(parents=True, exist_ok=True)
         v = verify.verify(Path(tmp), public, run=not args.no_run, key=enc.secret if enc else None, extract_to=staged)
+        (staged / PULLED).write_text(f"# pulled by ortbuild from {ref}: `ortbuild pull --to` may replace it\n")
         old = dest.parent / f".{dest.name}.old"
         if dest.exists():
             dest.rename(old)

@@ -74,9 +74,9 @@ def _rel(got: Any, ref: Any) -> float:
 def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
                 custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, Any]:
     """The values of the tensors `names` (those the graph computes) on `feed`: CPU provider, no optimization."""
-    import onnxruntime as ort
-
     from . import runtime
+
+    ort = runtime.import_ort()
 
     m = onnx.ModelProto()
     m.CopyFrom(model)

@@ -61,7 +61,7 @@ class TestResult:
 
 def environment() -> dict[str, Any]:
     """What the latency numbers depend on, recorded with them."""
-    import onnxruntime as ort
+    ort = runtime.import_ort()
 
     fp = runtime.fingerprint()
     flavor = runtime.installed_flavor()

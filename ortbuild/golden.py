@@ -104,9 +104,9 @@ def load(model: Model, signature: dict[str, Any]) -> list[tuple[str, data.Feed, 
 def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps] = ()) \
         -> tuple[list[dict[str, Any]], str]:
     """The source model's outputs in fp32 on the CPU provider with optimizations disabled, and how."""
-    import onnxruntime as ort
-
     from . import runtime
+
+    ort = runtime.import_ort()
 
     so = ort.SessionOptions()
     runtime.register_custom_ops(so, custom_ops)

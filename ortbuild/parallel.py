@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from . import keys
+from . import keys, runtime
 
 if TYPE_CHECKING:
     from .build import Builder, JobResult
@@ -84,7 +84,8 @@ def _init(state: dict[str, Any], events: Any) -> None:
     sign = state["sign"]
     sign_key = keys.SigningKey(Ed25519PrivateKey.from_private_bytes(sign[0]), sign[1], sign[2]) \
         if sign else None
-    _BUILDER = Builder(state["project"], Path(state["dist"]), force=state["force"],
+    runtime.import_ort()  # telemetry off in this process before any session
+    _BUILDER = Builder(state["project"], Path(state["dist"]), force=state["force"], repair=state["repair"],
                        progress=lambda job, message: events.put((job, message)),
                        enc_key=state["enc"], sign_key=sign_key)
     _BUILDER._probes = state["probes"]
@@ -117,7 +118,7 @@ def run_jobs(builder: Builder, todo: Sequence[tuple[int, Job]], workers: int) ->
     sk = builder.sign_key
     sign = (sk.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                      serialization.NoEncryption()), sk.source, sk.development) if sk else None
-    state = {"project": builder.project, "dist": str(builder.dist), "force": builder.force,
+    state = {"project": builder.project, "dist": str(builder.dist), "force": builder.force, "repair": builder.repair,
              "enc": builder.enc_key, "sign": sign, "probes": builder._probes, "parent": os.getpid()}
     ctx = mp.get_context("spawn")
     events = ctx.Queue()

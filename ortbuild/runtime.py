@@ -94,6 +94,24 @@ def package_problem(name: str, requirement: str, how: str) -> str | None:
     return None
 
 
+def import_ort() -> Any:
+    """The onnxruntime module, with ONNX Runtime's telemetry events disabled in this process before any session.
+
+    1.31 keeps a local event store (onnxruntime.db under the user's cache directory) whose SessionCreation events
+    name the graph and producer of every model a session opens: ortbuild opens decrypted models, so every
+    session it (or a quantizer it calls) creates runs after this call. docs/container.md, telemetry."""
+    import onnxruntime
+
+    global _TELEMETRY_OFF
+    if not _TELEMETRY_OFF:
+        off = getattr(onnxruntime, "disable_telemetry_events", None)
+        if off is not None:
+            off()
+        _TELEMETRY_OFF = True
+    return onnxruntime
+
+
+_TELEMETRY_OFF = False
 _REGISTERED: set[str] = set()  # providers whose plugin library this process registered with ONNX Runtime
 
 
@@ -101,7 +119,7 @@ def register_plugin(plugin: options.PluginEP) -> None:
     """Register a plugin EP's library with ONNX Runtime (once per process)."""
     import importlib
 
-    import onnxruntime as ort
+    ort = import_ort()
 
     if plugin.provider in _REGISTERED:
         return
@@ -121,7 +139,7 @@ def register_plugin(plugin: options.PluginEP) -> None:
 
 def plugin_devices(plugin: options.PluginEP, device_type: str) -> tuple[list[Any], str | None]:
     """The plugin's EP devices of `device_type` here, or ([], why there are none)."""
-    import onnxruntime as ort
+    ort = import_ort()
 
     register_plugin(plugin)
     every = ort.get_ep_devices()
@@ -146,7 +164,7 @@ def open_session(model: str | bytes, so: Any, providers: Sequence[Provider],
                  plugins: Mapping[str, options.PluginEP] | None = None, **kwargs: Any) -> Any:
     """An InferenceSession on `providers`; those in `plugins` (provider -> its plugin EP) are added through
     their EP devices (the only way ONNX Runtime takes a plugin EP), the CPU provider being their fallback."""
-    import onnxruntime as ort
+    ort = import_ort()
 
     plugins = plugins or {}
     via_plugin = [p for p in providers if p.name in plugins]
@@ -196,7 +214,7 @@ def probe_provider(provider: Provider, plugin: options.PluginEP | None = None) -
     """
     if provider.name == "CPUExecutionProvider" and installed_flavor() is not None:
         return None  # every flavor has it; importing ORT to ask costs a no-op build most of its time
-    import onnxruntime as ort
+    ort = import_ort()
 
     if plugin is not None:
         try:
@@ -440,7 +458,7 @@ def register_custom_ops(so: Any, ops: Sequence[CustomOps]) -> None:
 
 def session_options(settings: Settings, level: str) -> Any:
     """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims, custom ops)."""
-    import onnxruntime as ort
+    ort = import_ort()
 
     so = ort.SessionOptions()
     so.log_severity_level = 3

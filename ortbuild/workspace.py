@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Busy
+from .paths import UnsafePath
 
 LOCK = ".ortbuild.lock"
+# In every output directory ortbuild created (or found empty): `ortbuild clean` empties only a directory that holds
+# it, so a mistyped --dist never costs a user's files
+MARKER = ".ortbuild-dist"
 PRIVATE_PREFIX = "ortbuild-"
 PARTIAL_GLOBS = ("*.partial", ".golden.*")  # atomic_write's temp files, golden's temp dirs
 
@@ -130,6 +134,18 @@ def leftovers(dist: Path | None) -> list[Path]:
     return [*_dead_private_dirs(), *(partial_files(dist) if dist is not None else [])]
 
 
+def mark(folder: Path) -> None:
+    """Say that ortbuild made `folder` (its output directory), so that `clean` may empty it."""
+    fd = os.open(folder / MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write("# ortbuild's output directory: `ortbuild clean` empties it.\n")
+
+
+def owned(folder: Path) -> bool:
+    """Whether ortbuild made this output directory (it holds the marker, a plain file)."""
+    return (folder / MARKER).is_file() and not (folder / MARKER).is_symlink()
+
+
 def clean(dist: Path | None) -> list[Path]:
     """Remove leftovers. Call it holding dist's lock: partial files in dist/ are then never a live write's."""
     removed = []
@@ -168,8 +184,16 @@ class Lock:
         self.fd: int | None = None
 
     def __enter__(self) -> Lock:
-        self.dist.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dist / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        ours = not self.dist.exists() or (self.dist.is_dir() and not any(self.dist.iterdir()))
+        try:
+            self.dist.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dist / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as e:  # ELOOP: the lock file is a symlink (never written through); not a directory; ...
+            what = "is a symlink" if (self.dist / LOCK).is_symlink() else f"cannot be opened ({e.strerror})"
+            raise UnsafePath(f"{self.dist / LOCK} {what}: ortbuild locks its output directory with this file and "
+                             "never writes through a symlink",
+                             f"remove {self.dist / LOCK} (no ortbuild process holds it then) or choose another "
+                             "--dist") from None
         start, told = time.monotonic(), False
         while True:
             try:
@@ -197,6 +221,8 @@ class Lock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self.fd = fd
+        if ours:
+            mark(self.dist)
         return self
 
     def __exit__(self, *exc: object) -> None:

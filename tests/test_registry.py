@@ -86,6 +86,18 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
     assert not list(dest.rglob("*.onnx"))  # encrypted at rest after a pull too
     again = cli("pull", ref, "--public-key", pub, "--to", str(dest), "--no-run", cwd=tmp_path)
     assert again.returncode == 0, again.stderr  # a deploy step pulls into the same place again
+    # a directory pull did not make is never replaced, even one that holds a release.json
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "release.json").write_text("{}")
+    (mine / "important.txt").write_text("keep me")
+    refused = cli("pull", ref, "--public-key", pub, "--to", str(mine), "--no-run", cwd=tmp_path)
+    assert refused.returncode == 2 and "not a release `ortbuild pull` made" in refused.stderr, refused.stderr
+    assert (mine / "important.txt").read_text() == "keep me"
+    link = tmp_path / "link"
+    link.symlink_to(dest)
+    refused = cli("pull", ref, "--public-key", pub, "--to", str(link), "--no-run", cwd=tmp_path)
+    assert refused.returncode == 2 and "symlink" in refused.stderr, refused.stderr
 
 
 def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -161,21 +161,58 @@ def test_lock_times_out_naming_the_holder_and_dead_holders_are_taken_over(make_p
     assert proc.returncode == 0 and f"took over the lock of pid {dead.pid}" in proc.stderr
 
 
-def test_a_damaged_manifest_is_reported_and_rebuilt(make_project: Callable[..., Path]) -> None:
+def test_a_damaged_manifest_is_tampered_and_only_repair_rebuilds_it(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
     assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
     folder = path.parent / "dist" / "fp32" / "tiny_cnn"
     doc = (folder / "manifest.json").read_text()
     (folder / "manifest.json").write_text(doc.replace('"artifact"', '"artifacT"', 1))
     shown = subprocess.run(_cli("inspect", str(folder)), capture_output=True, text=True)
-    assert shown.returncode == 7 and "unknown manifest key 'artifacT'" in shown.stderr
-    assert "rebuild" in shown.stderr and "Traceback" not in shown.stderr
+    assert shown.returncode == 7 and "TAMPERED" in shown.stderr + shown.stdout, shown.stderr
+    assert "Traceback" not in shown.stderr
     plan = subprocess.run(_cli("plan", "-c", str(path), "--json"), capture_output=True, text=True)
-    assert json.loads(plan.stdout)[0]["why"].startswith("damaged manifest")
+    assert json.loads(plan.stdout)[0]["why"].startswith("TAMPERED")
     proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "--repair" in proc.stderr, proc.stderr
+    assert "artifacT" in (folder / "manifest.json").read_text()  # replaced nothing
+    proc = subprocess.run(_cli("build", "-c", str(path), "--repair"), capture_output=True, text=True)
     assert proc.returncode == 0 and "1 built" in proc.stdout
-    assert "note: rebuilt the published artifact: damaged manifest" in proc.stdout
+    assert "note: TAMPERED, replaced on --repair" in proc.stdout
     assert _assert_no_torn_state(path.parent / "dist") == 1
+
+
+def test_clean_empties_only_an_output_directory_ortbuild_made(make_project: Callable[..., Path],
+                                                              tmp_path: Path) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    mine = tmp_path / "v"
+    mine.mkdir()
+    (mine / "important.txt").write_text("keep me")
+    proc = subprocess.run(_cli("clean", "-c", str(path), "--dist", str(mine)), capture_output=True, text=True)
+    assert proc.returncode == 2 and "not an ortbuild output directory" in proc.stderr, proc.stderr
+    assert (mine / "important.txt").read_text() == "keep me" and not (mine / workspace.LOCK).exists()
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    dist = path.parent / "dist"
+    assert workspace.owned(dist)
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and not (dist / "fp32").exists(), proc.stderr
+    # a build into a directory that already held the user's files never marks it as ortbuild's
+    assert subprocess.run(_cli("build", "-c", str(path), "--dist", str(mine)), capture_output=True).returncode == 0
+    assert not workspace.owned(mine)
+    proc = subprocess.run(_cli("clean", "-c", str(path), "--dist", str(mine)), capture_output=True, text=True)
+    assert proc.returncode == 2 and (mine / "important.txt").exists()
+
+
+def test_a_symlinked_lock_file_is_a_clear_error_never_written_through(make_project: Callable[..., Path],
+                                                                      tmp_path: Path) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    dist = path.parent / "dist"
+    dist.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (dist / workspace.LOCK).symlink_to(victim)
+    proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 7 and "is a symlink" in proc.stderr and "internal error" not in proc.stderr
+    assert victim.read_text() == "keep me"
 
 
 def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0700(tmp_path: Path) -> None:

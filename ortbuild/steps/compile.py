@@ -47,7 +47,7 @@ def provider_to_compile(usable: list[Provider], plugins: dict[str, options.Plugi
 def run(src: Path, settings: Settings, provider: Provider, plugins: dict[str, options.PluginEP], work: Path,
         ) -> CompileResult:
     import onnx
-    import onnxruntime as ort
+    ort = runtime.import_ort()
 
     so = runtime.session_options(settings, "disable")  # the graph was optimized by the optimize step
     if provider.name in plugins:

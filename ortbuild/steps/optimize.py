@@ -110,7 +110,7 @@ def _size(path: Path) -> int:
 def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str, str], work: Path,
         external: bool = False) -> OptimizeResult:
     """external: ORT writes the optimized model's weights as external data (<name>.data beside it)."""
-    import onnxruntime as ort
+    ort = runtime.import_ort()
 
     notes: list[str] = []
     requested = level = settings.optimization

@@ -139,11 +139,13 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     """What `quant_pre_process` does, without the weights in memory: symbolic shape inference on the weightless
     graph, ORT's basic-level optimization reading the weights from `src`'s folder (ORT writes the result with
     external data), then ONNX shape inference on the result's graph."""
-    import onnxruntime as ort
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    from .. import runtime
     from .optimize import EXTERNAL_FILE, EXTERNAL_MIN
+
+    ort = runtime.import_ort()
 
     base = src.parent
     model = onnx.load(str(src), load_external_data=False)
