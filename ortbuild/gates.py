@@ -7,6 +7,7 @@ or SKIPPED (the target cannot run here; with `require` that is a failure).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from .plan import Job
 PASS, FAIL, INCONCLUSIVE = latency.PASS, latency.FAIL, latency.INCONCLUSIVE
 SKIP = "SKIPPED"
 REPORT = "test-report.json"
+REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
 SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
 
 
@@ -122,7 +124,12 @@ class Tester:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         if folder.is_dir():
             doc = {"result": res.as_json(), "environment": environment()}
-            manifest.atomic_write(folder / REPORT, (json.dumps(doc, indent=2, default=str) + "\n").encode())
+            text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
+            if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
+                manifest.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n")
+            else:
+                (folder / REPORT_SIG).unlink(missing_ok=True)
+            manifest.atomic_write(folder / REPORT, text)
 
     # ------------------------------------------------------------------------------------------ one job
 

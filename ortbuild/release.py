@@ -35,7 +35,7 @@ from typing import Any
 
 from . import __version__, golden, manifest, minisign, modelfiles, paths, tarball
 from .config import Project, Target
-from .errors import ArtifactError, GateFailed
+from .errors import ArtifactError, GateFailed, Tampered
 from .gates import PASS, REPORT
 from .keys import SigningKey
 
@@ -115,6 +115,29 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     return None
 
 
+def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """The test report beside an artifact (None: never tested) and why it is not trusted (None: its signature
+    verifies with the trusted key)."""
+    from .gates import REPORT_SIG
+    from .keys import verify
+
+    try:
+        text = (folder / REPORT).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    try:
+        sig = base64.b64decode((folder / REPORT_SIG).read_bytes().strip(), validate=True)
+    except (OSError, ValueError):
+        return None, f"no valid signature beside it ({REPORT_SIG})"
+    if not verify(public_key, sig, text):
+        return None, f"{REPORT_SIG} does not verify it with the trusted public key"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None, "not JSON"
+    return (doc if isinstance(doc, dict) else None), None
+
+
 def _source_changes(m: manifest.Manifest, now: modelfiles.ModelFiles) -> list[str]:
     """The source files whose sha256 differs from what the manifest says the artifact was built from."""
     if not m.source.files:  # built by an ortbuild that recorded only the graph file
@@ -134,10 +157,12 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
                                 f"\"test({target.name})\"`)")
         m = manifest.trusted(folder, public_key)  # Tampered, naming what differs; nothing is released
         assert m is not None
-        report_file = folder / REPORT
-        report = json.loads(report_file.read_text()) if report_file.exists() else None
+        report, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, report)
         mr.refusal = _test_problem(folder, m, report, target.name)
+        if unsigned:
+            raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
+                                                              f"{target.name}` again")
         mr.source = modelfiles.of(project.models[name].path, where=f"models.{name}")
         changed = _source_changes(m, mr.source)
         if changed and mr.refusal is None:  # the provenance must name what the artifact was built from

@@ -222,3 +222,22 @@ def test_inspect_trusts_only_the_configured_key(pristine: Path, tmp_path: Path, 
     made = keys.keygen(tmp_path / "k")
     code, text = ortbuild(capsys, "inspect", str(folder), "--public-key", made["public_key"])
     assert code == Tampered.exit_code and "does not verify with the trusted public key" in text, text
+
+
+def test_release_takes_verdicts_only_from_a_report_the_trusted_key_signed(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ortbuild.gates import REPORT
+
+    root = copy(pristine, tmp_path)
+    report = root / "dist" / ART / REPORT
+    doc = json.loads(report.read_text())
+    doc["result"]["worst"] = "a forged verdict"
+    report.write_text(json.dumps(doc, indent=2) + "\n")
+    code, text = ortbuild(capsys, "release", "-c", str(root / "targets.toml"), "--to", str(root / "out"))
+    assert code == Tampered.exit_code and "TAMPERED" in text and REPORT in text, text
+    assert not list((root / "out").rglob("*.tar"))
+    # the control: the untouched copy releases
+    root2 = tmp_path / "q"
+    shutil.copytree(pristine, root2, symlinks=True)
+    code, text = ortbuild(capsys, "release", "-c", str(root2 / "targets.toml"), "--to", str(root2 / "out"))
+    assert code == 0, text
