@@ -489,10 +489,20 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str
         if problem:
             problems.append(problem)
     extra = sorted(set(golden_listing(folder)) - {g.name for g in m.golden})
+    if extra and not sig and _predates_signed_golden(folder):
+        extra = []  # an older ortbuild's layout (golden data beside, unsigned): its build key changed, it rebuilds
     if extra:
         problems.append(f"golden data not in the signed manifest: {folder / extra[0]}"
                         + (f" and {len(extra) - 1} more" if len(extra) > 1 else ""))
     return problems
+
+
+def _predates_signed_golden(folder: Path) -> bool:
+    """Whether the (signature-checked) manifest was written before manifests listed their golden data."""
+    try:
+        return "golden" not in json.loads((folder / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return False
 
 
 def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebuildable: bool = False) \
