@@ -21,6 +21,12 @@ PYTHON, NODE, NODE_TYPES = "ortbuild_loader.py", "ortbuild_loader.mjs", "ortbuil
 # What onnxruntime-node ships, by ONNX Runtime provider name (the Node template has the same table).
 NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
                   "CoreMLExecutionProvider": "coreml", "WebGpuExecutionProvider": "webgpu"}
+# The provider options onnxruntime-node 1.30's binding hands to ONNX Runtime (js/node/src/session_options_helper.cc:
+# deviceId for CUDA and DirectML, coreMlFlags for CoreML, its named options for WebGPU; none for the CPU); the Node
+# template has the same table (NODE_PROVIDER_OPTIONS) and refuses a target that sets any other.
+NODE_PROVIDER_OPTIONS: dict[str, set[str] | None] = {
+    "CPUExecutionProvider": set(), "CUDAExecutionProvider": {"device_id"}, "DmlExecutionProvider": {"device_id"},
+    "CoreMLExecutionProvider": {"coreml_flags", "coreMlFlags"}, "WebGpuExecutionProvider": None}  # None: all
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("ortbuild", "templates"), undefined=jinja2.StrictUndefined,
                           keep_trailing_newline=True, autoescape=False)
@@ -37,6 +43,11 @@ def node_refusal(m: Manifest) -> str:
     if absent:
         return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
                 "Python loader")
+    dropped = [f"{p['name']} {k}" for p in m.providers
+               for k in p["options"] if (known := NODE_PROVIDER_OPTIONS[p["name"]]) is not None and k not in known]
+    if dropped:
+        return (f"onnxruntime-node cannot hand these provider options to ONNX Runtime ({', '.join(dropped)}): the Node "
+                "loader refuses this target, use the Python loader")
     if m.custom_ops:
         return (f"onnxruntime-node cannot register custom-op libraries ({', '.join(c['name'] for c in m.custom_ops)}):"
                 " the Node loader refuses this artifact, use the Python loader")
@@ -49,7 +60,7 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
     facts = {
         "target": m.target, "model": m.model, "version": __version__, "runtime": runtime,
         "public_key": m.signing.public_key, "public_key_id": m.signing.public_key_id,
-        "manifest_format": FORMAT_VERSION,
+        "manifest_format": FORMAT_VERSION, "min_epoch": int(m.epoch),
         "first_input": m.io["inputs"][0]["name"] if m.io["inputs"] else "input",
         "providers_py": pprint.pformat(providers, width=100),
         "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),

@@ -91,11 +91,12 @@ def install_node_app() -> Path:
     return app
 
 
-def node(app: Path, script: str, *args: str) -> Any:
+def node(app: Path, script: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
     """Run an ES module in the app (where onnxruntime-node resolves); it prints one JSON document."""
     path = app / f"run_{os.getpid()}.mjs"
     path.write_text(script)
-    proc = subprocess.run(["node", str(path), *args], cwd=app, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["node", str(path), *args], cwd=cwd or app, capture_output=True, text=True, timeout=600,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -715,3 +716,398 @@ def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
     with pytest.raises(mod.WrongKeyError):
         mod.load(key=TEST_KEY, folder=copy / "tiny_cnn")
     assert base64.b64encode(new_key.secret).decode() not in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------------------------ rollback protection
+
+def _build_one(root: Path, model: str = "tiny_cnn", epoch: int | None = None, model_path: Path | None = None,
+               inputs: Path | None = None) -> Path:
+    """Build one model for the fp32 target in `root` (the suite's keys); the artifact directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    text = '[project]\nname = "t"\nversion = "1"\n' + (f"epoch = {epoch}\n" if epoch is not None else "")
+    text += (f'[models.{model}]\npath = "{model_path or MODELS / f"{model}.onnx"}"\n'
+             f'inputs = "{inputs or MODELS / f"{model}.inputs.npz"}"\n')
+    text += f'[targets.fp32]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
+    (root / "targets.toml").write_text(text)
+    project = config.load(root / "targets.toml")
+    results = Builder(project, root / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
+    return root / "dist" / "fp32" / model
+
+
+NODE_LOAD_CASES = """
+import { LoaderError, load } from '%(loader)s';
+const out = {};
+for (const [name, folder, opts] of JSON.parse(process.argv[2])) {
+  try { await load({ folder, ...opts }); out[name] = 'ok'; }
+  catch (e) { out[name] = e instanceof LoaderError ? e.code : `crash:${e}`; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_rollback_an_older_signed_artifact_is_refused_by_both_loaders(tmp_path: Path, node_app: Path) -> None:
+    """An app ships the loader generated at epoch 2. Putting the epoch-1 artifact (validly signed, same keys) in its
+    folder gives `rolled_back` in both loaders; epoch 2 and later load; a manifest without `epoch` counts as 0; the
+    caller's own minimum (min_epoch / minEpoch) raises the floor."""
+    old = _build_one(tmp_path / "v1", epoch=1)
+    new = _build_one(tmp_path / "v2", epoch=2)
+    assert json.loads((old / "manifest.json").read_bytes())["epoch"] == 1
+    assert json.loads((new / "manifest.json").read_bytes())["epoch"] == 2
+    app = node_app / f"app_rollback_{os.getpid()}"  # the app: onnxruntime-node resolves from here, no artifact
+    shutil.rmtree(app, ignore_errors=True)
+    app.mkdir()
+    for name in (loaders.PYTHON, loaders.NODE):
+        shutil.copy(new / "loader" / name, app / name)
+    assert "MIN_EPOCH = 2" in (app / loaders.PYTHON).read_text()
+    model = tmp_path / "app-model"  # the folder the app loads from: first the old artifact is dropped in
+    shutil.copytree(old, model)
+    newer = tmp_path / "epoch3"
+    shutil.copytree(new, newer)
+    _resign(newer, lambda doc: doc.update(epoch=3))
+    no_epoch = tmp_path / "no-epoch"
+    shutil.copytree(new, no_epoch)
+    _resign(no_epoch, lambda doc: doc.pop("epoch"))
+    cases: list[tuple[str, Path, dict[str, Any]]] = [
+        ("epoch1", model, {}), ("epoch2", new, {}), ("epoch3", newer, {}), ("no-epoch", no_epoch, {}),
+        ("epoch2-min3", new, {"min_epoch": 3}), ("epoch3-min3", newer, {"min_epoch": 3})]
+    expected = {"epoch1": "rolled_back", "epoch2": "ok", "epoch3": "ok", "no-epoch": "rolled_back",
+                "epoch2-min3": "rolled_back", "epoch3-min3": "ok"}
+    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    python = {name: _python_code(lambda f=folder, o=opts: mod.load(folder=f, **o), mod) for name, folder, opts in cases}
+    assert python == expected
+    with pytest.raises(mod.RolledBackError, match="epoch 1, older than the minimum 2"):
+        mod.verify(model)
+    assert mod.RolledBackError.code == "rolled_back"
+    node_cases = [[n, f.as_posix(), {"minEpoch": o["min_epoch"]} if o else {}] for n, f, o in cases]
+    out = node(node_app, NODE_LOAD_CASES % {"loader": (app / loaders.NODE).as_posix()}, json.dumps(node_cases))
+    assert out == expected
+    # the same older artifact is fine for the loader generated with it (the refusal comes from MIN_EPOCH)
+    old_mod: Any = loaders.import_python_loader(old / "loader" / loaders.PYTHON)
+    assert _python_code(lambda: old_mod.load(folder=model), old_mod) == "ok"
+    shutil.rmtree(app)
+
+
+# ----------------------------------------------------------------------- files beside the artifact
+
+def test_loaders_and_golden_files_beside_the_artifact_are_checked(dist: Path, node_app: Path,
+                                                                   tmp_path: Path) -> None:
+    """Every loader and golden file the signed manifest lists and that is present must be the signed one
+    (`tampered` otherwise, through both loaders); absent ones are fine (an app may ship the artifact and one
+    loader)."""
+    import hashlib
+
+    from onnx import numpy_helper
+
+    src = dist / "fp32" / "tiny_cnn"
+    base = tmp_path / "base"
+    shutil.copytree(src, base)
+    golden = base / "golden" / "test_data_set_0"
+    golden.mkdir(parents=True)
+    for i, (name, value) in enumerate(feed("tiny_cnn").items()):
+        (golden / f"input_{i}.pb").write_bytes(numpy_helper.from_array(value, name).SerializeToString())
+    (golden / "output_0.pb").write_bytes(numpy_helper.from_array(np.arange(10, dtype=np.float32), "logits")
+                                         .SerializeToString())
+
+    def sign_golden(doc: dict[str, Any]) -> None:
+        doc["golden"] = [{"name": p.relative_to(base).as_posix(), "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                          "size": p.stat().st_size} for p in sorted(golden.iterdir())]
+
+    _resign(base, sign_golden)
+    signed = json.loads((base / "manifest.json").read_bytes())
+    assert len(signed["golden"]) == 2 and len(signed["loaders"]) == 3
+
+    def flip(rel: str) -> Callable[[Path], None]:
+        def go(d: Path) -> None:
+            data = bytearray((d / rel).read_bytes())
+            data[len(data) // 2] ^= 0x01
+            (d / rel).write_bytes(data)
+        return go
+
+    mutations: dict[str, tuple[Callable[[Path], None], str]] = {
+        "intact": (lambda d: None, "ok"),
+        "golden-input-edited": (flip("golden/test_data_set_0/input_0.pb"), "tampered"),
+        "golden-output-edited": (flip("golden/test_data_set_0/output_0.pb"), "tampered"),
+        "golden-appended": (lambda d: (d / "golden/test_data_set_0/output_0.pb").write_bytes(
+            (d / "golden/test_data_set_0/output_0.pb").read_bytes() + b"\0"), "tampered"),
+        "golden-replaced-by-a-folder": (lambda d: ((d / "golden/test_data_set_0/output_0.pb").unlink(),
+                                                   (d / "golden/test_data_set_0/output_0.pb").mkdir()), "tampered"),
+        "python-loader-edited": (flip("loader/ortbuild_loader.py"), "tampered"),
+        "node-loader-edited": (flip("loader/ortbuild_loader.mjs"), "tampered"),
+        "types-edited": (flip("loader/ortbuild_loader.d.ts"), "tampered"),
+        "golden-absent": (lambda d: shutil.rmtree(d / "golden"), "ok"),
+        "loaders-absent": (lambda d: shutil.rmtree(d / "loader"), "ok"),
+        "all-absent": (lambda d: (shutil.rmtree(d / "golden"), shutil.rmtree(d / "loader")), "ok"),
+    }
+    app = tmp_path / "app"  # the loaders in use are the app's copies, not the files being edited
+    app.mkdir()
+    shutil.copy(src / "loader" / loaders.PYTHON, app / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    cases, python = [], {}
+    for name, (mutate, _) in mutations.items():
+        folder = tmp_path / name
+        shutil.copytree(base, folder)
+        mutate(folder)
+        python[name] = _python_code(lambda f=folder: mod.load(folder=f), mod)
+        cases.append([name, folder.as_posix(), {}])
+    expected = {name: code for name, (_, code) in mutations.items()}
+    assert python == expected
+    loader = node_app / "loader_side_files.mjs"
+    shutil.copy(src / "loader" / loaders.NODE, loader)
+    assert node(node_app, NODE_LOAD_CASES % {"loader": loader.as_posix()}, json.dumps(cases)) == expected
+
+
+# ------------------------------------------------------------------------------- Node loader parity
+
+NODE_OPTIONS_PROBE = """
+import { readdirSync } from 'node:fs';
+const threads = () => readdirSync('/proc/self/task').length;
+const out = {};
+for (const [name, loader, folder] of JSON.parse(process.argv[2])) {
+  const { load } = await import(loader);
+  const before = threads();
+  try {
+    const m = await load({ folder });
+    out[name] = { ok: true, threads: threads() - before };
+  } catch (e) { out[name] = { ok: false, name: e.name, code: e.code, message: String(e.message) }; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def _render_variant(src: Path, dest: Path, **changes: Any) -> Path:
+    """The Node loader of `src`'s artifact rendered from its manifest with `changes` (providers, session)."""
+    import dataclasses
+
+    m, _ = manifest.read(src)
+    variant = dataclasses.replace(m, **changes)
+    dest.write_text(loaders.render(variant, here_runtime())[loaders.NODE])
+    return dest
+
+
+def test_node_loader_hands_provider_options_to_onnx_runtime(dist: Path, node_app: Path) -> None:
+    """Provider options reach ONNX Runtime: a WebGPU option (onnxruntime-node's binding forwards them) comes back
+    in ORT's own error about that value; the same entry with a valid value fails differently (no GPU adapter here)
+    or loads. Options onnxruntime-node 1.30 cannot hand over (all CUDA options but device_id) are refused, never
+    dropped, and the manifest says the Node loader does not run such a target."""
+    import dataclasses
+
+    src = dist / "fp32" / "tiny_cnn"
+    cpu = {"name": "CPUExecutionProvider", "options": {}}
+    variants = {
+        "webgpu-bogus": [{"name": "WebGpuExecutionProvider", "options": {"validationMode": "bogus"}}, cpu],
+        "webgpu-valid": [{"name": "WebGpuExecutionProvider", "options": {"validationMode": "disabled"}}, cpu],
+        "cuda-algo": [{"name": "CUDAExecutionProvider", "options": {"cudnn_conv_algo_search": "EXHAUSTIVE",
+                                                                   "device_id": 0}}, cpu],
+    }
+    cases = []
+    for name, providers in variants.items():
+        loader = _render_variant(src, node_app / f"loader_opts_{name}.mjs", providers=providers)
+        cases.append([name, loader.as_posix(), src.as_posix()])
+    out = node(node_app, NODE_OPTIONS_PROBE, json.dumps(cases))
+    assert out["webgpu-bogus"]["code"] == "loader_error"
+    assert "Invalid validation mode: bogus" in out["webgpu-bogus"]["message"], out["webgpu-bogus"]
+    assert out["webgpu-valid"]["ok"] or "Invalid validation mode" not in out["webgpu-valid"]["message"]
+    assert out["webgpu-valid"]["ok"] or "adapter" in out["webgpu-valid"]["message"].lower(), out["webgpu-valid"]
+    assert out["cuda-algo"]["code"] == "provider_unavailable"
+    assert "CUDAExecutionProvider cudnn_conv_algo_search" in out["cuda-algo"]["message"]
+    assert "device_id" not in out["cuda-algo"]["message"]  # device_id is handed over (deviceId)
+    m, _ = manifest.read(src)
+    cuda = dataclasses.replace(m, providers=variants["cuda-algo"])
+    assert "cudnn_conv_algo_search" in loaders.node_refusal(cuda)
+    assert loaders.node_refusal(dataclasses.replace(m, providers=variants["webgpu-bogus"])) == ""
+    assert loaders.node_refusal(dataclasses.replace(m, providers=[
+        {"name": "CUDAExecutionProvider", "options": {"device_id": 1}}, cpu])) == ""
+
+
+def test_node_loader_hands_session_options_to_onnx_runtime(dist: Path, node_app: Path, tmp_path: Path) -> None:
+    """The target's session options reach ONNX Runtime: intra_op_num_threads = 5 makes ORT start 4 more intra-op
+    threads than intra_op_num_threads = 1 (counted in /proc/self/task around load()); load({ profile }) makes ORT
+    write its trace at that prefix, naming the model's nodes; and with enable_cpu_mem_arena = false that trace
+    reports no memory held by the CPU arena (it does with the arena on)."""
+    src = dist / "fp32" / "tiny_cnn"
+    m, _ = manifest.read(src)
+    cases = []
+    for name, n in (("warm-up", 1), ("one", 1), ("five", 5)):
+        loader = _render_variant(src, node_app / f"loader_threads_{name}.mjs",
+                                 session={**m.session, "intra_op_num_threads": n, "inter_op_num_threads": 1})
+        cases.append([name, loader.as_posix(), src.as_posix()])
+    out = node(node_app, NODE_OPTIONS_PROBE, json.dumps(cases))
+    assert all(v["ok"] for v in out.values()), out
+    assert out["five"]["threads"] - out["one"]["threads"] == 4, out
+    graph = onnx.load_model_from_string(bytes(container.decrypt((src / "model.onnx.enc").read_bytes(), TEST_KEY)))
+    feeds = {k: {"dtype": str(v.dtype), "shape": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()}
+             for k, v in feed("tiny_cnn").items()}
+    (tmp_path / "feeds.json").write_text(json.dumps(feeds))
+    held = {}
+    for arena in (True, False):
+        loader = _render_variant(src, node_app / f"loader_profile_{arena}.mjs",
+                                 session={**m.session, "enable_cpu_mem_arena": arena})
+        prefix = tmp_path / f"trace_{arena}" / "tiny"
+        prefix.parent.mkdir()
+        script = NODE_RUN.replace("await load({ folder: '%(folder)s' })",
+                                  f"await load({{ folder: '%(folder)s', profile: '{prefix.as_posix()}' }})")
+        script = script.replace("console.log(JSON.stringify(res));",
+                                "m.endProfiling();\nconsole.log(JSON.stringify(res));")
+        node(node_app, script % {"loader": loader.as_posix(), "folder": src.as_posix()}, str(tmp_path / "feeds.json"))
+        traces = list(prefix.parent.glob("tiny_*.json"))  # ORT wrote its trace where the profile option said
+        assert len(traces) == 1, list(prefix.parent.iterdir())
+        ops = [e for e in json.loads(traces[0].read_text()) if e.get("cat") == "Node"]
+        assert {e["name"].removesuffix("_kernel_time") for e in ops} <= {n.name for n in graph.graph.node}
+        assert ops
+        held[arena] = max(int(e["args"].get("mem_arena_held", 0)) for e in ops)
+    # enable_cpu_mem_arena reaches ORT: its profiler reports memory held by the CPU arena only when it is on
+    assert held[True] > 0 and held[False] == 0, held
+
+
+def test_node_loader_imports_from_dist_and_from_a_copy(dist: Path, node_app: Path, tmp_path: Path) -> None:
+    """The generated Node loader resolves onnxruntime-node from its own folder, else from the working directory:
+    imported straight from dist/ and from a copy outside any node_modules tree it loads when run from the app;
+    where neither has onnxruntime-node it says so, naming both places."""
+    src = dist / "fp32" / "tiny_cnn"
+    elsewhere = tmp_path / "elsewhere" / "vendor"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(src / "loader" / loaders.NODE, elsewhere / "loader.mjs")
+    script = """
+import { load } from '%s';
+const m = await load({ folder: '%s' });
+console.log(JSON.stringify({ inputs: m.inputs.map((i) => i.name), ort: typeof m.ort.Tensor }));
+"""
+    for loader in (src / "loader" / loaders.NODE, elsewhere / "loader.mjs"):
+        out = node(node_app, script % (loader.as_posix(), src.as_posix()))
+        assert out == {"inputs": ["image"], "ort": "function"}
+    # neither the loader's folder nor the working directory has onnxruntime-node
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    probe = bare / "probe.mjs"
+    probe.write_text(f"""
+import {{ load }} from '{(elsewhere / "loader.mjs").as_posix()}';
+try {{ await load({{ folder: '{src.as_posix()}' }}); console.log(JSON.stringify('loaded')); }}
+catch (e) {{ console.log(JSON.stringify([e.name, e.code, e.message])); }}
+""")
+    proc = subprocess.run(["node", str(probe)], cwd=bare, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    name, code, message = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (name, code) == ("ProviderUnavailableError", "provider_unavailable")
+    assert str(elsewhere) in message and str(bare) in message and "npm install onnxruntime-node" in message
+
+
+# ----------------------------------------------------------------------------------------- telemetry
+
+STORE = "Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db"
+
+
+def _store_hits(home: Path, needle: str) -> tuple[int, int]:
+    """(events in ORT's local event store under `home`, events naming `needle`); (0, 0) without a store."""
+    import sqlite3
+
+    db = home / ".cache" / STORE
+    if not db.exists():
+        return 0, 0
+    con = sqlite3.connect(db)
+    try:
+        rows = [bytes(r[0]) for r in con.execute("SELECT payload FROM events")]
+    finally:
+        con.close()
+    return len(rows), sum(needle.encode() in r for r in rows)
+
+
+@pytest.fixture(scope="module")
+def probe_artifact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """An artifact of a tiny model whose graph has a distinctive name: (artifact directory, graph name)."""
+    import uuid
+
+    from onnx import TensorProto, helper
+
+    root = tmp_path_factory.mktemp("telemetry")
+    graph_name = f"ortbuild_probe_{uuid.uuid4().hex[:12]}"
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], graph_name,
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(g, producer_name="ortbuild-probe", opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, str(root / "probe.onnx"))
+    np.savez(root / "probe.inputs.npz", x=np.ones((1, 4), np.float32))
+    folder = _build_one(root / "p", model="probe", model_path=root / "probe.onnx", inputs=root / "probe.inputs.npz")
+    plain = onnx.load_model_from_string(bytes(container.decrypt((folder / "model.onnx.enc").read_bytes(), TEST_KEY)))
+    assert plain.graph.name == graph_name  # the name ORT would report
+    return folder, graph_name
+
+
+def _telemetry_env(home: Path) -> dict[str, str]:
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+
+
+# onnxruntime 1.31 samples SessionCreation events at 1% of sessions (per process and session id): the control
+# creates enough sessions that it records some (P(none) = 0.99**1500, about 3e-7)
+PY_SESSIONS = 1500
+
+
+def test_python_loader_leaves_no_telemetry_naming_the_model(probe_artifact: tuple[Path, str], tmp_path: Path) -> None:
+    """Through the loader, no event in ORT's local store names the model; the control, plain onnxruntime on the same
+    decrypted bytes in the same setup without disable_telemetry_events(), records SessionCreation events naming
+    its graph, so the check can fail."""
+    folder, graph_name = probe_artifact
+    loader = f"""
+import sys
+sys.path.insert(0, {str(folder / "loader")!r})
+import ortbuild_loader
+for _ in range({PY_SESSIONS}):
+    ortbuild_loader.load()
+"""
+    control = f"""
+import onnxruntime as ort
+from ortbuild import container
+data = bytes(container.decrypt(open({str(folder / "model.onnx.enc")!r}, "rb").read(), {TEST_KEY!r}))
+so = ort.SessionOptions()
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+for _ in range({PY_SESSIONS}):
+    ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+"""
+    results = {}
+    for name, script in (("control", control), ("loader", loader)):
+        env = _telemetry_env(tmp_path / name)
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = _store_hits(tmp_path / name, graph_name)
+    if results["control"][0] == 0:
+        pytest.skip("this onnxruntime keeps no local telemetry event store here: nothing to check against")
+    assert results["control"][1] > 0, results  # plain ORT does record the model's graph name
+    assert results["loader"][1] == 0, results
+
+
+def test_node_loader_leaves_no_telemetry_naming_the_model(probe_artifact: tuple[Path, str], node_app: Path,
+                                                          tmp_path: Path) -> None:
+    """onnxruntime-node 1.30 records a SessionCreation event naming the graph for every session (control, plain
+    onnxruntime-node on the decrypted bytes); through the loader (which sets ORT_DISABLE_TELEMETRY before the first
+    session) no event names it."""
+    folder, graph_name = probe_artifact
+    plain = tmp_path / "plain.onnx"
+    plain.write_bytes(bytes(container.decrypt((folder / "model.onnx.enc").read_bytes(), TEST_KEY)))
+    loader = node_app / "loader_telemetry.mjs"
+    shutil.copy(folder / "loader" / loaders.NODE, loader)
+    scripts = {
+        "control": f"""
+import ort from 'onnxruntime-node';
+import {{ readFileSync }} from 'node:fs';
+const data = new Uint8Array(readFileSync('{plain.as_posix()}'));
+for (let i = 0; i < 20; i++) await ort.InferenceSession.create(data, {{ graphOptimizationLevel: 'disabled' }});
+console.log(JSON.stringify(process.env.ORT_DISABLE_TELEMETRY ?? null));
+""",
+        "loader": f"""
+import {{ load }} from '{loader.as_posix()}';
+for (let i = 0; i < 20; i++) await load({{ folder: '{folder.as_posix()}' }});
+console.log(JSON.stringify(process.env.ORT_DISABLE_TELEMETRY ?? null));
+""",
+    }
+    results = {}
+    for name, script in scripts.items():
+        out = node(node_app, script, env=_telemetry_env(tmp_path / name))
+        assert out == (None if name == "control" else "1")
+        results[name] = _store_hits(tmp_path / name, graph_name)
+    if results["control"][0] == 0:
+        pytest.skip("this onnxruntime-node keeps no local telemetry event store here: nothing to check against")
+    assert results["control"][1] >= 20, results  # every session of plain onnxruntime-node 1.30 names the graph
+    assert results["loader"] == (0, 0), results  # and through the loader ORT keeps no store at all
