@@ -962,6 +962,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # ONNX Runtime's telemetry event store stays untouched by every session of this process and its workers and
+    # probes (unless the user set the variable); runtime.import_ort() also disables the events (API use)
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -302,6 +302,9 @@ def test_wrong_public_key_and_missing_key_are_clear(released: Path, tmp_path: Pa
     proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path,
                env={"ORTBUILD_KEY": ""})
     assert proc.returncode == 8 and "--no-run" in proc.stderr
+    proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path,
+               env={"ORTBUILD_KEY": base64.b64encode(bytes(32)).decode()})  # the wrong decryption key
+    assert proc.returncode == 8 and "wrong key" in proc.stderr and "internal error" not in proc.stderr, proc.stderr
     with pytest.raises(GateFailed):  # a forced verdict in the provenance without force: refused
         folder = tmp_path / "r"
         shutil.copytree(released, folder)

@@ -241,3 +241,36 @@ def test_release_takes_verdicts_only_from_a_report_the_trusted_key_signed(
     shutil.copytree(pristine, root2, symlinks=True)
     code, text = ortbuild(capsys, "release", "-c", str(root2 / "targets.toml"), "--to", str(root2 / "out"))
     assert code == 0, text
+
+
+def _event_store(home: Path) -> Path:
+    return home / ".cache" / "Microsoft" / "DeveloperTools" / ".onnxruntime" / "onnxruntime.db"
+
+
+def test_build_and_gates_leave_onnx_runtimes_telemetry_store_untouched(make_project: Callable[..., Path],
+                                                                       tmp_path: Path) -> None:
+    """ONNX Runtime 1.31 keeps an event store naming the graphs of the models its sessions open. ortbuild's
+    commands run with it off: nothing is written there at all. The control, a plain session in the same setup,
+    writes the store (always its ProcessInfo event; SessionCreation events, which name the graph, are sampled)."""
+    import os
+    import subprocess
+    import sys
+
+    path = make_project(TARGET)
+    env = {k: v for k, v in os.environ.items() if k != "ORT_DISABLE_TELEMETRY"}
+    for side in ("ortbuild", "control"):
+        home = tmp_path / side
+        home.mkdir()
+        run_env = {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+        if side == "ortbuild":
+            cmd = [sys.executable, "-m", "ortbuild", "test", "-c", str(path), "--no-explain"]
+        else:
+            model = tmp_path / "plain.onnx"
+            shutil.copy(Path(__file__).resolve().parent.parent / "models" / "tiny_cnn.onnx", model)
+            cmd = [sys.executable, "-c", f"import onnxruntime as o; o.InferenceSession({str(model)!r})"]
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        if side == "ortbuild":
+            assert not _event_store(home).exists(), "an ortbuild command wrote ONNX Runtime's event store"
+        elif not _event_store(home).exists():
+            pytest.skip("this onnxruntime writes no local event store (the control made none): nothing to check")
