@@ -146,7 +146,8 @@ def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: 
     written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
     assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8")
                        for f in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
-                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts")} | {".ortbuild.lock"}
+                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts")} \
+        | {".ortbuild.lock", ".ortbuild-dist"}
 
 
 @pytest.mark.parametrize("setting,expect", [

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import minisign, release, tarball, verify
+from ortbuild import keys, minisign, release, tarball, verify
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
 from ortbuild.keys import SigningKey
 
@@ -170,7 +170,8 @@ def test_a_target_whose_tests_failed_is_refused_unless_forced(tested: Path, tmp_
 
 def test_untested_and_stale_tests_are_refused(tested: Path, tmp_path: Path) -> None:
     report = tested / "dist" / "cpu" / "tiny_cnn" / "test-report.json"
-    saved = report.read_bytes()
+    sig = report.with_name("test-report.sig")
+    saved, saved_sig = report.read_bytes(), sig.read_bytes()
     try:
         report.unlink()
         proc = cli("release", "-t", "cpu", "--to", str(tmp_path), cwd=tested)
@@ -179,9 +180,15 @@ def test_untested_and_stale_tests_are_refused(tested: Path, tmp_path: Path) -> N
         doc["result"]["artifact_sha256"] = "0" * 64  # the verdict of another artifact
         report.write_text(json.dumps(doc))
         proc = cli("release", "-t", "cpu", "--to", str(tmp_path), cwd=tested)
+        assert proc.returncode == 7 and "TAMPERED" in proc.stderr  # an edited report: its signature fails
+        sk = keys.signing_key()  # a genuine (signed) report of an earlier build of the artifact
+        assert sk is not None
+        sig.write_bytes(base64.b64encode(sk.sign(report.read_bytes())) + b"\n")
+        proc = cli("release", "-t", "cpu", "--to", str(tmp_path), cwd=tested)
         assert proc.returncode == 9 and "older than its artifact" in proc.stderr
     finally:
         report.write_bytes(saved)
+        sig.write_bytes(saved_sig)
 
 
 def _check(folder: Path) -> None:
