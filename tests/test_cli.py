@@ -44,12 +44,12 @@ def test_build_json(make_project: Callable[..., Path]) -> None:
 
 def test_inspect_ok_then_tampered(built: Path) -> None:
     proc = run_cli("inspect", str(built))
-    assert proc.returncode == 0 and "OK         artifact matches its manifest" in proc.stdout
+    assert proc.returncode == 0 and "OK         signature and every signed file verified" in proc.stdout
     assert "int8-static" in proc.stdout and "image: float32 ['batch', 3, 32, 32]" in proc.stdout
     art = built / "model.onnx.enc"
     art.write_bytes(art.read_bytes()[:-10] + bytes(10))
     proc = run_cli("inspect", str(art))
-    assert proc.returncode == 7 and "PROBLEM    artifact file model.onnx.enc sha256 differs" in proc.stdout
+    assert proc.returncode == 7 and "TAMPERED   artifact file model.onnx.enc sha256 differs" in proc.stdout
 
 
 def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
@@ -57,7 +57,7 @@ def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
     doc["optimization"]["tied_to"]["simd_level"] = "x86_64-sse"
     (built / "manifest.json").write_text(json.dumps(doc))
     proc = run_cli("inspect", str(built))  # an edited manifest no longer matches its signature
-    assert proc.returncode == 7 and "PROBLEM    the signature of" in proc.stdout
+    assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "the signature of" in proc.stderr
     from ortbuild import keys
 
     sign = keys.signing_key()

@@ -144,8 +144,11 @@ def test_a_library_path_ships_beside_the_artifact_pinned_by_sha256(tmp_path: Pat
     shipped.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
     err = json.loads(_load_in_clean_python(folder).stdout)
     assert err["code"] == "custom_ops" and "is not the custom-op library" in err["message"]
-    proc = run_cli("build", "-c", str(path))
-    assert proc.returncode == 0 and "custom-op library custom_ops/libortextensions.so" in proc.stderr
+    proc = run_cli("build", "-c", str(path))  # TAMPERED: refused, replaced only on --repair
+    assert proc.returncode == 7 and "custom-op library custom_ops/libortextensions.so" in proc.stderr
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() != entry["sha256"]
+    proc = run_cli("build", "-c", str(path), "--repair")
+    assert proc.returncode == 0 and "custom-op library custom_ops/libortextensions.so" in proc.stdout
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == entry["sha256"]  # rebuilt
 
 
