@@ -431,7 +431,8 @@ def _python_loader(ctx: JobContext) -> None:
     if ctx.rel is not None:
         for (name, value), ref in zip(got.items(), ctx.rel.values, strict=True):
             a, b = np.asarray(value), np.asarray(ref)
-            same = np.array_equal(a, b) if a.dtype.kind not in "fc" else np.allclose(a, b, rtol=1e-5, atol=1e-6)
+            same = np.array_equal(a, b) if a.dtype.kind not in "fc" else np.allclose(a, b, rtol=1e-5, atol=1e-6,
+                                                                                  equal_nan=True)  # NaN golden inputs
             if not same:
                 raise ArtifactError(f"{ctx.job.name}: output '{name}' through the Python loader differs from the "
                                     "unencrypted artifact's")

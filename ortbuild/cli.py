@@ -668,6 +668,46 @@ def _public_key(args: argparse.Namespace) -> bytes:
     return found
 
 
+def _development_keys(project: config.Project, names: Sequence[str], dist: Path,
+                      sign_key: keys.SigningKey) -> list[str]:
+    """What in a release would be DEVELOPMENT-keyed: the signing key, and each artifact whose manifest says its
+    encryption or signing key was one (the release checks each manifest's signature afterwards)."""
+    found = [f"the signing key ({sign_key.source}) is a development key"] if sign_key.development else []
+    for name in names:
+        for model in project.targets[name].models:
+            try:
+                m, _ = manifest.read(dist / name / model)
+            except OrtbuildError:
+                continue  # never built, or unreadable: the release says so itself
+            which = [k for k, dev in (("encryption", m.encryption is not None and m.encryption.development_key),
+                                      ("signing", m.signing.development_key)) if dev]
+            if which:
+                found.append(f"{name}/{model} was built with a development {' and '.join(which)} key")
+    return found
+
+
+UNKNOWN_PUBLIC_KEY = "SIGNING.PUB"  # in a printed verify command where the public key file is not known here
+
+
+def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
+    """A verify command that works from anywhere: the signing.pub beside the signing key file (when it holds
+    this key's public half), else $ORTBUILD_PUBLIC_KEY_FILE, else a placeholder and what to put there."""
+    import shlex
+
+    command = f"ortbuild verify {shlex.quote(where)} --public-key "
+    if sign_key.path:
+        beside = Path(sign_key.path).parent / keys.PUBLIC_FILE
+        try:
+            if beside.is_file() and keys.read_public_key(beside) == sign_key.public_raw:
+                return command + shlex.quote(str(beside.resolve()))
+        except (OSError, OrtbuildError):
+            pass
+    env = os.environ.get("ORTBUILD_PUBLIC_KEY_FILE")
+    if env:
+        return command + shlex.quote(str(Path(env).resolve()))
+    return command + UNKNOWN_PUBLIC_KEY
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
     from . import registry, release
@@ -679,6 +719,19 @@ def cmd_release(args: argparse.Namespace) -> int:
     if sign_key is None:
         raise KeyMissing("no signing key: a release is signed (ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE, "
                          "or --signing-key-file)", f"make one with `{keys.MAKE_KEYS}`")
+    warnings: list[str] = []
+    development = _development_keys(project, names, dist, sign_key)
+    if development and not args.allow_development_key:
+        raise KeyMissing("release refused: DEVELOPMENT keys (`keygen --dev`, for local builds only): "
+                         + "; ".join(development),
+                         f"build and release with your own keys: `{keys.MAKE_KEYS}`, then `ortbuild test` and "
+                         "`ortbuild release` again; or pass --allow-development-key to release anyway (never "
+                         "ship it)")
+    if development:
+        warnings.append("released with DEVELOPMENT keys (--allow-development-key): never ship it: "
+                        + "; ".join(development))
+        for w in warnings:
+            print(f"ortbuild: WARNING: {w}", file=sys.stderr)
     ref = registry.parse(args.to) if args.to and registry.is_ref(args.to) else None
     if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
         raise UsageError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
@@ -709,15 +762,21 @@ def cmd_release(args: argparse.Namespace) -> int:
                          + (f"\n  pushed {entry['pushed']} ({entry['digest']})" if "pushed" in entry else "")
                          + ("\n  FORCED: " + "; ".join(pub.forced) if pub.forced else ""))
     code = refused[0].exit_code if refused else 0
+    for entry in done:
+        entry["verify"] = _verify_command(entry.get("pushed") or str(Path(entry["dir"]).absolute()), sign_key)
     if args.json:
-        print(json.dumps({"exit_code": code, "released": done, "refused": [err.message for err in refused]}, indent=2))
+        print(json.dumps({"exit_code": code, "released": done, "refused": [err.message for err in refused],
+                          "warnings": warnings}, indent=2))
         return code
     for line in lines:
         print(line)
     for err in refused:
         print(err.render(), file=sys.stderr)
     if done:
-        print(f"\nverify with: ortbuild verify {done[0].get('pushed', done[0]['dir'])} --public-key signing.pub")
+        print("\nverify with: " + "\n             ".join(entry["verify"] for entry in done))
+        if done[0]["verify"].endswith(UNKNOWN_PUBLIC_KEY):
+            print(f"  {UNKNOWN_PUBLIC_KEY}: the signing.pub `ortbuild keygen` wrote beside the signing key (public key "
+                  f"id {sign_key.key_id}); set ORTBUILD_PUBLIC_KEY_FILE to it and this says its path")
     return code
 
 
@@ -924,6 +983,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--force", action="store_true",
                     help="release even where tests failed, were skipped or are stale (recorded in the provenance)")
     rl.add_argument("--signing-key-file", help="signing key (else $ORTBUILD_SIGNING_KEY / _FILE)")
+    rl.add_argument("--allow-development-key", action="store_true",
+                    help="release even when the signing key, or a key an artifact was built with, is a development "
+                         "key (`keygen --dev`), with a WARNING: never ship such a release")
     rl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(func=cmd_release)
@@ -968,7 +1030,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, so that a reader that went away (`ortbuild matrix | head -1`) is seen below
         return code
+    except BrokenPipeError:
+        # the reader of stdout closed the pipe: what it did not read is nobody's, and nothing is wrong with ortbuild.
+        # Point stdout at /dev/null so the interpreter's own flush at exit does not fail again; exit as a process
+        # killed by SIGPIPE would (128 + 13), quietly, like other command-line tools in a pipeline
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 141
     except OrtbuildError as e:
         if args.debug:
             raise

@@ -534,6 +534,14 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
                    epoch=proj.get("epoch", 0))
 
 
+def _path_problem(rel: str) -> str | None:
+    """Why a path string from targets.toml can name no file on any system (else None; the file's own checks
+    come later): a NUL byte ends a path in every OS call."""
+    if "\0" in rel:
+        return "holds a NUL byte (\\u0000), which no file name can hold"
+    return None
+
+
 def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bool) -> dict[str, Model]:
     if not raw:
         raise chk.fail("models", "no models declared", "add a [models.NAME] table with path and inputs")
@@ -548,6 +556,9 @@ def _load_models(chk: _Checker, raw: dict[str, Any], root: Path, check_files: bo
         found: dict[str, Path | None] = {}
         for k in ("path", "inputs", "calibration", "expected"):
             rel = table.get(k)
+            if rel is not None and (bad := _path_problem(rel)):
+                raise chk.fail(f"{where}.{k}", f"{_shown(rel)} {bad}", "paths are relative to the directory of "
+                                                                       "targets.toml")
             p = (root / rel) if rel is not None else None
             if p is not None and not check_files and (too_long := paths.length_problem(p)):
                 raise chk.fail(f"{where}.{k}", too_long)  # with check_files, input_problem() says it
@@ -576,6 +587,8 @@ def _custom_ops(chk: _Checker, where: str, specs: list[str], root: Path, check_f
     out: list[CustomOps] = []
     for spec in specs:
         if "/" in spec or "\\" in spec or spec.endswith(options.LIBRARY_SUFFIXES) or ".so." in spec:
+            if bad := _path_problem(spec):
+                raise chk.fail(where, f"custom-op library {_shown(spec)} {bad}")
             p = root / spec
             if check_files and not p.is_file():
                 raise chk.fail(where, f"custom-op library {_shown(spec)} does not exist (looked for {p})",
@@ -777,6 +790,25 @@ class _Runtime:
         return self.offered.get(provider) in options.PLUGINS
 
 
+def _pin_problem(req: Requirement) -> str | None:
+    """Why a runtime requirement is not a plain pin (name[extras]==version), or None. Markers and direct URLs
+    are refused: a marker can make pip install nothing (or another flavor), a URL installs whatever it names."""
+    if req.url:
+        return f"is a direct reference (@ {req.url})"
+    if req.marker is not None:
+        return f"has an environment marker (; {req.marker})"
+    specs = list(req.specifier)
+    if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+        return "does not pin one exact version with ==" if specs else "names no version"
+    return None
+
+
+def _pinned_version(req: Requirement) -> str:
+    """The version a requirement names, for the hint (else a placeholder)."""
+    versions = [s.version for s in req.specifier if s.operator in ("==", "===", ">=", "~=") and "*" not in s.version]
+    return versions[0] if versions else "<version>"
+
+
 def _parse_runtime(chk: _Checker, where: str, runtime: str | list[str]) -> _Runtime:
     """The target's flavor and plugin EP requirements (one flavor; plugins that plug into it)."""
     flavor_req: str | None = None
@@ -788,19 +820,24 @@ def _parse_runtime(chk: _Checker, where: str, runtime: str | list[str]) -> _Runt
             raise chk.fail(where, f"'{text}' is not a pip requirement: {e}",
                            "write it like onnxruntime==1.31.1") from None
         name = req.name.lower()
+        if name not in options.PLUGINS and name not in options.RUNTIMES:
+            raise chk.fail(where, f"unknown ONNX Runtime flavor or plugin EP '{req.name}'"
+                                  f"{did_you_mean(name, [*options.RUNTIMES, *options.PLUGINS])}",
+                           f"flavors: {', '.join(options.RUNTIMES)}; plugin EPs: {', '.join(options.PLUGINS)}")
+        problem = _pin_problem(req)
+        if problem:  # what nox would install and what the build checks against must be one exact release
+            raise chk.fail(where, f"'{text}' {problem}: a runtime is a plain pin of one release",
+                           f'write it like "{req.name}=={_pinned_version(req)}" (name, optional [extras], == and '
+                           "one exact version)")
         if name in options.PLUGINS:
             if text in plugins or any(Requirement(p).name.lower() == name for p in plugins):
                 raise chk.fail(where, f"{req.name} is listed twice")
             plugins.append(text)
-        elif name in options.RUNTIMES:
+        else:  # a flavor (options.RUNTIMES)
             if flavor_req is not None:
                 raise chk.fail(where, f"lists two ONNX Runtime flavors ({flavor_req}, {text})",
                                "one flavor per target: they overwrite each other's `onnxruntime` module")
             flavor_req = text
-        else:
-            raise chk.fail(where, f"unknown ONNX Runtime flavor or plugin EP '{req.name}'"
-                                  f"{did_you_mean(name, [*options.RUNTIMES, *options.PLUGINS])}",
-                           f"flavors: {', '.join(options.RUNTIMES)}; plugin EPs: {', '.join(options.PLUGINS)}")
     if flavor_req is None:
         raise chk.fail(where, "names no ONNX Runtime flavor", f"e.g. {_PLUGIN_EXAMPLE}")
     flavor = Requirement(flavor_req).name.lower()

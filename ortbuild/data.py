@@ -153,11 +153,36 @@ def load_feed(path: Path, input_names: list[str]) -> Feed:
     return npz(path)
 
 
+def nonfinite(arr: np.ndarray) -> int:
+    """How many NaN or infinite values a float or complex array holds (0 for any other dtype)."""
+    if arr.dtype.kind not in "fc" or not arr.size:
+        return 0
+    return int(arr.size - np.count_nonzero(np.isfinite(arr)))
+
+
+def _finite(feeds: list[tuple[str, Feed]]) -> None:
+    """Calibration data must be finite: a NaN or Inf sample poisons the quantizer's ranges (min/max, histograms)
+    for every tensor it reaches. Golden inputs may hold NaN/Inf (IsNaN, IsInf and masking models are tested on
+    them; the comparison expects NaN/Inf exactly where the reference has them), so only calibration is checked."""
+    for where, feed in feeds:
+        for name, arr in feed.items():
+            if bad := nonfinite(arr):
+                raise ConfigError(where, "", f"calibration input '{name}' holds {bad} NaN or infinite value(s) of "
+                                             f"{arr.size}",
+                                  "calibration samples must be finite (realistic inputs): NaN or Inf would set the "
+                                  "quantization ranges; golden inputs may hold them, calibration data may not")
+
+
 def load_samples(path: Path, input_names: list[str]) -> list[Feed]:
-    """Calibration samples: each .npz row (first axis) as a batch of one, or each test_data_set_N."""
+    """Calibration samples: each .npz row (first axis) as a batch of one, or each test_data_set_N. Every value
+    must be finite (ConfigError naming the file and the input)."""
     if path.is_dir():
-        return [dataset_feed(d, input_names) for d in datasets(path)]
+        sets = datasets(path)
+        feeds = [dataset_feed(d, input_names) for d in sets]
+        _finite([(str(d), f) for d, f in zip(sets, feeds, strict=True)])
+        return feeds
     arrays = npz(path)
+    _finite([(str(path), arrays)])
     counts = {len(a) for a in arrays.values()}
     if len(counts) != 1:
         raise ConfigError(str(path), "", f"arrays have different sample counts {sorted(counts)}",
@@ -167,7 +192,8 @@ def load_samples(path: Path, input_names: list[str]) -> list[Feed]:
 
 
 def check_feed(feed: Feed, signature: dict[str, Any], where: str) -> None:
-    """Names, dtypes and ranks of a feed against a model's input signature."""
+    """Names, dtypes and ranks of a feed against a model's input signature. Values are not judged here: golden
+    inputs may hold NaN/Inf; calibration data is checked for them by load_samples()."""
     inputs = {i["name"]: i for i in signature["inputs"]}
     missing = [n for n in inputs if n not in feed]
     extra = [n for n in feed if n not in inputs]
@@ -178,10 +204,6 @@ def check_feed(feed: Feed, signature: dict[str, Any], where: str) -> None:
         spec = inputs[name]
         if str(arr.dtype) != spec["dtype"]:
             raise ConfigError(where, "", f"input '{name}' is {arr.dtype}, the model wants {spec['dtype']}")
-        if arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
-            bad = int(arr.size - np.isfinite(arr).sum())
-            raise ConfigError(where, "", f"input '{name}' holds {bad} NaN or infinite value(s) of {arr.size}",
-                              "golden and calibration inputs must be finite: a test on NaN inputs proves nothing")
         if spec["shape"] is not None and arr.ndim != len(spec["shape"]):
             raise ConfigError(where, "", f"input '{name}' has shape {list(arr.shape)}, the model wants rank "
                                          f"{len(spec['shape'])} {spec['shape']}")

@@ -117,16 +117,71 @@ def location_problem(location: str) -> str | None:
     return None
 
 
+NOT_ONNX_HINT = ("give the path of an ONNX model (a serialized onnx.ModelProto, e.g. from torch.onnx.export or "
+                 "onnx.save_model); convert other formats to ONNX first")
+
+
+NO_GRAPH = "it parses as protobuf, but holds no ONNX graph"
+
+
+def _unparsed(e: Exception) -> str:
+    return f"protobuf cannot parse it as an onnx.ModelProto ({str(e) or type(e).__name__})"
+
+
+def not_onnx(path: Path, data: bytes, why: str, where: str = "") -> ConfigError:
+    """The error for a file that does not parse as an ONNX model, naming it and saying what it looks like."""
+    head = data[:200]
+    if head.startswith(b"version https://git-lfs"):
+        return ConfigError(str(path), where, "is a Git LFS pointer, not the ONNX model it stands for",
+                           "fetch the model itself: `git lfs pull` (or `git lfs fetch && git lfs checkout`)")
+    if head.startswith((b"PK\x03\x04", b"\x93NUMPY")):
+        what = "a zip archive (an .npz, a .pt or a .zip?)" if head.startswith(b"PK") else "a numpy .npy array"
+        return ConfigError(str(path), where, f"is not an ONNX model: it is {what}", NOT_ONNX_HINT)
+    text = head.lstrip()[:1] in (b"{", b"<", b"#") or (bool(head) and all(32 <= b < 127 or b in b"\r\n\t"
+                                                                            for b in head))
+    looks = " (it looks like a text file)" if text else ""
+    return ConfigError(str(path), where, f"is not an ONNX model{looks}: {why}", NOT_ONNX_HINT)
+
+
+def parse_graph(data: bytes, path: Path, where: str = "") -> Any:
+    """The ModelProto serialized in `data` (read from `path`); ConfigError naming `path` when it is not one."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, RuntimeWarning, ValueError) as e:
+        raise not_onnx(path, data, _unparsed(e), where) from None
+    if not model.HasField("graph"):  # protobuf reads many short byte strings as some message
+        raise not_onnx(path, data, NO_GRAPH, where)
+    return model
+
+
+def load_graph(path: Path, where: str = "") -> Any:
+    """The ModelProto at `path` without its external data; ConfigError naming `path` when it is not one."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        why = "" if model.HasField("graph") else NO_GRAPH
+    except (DecodeError, RuntimeWarning, ValueError) as e:
+        why = _unparsed(e)
+    if why:
+        with open(path, "rb") as f:
+            head = f.read(200)
+        raise not_onnx(path, head, why, where)
+    return model
+
+
 def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
     """The model at `path` with its external-data files, each hashed (sha256 "" when not `hashed`).
     ConfigError (at `where`) for a location that leaves the model's folder or names a missing file."""
-    import onnx
-
     sha, size, marked = _hash(path, _MARKER, hashed)
     graph = ModelFile(path, "", sha, size)
     if not marked:
         return ModelFiles(graph, ())
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_graph(path, where)
     external = []
     for loc in locations(model):
         problem = location_problem(loc)

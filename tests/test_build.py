@@ -87,8 +87,15 @@ def test_a_failing_job_names_its_step_and_publishes_nothing(make_project: Callab
 
 
 def test_a_tool_failure_becomes_a_step_error(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    # an ONNX model the checker refuses (a file that is no ONNX model at all is a ConfigError naming it: test_cli)
     bad = tmp_path / "broken.onnx"
-    bad.write_bytes(b"\x08\x07garbage")
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("NoSuchOp", ["image"], ["y"])], "g", [x], [x])
+    bad.write_bytes(helper.make_model(graph).SerializeToString())
+    assert isinstance(onnx.load(bad), onnx.ModelProto)
     path = make_project(TWO_TARGETS)
     path.write_text(path.read_text().replace(str(Path(__file__).parent.parent / "models" / "tiny_cnn.onnx"),
                                              str(bad)))

@@ -162,3 +162,52 @@ def test_targets_providers_prints_the_capability_table_with_this_machines_answer
     assert rows["NnapiExecutionProvider"]["why_not"] == capabilities.unsupported("NnapiExecutionProvider")
     ov = rows["OpenVINOExecutionProvider"]
     assert ov["here"] or "Intel" in ov["why_not"] or "not in" in ov["why_not"]
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_ortbuild_quietly() -> None:
+    """`ortbuild matrix | head -1`: no traceback, no internal error, the exit status of a process SIGPIPE ended
+    (or 0 where everything fit in the pipe before the reader left)."""
+    import os
+    import subprocess
+    import sys
+
+    # the read end closed before ortbuild writes a byte: every write meets a closed pipe (EPIPE)
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "ortbuild", "matrix", "-c", str(REPO / "targets.toml")],
+                            stdout=w, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    os.close(r)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141, err
+    assert err == ""
+    # as a user types it: head reads one line and exits
+    shell = subprocess.run(["bash", "-o", "pipefail", "-c", f"{sys.executable} -m ortbuild matrix -c "
+                            f"{REPO / 'targets.toml'} | head -1"], capture_output=True, text=True, timeout=120)
+    assert shell.returncode in (0, 141) and shell.stdout == "{\n", shell.stdout
+    assert "Traceback" not in shell.stderr and "internal error" not in shell.stderr and "Broken" not in shell.stderr
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"hello, I am a text file\n", "is not an ONNX model (it looks like a text file): protobuf cannot parse it"),
+    (b"location = a text file that mentions external data\n", "is not an ONNX model (it looks like a text file)"),
+    (b"\x08\x07", "it parses as protobuf, but holds no ONNX graph"),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n", "is a Git LFS pointer"),
+])
+def test_a_file_that_is_no_onnx_model_is_named_with_what_to_do(tmp_path: Path, content: bytes, says: str) -> None:
+    from .conftest import here_runtime
+
+    (tmp_path / "m.onnx").write_bytes(content)
+    (tmp_path / "targets.toml").write_text(f"""[project]
+name = "p"
+version = "1"
+[models.m]
+path = "m.onnx"
+inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+""")
+    proc = run_cli("build", "-c", str(tmp_path / "targets.toml"), "-j", "1")
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # a configuration error, not a failed build step
+    assert f"{tmp_path / 'm.onnx'}: " in proc.stderr and says in proc.stderr, proc.stderr
+    assert "hint: " in proc.stderr and "Traceback" not in proc.stderr

@@ -189,3 +189,61 @@ def test_every_unsupported_provider_is_refused_with_its_reason(tmp_path: Path) -
         with pytest.raises(ConfigError) as err:
             _providers(tmp_path, f'runtime = "onnxruntime==1.31.1"\nproviders = ["{name}"]\n')
         assert capabilities.unsupported(name) in err.value.message and "docs/targets.md" in (err.value.hint or "")
+
+
+@pytest.mark.parametrize("requirement, says", [
+    ("onnxruntime; python_version<'3'", "has an environment marker"),
+    ("onnxruntime==1.31.1; sys_platform == 'linux'", "has an environment marker"),
+    ("onnxruntime @ file:///etc/passwd", "is a direct reference (@ file:///etc/passwd)"),
+    ("onnxruntime @ https://example.com/onnxruntime-1.31.1-cp311-none-any.whl", "is a direct reference"),
+    ("onnxruntime", "names no version"),
+    ("onnxruntime>=1.20", "does not pin one exact version with =="),
+    ("onnxruntime==1.31.*", "does not pin one exact version with =="),
+    ("onnxruntime~=1.31.1", "does not pin one exact version with =="),
+    ("onnxruntime===1.31.1", "does not pin one exact version with =="),
+    ("onnxruntime==1.31.1,!=1.31.0", "does not pin one exact version with =="),
+])
+def test_a_runtime_that_is_not_a_plain_pin_is_refused_at_config_time(tmp_path: Path, requirement: str,
+                                                                      says: str) -> None:
+    escaped = requirement.replace('"', '\\"')
+    for runtime in (f'"{escaped}"', f'["{escaped}", "onnxruntime-ep-openvino==1.8.1"]',
+                    f'["onnxruntime==1.31.1", "{escaped.replace("onnxruntime", "onnxruntime-ep-openvino", 1)}"]'):
+        (tmp_path / "targets.toml").write_text(ONE_MODEL + f'[targets.t]\nruntime = {runtime}\n'
+                                               'providers = ["CPUExecutionProvider"]\n')
+        with pytest.raises(ConfigError) as err:
+            config.load(tmp_path / "targets.toml")
+        assert err.value.message.startswith(f"{tmp_path / 'targets.toml'}: [targets.t.runtime] '"), err.value.message
+        assert says in err.value.message and "a runtime is a plain pin of one release" in err.value.message
+        assert err.value.hint and "==" in err.value.hint
+        proc = run_cli("matrix", "-c", str(tmp_path / "targets.toml"))  # before anything is installed or run
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("runtime", ['"onnxruntime==1.31.1"', '"onnxruntime-gpu == 1.31.1"',
+                                     '"onnxruntime[extra]==1.31.1"', '"onnxruntime==1.31.1+local"', PLUGIN_RUNTIME
+                                     .removeprefix("runtime = ").strip()])
+def test_plain_pins_stay_accepted(tmp_path: Path, runtime: str) -> None:
+    providers = "CUDAExecutionProvider" if "gpu" in runtime else "CPUExecutionProvider"
+    (tmp_path / "targets.toml").write_text(ONE_MODEL + f'[targets.t]\nruntime = {runtime}\n'
+                                           f'providers = ["{providers}"]\n')
+    t = config.load(tmp_path / "targets.toml").targets["t"]
+    assert "==" in t.runtime
+
+
+@pytest.mark.parametrize("key", ["path", "inputs", "calibration", "expected"])
+@pytest.mark.parametrize("check_files", [True, False])
+def test_a_nul_byte_in_a_model_path_is_a_config_error_naming_the_key(tmp_path: Path, key: str,
+                                                                     check_files: bool) -> None:
+    table = {"path": f"{REPO / 'models' / 'tiny_cnn.onnx'}", "inputs": f"{REPO / 'models' / 'tiny_cnn.inputs.npz'}"}
+    table[key] = "models/a\\u0000b.onnx"
+    text = ('[project]\nname = "p"\nversion = "1"\n[models.cnn]\n'
+            + "".join(f'{k} = "{v}"\n' for k, v in table.items())
+            + '[targets.t]\nruntime = "onnxruntime==1.31.1"\nproviders = ["CPUExecutionProvider"]\n')
+    (tmp_path / "targets.toml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        config.load(tmp_path / "targets.toml", check_files=check_files)
+    assert err.value.message.startswith(f"{tmp_path / 'targets.toml'}: [models.cnn.{key}] 'models/a\\x00b.onnx' "
+                                        "holds a NUL byte"), err.value.message
+    if key == "path" and check_files:
+        proc = run_cli("plan", "-c", str(tmp_path / "targets.toml"))
+        assert proc.returncode == 3 and "[models.cnn.path]" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import subprocess
 import sys
@@ -127,3 +128,56 @@ def test_npz_headers_are_checked_before_loading(tmp_path: Path) -> None:
         z.writestr("notes.txt", "hello")
     with pytest.raises(ConfigError, match=r"member 'notes\.txt' is not an \.npy array"):
         data.npz(other)
+
+
+def test_golden_inputs_may_hold_nan_and_inf_calibration_data_may_not(tmp_path: Path) -> None:
+    sig = {"inputs": [{"name": "x", "dtype": "float32", "shape": [2, 4]}]}
+    x = np.array([[np.nan, 1.0, np.inf, -np.inf], [0.0, np.nan, 2.0, 3.0]], np.float32)
+    data.check_feed({"x": x}, sig, "golden.npz")  # golden: accepted as they are
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=x)
+    with pytest.raises(ConfigError, match=r"calib\.npz: calibration input 'x' holds 4 NaN or infinite value\(s\) "
+                                          r"of 8") as err:
+        data.load_samples(calib, ["x"])
+    assert err.value.hint and "golden inputs may hold them" in err.value.hint
+    _write_dataset(tmp_path / "sets", [{"x": np.ones((2, 4), np.float32)}, {"x": x}])
+    with pytest.raises(ConfigError, match=r"test_data_set_1: calibration input 'x' holds 4 NaN"):
+        data.load_samples(tmp_path / "sets", ["x"])
+    assert data.nonfinite(np.array([1, 2])) == 0 and data.nonfinite(np.array([np.nan, 1j * np.inf])) == 2
+
+
+@pytest.mark.runtime
+def test_a_model_tested_on_nan_and_inf_golden_inputs_builds_and_passes(tmp_path: Path) -> None:
+    """ONNX's own IsNaN/IsInf cases: golden inputs full of NaN and Inf build and pass `ortbuild test`, with NaN
+    and Inf flowing through to an output too (the comparison expects them exactly where the reference has them)."""
+    from onnx import TensorProto, helper
+
+    from .conftest import here_runtime, run_cli
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    outputs = [helper.make_tensor_value_info("nan", TensorProto.BOOL, [2, 4]),
+               helper.make_tensor_value_info("inf", TensorProto.BOOL, [2, 4]),
+               helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])]
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    graph = helper.make_graph([helper.make_node("IsNaN", ["x"], ["nan"]), helper.make_node("IsInf", ["x"], ["inf"]),
+                               helper.make_node("Mul", ["x", "two"], ["y"])], "nonfinite", [x], outputs, [two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save_model(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "m.inputs.npz",
+             x=np.array([[np.nan, 1.0, np.inf, -np.inf], [0.0, np.nan, -2.5, np.inf]], np.float32))
+    (tmp_path / "targets.toml").write_text(f"""[project]
+name = "p"
+version = "1"
+[models.m]
+path = "m.onnx"
+inputs = "m.inputs.npz"
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+session = {{ intra_op_num_threads = 1 }}
+""")
+    proc = run_cli("test", "-c", str(tmp_path / "targets.toml"), "-j", "1", "--no-explain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "dist" / "cpu" / "m" / "test-report.json").read_text())["result"]
+    assert report["status"] == "PASS", report

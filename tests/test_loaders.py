@@ -704,6 +704,7 @@ def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
     made = keys.keygen(tmp_path / "new")
     old_file = tmp_path / "old.key"
     old_file.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old_file.chmod(0o600)  # key files readable by others are refused
     before = (copy / "tiny_cnn" / "model.onnx.enc").read_bytes()
     proc = run_cli("rekey", str(copy), "--old-key-file", str(old_file), "--new-key-file", made["encryption_key"])
     assert proc.returncode == 0, proc.stderr

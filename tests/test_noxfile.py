@@ -8,6 +8,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ortbuild import config
 
@@ -58,3 +61,63 @@ def test_a_runtime_that_cannot_be_installed_is_skipped_with_the_reason(make_proj
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "skipped: ancient: its runtime 'onnxruntime==0.1.0' cannot be installed on this machine" in proc.stderr
     assert not (tmp_path / "dist").exists()  # nothing built for the CPU in its place
+
+
+class _Session:
+    """Just what the release session uses of a nox session: each run is recorded, `ortbuild release --json`
+    answers a clean release."""
+
+    def __init__(self, envdir: Path) -> None:
+        from types import SimpleNamespace
+
+        self._runner = SimpleNamespace(global_config=SimpleNamespace(envdir=str(envdir)))
+        self.posargs: list[str] = []
+        self.runs: list[tuple[str, ...]] = []
+
+    def run(self, *args: str, **_: object) -> str:
+        self.runs.append(args)
+        return '{\n "exit_code": 0, "released": [], "refused": [], "warnings": []}' if "release" in args else ""
+
+    def log(self, *_: object) -> None:
+        pass
+
+    warn = log
+
+    def error(self, message: str) -> None:
+        raise AssertionError(message)
+
+    skip = error
+
+
+@pytest.fixture(scope="module")
+def noxfile() -> Any:
+    """noxfile.py as a module (loaded once: loading registers its sessions)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_the_release_session_allows_development_keys_only_with_its_own(
+        noxfile: Any, configured: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nox.sessions
+
+    target = "cpu-fp32"
+    ortbuild = Path(nox.sessions._normalize_path(str(tmp_path / "envs"), f"test({target})")) / "bin" / "ortbuild"
+    ortbuild.parent.mkdir(parents=True)
+    ortbuild.touch()  # "tested here"
+    monkeypatch.setattr(noxfile, "DEV_KEYS", tmp_path / "dev-keys")
+    monkeypatch.setattr(noxfile, "_skipped_here", lambda t: None)
+    for var in noxfile.KEY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    if configured:  # the release's own keys: a development key among them is refused, never allowed
+        monkeypatch.setenv("ORTBUILD_SIGNING_KEY_FILE", str(tmp_path / "keys" / "signing.key"))
+    session = _Session(tmp_path / "envs")
+    noxfile.release.func(session, target)
+    release = next(r for r in session.runs if "release" in r)
+    assert ("--allow-development-key" in release) is not configured, release
+    assert any("keygen" in r and "--dev" in r for r in session.runs) is not configured  # its own DEV_KEYS made

@@ -80,10 +80,10 @@ def run(path: Path, files: modelfiles.ModelFiles | None = None) -> CheckResult:
         raise ConfigError(str(path), "", f"the model {problem}", "name an ONNX model file")
     files = files or modelfiles.of(path)
     if files.has_external_data:
+        model = modelfiles.load_graph(path)  # ConfigError naming the path when it is no ONNX model
         onnx.checker.check_model(str(path), full_check=True)  # the path form reads no weights
-        model = onnx.load(str(path), load_external_data=False)
     else:
-        model = onnx.load_model_from_string(path.read_bytes())
+        model = modelfiles.parse_graph(path.read_bytes(), path)
         onnx.checker.check_model(model, full_check=True)  # full_check = strict shape inference too
     return CheckResult(model=model, files=files, sha256=files.graph.sha256, size=files.size,
                        signature=signature(model), opsets=opsets(model), ir_version=model.ir_version)
