@@ -737,7 +737,8 @@ def cmd_release(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
                             "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
                             "to {version}-{target}), or select one target with -t")
-    out_root = Path(args.to) if args.to and ref is None else dist / "release"
+    # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
+    out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
     done, refused, lines = [], [], []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:

@@ -274,3 +274,14 @@ def test_build_and_gates_leave_onnx_runtimes_telemetry_store_untouched(make_proj
             assert not _event_store(home).exists(), "an ortbuild command wrote ONNX Runtime's event store"
         elif not _event_store(home).exists():
             pytest.skip("this onnxruntime writes no local event store (the control made none): nothing to check")
+
+
+def test_release_never_writes_through_a_symlink_out_of_dist(pristine: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    root = copy(pristine, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "dist" / "release").symlink_to(elsewhere)
+    code, text = ortbuild(capsys, "release", "-c", str(root / "targets.toml"), "--force")
+    assert code == 7 and "resolves outside the output directory" in text, text
+    assert list(elsewhere.iterdir()) == []
