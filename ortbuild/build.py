@@ -757,8 +757,8 @@ def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None, parts: 
     whatever else changed: a build never replaces what someone modified (`--repair` does, on purpose). An
     intact artifact is rebuilt when its build key changed; one sealed for another encryption key raises WrongKey
     (`ortbuild rekey` rotated it: the old key no longer opens it)."""
-    if not (out_dir / manifest.MANIFEST).exists() and not (out_dir / manifest.SIGNATURE).exists():
-        return "no artifact yet", None
+    if not (out_dir / manifest.MANIFEST).exists():  # never built, or a publish cut short (the manifest goes
+        return "no artifact yet", None             # first and comes last): files without one are no artifact
     if sign_key is None:
         raise KeyMissing("no signing key: the published artifacts are checked with its public half",
                          f"make keys: `{keys.MAKE_KEYS}`")
