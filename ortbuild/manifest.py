@@ -110,6 +110,7 @@ class SignedFile:
 class PrecisionInfo:
     name: str
     options: dict[str, Any]
+    changed: dict[str, Any] | None = None  # what the step converted (steps.accounting); None for fp32
 
 
 @dataclass(frozen=True)

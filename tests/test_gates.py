@@ -128,6 +128,7 @@ def test_failure_reports_name_exactly_what_failed(gated: tuple[Path, Any]) -> No
     assert "worst element at [1, 4]" in bad and "smallest tolerance that would pass" in bad
     folded = "\n".join(res["folded/inflated"]["failures"])
     assert "above max_ratio 1.1 (+ 4 KB)" in folded and "w (float, 256 KB, from Mul <- Cast)" in folded
+    assert 'hint: constant_folding = "auto" (the default) or "off" in [targets.folded]' in folded  # the fix
     for r in res.values():
         assert r["reproduce"].startswith("ortbuild test -c ")
         assert f"-t {r['target']} -m {r['model']}" in r["reproduce"]

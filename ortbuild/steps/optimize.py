@@ -15,6 +15,7 @@ import onnx
 
 from .. import options, runtime
 from ..config import Provider, Settings
+from . import accounting
 
 
 @dataclass(frozen=True)
@@ -33,31 +34,12 @@ class OptimizeResult:
 
 FOLDING = "ConstantFolding"
 COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step makes obsolete
-GROWTH = 1.1  # initializer bytes may grow this much (fusions add small constants) before it counts as inflation
-
-
-def _nbytes(t: onnx.TensorProto) -> int:
-    """A tensor's data bytes, whether stored inside the graph or as external data (not loaded)."""
-    if t.data_location == onnx.TensorProto.EXTERNAL:
-        length = next((e.value for e in t.external_data if e.key == "length"), None)
-        if length is not None:
-            return int(length)
-        n = 1
-        for d in t.dims:
-            n *= d
-        return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    return len(t.raw_data) or t.ByteSize()
+GROWTH = 1.02  # weight bytes may grow this much (+ 4 KB: fusions add small constants) before it counts as inflation
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
-    """name -> (data type, bytes) of every initializer (and Constant node value) of the main graph."""
-    out = {i.name: (i.data_type, _nbytes(i)) for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    out[n.output[0]] = (a.t.data_type, _nbytes(a.t))
-    return out
+    """name -> (data type, bytes) of every weight of every graph (If/Loop/Scan bodies included)."""
+    return accounting.weights(model)
 
 
 def inflation(before: Path, after: Path) -> dict[str, Any] | None:
@@ -70,7 +52,7 @@ def inflation(before: Path, after: Path) -> dict[str, Any] | None:
     size_a, size_b = sum(n for _, n in a.values()), sum(n for _, n in b.values())
     if size_b <= GROWTH * size_a + 4096:
         return None
-    producers = {o: n for n in src.graph.node for o in n.output}
+    producers = {o: n for g in accounting.graphs(src.graph) for n in g.node for o in n.output}
     grown = []
     for name, (dt, nbytes) in sorted(b.items(), key=lambda kv: -kv[1][1]):
         if name in a and a[name][1] >= nbytes:

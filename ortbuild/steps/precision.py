@@ -27,7 +27,7 @@ import onnx
 from .. import options
 from ..config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
 from ..data import Feed
-from . import streamquant
+from . import accounting, streamquant
 
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 
@@ -38,6 +38,7 @@ class PrecisionResult:
     precision: str
     options: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    changed: accounting.Accounting | None = None  # what the step converted (None: fp32, nothing to convert)
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
@@ -115,6 +116,45 @@ def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _is_weight(node: onnx.NodeProto) -> bool:
+    """A Constant node holding a float tensor over 1 KB: a weight, as exporters such as spox write them."""
+    return node.op_type == "Constant" and any(
+        a.name == "value" and a.t.data_type in accounting.FLOAT_TYPES and accounting.nbytes(a.t) > 1024
+        for a in node.attribute)
+
+
+def _constant_weights(model: onnx.ModelProto) -> int:
+    return sum(1 for g in accounting.graphs(model.graph) for n in g.node if _is_weight(n))
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every weight held in a Constant node becomes an initializer of the same graph (subgraphs included)."""
+    for g in accounting.graphs(model.graph):
+        keep = []
+        for n in g.node:
+            if _is_weight(n):
+                t = onnx.TensorProto()
+                t.CopyFrom(next(a.t for a in n.attribute if a.name == "value"))
+                t.name = n.output[0]
+                g.initializer.append(t)
+            else:
+                keep.append(n)
+        if len(keep) != len(g.node):
+            del g.node[:]
+            g.node.extend(keep)
+    return model
+
+
+def _has_subgraphs(model: onnx.ModelProto) -> bool:
+    return any(a.HasField("g") or len(a.graphs) for n in model.graph.node for a in n.attribute)
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
 def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), _QUANT_MIN_OPSET)
 
@@ -185,13 +225,23 @@ def run(source: Path, model: onnx.ModelProto, precision: str, opts: Mapping[str,
     # failure, dumps the model and its weights (as <uuid>.data) into the current directory, and the
     # quantizers make their own temp dirs (calibration writes an augmented copy of the model).
     tempfile.tempdir = str(work.resolve())
+    before = accounting.Snapshot.of(model) if opts is not None else None  # the int4 quantizer edits `model`
     try:
         with contextlib.chdir(work):
-            return _run(source.resolve(), model, precision, _typed(precision, opts), work.resolve(), calibration,
-                        external)
+            res = _run(source.resolve(), model, precision, _typed(precision, opts), work.resolve(), calibration,
+                       external)
     finally:
         root.setLevel(level)
         tempfile.tempdir = tmp
+    if before is None or res.path == source.resolve():
+        return res
+    changed = accounting.account(before, onnx.load(str(res.path), load_external_data=False))
+    notes = list(res.notes)
+    already = accounting.already_reduced(before)
+    if already:
+        notes.append(f"the source is already reduced ({already}): {precision} converts it again; "
+                     "precision = \"fp32\" ships it as it is")
+    return PrecisionResult(res.path, res.precision, res.options, notes, changed)
 
 
 def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: Path,
@@ -222,10 +272,17 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
     if isinstance(opts, Quantization):
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
 
-        if _weightless(model) and _opset(model) >= _QUANT_MIN_OPSET:  # read in place, its data beside it
+        held = _constant_weights(model)
+        if _weightless(model) and _opset(model) >= _QUANT_MIN_OPSET and not held:  # read in place
             src = source
         else:
-            src = _save(_upgrade_opset(_full(source, model), notes), work / "source.onnx", external)
+            full = _upgrade_opset(_full(source, model), notes)
+            if held:  # ORT's quantizers look for weights among initializers only
+                full = _constants_to_initializers(full)
+                notes.append(f"{held} weight(s) held in Constant nodes made initializers of their graphs, so "
+                             "ORT's quantizer sees them")
+            src = _save(full, work / "source.onnx", external)
+            del full
         pre = _preprocess(src, work, opts.preprocess, notes, external)
         if src.parent == work and pre != src:
             remove_model(src)
@@ -240,9 +297,13 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
         # file when asked (streamquant); the pre-processed copy is removed before the result is written
         consume = (lambda: remove_model(pre)) if pre.parent == work else None
         streamed = streamquant.weightless(pre.parent, consume) if external else contextlib.nullcontext()
+        nested = _has_subgraphs(model)
         if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
+            # weights inside If/Loop/Scan bodies: ORT's quantizer enters subgraphs only when asked (EnableSubgraph)
+            extra = {"EnableSubgraph": True} if nested else {}
             with streamed:
-                quantize_dynamic(str(pre), str(out), use_external_data_format=external, **common)
+                quantize_dynamic(str(pre), str(out), use_external_data_format=external, extra_options=extra,
+                                 **common)
             used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
                                          "exclude_nodes", "preprocess")}
             used["format"] = "qoperator"
@@ -258,6 +319,10 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
                     activation_type=_qtype(opts.activation_type), calibrate_method=method,
                     calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
             used["calibration_samples"] = len(calibration)
+            if nested:
+                notes.append(f"weights inside If/Loop/Scan bodies stay float: onnxruntime {_ort_version()}'s static "
+                             "quantizer enters subgraphs in dynamic mode only (its EnableSubgraph option); "
+                             "int8-dynamic quantizes them")
         if pre.parent == work:
             remove_model(pre)
         return PrecisionResult(out, precision, used, notes)
@@ -275,3 +340,31 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
     if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out), load_external_data=False).graph.node):
         notes.append("no MatMul had a constant weight to quantize: the graph is unchanged")
     return PrecisionResult(out, precision, used, notes)
+
+
+def too_little(precision: str, changed: accounting.Accounting,
+               opts: Mapping[str, Any] | PrecisionOptions) -> tuple[str, str] | None:
+    """(why, what to do) when the step converted less than accounting.MIN_CHANGED of the float weights: the
+    artifact would carry the precision's name and hardly any of its effect."""
+    if changed.converted >= accounting.MIN_CHANGED:
+        return None
+    users = changed.users
+    where = ", ".join(f"{op} ({b / 1e6:.2f} MB)" for op, b in list(users.items())[:4]) or "none found"
+    why = (f"{precision} converted {changed.converted:.1%} of the float weights ({changed.tensors} tensor(s), "
+           f"{changed.float_bytes_before / 1e6:.2f} MB of float weights before, {changed.float_bytes_after / 1e6:.2f}"
+           f" MB after; at least {accounting.MIN_CHANGED:.0%} is required); the float weights are read by: {where}")
+    typed_opts = _typed(precision, opts)
+    if isinstance(typed_opts, Quantization):
+        asked = list(typed_opts.op_types)
+        hint = ((f"quantization.op_types = {asked} leaves them out: add the ops above, or " if asked else "")
+                + "set precision = \"fp32\" for this model in an override ([[targets.NAME.overrides]] "
+                "models = [...]): ORT's quantizer found nothing it quantizes here")
+        if not typed_opts.preprocess:
+            hint = "quantization.preprocess = true (it folds weights computed in the graph into initializers); " \
+                   + hint
+    elif isinstance(typed_opts, Int4):
+        hint = ("int4-weight quantizes MatMul weights only: set precision = \"int8-dynamic\" or \"fp32\" for this "
+                "model in an override")
+    else:
+        hint = "fp16.op_block_list / node_block_list keep these in float: shorten them, or build this model in fp32"
+    return why, hint

@@ -1,0 +1,99 @@
+"""End to end on Silero's voice-activity detector, as the `silero-vad` wheel ships it: one If on the sample
+rate whose two branches hold every weight (Conv and LSTM, in Constant nodes, LSTM weights behind Slice/Concat).
+
+The nox `tests` session installs silero-vad==6.2.3 with --no-deps, only for its model file (sha256-pinned).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortbuild import manifest
+
+from .conftest import here_runtime, run_cli
+
+pytestmark = pytest.mark.e2e
+
+PACKAGE = "silero-vad"
+MODEL = "silero_vad/data/silero_vad.onnx"
+SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
+
+
+def _model() -> Path:
+    try:
+        files = md.distribution(PACKAGE).files or []
+    except md.PackageNotFoundError:
+        pytest.fail(f"{PACKAGE} is not installed: run the suite through `nox -s tests`, which installs it")
+    path = next(Path(str(f.locate())) for f in files if str(f) == MODEL)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == SHA256, f"{MODEL} changed upstream"
+    return path
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("vad")
+    rng = np.random.default_rng(0)
+    t = np.arange(512 * 8) / 16000
+    voiced = sum(np.sin(2 * np.pi * f * t) / (k + 1) for k, f in enumerate([140, 280, 420, 560, 700]))
+    audio = 0.3 * voiced * np.clip(np.sin(2 * np.pi * 4 * t), 0, None) + 0.005 * rng.standard_normal(t.size)
+    np.savez(root / "vad.inputs.npz", input=audio.astype(np.float32).reshape(8, 512),
+             state=np.zeros((2, 8, 128), np.float32), sr=np.array(16000, np.int64))
+    (root / "targets.toml").write_text(f"""
+[project]
+name = "vad"
+version = "1"
+
+[models.vad]
+path = "{_model()}"
+inputs = "vad.inputs.npz"
+
+[targets.fp32]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+
+[targets.int8]
+extends = "fp32"
+precision = "int8-dynamic"
+
+[targets.int8-matmul]
+extends = "fp32"
+precision = "int8-dynamic"
+quantization = {{ op_types = ["MatMul"] }}
+""")
+    return root
+
+
+def _manifest(root: Path, target: str) -> manifest.Manifest:
+    return manifest.Manifest.from_json((root / "dist" / target / "vad" / manifest.MANIFEST).read_bytes())
+
+
+def test_fp32_stays_the_size_of_its_source(project: Path) -> None:
+    r = run_cli("test", "-c", str(project / "targets.toml"), "-t", "fp32", "--no-explain")
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = _manifest(project, "fp32")
+    assert m.artifact.size_ratio <= 1.05, m.artifact.size_ratio  # folding inside the If branches is undone
+    assert m.optimization.inflation is not None and "disabled" in m.optimization.inflation["action"]
+
+
+def test_int8_dynamic_quantizes_the_conv_and_lstm_weights_inside_the_branches(project: Path) -> None:
+    r = run_cli("build", "-c", str(project / "targets.toml"), "-t", "int8")
+    assert r.returncode == 0, r.stderr
+    changed = _manifest(project, "int8").precision.changed
+    assert changed is not None
+    assert changed["ops"]["DynamicQuantizeLSTM"] == 4 and changed["ops"]["ConvInteger"] == 12, changed
+    assert changed["subgraph_ops"] >= 16 and changed["converted"] > 0.9
+    assert _manifest(project, "int8").artifact.size_ratio < 0.5
+
+
+def test_int8_that_quantizes_nothing_fails_at_build_time_with_the_reason(project: Path) -> None:
+    r = run_cli("build", "-c", str(project / "targets.toml"), "-t", "int8-matmul")
+    assert r.returncode == 6, r.stderr
+    assert "converted 0.0% of the float weights" in r.stderr
+    assert "read by: Conv" in r.stderr and "LSTM" in r.stderr
+    assert "leaves them out" in r.stderr
