@@ -336,7 +336,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
                     "optimization": j.settings.optimization, "format": j.settings.format,
                     "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
-                    "rebuild": rebuild, "why": why, "notes": notes})
+                    "rebuild": rebuild, "why": why, "notes": notes, "accuracy": plan.accuracy_text(j)})
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -353,6 +353,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for o in out:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
+    if jobs:
+        print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
+        print("\n".join(plan.accuracy_lines(jobs)))
     return 0
 
 
@@ -497,6 +500,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"             + {f['file']}  {_size(int(f['size']))}  sha256 {str(f['sha256'])[:16]}...")
         if m.artifact.external_data:
             print(f"  weights    external data (model.onnx.data): {m.artifact.external_data}")
+        if m.fusion is not None:
+            fz = m.fusion
+            print(f"  fusion     {fz.model_type}: " + (f"{fz.nodes_before} -> {fz.nodes_after} nodes, fused "
+                                                    + ", ".join(f"{op} {n}" for op, n in fz.fused_ops.items())
+                                                    if fz.applied else f"not applied ({fz.reason})"))
         print(f"  precision  {m.precision.name}  {m.precision.options or ''}")
         enc = m.encryption
         print("  encrypted  " + (f"{enc.algorithm}, {enc.container}, key id {enc.key_id}"

@@ -27,6 +27,8 @@ from .errors import ConfigError
 
 DEFAULT_FILE = "targets.toml"
 INHERITED = "\0inherited"  # marks overrides a target inherits through `extends`
+# what a target or override notes about the accuracy rules it did not inherit across precisions (`ortbuild plan`)
+NOT_INHERITED = "\0accuracy-not-inherited"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,19 @@ class Int4:
 
 
 @dataclass(frozen=True)
+class Fusion:
+    """[targets.X.fusion]: ONNX Runtime's transformer optimizer, run before the precision step (steps/fusion.py)."""
+
+    model_type: str = options.FUSION_OFF
+    num_heads: int = 0               # 0: inferred from the graph
+    hidden_size: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_type != options.FUSION_OFF
+
+
+@dataclass(frozen=True)
 class Session:
     """[targets.X.session]: the session options every session of the build (and the loaders) opens with."""
 
@@ -135,10 +150,15 @@ class Latency:
     min_samples: int
     min_seconds: float
     warmup_runs: int
+    retry_wait_seconds: float
+    data_sets: Mapping[str, Mapping[str, float]]  # golden data set name -> its budgets, over the ones above
 
-    def budgets(self) -> dict[float, float]:
-        """{percentile (0-1): budget in ms} of the percentiles that have one."""
-        pairs = ((0.5, self.p50_ms), (0.9, self.p90_ms), (0.99, self.p99_ms))
+    def budgets(self, data_set: str | None = None) -> dict[float, float]:
+        """{percentile (0-1): budget in ms} of the percentiles that have one (on `data_set`: its own budgets
+        over the target's, key by key)."""
+        own = self.data_sets.get(data_set, {}) if data_set is not None else {}
+        pairs = ((0.5, own.get("p50_ms", self.p50_ms)), (0.9, own.get("p90_ms", self.p90_ms)),
+                 (0.99, own.get("p99_ms", self.p99_ms)))
         return {p: float(b) for p, b in pairs if b is not None}
 
 
@@ -155,6 +175,8 @@ class Gates:
     accuracy: Mapping[str, Any]      # the validated [accuracy] table (rule keys, `outputs`)
     latency: Latency
     size: Size
+    # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
+    not_inherited: tuple[str, ...] = ()
 
     def accuracy_rule(self, precision: str, output: str) -> dict[str, Any]:
         """The effective rule of one output: precision defaults < target rule < the output's table."""
@@ -177,7 +199,7 @@ def typed(cls: type[Any], table: Mapping[str, Any]) -> Any:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
 
 
-def as_plain(settings: Quantization | Fp16 | Int4) -> dict[str, Any]:
+def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, Any]:
     """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
     plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(settings)))
     return plain
@@ -201,6 +223,7 @@ class Settings:
     constant_folding: str = "auto"
     disabled_optimizers: tuple[str, ...] = ()
     custom_ops: tuple[CustomOps, ...] = ()  # the target's and the model's custom-operator libraries
+    fusion: Fusion = Fusion()        # off unless [targets.X.fusion] model_type is set
     gates: Gates | None = field(default=None, compare=False)  # not in as_json(): budgets never rebuild
 
     def as_json(self) -> dict[str, Any]:
@@ -219,6 +242,8 @@ class Settings:
             "constant_folding": self.constant_folding,
             "disabled_optimizers": list(self.disabled_optimizers),
             **({"custom_ops": [c.as_json() for c in self.custom_ops]} if self.custom_ops else {}),
+            # only when on: the build keys of targets without fusion stay what they were
+            **({"fusion": as_plain(self.fusion)} if self.fusion.enabled else {}),
         }))
         return out
 
@@ -636,6 +661,7 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str,
     top = chain.pop()
     merged = done.get(top) or {k: v for k, v in raw[top].items() if k != "extends"}
     done[top] = merged
+    parent = top
     for child in reversed(chain):  # each child over what it inherits
         inherited = copy.deepcopy(merged)
         for o in inherited.get("overrides", []):
@@ -643,10 +669,39 @@ def _resolve_extends(chk: _Checker, raw: dict[str, Any], name: str,
         for part in [inherited, *inherited.get("overrides", [])]:
             if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
                 part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
+        was = inherited.get("precision", options.defaults("target")["precision"])
+        if _rule_family(raw[child].get("precision", was)) != _rule_family(was):  # accuracy rules follow precision
+            _not_inherited(inherited, was, parent)
+            for i, o in enumerate(inherited.get("overrides", [])):
+                if "precision" not in o:  # its rule was written for the parent's precision too
+                    _not_inherited(o, was, f"{parent}.overrides[{i}]")
         merged = merge(inherited, raw[child])
         merged.pop("extends", None)
         done[child] = merged
+        parent = child
     return copy.deepcopy(merged)
+
+
+def _rule_family(precision: Any) -> tuple[Any, ...]:
+    """Precisions whose accuracy rules carry over to each other: those with the same options table and default
+    rule (int8-dynamic and int8-static); fp32, fp16, int8 and int4 each stand alone."""
+    r = options.PRECISION_RULES.get(precision) if isinstance(precision, str) else None
+    return (precision,) if r is None else (r.options_table, r.accuracy)
+
+
+def _not_inherited(table: dict[str, Any], precision: str, where: str) -> None:
+    """Drop the accuracy rule of `table` (a target or override table, its rule written for `precision`), keeping
+    the outputs it ignores (`ignore` says what an output is, not how close it must be); note what was dropped."""
+    acc = table.get("accuracy")
+    if not isinstance(acc, dict) or not acc:
+        return
+    outputs: dict[str, Any] = acc["outputs"] if isinstance(acc.get("outputs"), dict) else {}
+    ignored = {o: {"ignore": True} for o, r in outputs.items() if isinstance(r, dict) and r.get("ignore")}
+    table["accuracy"] = {"outputs": ignored}
+    unset = {k.name: k.default for k in options.TABLES["accuracy"]}
+    if any(v != unset.get(k) for k, v in acc.items() if k != "outputs") or any(
+            isinstance(r, dict) and set(r) - {"ignore"} for r in outputs.values()):
+        table.setdefault(NOT_INHERITED, []).append(f"the {precision} rule of {where}")
 
 
 def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model], root: Path,
@@ -692,9 +747,17 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model], 
         settings: dict[str, Settings] = {}
         for m in selected:
             eff = {k: t[k] for k in options.OVERRIDABLE}
+            not_inherited = list(t.get(NOT_INHERITED, []))
             for ov in t["overrides"]:
                 if matches([m], ov["models"]):
-                    eff = merge(eff, {k: v for k, v in ov.items() if k not in ("models", INHERITED)})
+                    part = {k: v for k, v in ov.items() if k not in ("models", INHERITED, NOT_INHERITED)}
+                    not_inherited += ov.get(NOT_INHERITED, [])
+                    if "precision" in part and _rule_family(part["precision"]) != _rule_family(eff["precision"]):
+                        dropped = {"accuracy": eff["accuracy"]}  # the rule so far was written for another precision
+                        _not_inherited(dropped, eff["precision"], name)
+                        eff["accuracy"] = dropped["accuracy"]
+                        not_inherited += dropped.get(NOT_INHERITED, [])
+                    eff = merge(eff, part)
             _check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             _check_settings(chk, where, models[m], eff)
             eff["providers"] = _effective_providers(chk, f"{where}.providers", eff, rt)
@@ -715,7 +778,8 @@ def _load_targets(chk: _Checker, raw: dict[str, Any], models: dict[str, Model], 
                 fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
                 free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
                 constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
-                custom_ops=ops, gates=_gates(eff))
+                custom_ops=ops, fusion=typed(Fusion, eff["fusion"]),
+                gates=_gates(eff, tuple(dict.fromkeys(not_inherited))))
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
         _check_custom_op_versions(chk, where, all_ops)
         targets[name] = Target(name=name, description=t["description"], runtime=rt.flavor,
@@ -736,15 +800,16 @@ def _check_custom_op_versions(chk: _Checker, where: str, ops: tuple[CustomOps, .
                            "pin the same version in every model's custom_ops, or build them in two targets")
 
 
-def _gates(eff: dict[str, Any]) -> Gates:
+def _gates(eff: dict[str, Any], not_inherited: tuple[str, ...] = ()) -> Gates:
     def filled(table: str) -> dict[str, Any]:  # every key of the table, None where unset
         return {k.name: eff[table].get(k.name, k.default) for k in options.TABLES[table]}
 
     lat = filled("latency")
     ft = lat.pop("faster_than")
+    lat["data_sets"] = {name: dict(budgets) for name, budgets in lat["data_sets"].items()}
     return Gates(accuracy=eff["accuracy"],
                  latency=Latency(**lat, faster_than=FasterThan(ft["target"], float(ft["ratio"])) if ft else None),
-                 size=Size(**filled("size")))
+                 size=Size(**filled("size")), not_inherited=not_inherited)
 
 
 def _check_relative_budgets(chk: _Checker, name: str, target: Target, targets: Mapping[str, Target]) -> None:
@@ -951,3 +1016,31 @@ def _check_settings(chk: _Checker, where: str, model: Model, eff: dict[str, Any]
     if eff["format"] == "ort" and compiling:
         raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {compiling[0]}",
                        "use format = \"onnx\" for compiling providers")
+    _check_fusion(chk, f"{where}.fusion", model, eff["fusion"], compiling)
+
+
+def _check_fusion(chk: _Checker, where: str, model: Model, fusion: dict[str, Any], compiling: list[str]) -> None:
+    """[targets.X.fusion] (after overrides): the sizes the model type needs, and providers that can run the result."""
+    kind = fusion.get("model_type", options.FUSION_OFF)
+    if kind == options.FUSION_OFF:
+        return
+    heads, hidden = fusion.get("num_heads", 0), fusion.get("hidden_size", 0)
+    example = f'fusion = {{ model_type = "{kind}", num_heads = 12, hidden_size = 768 }}'
+    if bool(heads) != bool(hidden):
+        raise chk.fail(where, f"gives {'num_heads' if heads else 'hidden_size'} alone (model '{model.name}')",
+                       f"give both num_heads and hidden_size (the model's), or neither (0: inferred), e.g. {example}")
+    if not heads and kind not in options.FUSION_INFERS_SIZES:
+        raise chk.fail(f"{where}.model_type", f"'{kind}' needs num_heads and hidden_size (model '{model.name}'): "
+                                              "ONNX Runtime's optimizer infers them for "
+                       f"{', '.join(sorted(options.FUSION_INFERS_SIZES))} only",
+                       f"give the model's attention heads and hidden size, e.g. {example}")
+    if heads and hidden % heads:
+        raise chk.fail(f"{where}.hidden_size", f"{hidden} is not a multiple of num_heads = {heads}",
+                       "give the model's hidden size and its number of attention heads")
+    if compiling:
+        raise chk.fail(f"{where}.model_type", f"fusion '{kind}' cannot be used with {compiling[0]} (model "
+                                              f"'{model.name}'): the fused graph holds com.microsoft ops (Attention, "
+                       "SkipLayerNormalization, ...) that ONNX Runtime's CPU, CUDA and ROCm providers run, while a "
+                       "compiling provider gets the portable basic-level graph and fuses it itself",
+                       'set fusion = { model_type = "off" } for this target (or this model, in an '
+                       "[[overrides]] entry); fusion is for CPU and CUDA targets")

@@ -73,6 +73,16 @@ def cap_level(level: str) -> str:
 
 FORMATS = ("onnx", "ort")
 
+# The model types of ONNX Runtime's transformer optimizer (`fusion.model_type`): the keys of
+# onnxruntime.transformers.optimizer.MODEL_TYPES in onnxruntime 1.31.1 (tests/test_fusion.py compares them with
+# the installed module), in its order. "off" (the default) runs no fusion.
+FUSION_OFF = "off"
+FUSION_MODEL_TYPES = ("bart", "bert", "bert_tf", "bert_keras", "clip", "conformer", "gpt2", "gpt2_tf", "gpt_neox",
+                      "phi", "qwen3", "sam2", "swin", "tnlr", "t5", "unet", "vae", "vit", "mmdit")
+# The types whose num_heads and hidden_size the optimizer infers from the graph (0); the others need both
+# (onnxruntime.transformers.optimizer.optimize_by_fusion warns and fuses with wrong sizes otherwise).
+FUSION_INFERS_SIZES = frozenset({"bert", "t5", "swin", "unet", "vae", "clip", "sam2", "mmdit"})
+
 # pip distributions that provide the `onnxruntime` module, and the providers each can offer.
 RUNTIMES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("CPUExecutionProvider", "AzureExecutionProvider", "CoreMLExecutionProvider"),
@@ -472,7 +482,10 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="accuracy", kind="table", table="accuracy", default={},
             doc="The golden-output test's rule; defaults per precision (fp32: rtol 1e-4, atol 1e-5; fp16: "
                 "cosine 0.999; int8/int4: cosine 0.99), over which the target's keys and then "
-                "`outputs.NAME` tables apply. See docs/testing.md."),
+                "`outputs.NAME` tables apply. A rule follows its precision: a target (or override) whose "
+                "precision differs from its parent's (int8-dynamic and int8-static count as one) does not inherit "
+                "the parent's rule, only its outputs' `ignore`; `ortbuild plan` says which rule applies. "
+                "See docs/testing.md and docs/targets.md."),
         Key(name="latency", kind="table", table="latency", default={},
             doc="Latency budgets (percentiles in ms, relative to another target), checked by `ortbuild test`."),
         Key(name="size", kind="table", table="size", default={},
@@ -481,6 +494,11 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Options of int8-dynamic and int8-static."),
         Key(name="fp16", kind="table", table="fp16", default={}, doc="Options of fp16."),
         Key(name="int4", kind="table", table="int4", default={}, doc="Options of int4-weight."),
+        Key(name="fusion", kind="table", table="fusion", default={},
+            doc="ONNX Runtime's transformer optimizer, run before the precision step: `{ model_type = \"bert\" }` "
+                "fuses attention, layer norms, GELU and embeddings into `com.microsoft` ops (Attention, "
+                "SkipLayerNormalization, BiasGelu, EmbedLayerNormalization, ...), which tie the artifact to "
+                "providers that have those kernels (CPU, CUDA, ROCm). Off by default. See docs/targets.md."),
         Key(name="session", kind="table", table="session", default={},
             doc="Session options recorded in the manifest and used by every session the build opens."),
         Key(name="free_dimensions", kind="dims", default={},
@@ -489,8 +507,8 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="overrides", kind="tables", table="override", default=[],
             doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
                 "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
-                "fp16, int4, session, encrypt, external_data, constant_folding, disabled_optimizers, accuracy, "
-                "latency, size. Later matches win; tables merge key by key."),
+                "fp16, int4, fusion, session, encrypt, external_data, constant_folding, disabled_optimizers, "
+                "accuracy, latency, size. Later matches win; tables merge key by key."),
     ),
     "override": (
         Key(name="models", kind="strings", required=True, doc="Glob patterns of the models it applies to."),
@@ -509,14 +527,35 @@ TABLES: dict[str, tuple[Key, ...]] = {
                 "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
                 "Holds across machines of different speed. The other target must run in this runtime. "
                 "Not inherited through `extends`."),
+        Key(name="data_sets", kind="named", table="latency_data_set", default={},
+            doc="Budgets of one golden data set `[targets.X.latency.data_sets.test_data_set_N]` (the model's "
+                "`inputs` directory holds one `test_data_set_N/` per shape), over the budgets above key by key. "
+                "Every data set is timed; a name no model of the target has is an error."),
         Key(name="confidence", kind="number", default=0.99, maximum=0.999999,
-            doc="Confidence of every verdict (distribution-free binomial bounds on the percentile)."),
+            doc="Confidence of every verdict (distribution-free binomial bounds on the percentile), every look "
+                "of the sequential plan accounted for."),
         Key(name="min_samples", kind="integer", default=0, maximum=1_000_000,
-            doc="Samples to take at least; 0: enough to decide the tightest budgeted percentile "
-                "(64 for p90, 662 for p99 at 0.99), at least 100."),
-        Key(name="min_seconds", kind="number", default=1.0, maximum=3600, doc="Sampling lasts at least this long."),
+            doc="Samples taken before the first look (no verdict stops sampling earlier); with a budget still "
+                "undecided, sampling goes on to at least this many. 0: the first look at 20 samples, and "
+                "undecided budgets go on to at least 100 and 1.5x the fewest samples that can bound the tightest "
+                "budgeted percentile (44 for p90, 459 for p99 at 0.99)."),
+        Key(name="min_seconds", kind="number", default=1.0, maximum=3600,
+            doc="With a budget still undecided (or no budget), sampling lasts at least this long; a decided "
+                "verdict stops it at the next look."),
         Key(name="warmup_runs", kind="integer", default=5, maximum=100_000,
             doc="Untimed runs after the first one (session creation and the first run are reported apart)."),
+        Key(name="retry_wait_seconds", kind="number", default=30.0, maximum=3600,
+            doc="A FAIL measured under load (more runnable threads than CPUs) or drift is measured again once "
+                "the load has fallen, after waiting at most this long (0: at once); still under load, it is "
+                "INCONCLUSIVE."),
+    ),
+    "latency_data_set": (
+        Key(name="p50_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the median latency on this data set, in ms."),
+        Key(name="p90_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the 90th percentile latency on this data set, in ms."),
+        Key(name="p99_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the 99th percentile latency on this data set, in ms."),
     ),
     "faster_than": (
         Key(name="target", kind="string", required=True, doc="The target to compare with (same model)."),
@@ -565,6 +604,20 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="MatMulNBits compute type: 0 = runtime default, 1 fp32, 2 fp16, 3 bf16, 4 int8."),
         Key(name="exclude_nodes", kind="strings", default=[], doc="Node names to keep in float."),
     ),
+    "fusion": (
+        Key(name="model_type", kind="string", default=FUSION_OFF, choices=(FUSION_OFF, *FUSION_MODEL_TYPES),
+            doc="`off`, or the model type of ONNX Runtime's transformer optimizer "
+                "(`onnxruntime.transformers.optimizer.optimize_model`, its Python fusions: `opt_level = 0`; ORT's "
+                "own graph optimizations run later, at the target's `optimization` level): `bert` for BERT-like "
+                "encoders (MiniLM, RoBERTa, DistilBERT), `gpt2`, `t5`, `vit`, ... A fusion that fuses nothing is "
+                "noted and the source is kept. Not with compiling providers (OpenVINO, TensorRT, ...); skipped, "
+                "with a note, in portable builds."),
+        Key(name="num_heads", kind="integer", default=0, maximum=4096,
+            doc="Attention heads; 0: inferred from the graph (bert, t5, swin, unet, vae, clip, sam2, mmdit). The "
+                "other model types need it and `hidden_size`."),
+        Key(name="hidden_size", kind="integer", default=0, maximum=1 << 20,
+            doc="Hidden size; 0: inferred from the graph, like `num_heads` (give both or neither)."),
+    ),
     "session": (
         Key(name="intra_op_num_threads", kind="integer", default=0, maximum=1024,
             doc="0 = ORT's default (physical cores)."),
@@ -607,7 +660,7 @@ TABLES["output_accuracy"] = (*ACCURACY_RULE, Key(
 
 OVERRIDABLE = (  # the keys of a target that can differ per model (the rest are target-wide)
     "precision", "optimization", "format", "providers", "free_dimensions",
-    "quantization", "fp16", "int4", "session", "encrypt", "external_data", "constant_folding",
+    "quantization", "fp16", "int4", "fusion", "session", "encrypt", "external_data", "constant_folding",
     "disabled_optimizers", "accuracy", "latency", "size")
 TABLES["override"] = TABLES["override"] + tuple(
     dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in OVERRIDABLE)
@@ -741,9 +794,11 @@ def schema_text() -> str:
 _TITLES = {
     "project": "[project]", "model": "[models.NAME]", "target": "[targets.NAME]",
     "override": "[[targets.NAME.overrides]]", "quantization": "[targets.NAME.quantization]",
-    "fp16": "[targets.NAME.fp16]", "int4": "[targets.NAME.int4]", "session": "[targets.NAME.session]",
+    "fp16": "[targets.NAME.fp16]", "int4": "[targets.NAME.int4]", "fusion": "[targets.NAME.fusion]",
+    "session": "[targets.NAME.session]",
     "accuracy": "[targets.NAME.accuracy]", "output_accuracy": "[targets.NAME.accuracy.outputs.OUTPUT]",
     "latency": "[targets.NAME.latency]", "faster_than": "[targets.NAME.latency] faster_than",
+    "latency_data_set": "[targets.NAME.latency.data_sets.DATA_SET]",
     "size": "[targets.NAME.size]",
 }
 

@@ -247,3 +247,120 @@ def test_a_nul_byte_in_a_model_path_is_a_config_error_naming_the_key(tmp_path: P
     if key == "path" and check_files:
         proc = run_cli("plan", "-c", str(tmp_path / "targets.toml"))
         assert proc.returncode == 3 and "[models.cnn.path]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+
+ACCURACY_CHAIN = """
+    [targets.cpu-fp32]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+    accuracy = { atol = 1e-4, outputs.logits = { rtol = 1e-3 }, outputs.seed = { ignore = true } }
+
+    [[targets.cpu-fp32.overrides]]
+    models = ["tiny_cnn"]
+    accuracy = { mismatch_fraction = 0.01 }
+
+    [[targets.cpu-fp32.overrides]]
+    models = ["tiny_transformer"]
+    precision = "fp16"
+    accuracy = { cosine = 0.9995 }
+
+    [targets.fp32-child]
+    extends = "cpu-fp32"
+    accuracy = { rtol = 1e-3 }
+
+    [targets.int8]
+    extends = "cpu-fp32"
+    precision = "int8-dynamic"
+
+    [targets.int8-own]
+    extends = "cpu-fp32"
+    precision = "int8-dynamic"
+    accuracy = { cosine = 0.995, outputs.logits = { top1 = 0.99 } }
+
+    [targets.int8-grandchild]
+    extends = "int8"
+
+    [targets.static]
+    extends = "int8-own"
+    precision = "int8-static"
+"""
+MODELS = ("tiny_cnn", "tiny_transformer")
+
+
+def _rule(p: config.Project, target: str, output: str, model: str = "tiny_cnn") -> dict[str, object]:
+    s = p.targets[target].settings[model]
+    assert s.gates is not None
+    return {k: v for k, v in s.gates.accuracy_rule(s.precision, output).items() if v}
+
+
+def _dropped(p: config.Project, target: str, model: str = "tiny_cnn") -> tuple[str, ...]:
+    gates = p.targets[target].settings[model].gates
+    assert gates is not None
+    return gates.not_inherited
+
+
+def test_accuracy_rules_follow_precision_through_extends(make_project: Callable[..., Path]) -> None:
+    p = config.load(make_project(ACCURACY_CHAIN, models=MODELS, calibration=True))
+    assert _rule(p, "cpu-fp32", "logits") == {"rtol": 1e-3, "atol": 1e-4, "mismatch_fraction": 0.01}
+    # same precision: inherited (its overrides too), the child's key over the parent's
+    assert _rule(p, "fp32-child", "y") == {"rtol": 1e-3, "atol": 1e-4, "mismatch_fraction": 0.01}
+    assert _dropped(p, "fp32-child") == ()
+    # another precision: the int8 default, not the parent's elementwise rule on top of it; per-output rules too,
+    # except `ignore` (what an output is, not how close it must be)
+    assert _rule(p, "int8", "logits") == {"cosine": 0.99}
+    assert _rule(p, "int8", "seed") == {"cosine": 0.99, "ignore": True}
+    assert _dropped(p, "int8") == ("the fp32 rule of cpu-fp32", "the fp32 rule of cpu-fp32.overrides[0]")
+    # an inherited override with its own precision keeps its rule (written for that precision)
+    assert _rule(p, "int8", "y", "tiny_transformer") == {"cosine": 0.9995}
+    assert _dropped(p, "int8", "tiny_transformer") == ("the fp32 rule of cpu-fp32",)
+    # the child's own table over its precision's default
+    assert _rule(p, "int8-own", "logits") == {"cosine": 0.995, "top1": 0.99}
+    assert _rule(p, "int8-own", "y") == {"cosine": 0.995}
+    # what was dropped stays dropped down the chain; int8-dynamic and int8-static share their rules
+    assert _rule(p, "int8-grandchild", "logits") == {"cosine": 0.99}
+    assert _dropped(p, "int8-grandchild") == _dropped(p, "int8")
+    assert _rule(p, "static", "logits") == {"cosine": 0.995, "top1": 0.99}
+
+
+def test_an_override_with_another_precision_starts_from_its_default(make_project: Callable[..., Path]) -> None:
+    p = config.load(make_project(ACCURACY_CHAIN, models=MODELS, calibration=True))
+    # the fp32 target's own override switches the transformer to fp16: its cosine, not fp32's atol and rtol
+    assert _rule(p, "cpu-fp32", "logits", "tiny_transformer") == {"cosine": 0.9995}
+    assert _dropped(p, "cpu-fp32", "tiny_transformer") == ("the fp32 rule of cpu-fp32",)
+    p = config.load(make_project("""
+        [targets.int8]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        precision = "int8-dynamic"
+        accuracy = { cosine = 0.98, outputs.logits = { top1 = 0.9 } }
+
+        [[targets.int8.overrides]]
+        models = ["tiny_cnn"]
+        precision = "int8-static"
+
+        [[targets.int8.overrides]]
+        models = ["tiny_transformer"]
+        precision = "fp32"
+        accuracy = { atol = 1e-3 }
+    """, models=MODELS, calibration=True))
+    assert _rule(p, "int8", "logits") == {"cosine": 0.98, "top1": 0.9}  # int8-static: the same rules
+    assert _rule(p, "int8", "logits", "tiny_transformer") == {"rtol": 1e-4, "atol": 1e-3}
+    assert _dropped(p, "int8", "tiny_transformer") == ("the int8-dynamic rule of int8",)
+
+
+def test_plan_says_which_rule_applies_and_what_was_not_inherited(make_project: Callable[..., Path]) -> None:
+    path = make_project(ACCURACY_CHAIN, models=MODELS, calibration=True)
+    proc = run_cli("plan", "-c", str(path), "-t", "int8", "-t", "int8-own", "-t", "fp32-child")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert ("  int8/tiny_cnn: cosine >= 0.99; outputs.seed: ignored (int8-dynamic default; the fp32 rule of "
+            "cpu-fp32 and the fp32 rule of cpu-fp32.overrides[0] are not inherited across precisions)") in lines, \
+        proc.stdout
+    assert ("  int8/tiny_transformer: cosine >= 0.9995; outputs.seed: ignored (targets.toml over the fp16 default; "
+            "the fp32 rule of cpu-fp32 is not inherited across precisions)") in lines, proc.stdout
+    assert ("  int8-own/tiny_cnn: cosine >= 0.995; outputs.seed: ignored; outputs.logits: top1 >= 0.99 (targets.toml "
+            "over the int8-dynamic default; the fp32 rule of cpu-fp32 and the fp32 rule of cpu-fp32.overrides[0] are "
+            "not inherited across precisions)") in lines, proc.stdout
+    assert ("  fp32-child/tiny_cnn: rtol 0.001, atol 0.0001, mismatch_fraction 0.01; outputs.logits: rtol 0.001; "
+            "outputs.seed: ignored (targets.toml over the fp32 default)") in lines, proc.stdout
