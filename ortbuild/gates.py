@@ -12,12 +12,13 @@ import json
 import os
 import platform
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, compare, golden, latency, loaders, manifest, paths, runtime
+from . import __version__, compare, data, golden, latency, loaders, manifest, paths, runtime
 from .build import FAILED, PORTABLE, SKIPPED, JobResult
 from .config import Project, did_you_mean
 from .errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
@@ -247,21 +248,34 @@ class Tester:
             lines.append(f"  hint: {_size_fix(job, m)}")
             res.fail(lines)
 
+    def _target_data_sets(self, job: Job, g: golden.Golden) -> list[str]:
+        """The golden data set names of every model of the job's target (this model's from its golden data)."""
+        names = [d.name for d in g.sets]
+        for m in job.target.models:
+            inputs = self.project.models[m].inputs
+            try:
+                found = [d.name for d in data.datasets(inputs)] if inputs.is_dir() else ["test_data_set_0"]
+            except ConfigError:  # that model's own test reports its broken inputs
+                found = []
+            names += [n for n in found if n not in names]
+        return names
+
     def _latency(self, job: Job, res: TestResult, module: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:
+        """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
+        own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
+        it), with `data_sets` listing each."""
         gates = job.settings.gates
         assert gates is not None
         lat = gates.latency
-        budgets = lat.budgets()
-        feed = g.sets[0].inputs
+        known = self._target_data_sets(job, g)
+        for name in lat.data_sets:  # a table may name another model's data set, not a typo
+            if name not in known:
+                raise ConfigError(str(self.project.file), f"targets.{job.target.name}.latency.data_sets.{name}",
+                                  f"no model of this target has a golden data set '{name}'{did_you_mean(name, known)}",
+                                  f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
+                                  "inputs directory holds one test_data_set_N/ per shape)")
         folder = paths.inside(self.dist, job.target.name, job.model.name)
-
-        def opener(mod: Any, where: Path) -> Callable[[], Callable[[], object]]:
-            def open_() -> Callable[[], object]:
-                loaded = mod.load(key=self.secret, folder=where)
-                return lambda: loaded.run(feed)
-            return open_
-
-        opens = {job.target.name: opener(module, folder)}
+        opens: dict[str, tuple[Any, Path]] = {job.target.name: (module, folder)}
         ft = lat.faster_than
         ref_problem = None
         if ft is not None:
@@ -272,48 +286,91 @@ class Tester:
                                f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
             else:
                 rfolder = paths.inside(self.dist, ft.target, job.model.name)
-                opens[ft.target] = opener(loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),
-                                          rfolder)
-        n = latency.planned_samples([*budgets, *([0.5] if ft else [])], lat.confidence, lat.min_samples)
-        self.progress(job.name, f"latency: {n}+ samples, {lat.min_seconds:g}s+"
-                                + (f", interleaved with {ft.target}" if ft and len(opens) > 1 else ""))
-        series = latency.measure(opens, n, lat.min_seconds, lat.warmup_runs)
-        mine = series[job.target.name]
+                opens[ft.target] = (loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),
+                                    rfolder)
+        sessions: dict[str, Any] = {}
+        session_ms: dict[str, float] = {}
+        for name, (mod, where) in opens.items():  # verify + decrypt + InferenceSession, timed apart
+            t0 = time.perf_counter()
+            sessions[name] = mod.load(key=self.secret, folder=where)
+            session_ms[name] = (time.perf_counter() - t0) * 1e3
+        plan = latency.Plan(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds)
+        mine = job.target.name
         threads = job.settings.session.intra_op_num_threads
-        out: dict[str, Any] = {**mine.summary(), "samples_ms": [round(x, 4) for x in mine.samples],
-                               "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
-                               "unstable": mine.instability(), "verdicts": [], "confidence": lat.confidence}
-        verdicts: list[latency.PercentileVerdict] = []
+        entries: list[dict[str, Any]] = []
         lines: list[str] = []
-        for p, budget in budgets.items():
-            v = latency.percentile_verdict(mine.samples, p, budget, lat.confidence)
-            verdicts.append(v)
-            out["verdicts"].append({"kind": f"p{round(p * 100)}", **latency.as_json(v)})
-            if v.verdict == FAIL:
-                lines.append(f"latency: {job.name} p{round(p * 100)} {v.observed:.3f} ms (at least "
-                             f"{v.lower:.3f} ms with {lat.confidence:.0%} confidence) > budget {budget} ms "
-                             f"({v.exceeding} of {v.samples} samples above it)")
-        if ft is not None:
-            if ref_problem:
-                out["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": SKIP, "note": ref_problem}
-            else:
-                other = series[ft.target]
-                v = latency.relative_verdict(mine.samples, other.samples, ft.ratio, lat.confidence)
-                verdicts.append(v)
-                p50, other_p50 = mine.summary()["p50_ms"], other.summary()["p50_ms"]
-                speedup = other_p50 / p50
-                out["relative"] = {"target": ft.target, "ratio": ft.ratio, "observed_ratio": speedup,
-                                   "reference": other.summary(), **latency.as_json(v)}
-                if v.verdict == FAIL:
-                    lines.append(f"latency: {job.name} is {speedup:.2f}x as fast as {ft.target} (median "
-                                 f"{p50:.3f} ms vs {other_p50:.3f} ms, interleaved), below faster_than ratio "
-                                 f"{ft.ratio}")
-        inconclusive = [v for v in verdicts if v.verdict == INCONCLUSIVE]
-        res.latency_verdict = FAIL if lines else (INCONCLUSIVE if inconclusive else (PASS if verdicts else "-"))
-        if inconclusive:
-            out["note"] = "; ".join(f"p{round(v.percentile * 100)}: {v.note}" for v in inconclusive)
-        if out["unstable"]:
-            out["note"] = "; ".join([*([out["note"]] if "note" in out else []), *out["unstable"]])
+        verdicts: list[str] = []  # of every budget of every data set
+        for ds in g.sets:
+            relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
+            budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
+            calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
+            first_ms = latency.prepare(calls, lat.warmup_runs)
+            self.progress(job.name, f"latency on {ds.name}: sampling until every budget is decided (looks at "
+                                    f"{lat.min_samples or latency.FIRST_LOOK}, then doubling)"
+                                    + "".join(f", interleaved with {b.reference}" for b in budgets if b.reference))
+            outcome = latency.gate(calls, mine, budgets, plan)
+            entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
+            if ft is not None and ref_problem:
+                entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": SKIP, "note": ref_problem}
+            verdicts += [v["verdict"] for v in entry["verdicts"]]
+            if "observed_ratio" in entry.get("relative", {}):
+                verdicts.append(entry["relative"]["verdict"])
+            entries.append(entry)
+        notes = [(f"{e['name']}: " if len(entries) > 1 else "") + e["note"] for e in entries if e.get("note")]
+        out: dict[str, Any] = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
+                               "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
+                               "confidence": lat.confidence}
+        del out["name"]
+        out.pop("note", None)
+        if notes:
+            out["note"] = "; ".join(notes)
+        res.latency_verdict = (FAIL if lines else INCONCLUSIVE if INCONCLUSIVE in verdicts else
+                               PASS if verdicts else "-")
         res.latency = out
         if lines:
             res.fail(lines)
+
+
+def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, budgets: list[latency.Budget],
+                   session_ms: dict[str, float], first_ms: dict[str, float], lines: list[str]) -> dict[str, Any]:
+    """The report of one data set's timings and verdicts (`mine`: the tested artifact's series, `job`: how
+    failure lines name it); its failure lines go to `lines`."""
+    final = outcome.final
+    series = final.series[mine]
+    series.session_ms, series.first_run_ms = session_ms[mine], first_ms[mine]
+    entry: dict[str, Any] = {"name": name, **series.summary(), "samples_ms": [round(x, 4) for x in series.samples],
+                             "unstable": series.instability(),
+                             "load": None if series.load is None else round(series.load, 2),
+                             "looks": final.looks, "stopped_early": final.early, "verdicts": []}
+    if outcome.retry:
+        entry["retry"] = outcome.retry
+        entry["attempts"] = [a.as_json(mine) for a in outcome.attempts]
+    notes = []
+    for b in budgets:
+        v = outcome.verdicts[b.kind]
+        if v.verdict == INCONCLUSIVE:
+            notes.append(f"{b.kind}: {v.note}")
+        if b.reference is None:
+            entry["verdicts"].append({"kind": b.kind, **latency.as_json(v)})
+            if v.verdict == FAIL:
+                lines.append(f"latency: {job} {b.kind} ({name}) {v.observed:.3f} ms (at least "
+                             f"{v.lower:.3f} ms with {v.confidence:.0%} confidence) > budget {b.limit:g} ms "
+                             f"({v.exceeding} of {v.samples} samples above it)")
+            continue
+        other = final.series[b.reference]
+        other.session_ms, other.first_run_ms = session_ms[b.reference], first_ms[b.reference]
+        p50, other_p50 = series.summary()["p50_ms"], other.summary()["p50_ms"]
+        speedup = other_p50 / p50
+        entry["relative"] = {"target": b.reference, "ratio": b.limit, "observed_ratio": speedup,
+                             "reference": other.summary(), **latency.as_json(v)}
+        if v.verdict == FAIL:
+            lines.append(f"latency: {job} ({name}) is {speedup:.2f}x as fast as {b.reference} (median "
+                         f"{p50:.3f} ms vs {other_p50:.3f} ms, interleaved), below faster_than ratio {b.limit:g}")
+    if entry["unstable"]:
+        notes += entry["unstable"]
+    if notes:
+        entry["note"] = "; ".join(notes)
+    entry["verdict"] = (FAIL if any(v.verdict == FAIL for v in outcome.verdicts.values()) else
+                        INCONCLUSIVE if any(v.verdict == INCONCLUSIVE for v in outcome.verdicts.values()) else
+                        PASS if outcome.verdicts else "-")
+    return entry

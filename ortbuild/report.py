@@ -178,6 +178,37 @@ def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _latency_html(lat: dict[str, Any]) -> list[str]:
+    """One data set's timings, verdicts (with their bounds), relative budget, notes and histogram."""
+    e = html.escape
+    stop = ""
+    if lat.get("stopped_early"):
+        stop = f" (stopped at look {lat['looks']}: every budget decided)"
+    out = [f"<p>{lat['samples']} samples{stop}, threads {e(str(lat['threads']))}; load {lat['session_ms']:.1f} ms, "
+           f"first run {lat['first_run_ms']:.2f} ms (both excluded); p50 {_ms(lat['p50_ms'])} p90 "
+           f"{_ms(lat['p90_ms'])} p99 {_ms(lat['p99_ms'])} max {_ms(lat['max_ms'])} ms</p>"]
+    for v in lat.get("verdicts", []):
+        out.append(f"<p>{e(v['kind'])} {_ms(v['observed'])} ms, {v['confidence']:.0%} bounds "
+                   f"[{_ms(v['lower'])}, {_ms(v['upper'])}] vs budget {v['budget']:g} ms: "
+                   f"<b class={v['verdict']}>{v['verdict']}</b> {e(v['note'])}</p>")
+    rel = lat.get("relative")
+    if rel:
+        obs = f"{rel['observed_ratio']:.2f}x" if "observed_ratio" in rel else "-"
+        out.append(f"<p>faster than {e(rel['target'])}: {obs} (ratio {rel['ratio']:g}): "
+                   f"<b class={rel['verdict']}>{rel['verdict']}</b> {e(rel.get('note', ''))}</p>")
+    retry = lat.get("retry")
+    if retry:
+        out.append(f"<p class=retry>measured again: {e(retry['why'])}; waited {retry['waited_s']:g} s for the load "
+                   f"to fall ({'it fell' if retry['quiet'] else 'it did not'}: load {retry['load']:g}); attempts: "
+                   + e(", ".join(f"{a['samples']} samples, load {a['load']} -> "
+                                 + "/".join(f"{k} {x}" for k, x in a["verdicts"].items())
+                                 for a in lat.get("attempts", []))) + "</p>")
+    if lat.get("note"):
+        out.append(f"<p>note: {e(lat['note'])}</p>")
+    out.append(_histogram(lat))
+    return out
+
+
 def render_html(doc: dict[str, Any]) -> str:
     e = html.escape
     results = doc["results"]
@@ -222,22 +253,15 @@ def render_html(doc: dict[str, Any]) -> str:
             out.append("</table>")
         lat = r.get("latency") or {}
         if lat:
-            out.append(f"<h3>latency: {e(r['latency_verdict'])}</h3><p>{lat['samples']} samples, threads "
-                       f"{e(str(lat['threads']))}; load {lat['session_ms']:.1f} ms, first run "
-                       f"{lat['first_run_ms']:.2f} ms (both excluded); p50 {_ms(lat['p50_ms'])} p90 "
-                       f"{_ms(lat['p90_ms'])} p99 {_ms(lat['p99_ms'])} max {_ms(lat['max_ms'])} ms</p>")
-            for v in lat.get("verdicts", []):
-                out.append(f"<p>{e(v['kind'])} {_ms(v['observed'])} ms, {v['confidence']:.0%} bounds "
-                           f"[{_ms(v['lower'])}, {_ms(v['upper'])}] vs budget {v['budget']:g} ms: "
-                           f"<b class={v['verdict']}>{v['verdict']}</b> {e(v['note'])}</p>")
-            rel = lat.get("relative")
-            if rel:
-                obs = f"{rel['observed_ratio']:.2f}x" if "observed_ratio" in rel else "-"
-                out.append(f"<p>faster than {e(rel['target'])}: {obs} (ratio {rel['ratio']:g}): "
-                           f"<b class={rel['verdict']}>{rel['verdict']}</b> {e(rel.get('note', ''))}</p>")
-            if lat.get("note"):
-                out.append(f"<p>note: {e(lat['note'])}</p>")
-            out.append(_histogram(lat))
+            out.append(f"<h3>latency: {e(r['latency_verdict'])}</h3>")
+            sets = lat.get("data_sets") or []
+            if len(sets) > 1:  # every golden data set timed: each its own block
+                for d in sets:
+                    out.append(f"<h4>data set {e(d['name'])}: <span class={d['verdict']}>{e(d['verdict'])}</span>"
+                               "</h4>")
+                    out += _latency_html({**d, "threads": lat.get("threads")})
+            else:
+                out += _latency_html(lat)
         out.append("</section>")
     out += _profiles_html(doc.get("profiles") or [])
     out.append("</body></html>\n")

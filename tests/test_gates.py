@@ -148,9 +148,14 @@ def test_auto_constant_folding_avoids_the_inflation_and_says_so(gated: tuple[Pat
 def test_latency_method_is_recorded(gated: tuple[Path, Any]) -> None:
     res = _results(gated[1])
     lat = res["ok/cnn"]["latency"]
-    assert lat["samples"] >= 100 and lat["threads"] == 1 and lat["session_ms"] > 0 and lat["first_run_ms"] > 0
+    assert lat["threads"] == 1 and lat["session_ms"] > 0 and lat["first_run_ms"] > 0
     v = lat["verdicts"][0]
     assert v["kind"] == "p90" and v["verdict"] == "PASS" and v["upper"] <= 1000 and v["confidence"] == 0.99
+    # sequential: a p90 budget 1000x the latency is decided at the first look that can bound p90 (80 samples)
+    assert lat["stopped_early"] and lat["samples"] == 80 and lat["looks"] == 3
+    assert lat["data_set"] == "test_data_set_0" and [d["name"] for d in lat["data_sets"]] == ["test_data_set_0"]
+    tight = res["tight/cnn"]["latency"]  # an impossible budget fails at the first look, whatever the load
+    assert tight["verdicts"][0]["verdict"] == "FAIL" and tight["samples"] < 100 and "retry" not in tight
     rel = res["impossible/cnn"]["latency"]["relative"]
     assert rel["target"] == "ok" and 0.2 < rel["observed_ratio"] < 5 and rel["verdict"] == "FAIL"
     env = json.loads((gated[0] / "dist/ok/cnn/test-report.json").read_text())["environment"]
@@ -259,3 +264,96 @@ def test_a_target_that_cannot_run_here_is_skipped_unless_required(absent_provide
     assert r["status"] == "SKIPPED" and "CoreMLExecutionProvider" in r["reason"]
     proc = run_cli("test", "--require", "--json", cwd=root)
     assert proc.returncode == 5 and _results(proc)["mac/tiny_cnn"]["status"] == "FAIL"
+
+
+def _batch_model(root: Path) -> None:
+    """y = relu(x @ w) with a free batch dimension, and golden inputs of batch 1 and batch 8."""
+    w = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["xw"]), h.make_node("Relu", ["xw"], ["y"])], "mm",
+                     [h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                     [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])],
+                     [numpy_helper.from_array(w, "w")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(root / "mm.onnx"))
+    for i, batch in enumerate((1, 8)):
+        d = root / "shapes" / f"test_data_set_{i}"
+        d.mkdir(parents=True)
+        x = np.random.default_rng(i).normal(size=(batch, 64)).astype(np.float32)
+        (d / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
+
+
+def test_each_data_set_is_timed_against_its_own_budgets_from_one_build(tmp_path: Path) -> None:
+    _batch_model(tmp_path)
+    toml = f"""
+[project]
+name = "shapes"
+version = "1"
+
+[models.mm]
+path = "mm.onnx"
+inputs = "shapes"
+
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+session = {{ intra_op_num_threads = 1 }}
+latency = {{ p90_ms = 1000, min_seconds = 0.1, data_sets = {{ test_data_set_1 = {{ p90_ms = 0.0001 }} }} }}
+
+[targets.typo]
+extends = "cpu"
+latency = {{ data_sets = {{ test_data_set_2 = {{ p90_ms = 1 }} }} }}
+"""
+    (tmp_path / "targets.toml").write_text(toml)
+    proc = run_cli("test", "--json", cwd=tmp_path)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    res = _results(proc)
+    r = res["cpu/mm"]
+    assert r["accuracy"] == "PASS" and {o["dataset"] for o in r["outputs"]} == {"test_data_set_0", "test_data_set_1"}
+    lat = r["latency"]
+    sets = {d["name"]: d for d in lat["data_sets"]}
+    assert list(sets) == ["test_data_set_0", "test_data_set_1"]
+    assert [(v["budget"], v["verdict"]) for v in sets["test_data_set_0"]["verdicts"]] == [(1000, "PASS")]
+    assert [(v["budget"], v["verdict"]) for v in sets["test_data_set_1"]["verdicts"]] == [(0.0001, "FAIL")]
+    assert sets["test_data_set_1"]["samples"] < 100 and sets["test_data_set_1"]["first_run_ms"] > 0
+    # the top level stays the first data set's, as the summary table, release and older readers read it
+    first = sets["test_data_set_0"]
+    assert lat["verdicts"] == first["verdicts"] and lat["samples"] == first["samples"]
+    assert r["latency_verdict"] == "FAIL" and r["failures"][0].startswith("latency: cpu/mm p90 (test_data_set_1) ")
+    page = (tmp_path / "dist" / report.REPORT_HTML).read_text()
+    assert "data set test_data_set_1: <span class=FAIL>FAIL</span>" in page and "p90 budget 0.0001 ms" in page
+    typo = res["typo/mm"]
+    assert typo["exit_code"] == 3 and "[targets.typo.latency.data_sets.test_data_set_2] no model of this target has " \
+        "a golden data set 'test_data_set_2' (did you mean 'test_data_set_1'?)" in typo["failures"][0]
+    # one artifact, one build: new budgets test it again without rebuilding it
+    folder = tmp_path / "dist/cpu/mm"
+    before = {f.name: f.stat().st_mtime_ns for f in folder.iterdir() if f.is_file() and "report" not in f.name}
+    # `few`: 5 samples cannot bound a p99 from above, a budget 1000x the latency is INCONCLUSIVE: --strict fails it
+    few = '[targets.few]\nextends = "cpu"\nlatency = { p99_ms = 1000, min_samples = 5, min_seconds = 0 }\n'
+    (tmp_path / "targets.toml").write_text(toml.replace("p90_ms = 0.0001", "p90_ms = 2000") + few)
+    proc = run_cli("test", "-t", "cpu", "-t", "few", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results(proc)["few/mm"]["status"] == "INCONCLUSIVE" and _results(proc)["cpu/mm"]["status"] == "PASS"
+    assert run_cli("test", "-t", "few", "--strict", cwd=tmp_path).returncode == 9
+    lat = _results(proc)["cpu/mm"]["latency"]
+    assert [[(v["budget"], v["verdict"]) for v in d["verdicts"]] for d in lat["data_sets"]] == [
+        [(1000, "PASS")], [(2000, "PASS")]]
+    assert before == {f.name: f.stat().st_mtime_ns for f in folder.iterdir() if f.is_file() and "report" not in f.name}
+
+
+def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
+    from ortbuild import gates, latency
+
+    from .test_latency import Machine
+
+    budgets = latency.budgets_of({0.9: 2.0})
+    out = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None).gate(2.0)
+    lines: list[str] = []
+    entry = gates.data_set_entry("cpu/m", "a", "test_data_set_0", out, budgets, {"a": 9.0}, {"a": 0.5}, lines)
+    assert lines == [] and entry["verdict"] == "INCONCLUSIVE" and entry["load"] == 5.0
+    assert "FAIL measured under load 5.0 on 2 CPUs" in entry["note"] and "rerun on a quiet machine" in entry["note"]
+    assert [a["verdicts"] for a in entry["attempts"]] == [{"p90": "FAIL"}] * 2 and entry["retry"]["waited_s"] == 3.0
+    result = {"target": "cpu", "model": "m", "status": "INCONCLUSIVE", "accuracy": "PASS", "worst": "-", "outputs": [],
+              "failures": [], "latency_verdict": "INCONCLUSIVE", "latency": {**entry, "threads": 1}}
+    page = report.render_html({"created": "now", "counts": {}, "results": [result]})
+    assert "measured again: p90 FAIL under load 5.0" in page and "<b class=INCONCLUSIVE>INCONCLUSIVE</b>" in page
