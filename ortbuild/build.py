@@ -31,8 +31,10 @@ from .errors import ArtifactError, ConfigError, KeyMissing, OrtbuildError, StepE
 from .plan import Job
 
 if TYPE_CHECKING:  # the steps import onnx, numpy and the quantizers: a no-op build never needs them
+    import onnx
+
     from . import data
-    from .steps import check, compile, optimize, precision, reload
+    from .steps import check, compile, fusion, optimize, precision, reload
 
 # statuses, and whether each counts as a usable artifact
 BUILT, PORTABLE, UP_TO_DATE, SKIPPED, FAILED = "built", "portable", "up-to-date", "skipped", "failed"
@@ -205,6 +207,7 @@ class JobContext:
     key: str = ""
     key_parts: dict[str, str] = field(default_factory=dict)  # digest per part of the key
     inputs_sha: str = ""
+    fused: fusion.FusionResult | None = None     # [targets.X.fusion] on: what the precision step reads
     prec: precision.PrecisionResult | None = None
     opt: optimize.OptimizeResult | None = None
     compiled: compile.CompileResult | None = None  # compiling providers: the EPContext model
@@ -228,6 +231,7 @@ class Step:
     run: Callable[[JobContext], None]
     describe: Callable[[JobContext], str]
     on_reuse: bool = True            # verify steps: also on a reused artifact (False: only on a fresh one)
+    applies: Callable[[JobContext], bool] | None = None  # None: always; else the step runs (and shows) when True
 
 
 def _check(ctx: JobContext) -> None:
@@ -255,6 +259,36 @@ def _check(ctx: JobContext) -> None:
             data.check_feed(sample, src.signature, str(job.model.calibration))
 
 
+def _fusion(ctx: JobContext) -> None:
+    """ONNX Runtime's transformer optimizer on the source; the precision step then reads the fused graph."""
+    from .steps import fusion
+
+    assert ctx.src is not None and ctx.work is not None
+    s, files, job = ctx.job.settings, ctx.src.files, ctx.job
+    if ctx.missing:  # a portable build holds standard ONNX ops only: the fusion belongs where the providers run
+        ctx.fused = fusion.skipped(ctx.src.model, s.fusion, job.model.path.resolve(),
+                                   f"a portable build holds standard ONNX ops only ({', '.join(ctx.missing)} cannot "
+                                   "run here); the build where the target's providers run fuses the model")
+        return
+    external = s.external_data or files.has_external_data or modelfiles.needs_external_data(files.weights_size)
+    ctx.fused = fusion.run(job.model.path, ctx.src.model, s.fusion, ctx.work, external=external)
+    for key, node in fusion.lost_nodes(s, ctx.fused.model):
+        raise ConfigError(str(ctx.project.file), f"targets.{job.target.name}.{key}",
+                          f"node '{node}' of model '{job.model.name}' was fused into another node by fusion "
+                          f"'{s.fusion.model_type}': the precision step would ignore the name silently",
+                          "name the fused node instead (`ortbuild inspect` and the manifest's fusion record say what "
+                          "was fused), or set fusion = { model_type = \"off\" } for this model")
+    ctx.fused.notes.extend(fusion.precision_notes(s, ctx.fused.fused_ops))
+
+
+def _precision_source(ctx: JobContext) -> tuple[Path, onnx.ModelProto]:
+    """The model the precision step reads: the fused one when the fusion step made one, else the source."""
+    assert ctx.src is not None
+    if ctx.fused is not None:
+        return ctx.fused.path, ctx.fused.model
+    return ctx.job.model.path, ctx.src.model
+
+
 def _precision(ctx: JobContext) -> None:
     from .steps import check, precision
 
@@ -262,8 +296,11 @@ def _precision(ctx: JobContext) -> None:
     s, files = ctx.job.settings, ctx.src.files
     # intermediates keep the weights as external data when the source does, or could not be one file
     external = s.external_data or files.has_external_data or modelfiles.needs_external_data(files.weights_size)
-    ctx.prec = precision.run(ctx.job.model.path, ctx.src.model, s.precision, s.typed_precision_options(), ctx.work,
+    source, graph = _precision_source(ctx)  # the fused model when the fusion step made one
+    ctx.prec = precision.run(source, graph, s.precision, s.typed_precision_options(), ctx.work,
                              ctx.samples, external=external)
+    if source.is_relative_to(ctx.work.resolve()) and ctx.prec.path != source:
+        precision.remove_model(source)  # the fused model, read: the temp space holds at most two models at once
     if ctx.prec.changed is not None:
         ctx.res.converted = ctx.prec.changed.converted
         little = precision.too_little(s.precision, ctx.prec.changed, s.typed_precision_options())
@@ -447,6 +484,8 @@ def _python_loader(ctx: JobContext) -> None:
 # The pipeline: a new step joins here, in its phase, and nowhere else.
 PIPELINE: tuple[Step, ...] = (
     Step("check", "build", _check, lambda c: f"check {c.job.model.path.name} and its data"),
+    Step("fusion", "build", _fusion, lambda c: f"fusion {c.job.settings.fusion.model_type} (ONNX Runtime's transformer "
+         "optimizer)", applies=lambda c: c.job.settings.fusion.enabled),
     Step("precision", "build", _precision, lambda c: f"precision {c.job.settings.precision}"),
     Step("optimize", "build", _optimize,
          lambda c: f"optimize level={c.job.settings.optimization} providers={[p.name for p in c.usable] or '-'}"),
@@ -478,6 +517,8 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         if ctx.external and not job.settings.external_data and not src.files.has_external_data else []
     changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
     ctx.res.notes = changed + prec.notes + split + opt_notes + (ctx.compiled.notes if ctx.compiled else [])
+    if ctx.fused is not None:  # the fusion step ran first: its notes come first
+        ctx.res.notes = ctx.fused.notes + ctx.res.notes
     size = sum(f.size for f, _ in ctx.sealed)
     main = next(f for f, _ in ctx.sealed if f.role == "model")
     root = ctx.project.root
@@ -522,6 +563,7 @@ def _manifest(ctx: JobContext) -> manifest.Manifest:
         plugins=ctx.plugins,
         custom_ops=[lib.as_json() for lib in ctx.libraries],
         compiled=ctx.compiled.as_json() if ctx.compiled is not None and ctx.compiled.path is not None else None,
+        fusion=manifest.Fusion(**ctx.fused.as_json()) if ctx.fused is not None else None,
     )
 
 
@@ -648,7 +690,7 @@ class Builder:
     def _run_phase(self, ctx: JobContext, phase: Phase, reused: bool = False) -> None:
         """Run the phase's steps in order: announce each, remember it (a failure names it), time it."""
         for step in PIPELINE:
-            if step.phase != phase or (reused and not step.on_reuse):
+            if step.phase != phase or (reused and not step.on_reuse) or (step.applies and not step.applies(ctx)):
                 continue
             self.progress(ctx.job.name, step.describe(ctx))
             ctx.res.step = step.name

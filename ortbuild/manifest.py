@@ -114,6 +114,19 @@ class PrecisionInfo:
 
 
 @dataclass(frozen=True)
+class Fusion:
+    """What ONNX Runtime's transformer optimizer did before the precision step (steps/fusion.py)."""
+    model_type: str
+    num_heads: int                   # as configured; 0: inferred from the graph by the optimizer
+    hidden_size: int
+    applied: bool                    # False: nothing fused, or skipped (a portable build): the source was used
+    fused_ops: dict[str, int]        # op type -> nodes the optimizer added, e.g. {"Attention": 3}
+    nodes_before: int
+    nodes_after: int
+    reason: str = ""                 # why it was not applied
+
+
+@dataclass(frozen=True)
 class Optimization:
     requested: str
     applied: str
@@ -163,6 +176,7 @@ class Manifest:
     custom_ops: list[dict[str, str]] = field(default_factory=list)
     epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
     golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
+    fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
     format_version: int = FORMAT_VERSION
 
     @property
@@ -236,6 +250,9 @@ def _content_problem(m: Manifest) -> str | None:
         return "golden files must be under golden/"
     if not isinstance(m.epoch, int) or m.epoch < 0:
         return "epoch must be a non-negative integer"
+    if m.fusion is not None and not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                        for k, v in m.fusion.fused_ops.items()):
+        return "fusion.fused_ops must map op types to counts"
     if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
         return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
     return None

@@ -112,6 +112,10 @@ def settings_problems(model: onnx.ModelProto, sig: dict[str, Any], settings: Set
     """
     node_names = _node_names(model)
     known_ops = {s.name for s in onnx.defs.get_all_schemas()}
+    if settings.fusion.enabled:  # the fused graph's com.microsoft ops are op types of the precision step too
+        from .fusion import FUSED_OP_TYPES
+
+        known_ops |= FUSED_OP_TYPES
     problems = []
     lists = {"quantization.op_types": (settings.quantization.op_types, "op"),
              "fp16.op_block_list": (settings.fp16.op_block_list, "op"),
