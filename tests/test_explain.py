@@ -3,7 +3,9 @@ printed override is pasted into targets.toml, and `ortbuild test` then passes; t
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -193,6 +195,19 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
     relus = [x for x in layers if x.op_type == "Relu"]
     assert relus and all(x.error is None for x in relus)
     assert all(x.error is not None and x.error < 0.1 for x in layers if x.op_type in ("Gemm", "MaxPool"))
+    # nor can such a node be put back in float for a prediction: a Conv whose output the reduced graph no longer
+    # computes, and the nodes reading a Relu's output name (the Conv's, before the activation), get none
+    from onnxruntime import InferenceSession
+
+    feed = data.load_feed(model.inputs, ["image"])
+    expected = {"logits": InferenceSession(src.model.SerializeToString()).run(["logits"], feed)[0]}
+    proxy = explain.Proxy(src.model, reduced, feed, expected, lambda o: {"cosine": 0.99})
+    relu_outputs = {o for n in src.model.graph.node if n.op_type == "Relu" for o in n.output}
+    readers = [n.name for n in src.model.graph.node if relu_outputs & set(n.input)]
+    convs = [x.node for x in layers if x.op_type == "Conv"]
+    assert readers and convs and all(proxy.predict([n]) is None for n in readers + convs)
+    flatten = proxy.predict(["Flatten_44"])  # Flatten of dequantized values: the same outputs
+    assert flatten is not None and flatten == proxy.predict([])
 
 
 def test_a_model_past_protobufs_limit_is_not_searched_and_says_why(tmp_path: Path,
@@ -219,3 +234,219 @@ def test_a_failing_diagnosis_changes_no_verdict(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(explain.Explainer, "explain", boom)
     assert cli.main(["test", "-c", str(_project(tmp_path))]) == 9
     assert "explain cpu-fp16/fragile: failed: RuntimeError: boom (the verdict stands" in capsys.readouterr().out
+
+
+def emb_model(folder: Path, *, bias: bool = False) -> None:
+    """ids -> Gather over an embedding table (`embed`) -> + positions -> MatMul (`fc`) -> Relu -> a Shape/Gather/
+    Constant/Concat path computing the Reshape to [batch, -1]. int8-dynamic quantizes `embed` (its table) and
+    `fc` (MatMulInteger); the pre-processing folds the shape path away (static shapes), which is no candidate.
+    `W` has one outlier: per-tensor int8 leaves its other weights a handful of levels, so `fc` breaks cosine 0.999
+    and keeping it in float fixes it. bias: an Add after the MatMul, which the pre-processing fuses with it."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 16)) / 4).astype(np.float32)
+    w[0, 0] = 40.0
+    inits = [numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "table"),
+             numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((6, 16)).astype(np.float32), "pos")]
+    nodes = [h.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+             h.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),
+             h.make_node("MatMul", ["x", "W"], ["mm"], name="fc")]
+    if bias:
+        nodes.append(h.make_node("Add", ["mm", "b"], ["mm_b"], name="bias"))
+    nodes += [h.make_node("Relu", ["mm_b" if bias else "mm"], ["act"], name="act"),
+              h.make_node("Shape", ["act"], ["shape"], name="shape"),
+              h.make_node("Gather", ["shape", "zero"], ["batch"], name="batch_dim"),
+              h.make_node("Constant", [], ["minus1"], name="minus1",
+                          value=numpy_helper.from_array(np.array([-1], np.int64))),
+              h.make_node("Concat", ["batch", "minus1"], ["newshape"], name="concat", axis=0),
+              h.make_node("Reshape", ["act", "newshape"], ["y"], name="flatten")]
+    graph = h.make_graph(nodes, "emb", [h.make_tensor_value_info("ids", TensorProto.INT64, [2, 6])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 96])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "emb.onnx"))
+    np.savez(folder / "emb.inputs.npz", ids=rng.integers(0, 50, (2, 6)).astype(np.int64))
+
+
+def _emb_project(tmp_path: Path, quantization: str = "per_channel = false, reduce_range = true",
+                 bias: bool = False) -> Path:
+    emb_model(tmp_path, bias=bias)
+    path = tmp_path / "targets.toml"
+    path.write_text(f"""[project]
+name = "emb"
+version = "1"
+
+[models.emb]
+path = "emb.onnx"
+inputs = "emb.inputs.npz"
+
+[targets.int8]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+quantization = {{ {quantization} }}
+accuracy = {{ cosine = 0.999 }}
+""")
+    return path
+
+
+def _job(path: Path) -> Job:
+    from ortbuild import plan
+
+    return plan.jobs(config.load(path))[0]
+
+
+def test_candidates_are_the_nodes_the_quantizer_changed(tmp_path: Path) -> None:
+    an = explain.analyse(_job(_emb_project(tmp_path)))
+    # not the shape path the pre-processing folded (Shape, Gather, Constant, Concat), nor the float Add and Relu
+    assert sorted(x.node for x in an.layers) == ["embed", "fc"] and not an.renamed
+    assert {x.node: x.weights for x in an.layers} == {"embed": 50 * 16 * 4, "fc": 16 * 16 * 4}
+    assert all(x.error is not None and x.error > 0 for x in an.layers)
+    # only what the precision's options quantize
+    an = explain.analyse(_job(_emb_project(tmp_path, 'per_channel = false, op_types = ["MatMul"]')))
+    assert [x.node for x in an.layers] == ["fc"]
+
+
+def test_a_node_the_pre_processing_renamed_is_reported_not_searched(tmp_path: Path) -> None:
+    an = explain.analyse(_job(_emb_project(tmp_path, bias=True)))  # MatMul + Add fused: a new node name
+    assert [x.node for x in an.layers] == ["embed"]
+    assert len(an.renamed) == 1 and an.renamed[0].startswith("fc") and an.renamed[0] != "fc"
+    text = "\n".join(explain.render("int8/emb", {"status": "not found", "renamed": an.renamed}))
+    assert "not searched: 1 quantized node(s) the source model has no name for" in text
+    assert "quantization = { preprocess = false } keeps the names" in text
+    an = explain.analyse(_job(_emb_project(tmp_path, "per_channel = false, preprocess = false", bias=True)))
+    assert sorted(x.node for x in an.layers) == ["embed", "fc"] and not an.renamed
+
+
+def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> None:
+    from onnxruntime import InferenceSession
+
+    from ortbuild.steps import check
+
+    job = _job(_emb_project(tmp_path))
+    an = explain.analyse(job)
+    gates = job.settings.gates
+    assert gates is not None
+    proxy = explain.Proxy(an.source, an.reduced, an.feed, an.expected,
+                          lambda o: gates.accuracy_rule(job.settings.precision, o))
+    base = proxy.predict([])
+    assert base is not None and not base.passed and base.worst.startswith("y: cosine 0.9")
+    src = check.run(job.model.path)
+    knob = explain.KNOBS["int8-dynamic"]
+
+    def built(nodes: list[str]) -> onnx.ModelProto:
+        return explain.reduce_model(job, explain.settings_with(job.settings, knob, nodes, []), src)
+
+    for keep in (["fc"], ["embed"], ["embed", "fc"]):
+        patched = proxy.model(keep)
+        assert patched is not None
+        want = InferenceSession(built(keep).SerializeToString(), providers=["CPUExecutionProvider"]).run(None, an.feed)
+        got = InferenceSession(patched.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, an.feed)
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
+    fc = proxy.predict(["fc"])
+    assert fc is not None and fc.passed and fc.error < base.error
+    # each set that keeps a changed node in float changes the graph; one that keeps another node does not
+    assert explain.graph_digest(built(["add_pos"])) == an.digest == explain.graph_digest(built([]))
+    assert len({an.digest, explain.graph_digest(built(["fc"])), explain.graph_digest(built(["embed"]))}) == 3
+
+
+def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
+    changed = {"m1", "a1"}  # the nodes the precision step changed: keeping others in float changes nothing
+    rebuilt: list[list[str]] = []
+    messages: list[str] = []
+
+    def trial(nodes: list[str], ops: list[str]) -> tuple[bool, str]:
+        rebuilt.append(nodes)
+        return "m1" in nodes, "-"
+
+    def graph(nodes: list[str], ops: list[str]) -> str:
+        return ",".join(sorted(changed & set(nodes))) or "baseline"
+
+    s = explain.Search(trial, 50, 60.0, messages.append, graph=graph, graphs={"baseline": -1})
+    assert not s.run(["b1"], [])           # the failing artifact's graph: its verdict, no rebuild
+    assert s.run(["m1", "b1"], [])         # a new graph: rebuilt
+    assert s.run(["m1", "a2"], [])         # the same graph as that rebuild: its verdict
+    assert not s.run(["a1"], [])
+    assert rebuilt == [["m1", "b1"], ["a1"]] and len(s.trials) == 2
+    assert [(x["nodes"], x["same_as"], x["passed"]) for x in s.skipped] == [
+        (["b1"], "the failing artifact", False), (["m1", "a2"], "rebuild 1", True)]
+    assert "explain: not rebuilt: 1 node(s) b1: the precision step gives the same graph as the failing artifact" \
+        in messages
+    # the search's own candidates: whatever they are, every rebuild is a graph not tried before
+    rebuilt.clear()
+    s = explain.Search(trial, 50, 60.0, messages.append, graph=graph, graphs={"baseline": -1})
+    s.search(LAYERS, op_keys=False)
+    assert len({graph(n, []) for n in rebuilt}) == len(rebuilt) and "baseline" not in {graph(n, []) for n in rebuilt}
+
+
+def _predicted(layers: list[explain.Layer], passing: set[str]) -> tuple[list[explain.Layer],
+                                                                        explain.Search, list[list[str]]]:
+    """Layers with predictions (the set passes when it holds `passing`), ranked; a search that rebuilds with the
+    same verdicts, and the sets it rebuilt."""
+    def predict(nodes: list[str]) -> explain.Prediction:
+        ok = passing <= set(nodes)
+        return explain.Prediction(ok, 0.0 if ok else 0.1 - 0.01 * len(set(nodes) & passing), "-")
+
+    ranked = explain.ranked([dataclasses.replace(x, alone=predict([x.node])) for x in layers])
+    rebuilt: list[list[str]] = []
+
+    def trial(nodes: list[str], ops: list[str]) -> tuple[bool, str]:
+        rebuilt.append(nodes)
+        return passing <= set(nodes), "-"
+
+    return ranked, explain.Search(trial, 50, 60.0, lambda m: None, predict=predict), rebuilt
+
+
+def test_the_first_rebuild_is_the_fewest_top_ranked_nodes_predicted_to_pass() -> None:
+    layers, s, rebuilt = _predicted(LAYERS, {"m1", "a2"})
+    # ranked by the error predicted with each kept in float alone: m1 and a2 first (both help), then b1, a1
+    assert [x.node for x in layers] == ["a2", "m1", "a1", "b1"]
+    assert s.search(layers, op_keys=True) == (["a2", "m1"], [])
+    assert rebuilt == [["a2", "m1"]]  # one rebuild: the prefix search and the narrowing were predictions
+    # a prediction the rebuild contradicts: the search goes on by rebuilds (op types first)
+    layers, s, rebuilt = _predicted(LAYERS, {"b1"})
+    s.trial = lambda nodes, ops: (rebuilt.append(nodes) or ("m1" in nodes or "MatMul" in ops), "-")
+    assert s.search(layers, op_keys=False) == (["m1"], [])
+    assert rebuilt[0] == ["b1"] and len(rebuilt) > 1
+
+
+def test_tables_never_show_none() -> None:
+    layers = [explain.Layer("relu", "Relu", None, 0.0, 0, "n/a (the reduced graph computes its output in conv)"),
+              explain.Layer("shift", "Add", None, 0.0), explain.Layer("fc", "MatMul", math.inf, math.inf, 2 << 20,
+                                                                      alone=explain.Prediction(True, 0.01, "y: cos"))]
+    doc = {"status": "found", "layers": explain._layers_doc(layers), "rebuilds": 1, "seconds": 1.0,
+           "trials": [{"nodes": ["fc"], "op_types": [], "passed": True, "worst": "y: cos", "seconds": 1.0}],
+           "skipped": [{"nodes": ["b"], "op_types": [], "same_as": "the failing artifact", "passed": False}],
+           "predictions": {"status": "on", "baseline": "y: cos", "predicted": 1, "candidates": 3, "seconds": 0.1},
+           "override": "[[targets.t.overrides]]\n",
+           "result": {"accuracy": None, "worst": None, "size": None, "size_verdict": None, "latency_verdict": None,
+                      "p50_ms": None}}
+    text = "\n".join(explain.render("t/m", doc))
+    assert "None" not in text and "null" not in json.dumps(doc["layers"])
+    assert "layer-wise: relu (Relu) error n/a (the reduced graph computes its output in conv) vs fp32" in text
+    assert "layer-wise: shift (Add) error n/a vs fp32" in text
+    assert "layer-wise: fc (MatMul) error inf vs fp32, adds inf, 2.0 MB of weights; kept in float alone: y: cos " \
+           "(PASS, predicted)" in text
+    assert "not rebuilt: 1 node(s) b: the same graph as the failing artifact" in text
+    assert "accuracy - (-), size 0.0 KB (0.00x the source, -), latency p50 - (no budget)" in text
+
+
+def test_int8_search_rebuilds_once_and_the_pasted_override_passes(tmp_path: Path) -> None:
+    path = _emb_project(tmp_path)
+    proc = run_cli("test", "-c", str(path))
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "explain int8/emb: found" in out and "None" not in out, out
+    assert "predicted (no rebuild): 2 of 2 candidate(s) kept in float alone" in out
+    assert re.search(r"layer-wise: fc \(MatMul\) error [\d.]+ vs fp32, adds [\d.]+, 1\.0 KB of weights; kept in "
+                     r"float alone: y: cosine 0\.9999\d+ \(PASS, predicted\)", out), out
+    assert re.search(r"rebuild: 1 node\(s\) fc: PASS \(y: cosine 0\.9999\d+\)", out), out
+    block = re.search(r"paste into targets.toml:\n\n(\[\[targets\.int8\.overrides\]\]\n.*?\n)\n", out, re.S)
+    assert block is not None
+    assert block.group(1) == '[[targets.int8.overrides]]\nmodels = ["emb"]\nquantization = { exclude_nodes = ["fc"] }\n'
+    doc = json.loads((tmp_path / "dist" / "int8" / "emb" / "test-report.json").read_text())["result"]["explain"]
+    assert doc["rebuilds"] == 1 and doc["skipped"] == []
+    path.write_text(path.read_text() + "\n" + block.group(1))
+    proc = run_cli("test", "-c", str(path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

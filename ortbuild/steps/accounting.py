@@ -42,6 +42,17 @@ def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 yield from graphs(g)
 
 
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read, from the enclosing scope or their own."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            for n in g.node:
+                names.update(n.input)
+                names |= subgraph_reads(n)
+    return names
+
+
 def nbytes(t: onnx.TensorProto) -> int:
     """A tensor's data bytes, whether stored inside the graph or as external data (not loaded)."""
     if t.data_location == onnx.TensorProto.EXTERNAL:

@@ -72,17 +72,6 @@ def remove_model(path: Path) -> None:
             f.path.unlink(missing_ok=True)
 
 
-def _subgraph_names(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
-            for n in g.node:
-                names.update(n.input)
-                names |= _subgraph_names(n)
-    return names
-
-
 def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
     """Order nodes so every input is produced before use (ORT's fp16 converter appends Casts at the end).
 
@@ -91,7 +80,7 @@ def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     known = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
     producers = {o: i for i, n in enumerate(g.node) for o in n.output}
-    deps = [{producers[x] for x in ({*n.input} | _subgraph_names(n)) if x in producers and x not in known}
+    deps = [{producers[x] for x in ({*n.input} | accounting.subgraph_reads(n)) if x in producers and x not in known}
             for n in g.node]
     users: dict[int, list[int]] = {}
     for i, d in enumerate(deps):
