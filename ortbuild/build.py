@@ -270,6 +270,11 @@ def _fusion(ctx: JobContext) -> None:
                                    f"a portable build holds standard ONNX ops only ({', '.join(ctx.missing)} cannot "
                                    "run here); the build where the target's providers run fuses the model")
         return
+    missing = fusion.unknown_here(s.fusion.model_type)
+    if missing:
+        raise ConfigError(str(ctx.project.file), f"targets.{job.target.name}.fusion.model_type", missing,
+                          "pick a model type this runtime offers, or pin the runtime ortbuild's choices come from "
+                          "(onnxruntime 1.31.1)")
     external = s.external_data or files.has_external_data or modelfiles.needs_external_data(files.weights_size)
     ctx.fused = fusion.run(job.model.path, ctx.src.model, s.fusion, ctx.work, external=external)
     for key, node in fusion.lost_nodes(s, ctx.fused.model):

@@ -102,6 +102,18 @@ class _Collect(logging.Handler):
             self.messages.append(text)
 
 
+def unknown_here(model_type: str) -> str | None:
+    """Why the installed ONNX Runtime's optimizer lacks `model_type` (the key's choices are those of onnxruntime
+    1.31.1; another flavor or version may offer fewer), or None."""
+    import onnxruntime
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    if model_type in MODEL_TYPES:
+        return None
+    return (f"the transformer optimizer of onnxruntime {onnxruntime.__version__} in this target's runtime has no "
+            f"model type '{model_type}' (it has: {', '.join(MODEL_TYPES)})")
+
+
 def run(source: Path, model: onnx.ModelProto, opts: Fusion, work: Path, *, external: bool = False) -> FusionResult:
     """Fuse the model at `source` (`model`: its graph as the check step read it, weights loaded or not).
     external: write the fused model's weights as external data (`fused.onnx.data`)."""
