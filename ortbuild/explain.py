@@ -634,7 +634,7 @@ class Explainer:
             return doc
         if not layers:
             doc.update(status="not found", reason="the precision step changed no node that could be kept in float"
-                       + (" by a name the source model has" if an.renamed else ""))
+                       + (" by a name the source model has" if an.renamed else "") + _in_subgraphs(an.reduced))
             return doc
         predict: Callable[[list[str]], Prediction | None] | None = None
         if knob.table != "fp16":
@@ -776,6 +776,22 @@ def analyse(job: Job) -> Analysis:
     nodes = [n for n in nodes if n.name in known]
     return Analysis(layerwise(base, reduced, nodes, feed, s.custom_ops), base, reduced, feed,
                     graph_digest(reduced), src, expected, renamed)
+
+
+def _in_subgraphs(reduced: onnx.ModelProto) -> str:
+    """What the precision step changed inside If/Loop/Scan bodies, which the layer-wise search does not enter."""
+    main = {n.name for n in reduced.graph.node}
+    inside: dict[str, int] = {}
+    for g in accounting.graphs(reduced.graph):
+        for n in g.node:
+            if n.op_type in QUANT_OPS and n.name not in main:
+                inside[n.op_type] = inside.get(n.op_type, 0) + 1
+    if not inside:
+        return ""
+    ops = ", ".join(f"{k} {v}" for k, v in sorted(inside.items(), key=lambda kv: -kv[1]))
+    return (f"; what it changed sits inside If/Loop/Scan bodies ({ops}), which the layer-wise search does not "
+            "enter: keep an op type there in float by naming only the others in quantization.op_types (e.g. "
+            "op_types = [\"Conv\"] leaves LSTM in float), and rebuild")
 
 
 def _num(x: float) -> float | str:

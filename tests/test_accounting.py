@@ -170,6 +170,7 @@ precision = "int8-dynamic"
 
 @pytest.mark.parametrize("share,fails", [(0.0, True), (0.04, True), (0.06, False)])
 def test_the_threshold(share: float, fails: bool) -> None:
-    a = accounting.Accounting(ops={}, tensors=0, float_bytes_before=1000, float_bytes_after=round(1000 * (1 - share)),
-                              bytes_before=1000, bytes_after=1000, subgraph_ops=0, users={"MatMul": 1000})
+    a = accounting.Accounting(ops={}, tensors=0, float_bytes_before=1000, reduced_as_float=round(1000 * share),
+                              float_bytes_after=round(1000 * (1 - share)), bytes_before=1000, bytes_after=1000,
+                              subgraph_ops=0, users={"MatMul": 1000})
     assert (precision.too_little("int8-dynamic", a, QUANT) is not None) is fails

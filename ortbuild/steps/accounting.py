@@ -4,7 +4,9 @@ Every graph is counted, the bodies of If/Loop/Scan nodes included, and weights a
 values of Constant nodes alike (exporters such as spox and torch's keep weights in Constant nodes inside
 subgraphs). Tensors stored as external data are counted from their recorded length, never loaded.
 
-A precision step that converted less than MIN_CHANGED of the source's float weight bytes did nothing worth
+The share converted is measured on the result: the float bytes its reduced weights stand for (int8 x4, fp16 x2)
+over those plus the float weights it still holds, so pre-processing that folds weights (and grows them) does not
+skew it. A precision step that converted less than MIN_CHANGED of the weights did nothing worth
 the name: the build fails the job with the reason and the way out (docs/targets.md, "Precision accounting").
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import onnx
 
-MIN_CHANGED = 0.05  # a precision step must convert at least this share of the source's float weight bytes
+MIN_CHANGED = 0.05  # a precision step must convert at least this share of the weights (Accounting.converted)
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE})
 REDUCED_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8,
@@ -97,6 +99,7 @@ class Accounting:
     ops: dict[str, int]              # reduced-precision ops written, by type (the source's own subtracted)
     tensors: int                     # weights stored in a reduced type, beyond the source's
     float_bytes_before: int          # the source's float weights (fp32/fp64)
+    reduced_as_float: int            # the float bytes the result's new reduced-type weights stand for
     float_bytes_after: int           # float weights left in the result
     bytes_before: int                # all weights
     bytes_after: int
@@ -106,12 +109,12 @@ class Accounting:
     @property
     def converted(self) -> float:
         """The share of the source's float weight bytes no longer stored as float."""
-        if self.float_bytes_before == 0:
-            return 0.0
-        return max(0.0, min(1.0, 1 - self.float_bytes_after / self.float_bytes_before))
+        total = self.reduced_as_float + self.float_bytes_after
+        return self.reduced_as_float / total if total else 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {"ops": self.ops, "tensors": self.tensors, "float_bytes_before": self.float_bytes_before,
+                "reduced_as_float": self.reduced_as_float,
                 "float_bytes_after": self.float_bytes_after, "bytes_before": self.bytes_before,
                 "bytes_after": self.bytes_after, "subgraph_ops": self.subgraph_ops,
                 "converted": round(self.converted, 4)}
@@ -132,6 +135,15 @@ def _mb(n: int) -> str:
 
 def _float_bytes(w: dict[str, tuple[int, int]]) -> int:
     return sum(b for dt, b in w.values() if dt in FLOAT_TYPES)
+
+
+AS_FLOAT: dict[int, int] = {onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 4,
+                            onnx.TensorProto.UINT8: 4, onnx.TensorProto.INT4: 8, onnx.TensorProto.UINT4: 8}
+
+
+def _as_float(w: dict[str, tuple[int, int]]) -> int:
+    """The fp32 bytes the reduced-type weights stand for (packed int4 in uint8 counts as int8: a lower bound)."""
+    return sum(b * AS_FLOAT[dt] for dt, b in w.values() if dt in AS_FLOAT and b > 16)
 
 
 def _reduced(w: dict[str, tuple[int, int]]) -> int:
@@ -164,6 +176,7 @@ def account(source: Snapshot, result: onnx.ModelProto) -> Accounting:
     before, after = source.ops, op_counts(result)
     ops = {op: after[op] - before.get(op, 0) for op in sorted(QUANTIZED_OPS) if after[op] > before.get(op, 0)}
     return Accounting(ops=ops, tensors=max(0, _reduced(w1) - _reduced(w0)), float_bytes_before=_float_bytes(w0),
+                      reduced_as_float=max(0, _as_float(w1) - _as_float(w0)),
                       float_bytes_after=_float_bytes(w1), bytes_before=sum(b for _, b in w0.values()),
                       bytes_after=sum(b for _, b in w1.values()),
                       subgraph_ops=max(0, _in_subgraphs(result) - source.in_subgraphs), users=source.users)

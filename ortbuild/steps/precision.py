@@ -339,9 +339,10 @@ def too_little(precision: str, changed: accounting.Accounting,
         return None
     users = changed.users
     where = ", ".join(f"{op} ({b / 1e6:.2f} MB)" for op, b in list(users.items())[:4]) or "none found"
-    why = (f"{precision} converted {changed.converted:.1%} of the float weights ({changed.tensors} tensor(s), "
-           f"{changed.float_bytes_before / 1e6:.2f} MB of float weights before, {changed.float_bytes_after / 1e6:.2f}"
-           f" MB after; at least {accounting.MIN_CHANGED:.0%} is required); the float weights are read by: {where}")
+    why = (f"{precision} converted {changed.converted:.1%} of the float weights ({changed.tensors} tensor(s) "
+           f"standing for {changed.reduced_as_float / 1e6:.2f} MB of float weights; "
+           f"{changed.float_bytes_after / 1e6:.2f} MB left in float; at least {accounting.MIN_CHANGED:.0%} is "
+           f"required); the source's float weights are read by: {where}")
     typed_opts = _typed(precision, opts)
     if isinstance(typed_opts, Quantization):
         asked = list(typed_opts.op_types)
