@@ -780,11 +780,10 @@ def analyse(job: Job) -> Analysis:
 
 def _in_subgraphs(reduced: onnx.ModelProto) -> str:
     """What the precision step changed inside If/Loop/Scan bodies, which the layer-wise search does not enter."""
-    main = {n.name for n in reduced.graph.node}
     inside: dict[str, int] = {}
-    for g in accounting.graphs(reduced.graph):
+    for g in list(accounting.graphs(reduced.graph))[1:]:  # the bodies, not the main graph
         for n in g.node:
-            if n.op_type in QUANT_OPS and n.name not in main:
+            if n.op_type in QUANT_OPS:
                 inside[n.op_type] = inside.get(n.op_type, 0) + 1
     if not inside:
         return ""

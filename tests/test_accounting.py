@@ -97,6 +97,11 @@ def test_int8_dynamic_quantizes_weights_inside_if_branches(tmp_path: Path) -> No
     assert "subgraphs" in res.changed.summary()
     out = onnx.load(str(res.path))
     assert accounting.already_reduced(out) is not None  # and a quantized model is recognised as such
+    from ortbuild import explain
+
+    said = explain._in_subgraphs(out)  # the precision search says it cannot enter the branches, and what to do
+    assert "MatMulInteger 2" in said and "quantization.op_types" in said
+    assert explain._in_subgraphs(onnx.load(str(src))) == ""
 
 
 def test_a_precision_that_converts_nothing_fails_the_job_with_the_way_out(tmp_path: Path) -> None:
