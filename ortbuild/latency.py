@@ -238,8 +238,8 @@ def budgets_of(percentiles: Mapping[float, float], reference: str | None = None,
 def relative_verdict(mine: list[float], reference: list[float], ratio: float, c: float) -> PercentileVerdict:
     """"reference median / my median >= ratio" from paired, interleaved samples: the median of
     ratio * mine_i / reference_i must be at most 1 (a sign test, the same order statistics)."""
-    scaled = [ratio * m / r for m, r in zip(mine, reference, strict=True)]
-    return percentile_verdict(scaled, 0.5, 1.0, c)
+    scaled, limit = Budget("relative", 0.5, ratio, "reference").values({"mine": mine, "reference": reference}, "mine")
+    return percentile_verdict(scaled, 0.5, limit, c)
 
 
 # ------------------------------------------------------------------------------------------------- load

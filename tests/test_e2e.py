@@ -6,8 +6,6 @@ nothing is committed and nothing comes from a model hub. The files are sha256-pi
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata as md
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 from .conftest import here_runtime, run_cli
+from .realmodels import installed
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +29,7 @@ LINES = ["Invoice 2026-11 total 418.20", "ONNX Runtime on every target", "Golden
 
 
 def _real_model(name: str) -> Path:
-    try:
-        files = md.distribution(PACKAGE).files or []
-    except md.PackageNotFoundError:
-        pytest.fail(f"{PACKAGE} is not installed: run the suite through `nox -s tests`, which installs it")
-    path = next(Path(str(f.locate())) for f in files if str(f).endswith(name))
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == PINNED[name], f"{name} changed upstream"
-    return path
+    return installed(PACKAGE, name, PINNED[name])
 
 
 def _render(text: str, height: int, width: int, seed: int) -> np.ndarray:

@@ -6,8 +6,6 @@ The nox `tests` session installs silero-vad==6.2.3 with --no-deps, only for its 
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata as md
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ import pytest
 from ortbuild import manifest
 
 from .conftest import here_runtime, run_cli
+from .realmodels import installed
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +24,7 @@ SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
 
 
 def _model() -> Path:
-    try:
-        files = md.distribution(PACKAGE).files or []
-    except md.PackageNotFoundError:
-        pytest.fail(f"{PACKAGE} is not installed: run the suite through `nox -s tests`, which installs it")
-    path = next(Path(str(f.locate())) for f in files if str(f) == MODEL)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == SHA256, f"{MODEL} changed upstream"
-    return path
+    return installed(PACKAGE, MODEL, SHA256)
 
 
 @pytest.fixture(scope="module")

@@ -37,18 +37,13 @@ COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step 
 GROWTH = 1.02  # weight bytes may grow this much (+ 4 KB: fusions add small constants) before it counts as inflation
 
 
-def _initializers(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
-    """name -> (data type, bytes) of every weight of every graph (If/Loop/Scan bodies included)."""
-    return accounting.weights(model)
-
-
 def inflation(before: Path, after: Path) -> dict[str, Any] | None:
     """What constant folding grew: initializers of `after` that `before` computed in the graph (from smaller
     stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH."""
     if after.suffix == ".ort":
         return None
     src, out = onnx.load(str(before), load_external_data=False), onnx.load(str(after), load_external_data=False)
-    a, b = _initializers(src), _initializers(out)
+    a, b = accounting.weights(src), accounting.weights(out)
     size_a, size_b = sum(n for _, n in a.values()), sum(n for _, n in b.values())
     if size_b <= GROWTH * size_a + 4096:
         return None
