@@ -1,0 +1,134 @@
+"""The command line's --json documents and exit codes, compared with golden files recorded before a refactor.
+
+Volatile values (times, digests, paths, measured numbers) are masked; keys, statuses, verdicts, names, reasons
+and exit codes must stay as recorded. `ORTBUILD_GOLDEN_WRITE=1 pytest tests/test_cli_golden.py` re-records them
+(only when a change of output is intended: the diff of the golden file is then part of the review).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+GOLDEN = Path(__file__).parent / "fixtures" / "cli_golden.json"
+
+TARGETS = """
+    [targets.cpu]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+    latency = { p90_ms = 500 }
+
+    [targets.cpu-int8]
+    extends = "cpu"
+    precision = "int8-dynamic"
+    quantization = { op_types = ["Conv", "Gemm", "MatMul", "LSTM"] }
+
+    [targets.tight]
+    extends = "cpu"
+    models = ["tiny_cnn"]
+    size = { max_mb = 0.001 }
+
+    [targets.mac]
+    runtime = "RUNTIME"
+    providers = ["CoreMLExecutionProvider", "CPUExecutionProvider"]
+    models = ["tiny_cnn"]
+"""
+
+_HEX = re.compile(r"\b[0-9a-f]{12,}\b")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z?")
+_MACHINE = re.compile(r"^machine .*|x86_64-\w+|aarch64-\w+")
+_NUM = re.compile(r"\d+(\.\d+)?")
+
+
+def _mask_text(s: str, root: str) -> str:
+    s = s.replace(root, "<project>").replace(str(REPO), "<repo>")
+    s = _MACHINE.sub("<machine>", s)
+    s = _TIME.sub("<time>", s)
+    s = _HEX.sub("<hex>", s)
+    return re.sub(r"[ \t]+", " ", _NUM.sub("<n>", s)).strip()
+
+
+KEPT = {"exit_code"}  # numbers that are decisions, not measurements
+DROPPED = {"unstable", "note"}  # what the machine's load did to a latency measurement
+
+
+def mask(doc: Any, root: str) -> Any:
+    """Keys and structure as they are; numbers and volatile strings replaced by their kind."""
+    if isinstance(doc, dict):
+        return {k: v if k in KEPT else mask(v, root)
+                for k, v in sorted(doc.items()) if k not in DROPPED}
+    if isinstance(doc, list):
+        if doc and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in doc):
+            return "<numbers>"
+        return [mask(v, root) for v in doc]
+    if isinstance(doc, bool) or doc is None:
+        return doc
+    if isinstance(doc, (int, float)):
+        return "<number>"
+    if isinstance(doc, str):
+        return _mask_text(doc, root)
+    return repr(doc)
+
+
+def _run(results: dict[str, Any], name: str, root: Path, *args: str) -> Any:
+    proc = run_cli(*args, cwd=root)
+    try:
+        doc: Any = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = proc.stdout.splitlines()
+    err = [line for line in proc.stderr.splitlines() if line.startswith(("ortbuild:", "  hint:"))]
+    results[name] = {"exit": proc.returncode, "stdout": mask(doc, str(root)), "stderr": mask(err, str(root))}
+    return doc
+
+
+def test_cli_json_and_exit_codes_match_the_golden_file(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    path = make_project(TARGETS, models=("tiny_cnn", "tiny_lstm"))
+    root = path.parent
+    c = ("-c", str(path))
+    out: dict[str, Any] = {}
+    _run(out, "plan", root, "plan", *c, "--json")
+    _run(out, "targets", root, "targets", *c, "--json")
+    _run(out, "build", root, "build", *c, "--json")
+    _run(out, "build-again", root, "build", *c, "--json")
+    _run(out, "build-named-portable-strict", root, "build", *c, "-t", "mac", "--strict", "--json")
+    _run(out, "test", root, "test", *c, "--json")
+    _run(out, "test-one", root, "test", *c, "-t", "cpu", "-m", "tiny_cnn", "--json")
+    _run(out, "inspect", root, "inspect", str(root / "dist" / "cpu" / "tiny_cnn"), "--json")
+    _run(out, "matrix", root, "matrix", *c, "--compact")
+    _run(out, "release", root, "release", *c, "-t", "cpu", "--to", str(tmp_path / "rel"), "--json",
+         "--allow-development-key")
+    _run(out, "release-failed-target", root, "release", *c, "-t", "tight", "--to", str(tmp_path / "rel2"), "--json")
+    _run(out, "unknown-target", root, "build", *c, "-t", "nope", "--json")
+    # the text forms of the same commands (the summary tables; spacing collapsed)
+    _run(out, "plan-text", root, "plan", *c)
+    _run(out, "build-text", root, "build", *c)
+    _run(out, "test-text", root, "test", *c, "-m", "tiny_cnn")
+    _run(out, "inspect-text", root, "inspect", str(root / "dist" / "cpu" / "tiny_cnn"))
+    art = root / "dist" / "cpu-int8" / "tiny_cnn" / "model.onnx.enc"
+    art.write_bytes(art.read_bytes()[:-10] + bytes(10))
+    _run(out, "inspect-tampered", root, "inspect", str(art.parent), "--json")
+    _run(out, "test-tampered", root, "test", *c, "-t", "cpu-int8", "--json")
+    env_key = os.environ.pop("ORTBUILD_KEY")
+    try:
+        _run(out, "build-no-key", root, "build", *c, "-t", "cpu", "--json", "--repair")
+    finally:
+        os.environ["ORTBUILD_KEY"] = env_key
+    shutil.copy(path, root / "bad.toml")
+    (root / "bad.toml").write_text(path.read_text().replace('precision = "int8-dynamic"', 'precision = "int7"'))
+    _run(out, "bad-config", root, "plan", "-c", str(root / "bad.toml"), "--json")
+
+    if os.environ.get("ORTBUILD_GOLDEN_WRITE"):
+        GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    for name in golden:
+        assert out[name] == golden[name], f"`{name}` differs from {GOLDEN.name}"
+    assert set(out) == set(golden)
