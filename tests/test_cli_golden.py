@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.conftest import REPO, run_cli
 
 GOLDEN = Path(__file__).parent / "fixtures" / "cli_golden.json"
