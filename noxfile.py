@@ -21,8 +21,9 @@ import nox.virtualenv
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ortbuild import config, manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
+from ortbuild.artifact import manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
 from ortbuild.errors import ConfigError  # noqa: E402
+from ortbuild.project import config  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["test"]

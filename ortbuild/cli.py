@@ -13,8 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, config, container, keys, manifest, options, paths, plan, runtime, workspace
-from .errors import (
+from ortbuild import __version__, paths, runtime, workspace
+from ortbuild.artifact import container, keys, manifest
+from ortbuild.errors import (
     ArtifactError,
     GateFailed,
     KeyMissing,
@@ -26,6 +27,7 @@ from .errors import (
     WrongKey,
     first_line,
 )
+from ortbuild.project import config, options, plan
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
@@ -76,7 +78,7 @@ def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.
 
 
 def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
-    from .parallel import default_workers
+    from ortbuild.pipeline.parallel import default_workers
 
     if args.jobs is not None:
         return max(1, int(args.jobs))
@@ -95,7 +97,7 @@ def _clean_leftovers(dist: Path) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, JobResult
+    from ortbuild.pipeline.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, JobResult
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
@@ -159,7 +161,7 @@ def _built(args: argparse.Namespace, project: config.Project, jobs: Sequence[pla
     """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
     them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
     on them (`test`, `profile`) under the lock."""
-    from .build import Builder, Progress
+    from ortbuild.pipeline.build import Builder, Progress
 
     fit = _fitting(jobs)
     dist = Path(args.dist) if args.dist else project.root / "dist"
@@ -177,8 +179,8 @@ def _built(args: argparse.Namespace, project: config.Project, jobs: Sequence[pla
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
-    from . import explain, gates, report
-    from .build import Progress
+    from ortbuild.gating import explain, gates, report
+    from ortbuild.pipeline.build import Progress
 
     if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
@@ -236,7 +238,7 @@ def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence
              progress: Any) -> list[Any]:
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed (with --explain: of every
     one; --no-explain: none), recorded in its test report."""
-    from . import explain, gates
+    from ortbuild.gating import explain, gates
 
     if args.explain is False:
         return []
@@ -263,9 +265,9 @@ def _explain(args: argparse.Namespace, builder: Any, tester: Any, jobs: Sequence
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.profile)."""
-    from . import profile, report
-    from .build import Progress
+    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.gating.profile)."""
+    from ortbuild.gating import profile, report
+    from ortbuild.pipeline.build import Progress
 
     if args.runs < 1 or args.top < 1:
         raise UsageError("--runs and --top must be at least 1")
@@ -302,7 +304,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """What would be built, with which runtime, and whether each job would rebuild and why."""
-    from .build import Builder, Progress, published
+    from ortbuild.pipeline.build import Builder, Progress, published
 
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
@@ -363,7 +365,7 @@ def _already_reduced(path: Path) -> str | None:
     """Why the model at `path` is already quantized or fp16 (its graph only: the weights are not read)."""
     import onnx
 
-    from .steps import accounting
+    from ortbuild.pipeline.steps import accounting
 
     try:
         return accounting.already_reduced(onnx.load(str(path), load_external_data=False))
@@ -373,7 +375,7 @@ def _already_reduced(path: Path) -> str | None:
 
 def _providers_here() -> list[dict[str, Any]]:
     """docs/targets.md's capability table, with this environment's answer for each provider."""
-    from . import capabilities
+    from ortbuild.project import capabilities
 
     flavor = runtime.installed_flavor()
     out = []
@@ -441,7 +443,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 def _inspect_onnx(path: Path) -> dict[str, Any]:
     import onnx
 
-    from .steps import check
+    from ortbuild.pipeline.steps import check
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -670,7 +672,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------- schema
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from . import capabilities
+    from ortbuild.project import capabilities
 
     files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
     if TARGETS_DOC.exists():  # a source checkout: its capability table is generated too
@@ -743,7 +745,7 @@ def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
-    from . import registry, release
+    from ortbuild.publish import registry, release
 
     project = config.load(args.config)
     names = plan._select(list(project.targets), args.target, "targets", str(project.file))
@@ -830,7 +832,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
     import tempfile
 
-    from . import registry, verify
+    from ortbuild.publish import registry, verify
 
     public = _public_key(args)
     enc = keys.encryption_key(file=args.key_file)
@@ -853,7 +855,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from . import registry, release, verify
+    from ortbuild.publish import registry, release, verify
 
     ref = registry.parse(args.ref)
     public = _public_key(args)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import ConfigError
+from ortbuild.errors import ConfigError
 
 # protobuf's limit for one serialized message: a model whose graph and embedded tensors pass it must keep its
 # tensors as external data (ONNX's own limit, checked by onnx.save_model and ORT)

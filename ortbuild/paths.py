@@ -15,7 +15,7 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import ArtifactError
+from ortbuild.errors import ArtifactError
 
 # A target or model name: a letter or digit, then letters, digits, '_', '-' or '.', at most 64 in all.
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"

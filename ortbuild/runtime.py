@@ -18,9 +18,9 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from . import options
-from .config import CustomOps, Provider, Settings, Target
-from .errors import RuntimeMismatch, first_line
+from ortbuild.errors import RuntimeMismatch, first_line
+from ortbuild.project import options
+from ortbuild.project.config import CustomOps, Provider, Settings, Target
 
 # ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
 _ISA_FLAGS = (
@@ -317,7 +317,7 @@ def cached_probe(provider: Provider, plugin: options.PluginEP | None = None, *, 
     if refresh or key not in answers:
         answers[key] = probe_provider(provider, plugin)
         with contextlib.suppress(OSError):  # a read-only environment just probes every time
-            from .manifest import atomic_write
+            from ortbuild.artifact.manifest import atomic_write
 
             atomic_write(path, json.dumps(cache, indent=1).encode())
     answer: str | None = answers[key]
@@ -418,7 +418,7 @@ class CustomOpLibrary:
 @functools.cache
 def _library_sha256(path: str, size: int, mtime: int) -> str:
     """manifest.sha256_file(), once per library file and version of it (size, mtime) in a process."""
-    from .manifest import sha256_file
+    from ortbuild.artifact.manifest import sha256_file
 
     return sha256_file(Path(path))
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import Busy
-from .paths import UnsafePath
+from ortbuild.errors import Busy
+from ortbuild.paths import UnsafePath
 
 LOCK = ".ortbuild.lock"
 # In every output directory ortbuild created (or found empty): `ortbuild clean` empties only a directory that holds

@@ -1,4 +1,4 @@
-"""Precision accounting (ortbuild.steps.accounting): what a precision step changed, counted in every graph,
+"""Precision accounting (ortbuild.pipeline.steps.accounting): what a precision step changed, counted in every graph,
 If/Loop/Scan bodies included; a step that changed nothing fails the job; constant-folding inflation inside
 subgraphs is seen and undone; an already-quantized source is reported by `plan`."""
 
@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortbuild import config, manifest
-from ortbuild.steps import accounting, optimize, precision
-
-from .conftest import here_runtime, run_cli
+from ortbuild.artifact import manifest
+from ortbuild.pipeline.steps import accounting, optimize, precision
+from ortbuild.project import config
+from tests.conftest import here_runtime, run_cli
 
 N = 128  # weights of 128x128: 64 KB in fp32
 QUANT = {"per_channel": False, "reduce_range": False, "weight_type": "int8", "op_types": [], "exclude_nodes": [],
@@ -97,7 +97,7 @@ def test_int8_dynamic_quantizes_weights_inside_if_branches(tmp_path: Path) -> No
     assert "subgraphs" in res.changed.summary()
     out = onnx.load(str(res.path))
     assert accounting.already_reduced(out) is not None  # and a quantized model is recognised as such
-    from ortbuild import explain
+    from ortbuild.gating import explain
 
     said = explain._in_subgraphs(out)  # the precision search says it cannot enter the branches, and what to do
     assert "MatMulInteger 2" in said and "quantization.op_types" in said

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import config, plan
-from ortbuild.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult
 from ortbuild.errors import ConfigError, StepError
+from ortbuild.pipeline.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult
+from ortbuild.project import config, plan
 
 pytestmark = pytest.mark.runtime  # runs in every flavor's venv (nox: tests, tests-openvino)
 
@@ -182,8 +182,7 @@ def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifac
     import numpy as np
 
     from ortbuild import cli
-
-    from .conftest import MODELS
+    from tests.conftest import MODELS
 
     calib = tmp_path / "cnn.calib.npz"
     shutil.copy(MODELS / "tiny_cnn.calib.npz", calib)
@@ -217,8 +216,8 @@ def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifac
 
 
 def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_target() -> None:
-    from ortbuild import build as b
     from ortbuild import runtime
+    from ortbuild.pipeline import build as b
 
     project = config.load(Path(__file__).resolve().parent.parent / "targets.toml", check_files=False)
     job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]
@@ -260,7 +259,8 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     so, loaded by the generated loader with compilation disabled. Elsewhere: a portable artifact, the reason
     (Intel only, this CPU's vendor) in the result, and a loader that refuses it instead of running on the CPU."""
     pytest.importorskip("onnxruntime_ep_openvino", reason="the tests session installs the OpenVINO plugin EP")
-    from ortbuild import loaders, manifest, runtime
+    from ortbuild import runtime
+    from ortbuild.artifact import loaders, manifest
 
     flavor = runtime.installed_flavor()
     if flavor is None or flavor.distribution != "onnxruntime":
@@ -303,8 +303,7 @@ def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file
     import io
 
     from ortbuild import cli
-
-    from .bigmodels import mlp
+    from tests.bigmodels import mlp
 
     src = mlp(tmp_path / "mlp", layers=3, width=128)
     data = src.parent / "model.onnx.data"
@@ -359,8 +358,8 @@ def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_ex
     import sys
     import threading
 
-    from .bigmodels import mlp, needles, plaintext_hits
-    from .conftest import here_runtime
+    from tests.bigmodels import mlp, needles, plaintext_hits
+    from tests.conftest import here_runtime
 
     src = mlp(tmp_path / "src" / "mlp", layers=4, width=256)
     root, cwd, tmpdir = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp"

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ortbuild import cli, config
-
-from .conftest import REPO, run_cli
-from .test_noxfile import _sessions
+from ortbuild import cli
+from ortbuild.project import config
+from tests.conftest import REPO, run_cli
+from tests.test_noxfile import _sessions
 
 DOC = REPO / "docs" / "ci.md"
 # Tools of the runner image or of the actions the workflow sets up; everything else must be ortbuild's or nox's.
@@ -52,7 +52,7 @@ def test_the_documented_matrix_output_is_what_the_command_prints() -> None:
 
 
 def test_bad_runner_labels_are_config_errors(tmp_path: Path) -> None:
-    from .conftest import model_table
+    from tests.conftest import model_table
 
     toml = tmp_path / "targets.toml"
     toml.write_text('[project]\nname = "p"\nversion = "1"\n' + model_table("tiny_cnn") +

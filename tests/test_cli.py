@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild import runtime
-
-from .conftest import MODELS, REPO, run_cli
+from tests.conftest import MODELS, REPO, run_cli
 
 CPU_TARGET = """
     [targets.cpu]
@@ -58,7 +57,7 @@ def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
     (built / "manifest.json").write_text(json.dumps(doc))
     proc = run_cli("inspect", str(built))  # an edited manifest no longer matches its signature
     assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "the signature of" in proc.stderr
-    from ortbuild import keys
+    from ortbuild.artifact import keys
 
     sign = keys.signing_key()
     assert sign is not None
@@ -147,7 +146,7 @@ def test_targets_and_schema_and_version(make_project: Callable[..., Path]) -> No
 def test_targets_providers_prints_the_capability_table_with_this_machines_answers() -> None:
     """docs/targets.md's example command, and its JSON: every EP of the table, the CPU running here, the
     unsupported ones refused with the message config gives."""
-    from ortbuild import capabilities
+    from ortbuild.project import capabilities
 
     doc = (REPO / "docs" / "targets.md").read_text()
     (command,) = [line.removeprefix("$ ortbuild ") for line in doc.splitlines() if line.startswith("$ ortbuild")]
@@ -194,7 +193,7 @@ def test_a_reader_that_closes_the_pipe_early_ends_ortbuild_quietly() -> None:
     (b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n", "is a Git LFS pointer"),
 ])
 def test_a_file_that_is_no_onnx_model_is_named_with_what_to_do(tmp_path: Path, content: bytes, says: str) -> None:
-    from .conftest import here_runtime
+    from tests.conftest import here_runtime
 
     (tmp_path / "m.onnx").write_bytes(content)
     (tmp_path / "targets.toml").write_text(f"""[project]

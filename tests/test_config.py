@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import config
 from ortbuild.errors import ConfigError
-
-from .conftest import REPO, run_cli
+from ortbuild.project import config
+from tests.conftest import REPO, run_cli
 
 BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 
@@ -180,7 +179,7 @@ def test_cuda_gets_safe_defaults_unless_the_target_states_them(tmp_path: Path) -
 
 
 def test_every_unsupported_provider_is_refused_with_its_reason(tmp_path: Path) -> None:
-    from ortbuild import capabilities, options
+    from ortbuild.project import capabilities, options
 
     refused = [p for p in options.PROVIDERS if capabilities.unsupported(p)]
     assert {"NnapiExecutionProvider", "XnnpackExecutionProvider", "WebGpuExecutionProvider"} <= set(refused)

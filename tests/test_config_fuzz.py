@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from ortbuild import cli
 from ortbuild.cli import SCHEMA_FILE
-
-from .conftest import MODELS, here_runtime
+from tests.conftest import MODELS, here_runtime
 
 EXAMPLES = 320
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import container, keys
+from ortbuild.artifact import container, keys
 from ortbuild.errors import KeyMissing
-
-from .conftest import TEST_KEY
+from tests.conftest import TEST_KEY
 
 KEK2 = bytes(range(100, 132))
 
@@ -75,7 +74,7 @@ def test_keygen_sources_and_development_marker(tmp_path: Path, monkeypatch: pyte
 
 
 def test_build_without_keys_fails_with_its_exit_code_and_the_fix(tmp_path: Path) -> None:
-    from .conftest import REPO
+    from tests.conftest import REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTBUILD_")}
     proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-t", "cpu-fp32", "--dist", str(tmp_path)],

@@ -18,9 +18,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from ortbuild import loaders
-
-from .conftest import here_runtime, run_cli
+from ortbuild.artifact import loaders
+from tests.conftest import here_runtime, run_cli
 
 pytestmark = pytest.mark.runtime
 EXTENSIONS = "onnxruntime-extensions==0.15.2"

@@ -13,11 +13,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from ortbuild import data
 from ortbuild.errors import ConfigError
-from ortbuild.steps import check
-
-from .conftest import MODELS
+from ortbuild.pipeline.steps import check
+from ortbuild.project import data
+from tests.conftest import MODELS
 
 
 def _write_dataset(root: Path, feeds: list[dict[str, np.ndarray]], named: bool = True) -> None:
@@ -152,7 +151,7 @@ def test_a_model_tested_on_nan_and_inf_golden_inputs_builds_and_passes(tmp_path:
     and Inf flowing through to an output too (the comparison expects them exactly where the reference has them)."""
     from onnx import TensorProto, helper
 
-    from .conftest import here_runtime, run_cli
+    from tests.conftest import here_runtime, run_cli
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     outputs = [helper.make_tensor_value_info("nan", TensorProto.BOOL, [2, 4]),

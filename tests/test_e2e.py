@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .conftest import here_runtime, run_cli
-from .realmodels import installed
+from tests.conftest import here_runtime, run_cli
+from tests.realmodels import installed
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbuild import manifest
-
-from .conftest import here_runtime, run_cli
-from .realmodels import installed
+from ortbuild.artifact import manifest
+from tests.conftest import here_runtime, run_cli
+from tests.realmodels import installed
 
 pytestmark = pytest.mark.e2e
 

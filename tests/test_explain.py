@@ -15,10 +15,10 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from ortbuild import config, explain
-from ortbuild.plan import Job
-
-from .conftest import here_runtime, run_cli
+from ortbuild.gating import explain
+from ortbuild.project import config
+from ortbuild.project.plan import Job
+from tests.conftest import here_runtime, run_cli
 
 pytestmark = pytest.mark.runtime
 
@@ -180,8 +180,8 @@ def test_override_repeats_the_targets_own_list_entries() -> None:
 def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_path: Path) -> None:
     """QDQ folds each Relu into its Conv, which then writes the Relu's output name before the activation:
     comparing that tensor with the fp32 Relu output would blame the Relu for the activation itself."""
-    from ortbuild import data
-    from ortbuild.steps import check, precision
+    from ortbuild.pipeline.steps import check, precision
+    from ortbuild.project import data
 
     project = config.load(Path(__file__).parent.parent / "targets.toml")
     s, model = project.targets["cpu-int8"].settings["tiny_cnn"], project.models["tiny_cnn"]
@@ -292,7 +292,7 @@ accuracy = {{ cosine = 0.999 }}
 
 
 def _job(path: Path) -> Job:
-    from ortbuild import plan
+    from ortbuild.project import plan
 
     return plan.jobs(config.load(path))[0]
 
@@ -322,7 +322,7 @@ def test_a_node_the_pre_processing_renamed_is_reported_not_searched(tmp_path: Pa
 def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> None:
     from onnxruntime import InferenceSession
 
-    from ortbuild.steps import check
+    from ortbuild.pipeline.steps import check
 
     job = _job(_emb_project(tmp_path))
     an = explain.analyse(job)

@@ -19,13 +19,12 @@ from typing import Any
 import onnx
 import pytest
 
-from ortbuild import build as b
-from ortbuild import config, options, plan
-from ortbuild.build import BUILT, FAILED, UP_TO_DATE, Builder, JobResult
 from ortbuild.errors import ConfigError
-from ortbuild.steps import check, fusion, precision
-
-from .conftest import MODELS, REPO, TEST_KEY, here_runtime
+from ortbuild.pipeline import build as b
+from ortbuild.pipeline.build import BUILT, FAILED, UP_TO_DATE, Builder, JobResult
+from ortbuild.pipeline.steps import check, fusion, precision
+from ortbuild.project import config, options, plan
+from tests.conftest import MODELS, REPO, TEST_KEY, here_runtime
 
 pytestmark = pytest.mark.runtime
 
@@ -147,8 +146,8 @@ def test_fused_op_types_are_op_types_only_with_fusion_on() -> None:
 
 def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds_on_change(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
-    from ortbuild import keys
-    from ortbuild.gates import PASS, Tester, TestResult
+    from ortbuild.artifact import keys
+    from ortbuild.gating.gates import PASS, Tester, TestResult
 
     path = make_project(TARGETS, models=("tiny_transformer",))
     dist = tmp_path / "dist"

@@ -17,9 +17,9 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from ortbuild import golden, report
-
-from .conftest import MODELS, here_runtime, run_cli
+from ortbuild.artifact import golden
+from ortbuild.gating import report
+from tests.conftest import MODELS, here_runtime, run_cli
 
 pytestmark = pytest.mark.runtime
 
@@ -342,9 +342,8 @@ latency = {{ data_sets = {{ test_data_set_2 = {{ p90_ms = 1 }} }} }}
 
 
 def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
-    from ortbuild import gates, latency
-
-    from .test_latency import Machine
+    from ortbuild.gating import gates, latency
+    from tests.test_latency import Machine
 
     budgets = latency.budgets_of({0.9: 2.0})
     out = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None).gate(2.0)

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import keys
+from ortbuild.artifact import keys
 from ortbuild.errors import KeyMissing
-
-from .conftest import TEST_KEY, TEST_SIGNING_SEED, run_cli
+from tests.conftest import TEST_KEY, TEST_SIGNING_SEED, run_cli
 
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY_FILE",
             "ORTBUILD_PUBLIC_KEY_FILE")
@@ -201,7 +200,7 @@ def _env(**files: Path) -> dict[str, str]:
 def dev_tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project whose cpu target was built with a DEVELOPMENT encryption key (and the suite's signing key) and
     passed its tests."""
-    from .test_release import cli, make_project
+    from tests.test_release import cli, make_project
 
     root = tmp_path_factory.mktemp("devrel")
     make_project(root)
@@ -215,7 +214,7 @@ def dev_tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.runtime
 def test_release_refuses_development_keys_unless_allowed(dev_tested: Path, tmp_path: Path) -> None:
-    from .test_release import cli
+    from tests.test_release import cli
 
     enc = dev_tested / "keys" / "encryption.key"
     proc = cli("release", "-t", "cpu", "--to", str(tmp_path / "out"), cwd=dev_tested,
@@ -247,7 +246,7 @@ def test_the_verify_command_release_prints_works_from_anywhere(dev_tested: Path,
     """The signing key from a file with signing.pub beside it: the command names that signing.pub by its full
     path, and run as printed, from another directory, with no key in the environment but the decryption key,
     it verifies (golden test included)."""
-    from .test_release import cli, public_key_file
+    from tests.test_release import cli, public_key_file
 
     keydir = tmp_path / "release keys"
     sign = _key_file(keydir / "signing.key", "# ortbuild Ed25519 signing key", TEST_SIGNING_SEED)

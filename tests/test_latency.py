@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ortbuild import latency
+from ortbuild.gating import latency
 
 
 def _samples(n: int, median: float = 1.0, seed: int = 0) -> list[float]:
@@ -324,10 +324,9 @@ def test_under_cpu_burners_a_budget_the_quiet_run_meets_never_fails() -> None:
 
 
 def test_data_set_budgets_override_the_targets_key_by_key(tmp_path: Path) -> None:
-    from ortbuild import config
     from ortbuild.errors import ConfigError
-
-    from .conftest import model_table
+    from ortbuild.project import config
+    from tests.conftest import model_table
 
     toml = ('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn") + """
 [targets.cpu]

@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 import pytest
 
-from ortbuild import config, container, keys, loaders, manifest, plan
-from ortbuild.build import BUILT, Builder
-
-from .conftest import MODELS, TEST_KEY, here_runtime
+from ortbuild.artifact import container, keys, loaders, manifest
+from ortbuild.pipeline.build import BUILT, Builder
+from ortbuild.project import config, plan
+from tests.conftest import MODELS, TEST_KEY, here_runtime
 
 NODE_VERSION = "onnxruntime-node@1.30.0"
 TARGETS = """
@@ -250,7 +250,7 @@ def _resign(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     """Rewrite manifest.json with `edit` and sign it with the test signing key (what a legitimate build does)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from .conftest import TEST_SIGNING_SEED
+    from tests.conftest import TEST_SIGNING_SEED
 
     doc = json.loads((folder / "manifest.json").read_bytes())
     edit(doc)
@@ -697,7 +697,7 @@ def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, n
 
 
 def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
-    from .conftest import run_cli
+    from tests.conftest import run_cli
 
     copy = tmp_path / "fp32"
     shutil.copytree(dist / "fp32", copy)
@@ -1060,7 +1060,7 @@ for _ in range({PY_SESSIONS}):
 """
     control = f"""
 import onnxruntime as ort
-from ortbuild import container
+from ortbuild.artifact import container
 data = bytes(container.decrypt(open({str(folder / "model.onnx.enc")!r}, "rb").read(), {TEST_KEY!r}))
 so = ort.SessionOptions()
 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

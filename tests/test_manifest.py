@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import keys, manifest
+from ortbuild.artifact import keys, manifest
 from ortbuild.errors import ArtifactError
 
 

@@ -10,9 +10,8 @@ import pytest
 
 from ortbuild import modelfiles
 from ortbuild.errors import ConfigError
-
-from .bigmodels import mlp
-from .conftest import MODELS
+from tests.bigmodels import mlp
+from tests.conftest import MODELS
 
 
 def test_a_model_with_external_data_is_its_graph_and_its_data_file(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MODELS
+from tests.conftest import MODELS
 
 
 @pytest.mark.parametrize("hash_seed", ["1", "2"])  # set iteration order must not leak into the bytes

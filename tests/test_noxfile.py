@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from ortbuild import config
-
-from .conftest import REPO
+from ortbuild.project import config
+from tests.conftest import REPO
 
 
 def _sessions(*args: str) -> list[dict[str, object]]:

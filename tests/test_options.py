@@ -6,9 +6,8 @@ import tomllib
 import jsonschema
 import pytest
 
-from ortbuild import options
-
-from .conftest import REPO, run_cli
+from ortbuild.project import options
+from tests.conftest import REPO, run_cli
 
 BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 

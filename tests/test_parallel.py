@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import cli, config, plan
-from ortbuild.parallel import default_workers
-
-from .bigmodels import mlp
-from .test_build import TWO_TARGETS
+from ortbuild import cli
+from ortbuild.pipeline.parallel import default_workers
+from ortbuild.project import config, plan
+from tests.bigmodels import mlp
+from tests.test_build import TWO_TARGETS
 
 
 def test_workers_are_sized_by_the_external_data_too_and_the_cli_says_why(

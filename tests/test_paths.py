@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import config, paths
+from ortbuild import paths
 from ortbuild.errors import ConfigError
-
-from .conftest import MODELS, here_runtime
+from ortbuild.project import config
+from tests.conftest import MODELS, here_runtime
 
 ESCAPING = ["/tmp/x", "..", ".", "../../y", "a/b", "a\\b", "", " cpu", "-rf", ".hidden", "x" * 65, "nul\0byte",
             "café", "release", "report.json"]
@@ -110,7 +110,7 @@ def test_ordinary_names_are_accepted(name: str) -> None:
 def test_bad_golden_inputs_are_clear_config_errors(make_project: Callable[..., Path], tmp_path: Path) -> None:
     import numpy as np
 
-    from ortbuild import data
+    from ortbuild.project import data
 
     npy = tmp_path / "a.npz"
     np.save(tmp_path / "a.npy", np.zeros(3))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import profile, runtime
-
-from .conftest import run_cli
+from ortbuild import runtime
+from ortbuild.gating import profile
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.runtime
 

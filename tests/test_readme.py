@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import config
-
-from .conftest import MODELS, REPO, here_runtime, run_cli
+from ortbuild.project import config
+from tests.conftest import MODELS, REPO, here_runtime, run_cli
 
 README = (REPO / "README.md").read_text()
 

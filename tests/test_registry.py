@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import registry
 from ortbuild.errors import OrtbuildError
-
-from .test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
+from ortbuild.publish import registry
+from tests.test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
 pytestmark = pytest.mark.runtime
 
@@ -102,7 +101,7 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
 
 def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path, tmp_path: Path) -> None:  # noqa: F811
     """Someone with push rights replaces the bundle layer: pull and verify fail, naming the bundle."""
-    from ortbuild import release
+    from ortbuild.publish import release
 
     evil = tmp_path / "evil"
     shutil.copytree(released, evil)

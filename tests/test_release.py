@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import keys, minisign, release, tarball, verify
+from ortbuild.artifact import keys, minisign
+from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
-from ortbuild.keys import SigningKey
-
-from .conftest import MODELS, TEST_SIGNING_SEED, here_runtime
+from ortbuild.publish import release, tarball, verify
+from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime
 
 pytestmark = pytest.mark.runtime
 EPOCH = "1767225600"  # 2026-01-01

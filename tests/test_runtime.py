@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import config, options, plan, runtime
-from ortbuild.build import BUILT, Builder
-from ortbuild.config import Provider
+from ortbuild import runtime
+from ortbuild.pipeline.build import BUILT, Builder
+from ortbuild.project import config, options, plan
+from ortbuild.project.config import Provider
 
 pytestmark = pytest.mark.runtime
 

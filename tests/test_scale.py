@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 
 def test_a_small_external_data_model_goes_through_every_step(tmp_path: Path) -> None:

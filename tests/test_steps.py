@@ -10,12 +10,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from ortbuild import config, data, options, runtime
-from ortbuild.config import Provider, Settings
+from ortbuild import runtime
 from ortbuild.errors import RuntimeMismatch
-from ortbuild.steps import check, compile, optimize, precision, reload
-
-from .conftest import MODELS, REPO
+from ortbuild.pipeline.steps import check, compile, optimize, precision, reload
+from ortbuild.project import config, data, options
+from ortbuild.project.config import Provider, Settings
+from tests.conftest import MODELS, REPO
 
 CPU = [Provider("CPUExecutionProvider")]
 PROJECT = config.load(REPO / "targets.toml")

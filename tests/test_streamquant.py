@@ -15,8 +15,8 @@ from onnx.external_data_helper import ExternalDataInfo
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from ortbuild.data import load_samples
-from ortbuild.steps import precision, streamquant
+from ortbuild.pipeline.steps import precision, streamquant
+from ortbuild.project.data import load_samples
 from tests import bigmodels
 
 MODELS = Path(__file__).parent.parent / "models"

@@ -1,4 +1,5 @@
-"""ortbuild.tarball: deterministic, streaming writing; reading that refuses every kind of malicious archive by name."""
+"""ortbuild.publish.tarball: deterministic, streaming writing; reading that refuses every kind of malicious archive
+by name."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import tarball
 from ortbuild.errors import ArtifactError
+from ortbuild.publish import tarball
 
 INDEX = b'{"index": true}\n'
 

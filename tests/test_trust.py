@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import cli, keys, loaders, manifest
+from ortbuild import cli
+from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.errors import Tampered, WrongKey
-
-from .conftest import TEST_KEY
-from .test_loaders import install_node_app, node
+from tests.conftest import TEST_KEY
+from tests.test_loaders import install_node_app, node
 
 TARGET = """
 [targets.cpu]
@@ -43,7 +43,7 @@ def ortbuild(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A project whose one artifact was built and tested (golden data signed): copied for each case."""
-    from .conftest import here_runtime, model_table
+    from tests.conftest import here_runtime, model_table
 
     root = tmp_path_factory.mktemp("trust")
     (root / "targets.toml").write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
@@ -226,7 +226,7 @@ def test_inspect_trusts_only_the_configured_key(pristine: Path, tmp_path: Path, 
 
 def test_release_takes_verdicts_only_from_a_report_the_trusted_key_signed(
         pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ortbuild.gates import REPORT
+    from ortbuild.gating.gates import REPORT
 
     root = copy(pristine, tmp_path)
     report = root / "dist" / ART / REPORT

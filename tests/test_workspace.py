@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import cli, keys, manifest, workspace
+from ortbuild import cli, workspace
+from ortbuild.artifact import keys, manifest
 from ortbuild.errors import Busy
 
 TARGETS = """

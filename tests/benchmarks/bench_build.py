@@ -54,8 +54,8 @@ def main() -> int:
     args = ap.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from ortbuild import config, plan
-    from ortbuild.parallel import default_workers
+    from ortbuild.pipeline.parallel import default_workers
+    from ortbuild.project import config, plan
 
     project = config.load(REPO / "targets.toml")
     jobs = plan.jobs(project, [TARGETS])

@@ -129,9 +129,11 @@ def main() -> int:
 
     import onnx
 
-    from ortbuild import config, keys, plan, runtime
-    from ortbuild.build import Builder
-    from ortbuild.gates import Tester, TestResult
+    from ortbuild import runtime
+    from ortbuild.artifact import keys
+    from ortbuild.gating.gates import Tester, TestResult
+    from ortbuild.pipeline.build import Builder
+    from ortbuild.project import config, plan
 
     flavor = runtime.installed_flavor()
     assert flavor is not None

@@ -49,7 +49,8 @@ VARIANTS = {"int8-rr": "reduce_range = true", "int8-norr": "reduce_range = false
 # the rebuild-only search, for --compare: predictions off, everything else as `ortbuild test --explain`
 NO_PREDICTIONS = """
 import sys
-from ortbuild import cli, explain
+from ortbuild import cli
+from ortbuild.gating import explain
 explain.Explainer._predict = lambda self, job, an, start: (an.layers, None, {"status": "off",
                                                            "reason": "off for the comparison (bench_minilm --compare)"})
 sys.exit(cli.main(sys.argv[1:]))

@@ -25,7 +25,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ortbuild import config, loaders, runtime  # noqa: E402
+from ortbuild import runtime  # noqa: E402
+from ortbuild.artifact import loaders  # noqa: E402
+from ortbuild.project import config  # noqa: E402
 
 
 def _plaintext(folder: Path) -> bytes:

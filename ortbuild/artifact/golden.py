@@ -1,0 +1,193 @@
+"""Golden data: the input feeds of a model and the outputs every artifact must reproduce.
+
+Inputs come from the model's `inputs` (an .npz: one feed; or ONNX-layout `test_data_set_N/` directories:
+one feed each). Expected outputs are the user's (`expected`: an .npz keyed by output name, or the
+`output_K.pb` files of the same ONNX layout), else computed from the *source* model in fp32 on the CPU
+provider with optimizations disabled. Either way they are stored beside each artifact in the ONNX layout
+(`golden/test_data_set_N/{input_K,output_K}.pb` and `golden/golden.json`: hashes and provenance), so other
+tools (onnx's backend runner, Polygraphy) can read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortbuild.artifact import manifest
+from ortbuild.errors import ConfigError
+from ortbuild.project import data
+from ortbuild.project.config import CustomOps, Model
+
+GOLDEN_DIR = manifest.GOLDEN_DIR
+GOLDEN_JSON = "golden.json"
+
+
+@dataclass(frozen=True)
+class DataSet:
+    name: str                          # test_data_set_N
+    inputs: data.Feed
+    expected: dict[str, Any]           # output name -> ndarray, list (sequence) or dict (map)
+
+
+@dataclass(frozen=True)
+class Golden:
+    sets: list[DataSet]
+    made_by: str                       # how the expected outputs were made (provenance)
+    source: str                        # "user" | "computed"
+
+
+def _to_proto(value: Any, name: str) -> Any:
+    from onnx import numpy_helper
+
+    if isinstance(value, list):
+        return numpy_helper.from_list(value, name)
+    if isinstance(value, dict):
+        return numpy_helper.from_dict(value, name)
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _expected_dir(folder: Path, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    files = data.numbered(folder, "output")
+    if len(files) != len(outputs):
+        raise ConfigError(str(folder), "", f"holds {len(files)} output_K.pb files, the model has {len(outputs)} "
+                                           f"outputs {[o['name'] for o in outputs]}")
+    out = {}
+    for f, spec in zip(files, outputs, strict=True):
+        name, value = data.read_pb(f, spec.get("kind", "tensor"))
+        if name and name != spec["name"]:
+            raise ConfigError(str(f), "", f"holds output '{name}', but output #{f.stem.split('_')[1]} of the model "
+                                          f"is '{spec['name']}'")
+        out[spec["name"]] = value
+    return out
+
+
+def load(model: Model, signature: dict[str, Any]) -> list[tuple[str, data.Feed, dict[str, Any] | None]]:
+    """(data set name, feed, user-supplied expected outputs or None) for every data set of the model."""
+    names = [i["name"] for i in signature["inputs"]]
+    outputs = signature["outputs"]
+    if model.inputs.is_dir():
+        sets = [(d.name, data.dataset_feed(d, names)) for d in data.datasets(model.inputs)]
+    else:
+        sets = [("test_data_set_0", data.load_feed(model.inputs, names))]
+    for _, feed in sets:
+        data.check_feed(feed, signature, str(model.inputs))
+    exp = model.expected
+    if exp is None:
+        return [(n, f, None) for n, f in sets]
+    where = f"models.{model.name}.expected"
+    if exp.is_dir():
+        dirs = {d.name: d for d in data.datasets(exp)}
+        missing = [n for n, _ in sets if n not in dirs]
+        if missing:
+            raise ConfigError(str(exp), where, f"has no {', '.join(missing)} for the inputs' data sets",
+                              "give one test_data_set_N/output_K.pb per input data set")
+        return [(n, f, _expected_dir(dirs[n], outputs)) for n, f in sets]
+    if len(sets) != 1:
+        raise ConfigError(str(exp), where, f"an .npz holds one feed's outputs, the inputs have {len(sets)} "
+                                           "data sets", "use the ONNX layout test_data_set_N/output_K.pb")
+    arrays = data.npz(exp)
+    wanted = [o["name"] for o in outputs]
+    if sorted(arrays) != sorted(wanted):
+        raise ConfigError(str(exp), where, f"outputs do not match the model: it has {wanted}, the file "
+                                           f"{sorted(arrays)}")
+    return [(sets[0][0], sets[0][1], arrays)]
+
+
+def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps] = ()) \
+        -> tuple[list[dict[str, Any]], str]:
+    """The source model's outputs in fp32 on the CPU provider with optimizations disabled, and how."""
+    from ortbuild import runtime
+
+    ort = runtime.import_ort()
+
+    so = ort.SessionOptions()
+    runtime.register_custom_ops(so, custom_ops)
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    results = [dict(zip(names, sess.run(None, feed), strict=True)) for feed in feeds]
+    return results, (f"computed from the source model ({source.name}) in fp32 with onnxruntime {ort.__version__}"
+                     " CPUExecutionProvider, optimizations disabled")
+
+
+def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps]) -> Golden:
+    """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's)."""
+    loaded = load(model, signature)
+    if all(exp is not None for *_, exp in loaded):
+        return Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None],
+                      f"user-supplied: {model.expected}", "user")
+    values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops)
+    return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
+
+
+def write(folder: Path, golden: Golden, signature: dict[str, Any],
+          sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
+    """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every
+    file's name (relative to `folder`), sha256 and size once they are written, before they replace the old ones
+    (the signed manifest lists them: equal golden data, the common case, leaves no window where they differ)."""
+    target = folder / GOLDEN_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".golden.", dir=folder))
+    files: dict[str, str] = {}
+    sizes: dict[str, tuple[str, int]] = {}
+    try:
+        for ds in golden.sets:
+            d = tmp / ds.name
+            d.mkdir()
+            pairs = [(f"input_{k}.pb", name, ds.inputs[name]) for k, name in
+                     enumerate(i["name"] for i in signature["inputs"])]
+            pairs += [(f"output_{k}.pb", o["name"], ds.expected[o["name"]]) for k, o in enumerate(signature["outputs"])]
+            for file, name, value in pairs:
+                blob = _to_proto(value, name).SerializeToString()
+                (d / file).write_bytes(blob)
+                files[f"{ds.name}/{file}"] = hashlib.sha256(blob).hexdigest()
+                sizes[f"{GOLDEN_DIR}/{ds.name}/{file}"] = (files[f"{ds.name}/{file}"], len(blob))
+        meta = {"made_by": golden.made_by, "source": golden.source, "files": files,
+                "inputs": [i["name"] for i in signature["inputs"]],
+                "outputs": [o["name"] for o in signature["outputs"]]}
+        text = (json.dumps(meta, indent=2) + "\n").encode()
+        (tmp / GOLDEN_JSON).write_bytes(text)
+        sizes[f"{GOLDEN_DIR}/{GOLDEN_JSON}"] = (hashlib.sha256(text).hexdigest(), len(text))
+        if sign is not None:
+            sign(sizes)
+        old = folder / f".golden.old.{os.getpid()}"
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def read(folder: Path, signature: dict[str, Any]) -> list[DataSet]:
+    """The golden data stored beside an artifact (folder/golden/test_data_set_N/), as written by write()."""
+    names = [i["name"] for i in signature["inputs"]]
+    return [DataSet(d.name, data.dataset_feed(d, names), _expected_dir(d, signature["outputs"]))
+            for d in data.datasets(folder / GOLDEN_DIR)]
+
+
+def digest(golden: Golden) -> str:
+    """A digest of the golden data (inputs and expected outputs), recorded in the test report."""
+    h = hashlib.sha256()
+    for ds in golden.sets:
+        h.update(ds.name.encode())
+        for name in sorted(ds.inputs):
+            h.update(name.encode() + np.ascontiguousarray(ds.inputs[name]).tobytes())
+        for name in sorted(ds.expected):
+            value = ds.expected[name]
+            blob = np.ascontiguousarray(value).tobytes() if isinstance(value, np.ndarray) else repr(value).encode()
+            h.update(name.encode() + blob)
+    return h.hexdigest()
+

@@ -1,0 +1,319 @@
+"""Keys: the encryption key (a 32-byte AES-256 key-encryption key) and the Ed25519 signing key.
+
+Sources, first found wins (the same for both keys):
+    encryption  explicit argument (API) or --key-file  ->  ORTBUILD_KEY (base64)  ->  ORTBUILD_KEY_FILE
+    signing     explicit argument or --signing-key-file ->  ORTBUILD_SIGNING_KEY   ->  ORTBUILD_SIGNING_KEY_FILE
+A key file holds comment lines (#) and one base64 line. `ortbuild keygen` writes encryption.key, signing.key
+(both 0600, in a 0700 directory) and signing.pub; with --dev their second line says DEVELOPMENT KEY, and every
+manifest built with them says so. No key ever appears in an artifact, a manifest, a log, an error or --json output.
+
+Like ssh, a key file readable or writable by group or others is refused (with the chmod that fixes it), and
+keygen's files are typed: their first line names their kind ("# ortbuild encryption key ...", "# ortbuild
+Ed25519 signing key ..."), so one kind is never taken for the other. Files without such a line are accepted as
+either kind. The public key (signing.pub) is no secret: it is never checked for its mode.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import shlex
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ortbuild.artifact import container, minisign
+from ortbuild.artifact.manifest import Signing
+from ortbuild.errors import KeyMissing
+
+DEV_MARKER = "DEVELOPMENT KEY"
+ENCRYPTION_FILE, SIGNING_FILE, PUBLIC_FILE = "encryption.key", "signing.key", "signing.pub"
+# the first line of each key file keygen writes: a key file that declares one kind is refused as the other
+HEADERS = {"encryption key": "# ortbuild encryption key", "signing key": "# ortbuild Ed25519 signing key"}
+FILES = {"encryption key": ENCRYPTION_FILE, "signing key": SIGNING_FILE}
+OPTIONS = {"encryption key": "--key-file or ORTBUILD_KEY_FILE", "signing key": "--signing-key-file or "
+                                                                                "ORTBUILD_SIGNING_KEY_FILE"}
+MAKE_KEYS = ("ortbuild keygen --out keys && export ORTBUILD_KEY_FILE=$PWD/keys/encryption.key "
+             "ORTBUILD_SIGNING_KEY_FILE=$PWD/keys/signing.key")
+
+
+@dataclass(frozen=True, repr=False)
+class EncryptionKey:
+    secret: bytes
+    source: str                      # where it came from (an env var name or a file path), never the key
+    development: bool = False
+
+    @property
+    def key_id(self) -> str:
+        return container.key_id(self.secret).hex()
+
+    def __repr__(self) -> str:
+        return f"EncryptionKey(id={self.key_id}, source={self.source})"
+
+
+@dataclass(frozen=True, repr=False)
+class SigningKey:
+    private: Ed25519PrivateKey
+    source: str
+    development: bool = False
+    path: str | None = None          # the key file it was read from (None: an argument or $ORTBUILD_SIGNING_KEY)
+
+    @property
+    def public_raw(self) -> bytes:
+        raw: bytes = self.private.public_key().public_bytes(serialization.Encoding.Raw,
+                                                            serialization.PublicFormat.Raw)
+        return raw
+
+    @property
+    def key_id(self) -> str:
+        return public_key_id(self.public_raw)
+
+    def info(self) -> Signing:
+        """What a manifest records of this key (the public half only)."""
+        return Signing(algorithm="Ed25519", public_key=base64.b64encode(self.public_raw).decode(),
+                       public_key_id=self.key_id, development_key=self.development)
+
+    def sign(self, message: bytes) -> bytes:
+        sig: bytes = self.private.sign(message)
+        return sig
+
+    def __repr__(self) -> str:
+        return f"SigningKey(id={self.key_id}, source={self.source})"
+
+
+def public_key_id(public_raw: bytes) -> str:
+    return hashlib.sha256(public_raw).hexdigest()[:16]
+
+
+def _a(what: str) -> str:
+    return f"an {what}" if what[0] in "aeiou" else f"a {what}"
+
+
+def declared_kind(lines: list[str]) -> str | None:
+    """The kind a key file's text says it is: "encryption key" or "signing key" (keygen's first line), "public
+    key" (minisign's public key format: signing.pub), or None (an untyped file)."""
+    for ln in lines:
+        if ln.startswith("untrusted comment:"):
+            return "public key"
+        if ln.startswith("#"):
+            for kind, header in HEADERS.items():
+                if ln.startswith(header):
+                    return kind
+    return None
+
+
+def _wrong_kind(source: str, kind: str, what: str) -> KeyMissing:
+    if what in FILES:
+        use = f"use {FILES[what]}, the {what} `ortbuild keygen` wrote beside it ({OPTIONS[what]})"
+    else:  # a public key was expected: a secret key is never taken for it
+        use = f"give {PUBLIC_FILE}, the public key `ortbuild keygen` wrote beside the signing key"
+    return KeyMissing(f"{source} is {_a(kind)}, not {_a(what)}", use)
+
+
+def _decode(text: str, source: str, what: str) -> tuple[bytes, bool]:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    kind = declared_kind(lines)
+    if kind is not None and kind != what:
+        raise _wrong_kind(source, kind, what)
+    development = any(ln.startswith("#") and DEV_MARKER in ln for ln in lines)
+    body = [ln for ln in lines if not ln.startswith("#")]
+    try:
+        if len(body) != 1:
+            raise ValueError
+        raw = base64.b64decode(body[0], validate=True)
+    except (ValueError, binascii.Error):
+        raise KeyMissing(f"{source}: not {_a(what)} (one base64 line of 32 bytes expected)",
+                         f"make one with `{MAKE_KEYS}`") from None
+    if len(raw) != 32:
+        raise KeyMissing(f"{source}: {_a(what)} is 32 bytes, this one is {len(raw)}", f"make one with `{MAKE_KEYS}`")
+    return raw, development
+
+
+def _read_text(path: str, what: str, hint: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL byte in the path
+        why = e.strerror if isinstance(e, OSError) else "not text" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise KeyMissing(f"{path}: cannot read the {what}: {why}", hint) from None
+
+
+def private_problem(mode: int) -> bool:
+    """Whether a key file's (or key directory's) mode lets group or others read, write or enter it."""
+    return os.name == "posix" and bool(mode & 0o077)
+
+
+def _read_file(path: str, what: str) -> tuple[bytes, bool]:
+    """A secret key file, refused (like ssh) when group or others may read or write it, after a file of the
+    other kind (which says so in its first line) is refused as such. The mode is that of the file opened
+    (fstat), so a swap between the check and the read changes nothing."""
+    hint = f"make one with `{MAKE_KEYS}`"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise KeyMissing(f"{path}: cannot read the {what}: {e.strerror if isinstance(e, OSError) else e}",
+                         hint) from None
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise KeyMissing(f"{path}: cannot read the {what}: is a directory", f"give the {what} file in it")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(1 << 16)  # a key file is a few lines
+        except OSError as e:
+            raise KeyMissing(f"{path}: cannot read the {what}: {e.strerror}", hint) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyMissing(f"{path}: cannot read the {what}: not text", hint) from None
+    kind = declared_kind([ln.strip() for ln in text.splitlines() if ln.strip()])
+    if kind is not None and kind != what:
+        raise _wrong_kind(path, kind, what)
+    if stat.S_ISREG(mode) and private_problem(mode):  # pipes (--key-file <(...)) have no such mode
+        raise KeyMissing(f"{path}: the {what} file is accessible by group or others (mode "
+                         f"{stat.S_IMODE(mode):04o}): a key file must be private, like an ssh key",
+                         f"run `chmod 600 {shlex.quote(path)}`")
+    return _decode(text, path, what)
+
+
+def _find(explicit: bytes | None, file: str | Path | None, env: str, env_file: str,
+          what: str) -> tuple[bytes, str, bool, str | None] | None:
+    """(key, where it came from, development, the file it was read from) of the first source that has one."""
+    if explicit is not None:
+        if len(explicit) != 32:
+            raise KeyMissing(f"the key argument: {_a(what)} is 32 bytes, this one is {len(explicit)}",
+                             f"make one with `{MAKE_KEYS}`")
+        return bytes(explicit), "argument", False, None
+    if file is not None:
+        raw, dev = _read_file(str(file), what)
+        return raw, str(file), dev, str(file)
+    if os.environ.get(env):
+        raw, dev = _decode(os.environ[env], f"${env}", what)
+        return raw, env, dev, None
+    if os.environ.get(env_file):
+        raw, dev = _read_file(os.environ[env_file], what)
+        return raw, os.environ[env_file], dev, os.environ[env_file]
+    return None
+
+
+def encryption_key(explicit: bytes | None = None, file: str | Path | None = None) -> EncryptionKey | None:
+    found = _find(explicit, file, "ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "encryption key")
+    return None if found is None else EncryptionKey(found[0], found[1], found[2])
+
+
+def signing_key(explicit: bytes | None = None, file: str | Path | None = None) -> SigningKey | None:
+    found = _find(explicit, file, "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE", "signing key")
+    if found is None:
+        return None
+    return SigningKey(Ed25519PrivateKey.from_private_bytes(found[0]), found[1], found[2], found[3])
+
+
+def verify(public_raw: bytes, signature: bytes, message: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, message)
+        return True
+    except (InvalidSignature, ValueError):
+        return False
+
+
+def _key_dir(out: Path) -> None:
+    """Make `out` private (0700) when keygen creates it; refuse an existing one that group or others may enter,
+    and anything that is not a directory (a dangling symlink included)."""
+    if out.is_symlink() and not out.exists():
+        raise KeyMissing(f"{out}: a dangling symlink (to {os.readlink(out)}): keygen never writes through a symlink",
+                         "remove it, or choose another --out directory")
+    if not out.exists():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.mkdir(mode=0o700)
+            os.chmod(out, 0o700)  # whatever the umask
+        except (OSError, ValueError) as e:
+            raise KeyMissing(f"{out}: cannot make the key directory: {e.strerror if isinstance(e, OSError) else e}",
+                             "choose another --out directory") from None
+        return
+    if not out.is_dir():
+        raise KeyMissing(f"{out}: not a directory", "choose another --out directory")
+    mode = out.stat().st_mode
+    if private_problem(mode):
+        raise KeyMissing(f"{out}: the key directory is accessible by group or others (mode {stat.S_IMODE(mode):04o})",
+                         f"run `chmod 700 {shlex.quote(str(out))}`, or give keygen a new --out directory (it makes "
+                         "it 0700)")
+
+
+def keygen(out: Path, *, development: bool = False) -> dict[str, str]:
+    """Write a new encryption key, signing key and public key into `out` (made 0700); never overwrite a key and
+    never write through a symlink."""
+    _key_dir(out)
+    paths = {name: out / name for name in (ENCRYPTION_FILE, SIGNING_FILE, PUBLIC_FILE)}
+    for p in paths.values():
+        if p.is_symlink():
+            raise KeyMissing(f"{p} is a symlink (to {os.readlink(p)}): keygen never writes through a symlink",
+                             "remove it, or choose another --out directory")
+    taken = [str(p) for p in paths.values() if p.exists()]
+    if taken:
+        raise KeyMissing(f"{taken[0]} exists: keygen never overwrites a key", "choose another --out directory")
+    mark = (f"# {DEV_MARKER}: made for local builds, never use it for a release\n" if development else "")
+    enc = os.urandom(32)
+    sign = Ed25519PrivateKey.generate()
+    seed = sign.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                              serialization.NoEncryption())
+    pub = sign.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    texts = {
+        ENCRYPTION_FILE: f"# ortbuild encryption key (AES-256 KEK), id {container.key_id(enc).hex()}\n{mark}"
+                         f"{base64.b64encode(enc).decode()}\n",
+        SIGNING_FILE: f"# ortbuild Ed25519 signing key, public key id {public_key_id(pub)}\n{mark}"
+                      f"{base64.b64encode(seed).decode()}\n",
+        # minisign's public key format, so `minisign -V -p signing.pub` checks release signatures too
+        PUBLIC_FILE: minisign.public_key_text(pub, f"ortbuild Ed25519 public key, id {public_key_id(pub)}"),
+    }
+    made: list[Path] = []
+    try:
+        for name, text in texts.items():
+            # O_EXCL and O_NOFOLLOW: a file or symlink that appeared since the checks above is refused, not followed
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            try:
+                fd = os.open(paths[name], flags, 0o644 if name == PUBLIC_FILE else 0o600)
+            except OSError as e:
+                raise KeyMissing(f"{paths[name]}: cannot write the key: {e.strerror}",
+                                 "keygen never overwrites a key or writes through a symlink: choose another --out "
+                                 "directory") from None
+            made.append(paths[name])
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+    except BaseException:
+        for p in made:  # no half set of keys
+            p.unlink(missing_ok=True)
+        raise
+    return {"encryption_key": str(paths[ENCRYPTION_FILE]), "encryption_key_id": container.key_id(enc).hex(),
+            "signing_key": str(paths[SIGNING_FILE]), "public_key": str(paths[PUBLIC_FILE]),
+            "public_key_id": public_key_id(pub), "development": str(development).lower()}
+
+
+def read_public_key(path: str | Path) -> bytes:
+    """A public key file: minisign's format (what keygen writes) or a comment and one base64 line of 32 bytes."""
+    hint = "give the signing.pub that `ortbuild keygen` wrote beside the signing key (minisign's public key format)"
+    text = _read_text(str(path), "public key", hint)
+    raw = minisign.parse_public_key(text, str(path))
+    if raw is not None:
+        return raw
+    try:
+        return _decode(text, str(path), "public key")[0]
+    except KeyMissing as e:
+        raise KeyMissing(e.message, hint) from None
+
+
+def public_key(path: str | Path | None = None) -> bytes | None:
+    """The public key that checks release signatures: --public-key, else ORTBUILD_PUBLIC_KEY_FILE, else the
+    public half of the configured signing key (the publisher's own)."""
+    if path is None:
+        path = os.environ.get("ORTBUILD_PUBLIC_KEY_FILE") or None
+    if path is not None:
+        return read_public_key(path)
+    sk = signing_key()
+    return sk.public_raw if sk else None

@@ -1,0 +1,126 @@
+"""Generated loaders: a Python module and a Node.js ES module (+ .d.ts), rendered from a Manifest.
+
+Templates live in ortbuild/artifact/templates/ (jinja2). The loaders pin the signing public key, the target's
+providers, provider options and session options; they read everything else from the signed manifest.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import pprint
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ortbuild import __version__
+
+if TYPE_CHECKING:
+    import jinja2
+
+from ortbuild.artifact.manifest import FORMAT_VERSION, LoaderFile, Manifest
+
+LOADER_DIR = "loader"
+PYTHON, NODE, NODE_TYPES = "ortbuild_loader.py", "ortbuild_loader.mjs", "ortbuild_loader.d.ts"
+# What onnxruntime-node ships, by ONNX Runtime provider name (the Node template has the same table).
+NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
+                  "CoreMLExecutionProvider": "coreml", "WebGpuExecutionProvider": "webgpu"}
+# The provider options onnxruntime-node 1.30's binding hands to ONNX Runtime (js/node/src/session_options_helper.cc:
+# deviceId for CUDA and DirectML, coreMlFlags for CoreML, its named options for WebGPU; none for the CPU); the Node
+# template has the same table (NODE_PROVIDER_OPTIONS) and refuses a target that sets any other.
+NODE_PROVIDER_OPTIONS: dict[str, set[str] | None] = {
+    "CPUExecutionProvider": set(), "CUDAExecutionProvider": {"device_id"}, "DmlExecutionProvider": {"device_id"},
+    "CoreMLExecutionProvider": {"coreml_flags", "coreMlFlags"}, "WebGpuExecutionProvider": None}  # None: all
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@functools.cache
+def templates_digest() -> str:
+    """A digest of the templates the loaders are rendered from (in the build key: a changed loader rebuilds)."""
+    h = hashlib.sha256()
+    for f in sorted(TEMPLATES.glob("*.j2")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    """jinja2 is imported here, not at module level: its 70 ms would weigh on every no-op build's key."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def _provider_options(m: Manifest) -> list[tuple[str, dict[str, str]]]:
+    return [(p["name"], {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in p["options"].items()})
+            for p in m.providers]
+
+
+def node_refusal(m: Manifest) -> str:
+    """Why the Node loader cannot run this target ("" when it can)."""
+    absent = [p["name"] for p in m.providers if p["name"] not in NODE_PROVIDERS]
+    if absent:
+        return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
+                "Python loader")
+    dropped = [f"{p['name']} {k}" for p in m.providers
+               for k in p["options"] if (known := NODE_PROVIDER_OPTIONS[p["name"]]) is not None and k not in known]
+    if dropped:
+        return (f"onnxruntime-node cannot hand these provider options to ONNX Runtime ({', '.join(dropped)}): the Node "
+                "loader refuses this target, use the Python loader")
+    if m.custom_ops:
+        return (f"onnxruntime-node cannot register custom-op libraries ({', '.join(c['name'] for c in m.custom_ops)}):"
+                " the Node loader refuses this artifact, use the Python loader")
+    return ""
+
+
+def render(m: Manifest, runtime: str) -> dict[str, str]:
+    """The loader files of an artifact, by file name."""
+    providers = _provider_options(m)
+    facts = {
+        "target": m.target, "model": m.model, "version": __version__, "runtime": runtime,
+        "public_key": m.signing.public_key, "public_key_id": m.signing.public_key_id,
+        "manifest_format": FORMAT_VERSION, "min_epoch": int(m.epoch),
+        "first_input": m.io["inputs"][0]["name"] if m.io["inputs"] else "input",
+        "providers_py": pprint.pformat(providers, width=100),
+        "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),
+        "free_dims_py": pprint.pformat(m.free_dimensions, width=100, sort_dicts=True),
+        "plugins_py": pprint.pformat(m.plugins, width=100, sort_dicts=True),
+        "custom_ops_py": pprint.pformat(m.custom_ops, width=100, sort_dicts=True),
+        "custom_ops_json": json.dumps(m.custom_ops, sort_keys=True),
+        "providers_json": json.dumps(providers), "session_json": json.dumps(m.session, sort_keys=True),
+        "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
+        "inputs": m.io["inputs"], "outputs": m.io["outputs"],
+    }
+    return {name: _env().get_template(template).render(**facts)
+            for name, template in ((PYTHON, "loader.py.j2"), (NODE, "loader.mjs.j2"),
+                                   (NODE_TYPES, "loader.d.ts.j2"))}
+
+
+def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
+    """The manifest entries of rendered loader files."""
+    refusal = node_refusal(m)
+    language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types"}
+    return [LoaderFile(language=language[name], name=f"{LOADER_DIR}/{name}",
+                       sha256=hashlib.sha256(text.encode()).hexdigest(),
+                       runs_target=not (refusal and name != PYTHON), note=refusal if name != PYTHON else "")
+            for name, text in sorted(files.items())]
+
+
+def import_python_loader(path: Path) -> object:
+    """Import a generated Python loader by path, under a private module name (no sys.path change)."""
+    import importlib.util
+    import sys
+
+    name = f"_ortbuild_loader_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ beside a signed artifact
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = saved
+    return module

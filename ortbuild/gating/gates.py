@@ -1,0 +1,379 @@
+"""`ortbuild test`: the release gates of every artifact, opened through its generated Python loader.
+
+Per (target, model): golden-output accuracy (ortbuild.artifact.golden, ortbuild.gating.compare), latency budgets
+(ortbuild.gating.latency) and size budgets. Verdicts: PASS, FAIL, INCONCLUSIVE (latency the samples cannot decide)
+or SKIPPED (the target cannot run here; with `require` that is a failure).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortbuild import __version__, paths, runtime
+from ortbuild.artifact import golden, loaders, manifest
+from ortbuild.artifact.keys import SigningKey
+from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
+from ortbuild.gating import compare, latency
+from ortbuild.pipeline.build import FAILED, PORTABLE, SKIPPED, JobResult
+from ortbuild.project import data
+from ortbuild.project.config import Project, did_you_mean
+from ortbuild.project.plan import Job
+
+PASS, FAIL, INCONCLUSIVE = latency.PASS, latency.FAIL, latency.INCONCLUSIVE
+SKIP = "SKIPPED"
+REPORT = "test-report.json"
+REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
+SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
+
+
+@dataclass
+class TestResult:
+    target: str
+    model: str
+    precision: str
+    status: str = PASS
+    reason: str = ""
+    accuracy: str = "-"
+    worst: str = "-"
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    golden: dict[str, Any] = field(default_factory=dict)
+    latency: dict[str, Any] = field(default_factory=dict)
+    latency_verdict: str = "-"
+    size: dict[str, Any] = field(default_factory=dict)
+    size_verdict: str = "-"
+    failures: list[str] = field(default_factory=list)   # the failure report's lines
+    reproduce: str = ""
+    explain: dict[str, Any] = field(default_factory=dict)  # `--explain`: the precision search (ortbuild.gating.explain)
+    build_key: str = ""
+    artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
+    exit_code: int = 0
+
+    def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
+        self.failures += lines
+        self.exit_code = self.exit_code or code
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def environment() -> dict[str, Any]:
+    """What the latency numbers depend on, recorded with them."""
+    ort = runtime.import_ort()
+
+    fp = runtime.fingerprint()
+    flavor = runtime.installed_flavor()
+    return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
+            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "onnxruntime": flavor.as_json() if flavor else {"version": ort.__version__},
+            "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
+
+
+def _size_fix(job: Job, m: manifest.Manifest) -> str:
+    """The targets.toml option that makes this artifact smaller, from what its build recorded."""
+    where = f"[targets.{job.target.name}]"
+    inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
+    if inf and "disabled" not in inf.get("action", ""):
+        if s.constant_folding == "on":
+            return f'constant_folding = "auto" (the default) or "off" in {where}: the build optimizes without it'
+        return (f'constant folding was not the cause (disabling it did not help): raise size.max_ratio in {where} '
+                "if this size is expected")
+    if changed is not None and changed.get("converted", 1.0) < 0.5:
+        return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
+                f"note says which ops hold the rest): name them in quantization.op_types in {where}")
+    if s.precision == "fp16" and not m.optimization.portable:
+        return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
+                "provider")
+    return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
+
+
+class Tester:
+    def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
+                 progress: Callable[[str, str], None], sign_key: SigningKey | None = None) -> None:
+        self.project = project
+        self.sign_key = sign_key  # signs the golden data into each tested artifact's manifest
+        self.dist = dist
+        self.secret = secret
+        self.config_arg = config_arg
+        self.progress = progress
+        self.golden_cache: dict[str, golden.Golden] = {}
+        self._outputs: dict[str, list[str]] = {}
+
+    def reproduce(self, job: Job) -> str:
+        cfg = "" if self.config_arg == "targets.toml" else f" -c {shlex.quote(self.config_arg)}"
+        return (f"ortbuild test{cfg} -t {job.target.name} -m {job.model.name}   "
+                f"(or: nox -s \"test({job.target.name})\" -- -m {job.model.name})")
+
+    def run(self, jobs: list[Job], built: dict[str, JobResult], require: bool) -> list[TestResult]:
+        results = []
+        for job in jobs:
+            res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job))
+            b = built[job.name]
+            if b.status == FAILED:
+                res.reason = f"build failed: {b.reason}"
+                res.fail([res.reason], b.error.exit_code if b.error else 6)
+            elif b.status in (SKIPPED, PORTABLE):
+                res.status, res.reason = SKIP, b.reason
+                if b.status == SKIPPED:  # another runtime: say which session tests it
+                    res.reason = (f"runs in {job.target.runtime_text}, not in this environment: "
+                                  f"nox -s \"test({job.target.name})\" tests it in its own virtualenv")
+                if require or job.target.require:
+                    code = RuntimeMismatch.exit_code if b.status == SKIPPED else MissingProvider.exit_code
+                    res.fail([f"required, but cannot run here: {res.reason}"], code)
+            else:
+                try:
+                    self.gate(job, res, built)
+                except OrtbuildError as e:
+                    res.reason = e.message
+                    res.fail([e.render().removeprefix("ortbuild: ")], e.exit_code)
+            if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
+                res.status = FAIL
+            self.progress(job.name, f"{res.status}" + (f": {res.reason}" if res.reason else ""))
+            if b.status != SKIPPED:  # never overwrite the verdict another runtime's environment wrote
+                self.write_report(job, res)
+            results.append(res)
+        return results
+
+    def write_report(self, job: Job, res: TestResult) -> None:
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        if folder.is_dir():
+            doc = {"result": res.as_json(), "environment": environment()}
+            text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
+            if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
+                manifest.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n")
+            else:
+                (folder / REPORT_SIG).unlink(missing_ok=True)
+            manifest.atomic_write(folder / REPORT, text)
+
+    # ------------------------------------------------------------------------------------------ one job
+
+    def gate(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
+        """Every gate of one built job: accuracy, size, latency (`built`: the references of relative budgets)."""
+        module, g, m = self.accuracy_gate(job, res)
+        self._size(job, res, m)
+        self._latency(job, res, module, g, built)
+        if not res.failures and res.latency_verdict == INCONCLUSIVE:
+            res.status = INCONCLUSIVE
+            res.reason = res.latency.get("note", "latency inconclusive")
+
+    def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
+        """The golden-output gate of the published artifact, through its generated Python loader: fills
+        `res` and returns the loader module, the golden data and the manifest."""
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        m, _ = manifest.read(folder)
+        res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
+        module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+        self.progress(job.name, "golden outputs through the generated Python loader")
+        try:
+            model = module.load(key=self.secret, folder=folder)
+        except module.LoaderError as e:
+            raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
+        g = self._golden_of(job, m.io)
+        sk = self.sign_key
+        golden.write(folder, g, m.io, sign=None if sk is None else
+                     lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw))
+        res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
+                      "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
+        self._accuracy(job, res, model, g, m.io)
+        return module, g, m
+
+    def _target_outputs(self, job: Job) -> list[str]:
+        """The output names of every model of the job's target (read once per target)."""
+        import onnx
+
+        if job.target.name not in self._outputs:
+            names: list[str] = []
+            for m in job.target.models:
+                graph = onnx.load(str(self.project.models[m].path), load_external_data=False).graph
+                names += [o.name for o in graph.output if o.name not in names]
+            self._outputs[job.target.name] = names
+        return self._outputs[job.target.name]
+
+    def _golden_of(self, job: Job, io: dict[str, Any]) -> golden.Golden:
+        if job.model.name not in self.golden_cache:
+            self.golden_cache[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
+        return self.golden_cache[job.model.name]
+
+    def _accuracy(self, job: Job, res: TestResult, model: Any, g: golden.Golden, io: dict[str, Any]) -> None:
+        gates = job.settings.gates
+        assert gates is not None
+        names = [o["name"] for o in io["outputs"]]
+        known = self._target_outputs(job)
+        for name in gates.accuracy.get("outputs", {}):  # a table may name another model's output, not a typo
+            if name not in known:
+                raise ConfigError(str(self.project.file), f"targets.{job.target.name}.accuracy.outputs.{name}",
+                                  f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
+                                  f"the outputs are: {', '.join(known)}")
+        results: list[compare.OutputResult] = []
+        for ds in g.sets:
+            got = model.run(ds.inputs)
+            for name in names:
+                rule = gates.accuracy_rule(job.settings.precision, name)
+                results.append(compare.compare(name, ds.name, ds.expected[name], got[name], rule))
+        res.outputs = [r.as_json() for r in results]
+        res.worst = compare.worst_metric(results)
+        failed = [r for r in results if not r.passed]
+        res.accuracy = FAIL if failed else PASS
+        for r in failed:
+            res.fail([f"accuracy: {job.name} " + line if i == 0 else line
+                      for i, line in enumerate(compare.describe_failure(r))])
+
+    def _size(self, job: Job, res: TestResult, m: manifest.Manifest) -> None:
+        gates = job.settings.gates
+        assert gates is not None
+        size, src = m.artifact.size, m.source.size
+        ratio = size / src
+        max_ratio, max_mb = gates.max_ratio(job.settings.precision), gates.size.max_mb
+        res.size = {"bytes": size, "source_bytes": src, "ratio": ratio, "max_ratio": max_ratio, "max_mb": max_mb,
+                    "inflation": m.optimization.inflation}
+        problems = []
+        if size > max_ratio * src + SIZE_SLACK:
+            problems.append(f"artifact {size / 1024:.1f} KB is {ratio:.2f}x its source ({src / 1024:.1f} KB), "
+                            f"above max_ratio {max_ratio} (+ {SIZE_SLACK // 1024} KB)")
+        if max_mb is not None and size > max_mb * (1 << 20):
+            problems.append(f"artifact {size / (1 << 20):.2f} MiB is above max_mb {max_mb}")
+        res.size_verdict = FAIL if problems else PASS
+        if problems:
+            lines = [f"size: {job.name} {'; '.join(problems)}"]
+            inf = m.optimization.inflation
+            if inf:
+                lines.append(f"  constant folding grew the weights {inf['growth']}x ({inf.get('action', '')}): "
+                             + ", ".join(f"{x['initializer']} ({x['dtype']}, {x['bytes'] / 1024:.0f} KB, from "
+                                         f"{x['pattern']})" for x in inf["grown"][:3]))
+            lines.append(f"  hint: {_size_fix(job, m)}")
+            res.fail(lines)
+
+    def _target_data_sets(self, job: Job, g: golden.Golden) -> list[str]:
+        """The golden data set names of every model of the job's target (this model's from its golden data)."""
+        names = [d.name for d in g.sets]
+        for m in job.target.models:
+            inputs = self.project.models[m].inputs
+            try:
+                found = [d.name for d in data.datasets(inputs)] if inputs.is_dir() else ["test_data_set_0"]
+            except ConfigError:  # that model's own test reports its broken inputs
+                found = []
+            names += [n for n in found if n not in names]
+        return names
+
+    def _latency(self, job: Job, res: TestResult, module: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:
+        """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
+        own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
+        it), with `data_sets` listing each."""
+        gates = job.settings.gates
+        assert gates is not None
+        lat = gates.latency
+        known = self._target_data_sets(job, g)
+        for name in lat.data_sets:  # a table may name another model's data set, not a typo
+            if name not in known:
+                raise ConfigError(str(self.project.file), f"targets.{job.target.name}.latency.data_sets.{name}",
+                                  f"no model of this target has a golden data set '{name}'{did_you_mean(name, known)}",
+                                  f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
+                                  "inputs directory holds one test_data_set_N/ per shape)")
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        opens: dict[str, tuple[Any, Path]] = {job.target.name: (module, folder)}
+        ft = lat.faster_than
+        ref_problem = None
+        if ft is not None:
+            ref_target = self.project.targets[ft.target]
+            ref_build = built.get(f"{ft.target}/{job.model.name}")
+            if ref_build is None or ref_build.status in (FAILED, SKIPPED, PORTABLE):
+                ref_problem = (f"{ft.target} cannot run here ({ref_build.reason if ref_build else 'not built'}); "
+                               f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
+            else:
+                rfolder = paths.inside(self.dist, ft.target, job.model.name)
+                opens[ft.target] = (loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),
+                                    rfolder)
+        sessions: dict[str, Any] = {}
+        session_ms: dict[str, float] = {}
+        for name, (mod, where) in opens.items():  # verify + decrypt + InferenceSession, timed apart
+            t0 = time.perf_counter()
+            sessions[name] = mod.load(key=self.secret, folder=where)
+            session_ms[name] = (time.perf_counter() - t0) * 1e3
+        plan = latency.Plan(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds)
+        mine = job.target.name
+        threads = job.settings.session.intra_op_num_threads
+        entries: list[dict[str, Any]] = []
+        lines: list[str] = []
+        verdicts: list[str] = []  # of every budget of every data set
+        for ds in g.sets:
+            relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
+            budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
+            calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
+            first_ms = latency.prepare(calls, lat.warmup_runs)
+            self.progress(job.name, f"latency on {ds.name}: sampling until every budget is decided (looks at "
+                                    f"{lat.min_samples or latency.FIRST_LOOK}, then doubling)"
+                                    + "".join(f", interleaved with {b.reference}" for b in budgets if b.reference))
+            outcome = latency.gate(calls, mine, budgets, plan)
+            entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
+            if ft is not None and ref_problem:
+                entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": SKIP, "note": ref_problem}
+            verdicts += [v["verdict"] for v in entry["verdicts"]]
+            if "observed_ratio" in entry.get("relative", {}):
+                verdicts.append(entry["relative"]["verdict"])
+            entries.append(entry)
+        notes = [(f"{e['name']}: " if len(entries) > 1 else "") + e["note"] for e in entries if e.get("note")]
+        out: dict[str, Any] = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
+                               "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
+                               "confidence": lat.confidence}
+        del out["name"]
+        out.pop("note", None)
+        if notes:
+            out["note"] = "; ".join(notes)
+        res.latency_verdict = (FAIL if lines else INCONCLUSIVE if INCONCLUSIVE in verdicts else
+                               PASS if verdicts else "-")
+        res.latency = out
+        if lines:
+            res.fail(lines)
+
+
+def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, budgets: list[latency.Budget],
+                   session_ms: dict[str, float], first_ms: dict[str, float], lines: list[str]) -> dict[str, Any]:
+    """The report of one data set's timings and verdicts (`mine`: the tested artifact's series, `job`: how
+    failure lines name it); its failure lines go to `lines`."""
+    final = outcome.final
+    series = final.series[mine]
+    series.session_ms, series.first_run_ms = session_ms[mine], first_ms[mine]
+    entry: dict[str, Any] = {"name": name, **series.summary(), "samples_ms": [round(x, 4) for x in series.samples],
+                             "unstable": series.instability(),
+                             "load": None if series.load is None else round(series.load, 2),
+                             "looks": final.looks, "stopped_early": final.early, "verdicts": []}
+    if outcome.retry:
+        entry["retry"] = outcome.retry
+        entry["attempts"] = [a.as_json(mine) for a in outcome.attempts]
+    notes = []
+    for b in budgets:
+        v = outcome.verdicts[b.kind]
+        if v.verdict == INCONCLUSIVE:
+            notes.append(f"{b.kind}: {v.note}")
+        if b.reference is None:
+            entry["verdicts"].append({"kind": b.kind, **latency.as_json(v)})
+            if v.verdict == FAIL:
+                lines.append(f"latency: {job} {b.kind} ({name}) {v.observed:.3f} ms (at least "
+                             f"{v.lower:.3f} ms with {v.confidence:.0%} confidence) > budget {b.limit:g} ms "
+                             f"({v.exceeding} of {v.samples} samples above it)")
+            continue
+        other = final.series[b.reference]
+        other.session_ms, other.first_run_ms = session_ms[b.reference], first_ms[b.reference]
+        p50, other_p50 = series.summary()["p50_ms"], other.summary()["p50_ms"]
+        speedup = other_p50 / p50
+        entry["relative"] = {"target": b.reference, "ratio": b.limit, "observed_ratio": speedup,
+                             "reference": other.summary(), **latency.as_json(v)}
+        if v.verdict == FAIL:
+            lines.append(f"latency: {job} ({name}) is {speedup:.2f}x as fast as {b.reference} (median "
+                         f"{p50:.3f} ms vs {other_p50:.3f} ms, interleaved), below faster_than ratio {b.limit:g}")
+    if entry["unstable"]:
+        notes += entry["unstable"]
+    if notes:
+        entry["note"] = "; ".join(notes)
+    entry["verdict"] = (FAIL if any(v.verdict == FAIL for v in outcome.verdicts.values()) else
+                        INCONCLUSIVE if any(v.verdict == INCONCLUSIVE for v in outcome.verdicts.values()) else
+                        PASS if outcome.verdicts else "-")
+    return entry

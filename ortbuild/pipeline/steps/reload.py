@@ -1,0 +1,42 @@
+"""Step 4: reload the artifact with optimizations disabled, as a deployment would, and run it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ortbuild import runtime
+from ortbuild.project import options
+from ortbuild.project.config import Provider, Settings
+from ortbuild.project.data import Feed
+
+PRECOMPILED_CONFIG = "session.disable_model_compile"
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    providers: list[str]             # what the session really runs on (InferenceSession.get_providers)
+    outputs: list[dict[str, Any]]    # name, dtype and shape of each output on the golden inputs
+    load_seconds: float
+    run_seconds: float
+    values: list[Any] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
+
+
+def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed,
+        plugins: dict[str, options.PluginEP] | None = None, *, precompiled: bool = False) -> ReloadResult:
+    so = runtime.session_options(settings, "disable")
+    if precompiled:  # an EPContext model must load without compiling anything (it fails instead)
+        so.add_session_config_entry(PRECOMPILED_CONFIG, "1")
+    t0 = time.perf_counter()
+    sess = runtime.open_session(str(path), so, providers, plugins)
+    t1 = time.perf_counter()
+    results = sess.run(None, feed)
+    t2 = time.perf_counter()
+    outputs = [{"name": o.name, "dtype": str(np.asarray(r).dtype), "shape": list(np.asarray(r).shape)}
+               for o, r in zip(sess.get_outputs(), results, strict=True)]
+    return ReloadResult(providers=sess.get_providers(), outputs=outputs, load_seconds=t1 - t0,
+                        run_seconds=t2 - t1, values=list(results))

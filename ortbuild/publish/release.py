@@ -1,0 +1,376 @@
+"""`ortbuild release`: one signed, reproducible bundle per target, with SLSA provenance.
+
+A release of target T is five files (docs/release.md):
+
+    <project>-<version>-<T>.tar             the bundle: index, then per model the encrypted artifact, its
+                                            signed manifest, both loaders and the golden data (deterministic,
+                                            uncompressed: the bulk is encrypted bytes, which no compressor shrinks)
+    <project>-<version>-<T>.release.json    the bundle's index (the same bytes as its first member): every
+                                            member's sha256 and size, and the test verdicts
+    <project>-<version>-<T>.intoto.jsonl    a DSSE envelope (signed) holding an in-toto statement with SLSA v1
+                                            provenance: subjects, materials, builder, the test verdicts
+    SHA256SUMS, SHA256SUMS.minisig          digests of the three files above, signed in minisign's format
+
+One bundle per target, not one per model across targets: an app is deployed onto one kind of hardware,
+pulls exactly that target's bundle (one OCI tag per target), and verifies it with that target's runtime.
+Release refuses a model whose tests did not pass, are missing, or are older than its artifact, unless
+`--force` (recorded in the index and the provenance).
+
+Nothing is held whole in memory: every member is hashed once before the release (the manifest's integrity
+check, or the golden data's), its digest comes from there into the index, and it is streamed into the bundle
+and checked against that digest while copied; the bundle is hashed while written (ortbuild.publish.tarball).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import platform
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortbuild import __version__, modelfiles, paths
+from ortbuild.artifact import golden, manifest, minisign
+from ortbuild.artifact.keys import SigningKey
+from ortbuild.errors import ArtifactError, GateFailed, Tampered
+from ortbuild.gating.gates import PASS, REPORT
+from ortbuild.project.config import Project, Target
+from ortbuild.publish import tarball
+
+FORMAT = "ortbuild-release-v1"
+SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
+INDEX = "release.json"                     # the bundle's first member
+BUNDLE_SUFFIX = ".tar"
+OLD_BUNDLE_SUFFIX = ".tar.gz"              # the earlier format (gzip -9 over the tar): still verified
+STATEMENT_TYPE, PREDICATE_TYPE = "https://in-toto.io/Statement/v1", "https://slsa.dev/provenance/v1"
+DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUILD_TYPE = "https://github.com/ortbuild/ortbuild/blob/main/docs/release.md#provenance-v1"
+
+
+def bundle_name(project: Project, target: str) -> str:
+    return f"{project.name}-{project.version}-{target}"
+
+
+def file_names(name: str) -> dict[str, str]:
+    return {"bundle": f"{name}{BUNDLE_SUFFIX}", "index": f"{name}.{INDEX}", "provenance": f"{name}.intoto.jsonl"}
+
+
+def epoch_of(created: list[str]) -> int:
+    """SOURCE_DATE_EPOCH, else the newest manifest's creation time: the same inputs give the same bundle."""
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        manifest.timestamp()  # says what is wrong with a malformed value
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    return max(int(dt.datetime.fromisoformat(c.replace("Z", "+00:00")).timestamp()) for c in created)
+
+
+def iso(epoch: int) -> str:
+    return manifest.iso_utc(dt.datetime.fromtimestamp(epoch, dt.UTC))
+
+
+def canonical(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what an envelope's signatures sign."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+@dataclass
+class ModelRelease:
+    name: str
+    folder: Path
+    manifest: manifest.Manifest
+    report: dict[str, Any] | None
+    refusal: str | None = None
+    files: dict[str, Path] = field(default_factory=dict)  # name inside the model's folder -> file
+    digests: dict[str, str] = field(default_factory=dict)  # name inside the model's folder -> its checked sha256
+    source: modelfiles.ModelFiles | None = None  # the source model's files now, hashed once for the provenance
+
+
+@dataclass(frozen=True)
+class Published:
+    target: str
+    folder: Path
+    files: dict[str, Path]       # bundle, index, provenance, sums, signature
+    forced: list[str]
+    index: dict[str, Any]        # the index's content
+
+
+def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | None, target: str) -> str | None:
+    test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)"
+    if report is None:
+        return f"never tested: run {test}"
+    r = report.get("result", {})
+    if r.get("status") != PASS:
+        why = r.get("reason") or "; ".join(r.get("failures", []))
+        return f"its tests did not pass ({r.get('status')}: {why[:300]})"
+    art = folder / m.artifact.file
+    if r.get("build_key") != m.build_key or r.get("artifact_sha256") != m.artifact.sha256 or \
+            (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
+        return f"its test report is older than its artifact (rebuilt since): run {test}"
+    return None
+
+
+def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """The test report beside an artifact (None: never tested) and why it is not trusted (None: its signature
+    verifies with the trusted key)."""
+    from ortbuild.artifact.keys import verify
+    from ortbuild.gating.gates import REPORT_SIG
+
+    try:
+        text = (folder / REPORT).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    try:
+        sig = base64.b64decode((folder / REPORT_SIG).read_bytes().strip(), validate=True)
+    except (OSError, ValueError):
+        return None, f"no valid signature beside it ({REPORT_SIG})"
+    if not verify(public_key, sig, text):
+        return None, f"{REPORT_SIG} does not verify it with the trusted public key"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None, "not JSON"
+    return (doc if isinstance(doc, dict) else None), None
+
+
+def _source_changes(m: manifest.Manifest, now: modelfiles.ModelFiles) -> list[str]:
+    """The source files whose sha256 differs from what the manifest says the artifact was built from."""
+    if not m.source.files:  # built by an ortbuild that recorded only the graph file
+        return [] if m.source.sha256 == now.graph.sha256 else [now.graph.path.name]
+    built = {str(f["file"]): str(f["sha256"]) for f in m.source.files}
+    current = {f.location or f.path.name: f.sha256 for f in now.files}
+    return sorted(k for k in {*built, *current} if built.get(k) != current.get(k))
+
+
+def _collect(project: Project, target: Target, dist: Path, public_key: bytes) -> list[ModelRelease]:
+    out = []
+    for name in target.models:
+        folder = paths.inside(dist, target.name, name)
+        if not (folder / manifest.MANIFEST).exists():
+            raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
+                                f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
+                                f"\"test({target.name})\"`)")
+        m = manifest.trusted(folder, public_key)  # Tampered, naming what differs; nothing is released
+        assert m is not None
+        report, unsigned = _report(folder, public_key)
+        mr = ModelRelease(name, folder, m, report)
+        mr.refusal = _test_problem(folder, m, report, target.name)
+        if unsigned:
+            raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
+                                                              f"{target.name}` again")
+        mr.source = modelfiles.of(project.models[name].path, where=f"models.{name}")
+        changed = _source_changes(m, mr.source)
+        if changed and mr.refusal is None:  # the provenance must name what the artifact was built from
+            mr.refusal = (f"its source changed since it was built ({', '.join(changed)}): rebuild and test it: "
+                          f"`ortbuild test -t {target.name}`")
+        # the digests the integrity check just verified each file against (the bundle's writer checks them again
+        # while copying): no file is read twice before the release. The golden data is signed in the manifest.
+        checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
+                   **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c},
+                   **{g.name: g.sha256 for g in m.golden}}
+        for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
+            mr.files[f] = paths.inside(folder, *f.split("/"))
+            mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
+        if not m.golden and mr.refusal is None:
+            mr.refusal = f"it has no signed golden data ({golden.GOLDEN_DIR}/): run `ortbuild test` first"
+        out.append(mr)
+    return out
+
+
+def _verdicts(mr: ModelRelease) -> dict[str, Any]:
+    """What the bundle records of a model's tests: the verdicts and the rules, never the timings (those change
+    from run to run; they are in the provenance), so equal inputs give equal bundles."""
+    r = (mr.report or {}).get("result", {})
+    rules: dict[str, Any] = {}
+    for o in r.get("outputs", []):
+        rules.setdefault(o["output"], o["rule"])
+    budgets = [{"kind": v["kind"], "budget_ms": v.get("budget")} for v in r.get("latency", {}).get("verdicts", [])]
+    return {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"), "worst": r.get("worst", "-"),
+            "latency": r.get("latency_verdict", "-"), "latency_budgets": budgets, "size": r.get("size_verdict", "-"),
+            "rules": rules, "golden_digest": r.get("golden", {}).get("digest", ""),
+            **({"forced": mr.refusal} if mr.refusal else {})}
+
+
+def _digest(path: Path) -> dict[str, str]:
+    return {"sha256": manifest.sha256_file(path)}
+
+
+def _materials(project: Project, target: Target, models: list[ModelRelease]) -> list[dict[str, Any]]:
+    root = project.root
+
+    def rel(p: Path) -> str:
+        try:
+            return str(p.resolve().relative_to(root.resolve()))
+        except ValueError:
+            return str(p)
+
+    seen: dict[str, dict[str, Any]] = {}
+
+    def record(f: Path, role: str, digest: str | None = None, **annotations: str) -> None:
+        if rel(f) not in seen:
+            seen[rel(f)] = {"name": rel(f), "uri": f"file:{rel(f)}",
+                            "digest": {"sha256": digest} if digest else _digest(f),
+                            "annotations": {"role": role, **annotations}}
+
+    def add(p: Path, role: str) -> None:
+        for f in sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]:
+            record(f, role)
+
+    add(project.file, "config")
+    for mr in models:
+        model = project.models[mr.name]
+        # the graph file and every external-data (weights) file it names, each hashed once, streaming
+        source = mr.source or modelfiles.of(model.path, where=f"models.{mr.name}")
+        record(source.graph.path, "source model", source.graph.sha256)
+        for data in source.external:
+            record(data.path, "source model external data", data.sha256, location=data.location,
+                   model=rel(source.graph.path))
+        add(model.inputs, "golden inputs")
+        if model.expected is not None:
+            add(model.expected, "golden outputs")
+        if model.calibration is not None and mr.manifest.precision.name == "int8-static":
+            add(model.calibration, "calibration data")
+    return [seen[k] for k in sorted(seen)]
+
+
+def _provenance(project: Project, target: Target, models: list[ModelRelease], subjects: dict[str, str],
+                started: str, forced: list[str]) -> dict[str, Any]:
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+    from in_toto_attestation.v1.statement import Statement
+
+    m0 = models[0].manifest
+    versions: dict[str, Any] = dict(m0.versions)
+    ci = os.environ.get("GITHUB_ACTIONS") == "true"
+    run_url = (f"{os.environ.get('GITHUB_SERVER_URL', '')}/{os.environ.get('GITHUB_REPOSITORY', '')}/actions/runs/"
+               f"{os.environ.get('GITHUB_RUN_ID', '')}") if ci else ""
+    byproducts = []
+    for mr in models:
+        r = (mr.report or {}).get("result", {})
+        lat = r.get("latency", {})
+        report_file = mr.folder / REPORT
+        byproducts.append({
+            "name": f"test-report/{mr.name}", "mediaType": "application/json",
+            **({"digest": _digest(report_file)} if report_file.exists() else {}),
+            "annotations": {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"),
+                            "worst": r.get("worst", "-"), "latency": r.get("latency_verdict", "-"),
+                            "size": r.get("size_verdict", "-"),
+                            **{k: lat[k] for k in ("p50_ms", "p90_ms", "p99_ms", "samples") if k in lat},
+                            "environment": (mr.report or {}).get("environment", {}),
+                            **({"forced": mr.refusal} if mr.refusal else {})}})
+    predicate = {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"target": target.name, "config": project.file.name, "models": list(target.models),
+                                   "project": {"name": project.name, "version": project.version},
+                                   "force": bool(forced), "forced": forced},
+            "internalParameters": {"runtime": target.runtime_text, "precision": {mr.name: mr.manifest.precision.name
+                                                                            for mr in models},
+                                   "providers": m0.providers,
+                                   "build_keys": {mr.name: mr.manifest.build_key for mr in models},
+                                   "encryption_key_id": m0.encryption.key_id if m0.encryption else None,
+                                   "development_key": m0.signing.development_key},
+            "resolvedDependencies": _materials(project, target, models),
+        },
+        "runDetails": {
+            "builder": {"id": run_url or f"https://github.com/ortbuild/ortbuild/local@{platform.node() or 'host'}",
+                        "version": {"ortbuild": __version__, "onnx": str(versions.get("onnx")),
+                                    "onnxruntime": json.dumps(versions.get("onnxruntime"), sort_keys=True),
+                                    "python": platform.python_version()}},
+            "metadata": {"invocationId": os.environ.get("GITHUB_RUN_ID") or str(uuid.uuid4()),
+                         "startedOn": started, "finishedOn": manifest.iso_utc()},
+            "byproducts": byproducts,
+        },
+    }
+    json_format.ParseDict(predicate, provenance_pb2.Provenance())  # the SLSA v1 schema: a typo'd field fails here
+    subject = [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())]
+    statement = {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE, "predicate": predicate, "subject": subject}
+    Statement([ResourceDescriptor(name=s["name"], digest=s["digest"]).pb for s in subject],
+              PREDICATE_TYPE, predicate).validate()
+    return statement
+
+
+def envelope(statement: dict[str, Any], sign_key: SigningKey) -> bytes:
+    body = canonical(statement)
+    sig = sign_key.sign(pae(DSSE_PAYLOAD_TYPE, body))
+    env = {"payloadType": DSSE_PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
+           "signatures": [{"keyid": sign_key.key_id, "sig": base64.b64encode(sig).decode()}]}
+    return (json.dumps(env, sort_keys=True) + "\n").encode()
+
+
+def untrusted_comment(public_raw: bytes) -> str:
+    return f"ortbuild release signature, key id {minisign.key_id(public_raw).hex()}"
+
+
+def sums_text(digests: dict[str, str]) -> bytes:
+    return "".join(f"{d}  {n}\n" for n, d in sorted(digests.items())).encode()
+
+
+def release_target(project: Project, target: Target, dist: Path, out: Path, sign_key: SigningKey, *,
+                   force: bool) -> Published:
+    """Write target's release into `out` (files appear only when complete; an old release there is replaced)."""
+    started = manifest.iso_utc()
+    models = _collect(project, target, dist, sign_key.public_raw)
+    refused = [f"{target.name}/{mr.name}: {mr.refusal}" for mr in models if mr.refusal]
+    if refused and not force:
+        raise GateFailed(f"{target.name}: release refused:" + "".join(f"\n  {r}" for r in refused),
+                         "test the target until it passes; `--force` releases anyway and records why in the "
+                         "bundle and its provenance")
+    name = bundle_name(project, target.name)
+    names = file_names(name)
+    epoch = epoch_of([mr.manifest.created for mr in models])
+    members: dict[str, bytes | Path] = {}
+    digests: dict[str, str] = {}
+    for mr in models:
+        for rel, p in mr.files.items():
+            members[f"{name}/{mr.name}/{rel}"] = p
+            digests[f"{name}/{mr.name}/{rel}"] = mr.digests[rel]
+    index = {
+        "format": FORMAT, "name": name, "target": target.name, "description": target.description,
+        "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,
+        "providers": models[0].manifest.providers, "models": [mr.name for mr in models], "created": iso(epoch),
+        "files": {k: {"sha256": digests[k], "size": v.stat().st_size if isinstance(v, Path) else len(v)}
+                  for k, v in sorted(members.items())},
+        "tests": {mr.name: _verdicts(mr) for mr in models},
+        "forced": refused,
+        "signing": {"algorithm": "Ed25519", "public_key_id": sign_key.key_id,
+                    "development_key": sign_key.development or models[0].manifest.signing.development_key},
+        "ortbuild": __version__,
+    }
+    index_bytes = canonical(index)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{name}.partial"
+    tmp.unlink(missing_ok=True)
+    try:
+        bundle_digest = tarball.write(tmp, {f"{name}/{INDEX}": index_bytes, **members}, epoch,
+                                      first=f"{name}/{INDEX}", digests=digests)
+        subjects = {names["bundle"]: bundle_digest, names["index"]: tarball.sha256(index_bytes)}
+        statement = _provenance(project, target, models, subjects, started, refused)
+        prov = envelope(statement, sign_key)
+        sums = sums_text({**subjects, names["provenance"]: tarball.sha256(prov)})
+        sig = minisign.sign(sums, sign_key.sign, sign_key.public_raw,
+                            trusted_comment=f"timestamp:{epoch}\tfile:{SUMS}\tortbuild release {name}",
+                            untrusted_comment=untrusted_comment(sign_key.public_raw))
+        # the bundle last-but-one, the signature last: a reader never pairs a new bundle with an old signature
+        for f in (SUMS_SIG, SUMS):
+            (out / f).unlink(missing_ok=True)
+        manifest.atomic_write(out / names["index"], index_bytes)
+        manifest.atomic_write(out / names["provenance"], prov)
+        os.replace(tmp, out / names["bundle"])
+        manifest.atomic_write(out / SUMS, sums)
+        manifest.atomic_write(out / SUMS_SIG, sig.encode())
+        for f in (names["index"], names["provenance"], names["bundle"], SUMS, SUMS_SIG):
+            os.chmod(out / f, 0o644)  # published files: readable by anyone (they hold no secret)
+    finally:
+        tmp.unlink(missing_ok=True)
+    files = {"bundle": out / names["bundle"], "index": out / names["index"], "provenance": out / names["provenance"],
+             "sums": out / SUMS, "signature": out / SUMS_SIG}
+    return Published(target.name, out, files, refused, index)
