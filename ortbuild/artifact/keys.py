@@ -212,6 +212,29 @@ def signing_key(explicit: bytes | None = None, file: str | Path | None = None) -
     return SigningKey(Ed25519PrivateKey.from_private_bytes(found[0]), found[1], found[2], found[3])
 
 
+@dataclass(frozen=True, repr=False)
+class Secrets:
+    """The keys one command works with, read once (`read_secrets`) and passed down whole: nothing below the
+    command line reads the environment for keys."""
+
+    encryption: EncryptionKey | None = None
+    signing: SigningKey | None = None
+
+    @property
+    def secret(self) -> bytes | None:
+        """The raw encryption key, for decrypting through a generated loader."""
+        return self.encryption.secret if self.encryption is not None else None
+
+    def __repr__(self) -> str:
+        return f"Secrets(encryption={self.encryption!r}, signing={self.signing!r})"
+
+
+def read_secrets(key_file: str | Path | None = None, signing_key_file: str | Path | None = None) -> Secrets:
+    """Both keys from their sources (the module docstring's order). Missing keys are None: the command decides
+    whether it needs them."""
+    return Secrets(encryption_key(file=key_file), signing_key(file=signing_key_file))
+
+
 def verify(public_raw: bytes, signature: bytes, message: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
 
