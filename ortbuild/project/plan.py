@@ -69,7 +69,7 @@ def accuracy_text(job: Job) -> str:
         return "-"
     unset = {k.name: k.default for k in options.TABLES["accuracy"]}
     own = {k: v for k, v in gates.accuracy.items() if k != "outputs" and v != unset.get(k)}
-    rule = dict(options.PRECISION_RULES[precision].accuracy) | own
+    rule = dict(job.settings.rule.accuracy) | own
     text = _rule_text(rule) + "".join(f"; outputs.{name}: {_rule_text(r)}"
                                       for name, r in gates.accuracy.get("outputs", {}).items())
     origin = [f"targets.toml over the {precision} default" if own else f"{precision} default"]

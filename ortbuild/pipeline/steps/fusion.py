@@ -30,6 +30,7 @@ from typing import Any
 import onnx
 
 from ortbuild.project.config import Fusion, Settings
+from ortbuild.project.precisions import Quantizer
 
 # The com.microsoft op types ONNX Runtime's transformer optimizer writes: with fusion on, op-type options
 # (quantization.op_types, fp16.op_block_list) may name them (e.g. "EmbedLayerNormalization" for its quantized form)
@@ -203,7 +204,7 @@ def precision_notes(settings: Settings, fused: dict[str, int]) -> list[str]:
             if op in fused and op not in q.op_types:
                 notes.append(f"the fused {op} nodes hold {what}: quantization.op_types {list(q.op_types)} leaves them "
                              f"in float (add \"{op}\" to quantize them)")
-    if settings.precision == "int4-weight" and "Attention" in fused:
+    if settings.rule.quantizer is Quantizer.INT4 and "Attention" in fused:
         notes.append(f"int4-weight quantizes MatMul weights only: the fused Attention nodes keep "
                      f"{WEIGHT_HOLDERS['Attention']} in float")
     return notes

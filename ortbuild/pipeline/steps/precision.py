@@ -20,14 +20,17 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import onnx
 
+from ortbuild import modelfiles
 from ortbuild.pipeline.steps import accounting, streamquant
-from ortbuild.project import options
+from ortbuild.project import precisions
 from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
 from ortbuild.project.data import Feed
+from ortbuild.project.precisions import PrecisionRule, Quantizer
+from ortbuild.project.settings import OPTIONS_TYPES
 
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 
@@ -53,23 +56,12 @@ def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:
 
 def _weightless(model: onnx.ModelProto) -> bool:
     """Whether `model` was loaded without its external data (its tensors only point at files)."""
-    from ortbuild.modelfiles import locations
-
-    return bool(locations(model))
+    return bool(modelfiles.locations(model))
 
 
 def _full(source: Path, model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with its weights: `model` itself, or loaded again from `source` with its external data."""
     return onnx.load(str(source)) if _weightless(model) else model
-
-
-def remove_model(path: Path) -> None:
-    """Delete an intermediate model and its external data (the temp space holds at most two at once)."""
-    from ortbuild.modelfiles import of
-
-    if path.exists():
-        for f in of(path, hashed=False).files:
-            f.path.unlink(missing_ok=True)
 
 
 def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -194,19 +186,20 @@ def _qtype(name: str) -> Any:
     return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
 
 
-def _typed(precision: str, opts: Mapping[str, Any] | PrecisionOptions) -> PrecisionOptions:
+def _typed(rule: PrecisionRule, opts: Mapping[str, Any] | PrecisionOptions) -> PrecisionOptions:
     """The precision's typed options (a plain table, as recorded in manifests, is accepted too)."""
     if opts is None or not isinstance(opts, Mapping):
         return opts
-    table = options.PRECISION_RULES[precision].options_table
-    cls = {"quantization": Quantization, "fp16": Fp16, "int4": Int4}.get(table or "")
-    return None if cls is None else typed(cls, opts)
+    table = rule.options_table
+    return None if table is None else typed(OPTIONS_TYPES[table], opts)
 
 
-def run(source: Path, model: onnx.ModelProto, precision: str, opts: Mapping[str, Any] | PrecisionOptions,
-        work: Path, calibration: list[Feed] | None = None, *, external: bool = False) -> PrecisionResult:
+def run(source: Path, model: onnx.ModelProto, precision: str | PrecisionRule,
+        opts: Mapping[str, Any] | PrecisionOptions, work: Path, calibration: list[Feed] | None = None, *,
+        external: bool = False) -> PrecisionResult:
     """Convert the model at `source` (`model`: its graph as the check step read it, weights loaded or not).
     external: write the output's weights as external data (the model is, or may grow, too big for one file)."""
+    rule = precisions.rule(precision)
     root = logging.getLogger()
     level, tmp = root.level, tempfile.tempdir
     root.setLevel(max(level, logging.WARNING))  # ORT's quantizers log every node at INFO on the root logger
@@ -217,8 +210,7 @@ def run(source: Path, model: onnx.ModelProto, precision: str, opts: Mapping[str,
     before = accounting.Snapshot.of(model) if opts is not None else None  # the int4 quantizer edits `model`
     try:
         with contextlib.chdir(work):
-            res = _run(source.resolve(), model, precision, _typed(precision, opts), work.resolve(), calibration,
-                       external)
+            res = _run(source.resolve(), model, rule, _typed(rule, opts), work.resolve(), calibration, external)
     finally:
         root.setLevel(level)
         tempfile.tempdir = tmp
@@ -228,95 +220,119 @@ def run(source: Path, model: onnx.ModelProto, precision: str, opts: Mapping[str,
     notes = list(res.notes)
     already = accounting.already_reduced(before)
     if already:
-        notes.append(f"the source is already reduced ({already}): {precision} converts it again; "
+        notes.append(f"the source is already reduced ({already}): {rule.name} converts it again; "
                      "precision = \"fp32\" ships it as it is")
     return PrecisionResult(res.path, res.precision, res.options, notes, changed)
 
 
-def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOptions, work: Path,
+def _run(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: PrecisionOptions, work: Path,
          calibration: list[Feed] | None, external: bool) -> PrecisionResult:
     notes: list[str] = []
-    if opts is None:  # fp32: the source as it is, read in place (the optimize step writes the first copy)
-        return PrecisionResult(source, precision, {}, notes)
+    if rule.quantizer is Quantizer.NONE or opts is None:  # fp32: the source as it is, read in place (the optimize
+        return PrecisionResult(source, rule.name, {}, notes)  # step writes the first copy)
+    match rule.quantizer:
+        case Quantizer.FP16:
+            assert isinstance(opts, Fp16)
+            return _fp16(source, model, rule, opts, work, external)
+        case Quantizer.INT8:
+            assert isinstance(opts, Quantization)
+            return _int8(source, model, rule, opts, work, calibration, external)
+        case Quantizer.INT4:
+            assert isinstance(opts, Int4)
+            return _int4(source, model, rule, opts, work, external)
+        case _:
+            assert_never(rule.quantizer)
+
+
+def _fp16(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Fp16, work: Path,
+          external: bool) -> PrecisionResult:
+    notes: list[str] = []
     used = as_plain(opts)  # what the manifest records
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    if isinstance(opts, Fp16):
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list))
+    weightless = _weightless(model)
+    full = _full(source, model)
+    if weightless:  # the converter's own shape inference serializes the whole model, which fails past 2 GB:
+        # infer the shapes on the graph without its weights, and the converter skips its own pass
+        shapes = onnx.shape_inference.infer_shapes(model)
+        del full.graph.value_info[:]
+        full.graph.value_info.extend(shapes.graph.value_info)
+    converted = convert_float_to_float16(
+        full, keep_io_types=opts.keep_io_types, op_block_list=block,
+        node_block_list=list(opts.node_block_list) or None, disable_shape_infer=weightless)
+    del full
+    out = _save(toposort(converted), work / "fp16.onnx", external)
+    return PrecisionResult(out, rule.name, used, notes)
 
-        block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list))
-        weightless = _weightless(model)
-        full = _full(source, model)
-        if weightless:  # the converter's own shape inference serializes the whole model, which fails past 2 GB:
-            # infer the shapes on the graph without its weights, and the converter skips its own pass
-            shapes = onnx.shape_inference.infer_shapes(model)
-            del full.graph.value_info[:]
-            full.graph.value_info.extend(shapes.graph.value_info)
-        converted = convert_float_to_float16(
-            full, keep_io_types=opts.keep_io_types, op_block_list=block,
-            node_block_list=list(opts.node_block_list) or None, disable_shape_infer=weightless)
+
+def _int8(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Quantization, work: Path,
+          calibration: list[Feed] | None, external: bool) -> PrecisionResult:
+    """quantize_dynamic, or quantize_static where the rule needs calibration."""
+    notes: list[str] = []
+    used = as_plain(opts)  # what the manifest records
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
+
+    held = _constant_weights(model)
+    if _weightless(model) and _opset(model) >= _QUANT_MIN_OPSET and not held:  # read in place
+        src = source
+    else:
+        full = _upgrade_opset(_full(source, model), notes)
+        if held:  # ORT's quantizers look for weights among initializers only
+            full = _constants_to_initializers(full)
+            notes.append(f"{held} weight(s) held in Constant nodes made initializers of their graphs, so "
+                         "ORT's quantizer sees them")
+        src = _save(full, work / "source.onnx", external)
         del full
-        out = _save(toposort(converted), work / "fp16.onnx", external)
-        return PrecisionResult(out, precision, used, notes)
+    pre = _preprocess(src, work, opts.preprocess, notes, external)
+    if src.parent == work and pre != src:
+        modelfiles.remove(src)
+    out = work / "int8.onnx"
+    common: dict[str, Any] = {
+        "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
+        "weight_type": _qtype(opts.weight_type),
+        "op_types_to_quantize": list(opts.op_types) or None,
+        "nodes_to_exclude": list(opts.exclude_nodes) or None,
+    }
+    # with external data, ORT's quantizers run on the graph without its weights, each weight read from its
+    # file when asked (streamquant); the pre-processed copy is removed before the result is written
+    consume = (lambda: modelfiles.remove(pre)) if pre.parent == work else None
+    streamed = streamquant.weightless(pre.parent, consume) if external else contextlib.nullcontext()
+    nested = _has_subgraphs(model)
+    if not rule.needs_calibration:  # int8-dynamic
+        # weights inside If/Loop/Scan bodies: ORT's quantizer enters subgraphs only when asked (EnableSubgraph)
+        extra = {"EnableSubgraph": True} if nested else {}
+        with streamed:
+            quantize_dynamic(str(pre), str(out), use_external_data_format=external, extra_options=extra,
+                             **common)
+        used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
+                                     "exclude_nodes", "preprocess")}
+        used["format"] = "qoperator"
+    else:
+        assert calibration, "config validation guarantees calibration data for int8-static"
+        method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                  "percentile": CalibrationMethod.Percentile,
+                  "distribution": CalibrationMethod.Distribution}[opts.calibration_method]
+        with streamed:
+            quantize_static(
+                str(pre), str(out), _Reader(calibration),
+                quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
+                activation_type=_qtype(opts.activation_type), calibrate_method=method,
+                calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
+        used["calibration_samples"] = len(calibration)
+        if nested:
+            notes.append(f"weights inside If/Loop/Scan bodies stay float: onnxruntime {_ort_version()}'s static "
+                         "quantizer enters subgraphs in dynamic mode only (its EnableSubgraph option); "
+                         "int8-dynamic quantizes them")
+    if pre.parent == work:
+        modelfiles.remove(pre)
+    return PrecisionResult(out, rule.name, used, notes)
 
-    if isinstance(opts, Quantization):
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_dynamic, quantize_static
 
-        held = _constant_weights(model)
-        if _weightless(model) and _opset(model) >= _QUANT_MIN_OPSET and not held:  # read in place
-            src = source
-        else:
-            full = _upgrade_opset(_full(source, model), notes)
-            if held:  # ORT's quantizers look for weights among initializers only
-                full = _constants_to_initializers(full)
-                notes.append(f"{held} weight(s) held in Constant nodes made initializers of their graphs, so "
-                             "ORT's quantizer sees them")
-            src = _save(full, work / "source.onnx", external)
-            del full
-        pre = _preprocess(src, work, opts.preprocess, notes, external)
-        if src.parent == work and pre != src:
-            remove_model(src)
-        out = work / "int8.onnx"
-        common: dict[str, Any] = {
-            "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
-            "weight_type": _qtype(opts.weight_type),
-            "op_types_to_quantize": list(opts.op_types) or None,
-            "nodes_to_exclude": list(opts.exclude_nodes) or None,
-        }
-        # with external data, ORT's quantizers run on the graph without its weights, each weight read from its
-        # file when asked (streamquant); the pre-processed copy is removed before the result is written
-        consume = (lambda: remove_model(pre)) if pre.parent == work else None
-        streamed = streamquant.weightless(pre.parent, consume) if external else contextlib.nullcontext()
-        nested = _has_subgraphs(model)
-        if not options.PRECISION_RULES[precision].needs_calibration:  # int8-dynamic
-            # weights inside If/Loop/Scan bodies: ORT's quantizer enters subgraphs only when asked (EnableSubgraph)
-            extra = {"EnableSubgraph": True} if nested else {}
-            with streamed:
-                quantize_dynamic(str(pre), str(out), use_external_data_format=external, extra_options=extra,
-                                 **common)
-            used = {k: used[k] for k in ("per_channel", "reduce_range", "weight_type", "op_types",
-                                         "exclude_nodes", "preprocess")}
-            used["format"] = "qoperator"
-        else:
-            assert calibration, "config validation guarantees calibration data for int8-static"
-            method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                      "percentile": CalibrationMethod.Percentile,
-                      "distribution": CalibrationMethod.Distribution}[opts.calibration_method]
-            with streamed:
-                quantize_static(
-                    str(pre), str(out), _Reader(calibration),
-                    quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
-                    activation_type=_qtype(opts.activation_type), calibrate_method=method,
-                    calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
-            used["calibration_samples"] = len(calibration)
-            if nested:
-                notes.append(f"weights inside If/Loop/Scan bodies stay float: onnxruntime {_ort_version()}'s static "
-                             "quantizer enters subgraphs in dynamic mode only (its EnableSubgraph option); "
-                             "int8-dynamic quantizes them")
-        if pre.parent == work:
-            remove_model(pre)
-        return PrecisionResult(out, precision, used, notes)
-
-    # int4-weight
+def _int4(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Int4, work: Path,
+          external: bool) -> PrecisionResult:
+    notes: list[str] = []
+    used = as_plain(opts)  # what the manifest records
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quant = MatMulNBitsQuantizer(
@@ -328,10 +344,10 @@ def _run(source: Path, model: onnx.ModelProto, precision: str, opts: PrecisionOp
     del quant
     if not any(n.op_type == "MatMulNBits" for n in onnx.load(str(out), load_external_data=False).graph.node):
         notes.append("no MatMul had a constant weight to quantize: the graph is unchanged")
-    return PrecisionResult(out, precision, used, notes)
+    return PrecisionResult(out, rule.name, used, notes)
 
 
-def too_little(precision: str, changed: accounting.Accounting,
+def too_little(precision: str | PrecisionRule, changed: accounting.Accounting,
                opts: Mapping[str, Any] | PrecisionOptions) -> tuple[str, str] | None:
     """(why, what to do) when the step converted less than accounting.MIN_CHANGED of the float weights: the
     artifact would carry the precision's name and hardly any of its effect."""
@@ -339,11 +355,12 @@ def too_little(precision: str, changed: accounting.Accounting,
         return None
     users = changed.users
     where = ", ".join(f"{op} ({b / 1e6:.2f} MB)" for op, b in list(users.items())[:4]) or "none found"
-    why = (f"{precision} converted {changed.converted:.1%} of the float weights ({changed.tensors} tensor(s) "
+    rule = precisions.rule(precision)
+    why = (f"{rule.name} converted {changed.converted:.1%} of the float weights ({changed.tensors} tensor(s) "
            f"standing for {changed.reduced_as_float / 1e6:.2f} MB of float weights; "
            f"{changed.float_bytes_after / 1e6:.2f} MB left in float; at least {accounting.MIN_CHANGED:.0%} is "
            f"required); the source's float weights are read by: {where}")
-    typed_opts = _typed(precision, opts)
+    typed_opts = _typed(rule, opts)
     if isinstance(typed_opts, Quantization):
         asked = list(typed_opts.op_types)
         hint = ((f"quantization.op_types = {asked} leaves them out: add the ops above, or " if asked else "")

@@ -143,7 +143,6 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     from ortbuild import runtime
-    from ortbuild.pipeline.steps.optimize import EXTERNAL_FILE, EXTERNAL_MIN
 
     ort = runtime.import_ort()
 
@@ -158,8 +157,8 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
     so.optimized_model_filepath = str(out)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.add_session_config_entry(FOLDER, str(base))
-    so.add_session_config_entry(EXTERNAL_FILE, f"{out.name}.data")
-    so.add_session_config_entry(EXTERNAL_MIN, str(_EXTERNAL_MIN))
+    so.add_session_config_entry(runtime.EXTERNAL_FILE, f"{out.name}.data")
+    so.add_session_config_entry(runtime.EXTERNAL_MIN, str(_EXTERNAL_MIN))
     serialized = model.SerializeToString()
     del model
     ort.InferenceSession(serialized, so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,118 @@
+"""The closed vocabularies of a target: precisions, optimization levels and artifact formats.
+
+Each precision and level is a rule object that carries everything ortbuild does differently for it (options
+table, defaults, calibration, the explain search's knob, the precision step's converter); code is handed the
+rule (`Settings.rule`), never a name to compare. Stdlib-only: the noxfile imports it (through
+ortbuild.project.config) before any venv exists.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight"]
+Level = Literal["disable", "basic", "extended", "layout", "all"]
+Format = Literal["onnx", "ort"]
+OptionsTable = Literal["quantization", "fp16", "int4"]  # the target sub-tables holding a precision's options
+
+
+class Quantizer(enum.Enum):
+    """Which converter of the precision step (ortbuild.pipeline.steps.precision) a precision runs."""
+
+    NONE = "none"                    # the source as it is
+    FP16 = "fp16"                    # ORT's float16 converter
+    INT8 = "int8"                    # quantize_dynamic, or quantize_static where the rule needs calibration
+    INT4 = "int4"                    # MatMulNBitsQuantizer (block-wise, weight-only)
+
+
+@dataclass(frozen=True)
+class SearchKnob:
+    """Where a precision keeps nodes in float (`ortbuild test --explain`): its options table and keys."""
+
+    table: OptionsTable
+    nodes: str                       # node names kept in float
+    op_types: str | None             # op types kept in float (None: op types are written as their nodes)
+
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    """What a precision is: the table holding its options, what it needs, how it is judged and converted."""
+
+    name: Precision
+    options_table: OptionsTable | None  # the target sub-table read by this precision (None: no options)
+    quantizer: Quantizer             # the precision step's converter
+    quantized: bool = False          # the quantizers' int8 path (pre-processing, opset >= 13)
+    needs_calibration: bool = False  # needs the model's `calibration` data
+    # the golden test's default rule (under [targets.X.accuracy]); fp32 is elementwise, the reduced
+    # precisions are judged by task metrics (cosine similarity, top-1 agreement), not elementwise
+    accuracy: tuple[tuple[str, float], ...] = (("cosine", 0.99),)
+    max_size_ratio: float = 1.0      # the size gate's default: a reduced precision never outgrows its source
+    knob: SearchKnob | None = None   # what the explain search keeps in float (None: nothing to search)
+
+    @property
+    def rule_family(self) -> tuple[object, ...]:
+        """Precisions whose accuracy rules carry over to each other share it: the same options table and default
+        rule (int8-dynamic and int8-static); fp32, fp16, int8 and int4 each stand alone."""
+        return (self.options_table, self.accuracy)
+
+
+FP32_ACCURACY = (("rtol", 1e-4), ("atol", 1e-5))
+_INT8_KNOB = SearchKnob("quantization", "exclude_nodes", None)
+
+RULES: tuple[PrecisionRule, ...] = (
+    PrecisionRule("fp32", None, Quantizer.NONE, accuracy=FP32_ACCURACY, max_size_ratio=1.1),
+    PrecisionRule("fp16", "fp16", Quantizer.FP16, accuracy=(("cosine", 0.999),),
+                  knob=SearchKnob("fp16", "node_block_list", "op_block_list")),
+    PrecisionRule("int8-dynamic", "quantization", Quantizer.INT8, quantized=True, knob=_INT8_KNOB),
+    PrecisionRule("int8-static", "quantization", Quantizer.INT8, quantized=True, needs_calibration=True,
+                  knob=_INT8_KNOB),
+    PrecisionRule("int4-weight", "int4", Quantizer.INT4, knob=SearchKnob("int4", "exclude_nodes", None)),
+)
+# The one place that knows the precision names; everything else is handed these rules.
+PRECISION_RULES: dict[str, PrecisionRule] = {r.name: r for r in RULES}
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+assert tuple(PRECISION_RULES) == PRECISIONS, "Precision and RULES name the same precisions, in one order"
+FP32, FP16, INT8_DYNAMIC, INT8_STATIC, INT4_WEIGHT = PRECISIONS
+
+
+def rule(precision: str | PrecisionRule) -> PrecisionRule:
+    """The rule of a precision (a validated name: targets.toml, a manifest), or the rule itself."""
+    return precision if isinstance(precision, PrecisionRule) else PRECISION_RULES[precision]
+
+
+def find(precision: object) -> PrecisionRule | None:
+    """The rule of `precision` if it names one (unvalidated input), else None."""
+    return PRECISION_RULES.get(precision) if isinstance(precision, str) else None
+
+
+@dataclass(frozen=True)
+class LevelRule:
+    """What an optimization level does to the graph, and what that ties the artifact to."""
+
+    name: Level
+    ort_enum: str                    # the onnxruntime.GraphOptimizationLevel member
+    portable: bool                   # standard ONNX ops only: any provider can load the result
+    nchwc: bool                      # may hold NCHWc ops laid out for the build CPU's SIMD width
+
+
+# The one place that knows the optimization levels, in increasing order.
+LEVEL_RULES: dict[str, LevelRule] = {r.name: r for r in (
+    LevelRule("disable", "ORT_DISABLE_ALL", portable=True, nchwc=False),
+    LevelRule("basic", "ORT_ENABLE_BASIC", portable=True, nchwc=False),
+    LevelRule("extended", "ORT_ENABLE_EXTENDED", portable=False, nchwc=False),
+    LevelRule("layout", "ORT_ENABLE_LAYOUT", portable=False, nchwc=True),
+    LevelRule("all", "ORT_ENABLE_ALL", portable=False, nchwc=True),
+)}
+LEVELS: tuple[Level, ...] = get_args(Level)
+assert tuple(LEVEL_RULES) == LEVELS, "Level and LEVEL_RULES name the same levels, in one order"
+PORTABLE_LEVEL: Level = "basic"  # the highest level whose graph any provider loads
+
+
+def cap_level(level: Level) -> Level:
+    """The level, at most the highest portable one (for portable and compiling-provider builds)."""
+    return level if LEVEL_RULES[level].portable else PORTABLE_LEVEL
+
+
+FORMATS: tuple[Format, ...] = get_args(Format)

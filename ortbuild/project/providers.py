@@ -1,0 +1,193 @@
+"""Execution providers: the runtimes (pip flavors and plugin EPs) that offer them, their options, the options
+ortbuild refuses or sets itself. Stdlib-only (the noxfile imports it through ortbuild.project.config).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ortbuild.project.session_keys import INT_MAX
+
+# pip distributions that provide the `onnxruntime` module, and the providers each can offer.
+RUNTIMES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("CPUExecutionProvider", "AzureExecutionProvider", "CoreMLExecutionProvider"),
+    "onnxruntime-gpu": ("CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-openvino": ("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-directml": ("DmlExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-qnn": ("QNNExecutionProvider", "CPUExecutionProvider"),
+    "onnxruntime-rocm": ("ROCMExecutionProvider", "MIGraphXExecutionProvider", "CPUExecutionProvider"),
+}
+
+
+
+@dataclass(frozen=True)
+class PluginEP:
+    """An execution provider shipped as a plugin library for stock `onnxruntime` (ORT's EP ABI): a pip package
+    whose Python module's get_library_path() gives the library to `register_execution_provider_library`."""
+
+    package: str                     # the pip distribution, e.g. onnxruntime-ep-openvino
+    module: str                      # its import name
+    provider: str                    # the provider name it registers
+    flavors: tuple[str, ...]         # the ONNX Runtime flavors it plugs into
+    devices: str                     # which hardware it offers devices for (its factory filters them)
+
+
+PLUGINS: dict[str, PluginEP] = {p.package: p for p in (
+    PluginEP("onnxruntime-ep-openvino", "onnxruntime_ep_openvino", "OpenVINOExecutionProvider", ("onnxruntime",),
+             "Intel CPUs, GPUs and NPUs only (PCI vendor 0x8086)"),
+)}
+# Custom-operator packages whose import name is not the distribution name with "-" -> "_" (their module's
+# get_library_path() gives the shared library to `register_custom_ops_library`)
+CUSTOM_OP_MODULES: dict[str, str] = {"onnxruntime-extensions": "onnxruntime_extensions"}
+LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")
+
+PLUGIN_DEVICE_TYPES = ("CPU", "GPU", "NPU")  # `device_type` of a plugin EP: which of its devices to use
+
+# Options of the OpenVINO plugin EP (onnxruntime-ep-openvino 1.8.1, from its option parser). It selects the
+# device from the EP device it is given (ortbuild picks it by `device_type`), and it ignores other options of
+# the onnxruntime-openvino flavor with only a warning: ortbuild refuses those, saying where they go instead.
+PLUGIN_OPTIONS: dict[str, frozenset[str]] = {
+    "OpenVINOExecutionProvider": frozenset({"device_type", "load_config", "reshape_input", "enable_qdq_optimizer",
+                                            "enable_opencl_throttling", "enable_causallm"}),
+}
+PLUGIN_IGNORED: dict[str, dict[str, str]] = {
+    "OpenVINOExecutionProvider": {
+        "precision": 'load_config = \'{"CPU": {"INFERENCE_PRECISION_HINT": "f32"}}\' (f32, bf16 or f16)',
+        "num_of_threads": 'load_config = \'{"CPU": {"INFERENCE_NUM_THREADS": "2"}}\'',
+        "num_streams": 'load_config = \'{"CPU": {"NUM_STREAMS": "1"}}\'',
+        "model_priority": 'load_config = \'{"CPU": {"MODEL_PRIORITY": "LOW"}}\'',
+        "cache_dir": "nothing: ortbuild ships the compiled blob inside the encrypted artifact (a cache_dir "
+                     "would write it in plaintext)",
+        "device_id": 'device_type = "CPU", "GPU" or "NPU" (the plugin picks the device from that)',
+        "device_luid": 'device_type = "CPU", "GPU" or "NPU" (the plugin picks the device from that)',
+        "disable_dynamic_shapes": "free_dimensions (fix the dimensions at build time)",
+    },
+}
+PRECISION_HINTS = ("f32", "bf16", "f16")  # OpenVINO's INFERENCE_PRECISION_HINT values
+
+# Provider options ortbuild refuses on any runtime: they write engines, blobs or subgraphs (which hold the
+# weights) as plaintext files, or decrypt them with a library of their own; ortbuild compiles at build time
+# and ships the result inside the encrypted artifact instead.
+PLAINTEXT_OPTIONS: dict[str, dict[str, str]] = {
+    "TensorrtExecutionProvider": {
+        o: "TensorRT engines hold the weights: ortbuild builds the engine at build time (EPContext) and ships it "
+           "inside the encrypted artifact, never as a plaintext file"
+        for o in ("trt_engine_cache_enable", "trt_engine_cache_path", "trt_engine_cache_prefix", "trt_dump_subgraphs",
+                  "trt_dump_ep_context_model", "trt_ep_context_file_path", "trt_ep_context_embed_mode",
+                  "trt_engine_decryption_enable", "trt_engine_decryption_lib_path",
+                  "trt_weight_stripped_engine_enable", "trt_onnx_model_folder_path")},
+    "OpenVINOExecutionProvider": {
+        "cache_dir": "OpenVINO's model cache holds the compiled blob (and the weights) in plaintext: targets with "
+                     "the OpenVINO plugin ship the compiled blob inside the encrypted artifact instead",
+    },
+}
+
+# Defaults ortbuild sets when a target does not state them (recorded in the manifest with the other options):
+# cuDNN's DEFAULT conv algorithm search leaves Tensor Cores unused (7-8x slower than TensorRT on a Jetson Orin
+# Nano in a user report); TF32 (on by default in the CUDA EP) computes fp32 MatMul/Conv with a 10-bit
+# mantissa, outside fp32 tolerances: ortbuild turns it off unless the target says use_tf32 = true.
+PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "CUDAExecutionProvider": {"cudnn_conv_algo_search": "EXHAUSTIVE", "use_tf32": False},
+}
+
+# Providers whose compiled form ortbuild builds at build time and ships as an EPContext model (the compiled
+# blob or engine embedded, encrypted like every artifact); loaded with session.disable_model_compile = 1.
+EPCONTEXT_PROVIDERS = frozenset({"OpenVINOExecutionProvider", "TensorrtExecutionProvider"})
+
+PROVIDERS = (
+    "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider",
+    "NvTensorRTRTXExecutionProvider", "OpenVINOExecutionProvider", "DmlExecutionProvider",
+    "CoreMLExecutionProvider", "QNNExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
+    "XnnpackExecutionProvider", "NnapiExecutionProvider", "WebGpuExecutionProvider", "DnnlExecutionProvider",
+    "AzureExecutionProvider", "VitisAIExecutionProvider", "CANNExecutionProvider", "ACLExecutionProvider",
+    "ArmNNExecutionProvider", "JsExecutionProvider", "SNPEExecutionProvider", "RknpuExecutionProvider",
+)
+# Providers that compile subgraphs at session creation: their optimized graph cannot be serialized.
+COMPILING_PROVIDERS = frozenset({
+    "OpenVINOExecutionProvider", "TensorrtExecutionProvider", "NvTensorRTRTXExecutionProvider",
+    "QNNExecutionProvider", "MIGraphXExecutionProvider", "CoreMLExecutionProvider", "VitisAIExecutionProvider",
+})
+
+
+@dataclass(frozen=True)
+class ProviderOption:
+    """One documented provider option: its kind ("flag", "int", "choice", "text", "json") and limits."""
+
+    kind: str
+    choices: tuple[str, ...] = ()
+    maximum: int = INT_MAX
+
+
+_F, _I, _T = ProviderOption("flag"), ProviderOption("int"), ProviderOption("text")
+# Provider options of the pinned runtimes (onnxruntime-gpu 1.31.1: CUDA and TensorRT; onnxruntime-openvino 1.24.1),
+# from ORT's EP documentation and the option names in those wheels' provider libraries. Pointer-valued options
+# (user streams, external allocators, byte streams) cannot come from a file and are left out. ORT accepts any
+# other name silently, so ortbuild refuses it. Providers not listed here are passed through unchecked.
+PROVIDER_OPTIONS: dict[str, dict[str, ProviderOption]] = {
+    "CPUExecutionProvider": {},
+    "CUDAExecutionProvider": {
+        "device_id": ProviderOption("int", maximum=255), "gpu_mem_limit": ProviderOption("int", maximum=2**62),
+        "arena_extend_strategy": ProviderOption("choice", ("kNextPowerOfTwo", "kSameAsRequested")),
+        "cudnn_conv_algo_search": ProviderOption("choice", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")),
+        "do_copy_in_default_stream": _F, "cudnn_conv_use_max_workspace": _F, "cudnn_conv1d_pad_to_nc1d": _F,
+        "enable_cuda_graph": _F, "enable_skip_layer_norm_strict_mode": _F, "prefer_nhwc": _F,
+        "use_ep_level_unified_stream": _F, "use_tf32": _F, "fuse_conv_bias": _F, "sdpa_kernel": _I,
+        "tunable_op_enable": _F, "tunable_op_tuning_enable": _F, "tunable_op_max_tuning_duration_ms": _I,
+    },
+    "TensorrtExecutionProvider": {
+        "device_id": ProviderOption("int", maximum=255), "trt_max_workspace_size": ProviderOption("int", maximum=2**62),
+        "trt_max_partition_iterations": _I, "trt_min_subgraph_size": _I, "trt_fp16_enable": _F, "trt_bf16_enable": _F,
+        "trt_int8_enable": _F, "trt_int8_calibration_table_name": _T, "trt_int8_use_native_calibration_table": _F,
+        "trt_dla_enable": _F, "trt_dla_core": ProviderOption("int", maximum=16), "trt_dump_subgraphs": _F,
+        "trt_engine_cache_enable": _F, "trt_engine_cache_path": _T, "trt_engine_cache_prefix": _T,
+        "trt_engine_decryption_enable": _F, "trt_engine_decryption_lib_path": _T,
+        "trt_force_sequential_engine_build": _F, "trt_context_memory_sharing_enable": _F,
+        "trt_layer_norm_fp32_fallback": _F, "trt_timing_cache_enable": _F, "trt_timing_cache_path": _T,
+        "trt_force_timing_cache": _F, "trt_detailed_build_log": _F, "trt_build_heuristics_enable": _F,
+        "trt_sparsity_enable": _F, "trt_builder_optimization_level": ProviderOption("int", maximum=5),
+        "trt_auxiliary_streams": _I, "trt_tactic_sources": _T, "trt_extra_plugin_lib_paths": _T,
+        "trt_profile_min_shapes": _T, "trt_profile_max_shapes": _T, "trt_profile_opt_shapes": _T,
+        "trt_cuda_graph_enable": _F, "trt_dump_ep_context_model": _F, "trt_ep_context_file_path": _T,
+        "trt_ep_context_embed_mode": ProviderOption("int", maximum=1), "trt_weight_stripped_engine_enable": _F,
+        "trt_onnx_model_folder_path": _T, "trt_op_types_to_exclude": _T, "trt_load_user_initializer": _F,
+        "trt_engine_hw_compatible": _F, "trt_preview_features": _T,
+    },
+    "OpenVINOExecutionProvider": {
+        "device_type": _T, "precision": ProviderOption("choice", ("FP32", "FP16", "ACCURACY")),
+        "num_of_threads": ProviderOption("int", maximum=1024), "num_streams": ProviderOption("int", maximum=1024),
+        "cache_dir": _T, "load_config": ProviderOption("json"), "enable_opencl_throttling": _F,
+        "enable_qdq_optimizer": _F, "disable_dynamic_shapes": _F,
+        "model_priority": ProviderOption("choice", ("LOW", "MEDIUM", "HIGH", "DEFAULT")), "reshape_input": _T,
+        "layout": _T, "device_luid": _T, "enable_causallm": _F,
+    },
+}
+
+
+def provider_option_problem(provider: str, name: str, value: Any) -> str | None:
+    """Why `name = value` is not a valid option of `provider`, or None (also None for unchecked providers)."""
+    known = PROVIDER_OPTIONS.get(provider)
+    if known is None:
+        return None
+    if name not in known:
+        if not known:
+            return f"{provider} takes no provider options (ONNX Runtime ignores them silently)"
+        return f"unknown {provider} option '{name}'"
+    spec = known[name]
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if spec.kind == "flag" and text not in ("0", "1", "true", "false"):
+        return f"must be a flag (true/false or \"0\"/\"1\"), got {value!r}"
+    if spec.kind == "int" and (isinstance(value, bool) or not text.lstrip("-").isdigit()
+                               or not -1 <= int(text) <= spec.maximum):
+        return f"must be an integer from -1 to {spec.maximum}, got {value!r}"
+    if spec.kind == "choice" and text not in spec.choices:
+        return f"'{text}' is not one of {', '.join(spec.choices)}"
+    if spec.kind == "json":
+        try:
+            ok = isinstance(json.loads(text), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            return "must be a JSON object in a string, e.g. '{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'"
+    return None
