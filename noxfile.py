@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 from ortbuild.artifact import manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
 from ortbuild.errors import ConfigError  # noqa: E402
 from ortbuild.project import config  # noqa: E402
+from ortbuild.status import ProfileStatus, Verdict  # noqa: E402  (stdlib only)
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["test"]
@@ -140,7 +141,7 @@ def _skipped_here(t: config.Target) -> str | None:
     assert PROJECT is not None
     dist = PROJECT.root / "dist" / t.name
     reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
-    if reports and all(r["status"] == "SKIPPED" for r in reports):
+    if reports and all(r["status"] == Verdict.SKIPPED for r in reports):
         return str(reports[0]["reason"])
     return None
 
@@ -168,9 +169,9 @@ def profile(session: nox.Session, target: str) -> None:
     session.run("ortbuild", "profile", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
     dist = PROJECT.root / "dist" / target
     docs = {m: json.loads(f.read_text()) for m in t.models if (f := dist / m / "profile.json").exists()}
-    if docs and all(d.get("status") == "SKIPPED" for d in docs.values()):
+    if docs and all(d.get("status") == ProfileStatus.SKIPPED for d in docs.values()):
         session.skip(f"{target} cannot run here: {next(iter(docs.values()))['reason']}")
-    missing = [m for m in t.models if docs.get(m, {}).get("status") != "SKIPPED"
+    missing = [m for m in t.models if docs.get(m, {}).get("status") != ProfileStatus.SKIPPED
                and not (dist / m / "profile.trace.json").exists()]
     if missing:
         session.error(f"{target}: no trace was written for {', '.join(missing)}")

@@ -227,6 +227,13 @@ def _extent_problem(model: Any, sizes: dict[str, int]) -> str | None:
     return None
 
 
+def remove(path: Path) -> None:
+    """Delete a model and its external data (the build's temp space holds at most two models at once)."""
+    if path.exists():
+        for f in of(path, hashed=False).files:
+            f.path.unlink(missing_ok=True)
+
+
 def stat_key(path: Path) -> tuple[str, int, int]:
     st = os.stat(path)
     return str(path), st.st_size, st.st_mtime_ns

@@ -1,97 +1,42 @@
-"""What this environment can run: the installed ONNX Runtime flavor, its usable providers, the CPU."""
+"""What this environment can run: ONNX Runtime itself (imported lazily: `import_ort`), sessions on a target's
+providers and plugin EPs, provider probes (cached per environment), custom-op libraries, and whether an
+artifact fits here (`fit_problems`). The installed flavor and requirements (ortbuild.installed) and the CPU
+(ortbuild.machine) are re-exported."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import importlib
 import importlib.metadata as md
 import io
+import json
 import os
-import platform
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
-from packaging.version import Version
-
+from ortbuild.artifact.schema import Manifest
 from ortbuild.errors import RuntimeMismatch, first_line
+from ortbuild.files import atomic_write, sha256_file
+from ortbuild.installed import Flavor as Flavor
+from ortbuild.installed import installed_flavor as installed_flavor
+from ortbuild.installed import package_problem as package_problem
+from ortbuild.installed import requirement_problem as requirement_problem
+from ortbuild.installed import requirements_problem as requirements_problem
+from ortbuild.installed import runtime_problem as runtime_problem
+from ortbuild.machine import cpu_flags as cpu_flags
+from ortbuild.machine import cpu_model as cpu_model
+from ortbuild.machine import fingerprint as fingerprint
+from ortbuild.machine import simd_level as simd_level
 from ortbuild.project import options
-from ortbuild.project.config import CustomOps, Provider, Settings, Target
-
-# ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
-_ISA_FLAGS = (
-    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
-    "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
-    "asimd", "asimddp", "i8mm", "sve", "sve2", "bf16", "fphp", "asimdhp",
-)
-
-
-@dataclass(frozen=True)
-class Flavor:
-    distribution: str
-    version: str
-
-    def as_json(self) -> dict[str, str]:
-        return {"distribution": self.distribution, "version": self.version}
-
-
-def installed_flavor() -> Flavor | None:
-    """The pip distribution that provides `onnxruntime` here, or None."""
-    found = []
-    for name in options.RUNTIMES:
-        try:
-            found.append(Flavor(name, md.version(name)))
-        except md.PackageNotFoundError:
-            continue
-    if len(found) > 1:
-        names = ", ".join(f.distribution for f in found)
-        raise RuntimeMismatch(
-            f"several ONNX Runtime flavors are installed together ({names}); they overwrite each other's "
-            "`onnxruntime` module", "use one virtualenv per flavor: `nox -s build` does that for you")
-    return found[0] if found else None
-
-
-def runtime_problem(target: Target) -> str | None:
-    """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can."""
-    how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
-           "virtualenv")
-    return requirements_problem(target.name, target.requirements, how)
-
-
-def requirements_problem(name: str, requirements: Sequence[str], how: str) -> str | None:
-    """Why this environment does not hold `requirements` (a target's: its flavor first, then its plugin EPs and
-    custom-op packages), or None."""
-    flavor, *packages = requirements
-    return requirement_problem(name, flavor, how) or next(
-        (why for req in packages if (why := package_problem(name, req, how))), None)
-
-
-def requirement_problem(name: str, requirement: str, how: str) -> str | None:
-    """Why this environment's ONNX Runtime does not satisfy `requirement` (a target's runtime), or None."""
-    req = Requirement(requirement)
-    have = installed_flavor()
-    if have is None:
-        return f"no ONNX Runtime is installed here; {name} needs {requirement}; {how}"
-    if have.distribution != req.name.lower() or not req.specifier.contains(Version(have.version), prereleases=True):
-        return f"{name} needs {requirement}, this environment has {have.distribution} {have.version}; {how}"
-    return None
-
-
-def package_problem(name: str, requirement: str, how: str) -> str | None:
-    """Why the package `requirement` (a plugin EP, a custom-op library) is not installed here at its version."""
-    req = Requirement(requirement)
-    try:
-        version = md.version(req.name)
-    except md.PackageNotFoundError:
-        what = "the plugin EP " if req.name.lower() in options.PLUGINS else ""
-        return f"{name} needs {what}{requirement}, which is not installed here; {how}"
-    if not req.specifier.contains(Version(version), prereleases=True):
-        return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"
-    return None
+from ortbuild.project.config import CustomOps, Provider, Settings
 
 
 def import_ort() -> Any:
@@ -111,14 +56,16 @@ def import_ort() -> Any:
     return onnxruntime
 
 
+# session config keys that make ORT write an optimized model's weights as external data
+EXTERNAL_FILE = "session.optimized_model_external_initializers_file_name"
+EXTERNAL_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
+
 _TELEMETRY_OFF = False
 _REGISTERED: set[str] = set()  # providers whose plugin library this process registered with ONNX Runtime
 
 
 def register_plugin(plugin: options.PluginEP) -> None:
     """Register a plugin EP's library with ONNX Runtime (once per process)."""
-    import importlib
-
     ort = import_ort()
 
     if plugin.provider in _REGISTERED:
@@ -269,11 +216,6 @@ PROBE_CACHE_SECONDS = 24 * 3600
 def _environment_fingerprint() -> str:
     """What a provider probe's answer depends on besides the provider: the runtime's files, the GPU/driver
     side of the machine, the library search path, this boot. Any change means probing again."""
-    import hashlib
-    import json
-    import socket
-    from pathlib import Path
-
     flavor = installed_flavor()
     parts: dict[str, Any] = {"flavor": flavor.as_json() if flavor else None, "host": socket.gethostname()}
     for f in ("/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version"):
@@ -295,10 +237,6 @@ def _environment_fingerprint() -> str:
 def cached_probe(provider: Provider, plugin: options.PluginEP | None = None, *, refresh: bool = False) -> str | None:
     """probe_provider(), remembered per environment while its fingerprint holds (at most a day). A no-op
     build then needs no ONNX Runtime session at all; `ortbuild build --force` probes again."""
-    import json
-    import time
-    from pathlib import Path
-
     if provider.name == "CPUExecutionProvider":
         return probe_provider(provider)
     path = Path(sys.prefix) / PROBE_CACHE
@@ -317,8 +255,6 @@ def cached_probe(provider: Provider, plugin: options.PluginEP | None = None, *, 
     if refresh or key not in answers:
         answers[key] = probe_provider(provider, plugin)
         with contextlib.suppress(OSError):  # a read-only environment just probes every time
-            from ortbuild.artifact.manifest import atomic_write
-
             atomic_write(path, json.dumps(cache, indent=1).encode())
     answer: str | None = answers[key]
     return answer
@@ -349,57 +285,6 @@ def _captured_stderr() -> Iterator[io.StringIO]:
             buf.write(tmp.read().decode("utf-8", "replace"))
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    flags.update(value.split())
-                    break
-    except OSError:
-        pass
-    return frozenset(flags)
-
-
-def simd_level(flags: frozenset[str] | None = None) -> str:
-    """The vector width ORT's NCHWc layout is built for: it is baked into `layout`/`all` artifacts."""
-    f = cpu_flags() if flags is None else flags
-    arch = platform.machine().lower()
-    if arch in ("x86_64", "amd64"):
-        if "avx512f" in f:
-            return "x86_64-avx512"
-        if "avx2" in f:
-            return "x86_64-avx2"
-        return "x86_64-sse"
-    return arch or "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def fingerprint() -> dict[str, Any]:
-    return {
-        "cpu": cpu_model(),
-        "machine": platform.machine(),
-        "system": platform.system(),
-        "simd_level": simd_level(),
-        "isa_flags": sorted(cpu_flags() & set(_ISA_FLAGS)),
-        "python": platform.python_version(),
-    }
-
-
-
 @dataclass(frozen=True)
 class CustomOpLibrary:
     """A custom-op library as found in this environment: what the manifest records and the loaders check."""
@@ -417,16 +302,12 @@ class CustomOpLibrary:
 
 @functools.cache
 def _library_sha256(path: str, size: int, mtime: int) -> str:
-    """manifest.sha256_file(), once per library file and version of it (size, mtime) in a process."""
-    from ortbuild.artifact.manifest import sha256_file
-
+    """files.sha256_file(), once per library file and version of it (size, mtime) in a process."""
     return sha256_file(Path(path))
 
 
 def custom_op_libraries(ops: Sequence[CustomOps]) -> list[CustomOpLibrary]:
     """Find each custom-op library here: a package's `get_library_path()` (at its pinned version), or a file."""
-    import importlib
-
     out = []
     for c in ops:
         if c.package:
@@ -481,3 +362,39 @@ def session_options(settings: Settings, level: str) -> Any:
     for dim, size in settings.free_dimensions.items():
         so.add_free_dimension_override_by_name(dim, size)
     return so
+
+
+def fit_problems(m: Manifest) -> list[str]:
+    """Why this machine/environment should not use the artifact (empty: it fits)."""
+    problems = []
+    tied = m.optimization.tied_to
+    want_simd = tied.get("simd_level")
+    if want_simd and want_simd != simd_level():
+        problems.append(f"built with a {want_simd} NCHWc layout (optimization "
+                        f"'{m.optimization.applied}'); this machine is {simd_level()}: "
+                        "rebuild it here or use optimization = \"extended\"")
+    flavor = installed_flavor()
+    built = m.versions["onnxruntime"]
+    if flavor is None:
+        problems.append(f"no ONNX Runtime installed; the artifact was built with {built['distribution']} "
+                        f"{built['version']}")
+        return problems
+    if flavor.distribution != built["distribution"]:
+        problems.append(f"built with {built['distribution']}, this environment has {flavor.distribution}")
+
+    def plugin(name: str) -> options.PluginEP | None:  # the provider's plugin EP, as the build used it
+        return options.PLUGINS.get(m.plugins[name]["package"]) if name in m.plugins else None
+
+    configured = {p["name"]: Provider(p["name"], p.get("options", {})) for p in m.providers}
+    compiled = tied.get("compiled_for", {}).get("provider")
+    for name in tied.get("providers", []):
+        reason = probe_provider(configured.get(name, Provider(name)), plugin(name))
+        if reason:
+            what = "the artifact is compiled for" if name == compiled else "the graph holds ops fused for"
+            problems.append(f"{what} {name}: {reason}")
+    for p in m.providers:
+        if p["name"] not in tied.get("providers", []):
+            reason = probe_provider(configured[p["name"]], plugin(p["name"]))
+            if reason:
+                problems.append(f"the target's provider cannot run here, ORT would fall back silently: {reason}")
+    return problems

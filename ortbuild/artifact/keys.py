@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 import shlex
 import stat
@@ -25,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import container, minisign
-from ortbuild.artifact.manifest import Signing
+from ortbuild.artifact.ed25519 import public_key_id as public_key_id
+from ortbuild.artifact.ed25519 import verify as verify
+from ortbuild.artifact.schema import Signing
 from ortbuild.errors import KeyMissing
 
 DEV_MARKER = "DEVELOPMENT KEY"
@@ -85,9 +86,16 @@ class SigningKey:
     def __repr__(self) -> str:
         return f"SigningKey(id={self.key_id}, source={self.source})"
 
+    def __reduce__(self) -> tuple[object, tuple[bytes, str, bool, str | None]]:
+        """Pickled as its 32-byte seed (the key object itself does not pickle): a parallel build's worker
+        processes get the command's Secrets whole, and never read the environment for keys."""
+        seed = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                          serialization.NoEncryption())
+        return _signing_key_from_seed, (seed, self.source, self.development, self.path)
 
-def public_key_id(public_raw: bytes) -> str:
-    return hashlib.sha256(public_raw).hexdigest()[:16]
+
+def _signing_key_from_seed(seed: bytes, source: str, development: bool, path: str | None) -> SigningKey:
+    return SigningKey(Ed25519PrivateKey.from_private_bytes(seed), source, development, path)
 
 
 def _a(what: str) -> str:
@@ -233,16 +241,6 @@ def read_secrets(key_file: str | Path | None = None, signing_key_file: str | Pat
     """Both keys from their sources (the module docstring's order). Missing keys are None: the command decides
     whether it needs them."""
     return Secrets(encryption_key(file=key_file), signing_key(file=signing_key_file))
-
-
-def verify(public_raw: bytes, signature: bytes, message: bytes) -> bool:
-    from cryptography.exceptions import InvalidSignature
-
-    try:
-        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, message)
-        return True
-    except (InvalidSignature, ValueError):
-        return False
 
 
 def _key_dir(out: Path) -> None:

@@ -21,6 +21,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ortbuild.artifact import ed25519
 from ortbuild.errors import ArtifactError, KeyMissing
 
 PREHASHED, LEGACY, KEY_ALG = b"ED", b"Ed", b"Ed"
@@ -96,8 +97,6 @@ def verify(message: bytes, text: str, public_raw: bytes, source: str, signed: st
     """Check a .minisig against `message` and the public key; return the trusted comment. Raises ArtifactError
     naming `source` (the signature file) and `signed` (the file it signs) when anything does not hold.
     `untrusted_comment`: the first line must be exactly this (it is not signed: any edit is still noticed)."""
-    from ortbuild.artifact import keys
-
     sig = parse(text, source)
     if sig.key_id != key_id(public_raw):
         raise ArtifactError(f"{source}: signed by key id {sig.key_id.hex()}, the public key given has id "
@@ -106,9 +105,9 @@ def verify(message: bytes, text: str, public_raw: bytes, source: str, signed: st
         raise ArtifactError(f"{source}: its untrusted comment was modified (expected {untrusted_comment!r})",
                             "fetch the release again")
     digest = hashlib.blake2b(message, digest_size=64).digest() if sig.algorithm == PREHASHED else message
-    if not keys.verify(public_raw, sig.signature, digest):
+    if not ed25519.verify(public_raw, sig.signature, digest):
         raise ArtifactError(f"{signed}: does not match its signature {source} (one of the two was modified)",
                             "fetch the release again; never use a bundle that fails verify")
-    if not keys.verify(public_raw, sig.global_signature, sig.signature + sig.trusted_comment.encode()):
+    if not ed25519.verify(public_raw, sig.global_signature, sig.signature + sig.trusted_comment.encode()):
         raise ArtifactError(f"{source}: the trusted comment was modified", "fetch the release again")
     return sig.trusted_comment

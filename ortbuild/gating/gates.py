@@ -16,20 +16,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ortbuild import __version__, paths, runtime
+from ortbuild import __version__, files, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import compare, latency
-from ortbuild.pipeline.build import FAILED, PORTABLE, SKIPPED, JobResult
+from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
+from ortbuild.status import JobStatus, Verdict, final_exit
 
-PASS, FAIL, INCONCLUSIVE = latency.PASS, latency.FAIL, latency.INCONCLUSIVE
-SKIP = "SKIPPED"
+# the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
+PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
+NOT_RUN: Literal["-"] = "-"         # a gate that did not run (the target cannot run here, or it has no budget)
 REPORT = "test-report.json"
 REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
 SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
@@ -40,16 +42,16 @@ class TestResult:
     target: str
     model: str
     precision: str
-    status: str = PASS
+    status: Verdict = Verdict.PASS
     reason: str = ""
-    accuracy: str = "-"
+    accuracy: Verdict | Literal["-"] = NOT_RUN
     worst: str = "-"
     outputs: list[dict[str, Any]] = field(default_factory=list)
     golden: dict[str, Any] = field(default_factory=dict)
     latency: dict[str, Any] = field(default_factory=dict)
-    latency_verdict: str = "-"
+    latency_verdict: Verdict | Literal["-"] = NOT_RUN
     size: dict[str, Any] = field(default_factory=dict)
-    size_verdict: str = "-"
+    size_verdict: Verdict | Literal["-"] = NOT_RUN
     failures: list[str] = field(default_factory=list)   # the failure report's lines
     reproduce: str = ""
     explain: dict[str, Any] = field(default_factory=dict)  # `--explain`: the precision search (ortbuild.gating.explain)
@@ -59,7 +61,12 @@ class TestResult:
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
         self.failures += lines
-        self.exit_code = self.exit_code or code
+        self.exit_code = final_exit((self.exit_code, code))  # the first failure's code stands
+
+    def __bool__(self) -> bool:
+        """Whether the gates passed (an INCONCLUSIVE or SKIPPED verdict is no failure: --strict and `require`
+        decide about those)."""
+        return bool(self.status)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +76,7 @@ def environment() -> dict[str, Any]:
     """What the latency numbers depend on, recorded with them."""
     ort = runtime.import_ort()
 
-    fp = runtime.fingerprint()
+    fp = machine.fingerprint()
     flavor = runtime.installed_flavor()
     return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -117,16 +124,16 @@ class Tester:
         for job in jobs:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job))
             b = built[job.name]
-            if b.status == FAILED:
+            if b.status == JobStatus.FAILED:
                 res.reason = f"build failed: {b.reason}"
                 res.fail([res.reason], b.error.exit_code if b.error else 6)
-            elif b.status in (SKIPPED, PORTABLE):
-                res.status, res.reason = SKIP, b.reason
-                if b.status == SKIPPED:  # another runtime: say which session tests it
+            elif b.status in (JobStatus.SKIPPED, JobStatus.PORTABLE):
+                res.status, res.reason = Verdict.SKIPPED, b.reason
+                if b.status == JobStatus.SKIPPED:  # another runtime: say which session tests it
                     res.reason = (f"runs in {job.target.runtime_text}, not in this environment: "
                                   f"nox -s \"test({job.target.name})\" tests it in its own virtualenv")
                 if require or job.target.require:
-                    code = RuntimeMismatch.exit_code if b.status == SKIPPED else MissingProvider.exit_code
+                    code = RuntimeMismatch.exit_code if b.status == JobStatus.SKIPPED else MissingProvider.exit_code
                     res.fail([f"required, but cannot run here: {res.reason}"], code)
             else:
                 try:
@@ -135,9 +142,9 @@ class Tester:
                     res.reason = e.message
                     res.fail([e.render().removeprefix("ortbuild: ")], e.exit_code)
             if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
-                res.status = FAIL
+                res.status = Verdict.FAIL
             self.progress(job.name, f"{res.status}" + (f": {res.reason}" if res.reason else ""))
-            if b.status != SKIPPED:  # never overwrite the verdict another runtime's environment wrote
+            if b.status != JobStatus.SKIPPED:  # never overwrite the verdict another runtime's environment wrote
                 self.write_report(job, res)
             results.append(res)
         return results
@@ -148,10 +155,10 @@ class Tester:
             doc = {"result": res.as_json(), "environment": environment()}
             text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
             if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
-                manifest.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n")
+                files.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n")
             else:
                 (folder / REPORT_SIG).unlink(missing_ok=True)
-            manifest.atomic_write(folder / REPORT, text)
+            files.atomic_write(folder / REPORT, text)
 
     # ------------------------------------------------------------------------------------------ one job
 
@@ -160,8 +167,8 @@ class Tester:
         module, g, m = self.accuracy_gate(job, res)
         self._size(job, res, m)
         self._latency(job, res, module, g, built)
-        if not res.failures and res.latency_verdict == INCONCLUSIVE:
-            res.status = INCONCLUSIVE
+        if not res.failures and res.latency_verdict == Verdict.INCONCLUSIVE:
+            res.status = Verdict.INCONCLUSIVE
             res.reason = res.latency.get("note", "latency inconclusive")
 
     def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
@@ -221,7 +228,7 @@ class Tester:
         res.outputs = [r.as_json() for r in results]
         res.worst = compare.worst_metric(results)
         failed = [r for r in results if not r.passed]
-        res.accuracy = FAIL if failed else PASS
+        res.accuracy = Verdict.FAIL if failed else Verdict.PASS
         for r in failed:
             res.fail([f"accuracy: {job.name} " + line if i == 0 else line
                       for i, line in enumerate(compare.describe_failure(r))])
@@ -240,7 +247,7 @@ class Tester:
                             f"above max_ratio {max_ratio} (+ {SIZE_SLACK // 1024} KB)")
         if max_mb is not None and size > max_mb * (1 << 20):
             problems.append(f"artifact {size / (1 << 20):.2f} MiB is above max_mb {max_mb}")
-        res.size_verdict = FAIL if problems else PASS
+        res.size_verdict = Verdict.FAIL if problems else Verdict.PASS
         if problems:
             lines = [f"size: {job.name} {'; '.join(problems)}"]
             inf = m.optimization.inflation
@@ -284,7 +291,7 @@ class Tester:
         if ft is not None:
             ref_target = self.project.targets[ft.target]
             ref_build = built.get(f"{ft.target}/{job.model.name}")
-            if ref_build is None or ref_build.status in (FAILED, SKIPPED, PORTABLE):
+            if ref_build is None or ref_build.status in (JobStatus.FAILED, JobStatus.SKIPPED, JobStatus.PORTABLE):
                 ref_problem = (f"{ft.target} cannot run here ({ref_build.reason if ref_build else 'not built'}); "
                                f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
             else:
@@ -302,7 +309,7 @@ class Tester:
         threads = job.settings.session.intra_op_num_threads
         entries: list[dict[str, Any]] = []
         lines: list[str] = []
-        verdicts: list[str] = []  # of every budget of every data set
+        verdicts: list[Verdict] = []  # of every budget of every data set
         for ds in g.sets:
             relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
             budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
@@ -314,7 +321,8 @@ class Tester:
             outcome = latency.gate(calls, mine, budgets, plan)
             entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
             if ft is not None and ref_problem:
-                entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": SKIP, "note": ref_problem}
+                entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": Verdict.SKIPPED,
+                                     "note": ref_problem}
             verdicts += [v["verdict"] for v in entry["verdicts"]]
             if "observed_ratio" in entry.get("relative", {}):
                 verdicts.append(entry["relative"]["verdict"])
@@ -327,8 +335,8 @@ class Tester:
         out.pop("note", None)
         if notes:
             out["note"] = "; ".join(notes)
-        res.latency_verdict = (FAIL if lines else INCONCLUSIVE if INCONCLUSIVE in verdicts else
-                               PASS if verdicts else "-")
+        res.latency_verdict = (Verdict.FAIL if lines else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in verdicts
+                               else Verdict.PASS if verdicts else NOT_RUN)
         res.latency = out
         if lines:
             res.fail(lines)
@@ -351,11 +359,11 @@ def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, bud
     notes = []
     for b in budgets:
         v = outcome.verdicts[b.kind]
-        if v.verdict == INCONCLUSIVE:
+        if v.verdict == Verdict.INCONCLUSIVE:
             notes.append(f"{b.kind}: {v.note}")
         if b.reference is None:
             entry["verdicts"].append({"kind": b.kind, **latency.as_json(v)})
-            if v.verdict == FAIL:
+            if v.verdict == Verdict.FAIL:
                 lines.append(f"latency: {job} {b.kind} ({name}) {v.observed:.3f} ms (at least "
                              f"{v.lower:.3f} ms with {v.confidence:.0%} confidence) > budget {b.limit:g} ms "
                              f"({v.exceeding} of {v.samples} samples above it)")
@@ -366,14 +374,14 @@ def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, bud
         speedup = other_p50 / p50
         entry["relative"] = {"target": b.reference, "ratio": b.limit, "observed_ratio": speedup,
                              "reference": other.summary(), **latency.as_json(v)}
-        if v.verdict == FAIL:
+        if v.verdict == Verdict.FAIL:
             lines.append(f"latency: {job} ({name}) is {speedup:.2f}x as fast as {b.reference} (median "
                          f"{p50:.3f} ms vs {other_p50:.3f} ms, interleaved), below faster_than ratio {b.limit:g}")
     if entry["unstable"]:
         notes += entry["unstable"]
     if notes:
         entry["note"] = "; ".join(notes)
-    entry["verdict"] = (FAIL if any(v.verdict == FAIL for v in outcome.verdicts.values()) else
-                        INCONCLUSIVE if any(v.verdict == INCONCLUSIVE for v in outcome.verdicts.values()) else
-                        PASS if outcome.verdicts else "-")
+    found = {v.verdict for v in outcome.verdicts.values()}
+    entry["verdict"] = (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
+                        else Verdict.PASS if found else NOT_RUN)
     return entry

@@ -27,219 +27,32 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
-MAX_SAMPLES_ASKED = 200_000  # "more samples" beyond this cannot decide: the budget sits on the percentile
+from ortbuild.gating.percentiles import Budget as Budget
+from ortbuild.gating.percentiles import PercentileVerdict as PercentileVerdict
+from ortbuild.gating.percentiles import Spending as Spending
+from ortbuild.gating.percentiles import binom_cdf as binom_cdf
+from ortbuild.gating.percentiles import budgets_of as budgets_of
+from ortbuild.gating.percentiles import checkpoints as checkpoints
+from ortbuild.gating.percentiles import look_confidence as look_confidence
+from ortbuild.gating.percentiles import lower_rank as lower_rank
+from ortbuild.gating.percentiles import min_samples_to_bound as min_samples_to_bound
+from ortbuild.gating.percentiles import nearest_rank as nearest_rank
+from ortbuild.gating.percentiles import percentile_verdict as percentile_verdict
+from ortbuild.gating.percentiles import planned_samples as planned_samples
+from ortbuild.gating.percentiles import relative_verdict as relative_verdict
+from ortbuild.gating.percentiles import sequential_verdict as sequential_verdict
+from ortbuild.gating.percentiles import upper_rank as upper_rank
+from ortbuild.gating.percentiles import with_estimate as with_estimate
+from ortbuild.status import Verdict
+
+PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE  # as this module always named them
 FIRST_LOOK = 20              # the first look at the samples when min_samples is 0
 LOAD_SLOWDOWN = 2.0          # a FAIL under load stands only if it stays a FAIL this much faster (x load / CPUs)
 LOAD_EVERY_S = 0.01          # how often the load is read while sampling
-
-
-def _log_pmf(k: int, n: int, p: float) -> float:
-    if p <= 0.0:
-        return 0.0 if k == 0 else -math.inf
-    if p >= 1.0:
-        return 0.0 if k == n else -math.inf
-    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-            + k * math.log(p) + (n - k) * math.log1p(-p))
-
-
-def binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p)."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    return min(1.0, sum(math.exp(_log_pmf(i, n, p)) for i in range(k + 1)))
-
-
-def upper_rank(n: int, p: float, c: float) -> int | None:
-    """The smallest k (1-based) whose order statistic x_(k) bounds the p-th percentile from above with
-    confidence c: P(Binom(n, p) <= k - 1) >= c. None when n samples cannot bound it."""
-    acc = 0.0
-    for k in range(1, n + 1):
-        acc += math.exp(_log_pmf(k - 1, n, p))
-        if acc >= c:
-            return k
-    return None
-
-
-def lower_rank(n: int, p: float, c: float) -> int | None:
-    """The largest k whose order statistic x_(k) bounds the p-th percentile from below with confidence c:
-    P(Binom(n, p) >= k) >= c. None when n samples cannot bound it."""
-    acc = 0.0  # P(X >= k), accumulated from k = n down
-    for k in range(n, 0, -1):
-        acc += math.exp(_log_pmf(k, n, p))
-        if acc >= c:
-            return k
-    return None
-
-
-def min_samples_to_bound(p: float, c: float) -> int:
-    """The fewest samples whose maximum bounds the p-th percentile with confidence c (p90: 44, p99: 459)."""
-    return math.ceil(math.log(1 - c) / math.log(p))
-
-
-def planned_samples(budgeted: list[float], c: float, min_samples: int) -> int:
-    """The samples an undecided verdict runs to: min_samples, or (0) at least 100 and 1.5x what can bound
-    the tightest budgeted percentile."""
-    if min_samples:
-        return min_samples
-    need = max((min_samples_to_bound(p, c) for p in budgeted), default=0)
-    return max(100, math.ceil(1.5 * need))
-
-
-def look_confidence(c: float, k: int) -> float:
-    """The confidence of a direction's k-th look (1-based): it gets 1/(k(k+1)) of the error 1 - c."""
-    return 1 - (1 - c) / (k * (k + 1))
-
-
-def checkpoints(first: int, end: int) -> Iterator[int]:
-    """The sample counts sampling is looked at: first, doubling from there, and the plan's end among them."""
-    n = max(1, first)
-    while True:
-        if n > end > n // 2:  # the plan's end lies between the previous checkpoint and this one
-            yield end
-        yield n
-        n *= 2
-
-
-@dataclass(frozen=True)
-class PercentileVerdict:
-    percentile: float                # 0.5, 0.9, 0.99
-    budget: float                    # same unit as the samples
-    observed: float                  # nearest-rank empirical percentile
-    upper: float | None              # confidence bounds (None: too few samples)
-    lower: float | None
-    exceeding: int                   # samples above the budget
-    samples: int
-    confidence: float                # the stated confidence of the verdict, every look of it accounted for
-    verdict: str
-    more_samples: int | None = None  # INCONCLUSIVE: how many more would decide at the observed rate
-    note: str = ""
-    upper_confidence: float | None = None  # what each bound was computed at: its look's share of the error
-    lower_confidence: float | None = None
-
-
-def _decided(n: int, exceeding: int, p: float, c_up: float, c_lo: float | None = None) -> str | None:
-    """The verdict of n samples of which `exceeding` are above the budget."""
-    up, lo = upper_rank(n, p, c_up), lower_rank(n, p, c_up if c_lo is None else c_lo)
-    if up is not None and n - exceeding >= up:
-        return PASS  # x_(up) <= budget: at least `up` samples are within it
-    if lo is not None and n - exceeding < lo:
-        return FAIL  # x_(lo) > budget
-    return None
-
-
-def _more_needed(n: int, exceeding: int, p: float, c_up: float, c_lo: float) -> int | None:
-    """Extra samples that would decide, if the exceedance rate stayed as observed (None: not within the cap)."""
-    rate = exceeding / n
-
-    def decides(m: int) -> bool:
-        return _decided(m, round(rate * m), p, c_up, c_lo) is not None
-
-    hi = n
-    while not decides(hi):
-        hi *= 2
-        if hi > MAX_SAMPLES_ASKED:
-            return None
-    lo = max(n, hi // 2)
-    while lo < hi:  # the smallest deciding count (close enough: the rate is an estimate anyway)
-        mid = (lo + hi) // 2
-        if decides(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi - n
-
-
-def nearest_rank(sorted_samples: list[float], p: float) -> float:
-    return sorted_samples[max(0, math.ceil(p * len(sorted_samples)) - 1)]
-
-
-def _verdict(samples: list[float], p: float, budget: float, c: float, c_up: float, c_lo: float,
-             estimate: bool = True) -> PercentileVerdict:
-    xs = sorted(samples)
-    n = len(xs)
-    up, lo = upper_rank(n, p, c_up), lower_rank(n, p, c_lo)
-    exceeding = sum(x > budget for x in xs)
-    verdict = _decided(n, exceeding, p, c_up, c_lo) or INCONCLUSIVE
-    v = PercentileVerdict(p, budget, nearest_rank(xs, p), xs[up - 1] if up else None, xs[lo - 1] if lo else None,
-                          exceeding, n, c, verdict, None, "", c_up, c_lo)
-    return with_estimate(v) if estimate else v
-
-
-def with_estimate(v: PercentileVerdict) -> PercentileVerdict:
-    """An INCONCLUSIVE verdict with how many more samples would decide it (at its bounds' confidences)."""
-    if v.verdict != INCONCLUSIVE:
-        return v
-    c_up = v.confidence if v.upper_confidence is None else v.upper_confidence
-    c_lo = v.confidence if v.lower_confidence is None else v.lower_confidence
-    more = _more_needed(v.samples, v.exceeding, v.percentile, c_up, c_lo)
-    return replace(v, more_samples=more, note=(
-        f"about {more} more samples would decide" if more is not None else
-        "the percentile sits on the budget: more samples will not decide; give the budget headroom"))
-
-
-def percentile_verdict(samples: list[float], p: float, budget: float, c: float,
-                       estimate: bool = True) -> PercentileVerdict:
-    """The verdict of one look at `samples` (a plan fixed in advance) at confidence c (`estimate`: with how many
-    more samples would decide an INCONCLUSIVE one)."""
-    return _verdict(samples, p, budget, c, c, c, estimate)
-
-
-@dataclass
-class Spending:
-    """How many looks one budget's verdict has taken in each direction (PASS, FAIL): its k-th look in a
-    direction decides at look_confidence(c, k)."""
-
-    passes: int = 0
-    fails: int = 0
-
-
-def sequential_verdict(samples: list[float], p: float, budget: float, c: float, spent: Spending) -> PercentileVerdict:
-    """The verdict of one look of a sequential plan: each direction that can decide at this many samples spends
-    its next share of the error (counted in `spent`). INCONCLUSIVE comes without the estimate (with_estimate)."""
-    n = len(samples)
-    c_up, c_lo = look_confidence(c, spent.passes + 1), look_confidence(c, spent.fails + 1)
-    if upper_rank(n, p, c_up) is not None:
-        spent.passes += 1
-    if lower_rank(n, p, c_lo) is not None:
-        spent.fails += 1
-    return _verdict(samples, p, budget, c, c_up, c_lo, estimate=False)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """One verdict to reach: the `percentile` of my latency within `limit` ms, or (with a `reference`) the
-    median of limit * mine_i / reference_i over the paired samples at most 1 (`faster_than`, ratio `limit`)."""
-
-    kind: str                        # "p50", "p90", "p99" or "relative"
-    percentile: float
-    limit: float
-    reference: str | None = None
-
-    def values(self, series: Mapping[str, list[float]], mine: str) -> tuple[list[float], float]:
-        """What the percentile test runs on, and its budget."""
-        if self.reference is None:
-            return series[mine], self.limit
-        return [self.limit * m / r for m, r in zip(series[mine], series[self.reference], strict=True)], 1.0
-
-
-def budgets_of(percentiles: Mapping[float, float], reference: str | None = None, ratio: float = 0.0) -> list[Budget]:
-    """The budgets of {percentile: ms}, and a relative one when `reference` is given."""
-    out = [Budget(f"p{round(p * 100)}", p, ms) for p, ms in percentiles.items()]
-    return [*out, Budget("relative", 0.5, ratio, reference)] if reference is not None else out
-
-
-def relative_verdict(mine: list[float], reference: list[float], ratio: float, c: float) -> PercentileVerdict:
-    """"reference median / my median >= ratio" from paired, interleaved samples: the median of
-    ratio * mine_i / reference_i must be at most 1 (a sign test, the same order statistics)."""
-    scaled, limit = Budget("relative", 0.5, ratio, "reference").values({"mine": mine, "reference": reference}, "mine")
-    return percentile_verdict(scaled, 0.5, limit, c)
 
 
 # ------------------------------------------------------------------------------------------------- load
@@ -419,7 +232,7 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
             values, limit = b.values(samples, mine)
             verdicts[b.kind] = sequential_verdict(values, b.percentile, limit, plan.confidence,
                                                   spending.setdefault(b.kind, Spending()))
-        decided = bool(budgets) and all(v.verdict != INCONCLUSIVE for v in verdicts.values())
+        decided = bool(budgets) and all(v.verdict is not Verdict.INCONCLUSIVE for v in verdicts.values())
         at_end = i >= end and clock() - start >= plan.min_seconds
         if decided or at_end:
             break
@@ -456,7 +269,7 @@ def _suspects(attempt: Attempt, budgets: list[Budget], mine: str, cpus: int) -> 
     """The budgets whose FAIL the attempt's instability (load, drift) could explain."""
     if not attempt.series[mine].instability():
         return []
-    return [b.kind for b in budgets if attempt.verdicts[b.kind].verdict == FAIL
+    return [b.kind for b in budgets if attempt.verdicts[b.kind].verdict is Verdict.FAIL
             and explained_by_load(b, attempt, mine, cpus)]
 
 
@@ -483,7 +296,7 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
     for kind in _suspects(again, budgets, mine, cpus):
         what = (f"load {s.machine_load():.1f} on {cpus} CPUs" if s.machine_load() > cpus else
                 f"drift ({'; '.join(s.instability())})")
-        out.verdicts[kind] = replace(out.verdicts[kind], verdict=INCONCLUSIVE, more_samples=None,
+        out.verdicts[kind] = replace(out.verdicts[kind], verdict=Verdict.INCONCLUSIVE, more_samples=None,
                                      note=f"FAIL measured under {what}, twice (waited {waited['waited_s']:g} s for "
                                           "the load to fall); rerun on a quiet machine")
     return out

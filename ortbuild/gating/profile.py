@@ -19,24 +19,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ortbuild import paths, workspace
+from ortbuild import files, paths, workspace
 from ortbuild.artifact import golden, loaders, manifest
-from ortbuild.errors import ArtifactError, from_loader
+from ortbuild.errors import ArtifactError, OrtbuildError, from_loader
 from ortbuild.project.plan import Job
+from ortbuild.status import JobStatus, ProfileStatus
 
 TRACE, SUMMARY = "profile.trace.json", "profile.json"
 CPU = "CPUExecutionProvider"
-PROFILED, SKIPPED, FAILED = "PROFILED", "SKIPPED", "FAILED"
+# the statuses under the names other modules have used (ortbuild.status.ProfileStatus is the vocabulary)
+PROFILED, SKIPPED, FAILED = ProfileStatus.PROFILED, ProfileStatus.SKIPPED, ProfileStatus.FAILED
 
 
 @dataclass
 class ProfileResult:
     target: str
     model: str
-    status: str
+    status: ProfileStatus
     reason: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int = 0
+
+    def __bool__(self) -> bool:
+        """Whether profiling did not fail (a SKIPPED target is no failure)."""
+        return bool(self.status)
 
     def as_json(self) -> dict[str, Any]:
         return {"target": self.target, "model": self.model, "status": self.status, "reason": self.reason,
@@ -112,8 +118,8 @@ def profile_artifact(job: Job, folder: Path, secret: bytes | None, runs: int) ->
     summary = {"build_key": m.build_key, "artifact_sha256": m.artifact.sha256, "trace": TRACE,
                "created": manifest.iso_utc(), "data_sets": len(feeds),
                **summarize(events, [p["name"] for p in m.providers])}
-    manifest.atomic_write(folder / TRACE, blob)
-    manifest.atomic_write(folder / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
+    files.atomic_write(folder / TRACE, blob)
+    files.atomic_write(folder / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
     return summary
 
 
@@ -123,8 +129,9 @@ def write_skipped(dist: Path, job: Job, reason: str) -> None:
     if (folder / manifest.MANIFEST).exists():
         m, _ = manifest.read(folder)
         (folder / TRACE).unlink(missing_ok=True)
-        doc = {"build_key": m.build_key, "status": SKIPPED, "reason": reason, "created": manifest.iso_utc()}
-        manifest.atomic_write(folder / SUMMARY, (json.dumps(doc, indent=2) + "\n").encode())
+        doc = {"build_key": m.build_key, "status": ProfileStatus.SKIPPED, "reason": reason,
+               "created": manifest.iso_utc()}
+        files.atomic_write(folder / SUMMARY, (json.dumps(doc, indent=2) + "\n").encode())
 
 
 def collect(dist: Path) -> list[dict[str, Any]]:
@@ -145,19 +152,16 @@ HEADER = ["op type", "node", "provider", "calls", "total ms", "mean us", "share"
 
 def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, built: dict[str, Any],
                  progress: Callable[[str, str], None]) -> list[ProfileResult]:
-    from ortbuild.errors import OrtbuildError
-    from ortbuild.pipeline import build
-
     out = []
     for job in jobs:
         b = built[job.name]
-        res = ProfileResult(job.target.name, job.model.name, PROFILED)
-        if b.status == build.FAILED:
-            res.status, res.reason = FAILED, f"build failed: {b.reason}"
+        res = ProfileResult(job.target.name, job.model.name, ProfileStatus.PROFILED)
+        if b.status == JobStatus.FAILED:
+            res.status, res.reason = ProfileStatus.FAILED, f"build failed: {b.reason}"
             res.exit_code = b.error.exit_code if b.error else 6
-        elif b.status in (build.SKIPPED, build.PORTABLE):
-            res.status, res.reason = SKIPPED, b.reason
-            if b.status == build.PORTABLE:
+        elif b.status in (JobStatus.SKIPPED, JobStatus.PORTABLE):
+            res.status, res.reason = ProfileStatus.SKIPPED, b.reason
+            if b.status == JobStatus.PORTABLE:
                 write_skipped(dist, job, b.reason)
         else:
             progress(job.name, f"profile: 1 warm-up + {runs} runs through the generated Python loader")
@@ -165,9 +169,10 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
                 res.summary = profile_artifact(job, paths.inside(dist, job.target.name, job.model.name),
                                                secret, runs)
             except OrtbuildError as e:
-                res.status, res.reason, res.exit_code = FAILED, e.message, e.exit_code
+                res.status, res.reason, res.exit_code = ProfileStatus.FAILED, e.message, e.exit_code
             except Exception as e:  # the loader's own errors (LoaderError) and ORT's
-                res.status, res.reason, res.exit_code = FAILED, f"{type(e).__name__}: {e}", ArtifactError.exit_code
+                res.status, res.reason = ProfileStatus.FAILED, f"{type(e).__name__}: {e}"
+                res.exit_code = ArtifactError.exit_code
         progress(job.name, res.status + (f": {res.reason}" if res.reason else ""))
         out.append(res)
     return out

@@ -13,10 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ortbuild import paths
+from ortbuild import files, paths
 from ortbuild.artifact import manifest
+from ortbuild.status import Verdict
 
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
+
+
+def _verdict(passed: bool) -> Verdict:
+    return Verdict.PASS if passed else Verdict.FAIL
 
 
 def _ms(x: Any) -> str:
@@ -41,7 +46,7 @@ def rows(results: list[dict[str, Any]]) -> list[list[str]]:
                     r["accuracy"] + (f" ({r['worst']})" if r["worst"] not in ("-", "") else ""),
                     _latency_cell(r, "p50_ms"), _latency_cell(r, "p90_ms"), _latency_cell(r, "p99_ms"),
                     (f"{rel['observed_ratio']:.2f}x/{rel['ratio']:g} {rel['target']}" if rel and "observed_ratio" in rel
-                     else ("-" if not rel else "SKIPPED")),
+                     else ("-" if not rel else Verdict.SKIPPED)),
                     r["status"]])
     return out
 
@@ -70,14 +75,14 @@ def profiles(dist: Path) -> list[dict[str, Any]]:
 
 def write(dist: Path, docs: list[dict[str, Any]]) -> tuple[Path, Path]:
     results = [d["result"] for d in docs]
-    counts = {s: sum(r["status"] == s for r in results) for s in ("PASS", "FAIL", "INCONCLUSIVE", "SKIPPED")}
+    counts = {s: sum(r["status"] == s for r in results) for s in Verdict}  # PASS, FAIL, INCONCLUSIVE, SKIPPED
     created = manifest.iso_utc()
     doc = {"created": created, "counts": counts, "results": results,
            "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs},
            "profiles": profiles(dist)}
     jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
-    manifest.atomic_write(jpath, (json.dumps(doc, indent=2, default=str) + "\n").encode())
-    manifest.atomic_write(hpath, render_html(doc).encode())
+    files.atomic_write(jpath, (json.dumps(doc, indent=2, default=str) + "\n").encode())
+    files.atomic_write(hpath, render_html(doc).encode())
     return jpath, hpath
 
 
@@ -143,7 +148,7 @@ def _explain_html(x: dict[str, Any]) -> list[str]:
     if x.get("trials"):
         out.append("<table class=trials><tr><th>rebuild</th><th>kept in float</th><th>verdict</th><th>worst</th></tr>"
                    + "".join(f"<tr><td>{i}</td><td>{e(', '.join(t['op_types']) or ', '.join(t['nodes']))}</td>"
-                             f"<td class={'PASS' if t['passed'] else 'FAIL'}>{'PASS' if t['passed'] else 'FAIL'}</td>"
+                             f"<td class={_verdict(t['passed'])}>{_verdict(t['passed'])}</td>"
                              f"<td>{e(t['worst'])}</td></tr>" for i, t in enumerate(x["trials"], 1)) + "</table>")
     if x.get("override"):
         out.append(f"<p>paste into targets.toml ({x['rebuilds']} rebuilds, {x['seconds']} s):</p>"
@@ -247,7 +252,7 @@ def render_html(doc: dict[str, Any]) -> str:
                        "<th>verdict</th></tr>")
             for o in r["outputs"]:
                 for c in o["checks"] or [{"metric": "ignored", "observed": "-", "allowed": "-", "passed": True}]:
-                    v = "PASS" if c["passed"] else "FAIL"
+                    v = _verdict(c["passed"])
                     out.append(f"<tr><td>{e(o['output'])}</td><td>{e(o['dataset'])}</td><td>{e(c['metric'])}</td>"
                                f"<td>{e(str(c['observed']))}</td><td>{e(str(c['allowed']))}</td>"
                                f"<td class={v}>{v}</td></tr>")

@@ -38,6 +38,7 @@ from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.gates import PASS, REPORT
+from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.publish import tarball
 
@@ -120,7 +121,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
 def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """The test report beside an artifact (None: never tested) and why it is not trusted (None: its signature
     verifies with the trusted key)."""
-    from ortbuild.artifact.keys import verify
+    from ortbuild.artifact.ed25519 import verify_detached
     from ortbuild.gating.gates import REPORT_SIG
 
     try:
@@ -128,10 +129,10 @@ def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str
     except FileNotFoundError:
         return None, None
     try:
-        sig = base64.b64decode((folder / REPORT_SIG).read_bytes().strip(), validate=True)
+        verified = verify_detached(text, folder / REPORT_SIG, public_key)
     except (OSError, ValueError):
         return None, f"no valid signature beside it ({REPORT_SIG})"
-    if not verify(public_key, sig, text):
+    if not verified:
         return None, f"{REPORT_SIG} does not verify it with the trusted public key"
     try:
         doc = json.loads(text)
@@ -235,7 +236,7 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
         add(model.inputs, "golden inputs")
         if model.expected is not None:
             add(model.expected, "golden outputs")
-        if model.calibration is not None and mr.manifest.precision.name == "int8-static":
+        if model.calibration is not None and precisions.rule(mr.manifest.precision.name).needs_calibration:
             add(model.calibration, "calibration data")
     return [seen[k] for k in sorted(seen)]
 

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild import paths, runtime
-from ortbuild.artifact import golden, keys, loaders, manifest, minisign
+from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating import compare
 from ortbuild.publish import release, tarball
+from ortbuild.status import Verdict
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
 MAX_SMALL = 64 << 20  # SHA256SUMS, its signature, the index and the provenance are read whole: a sane bound
@@ -99,7 +100,7 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise ArtifactError(f"{path}: not a DSSE envelope holding an in-toto statement") from None
     if env.get("payloadType") != release.DSSE_PAYLOAD_TYPE or \
-            not any(keys.verify(public_key, s, release.pae(release.DSSE_PAYLOAD_TYPE, body)) for s in sigs):
+            not any(ed25519.verify(public_key, s, release.pae(release.DSSE_PAYLOAD_TYPE, body)) for s in sigs):
         raise ArtifactError(f"{path}: its signature does not verify with the public key given (modified, or "
                             "signed by another key)")
     try:
@@ -166,7 +167,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
         warnings.append("signed and encrypted with DEVELOPMENT keys (ortbuild keygen --dev): not for production")
     for b in pred["runDetails"].get("byproducts", []):
         status = b.get("annotations", {}).get("status")
-        if status != "PASS" and not forced:
+        if status != Verdict.PASS and not forced:
             raise GateFailed(f"{folder / prov_name}: {b.get('name')} is {status}, and the release was not forced")
 
     # 4. the bundle, streamed member by member into a fresh directory; each member's digest and the whole file's
@@ -236,7 +237,8 @@ def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
         bad = [r for r in results if not r.passed]
         for r in bad:
             failures += compare.describe_failure(r)
-        lines.append(f"golden       {model}: {'FAIL' if bad else 'PASS'} ({len(results)} output checks through "
+        verdict = Verdict.FAIL if bad else Verdict.PASS
+        lines.append(f"golden       {model}: {verdict} ({len(results)} output checks through "
                      f"the bundle's Python loader, worst {compare.worst_metric(results)})")
     if failures:
         raise GateFailed(f"{index['name']}: the golden test failed:\n  " + "\n  ".join(failures),

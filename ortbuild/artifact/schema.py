@@ -1,0 +1,296 @@
+"""What a manifest holds: `Manifest` (frozen dataclasses), the only place that knows the manifest's keys, and
+its strict reader (`Manifest.from_json`: every key known, every required key present, every type right, the
+free-form parts every reader indexes well-formed). Stdlib only: the noxfile reads manifests before any venv
+exists. Reading one from disk, writing it signed and checking an artifact against it: ortbuild.artifact.manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ortbuild.errors import ArtifactError
+from ortbuild.status import ArtifactState
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 2
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProjectInfo:
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    sha256: str
+    size: int
+    ir_version: int
+    opsets: dict[str, int]
+    # every file of the source model: the graph (its own name) and each external-data file (its location, as
+    # the graph names it), with sha256 and size; `sha256` above is the graph file's, `size` all files'
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    name: str                        # the file in dist/<target>/<model>/ (model.onnx.enc, model.onnx.data.enc)
+    role: str                        # model | external_data
+    location: str                    # its plaintext name, as the graph's external-data locations name it
+    sha256: str                      # of the file as stored (the ciphertext when encrypted)
+    size: int
+    encrypted: bool
+
+
+@dataclass(frozen=True)
+class Artifact:
+    file: str                        # the model file's name in its directory
+    format: str                      # onnx | ort
+    sha256: str
+    size: int                        # all files of the artifact together
+    size_ratio: float                # size / source size
+    files: list[ArtifactFile]        # every file of the artifact; each is signed through this manifest
+    external_data: str = ""          # why the weights are external data (model.onnx.data), "" when embedded
+
+
+@dataclass(frozen=True)
+class Encryption:
+    container: str                   # ortbuild-container-v1 (docs/container.md)
+    algorithm: str                   # AES-256-GCM, chunked (STREAM), envelope: data key wrapped by the KEK
+    key_id: str                      # names the key-encryption key, never reveals it
+    chunk_size: int
+    deterministic: bool              # data key and nonces derived from the KEK and the plaintext digest
+    development_key: bool            # built with a `keygen --dev` key: never for a release
+
+
+@dataclass(frozen=True)
+class Signing:
+    algorithm: str                   # Ed25519 over the exact bytes of manifest.json, in manifest.sig (base64)
+    public_key: str                  # base64 of the raw 32-byte public key (loaders pin it)
+    public_key_id: str
+    development_key: bool
+
+
+@dataclass(frozen=True)
+class LoaderFile:
+    language: str                    # python | node | node-types
+    name: str                        # relative to the artifact directory
+    sha256: str
+    runs_target: bool                # False: this loader refuses the target (e.g. Node for OpenVINO)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SignedFile:
+    """A file beside the artifact that readers use but the loaders do not decrypt (the golden data)."""
+    name: str                        # relative to the artifact directory, e.g. golden/test_data_set_0/input_0.pb
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PrecisionInfo:
+    name: str
+    options: dict[str, Any]
+    changed: dict[str, Any] | None = None  # what the step converted (steps.accounting); None for fp32
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What ONNX Runtime's transformer optimizer did before the precision step (steps/fusion.py)."""
+    model_type: str
+    num_heads: int                   # as configured; 0: inferred from the graph by the optimizer
+    hidden_size: int
+    applied: bool                    # False: nothing fused, or skipped (a portable build): the source was used
+    fused_ops: dict[str, int]        # op type -> nodes the optimizer added, e.g. {"Attention": 3}
+    nodes_before: int
+    nodes_after: int
+    reason: str = ""                 # why it was not applied
+
+
+@dataclass(frozen=True)
+class Optimization:
+    requested: str
+    applied: str
+    portable: bool
+    tied_to: dict[str, Any]          # {"providers": [...], "simd_level": "..."} where not portable
+    optimized_with: list[str]
+    op_domains: dict[str, int]
+    disabled_optimizers: list[str] = field(default_factory=list)
+    inflation: dict[str, Any] | None = None  # what constant folding grew, and what the build did about it
+
+
+@dataclass(frozen=True)
+class GoldenRun:
+    providers: list[str]             # what the reload session really ran on
+    outputs: list[dict[str, Any]]    # name, dtype, shape of each output on the golden inputs
+    inputs_sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    project: ProjectInfo
+    target: str
+    model: str
+    status: str                      # complete | portable
+    missing_providers: dict[str, str]
+    source: Source
+    artifact: Artifact
+    precision: PrecisionInfo
+    providers: list[dict[str, Any]]  # {"name": ..., "options": {...}}, in priority order
+    session: dict[str, Any]
+    free_dimensions: dict[str, int]
+    optimization: Optimization
+    io: dict[str, Any]               # {"inputs": [...], "outputs": [...]}: name, dtype, shape
+    golden_run: GoldenRun
+    versions: dict[str, Any]
+    build_machine: dict[str, Any]
+    build_key: str
+    created: str
+    encryption: Encryption | None    # None: the target opted out (encrypt = false)
+    signing: Signing
+    loaders: list[LoaderFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    build_inputs: dict[str, str] = field(default_factory=dict)  # digest of each part of the build key
+    plugins: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> its plugin EP package
+    compiled: dict[str, Any] | None = None  # compiled ahead of time (EPContext): provider, device, partitions
+    # custom-op libraries: name, version, sha256, library, and module (a package's) or file (shipped beside it)
+    custom_ops: list[dict[str, str]] = field(default_factory=list)
+    epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
+    golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
+    fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def portable_only(self) -> bool:
+        return self.status == ArtifactState.PORTABLE
+
+    def to_json(self) -> bytes:
+        return (json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = MANIFEST) -> Manifest:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ArtifactError(f"{where}: unreadable manifest: {e}",
+                                "rebuild the artifact with `ortbuild build`") from None
+        if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"{where}: not an ortbuild manifest (format version {FORMAT_VERSION})",
+                                "rebuild the artifact with this ortbuild")
+        m = _typed(cls, data, where, "")
+        problem = _content_problem(m)
+        if problem:
+            raise ArtifactError(f"{where}: damaged manifest: {problem}",
+                                "the manifest was edited or is corrupted: rebuild the artifact with `ortbuild build`")
+        return m
+
+
+def _is_value_info(v: Any) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("dtype"), str)
+            and (v.get("shape") is None or isinstance(v.get("shape"), list)))
+
+
+def file_name_problem(name: str) -> str | None:
+    """Why a file name in a manifest is not a plain relative name inside the artifact's directory."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts) \
+            or len(parts) > (3 if parts[0] == "golden" else 2):
+        return f"file name {name[:80]!r} is not a plain name inside the artifact directory"
+    return None
+
+
+def _content_problem(m: Manifest) -> str | None:
+    """What the typed reader cannot see: the free-form parts every reader indexes, and safe file names."""
+    for c in m.custom_ops:
+        if not all(isinstance(c.get(k), str) for k in ("name", "version", "sha256", "library")):
+            return "custom_ops entries must have name, version, sha256 and library"
+        if "file" in c and (file_name_problem(c["file"]) or not c["file"].startswith("custom_ops/")):
+            return f"custom_ops file {c['file'][:80]!r} is not custom_ops/<name>"
+    if m.status not in tuple(ArtifactState):
+        return f"status {m.status!r} is neither 'complete' nor 'portable'"
+    ort_version = m.versions.get("onnxruntime")
+    if not (isinstance(ort_version, dict) and all(isinstance(ort_version.get(k), str)
+                                                  for k in ("distribution", "version"))):
+        return "versions.onnxruntime must have distribution and version"
+    if not all(isinstance(m.build_machine.get(k), str) for k in ("cpu", "simd_level")):
+        return "build_machine must have cpu and simd_level"
+    for kind in ("inputs", "outputs"):
+        if not (isinstance(m.io.get(kind), list) and all(_is_value_info(v) for v in m.io[kind])):
+            return f"io.{kind} must be a list of {{name, dtype, shape}}"
+    if not all(_is_value_info(v) for v in m.golden_run.outputs):
+        return "golden_run.outputs must be a list of {name, dtype, shape}"
+    if not all(isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("options", {}), dict)
+               for p in m.providers):
+        return "providers must be a list of {name, options}"
+    names = [f.name for f in m.artifact.files] + [lf.name for lf in m.loaders] + [g.name for g in m.golden]
+    for name in names:
+        problem = file_name_problem(name)
+        if problem:
+            return problem
+    if any(not g.name.startswith("golden/") for g in m.golden):
+        return "golden files must be under golden/"
+    if not isinstance(m.epoch, int) or m.epoch < 0:
+        return "epoch must be a non-negative integer"
+    if m.fusion is not None and not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                        for k, v in m.fusion.fused_ops.items()):
+        return "fusion.fused_ops must map op types to counts"
+    if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
+        return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
+    return None
+
+
+def _typed(cls: type[T], data: Any, where: str, path: str) -> T:
+    """Build dataclass `cls` from JSON `data`, strictly: every key known, every required key present."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{where}: [{path or 'manifest'}] must be an object")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ArtifactError(f"{where}: unknown manifest key '{path + unknown[0]}'",
+                            "the manifest was edited or written by another ortbuild: rebuild it")
+    values = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ArtifactError(f"{where}: manifest key '{path + name}' is missing",
+                                    "the manifest was edited or written by another ortbuild: rebuild it")
+            continue
+        value, hint = data[name], hints[name]
+        optional = typing.get_origin(hint) in (types.UnionType, typing.Union) and type(None) in typing.get_args(hint)
+        inner = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
+        item = typing.get_args(inner)[0] if typing.get_origin(inner) is list else None
+        if value is None and optional:
+            pass
+        elif dataclasses.is_dataclass(inner):
+            value = _typed(inner, value, where, f"{path}{name}.")  # type: ignore[arg-type]
+        elif item is not None and dataclasses.is_dataclass(item) and isinstance(value, list):
+            value = [_typed(item, v, where, f"{path}{name}[{i}].") for i, v in enumerate(value)]  # type: ignore
+        elif not _matches(value, hint):
+            raise ArtifactError(f"{where}: manifest key '{path + name}' has the wrong type",
+                                "the manifest was edited: rebuild the artifact")
+        values[name] = value
+    return cls(**values)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint) or hint
+    if origin in (types.UnionType, typing.Union):
+        return any(_matches(value, a) for a in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin)

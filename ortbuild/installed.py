@@ -1,0 +1,80 @@
+"""What is installed here: the ONNX Runtime flavor (the pip distribution that provides `onnxruntime`), and
+whether this environment holds a target's requirements (its flavor, plugin EPs and custom-op packages at their
+pinned versions). Reads package metadata only: never imports ONNX Runtime."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from ortbuild.errors import RuntimeMismatch
+from ortbuild.project import options
+from ortbuild.project.config import Target
+
+
+@dataclass(frozen=True)
+class Flavor:
+    distribution: str
+    version: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"distribution": self.distribution, "version": self.version}
+
+
+def installed_flavor() -> Flavor | None:
+    """The pip distribution that provides `onnxruntime` here, or None."""
+    found = []
+    for name in options.RUNTIMES:
+        try:
+            found.append(Flavor(name, md.version(name)))
+        except md.PackageNotFoundError:
+            continue
+    if len(found) > 1:
+        names = ", ".join(f.distribution for f in found)
+        raise RuntimeMismatch(
+            f"several ONNX Runtime flavors are installed together ({names}); they overwrite each other's "
+            "`onnxruntime` module", "use one virtualenv per flavor: `nox -s build` does that for you")
+    return found[0] if found else None
+
+
+def runtime_problem(target: Target) -> str | None:
+    """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can."""
+    how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
+           "virtualenv")
+    return requirements_problem(target.name, target.requirements, how)
+
+
+def requirements_problem(name: str, requirements: Sequence[str], how: str) -> str | None:
+    """Why this environment does not hold `requirements` (a target's: its flavor first, then its plugin EPs and
+    custom-op packages), or None."""
+    flavor, *packages = requirements
+    return requirement_problem(name, flavor, how) or next(
+        (why for req in packages if (why := package_problem(name, req, how))), None)
+
+
+def requirement_problem(name: str, requirement: str, how: str) -> str | None:
+    """Why this environment's ONNX Runtime does not satisfy `requirement` (a target's runtime), or None."""
+    req = Requirement(requirement)
+    have = installed_flavor()
+    if have is None:
+        return f"no ONNX Runtime is installed here; {name} needs {requirement}; {how}"
+    if have.distribution != req.name.lower() or not req.specifier.contains(Version(have.version), prereleases=True):
+        return f"{name} needs {requirement}, this environment has {have.distribution} {have.version}; {how}"
+    return None
+
+
+def package_problem(name: str, requirement: str, how: str) -> str | None:
+    """Why the package `requirement` (a plugin EP, a custom-op library) is not installed here at its version."""
+    req = Requirement(requirement)
+    try:
+        version = md.version(req.name)
+    except md.PackageNotFoundError:
+        what = "the plugin EP " if req.name.lower() in options.PLUGINS else ""
+        return f"{name} needs {what}{requirement}, which is not installed here; {how}"
+    if not req.specifier.contains(Version(version), prereleases=True):
+        return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"
+    return None
