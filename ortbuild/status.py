@@ -43,6 +43,13 @@ class Verdict(StrEnum):
         return self is not Verdict.FAIL
 
 
+class ArtifactState(StrEnum):
+    """A manifest's `status`: everything the target asked for, or the portable part only."""
+
+    COMPLETE = "complete"
+    PORTABLE = "portable"    # its providers could not run where it was built: precision + basic level only
+
+
 class ProfileStatus(StrEnum):
     PROFILED = "PROFILED"
     SKIPPED = "SKIPPED"

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError, StepError
-from ortbuild.pipeline.build import BUILT, FAILED, PORTABLE, SKIPPED, UP_TO_DATE, Builder, JobResult
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import JobResult
 from ortbuild.project import config, plan
+from ortbuild.status import JobStatus
+
+BUILT, FAILED, PORTABLE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.PORTABLE
+SKIPPED, UP_TO_DATE = JobStatus.SKIPPED, JobStatus.UP_TO_DATE
 
 pytestmark = pytest.mark.runtime  # runs in every flavor's venv (nox: tests, tests-openvino)
 
@@ -27,7 +33,8 @@ TWO_TARGETS = """
 
 def build(path: Path, dist: Path, force: bool = False, **sel: list[str]) -> list[JobResult]:
     project = config.load(path)
-    return Builder(project, dist, force=force, progress=lambda job, msg: None).run(plan.jobs(project, **sel))
+    return Builder(project, dist, force=force, secrets=keys.read_secrets(),
+                   progress=lambda job, msg: None).run(plan.jobs(project, **sel))
 
 
 def test_build_publishes_artifact_and_manifest(make_project: Callable[..., Path], tmp_path: Path) -> None:
@@ -217,7 +224,7 @@ def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifac
 
 def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_target() -> None:
     from ortbuild import runtime
-    from ortbuild.pipeline import build as b
+    from ortbuild.pipeline import key as b
 
     project = config.load(Path(__file__).resolve().parent.parent / "targets.toml", check_files=False)
     job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]
@@ -242,7 +249,8 @@ def test_parallel_builds_equal_serial_ones_and_a_failing_job_hides_nothing(make_
     results = {}
     for workers in (1, 2):
         p = config.load(path)
-        res = Builder(p, tmp_path / f"dist{workers}", progress=lambda job, msg: None).run(plan.jobs(p), workers)
+        res = Builder(p, tmp_path / f"dist{workers}", secrets=keys.read_secrets(),
+                      progress=lambda job, msg: None).run(plan.jobs(p), workers)
         results[workers] = [(r.target, r.model, r.status, r.error.exit_code if r.error else 0) for r in res]
     assert results[1] == results[2]
     assert ("int8", "tiny_lstm", FAILED, 3) in results[2]
@@ -277,7 +285,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert doc["plugins"]["OpenVINOExecutionProvider"]["package"] == "onnxruntime-ep-openvino"
     assert doc["plugins"]["OpenVINOExecutionProvider"]["version"] == "1.8.1"
     loader = loaders.import_python_loader(folder / "loader" / "ortbuild_loader.py")
-    fit = manifest.fit_problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
+    fit = runtime.fit_problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
     if results[0].status == PORTABLE:
         assert "Intel" in results[0].reason and "vendor" in results[0].reason
         assert len(fit) == 1 and "ORT would fall back silently" in fit[0] and "Intel" in fit[0]

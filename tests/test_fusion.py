@@ -19,12 +19,17 @@ from typing import Any
 import onnx
 import pytest
 
+from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
-from ortbuild.pipeline import build as b
-from ortbuild.pipeline.build import BUILT, FAILED, UP_TO_DATE, Builder, JobResult
+from ortbuild.pipeline import key, stages
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import Done, JobResult
 from ortbuild.pipeline.steps import check, fusion, precision
 from ortbuild.project import config, options, plan
+from ortbuild.status import JobStatus
 from tests.conftest import MODELS, REPO, TEST_KEY, here_runtime
+
+BUILT, FAILED, UP_TO_DATE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.UP_TO_DATE
 
 pytestmark = pytest.mark.runtime
 
@@ -48,7 +53,8 @@ TARGETS = """
 
 def build(path: Path, dist: Path, **sel: list[str]) -> list[JobResult]:
     project = config.load(path)
-    return Builder(project, dist, progress=lambda job, msg: None).run(plan.jobs(project, **sel))
+    return Builder(project, dist, secrets=keys.read_secrets(),
+                   progress=lambda job, msg: None).run(plan.jobs(project, **sel))
 
 
 def manifest_of(dist: Path, target: str, model: str = "tiny_transformer") -> dict[str, Any]:
@@ -146,7 +152,6 @@ def test_fused_op_types_are_op_types_only_with_fusion_on() -> None:
 
 def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds_on_change(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
-    from ortbuild.artifact import keys
     from ortbuild.gating.gates import PASS, Tester, TestResult
 
     path = make_project(TARGETS, models=("tiny_transformer",))
@@ -180,9 +185,9 @@ def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds
     path.write_text(path.read_text().replace('fusion = { model_type = "bert" }',
                                              'fusion = { model_type = "bert", num_heads = 4, hidden_size = 128 }'))
     project = config.load(path)
-    builder = Builder(project, dist, progress=lambda job, msg: None)
-    ctx = builder.prepare(plan.jobs(project, targets=["fused"])[0])
-    why, _ = b.published(ctx.out_dir, ctx.key, ctx.sign_key, ctx.key_parts)
+    builder = Builder(project, dist, secrets=keys.read_secrets(), progress=lambda job, msg: None)
+    prep = builder.prepare(plan.jobs(project, targets=["fused"])[0])
+    why, _ = key.published(prep.out_dir, prep.key, prep.secrets.signing, prep.key_parts)
     assert why == "changed: settings.fusion"
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE, BUILT, BUILT]
     assert manifest_of(dist, "fused")["fusion"]["num_heads"] == 4
@@ -246,14 +251,17 @@ def test_an_external_data_model_is_fused_with_external_data(make_project: Callab
 def test_a_portable_build_skips_fusion_with_a_note(make_project: Callable[..., Path], tmp_path: Path) -> None:
     project = config.load(make_project(TARGETS, models=("tiny_transformer",)))
     job = plan.jobs(project, targets=["fused"])[0]
-    ctx = Builder(project, tmp_path / "dist", progress=lambda job, msg: None).prepare(job)
-    ctx.missing = {"CUDAExecutionProvider": "no GPU here"}  # what a CUDA target gets on a machine without one
-    ctx.work = tmp_path
-    b._check(ctx)
-    b._fusion(ctx)
-    assert ctx.fused is not None and not ctx.fused.applied and ctx.fused.path == TRANSFORMER.resolve()
-    assert "a portable build holds standard ONNX ops only (CUDAExecutionProvider cannot run here)" in ctx.fused.reason
-    assert ctx.fused.notes == [f"fusion 'bert' not applied: {ctx.fused.reason}"]
+    builder = Builder(project, tmp_path / "dist", secrets=keys.read_secrets(), progress=lambda job, msg: None)
+    prep = builder.prepare(job)
+    # what a CUDA target gets on a machine without one
+    prep = dataclasses.replace(prep, missing={"CUDAExecutionProvider": "no GPU here"}, work=tmp_path)
+    done = Done()
+    for result in stages._check(prep, done):
+        done.add(result)
+    fused = stages._fusion(prep, done)
+    assert fused is not None and not fused.applied and fused.path == TRANSFORMER.resolve()
+    assert "a portable build holds standard ONNX ops only (CUDAExecutionProvider cannot run here)" in fused.reason
+    assert fused.notes == [f"fusion 'bert' not applied: {fused.reason}"]
 
 
 def test_types_it_cannot_infer_are_noted_and_shape_inferences_dump_removed(tmp_path: Path,

@@ -23,9 +23,12 @@ import onnx
 import pytest
 
 from ortbuild.artifact import container, keys, loaders, manifest
-from ortbuild.pipeline.build import BUILT, Builder
+from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
+from ortbuild.status import JobStatus
 from tests.conftest import MODELS, TEST_KEY, here_runtime
+
+BUILT = JobStatus.BUILT
 
 NODE_VERSION = "onnxruntime-node@1.30.0"
 TARGETS = """
@@ -60,7 +63,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text += f'[models.{m}]\npath = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
     (root / "targets.toml").write_text(text + TARGETS.replace("    ", "").replace("RUNTIME", here_runtime()))
     project = config.load(root / "targets.toml")
-    results = Builder(project, root / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(plan.jobs(project))
     assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
     return root / "dist"
 
@@ -731,7 +735,8 @@ def _build_one(root: Path, model: str = "tiny_cnn", epoch: int | None = None, mo
     text += f'[targets.fp32]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
     (root / "targets.toml").write_text(text)
     project = config.load(root / "targets.toml")
-    results = Builder(project, root / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(plan.jobs(project))
     assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
     return root / "dist" / "fp32" / model
 

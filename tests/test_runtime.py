@@ -9,9 +9,13 @@ from pathlib import Path
 import pytest
 
 from ortbuild import runtime
-from ortbuild.pipeline.build import BUILT, Builder
+from ortbuild.artifact import keys
+from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, options, plan
 from ortbuild.project.config import Provider
+from ortbuild.status import JobStatus
+
+BUILT = JobStatus.BUILT
 
 pytestmark = pytest.mark.runtime
 
@@ -54,7 +58,8 @@ def test_primary_provider_of_this_flavor_builds_and_runs(make_project: Callable[
         providers = {providers}
     """, models=("tiny_cnn", "breast_cancer_gb"))
     project = config.load(path)
-    results = Builder(project, tmp_path / "dist", progress=lambda j, m: None).run(plan.jobs(project))
+    results = Builder(project, tmp_path / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(plan.jobs(project))
     assert [r.status for r in results] == [BUILT, BUILT], [r.reason for r in results]
     doc = json.loads((tmp_path / "dist" / "here" / "tiny_cnn" / "manifest.json").read_text())
     assert doc["golden_run"]["providers"][0] == primary  # really ran on it, no silent CPU fallback

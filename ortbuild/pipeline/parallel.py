@@ -2,28 +2,30 @@
 
 Processes, not threads: the quantizers change the process's working directory and temp dir, and ORT's
 sessions would compete for one GIL-free pool anyway. Workers are spawned (not forked: the parent has ORT
-threads from its provider probes) and get the builder's state once: project, keys, probe answers.
+threads from its provider probes) and get the builder's state once (WorkerState: project, keys, probe
+answers) and the callable that makes their builder: this module does not know the Builder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from ortbuild import runtime
+from ortbuild import modelfiles, runtime
 from ortbuild.artifact import keys
-
-if TYPE_CHECKING:
-    from ortbuild.pipeline.build import Builder, JobResult
-    from ortbuild.project.plan import Job
+from ortbuild.errors import StepError
+from ortbuild.pipeline.job import JobResult
+from ortbuild.project.config import Project
+from ortbuild.project.plan import Job
+from ortbuild.status import Event, JobStatus
 
 PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, numpy, onnx, ORT
 PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
@@ -32,8 +34,6 @@ PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files
 def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     """As many workers as cores, as memory allows (a job needs its base plus ~3x its model, every file of it
     counted), and jobs; with the reason when memory is what limits it."""
-    from ortbuild import modelfiles
-
     if not jobs:
         return 1, ""
     try:
@@ -59,7 +59,21 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     return n, why
 
 
-_BUILDER: Builder | None = None
+@dataclass(frozen=True)
+class WorkerState:
+    """What a worker needs to build like the parent's builder, sent once (pickled) at its start."""
+
+    project: Project
+    dist: Path
+    force: bool
+    repair: bool
+    secrets: keys.Secrets
+    probes: dict[tuple[str, str, str], str | None]  # the parent's provider probes (a probe opens ORT sessions)
+    parent: int = 0
+
+
+WorkerFactory = Callable[[WorkerState, Callable[[str, Event], None]], Callable[[Job], JobResult]]
+_WORKER: Callable[[Job], JobResult] | None = None
 
 
 def _die_with_parent(parent: int) -> None:
@@ -77,31 +91,20 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _init(state: dict[str, Any], events: Any) -> None:
-    from ortbuild.pipeline.build import Builder
-
-    _die_with_parent(state["parent"])
-    global _BUILDER
-    sign = state["sign"]
-    sign_key = keys.SigningKey(Ed25519PrivateKey.from_private_bytes(sign[0]), sign[1], sign[2]) \
-        if sign else None
+def _init(state: WorkerState, make: WorkerFactory, events: Any) -> None:
+    _die_with_parent(state.parent)
+    global _WORKER
     runtime.import_ort()  # telemetry off in this process before any session
-    _BUILDER = Builder(state["project"], Path(state["dist"]), force=state["force"], repair=state["repair"],
-                       progress=lambda job, message: events.put((job, message)),
-                       enc_key=state["enc"], sign_key=sign_key)
-    _BUILDER._probes = state["probes"]
+    _WORKER = make(state, lambda job, event: events.put((job, event)))
 
 
 def _run(job: Job) -> JobResult:
-    assert _BUILDER is not None
-    return _BUILDER.run_job(job)
+    assert _WORKER is not None, "a worker runs jobs only after _init"
+    return _WORKER(job)
 
 
 def _result(future: Any, job: Job) -> JobResult:
     """The job's result; a worker that died (a crash inside a native library) fails its jobs, not the run."""
-    from ortbuild.errors import StepError
-    from ortbuild.pipeline.build import FAILED, JobResult
-
     try:
         result: JobResult = future.result()
         return result
@@ -109,18 +112,14 @@ def _result(future: Any, job: Job) -> JobResult:
         err = StepError(job.target.name, job.model.name, "worker",
                         f"the worker process building it died ({type(e).__name__}: {e})",
                         "rerun with -j 1 to see which job crashes it")
-        return JobResult(job.target.name, job.model.name, FAILED, reason=err.message,
+        return JobResult(job.target.name, job.model.name, JobStatus.FAILED, reason=err.message,
                          precision=job.settings.precision, error=err)
 
 
-def run_jobs(builder: Builder, todo: Sequence[tuple[int, Job]], workers: int) -> dict[int, JobResult]:
-    from cryptography.hazmat.primitives import serialization
-
-    sk = builder.sign_key
-    sign = (sk.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                     serialization.NoEncryption()), sk.source, sk.development) if sk else None
-    state = {"project": builder.project, "dist": str(builder.dist), "force": builder.force, "repair": builder.repair,
-             "enc": builder.enc_key, "sign": sign, "probes": builder._probes, "parent": os.getpid()}
+def run_jobs(state: WorkerState, make: WorkerFactory, todo: Sequence[tuple[int, Job]], workers: int,
+             progress: Callable[[str, Event], None]) -> dict[int, JobResult]:
+    """Run `todo` in `workers` spawned processes; each builds its jobs with the callable `make(state, sink)`
+    returns (picklable: a module-level function or classmethod), its progress relayed to `progress`."""
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     done = threading.Event()
@@ -128,16 +127,16 @@ def run_jobs(builder: Builder, todo: Sequence[tuple[int, Job]], workers: int) ->
     def relay() -> None:  # worker progress -> the parent's display, one line or live row per event
         while not done.is_set() or not events.empty():
             try:
-                job, message = events.get(timeout=0.05)
+                job, event = events.get(timeout=0.05)
             except queue.Empty:
                 continue
-            builder.progress(job, message)
+            progress(job, event)
 
     relay_thread = threading.Thread(target=relay, daemon=True)
     relay_thread.start()
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init,
-                                 initargs=(state, events)) as pool:
+                                 initargs=(dataclasses.replace(state, parent=os.getpid()), make, events)) as pool:
             futures = {i: pool.submit(_run, job) for i, job in todo}
             return {i: _result(f, job) for (i, job), f in zip(todo, futures.values(), strict=True)}
     finally:

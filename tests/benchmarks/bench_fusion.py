@@ -146,7 +146,8 @@ def main() -> int:
         project = config.load(root / "targets.toml")
         dist = root / "dist"
         jobs = plan.jobs(project)
-        built = {r.target: r for r in Builder(project, dist, progress=lambda j, m: None).run(jobs)}
+        built = {r.target: r for r in Builder(project, dist, secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(jobs)}
         failed = [f"{t}: {r.reason}" for t, r in built.items() if r.status != "built"]
         if failed:
             raise SystemExit("build failed: " + "; ".join(failed))

@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from ortbuild import runtime
+from ortbuild import modelfiles, runtime
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
@@ -74,15 +74,11 @@ def _domains(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-EXTERNAL_FILE = "session.optimized_model_external_initializers_file_name"
-EXTERNAL_MIN = "session.optimized_model_external_initializers_min_size_in_bytes"
 
 
 def _size(path: Path) -> int:
     """Bytes of the model at `path`, its external data included."""
-    from ortbuild.modelfiles import of
-
-    return of(path, hashed=False).size
+    return modelfiles.of(path, hashed=False).size
 
 
 def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str, str], work: Path,
@@ -118,8 +114,8 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
         so = runtime.session_options(settings, level)
         so.optimized_model_filepath = str(path)
         if external:  # a graph of any size: ORT writes every tensor over 1 KB into one file beside it
-            so.add_session_config_entry(EXTERNAL_FILE, f"{path.name}.data")
-            so.add_session_config_entry(EXTERNAL_MIN, "1024")
+            so.add_session_config_entry(runtime.EXTERNAL_FILE, f"{path.name}.data")
+            so.add_session_config_entry(runtime.EXTERNAL_MIN, "1024")
         ort.InferenceSession(str(src), so, providers=names, provider_options=opts, disabled_optimizers=disabled)
         return path
 
@@ -141,14 +137,10 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
                 found["action"] = f"optimized again with {FOLDING} disabled"
                 notes.append(f"constant folding grew the weights {found['growth']}x ({what}): optimized again "
                              f"with {FOLDING} disabled ({before / 1024:.0f} KB -> {after / 1024:.0f} KB)")
-                from ortbuild.pipeline.steps.precision import remove_model
-
-                remove_model(out)
+                modelfiles.remove(out)
                 out, disabled = retry, [*disabled, FOLDING]
             else:
-                from ortbuild.pipeline.steps.precision import remove_model
-
-                remove_model(retry)
+                modelfiles.remove(retry)
                 found["action"] = "kept: disabling it did not make the artifact smaller"
                 notes.append(f"constant folding grew the weights {found['growth']}x ({what}); disabling it did "
                              "not help, kept")

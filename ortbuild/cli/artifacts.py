@@ -1,0 +1,258 @@
+"""Commands on built artifacts and dist/: `inspect`, `keygen`, `rekey`, `clean`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ortbuild import runtime, workspace
+from ortbuild.artifact import container, keys, manifest
+from ortbuild.cli.common import size
+from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
+from ortbuild.project import config
+from ortbuild.status import JobStatus, final_exit
+
+# ---------------------------------------------------------------------------------------------- inspect
+
+
+def _inspect_onnx(path: Path) -> dict[str, Any]:
+    """onnx (and the check step, which imports it) load here: only inspecting a plain model needs them."""
+    import onnx
+
+    from ortbuild.pipeline.steps import check
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ArtifactError(f"{path}: not an ONNX model: {str(e)[:200]}") from None
+    return {"file": str(path), "size": path.stat().st_size, "sha256": manifest.sha256_file(path),
+            "ir_version": model.ir_version, "opsets": check.opsets(model), "io": check.signature(model),
+            "producer": f"{model.producer_name} {model.producer_version}".strip(), "nodes": len(model.graph.node)}
+
+
+def _print_onnx(path: Path, info: dict[str, Any]) -> None:
+    print(f"{path}: plain ONNX model (no ortbuild manifest beside it)")
+    print(f"  size {size(info['size'])}  sha256 {info['sha256']}")
+    print(f"  ir {info['ir_version']}  opsets {info['opsets']}  nodes {info['nodes']}")
+    for kind in ("inputs", "outputs"):
+        for v in info["io"][kind]:
+            print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        raise ArtifactError(f"{path}: no such file or directory")
+    if path.is_file() and path.suffix == ".onnx" and not (path.parent / manifest.MANIFEST).exists():
+        info = _inspect_onnx(path)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            _print_onnx(path, info)
+        return 0
+    folder = manifest.locate(path).parent
+    left = [str(p) for p in workspace.leftovers(None) + workspace.partial_files(folder)]
+    for p in left:
+        print(f"  LEFTOVER   {p}: left by an interrupted build; `ortbuild clean --stale` (or the next build) "
+              "removes it", file=sys.stderr)
+    # one trust root: --public-key, else $ORTBUILD_PUBLIC_KEY_FILE, else the configured signing key's public half;
+    # the public key a manifest names is information, never trust
+    pinned = keys.public_key(args.public_key)
+    if pinned and (sig := manifest.signature_problem(folder, pinned)):  # before reading what may be forged
+        raise Tampered(f"{folder}: {sig}", "someone or something changed it after the build: find out what, then "
+                                           "`ortbuild build --repair` rebuilds it on purpose")
+    m, folder = manifest.read(path)
+    unverified = None if pinned else ("no public key configured: nothing here is verified (pass --public-key "
+                                      "signing.pub, or set ORTBUILD_PUBLIC_KEY_FILE or ORTBUILD_SIGNING_KEY_FILE)")
+    integrity = manifest.integrity_problems(m, folder, pinned) if pinned else []
+    fit = runtime.fit_problems(m)
+    if args.json:
+        print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
+                          "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
+                          "integrity_problems": integrity if pinned else [unverified],
+                          "fit_problems": fit, "leftovers": left}, indent=2))
+    else:
+        _print_manifest(m, folder, pinned, integrity, fit, unverified)
+    # each finding's code, the gravest first: tampered, then unverified, then (with --strict) unfit
+    return final_exit([Tampered.exit_code if integrity else 0, KeyMissing.exit_code if unverified else 0,
+                       ArtifactError.exit_code if fit and args.strict else 0])
+
+
+def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, integrity: list[str], fit: list[str],
+                    unverified: str | None) -> None:
+    opt, ort_version = m.optimization, m.versions["onnxruntime"]
+    print(f"{m.target}/{m.model}  ({m.status})  built {m.created} with "
+          f"{ort_version['distribution']} {ort_version['version']}")
+    print(f"  artifact   {folder / m.artifact.file}  {size(m.artifact.size)}  "
+          f"({m.artifact.size_ratio:.2f}x source)  sha256 {m.artifact.sha256[:16]}...")
+    print(f"  source     {m.source.path}  {size(m.source.size)}  opsets {m.source.opsets}")
+    for f in m.source.files[1:]:  # the external-data files the graph names
+        print(f"             + {f['file']}  {size(int(f['size']))}  sha256 {str(f['sha256'])[:16]}...")
+    if m.artifact.external_data:
+        print(f"  weights    external data (model.onnx.data): {m.artifact.external_data}")
+    if m.fusion is not None:
+        fz = m.fusion
+        print(f"  fusion     {fz.model_type}: " + (f"{fz.nodes_before} -> {fz.nodes_after} nodes, fused "
+                                                + ", ".join(f"{op} {n}" for op, n in fz.fused_ops.items())
+                                                if fz.applied else f"not applied ({fz.reason})"))
+    print(f"  precision  {m.precision.name}  {m.precision.options or ''}")
+    enc = m.encryption
+    print("  encrypted  " + (f"{enc.algorithm}, {enc.container}, key id {enc.key_id}"
+                             + (" (DEVELOPMENT KEY)" if enc.development_key else "") if enc else
+                             "no (encrypt = false)"))
+    print(f"  signed     {m.signing.algorithm}, public key id {m.signing.public_key_id}"
+          + (" (DEVELOPMENT KEY)" if m.signing.development_key else "")
+          + (f"; checked with the trusted key id {keys.public_key_id(pinned)}" if pinned else ""))
+    print(f"  epoch      {m.epoch} (rollback counter: loaders generated at a higher epoch refuse this one)")
+    if m.golden:
+        print(f"  golden     {len(m.golden)} signed file(s) under golden/")
+    for lf in m.loaders:
+        print(f"  loader     {lf.name}" + (f"  ({lf.note})" if lf.note else ""))
+    print(f"  providers  {', '.join(p['name'] for p in m.providers)}")
+    for name, why in m.missing_providers.items():
+        print(f"  missing    {name} at build time: {why}")
+    print(f"  level      {opt.applied} (asked {opt.requested}); "
+          + (JobStatus.PORTABLE.value if opt.portable else f"tied to {opt.tied_to}"))
+    if m.compiled:
+        print(f"  compiled   ahead of time for {m.compiled['provider']} ({m.compiled['device']}): "
+              f"{m.compiled['ep_context_nodes']} EPContext node(s), {m.compiled['other_nodes']} node(s) on "
+              "the CPU; loads with session.disable_model_compile = 1")
+    for name, info in m.plugins.items():
+        print(f"  plugin     {name} from {info['package']} {info['version']} (registered by the loaders)")
+    for c in m.custom_ops:
+        named = f"{c['name']} {c['version']}".strip()
+        print(f"  custom ops {named} ({c.get('file') or c['library']}, sha256 {c['sha256'][:16]}; registered by "
+              "the Python loader after checking its sha256)")
+    for kind in ("inputs", "outputs"):
+        for v in m.io[kind]:
+            print(f"  {kind[:-1]:<10} {v['name']}: {v['dtype']} {v['shape']}")
+    print(f"  machine    {m.build_machine['cpu']} ({m.build_machine['simd_level']})")
+    for n in m.notes:
+        print(f"  note       {n}")
+    for p in integrity:
+        print(f"  TAMPERED   {p}")
+    for p in fit:
+        print(f"  WARNING    does not fit this environment: {p}")
+    if unverified:
+        print(f"  UNVERIFIED {unverified}")
+    elif not integrity and not fit:
+        print("  OK         signature and every signed file verified; fits this environment")
+    if m.signing.development_key or (m.encryption is not None and m.encryption.development_key):
+        print("  WARNING    built with a DEVELOPMENT key: never release it")
+
+
+# ------------------------------------------------------------------------------------------------- keys
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    made = keys.keygen(Path(args.out), development=args.dev)
+    if args.json:
+        print(json.dumps(made, indent=2))
+        return 0
+    kind = "DEVELOPMENT keys (never for a release)" if args.dev else "keys"
+    print(f"wrote {kind}: {made['encryption_key']} (id {made['encryption_key_id']}), {made['signing_key']}, "
+          f"{made['public_key']} (id {made['public_key_id']})")
+    print(f"use them: export ORTBUILD_KEY_FILE={Path(made['encryption_key']).resolve()} "
+          f"ORTBUILD_SIGNING_KEY_FILE={Path(made['signing_key']).resolve()}")
+    print("keep encryption.key and signing.key secret; apps need encryption.key at run time, only the build "
+          "needs signing.key")
+    return 0
+
+
+def cmd_rekey(args: argparse.Namespace) -> int:
+    """Re-wrap every artifact's data keys under a new key and re-sign its manifest, in place: the model bytes are
+    not re-encrypted and the build key does not change, so the next `ortbuild test` with the new key reuses the
+    artifact, and the old key gets WrongKey. Each artifact is checked against the signing key first."""
+    # the keys, read once, in this order (the first unreadable one is the error): the old, the new, the signing key
+    old = keys.encryption_key(file=args.old_key_file)
+    new = keys.encryption_key(file=args.new_key_file) if args.new_key_file else None
+    sign = keys.signing_key(file=args.signing_key_file)
+    if old is None or new is None or sign is None:
+        raise KeyMissing("rekey needs --old-key-file, --new-key-file and a signing key "
+                         "(--signing-key-file, ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE)",
+                         f"make a new key: `{keys.MAKE_KEYS}`")
+    folders = []
+    for path in args.paths:
+        p = Path(path)
+        found = sorted(p.rglob(manifest.MANIFEST)) if p.is_dir() and not (p / manifest.MANIFEST).exists() \
+            else [manifest.locate(p)]
+        if not found or not found[0].exists():
+            raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
+        folders += [f.parent for f in found]
+    done = 0
+    for folder in folders:
+        dist = folder.parent.parent  # a dist/<target>/<model>/ is re-keyed under dist's lock
+        locked = (dist / workspace.LOCK).exists()
+        with workspace.Lock(dist, timeout=args.lock_timeout) if locked else contextlib.nullcontext():
+            done += _rekey_one(folder, old, new, sign)
+    print(f"{done} artifact(s) re-keyed to key id {new.key_id}; build keys unchanged (no rebuild), the old key "
+          "no longer opens them")
+    return 0
+
+
+def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, sign: keys.SigningKey) -> int:
+    m = manifest.trusted(folder, sign.public_raw)  # Tampered: rekey never signs what it did not check
+    assert m is not None
+    if m.encryption is None:
+        return 0
+    if m.encryption.key_id == new.key_id:
+        print(f"{folder}: already under key id {new.key_id}")
+        return 0
+    if m.encryption.key_id != old.key_id:
+        raise WrongKey(f"{folder}: encrypted under key id {m.encryption.key_id}, --old-key-file ({old.source}) is "
+                       f"id {old.key_id}", "give the key it is encrypted under as --old-key-file")
+    files, partials = [], []
+    try:
+        for f in m.artifact.files:
+            partial = manifest.partial_file(folder / f.name)
+            partials.append(partial)
+            with open(partial, "wb") as out:
+                sha, length = container.rewrap_file(folder / f.name, out, old.secret, new.secret)
+                out.flush()
+                os.fsync(out.fileno())
+            files.append((dataclasses.replace(f, sha256=sha, size=length), partial))
+        main = next(f for f, _ in files if f.role == "model")
+        m = dataclasses.replace(
+            m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
+            encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development))
+        manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign)
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
+    print(f"{folder}: re-wrapped {len(files)} file(s) from key id {old.key_id} to {new.key_id}")
+    return 1
+
+
+# ------------------------------------------------------------------------------------------------ clean
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    """--stale: remove what interrupted builds left; else every artifact and report in dist/ as well."""
+    dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
+    if not dist.exists():
+        print(f"nothing to clean: {dist} does not exist")
+        return 0
+    if not args.stale and not workspace.owned(dist):
+        raise UsageError(f"{dist}: not an ortbuild output directory (no {workspace.MARKER} marker in it): clean "
+                         "empties only directories ortbuild made", f"check --dist; if {dist} holds only build output "
+                                                                   "of an older ortbuild, remove it yourself")
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        removed = workspace.clean(dist)
+        if not args.stale:
+            for entry in sorted(dist.iterdir()):
+                if entry.name in (workspace.LOCK, workspace.MARKER):
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                removed.append(entry)
+    for p in removed:
+        print(f"removed {p}")
+    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}"))
+    return 0

@@ -1,0 +1,215 @@
+"""`ortbuild build` and `ortbuild plan`, and what `test` and `profile` share with build: the runtime check, the
+worker count, and building what is missing or stale under dist/'s lock."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ortbuild import runtime, workspace
+from ortbuild.artifact import keys
+from ortbuild.cli.common import dist_dir, size, table
+from ortbuild.errors import MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import JobResult
+from ortbuild.pipeline.key import published
+from ortbuild.pipeline.parallel import default_workers
+from ortbuild.pipeline.progress import Progress
+from ortbuild.project import config, options, plan
+from ortbuild.status import JobStatus, final_exit
+
+
+def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
+    """The jobs whose target's runtime is this environment's (each target checked once). With `command`, a run
+    in which none fits would do nothing: it fails, naming the nox session or the install that fixes it."""
+    problems: dict[str, str | None] = {}
+    for j in jobs:
+        if j.target.name not in problems:
+            problems[j.target.name] = runtime.runtime_problem(j.target)
+    fit = [j for j in jobs if problems[j.target.name] is None]
+    if command is None or fit or not jobs:
+        return fit
+    targets = {j.target.name: j.target for j in jobs}
+    flavor = runtime.installed_flavor()
+    have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
+    wants = sorted({t.runtime_text for t in targets.values()})
+    one = next(iter(targets))
+    raise RuntimeMismatch(
+        f"nothing to {command} here: this environment has {have}, and the selected targets need "
+        f"{', '.join(wants)}",
+        f"run `python3 -m nox -s {command}` (one virtualenv per target, each with its runtime), or "
+        f"`python3 -m nox -s \"{command}({one})\"` for one target; or `pip install {targets[one].runtime_text}` "
+        "into this environment (one flavor per environment)")
+
+
+def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
+    if args.jobs is not None:
+        return max(1, int(args.jobs))
+    n, why = default_workers(fit)
+    if why:
+        print(f"ortbuild: {why}", file=sys.stderr)
+    return n
+
+
+def _clean_leftovers(dist: Path) -> None:
+    """Start-up recovery, holding dist's lock: what killed builds left (partial files, plaintext temp dirs)."""
+    removed = workspace.clean(dist)
+    if removed:
+        shown = ", ".join(str(p) for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
+        print(f"ortbuild: removed {len(removed)} leftover(s) of interrupted builds: {shown}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan.Job], secrets: keys.Secrets, *,
+          force: bool = False) -> Iterator[tuple[Path, Builder, dict[str, JobResult]]]:
+    """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
+    them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
+    on them (`test`, `profile`) under the lock."""
+    fit = _fitting(jobs)
+    dist = dist_dir(args, project)
+    builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets)
+    builder.check_keys(fit)  # before dist/ is touched
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        _clean_leftovers(dist)
+        with Progress(quiet=args.json) as progress:
+            builder.progress = progress
+            done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+        yield dist, builder, done
+
+
+def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:
+    """One build job's own exit code: a failure's; a target that cannot build here fails when it was named
+    (-t) or with --strict; a portable-only build fails with --strict."""
+    if r.status == JobStatus.FAILED and r.error is not None:
+        return r.error.exit_code
+    if r.status == JobStatus.SKIPPED and (strict or named):
+        return RuntimeMismatch.exit_code
+    if r.status == JobStatus.PORTABLE and strict:
+        return MissingProvider.exit_code
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    _fitting(jobs, "build")
+    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    with built(args, project, jobs, secrets, force=args.force) as (dist, _, done):
+        results = list(done.values())
+
+    rows = []
+    for r in results:
+        ratio = f"{r.size / r.source_size:.2f}x" if r.size and r.source_size else "-"
+        level = r.level or "-"
+        requested = project.targets[r.target].settings[r.model].optimization
+        if r.level and r.level != requested:
+            level = f"{r.level} (asked {requested})"
+        converted = f"{r.converted:.0%}" if r.converted is not None else "-"
+        rows.append([r.target, r.model, r.status.upper(), r.precision, converted, level, size(r.size), ratio,
+                     f"{r.seconds:.1f}s"])
+    code = final_exit(job_exit_code(r, strict=args.strict, named=bool(config.matches([r.target], args.target or [])))
+                      for r in results)
+    if args.json:
+        print(json.dumps({"dist": str(dist), "exit_code": code, "jobs": [r.as_json() for r in results]},
+                         indent=2))
+        return code
+    print()
+    print(table(rows, ["target", "model", "status", "precision", "converted", "level", "size", "vs src", "time"]))
+    said: dict[str, list[JobResult]] = {}  # each reason or note once, with the jobs it concerns
+    for r in results:
+        lines = [f"{r.status.upper()}: {r.reason}"] if r.reason and r.status in (
+            JobStatus.SKIPPED, JobStatus.PORTABLE, JobStatus.FAILED) else []
+        for text in lines + [f"note: {n}" for n in r.notes if n not in r.reason]:
+            said.setdefault(text, []).append(r)
+    jobs_of = Counter(r.target for r in results)
+    for text, who in said.items():
+        shown = []
+        for t, n in Counter(r.target for r in who).items():  # all the models of a target read "target/*"
+            shown += [f"{t}/*"] if n == jobs_of[t] > 1 else [f"{t}/{r.model}" for r in who if r.target == t]
+        print(f"  [{', '.join(shown)}] {text}")
+    order = (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE, JobStatus.SKIPPED, JobStatus.FAILED)
+    counts = {s: sum(r.status == s for r in results) for s in order}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
+    for r in results:
+        if r.status == JobStatus.FAILED and r.error is not None:
+            if args.debug and r.debug:
+                print(r.debug, file=sys.stderr)
+            print(r.error.render(), file=sys.stderr)
+    return code
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """What would be built, with which runtime, and whether each job would rebuild and why."""
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    dist = dist_dir(args, project)
+    problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
+    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
+    out: list[dict[str, Any]] = []
+    reduced: dict[str, str | None] = {}  # model -> why its source is already quantized / fp16
+    for j in jobs:
+        why: str | None
+        notes = []
+        if j.settings.precision != options.FP32:
+            if j.model.name not in reduced:
+                reduced[j.model.name] = _already_reduced(j.model.path)
+            if reduced[j.model.name]:
+                notes.append(f"the source is already reduced ({reduced[j.model.name]}): {j.settings.precision} "
+                             "converts it again and loses accuracy twice; precision = \"fp32\" ships it as it is")
+        if problems[j.target.name]:
+            rebuild, why = None, problems[j.target.name]
+        elif secrets.signing is None or (j.settings.encrypt and secrets.encryption is None):
+            rebuild, why = None, "unknown: no keys configured (the key ids are part of the build key)"
+        else:
+            prepared = builder.prepare(j)
+            try:
+                why, _ = published(prepared.out_dir, prepared.key, secrets.signing, prepared.key_parts,
+                                   prepared.secrets.encryption)
+                rebuild = why is not None
+            except OrtbuildError as e:  # TAMPERED or a wrong key: a build refuses it, `--repair` rebuilds it
+                why, rebuild = f"{e.label}: {e.message}", True
+        out.append({"target": j.target.name, "model": j.model.name, "runtime": j.target.runtime_text,
+                    "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
+                    "optimization": j.settings.optimization, "format": j.settings.format,
+                    "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
+                    "rebuild": rebuild, "why": why, "notes": notes, "accuracy": plan.accuracy_text(j)})
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+
+    def state(o: dict[str, Any]) -> str:
+        if not o["buildable_here"]:
+            return "other runtime"
+        return "?" if o["rebuild"] is None else "rebuild" if o["rebuild"] else "up to date"
+    print(table([[o["target"], o["model"], o["runtime"], ",".join(p.removesuffix("ExecutionProvider")
+                                                                   for p in o["providers"]),
+                  o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] else ""]
+                 for o in out],
+                ["target", "model", "runtime", "providers", "precision", "level", "build", "why"]))
+    for o in out:
+        for n in o["notes"]:
+            print(f"  [{o['target']}/{o['model']}] note: {n}")
+    if jobs:
+        print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
+        print("\n".join(plan.accuracy_lines(jobs)))
+    return 0
+
+
+def _already_reduced(path: Path) -> str | None:
+    """Why the model at `path` is already quantized or fp16 (its graph only: the weights are not read).
+    onnx (and the accounting step, which imports it) load here: only plan's reduced-precision jobs need them."""
+    import onnx
+
+    from ortbuild.pipeline.steps import accounting
+
+    try:
+        return accounting.already_reduced(onnx.load(str(path), load_external_data=False))
+    except Exception:  # an unreadable model: the build's check step names the problem
+        return None

@@ -1,0 +1,153 @@
+"""`ortbuild test` (with the precision search of failing artifacts) and `ortbuild profile`: both build what is
+missing or stale first (cli.build.built). The gates, the profiler and the precision search import numpy,
+onnx and ONNX Runtime: they load inside the commands, so the other commands never pay for them."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ortbuild.artifact import keys
+from ortbuild.cli.build import _fitting, built
+from ortbuild.cli.common import table
+from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
+from ortbuild.gating import report
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.progress import Progress
+from ortbuild.project import config, plan
+from ortbuild.status import JobStatus, ProfileStatus, Verdict, final_exit
+
+if TYPE_CHECKING:
+    from ortbuild.gating.gates import Tester, TestResult
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
+    from ortbuild.gating import explain, gates
+
+    if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
+        raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    _fitting(jobs, "test")
+    refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
+    for j in jobs:
+        ft = j.settings.gates.latency.faster_than if j.settings.gates else None
+        if ft is not None and not any(x.name == f"{ft.target}/{j.model.name}" for x in [*jobs, *refs]):
+            other = project.targets[ft.target]
+            refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
+    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done):
+        progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
+        tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing)
+        results = tester.run(jobs, done, args.require)
+        explained = _explain(args, builder, tester, jobs, results, progress)
+        json_path, html_path = report.write(dist, report.collect(dist))
+
+    inconclusive = any(r.status == Verdict.INCONCLUSIVE for r in results)
+    # the results' own codes first; INCONCLUSIVE latency fails only with --strict, and only when nothing else did
+    code = final_exit(itertools.chain((r.exit_code for r in results),
+                                      [GateFailed.exit_code if args.strict and inconclusive else 0]))
+    if args.json:
+        print(json.dumps({"exit_code": code, "report": str(json_path), "html": str(html_path),
+                          "results": [r.as_json() for r in results]}, indent=2, default=str))
+        return code
+    docs = [r.as_json() for r in results]
+    print()
+    print(table(report.rows(docs), report.HEADER))
+    notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in done.items() for n in b.notes
+                          if any(r.target + "/" + r.model == k for r in results))
+    for r in results:
+        if r.status in (Verdict.SKIPPED, Verdict.INCONCLUSIVE) and r.reason:
+            print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
+    for n in notes:
+        print(f"  {n}")
+    order = (Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED)
+    counts = {s: sum(r.status == s for r in results) for s in order}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {json_path}, {html_path}")
+    for r in results:
+        if r.failures:
+            print(f"\nFAIL {r.target}/{r.model}:", file=sys.stderr)
+            for line in r.failures:
+                print(f"  {line}", file=sys.stderr)
+            print(f"  reproduce: {r.reproduce}", file=sys.stderr)
+    if code == 0 and inconclusive:
+        print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
+    for r in explained:
+        print()
+        print("\n".join(explain.render(f"{r.target}/{r.model}", r.explain)))
+    return code
+
+
+def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],
+             results: Sequence[TestResult], progress: Progress) -> list[TestResult]:
+    """The precision search of every fp16/int8/int4 job whose accuracy gate failed (with --explain: of every
+    one; --no-explain: none), recorded in its test report."""
+    from ortbuild.gating import explain
+
+    if args.explain is False:
+        return []
+    ex = explain.Explainer(builder, tester, max_rebuilds=args.explain_rebuilds, max_seconds=args.explain_seconds,
+                           progress=progress)
+    done = []
+    for job, r in zip(jobs, results, strict=True):
+        if r.precision not in explain.KNOBS or r.status == Verdict.SKIPPED or r.accuracy == "-":
+            continue
+        if args.explain is None and r.accuracy != Verdict.FAIL:
+            continue
+        try:
+            r.explain = ex.explain(job, r)
+        except OrtbuildError as e:  # the diagnosis failing changes no verdict: it is recorded and shown
+            r.explain = {"status": JobStatus.FAILED.value, "reason": e.message}
+        except Exception as e:
+            r.explain = {"status": JobStatus.FAILED.value,
+                         "reason": f"{type(e).__name__}: {first_line(e)} (the verdict stands; rerun with --debug "
+                                   "for the traceback)"}
+            if getattr(args, "debug", False):
+                raise
+        tester.write_report(job, r)
+        done.append(r)
+    return done
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.gating.profile)."""
+    from ortbuild.gating import profile
+
+    if args.runs < 1 or args.top < 1:
+        raise UsageError("--runs and --top must be at least 1")
+    project = config.load(args.config)
+    jobs = plan.jobs(project, args.target, args.model)
+    _fitting(jobs, "profile")
+    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    with built(args, project, jobs, secrets) as (dist, _, done):
+        results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done,
+                                       Progress(quiet=args.json, live=False))
+        _, html_path = report.write(dist, report.collect(dist))
+    code = final_exit(r.exit_code for r in results)
+    if args.json:
+        print(json.dumps({"exit_code": code, "html": str(html_path), "results": [r.as_json() for r in results]},
+                         indent=2))
+        return code
+    for r in results:
+        print(f"\n{r.target}/{r.model}: {r.status}" + (f": {r.reason}" if r.reason else ""))
+        if r.status != ProfileStatus.PROFILED:
+            continue
+        s = r.summary
+        shares = ", ".join(f"{p.removesuffix('ExecutionProvider')} {v['nodes']} nodes "
+                           f"{v['total_us'] / 1e3 / s['runs']:.3f} ms/run" for p, v in s["providers"].items())
+        print(f"  {s['runs']} runs, {s['run_ms']:.3f} ms per run ({s['kernel_share']:.0%} in kernels); {shares}")
+        print("  " + table(profile.table(s, args.top), profile.HEADER).replace("\n", "\n  "))
+        if s["cpu_fallback"]:
+            print(f"  CPU fallback: {len(s['cpu_fallback'])} node(s) ran on CPUExecutionProvider, not on "
+                  f"{s['planned_providers'][0]}: " + ", ".join(f"{x['node']} ({x['op_type']}, {x['share']:.1%})"
+                                                               for x in s["cpu_fallback"][:8]))
+        print(f"  trace: {dist / r.target / r.model / profile.TRACE}  (chrome://tracing or ui.perfetto.dev)")
+    order = (ProfileStatus.PROFILED, ProfileStatus.SKIPPED, ProfileStatus.FAILED)
+    counts = {st: sum(r.status == st for r in results) for st in order}
+    print("\n" + ", ".join(f"{n} {st}" for st, n in counts.items()) + f"  ->  {html_path}")
+    return code

@@ -1,0 +1,102 @@
+"""What ortbuild and this environment know: `targets` (and their execution providers) and `schema`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ortbuild import runtime
+from ortbuild.artifact import manifest
+from ortbuild.cli.common import table
+from ortbuild.errors import OrtbuildError
+from ortbuild.project import capabilities, config, options
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ortbuild/
+SCHEMA_FILE = PACKAGE_DIR / "targets.schema.json"
+REFERENCE_FILE = PACKAGE_DIR.parent / "docs" / "targets-reference.md"
+TARGETS_DOC = PACKAGE_DIR.parent / "docs" / "targets.md"
+
+
+def _providers_here() -> list[dict[str, Any]]:
+    """docs/targets.md's capability table, with this environment's answer for each provider."""
+    flavor = runtime.installed_flavor()
+    out = []
+    for c in capabilities.CAPABILITIES:
+        for name in c.providers:
+            why = (capabilities.unsupported(name) if c.status == capabilities.UNSUPPORTED
+                   else runtime.provider_here(name))
+            out.append({"provider": name, "label": c.label, "status": c.status, "runtime": c.runtime,
+                        "here": why is None, "why_not": why, "environment": flavor.as_json() if flavor else None,
+                        "built_without_hardware": c.portable, "with_hardware": c.with_hardware,
+                        "verified": c.verified})
+    return out
+
+
+def _print_providers(rows: list[dict[str, Any]]) -> None:
+    flavor = runtime.installed_flavor()
+    print(f"execution providers (docs/targets.md), in this environment "
+          f"({f'{flavor.distribution} {flavor.version}' if flavor else 'no ONNX Runtime'}, {runtime.cpu_model()}):")
+    print(table([[r["label"], r["provider"], r["status"], "yes" if r["here"] else "no"] for r in rows],
+                ["EP", "provider", "ortbuild support", "runs here"]))
+    for r in rows:
+        if r["why_not"]:
+            print(f"  {r['provider']}: {r['why_not']}")
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    if args.providers:
+        rows = _providers_here()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_providers(rows)
+        return 0
+    project = config.load(args.config)
+    out: list[dict[str, Any]] = []
+    for t in project.targets.values():
+        why = runtime.runtime_problem(t)
+        missing: list[str] = []
+        if why is None:
+            missing = [r for r in (runtime.probe_provider(p, t.plugin_for(p.name)) for p in t.providers) if r]
+        out.append({"target": t.name, "runtime": t.runtime_text, "providers": [p.name for p in t.providers],
+                    "precisions": sorted({s.precision for s in t.settings.values()}), "models": list(t.models),
+                    "runtime_here": why is None, "providers_here": why is None and not missing,
+                    "why_not": why or "; ".join(missing) or None, "description": t.description})
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+
+    def state(o: dict[str, Any]) -> str:
+        if o["providers_here"]:
+            return "yes"
+        return "other runtime" if not o["runtime_here"] else "no provider (portable build only)"
+    print(table([[o["target"], o["runtime"], ",".join(o["precisions"]), str(len(o["models"])), state(o)]
+                 for o in out], ["target", "runtime", "precision", "models", "runs here"]))
+    for o in out:
+        if o["why_not"]:
+            print(f"  {o['target']}: {o['why_not']}")
+    print()
+    _print_providers(_providers_here())
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
+    if TARGETS_DOC.exists():  # a source checkout: its capability table is generated too
+        files[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
+    if args.write:
+        for f, text in files.items():
+            manifest.atomic_write(f, text.encode())
+            print(f"wrote {f}")
+        return 0
+    if args.check:
+        stale = [str(f) for f, text in files.items() if not f.exists() or f.read_text() != text]
+        if stale:
+            raise OrtbuildError(f"out of date: {', '.join(stale)}", "run `ortbuild schema --write`")
+        print("schema and reference docs are up to date")
+        return 0
+    sys.stdout.write(options.schema_text())
+    return 0

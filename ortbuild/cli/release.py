@@ -1,0 +1,216 @@
+"""Publishing: `release`, `verify`, `pull` and the CI `matrix`. The release, verification and registry code
+(numpy for the golden test, the OCI client) loads inside the commands that use it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ortbuild import paths, workspace
+from ortbuild.artifact import keys, manifest
+from ortbuild.cli.common import dist_dir, size
+from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError, UsageError
+from ortbuild.project import config, plan
+from ortbuild.status import final_exit
+
+
+def _public_key(args: argparse.Namespace) -> bytes:
+    found = keys.public_key(args.public_key)
+    if found is None:
+        raise KeyMissing("verifying a release needs the publisher's public key",
+                         "pass --public-key signing.pub (what `ortbuild keygen` wrote), or set "
+                         "ORTBUILD_PUBLIC_KEY_FILE")
+    return found
+
+
+def _development_keys(project: config.Project, names: Sequence[str], dist: Path,
+                      sign_key: keys.SigningKey) -> list[str]:
+    """What in a release would be DEVELOPMENT-keyed: the signing key, and each artifact whose manifest says its
+    encryption or signing key was one (the release checks each manifest's signature afterwards)."""
+    found = [f"the signing key ({sign_key.source}) is a development key"] if sign_key.development else []
+    for name in names:
+        for model in project.targets[name].models:
+            try:
+                m, _ = manifest.read(dist / name / model)
+            except OrtbuildError:
+                continue  # never built, or unreadable: the release says so itself
+            which = [k for k, dev in (("encryption", m.encryption is not None and m.encryption.development_key),
+                                      ("signing", m.signing.development_key)) if dev]
+            if which:
+                found.append(f"{name}/{model} was built with a development {' and '.join(which)} key")
+    return found
+
+
+UNKNOWN_PUBLIC_KEY = "SIGNING.PUB"  # in a printed verify command where the public key file is not known here
+
+
+def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
+    """A verify command that works from anywhere: the signing.pub beside the signing key file (when it holds
+    this key's public half), else $ORTBUILD_PUBLIC_KEY_FILE, else a placeholder and what to put there."""
+    command = f"ortbuild verify {shlex.quote(where)} --public-key "
+    if sign_key.path:
+        beside = Path(sign_key.path).parent / keys.PUBLIC_FILE
+        try:
+            if beside.is_file() and keys.read_public_key(beside) == sign_key.public_raw:
+                return command + shlex.quote(str(beside.resolve()))
+        except (OSError, OrtbuildError):
+            pass
+    env = os.environ.get("ORTBUILD_PUBLIC_KEY_FILE")  # a path to print, not a key read
+    if env:
+        return command + shlex.quote(str(Path(env).resolve()))
+    return command + UNKNOWN_PUBLIC_KEY
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
+    from ortbuild.publish import registry, release
+
+    project = config.load(args.config)
+    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    dist = dist_dir(args, project)
+    sign_key = keys.signing_key(file=args.signing_key_file)  # the only key a release needs, read once
+    if sign_key is None:
+        raise KeyMissing("no signing key: a release is signed (ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE, "
+                         "or --signing-key-file)", f"make one with `{keys.MAKE_KEYS}`")
+    warnings: list[str] = []
+    development = _development_keys(project, names, dist, sign_key)
+    if development and not args.allow_development_key:
+        raise KeyMissing("release refused: DEVELOPMENT keys (`keygen --dev`, for local builds only): "
+                         + "; ".join(development),
+                         f"build and release with your own keys: `{keys.MAKE_KEYS}`, then `ortbuild test` and "
+                         "`ortbuild release` again; or pass --allow-development-key to release anyway (never "
+                         "ship it)")
+    if development:
+        warnings.append("released with DEVELOPMENT keys (--allow-development-key): never ship it: "
+                        + "; ".join(development))
+        for w in warnings:
+            print(f"ortbuild: WARNING: {w}", file=sys.stderr)
+    ref = registry.parse(args.to) if args.to and registry.is_ref(args.to) else None
+    if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
+        raise UsageError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
+                         "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
+                         "to {version}-{target}), or select one target with -t")
+    # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
+    out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
+    done, refused, lines = [], [], []
+    with workspace.Lock(dist, timeout=args.lock_timeout):
+        for name in names:
+            target = project.targets[name]
+            try:
+                pub = release.release_target(project, target, dist, paths.inside(out_root, name), sign_key,
+                                             force=args.force)
+            except (GateFailed, ArtifactError) as e:
+                refused.append(e)
+                continue
+            index = pub.index
+            entry: dict[str, Any] = {"target": name, "dir": str(pub.folder),
+                                     **{k: str(v) for k, v in pub.files.items()}, "forced": pub.forced}
+            if ref is not None:
+                tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
+                                                                                          project.version)
+                where = ref.with_tag(tag)
+                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub)
+            done.append(entry)
+            lines.append(f"{name}: {pub.files['bundle'].name} ({size(pub.files['bundle'].stat().st_size)}, "
+                         f"{len(index['models'])} models) -> {pub.folder}"
+                         + (f"\n  pushed {entry['pushed']} ({entry['digest']})" if "pushed" in entry else "")
+                         + ("\n  FORCED: " + "; ".join(pub.forced) if pub.forced else ""))
+    code = final_exit(err.exit_code for err in refused)
+    for entry in done:
+        entry["verify"] = _verify_command(entry.get("pushed") or str(Path(entry["dir"]).absolute()), sign_key)
+    if args.json:
+        print(json.dumps({"exit_code": code, "released": done, "refused": [err.message for err in refused],
+                          "warnings": warnings}, indent=2))
+        return code
+    for line in lines:
+        print(line)
+    for err in refused:
+        print(err.render(), file=sys.stderr)
+    if done:
+        print("\nverify with: " + "\n             ".join(entry["verify"] for entry in done))
+        if done[0]["verify"].endswith(UNKNOWN_PUBLIC_KEY):
+            print(f"  {UNKNOWN_PUBLIC_KEY}: the signing.pub `ortbuild keygen` wrote beside the signing key (public key "
+                  f"id {sign_key.key_id}); set ORTBUILD_PUBLIC_KEY_FILE to it and this says its path")
+    return code
+
+
+def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    if as_json:
+        print(json.dumps({"name": v.name, "target": v.target, "checks": v.lines, "warnings": v.warnings,
+                          "tests": v.index["tests"], **(extra or {})}, indent=2))
+        return
+    print(f"{v.name}: verified")
+    for line in v.lines:
+        print(f"  {line}")
+    for w in v.warnings:
+        print(f"  WARNING: {w}")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
+    from ortbuild.publish import registry, verify
+
+    public = _public_key(args)
+    secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))  # the golden test decrypts
+    with tempfile.TemporaryDirectory(prefix="ortbuild-verify-") as tmp:
+        where = Path(args.bundle)
+        if registry.is_ref(args.bundle):
+            registry.pull(registry.parse(args.bundle), Path(tmp))
+            where = Path(tmp)
+        v = verify.verify(where, public, run=not args.no_run, key=secrets.secret)
+    _verify_lines(v, args.json)
+    return 0
+
+
+PULLED = ".ortbuild-pulled"  # in every directory `ortbuild pull` made: only such a directory is replaced
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to."""
+    from ortbuild.publish import registry, release, verify
+
+    ref = registry.parse(args.ref)
+    public = _public_key(args)
+    secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))
+    with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
+        pulled = registry.pull(ref, Path(tmp))
+        dest = Path(args.to) if args.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            raise UsageError(f"{dest}: is a symlink or not a directory: pull replaces only a directory it made",
+                             "choose another --to directory")
+        if dest.exists() and any(dest.iterdir()) and not (dest / PULLED).is_file():
+            raise UsageError(f"{dest}: not empty, and not a release `ortbuild pull` made (no {PULLED} in it): pull "
+                             "replaces only its own", "choose another --to directory, or an empty one")
+        staged = dest.parent / f".{dest.name}.pulling"
+        shutil.rmtree(staged, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        v = verify.verify(Path(tmp), public, run=not args.no_run, key=secrets.secret, extract_to=staged)
+        (staged / PULLED).write_text(f"# pulled by ortbuild from {ref}: `ortbuild pull --to` may replace it\n")
+        old = dest.parent / f".{dest.name}.old"
+        if dest.exists():
+            dest.rename(old)
+        staged.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    _verify_lines(v, args.json, {"dir": str(dest)})
+    if not args.json:
+        print(f"  -> {dest}  (load with {dest}/<model>/loader/ortbuild_loader.py)")
+    return 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
+    project = config.load(args.config, check_files=False)
+    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
+                "required": project.targets[n].require, "session": f"test({n})",
+                "models": list(project.targets[n].models)} for n in names]
+    print(json.dumps({"include": include}, indent=None if args.compact else 2))
+    return 0

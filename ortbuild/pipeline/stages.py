@@ -1,0 +1,259 @@
+"""The pipeline: every step of a job in order, in its phase. A new step joins PIPELINE here, and nowhere else.
+
+Each stage takes the prepared job and the results earlier steps returned (`Done`), calls its step module in
+steps/ with what that needs, and returns the step's frozen result (or a tuple of them), which the next steps
+receive; the manifest is assembled from those results, each giving its own section (steps/package.py).
+  build:   check -> [fusion] -> precision -> optimize -> compile -> reload -> encrypt -> loaders -> package
+  verify:  integrity -> loader (on a reused artifact: integrity only)
+The step modules import onnx, numpy and ONNX Runtime: each stage imports its own when it runs, so a no-op
+build (every job reused: the integrity check only) never pays for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from ortbuild import modelfiles
+from ortbuild.artifact import manifest
+from ortbuild.errors import ConfigError, StepError
+from ortbuild.pipeline import key
+from ortbuild.pipeline.job import Done, JobResult, Prepared
+from ortbuild.pipeline.steps import compile, integrity
+from ortbuild.project import options
+
+if TYPE_CHECKING:
+    from ortbuild.pipeline.steps import check, fusion, optimize, package, precision, reload, seal
+    from ortbuild.project import data
+
+Phase = Literal["build", "verify"]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The golden inputs (checked against the model's signature) and the calibration samples, if any."""
+
+    feed: data.Feed
+    samples: list[data.Feed] | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Why the artifact's weights are external data ("": they are not); decided before optimize writes them."""
+
+    external: str
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    phase: Phase
+    run: Callable[[Prepared, Done], object]   # a frozen result, a tuple of them, or None
+    describe: Callable[[Prepared], str]
+    on_reuse: bool = True            # verify steps: also on a reused artifact (False: only on a fresh one)
+    applies: Callable[[Prepared], bool] | None = None  # None: always; else the step runs (and shows) when True
+
+
+def _external(prep: Prepared, files: modelfiles.ModelFiles) -> bool:
+    """Intermediates keep the weights as external data when the source does, or could not be one file."""
+    return (prep.job.settings.external_data or files.has_external_data
+            or modelfiles.needs_external_data(files.weights_size))
+
+
+def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:
+    from ortbuild.pipeline.steps import check
+    from ortbuild.project import data
+
+    job, s = prep.job, prep.job.settings
+    src = check.run(job.model.path, prep.files)
+    if s.format == "ort" and modelfiles.needs_external_data(src.files.weights_size):
+        raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.format",
+                          f"model '{job.model.name}' holds {src.files.weights_size / (1 << 30):.2f} GiB of weights: "
+                          "format 'ort' is one flatbuffer, limited to 2 GiB, and cannot hold external data",
+                          'use format = "onnx" for this target (external data is then written for it)')
+    for k, message in check.settings_problems(src.model, src.signature, s):
+        raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.{k}",
+                          f"{message} (model '{job.model.name}')",
+                          "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")
+    names = [i["name"] for i in src.signature["inputs"]]
+    feed = data.load_feed(job.model.inputs, names)
+    data.check_feed(feed, src.signature, str(job.model.inputs))
+    samples = None
+    if s.rule.needs_calibration and job.model.calibration is not None:
+        samples = data.load_samples(job.model.calibration, names)
+        for sample in samples:
+            data.check_feed(sample, src.signature, str(job.model.calibration))
+    return src, Inputs(feed, samples)
+
+
+def _fusion(prep: Prepared, done: Done) -> fusion.FusionResult:
+    """ONNX Runtime's transformer optimizer on the source; the precision step then reads the fused graph."""
+    from ortbuild.pipeline.steps import check, fusion
+
+    src, s, job = done[check.CheckResult], prep.job.settings, prep.job
+    if prep.missing:  # a portable build holds standard ONNX ops only: the fusion belongs where the providers run
+        return fusion.skipped(src.model, s.fusion, job.model.path.resolve(),
+                              f"a portable build holds standard ONNX ops only ({', '.join(prep.missing)} cannot "
+                              "run here); the build where the target's providers run fuses the model")
+    missing = fusion.unknown_here(s.fusion.model_type)
+    if missing:
+        raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.fusion.model_type", missing,
+                          "pick a model type this runtime offers, or pin the runtime ortbuild's choices come from "
+                          "(onnxruntime 1.31.1)")
+    fused = fusion.run(job.model.path, src.model, s.fusion, prep.tmp, external=_external(prep, src.files))
+    for k, node in fusion.lost_nodes(s, fused.model):
+        raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.{k}",
+                          f"node '{node}' of model '{job.model.name}' was fused into another node by fusion "
+                          f"'{s.fusion.model_type}': the precision step would ignore the name silently",
+                          "name the fused node instead (`ortbuild inspect` and the manifest's fusion record say what "
+                          "was fused), or set fusion = { model_type = \"off\" } for this model")
+    fused.notes.extend(fusion.precision_notes(s, fused.fused_ops))
+    return fused
+
+
+def _precision(prep: Prepared, done: Done) -> precision.PrecisionResult:
+    from ortbuild.pipeline.steps import check, fusion, precision
+
+    src, s = done[check.CheckResult], prep.job.settings
+    fused = done.get(fusion.FusionResult)  # the fused model when the fusion step made one, else the source
+    path, graph = (fused.path, fused.model) if fused is not None else (prep.job.model.path, src.model)
+    prec = precision.run(path, graph, s.precision, s.typed_precision_options(), prep.tmp,
+                         done[Inputs].samples, external=_external(prep, src.files))
+    if path.is_relative_to(prep.tmp.resolve()) and prec.path != path:
+        modelfiles.remove(path)  # the fused model, read: the temp space holds at most two models at once
+    if prec.changed is not None:
+        little = precision.too_little(s.precision, prec.changed, s.typed_precision_options())
+        if little:
+            raise StepError(prep.job.target.name, prep.job.model.name, "precision", *little)
+    if prec.path != prep.job.model.path.resolve():
+        check.run(prec.path)  # every precision output must pass the full checker
+    return prec
+
+
+def _optimize(prep: Prepared, done: Done) -> tuple[optimize.OptimizeResult, Layout]:
+    from ortbuild.pipeline.steps import optimize, precision
+
+    prec, s = done[precision.PrecisionResult], prep.job.settings
+    files = modelfiles.of(prec.path, hashed=False)
+    external = ""
+    if s.external_data:
+        external = "external_data = true"
+    elif s.format != "ort" and modelfiles.needs_external_data(files.weights_size):
+        external = (f"its weights ({files.weights_size / (1 << 30):.2f} GiB) would pass protobuf's 2 GiB limit "
+                    "for one file")
+    elif s.format != "ort" and files.has_external_data:  # ORT keeps it so (and never re-serializes the weights)
+        external = "the source model keeps its weights as external data"
+    opt = optimize.run(prec.path, s, prep.usable, prep.missing, prep.tmp, external=bool(external))
+    if prec.path.is_relative_to(prep.tmp):  # the temp space holds at most two models at once
+        modelfiles.remove(prec.path)
+    return opt, Layout(external)
+
+
+def _plugins(prep: Prepared) -> dict[str, options.PluginEP]:
+    """The target's plugin EPs, by the provider each registers."""
+    return {p.name: plugin for p in prep.job.settings.providers if (plugin := prep.job.target.plugin_for(p.name))}
+
+
+def _compile(prep: Prepared, done: Done) -> compile.CompileResult | None:
+    from ortbuild.pipeline.steps import optimize
+
+    if prep.compile_for is None:
+        return None
+    return compile.run(done[optimize.OptimizeResult].path, prep.job.settings, prep.compile_for, _plugins(prep),
+                       prep.tmp)
+
+
+def _compiled(done: Done) -> compile.CompileResult | None:
+    found = done.get(compile.CompileResult)
+    return found if found is not None and found.path is not None else None
+
+
+def _artifact_model(done: Done) -> Path:
+    """The model the artifact holds: the compiled EPContext model where there is one, else the optimized one."""
+    from ortbuild.pipeline.steps import optimize
+
+    compiled = _compiled(done)
+    return compiled.path if compiled is not None and compiled.path is not None else done[optimize.OptimizeResult].path
+
+
+def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
+    from ortbuild.pipeline.steps import reload
+
+    return reload.run(_artifact_model(done), prep.job.settings, prep.run_on, done[Inputs].feed, _plugins(prep),
+                      precompiled=_compiled(done) is not None)
+
+
+def _seal(prep: Prepared, done: Done) -> seal.SealResult:
+    from ortbuild.pipeline.steps import seal
+
+    path = _artifact_model(done)
+    enc = prep.secrets.encryption if prep.job.settings.encrypt else None
+    return seal.run(path, prep.job.settings, prep.out_dir, prep.tmp, done[Layout].external, enc,
+                    key.deterministic())
+
+
+def _loaders(prep: Prepared, done: Done) -> package.Rendered:
+    from ortbuild.pipeline.steps import check, fusion, optimize, package, precision, reload, seal
+
+    m = package.assemble(prep, done[check.CheckResult], done[precision.PrecisionResult],
+                         done[optimize.OptimizeResult], done[reload.ReloadResult], done[seal.SealResult],
+                         done.get(compile.CompileResult), done.get(fusion.FusionResult))
+    return package.render(m, prep.job.target.runtime_text)
+
+
+def _package(prep: Prepared, done: Done) -> package.Published:
+    from ortbuild.pipeline.steps import package, seal
+
+    return package.publish(prep, done[seal.SealResult], done[package.Rendered])
+
+
+def _integrity(prep: Prepared, done: Done) -> manifest.Manifest:
+    return integrity.run(prep.out_dir, prep.signing)
+
+
+def _loader(prep: Prepared, done: Done) -> None:
+    from ortbuild.pipeline.steps import reload, verify
+
+    secret = prep.secrets.secret if prep.job.settings.encrypt else None
+    verify.through_loader(prep.job.name, prep.out_dir, done[manifest.Manifest], done[Inputs].feed, secret,
+                          bool(prep.missing), done.get(reload.ReloadResult))
+
+
+def record(res: JobResult, result: object) -> None:
+    """What the command reports from a step's result, as soon as the step returns (a job that fails later
+    still reports it)."""
+    from ortbuild.pipeline.steps import check, optimize, package, precision
+
+    if isinstance(result, check.CheckResult):
+        res.source_size = result.size
+    elif isinstance(result, precision.PrecisionResult) and result.changed is not None:
+        res.converted = result.changed.converted
+    elif isinstance(result, optimize.OptimizeResult):
+        res.level = result.applied
+    elif isinstance(result, package.Rendered):
+        res.notes = list(result.manifest.notes)
+    elif isinstance(result, package.Published):
+        res.artifact = str(result.artifact)
+
+
+PIPELINE: tuple[Step, ...] = (
+    Step("check", "build", _check, lambda p: f"check {p.job.model.path.name} and its data"),
+    Step("fusion", "build", _fusion, lambda p: f"fusion {p.job.settings.fusion.model_type} (ONNX Runtime's "
+         "transformer optimizer)", applies=lambda p: p.job.settings.fusion.enabled),
+    Step("precision", "build", _precision, lambda p: f"precision {p.job.settings.precision}"),
+    Step("optimize", "build", _optimize,
+         lambda p: f"optimize level={p.job.settings.optimization} providers={[u.name for u in p.usable] or '-'}"),
+    Step("compile", "build", _compile, lambda p: f"compile for {p.compile_for.name} ahead of time (EPContext)"
+         if p.compile_for else "compile: no provider compiles ahead of time"),
+    Step("reload", "build", _reload,
+         lambda p: f"reload (optimizations disabled) and run on {[u.name for u in p.run_on]}"),
+    Step("encrypt", "build", _seal, lambda p: "encrypt (container v1, AES-256-GCM)" if p.job.settings.encrypt
+         else "no encryption (encrypt = false)"),
+    Step("loaders", "build", _loaders, lambda p: "generate the Python and Node.js loaders"),
+    Step("package", "build", _package, lambda p: f"sign and publish into {p.out_dir}"),
+    Step("integrity", "verify", _integrity, lambda p: "verify the signature and digests of the published artifact"),
+    Step("loader", "verify", _loader, lambda p: "open it through the generated Python loader",
+         on_reuse=False),  # a reused artifact passed it when built; its integrity is checked every time
+)

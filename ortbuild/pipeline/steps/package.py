@@ -1,0 +1,131 @@
+"""Steps: the manifest and the loaders (assembled from every earlier step's result, each giving its own
+section), then package: sign and publish the sealed files, the loaders and the manifest atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ortbuild import __version__, runtime
+from ortbuild.artifact import loaders, manifest
+from ortbuild.pipeline.job import Prepared
+from ortbuild.pipeline.steps import optimize, reload
+from ortbuild.pipeline.steps.check import CheckResult
+from ortbuild.pipeline.steps.compile import CompileResult
+from ortbuild.pipeline.steps.fusion import FusionResult
+from ortbuild.pipeline.steps.optimize import OptimizeResult
+from ortbuild.pipeline.steps.precision import PrecisionResult
+from ortbuild.pipeline.steps.reload import ReloadResult
+from ortbuild.pipeline.steps.seal import SealResult
+from ortbuild.status import ArtifactState
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The manifest to publish and the loaders generated from it."""
+
+    manifest: manifest.Manifest
+    loader_files: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Published:
+    artifact: Path
+
+
+def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, seal: SealResult,
+          compiled: CompileResult | None, fused: FusionResult | None) -> list[str]:
+    """The build's notes, in pipeline order."""
+    s = prep.job.settings
+    opt_notes = [n for n in opt.notes if not (_precompiled(compiled) and optimize.COMPILED_AT_LOAD in n)]
+    split = [f"weights written as external data (model.onnx.data): {seal.external}"] \
+        if seal.external and not s.external_data and not src.files.has_external_data else []
+    changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
+    out = changed + prec.notes + split + opt_notes + (compiled.notes if compiled else [])
+    return (fused.notes + out) if fused is not None else out  # the fusion step ran first: its notes come first
+
+
+def _precompiled(compiled: CompileResult | None) -> bool:
+    return compiled is not None and compiled.path is not None
+
+
+def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, rel: ReloadResult,
+             seal: SealResult, compiled: CompileResult | None, fused: FusionResult | None) -> manifest.Manifest:
+    job, root = prep.job, prep.project.root
+    precompiled = _precompiled(compiled)
+    rel_path = job.model.path.resolve().relative_to(root.resolve()) \
+        if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
+    return manifest.Manifest(
+        project=manifest.ProjectInfo(prep.project.name, prep.project.version),
+        epoch=prep.project.epoch,
+        target=job.target.name,
+        model=job.model.name,
+        status=ArtifactState.PORTABLE if prep.missing else ArtifactState.COMPLETE,
+        missing_providers=prep.missing,
+        source=manifest.Source(path=str(rel_path), sha256=src.sha256, size=src.size, ir_version=src.ir_version,
+                               opsets=src.opsets, files=[f.as_json() for f in src.files.files]),
+        artifact=seal.artifact_section(job.settings.format, src.size),
+        precision=manifest.PrecisionInfo(prec.precision, prec.options,
+                                         prec.changed.as_json() if prec.changed else None),
+        providers=[p.as_json() for p in job.settings.providers],
+        session=_session_json(prep, precompiled),
+        free_dimensions=dict(job.settings.free_dimensions),
+        optimization=manifest.Optimization(requested=opt.requested, applied=opt.applied,
+                                           portable=opt.portable and not precompiled,
+                                           tied_to=_tied_to(opt, compiled), optimized_with=opt.providers,
+                                           op_domains=opt.op_domains, disabled_optimizers=opt.disabled_optimizers,
+                                           inflation=opt.inflation),
+        io=src.signature,
+        golden_run=manifest.GoldenRun(providers=rel.providers, outputs=rel.outputs, inputs_sha256=prep.inputs_sha),
+        versions={"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": prep.flavor.as_json()},
+        build_machine=runtime.fingerprint(),
+        build_key=prep.key,
+        build_inputs=prep.key_parts,
+        created=manifest.timestamp(),
+        encryption=seal.encryption_section(prep.secrets.encryption if job.settings.encrypt else None),
+        signing=prep.signing.info(),
+        notes=notes(prep, src, prec, opt, seal, compiled, fused),
+        plugins=prep.plugins,
+        custom_ops=[lib.as_json() for lib in prep.libraries],
+        compiled=compiled.as_json() if compiled is not None and compiled.path is not None else None,
+        fusion=manifest.Fusion(**fused.as_json()) if fused is not None else None,
+    )
+
+
+def _session_json(prep: Prepared, precompiled: bool) -> dict[str, Any]:
+    """The session options loaders use: the target's, plus disable_model_compile for a compiled artifact."""
+    out = prep.job.settings.session.as_json()
+    if precompiled:
+        out["config"] = {**out["config"], reload.PRECOMPILED_CONFIG: "1"}
+    return out
+
+
+def _tied_to(opt: OptimizeResult, compiled: CompileResult | None) -> dict[str, Any]:
+    """What the artifact needs besides ONNX Runtime: the optimize step's ties, and for a compiled artifact its
+    provider and the device (and CPU) it was compiled for: a compiled blob is native code for them."""
+    tied = dict(opt.tied_to)
+    if compiled is not None and compiled.path is not None:
+        tied["providers"] = sorted({*tied.get("providers", []), compiled.provider})
+        tied["compiled_for"] = {"provider": compiled.provider, "device": compiled.device,
+                                "cpu": runtime.cpu_model(), "simd_level": runtime.simd_level()}
+    return tied
+
+
+def render(m: manifest.Manifest, runtime_text: str) -> Rendered:
+    """The loaders, generated from the manifest, and the manifest that describes them."""
+    files = loaders.render(m, runtime_text)
+    return Rendered(dataclasses.replace(m, loaders=loaders.describe(files, m)), files)
+
+
+def publish(prep: Prepared, seal: SealResult, rendered: Rendered) -> Published:
+    files: dict[str, bytes | Path] = {f.name: partial for f, partial in seal.files}
+    files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in rendered.loader_files.items()})
+    for lib in prep.libraries:  # a path library ships beside the artifact
+        if (name := lib.as_json().get("file")) is not None:
+            files[name] = Path(lib.path).read_bytes()
+    manifest.write_signed(prep.out_dir, files, rendered.manifest, prep.signing.sign, prune=True)
+    return Published(prep.out_dir / rendered.manifest.artifact.file)

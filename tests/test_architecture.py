@@ -1,0 +1,303 @@
+"""The package's shape, checked from its source (docs/design.md, "Parts and dependencies"):
+
+- no import cycle among ortbuild's modules;
+- no module over 450 lines;
+- one status vocabulary: only ortbuild/status.py spells the status strings;
+- one place that reduces a command's exit code: `status.final_exit`.
+
+Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
+is the package's, not the check's.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = "ortbuild"
+MAX_LINES = 450
+# The status strings (ortbuild/status.py's enum values): JobStatus, Verdict, ProfileStatus.
+STATUS_WORDS = frozenset({"PASS", "FAIL", "INCONCLUSIVE", "SKIPPED", "PROFILED", "FAILED",
+                          "built", "up-to-date", "portable", "skipped", "failed", "complete"})
+STATUS_MODULE = "ortbuild/status.py"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers (over any source root: `root / package` is the package directory)
+
+
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file; a package is its __init__.py."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under `node`, function bodies included (a lazy import inside a function still runs, and
+    still ties the two modules together), except the bodies of `if TYPE_CHECKING:` (they never run: an
+    annotation-only import is no cycle). Their `else:` branches do run and are kept."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _runtime_nodes(other)
+            continue
+        yield child
+        yield from _runtime_nodes(child)
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str    # importing module
+    target: str    # imported module (a package: its __init__)
+    where: str     # "path:line: statement"
+
+
+def _imports(root: Path, package: str) -> list[Import]:
+    """Every import of one of the package's modules, resolved to the module it loads: `from a.b import c`
+    is module `a.b.c` when that file or package exists, else `a.b`. Relative imports are resolved against
+    the importing module's package. (Importing `a.b.c` also runs `a` and `a.b`'s __init__; those implicit
+    parent imports are not edges, or every __init__ that imports a submodule would look like a cycle.)"""
+    modules = _modules(root, package)
+    found = []
+    for name, path in modules.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        is_pkg = path.name == "__init__.py"
+        for node in _runtime_nodes(ast.parse(text, filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names]
+            else:
+                continue
+            where = f"{path.relative_to(root)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+            for target in dict.fromkeys(targets):
+                while target and target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]     # `import a.b.func`-like: the module that holds it
+                if target in modules:
+                    found.append(Import(name, target, where))
+    return found
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm: the graph's strongly connected components."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def import_cycles(root: Path, package: str) -> list[str]:
+    """One message per cycle (a component of more than one module, or a module importing itself), naming
+    its modules and the import statements that close it."""
+    imports = _imports(root, package)
+    graph: dict[str, set[str]] = {m: set() for m in _modules(root, package)}
+    for imp in imports:
+        graph[imp.source].add(imp.target)
+    problems = []
+    for component in _strongly_connected(graph):
+        members = set(component)
+        if len(component) == 1 and component[0] not in graph[component[0]]:
+            continue
+        edges = sorted({imp.where for imp in imports if imp.source in members and imp.target in members})
+        problems.append(f"cycle among {', '.join(component)}:\n    " + "\n    ".join(edges))
+    return problems
+
+
+def oversized_modules(root: Path, package: str, limit: int = MAX_LINES) -> list[str]:
+    sizes = {path.relative_to(root).as_posix(): len(path.read_text().splitlines())
+             for path in _modules(root, package).values()}
+    return [f"{p}: {n} lines" for p, n in sorted(sizes.items(), key=lambda kv: -kv[1]) if n > limit]
+
+
+def status_literals(root: Path, files: list[Path], words: frozenset[str] = STATUS_WORDS,
+                    allowed: str = STATUS_MODULE) -> list[str]:
+    """Every string literal that is exactly a status word, outside the one module that defines them. A
+    longer string containing the word (a message, a help text) is fine; so is a docstring that only
+    happens to be a word (none is)."""
+    found: list[tuple[str, int, str]] = []
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        if rel == allowed:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}  # doc["skipped"]: a key
+        keys |= {id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+                 and isinstance(n.func, ast.Attribute) and n.func.attr == "get"}
+        for node in ast.walk(tree):
+            if id(node) in keys:
+                continue
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words:
+                found.append((rel, node.lineno, f"{rel}:{node.lineno}: {node.value!r}"))
+    return [text for _, _, text in sorted(found)]
+
+
+def exit_code_reductions(root: Path, files: list[Path], allowed: str = STATUS_MODULE) -> list[str]:
+    """Places that reduce several exit codes to one by hand instead of calling `status.final_exit`: the
+    first-failure idioms `next((... .exit_code ... for ...), 0)` and `code or x.exit_code`."""
+
+    def mentions_exit_code(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == "exit_code" for n in ast.walk(node))
+
+    found = []
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        if rel == allowed:
+            continue
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            by_next = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next"
+                       and len(node.args) == 2 and isinstance(node.args[0], ast.GeneratorExp)
+                       and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0
+                       and mentions_exit_code(node.args[0]))
+            by_or = (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)
+                     and any(isinstance(v, ast.Attribute) and v.attr == "exit_code" for v in node.values))
+            if by_next or by_or:
+                line = node.lineno  # type: ignore[attr-defined]
+                found.append((rel, line, f"{rel}:{line}: {lines[line - 1].strip()}"))
+    return [text for _, _, text in sorted(found)]
+
+
+def _package_files() -> list[Path]:
+    return [*sorted((REPO / PACKAGE).rglob("*.py")), REPO / "noxfile.py"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the helpers, on a synthetic package
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_import_cycles_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg.sub import b\n",                            # a -> pkg.sub.b (a module)
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def f():\n    from pkg import c\n    return c\n",  # b -> c, inside a function
+        "pkg/c.py": "from .a import thing\n",                              # c -> a (relative): a cycle a-b-c
+        "pkg/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n",
+        "pkg/e.py": "import pkg.d\n",                                      # d -> e only for the type checker
+        "pkg/f.py": "import pkg.f\n",                                      # a self-import
+        "pkg/g.py": "from pkg.sub import nothing_here\nimport os\n",       # g -> pkg.sub's __init__
+    })
+    imports = {(i.source, i.target) for i in _imports(root, "pkg")}
+    assert imports == {("pkg.a", "pkg.sub.b"), ("pkg.sub.b", "pkg.c"), ("pkg.c", "pkg.a"),
+                       ("pkg.e", "pkg.d"), ("pkg.f", "pkg.f"), ("pkg.g", "pkg.sub")}
+    cycles = import_cycles(root, "pkg")
+    assert len(cycles) == 2, cycles
+    abc = next(c for c in cycles if "pkg.a" in c)
+    assert abc.startswith("cycle among pkg.a, pkg.c, pkg.sub.b:")
+    assert "pkg/sub/b.py:2: from pkg import c" in abc and "pkg/c.py:1: from .a import thing" in abc
+    assert any(c.startswith("cycle among pkg.f:") for c in cycles)
+
+
+def test_oversized_modules_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {"pkg/__init__.py": "", "pkg/big.py": "x = 1\n" * 451, "pkg/ok.py": "x = 1\n" * 450})
+    assert oversized_modules(root, "pkg") == ["pkg/big.py: 451 lines"]
+
+
+def test_status_literals_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "ortbuild/status.py": 'PASS = "PASS"\n',                           # the one place allowed
+        "ortbuild/gates.py": 'v = "PASS"\nmsg = "did not PASS"\nd = {"built": 1}\nf = f"{v} PASS"\n',
+    })
+    files = sorted((root / "ortbuild").glob("*.py"))
+    assert status_literals(root, files) == ["ortbuild/gates.py:1: 'PASS'", "ortbuild/gates.py:3: 'built'"]
+
+
+def test_exit_code_reductions_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "ortbuild/status.py": "def final_exit(codes):\n    return next((c for c in codes if c), 0)\n",
+        "ortbuild/cli.py": ("code = next((r.exit_code for r in rs if r.exit_code), 0)\n"
+                            "code = code or err.exit_code\n"
+                            "code = final_exit(r.exit_code for r in rs)\n"),
+    })
+    files = sorted((root / "ortbuild").glob("*.py"))
+    assert [f.split(": ")[0] for f in exit_code_reductions(root, files)] == ["ortbuild/cli.py:1", "ortbuild/cli.py:2"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ortbuild itself
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles(REPO, PACKAGE)
+    assert not cycles, "import cycles among ortbuild's modules:\n" + "\n".join(cycles)
+
+
+def test_no_module_over_450_lines() -> None:
+    big = oversized_modules(REPO, PACKAGE)
+    assert not big, f"modules over {MAX_LINES} lines (split them by concept):\n" + "\n".join(big)
+
+
+def test_the_status_vocabulary_is_defined_once() -> None:
+    from ortbuild import status
+
+    values = {m.value for enum in (status.JobStatus, status.Verdict, status.ProfileStatus,
+                                                  status.ArtifactState) for m in enum}
+    assert values == STATUS_WORDS, "STATUS_WORDS must be status.py's enum values"
+    spelled = status_literals(REPO, _package_files())
+    assert not spelled, ("status strings spelled outside ortbuild/status.py (use its enums):\n"
+                         + "\n".join(spelled))
+
+
+def test_the_exit_code_is_reduced_in_one_place() -> None:
+    from ortbuild import status
+
+    assert status.final_exit([0, 0]) == 0 and status.final_exit([0, 6, 4]) == 6
+    by_hand = exit_code_reductions(REPO, _package_files())
+    assert not by_hand, ("exit codes reduced by hand (use status.final_exit over the results' codes):\n"
+                         + "\n".join(by_hand))
