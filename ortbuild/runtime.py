@@ -1,6 +1,6 @@
 """What this environment can run: ONNX Runtime itself (imported lazily: `import_ort`), sessions on a target's
 providers and plugin EPs, provider probes (cached per environment), custom-op libraries, and whether an
-artifact fits here (`fit_problems`). The installed flavor and requirements (ortbuild.installed) and the CPU
+artifact fits here (ortbuild.artifact.fit). The installed flavor and requirements (ortbuild.installed) and the CPU
 (ortbuild.machine) are re-exported."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortbuild.artifact.schema import Manifest
 from ortbuild.errors import RuntimeMismatch, first_line
 from ortbuild.files import atomic_write, sha256_file
 from ortbuild.installed import Flavor as Flavor
@@ -362,39 +361,3 @@ def session_options(settings: Settings, level: str) -> Any:
     for dim, size in settings.free_dimensions.items():
         so.add_free_dimension_override_by_name(dim, size)
     return so
-
-
-def fit_problems(m: Manifest) -> list[str]:
-    """Why this machine/environment should not use the artifact (empty: it fits)."""
-    problems = []
-    tied = m.optimization.tied_to
-    want_simd = tied.get("simd_level")
-    if want_simd and want_simd != simd_level():
-        problems.append(f"built with a {want_simd} NCHWc layout (optimization "
-                        f"'{m.optimization.applied}'); this machine is {simd_level()}: "
-                        "rebuild it here or use optimization = \"extended\"")
-    flavor = installed_flavor()
-    built = m.versions["onnxruntime"]
-    if flavor is None:
-        problems.append(f"no ONNX Runtime installed; the artifact was built with {built['distribution']} "
-                        f"{built['version']}")
-        return problems
-    if flavor.distribution != built["distribution"]:
-        problems.append(f"built with {built['distribution']}, this environment has {flavor.distribution}")
-
-    def plugin(name: str) -> options.PluginEP | None:  # the provider's plugin EP, as the build used it
-        return options.PLUGINS.get(m.plugins[name]["package"]) if name in m.plugins else None
-
-    configured = {p["name"]: Provider(p["name"], p.get("options", {})) for p in m.providers}
-    compiled = tied.get("compiled_for", {}).get("provider")
-    for name in tied.get("providers", []):
-        reason = probe_provider(configured.get(name, Provider(name)), plugin(name))
-        if reason:
-            what = "the artifact is compiled for" if name == compiled else "the graph holds ops fused for"
-            problems.append(f"{what} {name}: {reason}")
-    for p in m.providers:
-        if p["name"] not in tied.get("providers", []):
-            reason = probe_provider(configured[p["name"]], plugin(p["name"]))
-            if reason:
-                problems.append(f"the target's provider cannot run here, ORT would fall back silently: {reason}")
-    return problems

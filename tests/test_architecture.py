@@ -206,6 +206,38 @@ def exit_code_reductions(root: Path, files: list[Path], allowed: str = STATUS_MO
     return [text for _, _, text in sorted(found)]
 
 
+# The layers, bottom first: a module imports only modules of its own layer or below (docs/design.md).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("ortbuild", "ortbuild.errors", "ortbuild.status", "ortbuild.files", "ortbuild.paths",
+              "ortbuild.machine", "ortbuild.modelfiles", "ortbuild.workspace")),
+    ("project", ("ortbuild.project",)),
+    ("environment", ("ortbuild.installed", "ortbuild.runtime")),
+    ("artifact", ("ortbuild.artifact",)),
+    ("pipeline", ("ortbuild.pipeline",)),
+    ("gating", ("ortbuild.gating",)),
+    ("publish", ("ortbuild.publish",)),
+    ("cli", ("ortbuild.cli", "ortbuild.__main__")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the layer a module belongs to (the longest matching prefix wins)."""
+    best, length = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = i, len(prefix)
+    if best < 0:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS (and to docs/design.md)")
+    return best
+
+
+def upward_imports(root: Path, package: str) -> list[str]:
+    """Imports from a lower layer into a higher one."""
+    return sorted(f"{i.where}  ({LAYERS[layer_of(i.source)][0]} imports {LAYERS[layer_of(i.target)][0]})"
+                  for i in _imports(root, package) if layer_of(i.target) > layer_of(i.source))
+
+
 def _package_files() -> list[Path]:
     return [*sorted((REPO / PACKAGE).rglob("*.py")), REPO / "noxfile.py"]
 
@@ -301,3 +333,15 @@ def test_the_exit_code_is_reduced_in_one_place() -> None:
     by_hand = exit_code_reductions(REPO, _package_files())
     assert not by_hand, ("exit codes reduced by hand (use status.final_exit over the results' codes):\n"
                          + "\n".join(by_hand))
+
+
+def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {"ortbuild/__init__.py": "", "ortbuild/errors.py": "from ortbuild.cli import main\n",
+                             "ortbuild/cli/__init__.py": "from ortbuild import errors\n"})
+    found = upward_imports(root, "ortbuild")
+    assert len(found) == 1 and "ortbuild/errors.py:1" in found[0] and "base imports cli" in found[0]
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    found = upward_imports(REPO, PACKAGE)
+    assert not found, "imports against the layering (docs/design.md):\n  " + "\n  ".join(found)

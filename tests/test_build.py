@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ortbuild.artifact import fit as artifact_fit
 from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError, StepError
 from ortbuild.pipeline.build import Builder
@@ -285,7 +286,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert doc["plugins"]["OpenVINOExecutionProvider"]["package"] == "onnxruntime-ep-openvino"
     assert doc["plugins"]["OpenVINOExecutionProvider"]["version"] == "1.8.1"
     loader = loaders.import_python_loader(folder / "loader" / "ortbuild_loader.py")
-    fit = runtime.fit_problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
+    fit = artifact_fit.problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
     if results[0].status == PORTABLE:
         assert "Intel" in results[0].reason and "vendor" in results[0].reason
         assert len(fit) == 1 and "ORT would fall back silently" in fit[0] and "Intel" in fit[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild import runtime
+from ortbuild.artifact import fit as artifact_fit
 from ortbuild.artifact import keys, manifest
 from ortbuild.errors import ArtifactError
 
@@ -121,7 +121,7 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     assert "sha256 differs" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
     art.unlink()
     assert "missing" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
-    fit = runtime.fit_problems(m)
+    fit = artifact_fit.problems(m)
     assert any("riscv64-rvv NCHWc layout" in p for p in fit)
     assert any("built with onnxruntime-qnn" in p for p in fit)
     assert any("ORT would fall back silently: QNNExecutionProvider is not in" in p for p in fit)

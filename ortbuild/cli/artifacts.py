@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ortbuild import runtime, workspace
-from ortbuild.artifact import container, keys, manifest
+from ortbuild import workspace
+from ortbuild.artifact import container, fit, keys, manifest
 from ortbuild.cli.common import size
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.project import config
@@ -72,17 +72,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     unverified = None if pinned else ("no public key configured: nothing here is verified (pass --public-key "
                                       "signing.pub, or set ORTBUILD_PUBLIC_KEY_FILE or ORTBUILD_SIGNING_KEY_FILE)")
     integrity = manifest.integrity_problems(m, folder, pinned) if pinned else []
-    fit = runtime.fit_problems(m)
+    unfit = fit.problems(m)
     if args.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
                           "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
                           "integrity_problems": integrity if pinned else [unverified],
-                          "fit_problems": fit, "leftovers": left}, indent=2))
+                          "fit_problems": unfit, "leftovers": left}, indent=2))
     else:
-        _print_manifest(m, folder, pinned, integrity, fit, unverified)
+        _print_manifest(m, folder, pinned, integrity, unfit, unverified)
     # each finding's code, the gravest first: tampered, then unverified, then (with --strict) unfit
     return final_exit([Tampered.exit_code if integrity else 0, KeyMissing.exit_code if unverified else 0,
-                       ArtifactError.exit_code if fit and args.strict else 0])
+                       ArtifactError.exit_code if unfit and args.strict else 0])
 
 
 def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, integrity: list[str], fit: list[str],

@@ -21,7 +21,8 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.key import published
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, options, plan
+from ortbuild.project import config, plan
+from ortbuild.project.precisions import Quantizer
 from ortbuild.status import JobStatus, final_exit
 
 
@@ -157,7 +158,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for j in jobs:
         why: str | None
         notes = []
-        if j.settings.precision != options.FP32:
+        if j.settings.rule.quantizer is not Quantizer.NONE:
             if j.model.name not in reduced:
                 reduced[j.model.name] = _already_reduced(j.model.path)
             if reduced[j.model.name]:

@@ -27,6 +27,7 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
+from ortbuild.project.precisions import Quantizer
 from ortbuild.status import JobStatus, Verdict, final_exit
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
@@ -96,7 +97,7 @@ def _size_fix(job: Job, m: manifest.Manifest) -> str:
     if changed is not None and changed.get("converted", 1.0) < 0.5:
         return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
                 f"note says which ops hold the rest): name them in quantization.op_types in {where}")
-    if s.precision == "fp16" and not m.optimization.portable:
+    if s.rule.quantizer is Quantizer.FP16 and not m.optimization.portable:
         return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
                 "provider")
     return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"

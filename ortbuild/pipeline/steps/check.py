@@ -12,6 +12,7 @@ from typing import Any
 import onnx
 
 from ortbuild import modelfiles, paths
+from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError
 from ortbuild.project.config import Settings, did_you_mean
 
@@ -25,6 +26,11 @@ class CheckResult:
     signature: dict[str, Any]
     opsets: dict[str, int]
     ir_version: int
+
+    def manifest_section(self, path: str) -> manifest.Source:
+        """The manifest's `source` (`path`: as the project names it)."""
+        return manifest.Source(path=path, sha256=self.sha256, size=self.size, ir_version=self.ir_version,
+                               opsets=self.opsets, files=[f.as_json() for f in self.files.files])
 
 
 def _elem(dt: int) -> str:

@@ -9,12 +9,14 @@ loaders open it with session.disable_model_compile = 1, which fails instead of c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ortbuild import runtime
+from ortbuild.artifact import manifest
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
 
@@ -34,6 +36,25 @@ class CompileResult:
     def as_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "device": self.device, "ep_context_nodes": self.ep_context_nodes,
                 "other_nodes": self.other_nodes, "embedded": True, "seconds": round(self.seconds, 3)}
+
+    @property
+    def compiled(self) -> bool:
+        """The provider compiled some node: the artifact is the EPContext model."""
+        return self.path is not None
+
+    def manifest_section(self) -> dict[str, Any] | None:
+        return self.as_json() if self.compiled else None
+
+    def amend(self, optimization: manifest.Optimization) -> manifest.Optimization:
+        """A compiled blob is native code for its provider, device and CPU: the artifact is tied to them and no
+        longer portable."""
+        if not self.compiled:
+            return optimization
+        tied = dict(optimization.tied_to)
+        tied["providers"] = sorted({*tied.get("providers", []), self.provider})
+        tied["compiled_for"] = {"provider": self.provider, "device": self.device, "cpu": runtime.cpu_model(),
+                                "simd_level": runtime.simd_level()}
+        return dataclasses.replace(optimization, portable=False, tied_to=tied)
 
 
 def provider_to_compile(usable: list[Provider], plugins: dict[str, options.PluginEP]) -> Provider | None:

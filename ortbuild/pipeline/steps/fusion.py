@@ -29,6 +29,7 @@ from typing import Any
 
 import onnx
 
+from ortbuild.artifact import manifest
 from ortbuild.project.config import Fusion, Settings
 from ortbuild.project.precisions import Quantizer
 
@@ -62,6 +63,9 @@ class FusionResult:
         return {"model_type": self.model_type, "num_heads": self.num_heads, "hidden_size": self.hidden_size,
                 "applied": self.applied, "fused_ops": dict(self.fused_ops), "nodes_before": self.nodes_before,
                 "nodes_after": self.nodes_after, "reason": self.reason}
+
+    def manifest_section(self) -> manifest.Fusion:
+        return manifest.Fusion(**self.as_json())
 
 
 # standard ONNX ops some fusions write (a LayerNormalization from ReduceMean/Sub/Pow/Sqrt/Div, ...)

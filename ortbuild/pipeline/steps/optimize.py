@@ -14,9 +14,11 @@ from typing import Any
 import onnx
 
 from ortbuild import modelfiles, runtime
+from ortbuild.artifact import manifest
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
+from ortbuild.project.precisions import Quantizer
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,13 @@ class OptimizeResult:
     notes: list[str] = field(default_factory=list)
     disabled_optimizers: list[str] = field(default_factory=list)
     inflation: dict[str, Any] | None = None
+
+    def manifest_section(self) -> manifest.Optimization:
+        """The manifest's `optimization` (a compile step that ran amends it: CompileResult.amend)."""
+        return manifest.Optimization(requested=self.requested, applied=self.applied, portable=self.portable,
+                                     tied_to=dict(self.tied_to), optimized_with=self.providers,
+                                     op_domains=self.op_domains, disabled_optimizers=self.disabled_optimizers,
+                                     inflation=self.inflation)
 
 
 FOLDING = "ConstantFolding"
@@ -161,7 +170,7 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             tied["providers"] = names
         if "com.microsoft.nchwc" in domains:
             tied["simd_level"] = runtime.simd_level()
-    if (settings.precision == options.FP16 and "CPUExecutionProvider" in names
+    if (settings.rule.quantizer is Quantizer.FP16 and "CPUExecutionProvider" in names
             and not options.LEVEL_RULES[level].portable):
         grown = _size(out) / max(1, _size(src))
         if grown > 1.3:

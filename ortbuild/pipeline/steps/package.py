@@ -41,7 +41,8 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
           compiled: CompileResult | None, fused: FusionResult | None) -> list[str]:
     """The build's notes, in pipeline order."""
     s = prep.job.settings
-    opt_notes = [n for n in opt.notes if not (_precompiled(compiled) and optimize.COMPILED_AT_LOAD in n)]
+    precompiled = compiled is not None and compiled.compiled
+    opt_notes = [n for n in opt.notes if not (precompiled and optimize.COMPILED_AT_LOAD in n)]
     split = [f"weights written as external data (model.onnx.data): {seal.external}"] \
         if seal.external and not s.external_data and not src.files.has_external_data else []
     changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
@@ -49,16 +50,14 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
     return (fused.notes + out) if fused is not None else out  # the fusion step ran first: its notes come first
 
 
-def _precompiled(compiled: CompileResult | None) -> bool:
-    return compiled is not None and compiled.path is not None
-
-
 def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, rel: ReloadResult,
              seal: SealResult, compiled: CompileResult | None, fused: FusionResult | None) -> manifest.Manifest:
+    """The manifest: the job's facts, and each step result's own section."""
     job, root = prep.job, prep.project.root
-    precompiled = _precompiled(compiled)
-    rel_path = job.model.path.resolve().relative_to(root.resolve()) \
+    precompiled = compiled is not None and compiled.compiled
+    source = job.model.path.resolve().relative_to(root.resolve()) \
         if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
+    optimization = opt.manifest_section()
     return manifest.Manifest(
         project=manifest.ProjectInfo(prep.project.name, prep.project.version),
         epoch=prep.project.epoch,
@@ -66,21 +65,15 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         model=job.model.name,
         status=ArtifactState.PORTABLE if prep.missing else ArtifactState.COMPLETE,
         missing_providers=prep.missing,
-        source=manifest.Source(path=str(rel_path), sha256=src.sha256, size=src.size, ir_version=src.ir_version,
-                               opsets=src.opsets, files=[f.as_json() for f in src.files.files]),
+        source=src.manifest_section(str(source)),
         artifact=seal.artifact_section(job.settings.format, src.size),
-        precision=manifest.PrecisionInfo(prec.precision, prec.options,
-                                         prec.changed.as_json() if prec.changed else None),
+        precision=prec.manifest_section(),
         providers=[p.as_json() for p in job.settings.providers],
         session=_session_json(prep, precompiled),
         free_dimensions=dict(job.settings.free_dimensions),
-        optimization=manifest.Optimization(requested=opt.requested, applied=opt.applied,
-                                           portable=opt.portable and not precompiled,
-                                           tied_to=_tied_to(opt, compiled), optimized_with=opt.providers,
-                                           op_domains=opt.op_domains, disabled_optimizers=opt.disabled_optimizers,
-                                           inflation=opt.inflation),
+        optimization=compiled.amend(optimization) if compiled is not None else optimization,
         io=src.signature,
-        golden_run=manifest.GoldenRun(providers=rel.providers, outputs=rel.outputs, inputs_sha256=prep.inputs_sha),
+        golden_run=rel.manifest_section(prep.inputs_sha),
         versions={"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": prep.flavor.as_json()},
         build_machine=runtime.fingerprint(),
         build_key=prep.key,
@@ -91,8 +84,8 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         notes=notes(prep, src, prec, opt, seal, compiled, fused),
         plugins=prep.plugins,
         custom_ops=[lib.as_json() for lib in prep.libraries],
-        compiled=compiled.as_json() if compiled is not None and compiled.path is not None else None,
-        fusion=manifest.Fusion(**fused.as_json()) if fused is not None else None,
+        compiled=compiled.manifest_section() if compiled is not None else None,
+        fusion=fused.manifest_section() if fused is not None else None,
     )
 
 
@@ -102,17 +95,6 @@ def _session_json(prep: Prepared, precompiled: bool) -> dict[str, Any]:
     if precompiled:
         out["config"] = {**out["config"], reload.PRECOMPILED_CONFIG: "1"}
     return out
-
-
-def _tied_to(opt: OptimizeResult, compiled: CompileResult | None) -> dict[str, Any]:
-    """What the artifact needs besides ONNX Runtime: the optimize step's ties, and for a compiled artifact its
-    provider and the device (and CPU) it was compiled for: a compiled blob is native code for them."""
-    tied = dict(opt.tied_to)
-    if compiled is not None and compiled.path is not None:
-        tied["providers"] = sorted({*tied.get("providers", []), compiled.provider})
-        tied["compiled_for"] = {"provider": compiled.provider, "device": compiled.device,
-                                "cpu": runtime.cpu_model(), "simd_level": runtime.simd_level()}
-    return tied
 
 
 def render(m: manifest.Manifest, runtime_text: str) -> Rendered:

@@ -25,6 +25,7 @@ from typing import Any, assert_never
 import onnx
 
 from ortbuild import modelfiles
+from ortbuild.artifact import manifest
 from ortbuild.pipeline.steps import accounting, streamquant
 from ortbuild.project import precisions
 from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
@@ -42,6 +43,9 @@ class PrecisionResult:
     options: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     changed: accounting.Accounting | None = None  # what the step converted (None: fp32, nothing to convert)
+
+    def manifest_section(self) -> manifest.PrecisionInfo:
+        return manifest.PrecisionInfo(self.precision, self.options, self.changed.as_json() if self.changed else None)
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:

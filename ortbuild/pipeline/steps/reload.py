@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ortbuild import runtime
+from ortbuild.artifact import manifest
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
 from ortbuild.project.data import Feed
@@ -24,6 +25,9 @@ class ReloadResult:
     load_seconds: float
     run_seconds: float
     values: list[Any] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
+
+    def manifest_section(self, inputs_sha256: str) -> manifest.GoldenRun:
+        return manifest.GoldenRun(providers=self.providers, outputs=self.outputs, inputs_sha256=inputs_sha256)
 
 
 def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed,
