@@ -96,7 +96,7 @@ def test_an_npz_bomb_is_refused_from_its_headers_with_flat_memory(tmp_path: Path
     bomb = _npz_of_zeros(tmp_path / "bomb.npz", (256, 1024, 1024), "input_ids")
     assert bomb.stat().st_size < 2 << 20
     # VmHWM, not ru_maxrss: Linux carries a forked child's ru_maxrss over from its parent (here, pytest)
-    code = ("import sys\nfrom pathlib import Path\nfrom ortbuild import data\nfrom ortbuild.errors import "
+    code = ("import sys\nfrom pathlib import Path\nfrom ortbuild.project import data\nfrom ortbuild.errors import "
             "ConfigError\ntry:\n    data.npz(Path(sys.argv[1]))\nexcept ConfigError as e:\n    print(e.message)\n"
             "print(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM')) >> 10)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=120)
