@@ -118,6 +118,9 @@ quantization = { op_types = ["Conv"] }
     assert "read by: MatMul" in r.stderr
     assert "op_types = ['Conv'] leaves them out" in r.stderr
     assert not (tmp_path / "dist" / "int8" / "m" / manifest.MANIFEST).exists()
+    # the failed job still reports what the step converted, and the source's size (the check step ran)
+    job = json.loads(run_cli("build", "-c", str(cfg), "-t", "int8", "--json").stdout)["jobs"][0]
+    assert job["status"] == "failed" and job["converted"] == 0.0 and job["source_size"] > 0
 
 
 def test_accounting_is_recorded_in_the_manifest_and_the_build_table(tmp_path: Path) -> None:

@@ -293,7 +293,8 @@ class Tester:
             ref_target = self.project.targets[ft.target]
             ref_build = built.get(f"{ft.target}/{job.model.name}")
             if ref_build is None or ref_build.status in (JobStatus.FAILED, JobStatus.SKIPPED, JobStatus.PORTABLE):
-                ref_problem = (f"{ft.target} cannot run here ({ref_build.reason if ref_build else 'not built'}); "
+                why = ref_build.reason if ref_build is not None else "not built"
+                ref_problem = (f"{ft.target} cannot run here ({why}); "
                                f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
             else:
                 rfolder = paths.inside(self.dist, ft.target, job.model.name)

@@ -125,13 +125,16 @@ class Builder:
                 continue
             self.progress(prep.job.name, StepStarted(step.describe(prep)))
             res.step = step.name
-            t = time.perf_counter()
-            out = step.run(prep, done)
-            res.steps[step.name] = time.perf_counter() - t
-            for result in out if isinstance(out, tuple) else (out,):
-                if result is not None:
-                    done.add(result)
-                    if phase == "build":
+            t, before = time.perf_counter(), len(done)
+            try:
+                out = step.run(prep, done)
+                for result in out if isinstance(out, tuple) else (out,):
+                    if result is not None:
+                        done.add(result)
+                res.steps[step.name] = time.perf_counter() - t
+            finally:  # a step that fails still reports what it found first (the share it converted, ...)
+                if phase == "build":
+                    for result in done.since(before):
                         stages.record(res, result)
 
     def prepare(self, job: Job) -> Prepared:

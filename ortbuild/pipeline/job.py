@@ -94,7 +94,15 @@ class Done:
         self._by_type: dict[type, object] = {}
 
     def add(self, result: object) -> None:
+        self._by_type.pop(type(result), None)  # a newer result of a type replaces it, and comes last
         self._by_type[type(result)] = result
+
+    def since(self, count: int) -> list[object]:
+        """The results added after the first `count` (what a step returned, or handed on before it failed)."""
+        return list(self._by_type.values())[count:]
+
+    def __len__(self) -> int:
+        return len(self._by_type)
 
     def get(self, cls: type[T]) -> T | None:
         found = self._by_type.get(cls)

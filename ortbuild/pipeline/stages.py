@@ -68,6 +68,7 @@ def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:
 
     job, s = prep.job, prep.job.settings
     src = check.run(job.model.path, prep.files)
+    done.add(src)  # reported (the source's size) even when its data fail below
     if s.format == "ort" and modelfiles.needs_external_data(src.files.weights_size):
         raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.format",
                           f"model '{job.model.name}' holds {src.files.weights_size / (1 << 30):.2f} GiB of weights: "
@@ -123,6 +124,7 @@ def _precision(prep: Prepared, done: Done) -> precision.PrecisionResult:
                          done[Inputs].samples, external=_external(prep, src.files))
     if path.is_relative_to(prep.tmp.resolve()) and prec.path != path:
         modelfiles.remove(path)  # the fused model, read: the temp space holds at most two models at once
+    done.add(prec)  # reported (the share converted) even when it converted too little below
     if prec.changed is not None:
         little = precision.too_little(s.precision, prec.changed, s.typed_precision_options())
         if little:
@@ -200,6 +202,7 @@ def _loaders(prep: Prepared, done: Done) -> package.Rendered:
     m = package.assemble(prep, done[check.CheckResult], done[precision.PrecisionResult],
                          done[optimize.OptimizeResult], done[reload.ReloadResult], done[seal.SealResult],
                          done.get(compile.CompileResult), done.get(fusion.FusionResult))
+    done.add(m)  # its notes are reported even when rendering the loaders fails
     return package.render(m, prep.job.target.runtime_text)
 
 
@@ -232,8 +235,8 @@ def record(res: JobResult, result: object) -> None:
         res.converted = result.changed.converted
     elif isinstance(result, optimize.OptimizeResult):
         res.level = result.applied
-    elif isinstance(result, package.Rendered):
-        res.notes = list(result.manifest.notes)
+    elif isinstance(result, package.Rendered | manifest.Manifest):
+        res.notes = list((result.manifest if isinstance(result, package.Rendered) else result).notes)
     elif isinstance(result, package.Published):
         res.artifact = str(result.artifact)
 
