@@ -28,17 +28,16 @@ def partial_file(path: Path) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same directory, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    """Write to a partial file in the same directory, fsync, then rename over `path`."""
+    tmp = partial_file(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -163,6 +163,7 @@ class Builder:
         return Prepared(job=job, project=self.project, out_dir=paths.inside(self.dist, job.target.name, job.model.name),
                         files=files, usable=usable, missing=missing, flavor=flavor, plugins=plugins,
                         libraries=libraries, inputs_sha=inputs_sha, key=build_key, key_parts=digests, secrets=secrets,
+                        plugin_eps=plugin_eps,
                         compile_for=None if missing else compile.provider_to_compile(usable, plugin_eps))
 
     @typing.overload

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from ortbuild import modelfiles, runtime
 from ortbuild.artifact import keys
 from ortbuild.errors import OrtbuildError
+from ortbuild.project import options
 from ortbuild.project.config import Project, Provider
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus
@@ -66,6 +67,7 @@ class Prepared:
     key: str
     key_parts: dict[str, str]                       # digest per part of the key
     secrets: keys.Secrets                           # the encryption key only where the target encrypts
+    plugin_eps: dict[str, options.PluginEP]         # the target's plugin EPs, by the provider each registers
     compile_for: Provider | None                    # the provider that compiles the model ahead of time, if any
     work: Path | None = None                        # the private temp dir of the build phase
 

@@ -22,7 +22,6 @@ from ortbuild.errors import ConfigError, StepError
 from ortbuild.pipeline import key
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.steps import compile, integrity
-from ortbuild.project import options
 
 if TYPE_CHECKING:
     from ortbuild.pipeline.steps import check, fusion, optimize, package, precision, reload, seal
@@ -153,38 +152,33 @@ def _optimize(prep: Prepared, done: Done) -> tuple[optimize.OptimizeResult, Layo
     return opt, Layout(external)
 
 
-def _plugins(prep: Prepared) -> dict[str, options.PluginEP]:
-    """The target's plugin EPs, by the provider each registers."""
-    return {p.name: plugin for p in prep.job.settings.providers if (plugin := prep.job.target.plugin_for(p.name))}
-
-
 def _compile(prep: Prepared, done: Done) -> compile.CompileResult | None:
     from ortbuild.pipeline.steps import optimize
 
     if prep.compile_for is None:
         return None
-    return compile.run(done[optimize.OptimizeResult].path, prep.job.settings, prep.compile_for, _plugins(prep),
+    return compile.run(done[optimize.OptimizeResult].path, prep.job.settings, prep.compile_for, prep.plugin_eps,
                        prep.tmp)
 
 
-def _compiled(done: Done) -> compile.CompileResult | None:
+def _compiled_model(done: Done) -> Path | None:
+    """The EPContext model, where the compile step compiled some node."""
     found = done.get(compile.CompileResult)
-    return found if found is not None and found.path is not None else None
+    return found.path if found is not None else None
 
 
 def _artifact_model(done: Done) -> Path:
     """The model the artifact holds: the compiled EPContext model where there is one, else the optimized one."""
     from ortbuild.pipeline.steps import optimize
 
-    compiled = _compiled(done)
-    return compiled.path if compiled is not None and compiled.path is not None else done[optimize.OptimizeResult].path
+    return _compiled_model(done) or done[optimize.OptimizeResult].path
 
 
 def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
     from ortbuild.pipeline.steps import reload
 
-    return reload.run(_artifact_model(done), prep.job.settings, prep.run_on, done[Inputs].feed, _plugins(prep),
-                      precompiled=_compiled(done) is not None)
+    return reload.run(_artifact_model(done), prep.job.settings, prep.run_on, done[Inputs].feed, prep.plugin_eps,
+                      precompiled=_compiled_model(done) is not None)
 
 
 def _seal(prep: Prepared, done: Done) -> seal.SealResult:
