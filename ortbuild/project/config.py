@@ -29,6 +29,7 @@ from ortbuild.project.settings import (
     Gates,
     Int4,
     Latency,
+    Memory,
     Model,
     PrecisionOptions,
     Project,
@@ -273,4 +274,4 @@ def _gates(eff: dict[str, Any], not_inherited: tuple[str, ...] = ()) -> Gates:
     lat["data_sets"] = {name: dict(budgets) for name, budgets in lat["data_sets"].items()}
     return Gates(accuracy=eff["accuracy"],
                  latency=Latency(**lat, faster_than=FasterThan(ft["target"], float(ft["ratio"])) if ft else None),
-                 size=Size(**filled("size")), not_inherited=not_inherited)
+                 size=Size(**filled("size")), memory=Memory(**filled("memory")), not_inherited=not_inherited)

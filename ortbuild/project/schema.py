@@ -135,7 +135,7 @@ _TITLES = {
     "accuracy": "[targets.NAME.accuracy]", "output_accuracy": "[targets.NAME.accuracy.outputs.OUTPUT]",
     "latency": "[targets.NAME.latency]", "faster_than": "[targets.NAME.latency] faster_than",
     "latency_data_set": "[targets.NAME.latency.data_sets.DATA_SET]",
-    "size": "[targets.NAME.size]",
+    "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]",
 }
 
 

@@ -139,6 +139,7 @@ class Latency:
     warmup_runs: int
     retry_wait_seconds: float
     data_sets: Mapping[str, Mapping[str, float]]  # golden data set name -> its budgets, over the ones above
+    cold_start_ms: float | None = None  # median of import + load + first run in fresh processes (gating.startup)
 
     def budgets(self, data_set: str | None = None) -> dict[float, float]:
         """{percentile (0-1): budget in ms} of the percentiles that have one (on `data_set`: its own budgets
@@ -156,12 +157,20 @@ class Size:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """[targets.X.memory]: the peak RSS budget of a fresh process that loads and runs the artifact."""
+
+    peak_mb: float | None = None
+
+
+@dataclass(frozen=True)
 class Gates:
     """What `ortbuild test` checks an artifact against. Not part of the build key: budgets never rebuild."""
 
     accuracy: Mapping[str, Any]      # the validated [accuracy] table (rule keys, `outputs`)
     latency: Latency
     size: Size
+    memory: Memory = Memory()
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
 
@@ -172,6 +181,13 @@ class Gates:
         rule.update({k: v for k, v in self.accuracy.items() if k != "outputs"})
         rule.update(self.accuracy.get("outputs", {}).get(output, {}))
         return rule
+
+    @property
+    def startup_budgets(self) -> dict[str, float]:
+        """The budgets measured in fresh processes (ortbuild.gating.startup), by kind: "cold_start" (ms) and
+        "memory" (MiB); empty when neither is set."""
+        pairs = (("cold_start", self.latency.cold_start_ms), ("memory", self.memory.peak_mb))
+        return {kind: float(b) for kind, b in pairs if b is not None}
 
     def max_ratio(self, precision: str | PrecisionRule) -> float:
         r = self.size.max_ratio

@@ -141,6 +141,9 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Latency budgets (percentiles in ms, relative to another target), checked by `ortbuild test`."),
         Key(name="size", kind="table", table="size", default={},
             doc="Size budgets of the artifact, checked by `ortbuild test`."),
+        Key(name="memory", kind="table", table="memory", default={},
+            doc="Peak-memory budget of a fresh process that loads the artifact through its generated Python "
+                "loader, checked by `ortbuild test` (docs/testing.md, cold start and peak memory)."),
         Key(name="quantization", kind="table", table="quantization", default={},
             doc="Options of int8-dynamic and int8-static."),
         Key(name="fp16", kind="table", table="fp16", default={}, doc="Options of fp16."),
@@ -159,7 +162,7 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
                 "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
                 "fp16, int4, fusion, session, encrypt, external_data, constant_folding, disabled_optimizers, "
-                "accuracy, latency, size. Later matches win; tables merge key by key."),
+                "accuracy, latency, size, memory. Later matches win; tables merge key by key."),
     ),
     "override": (
         Key(name="models", kind="strings", required=True, doc="Glob patterns of the models it applies to."),
@@ -173,6 +176,11 @@ TABLES: dict[str, tuple[Key, ...]] = {
             doc="Budget of the 90th percentile latency, in ms."),
         Key(name="p99_ms", kind="number", default=None, maximum=3_600_000,
             doc="Budget of the 99th percentile latency, in ms."),
+        Key(name="cold_start_ms", kind="number", default=None, maximum=3_600_000,
+            doc="Budget of the median cold start, in ms: in a fresh Python process, importing the generated loader "
+                "(and onnxruntime with it), `load()` (verify, decrypt, session creation) and the first run on the "
+                "first golden data set, measured inside the process. Judged over fresh processes (the first look "
+                "at 8, then 16 and 32) at `confidence`; see docs/testing.md."),
         Key(name="faster_than", kind="table", table="faster_than", default=None,
             doc="A relative budget measured in the same run, interleaved: `{ target = \"cpu-fp32\", ratio = "
                 "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
@@ -220,6 +228,13 @@ TABLES: dict[str, tuple[Key, ...]] = {
                 "(the container header and graph metadata of very small models)."),
         Key(name="max_mb", kind="number", default=None, maximum=1 << 20,
             doc="Largest artifact size in MiB (all files)."),
+    ),
+    "memory": (
+        Key(name="peak_mb", kind="number", default=None, maximum=1 << 20,
+            doc="Budget of the median peak resident memory (RSS high-water mark, VmHWM), in MiB, of a fresh Python "
+                "process that imports the generated loader, loads the artifact and runs the first golden data set "
+                "three times. Measured in the same fresh processes as `latency.cold_start_ms`, at the target's "
+                "`latency.confidence`."),
     ),
     "quantization": (
         Key(name="format", kind="string", default="qdq", choices=("qdq", "qoperator"),
@@ -312,7 +327,7 @@ TABLES["output_accuracy"] = (*ACCURACY_RULE, Key(
 OVERRIDABLE = (  # the keys of a target that can differ per model (the rest are target-wide)
     "precision", "optimization", "format", "providers", "free_dimensions",
     "quantization", "fp16", "int4", "fusion", "session", "encrypt", "external_data", "constant_folding",
-    "disabled_optimizers", "accuracy", "latency", "size")
+    "disabled_optimizers", "accuracy", "latency", "size", "memory")
 TABLES["override"] = TABLES["override"] + tuple(
     dataclasses.replace(k, required=False) for k in TABLES["target"] if k.name in OVERRIDABLE)
 

@@ -111,6 +111,9 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     if r.get("status") != PASS:
         why = r.get("reason") or "; ".join(r.get("failures", []))
         return f"its tests did not pass ({r.get('status')}: {why[:300]})"
+    if r.get("quick"):
+        confidence = r.get("latency", {}).get("confidence", 0.9)
+        return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
     art = folder / m.artifact.file
     if r.get("build_key") != m.build_key or r.get("artifact_sha256") != m.artifact.sha256 or \
             (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
@@ -193,10 +196,15 @@ def _verdicts(mr: ModelRelease) -> dict[str, Any]:
     for o in r.get("outputs", []):
         rules.setdefault(o["output"], o["rule"])
     budgets = [{"kind": v["kind"], "budget_ms": v.get("budget")} for v in r.get("latency", {}).get("verdicts", [])]
+    # the cold-start and memory gates, where a budget was set (their verdicts and budgets, not their figures)
+    startup = {gate: r[f"{gate}_verdict"] for gate in ("cold_start", "memory") if r.get(f"{gate}_verdict", "-") != "-"}
+    if startup:
+        startup["startup_budgets"] = [{"kind": v["kind"], "budget": v.get("budget")}
+                                      for v in r.get("startup", {}).get("verdicts", [])]
     return {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"), "worst": r.get("worst", "-"),
             "latency": r.get("latency_verdict", "-"), "latency_budgets": budgets, "size": r.get("size_verdict", "-"),
             "rules": rules, "golden_digest": r.get("golden", {}).get("digest", ""),
-            **({"forced": mr.refusal} if mr.refusal else {})}
+            **startup, **({"forced": mr.refusal} if mr.refusal else {})}
 
 
 def _digest(path: Path) -> dict[str, str]:
