@@ -188,11 +188,19 @@ def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_p
         if os.environ.get("ORTBUILD_REQUIRE_CHROMIUM"):
             pytest.fail("chromium is not installed (CI installs Debian's chromium)")
         pytest.skip("Debian's chromium is not installed")
-    page = gated[0] / "dist" / report.REPORT_HTML
+    # the report again, against a baseline in which ok/cnn had failed: each row's change is shown
+    dist = shutil.copytree(gated[0] / "dist", tmp_path / "dist", symlinks=True)
+    base = json.loads((dist / report.REPORT_JSON).read_text())
+    base["results"] = [{**r, "status": "FAIL"} if r["target"] == "ok" else r for r in base["results"]]
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    report.write(dist, report.collect(dist), report.read_baseline(str(tmp_path / "base.json")))
+    page = dist / report.REPORT_HTML
     args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(tmp_path / "p")]
     dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert "ortbuild test report" in dom and "2 PASS, 4 FAIL" in dom
     assert "golden/cnn_bad" in dom and "worst element at [1, 4]" in dom and "p90 budget 0.0001 ms" in dom
+    assert "FAIL (accuracy)" in dom and "FAIL (latency)" in dom and "FAIL (size)" in dom  # the gate that failed
+    assert "<th>vs baseline</th>" in dom and "FAIL -&gt; PASS; p50 +0.000 ms (+0.0%)" in dom  # the change
     shot = tmp_path / "shot.png"
     subprocess.run([*args, "--window-size=1000,2000", f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=120)

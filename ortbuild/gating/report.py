@@ -1,59 +1,204 @@
-"""Test reports: the summary table, dist/report.json and a self-contained dist/report.html.
+"""Test reports: the summary table, dist/report.json and a self-contained dist/report.html (report_html).
 
 Each `ortbuild test` run (one per target under nox) writes dist/<target>/<model>/test-report.json; the
 reports gather every such file whose artifact is still the one tested (same build key), so after
-`nox -s test` they cover every target of every runtime. The HTML has no external resources: inline CSS and
-SVG (a latency histogram per artifact with its percentiles and budgets), readable offline.
+`nox -s test` they cover every target of every runtime.
+
+A report says why: each row names the gates that failed (`FAIL (size)`), and its change against a comparison:
+the previous dist/report.json (kept as dist/report.previous.json) or a `--baseline` report.json. A row this
+write did not measure again (another target's session under nox, `ortbuild profile`) keeps the change it had.
 """
 
 from __future__ import annotations
 
-import html
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortbuild import files, paths
+from ortbuild import errors, files, paths
 from ortbuild.artifact import manifest
+from ortbuild.gating import report_html
 from ortbuild.status import Verdict
+from ortbuild.units import human_size, signed_percent, signed_size
 
-REPORT_JSON, REPORT_HTML = "report.json", "report.html"
+REPORT_JSON, REPORT_HTML, REPORT_PREVIOUS = "report.json", "report.html", "report.previous.json"
+ORDER = (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.PASS, Verdict.SKIPPED)  # the HTML's: failures first
+# a gate's name -> the result field older test-report.json files carry its verdict in
+GATE_FIELDS = {"accuracy": "accuracy", "size": "size_verdict", "latency": "latency_verdict",
+               "cold_start": "cold_start_verdict", "memory": "memory_verdict"}
+# why a FAIL that no gate decided failed, by the result's exit code (errors.py)
+FAILED_BY_CODE = {errors.ConfigError.exit_code: "config", errors.RuntimeMismatch.exit_code: "runtime",
+                  errors.MissingProvider.exit_code: "provider", errors.StepError.exit_code: "build",
+                  errors.ArtifactError.exit_code: "artifact", errors.KeyMissing.exit_code: "key"}
 
 
-def _verdict(passed: bool) -> Verdict:
-    return Verdict.PASS if passed else Verdict.FAIL
+def key(r: dict[str, Any]) -> str:
+    return f"{r.get('target')}/{r.get('model')}"
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
 def _ms(x: Any) -> str:
-    return f"{x:.3f}" if isinstance(x, int | float) else "-"
+    return f"{x:.3f}" if _num(x) is not None else "-"
 
 
-def _latency_cell(r: dict[str, Any], key: str) -> str:
+# ------------------------------------------------------------------------------------------- why: the gates
+
+def gate_verdicts(r: dict[str, Any]) -> dict[str, str]:
+    """Each gate's verdict by name ("-": it did not run), from `gates`, else from the older per-gate fields."""
+    g = r.get("gates")
+    if isinstance(g, dict):
+        return {str(k): str(v) for k, v in g.items()}
+    return {name: str(r.get(f, "-")) for name, f in GATE_FIELDS.items() if f in r}
+
+
+def failed_gates(r: dict[str, Any]) -> list[str]:
+    f = r.get("failed_gates")
+    if isinstance(f, list):
+        return [str(x) for x in f]
+    return [name for name, v in gate_verdicts(r).items() if v == Verdict.FAIL]
+
+
+def failure_kind(r: dict[str, Any]) -> str:
+    """Why a FAIL failed when no gate did: its build, a required target that cannot run here, an error."""
+    if str(r.get("reason", "")).startswith("build failed"):
+        return "build"
+    if any(str(x).startswith("required, but cannot run here") for x in r.get("failures") or []):
+        return "required"
+    return FAILED_BY_CODE.get(r.get("exit_code", 0), "error")
+
+
+def verdict_cell(r: dict[str, Any]) -> str:
+    """`FAIL (size)`, `FAIL (accuracy, cold_start)`, `FAIL (build)`, `INCONCLUSIVE (latency)`, `PASS`."""
+    status = str(r.get("status", "-"))
+    why: list[str] = []
+    if status == Verdict.FAIL:
+        why = failed_gates(r) or [failure_kind(r)]
+    elif status == Verdict.INCONCLUSIVE:
+        why = [name for name, v in gate_verdicts(r).items() if v == Verdict.INCONCLUSIVE]
+    return status + (f" ({', '.join(why)})" if why else "")
+
+
+def ordered(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """FAIL first, then INCONCLUSIVE, PASS, SKIPPED (stable: path order within each)."""
+    rank = {str(v): i for i, v in enumerate(ORDER)}
+    return sorted(results, key=lambda r: rank.get(str(r.get("status")), len(ORDER)))
+
+
+# ------------------------------------------------------------------------------------------- table cells
+
+def _latency_cell(r: dict[str, Any], name: str) -> str:
     lat = r.get("latency") or {}
-    if key not in lat:
+    if name not in lat:
         return "-"
-    budget = next((v["budget"] for v in lat.get("verdicts", []) if v["kind"] == key.removesuffix("_ms")), None)
-    return _ms(lat[key]) + (f" / {budget:g}" if budget is not None else "")
+    budget = next((v.get("budget") for v in lat.get("verdicts") or []
+                   if v.get("kind") == name.removesuffix("_ms")), None)
+    return _ms(lat[name]) + (f" / {budget:g}" if _num(budget) is not None else "")
 
 
-def rows(results: list[dict[str, Any]]) -> list[list[str]]:
+def _short(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+
+
+STARTUP = (("cold_start", "cold_start_ms", "ms"), ("memory", "peak_rss_mb", "MB"))
+
+
+def startup_cell(r: dict[str, Any]) -> str:
+    """Cold start and peak memory against their budgets: `812 ms/1000, 95 MB/256`, or `-`."""
+    st = r.get("startup")
+    if not isinstance(st, dict) or not st:
+        return "-"
+    verdicts = {v.get("kind"): v for v in st.get("verdicts") or [] if isinstance(v, dict)}
+    parts = []
+    for kind, field, unit in STARTUP:
+        v = verdicts.get(kind, {})
+        observed = _num(v.get("observed"))
+        if observed is None:
+            observed = _num((st.get(field) or {}).get("p50"))
+        if observed is None:
+            continue
+        budget = _num(v.get("budget"))
+        parts.append(f"{_short(observed)} {unit}" + (f"/{budget:g}" if budget is not None else ""))
+    return ", ".join(parts) or "-"
+
+
+def _pct(c: dict[str, Any]) -> str:
+    return "" if _num(c.get("percent")) is None else signed_percent(c["percent"])
+
+
+def delta_cell(d: dict[str, Any] | None, full: bool = False, comparison: dict[str, Any] | None = None) -> str:
+    """A row's change against the comparison: compact (`PASS->FAIL, p90 +12%`: the verdict when it changed, p90
+    (else p50), the size when it changed) or full (the HTML's: both percentiles and the size, absolute and %, and
+    the report compared with when it is not the report's `comparison`: a row not measured again keeps its own)."""
+    if not d:
+        return "-"
+    if d.get("new"):
+        return "new (not in the comparison)" if full else "new"
+    parts = []
+    v = d.get("verdict") or {}
+    if v.get("before") != v.get("after"):
+        parts.append(f"{v.get('before')} -> {v.get('after')}" if full else f"{v.get('before')}->{v.get('after')}")
+    shown = ["p50_ms", "p90_ms"] if full else ["p90_ms" if d.get("p90_ms") else "p50_ms"]
+    for name in shown:
+        c = d.get(name)
+        if c:
+            label = name.removesuffix("_ms")
+            ms = f"{c['change']:+.3f} ms"
+            parts.append(f"{label} {ms} ({_pct(c) or 'from 0'})" if full else f"{label} {_pct(c) or ms}")
+    s = d.get("size_bytes")
+    if s and full:
+        parts.append(f"size {signed_size(s['change'])}" + (f" ({_pct(s)})" if _pct(s) else "") if s.get("change")
+                     else "size unchanged")
+    elif s and s.get("change"):
+        parts.append(f"size {_pct(s) or signed_size(s['change'])}")
+    text = ("; " if full else ", ").join(parts) or "="
+    against = d.get("against") or {}
+    if full and against.get("created") and against != comparison:
+        text += f" (vs the {against.get('kind', 'previous')} report of {against['created']})"
+    return text
+
+
+def rows(results: list[dict[str, Any]], full: bool = False,
+         comparison: dict[str, Any] | None = None) -> list[list[str]]:
+    """One row per result, HEADER's columns (the verdict last: the HTML colours it)."""
     out = []
     for r in results:
         size = r.get("size") or {}
         rel = (r.get("latency") or {}).get("relative")
-        out.append([r["target"], r["model"],
-                    f"{size['bytes'] / 1024:.1f} KB {size['ratio']:.2f}x/{size['max_ratio']:g}" if size else "-",
-                    r["accuracy"] + (f" ({r['worst']})" if r["worst"] not in ("-", "") else ""),
+        size_cell = (f"{human_size(size['bytes'])} {size['ratio']:.2f}x/{size['max_ratio']:g}"
+                     if size.get("bytes") is not None and "ratio" in size else "-")
+        worst = r.get("worst", "-")
+        out.append([str(r.get("target")), str(r.get("model")), size_cell,
+                    str(r.get("accuracy", "-")) + (f" ({worst})" if worst not in ("-", "") else ""),
                     _latency_cell(r, "p50_ms"), _latency_cell(r, "p90_ms"), _latency_cell(r, "p99_ms"),
                     (f"{rel['observed_ratio']:.2f}x/{rel['ratio']:g} {rel['target']}" if rel and "observed_ratio" in rel
                      else ("-" if not rel else Verdict.SKIPPED)),
-                    r["status"]])
+                    startup_cell(r), delta_cell(r.get("delta"), full, comparison), verdict_cell(r)])
     return out
 
 
 HEADER = ["target", "model", "size (vs src/max)", "accuracy (worst)", "p50 ms/budget", "p90", "p99",
-          "relative", "verdict"]
+          "relative", "startup", "vs previous", "verdict"]
+OPTIONAL = ("startup", "vs previous")  # left out of the text table when every row's is "-"
 
+
+def header(comparison: dict[str, Any] | None) -> list[str]:
+    kind = (comparison or {}).get("kind", "previous")
+    return [f"vs {kind}" if h == "vs previous" else h for h in HEADER]
+
+
+def text_table(results: list[dict[str, Any]], comparison: dict[str, Any] | None) -> tuple[list[str], list[list[str]]]:
+    """The `ortbuild test` summary: HEADER's columns, less the optional ones no row has anything in."""
+    body = rows(results)
+    keep = [i for i, h in enumerate(HEADER) if h not in OPTIONAL or any(r[i] != "-" for r in body)]
+    head = header(comparison)
+    return [head[i] for i in keep], [[r[i] for i in keep] for r in body]
+
+
+# ------------------------------------------------------------------------------------------- gathering
 
 def collect(dist: Path) -> list[dict[str, Any]]:
     """Every dist/<target>/<model>/test-report.json whose artifact is still the one it tested."""
@@ -73,202 +218,152 @@ def profiles(dist: Path) -> list[dict[str, Any]]:
              "trace": f"{doc['target']}/{doc['model']}/{profile.TRACE}"} for doc in profile.collect(dist)]
 
 
-def write(dist: Path, docs: list[dict[str, Any]]) -> tuple[Path, Path]:
+# ------------------------------------------------------------------------------------------- comparison
+
+@dataclass(frozen=True)
+class Baseline:
+    """A report.json to compare against (`ortbuild test --baseline FILE`)."""
+
+    file: str
+    doc: dict[str, Any]
+
+
+def not_a_report(doc: Any) -> str | None:
+    """Why a parsed JSON document is not a dist/report.json, or None."""
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not an object"
+    if not isinstance(doc.get("results"), list):
+        if isinstance(doc.get("result"), dict):
+            return "it is one artifact's test-report.json, not the dist/report.json that gathers them"
+        return "it has no 'results' list"
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict) or not isinstance(r.get("target"), str) or not isinstance(r.get("model"), str):
+            return f"results[{i}] names no target and model"
+    return None
+
+
+BASELINE_LIMIT = 1 << 30  # a report.json beyond this is not one
+
+
+def read_baseline(file: str) -> Baseline:
+    """The report.json `--baseline` names, or a UsageError naming the file and what is wrong with it."""
+    path = Path(file)
+    hint = "give a dist/report.json that `ortbuild test` wrote (e.g. the last release's)"
+    if path.is_dir() and (path / REPORT_JSON).is_file():
+        hint = f"did you mean {path / REPORT_JSON}?"
+    problem = paths.input_problem(path, limit=BASELINE_LIMIT)
+    if problem:
+        raise errors.UsageError(f"--baseline {file}: {problem}", hint)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise errors.UsageError(f"--baseline {file}: cannot be read: {e.strerror or e}", hint) from None
+    try:
+        doc = json.loads(data)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise errors.UsageError(f"--baseline {file}: not a test report: not JSON ({e})", hint) from None
+    problem = not_a_report(doc)
+    if problem:
+        raise errors.UsageError(f"--baseline {file}: not a test report: {problem}", hint)
+    return Baseline(file, doc)
+
+
+def _change(before: Any, after: Any, digits: int) -> dict[str, Any] | None:
+    a, b = _num(before), _num(after)
+    if a is None or b is None:
+        return None
+    return {"before": before, "after": after, "change": round(b - a, digits),
+            "percent": round((b - a) / a * 100, 2) if a else None}
+
+
+def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, Any]) -> dict[str, Any]:
+    """One row's change against the comparison's row (None: the comparison has no such row)."""
+    if old is None:
+        return {"against": against, "new": True}
+    out: dict[str, Any] = {"against": against, "verdict": {"before": old.get("status"), "after": cur.get("status"),
+                                                          "changed": old.get("status") != cur.get("status")}}
+    lat_a, lat_b = old.get("latency") or {}, cur.get("latency") or {}
+    for name in ("p50_ms", "p90_ms"):
+        c = _change(lat_a.get(name), lat_b.get(name), 4)
+        if c:
+            out[name] = c
+    c = _change((old.get("size") or {}).get("bytes"), (cur.get("size") or {}).get("bytes"), 0)
+    if c:
+        out["size_bytes"] = c
+    return out
+
+
+def _same(report_row: dict[str, Any], result: dict[str, Any]) -> bool:
+    """Whether a report's row is this very result (not measured again since)."""
+    return {k: v for k, v in report_row.items() if k != "delta"} == {k: v for k, v in result.items() if k != "delta"}
+
+
+@dataclass(frozen=True)
+class Report:
+    doc: dict[str, Any]          # what report.json holds
+    previous: bytes | None       # the report.json it replaces (kept as report.previous.json)
+
+
+def _previous(dist: Path) -> tuple[bytes, dict[str, Any]] | None:
+    try:
+        data = (dist / REPORT_JSON).read_bytes()
+        doc = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    return (data, doc) if not_a_report(doc) is None else None
+
+
+def compose(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = None) -> Report:
+    """The report of `docs` (collect's), each row with its change against `baseline`, else the previous report."""
     results = [d["result"] for d in docs]
+    previous = _previous(dist)
+    comparison: dict[str, Any] | None = None
+    if baseline is not None:
+        comparison = {"kind": "baseline", "file": baseline.file, "created": baseline.doc.get("created")}
+        ref = {key(r): r for r in baseline.doc["results"]}
+        results = [{**r, "delta": delta(r, ref.get(key(r)), comparison)} for r in results]
+    elif previous is not None:
+        comparison = {"kind": "previous", "file": REPORT_PREVIOUS, "created": previous[1].get("created")}
+        ref = {key(r): r for r in previous[1]["results"]}
+        results = [{**r, "delta": ref[key(r)].get("delta") if key(r) in ref and _same(ref[key(r)], r)
+                    else delta(r, ref.get(key(r)), comparison)} for r in results]
+    else:
+        results = [{**r, "delta": None} for r in results]
     counts = {s: sum(r["status"] == s for r in results) for s in Verdict}  # PASS, FAIL, INCONCLUSIVE, SKIPPED
-    created = manifest.iso_utc()
-    doc = {"created": created, "counts": counts, "results": results,
+    doc = {"created": manifest.iso_utc(), "counts": counts, "comparison": comparison, "results": results,
            "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs},
            "profiles": profiles(dist)}
+    return Report(json.loads(json.dumps(doc, default=str)), None if previous is None else previous[0])
+
+
+def save(dist: Path, rep: Report) -> tuple[Path, Path]:
+    """report.previous.json (the report replaced), report.json and report.html, each atomically."""
     jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
-    files.atomic_write(jpath, (json.dumps(doc, indent=2, default=str) + "\n").encode())
-    files.atomic_write(hpath, render_html(doc).encode())
+    if rep.previous is not None:
+        files.atomic_write(paths.inside(dist, REPORT_PREVIOUS), rep.previous)
+    files.atomic_write(jpath, (json.dumps(rep.doc, indent=2) + "\n").encode())
+    files.atomic_write(hpath, render_html(rep.doc).encode())
     return jpath, hpath
 
 
-# ------------------------------------------------------------------------------------------- HTML
-
-CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
-table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f3f3f3}.PASS{background:#d9f2d9}.FAIL{background:#f8d0d0}.INCONCLUSIVE{background:#fbefc5}
-.SKIPPED{background:#e6e6e6}pre{background:#f7f7f7;padding:8px;white-space:pre-wrap}
-section{border-top:2px solid #ddd;margin-top:20px;padding-top:8px}
-"""
+def write(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = None) -> tuple[Path, Path]:
+    return save(dist, compose(dist, docs, baseline))
 
 
-def _histogram(lat: dict[str, Any]) -> str:
-    xs = lat.get("samples_ms") or []
-    if not xs:
-        return ""
-    budgets = {v["kind"]: v["budget"] for v in lat.get("verdicts", [])}
-    lo, hi = min(xs), max([*xs, *budgets.values()])
-    hi = max(hi, lo * 1.01 + 1e-9)
-    w, h, pad, bins = 640, 180, 30, 40
-    counts = [0] * bins
-    for x in xs:
-        counts[min(bins - 1, int((x - lo) / (hi - lo) * bins))] += 1
-    top = max(counts)
-    bw = (w - 2 * pad) / bins
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 40}" role="img" '
-             f'aria-label="latency distribution">',
-             f'<rect x="0" y="0" width="{w}" height="{h + 40}" fill="#fff"/>']
-    for i, c in enumerate(counts):
-        bh = (h - 2 * pad) * c / top
-        parts.append(f'<rect class="bar" x="{pad + i * bw:.1f}" y="{h - pad - bh:.1f}" width="{bw - 1:.1f}" '
-                     f'height="{bh:.1f}" fill="#4a78c2"/>')
-
-    def xpos(v: float) -> float:
-        return float(pad + (v - lo) / (hi - lo) * (w - 2 * pad))
-    for key, color in (("p50_ms", "#222"), ("p90_ms", "#555"), ("p99_ms", "#888")):
-        if key in lat:
-            x = xpos(lat[key])
-            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{pad}" y2="{h - pad}" stroke="{color}" '
-                         f'stroke-dasharray="3,2"/><text x="{x + 2:.1f}" y="{pad - 4}" font-size="10">'
-                         f'{key[:-3]}</text>')
-    for kind, b in budgets.items():
-        x = xpos(b)
-        parts.append(f'<line class="budget" x1="{x:.1f}" x2="{x:.1f}" y1="{pad}" y2="{h - pad}" stroke="#d00" '
-                     f'stroke-width="2"/><text x="{x + 2:.1f}" y="{h - pad + 24}" font-size="10" fill="#d00">'
-                     f'{kind} budget {b:g} ms</text>')
-    parts.append(f'<text x="{pad}" y="{h - pad + 12}" font-size="10">{lo:.3f} ms</text>'
-                 f'<text x="{w - pad - 50}" y="{h - pad + 12}" font-size="10">{hi:.3f} ms</text></svg>')
-    return "".join(parts)
-
-
-def _explain_html(x: dict[str, Any]) -> list[str]:
-    """The precision search of one artifact (`ortbuild test --explain`): layers, rebuilds, the override."""
-    e = html.escape
-    out = [f"<h3>explain: {e(x['status'])}</h3>" + (f"<p>{e(x['reason'])}</p>" if x.get("reason") else "")]
-    if x.get("layers"):
-        out.append("<table class=layers><tr><th>node</th><th>op type</th><th>error vs fp32</th><th>added</th></tr>"
-                   + "".join(f"<tr><td>{e(str(y['node']))}</td><td>{e(str(y['op_type']))}</td>"
-                             f"<td>{e(str(y['error']))}</td><td>{e(str(y['added']))}</td></tr>"
-                             for y in x["layers"][:10]) + "</table>")
-    if x.get("trials"):
-        out.append("<table class=trials><tr><th>rebuild</th><th>kept in float</th><th>verdict</th><th>worst</th></tr>"
-                   + "".join(f"<tr><td>{i}</td><td>{e(', '.join(t['op_types']) or ', '.join(t['nodes']))}</td>"
-                             f"<td class={_verdict(t['passed'])}>{_verdict(t['passed'])}</td>"
-                             f"<td>{e(t['worst'])}</td></tr>" for i, t in enumerate(x["trials"], 1)) + "</table>")
-    if x.get("override"):
-        out.append(f"<p>paste into targets.toml ({x['rebuilds']} rebuilds, {x['seconds']} s):</p>"
-                   f"<pre class=override>{e(x['override'])}</pre>")
-    return out
-
-
-def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
-    """`ortbuild profile`'s top operators per target and model, each linking its trace."""
-    e = html.escape
-    if not profs:
-        return []
-    out = ["<section id=profiles><h2>profiles (<code>ortbuild profile</code>)</h2>"]
-    for target in dict.fromkeys(p["target"] for p in profs):
-        out.append(f"<h3>{e(target)}</h3>")
-        for p in (x for x in profs if x["target"] == target):
-            per = ", ".join(f"{e(k.removesuffix('ExecutionProvider'))}: {v['nodes']} nodes"
-                            for k, v in p["providers"].items())
-            out.append(f"<p id='profile-{e(target)}/{e(p['model'])}'><b>{e(p['model'])}</b>: {p['runs']} runs, "
-                       f"{p['run_ms']:.3f} ms per run; {per}; trace: <a href='{e(p['trace'])}'>{e(p['trace'])}</a>"
-                       " (chrome://tracing, ui.perfetto.dev)</p>")
-            if p["cpu_fallback"]:
-                out.append(f"<p class=FAIL>CPU fallback: {len(p['cpu_fallback'])} node(s) ran on "
-                           f"CPUExecutionProvider, not on {e(p['planned_providers'][0])}: "
-                           + e(", ".join(f"{x['node']} ({x['op_type']})" for x in p["cpu_fallback"][:20])) + "</p>")
-            out.append("<table class=profile><tr><th>op type</th><th>node</th><th>provider</th><th>calls</th>"
-                       "<th>total ms</th><th>share</th></tr>")
-            for r in p["operators"]:
-                out.append(f"<tr><td>{e(r['op_type'])}</td><td>{e(r['node'])}</td><td>{e(r['provider'])}</td>"
-                           f"<td>{r['calls']}</td><td>{r['total_us'] / 1e3:.3f}</td><td>{r['share']:.1%}</td></tr>")
-            out.append("</table>")
-    out.append("</section>")
-    return out
-
-
-def _latency_html(lat: dict[str, Any]) -> list[str]:
-    """One data set's timings, verdicts (with their bounds), relative budget, notes and histogram."""
-    e = html.escape
-    stop = ""
-    if lat.get("stopped_early"):
-        stop = f" (stopped at look {lat['looks']}: every budget decided)"
-    out = [f"<p>{lat['samples']} samples{stop}, threads {e(str(lat['threads']))}; load {lat['session_ms']:.1f} ms, "
-           f"first run {lat['first_run_ms']:.2f} ms (both excluded); p50 {_ms(lat['p50_ms'])} p90 "
-           f"{_ms(lat['p90_ms'])} p99 {_ms(lat['p99_ms'])} max {_ms(lat['max_ms'])} ms</p>"]
-    for v in lat.get("verdicts", []):
-        out.append(f"<p>{e(v['kind'])} {_ms(v['observed'])} ms, {v['confidence']:.0%} bounds "
-                   f"[{_ms(v['lower'])}, {_ms(v['upper'])}] vs budget {v['budget']:g} ms: "
-                   f"<b class={v['verdict']}>{v['verdict']}</b> {e(v['note'])}</p>")
-    rel = lat.get("relative")
-    if rel:
-        obs = f"{rel['observed_ratio']:.2f}x" if "observed_ratio" in rel else "-"
-        out.append(f"<p>faster than {e(rel['target'])}: {obs} (ratio {rel['ratio']:g}): "
-                   f"<b class={rel['verdict']}>{rel['verdict']}</b> {e(rel.get('note', ''))}</p>")
-    retry = lat.get("retry")
-    if retry:
-        out.append(f"<p class=retry>measured again: {e(retry['why'])}; waited {retry['waited_s']:g} s for the load "
-                   f"to fall ({'it fell' if retry['quiet'] else 'it did not'}: load {retry['load']:g}); attempts: "
-                   + e(", ".join(f"{a['samples']} samples, load {a['load']} -> "
-                                 + "/".join(f"{k} {x}" for k, x in a["verdicts"].items())
-                                 for a in lat.get("attempts", []))) + "</p>")
-    if lat.get("note"):
-        out.append(f"<p>note: {e(lat['note'])}</p>")
-    out.append(_histogram(lat))
+def this_run(doc: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This run's results (as_json), each with the report's change for it when the report's row is this very
+    result (a target another environment tests shows its own there, not this run's SKIPPED)."""
+    rows_by = {key(r): r for r in doc["results"]}
+    out = []
+    for r in results:
+        mine = json.loads(json.dumps(r, default=str))
+        row = rows_by.get(key(mine))
+        out.append({**mine, "delta": row.get("delta") if row is not None and _same(row, mine) else None})
     return out
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    e = html.escape
-    results = doc["results"]
-    profiled = {f"{p['target']}/{p['model']}": p["trace"] for p in doc.get("profiles") or []}
-    out = ["<!doctype html><html lang=en><head><meta charset=utf-8><title>ortbuild test report</title>",
-           f"<style>{CSS}</style></head><body><h1>ortbuild test report</h1>",
-           f"<p>{e(doc['created'])}: " + ", ".join(f"{n} {s}" for s, n in doc["counts"].items()) + "</p>",
-           "<table id=summary><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADER) + "</tr>"]
-    for r, row in zip(results, rows(results), strict=True):
-        out.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row[:-1])
-                   + f"<td class={r['status']}>{e(row[-1])}</td></tr>")
-    out.append("</table>")
-    for r in results:
-        key = f"{r['target']}/{r['model']}"
-        out.append(f"<section id='{e(key)}'><h2>{e(key)} <span class={r['status']}>{e(r['status'])}</span></h2>")
-        if r.get("reason"):
-            out.append(f"<p>{e(r['reason'])}</p>")
-        if key in profiled:
-            out.append(f"<p>profile: <a href='#profile-{e(key)}'>top operators</a>, "
-                       f"<a href='{e(profiled[key])}'>trace</a></p>")
-        if r["failures"]:
-            out.append("<pre class=failures>" + e("\n".join(r["failures"])) + "</pre>")
-            out.append(f"<p>reproduce: <code>{e(r['reproduce'])}</code></p>")
-        if r.get("explain"):
-            out += _explain_html(r["explain"])
-        if r.get("size"):
-            s = r["size"]
-            out.append(f"<p>size {s['bytes'] / 1024:.1f} KB = {s['ratio']:.2f}x the source "
-                       f"({s['source_bytes'] / 1024:.1f} KB); max_ratio {s['max_ratio']:g}"
-                       + (f", max_mb {s['max_mb']:g}" if s.get("max_mb") is not None else "")
-                       + f": <b class={r['size_verdict']}>{r['size_verdict']}</b></p>")
-        if r["outputs"]:
-            out.append(f"<h3>accuracy: {e(r['accuracy'])}</h3><p>golden: {e(r['golden'].get('made_by', ''))}</p>"
-                       "<table><tr><th>output</th><th>data set</th><th>metric</th><th>observed</th><th>allowed</th>"
-                       "<th>verdict</th></tr>")
-            for o in r["outputs"]:
-                for c in o["checks"] or [{"metric": "ignored", "observed": "-", "allowed": "-", "passed": True}]:
-                    v = _verdict(c["passed"])
-                    out.append(f"<tr><td>{e(o['output'])}</td><td>{e(o['dataset'])}</td><td>{e(c['metric'])}</td>"
-                               f"<td>{e(str(c['observed']))}</td><td>{e(str(c['allowed']))}</td>"
-                               f"<td class={v}>{v}</td></tr>")
-            out.append("</table>")
-        lat = r.get("latency") or {}
-        if lat:
-            out.append(f"<h3>latency: {e(r['latency_verdict'])}</h3>")
-            sets = lat.get("data_sets") or []
-            if len(sets) > 1:  # every golden data set timed: each its own block
-                for d in sets:
-                    out.append(f"<h4>data set {e(d['name'])}: <span class={d['verdict']}>{e(d['verdict'])}</span>"
-                               "</h4>")
-                    out += _latency_html({**d, "threads": lat.get("threads")})
-            else:
-                out += _latency_html(lat)
-        out.append("</section>")
-    out += _profiles_html(doc.get("profiles") or [])
-    out.append("</body></html>\n")
-    return "\n".join(out)
+    """The self-contained page (report_html), failures first."""
+    results = ordered(doc["results"])
+    return report_html.render({**doc, "results": results}, header(doc.get("comparison")),
+                              rows(results, full=True, comparison=doc.get("comparison")))

@@ -1,0 +1,309 @@
+"""The report answers why: each row names the gates that failed, its change against the previous run (or a
+`--baseline` report.json), failures come first in the HTML with each row linking its section, and the latency
+histogram's axis fits the samples. Built from TestResult-like documents: no ONNX Runtime, no build."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ortbuild.artifact import manifest
+from ortbuild.errors import UsageError
+from ortbuild.gating import report, report_html
+from ortbuild.units import human_size
+from tests.conftest import run_cli
+
+GATES = ("accuracy", "size", "latency", "cold_start", "memory")
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each report written a minute after the last (they are seconds apart in real use)."""
+    minutes = iter(range(60))
+    monkeypatch.setattr(manifest, "iso_utc", lambda: f"2025-01-01T10:{next(minutes):02d}:00Z")
+
+
+def result(target: str, model: str = "m", status: str = "PASS", *, p50: float = 1.0, p90: float = 1.2,
+           size: int = 1000, failed: tuple[str, ...] = (), legacy: bool = False, **extra: Any) -> dict[str, Any]:
+    """A test-report.json `result` as TestResult.as_json() writes it (`legacy`: without `gates`, as older
+    ortbuilds wrote it)."""
+    gates = {g: ("FAIL" if g in failed else "PASS" if g in ("accuracy", "size", "latency") else "-") for g in GATES}
+    r: dict[str, Any] = {
+        "target": target, "model": model, "precision": "fp32", "status": status, "reason": "",
+        "accuracy": gates["accuracy"], "worst": "-", "outputs": [], "golden": {},
+        "latency": {"samples": 3, "p50_ms": p50, "p90_ms": p90, "p99_ms": p90, "max_ms": p90,
+                    "samples_ms": [p50, p50, p90], "threads": 1, "session_ms": 5.0, "first_run_ms": 0.5,
+                    "verdicts": [{"kind": "p90", "budget": 50, "verdict": gates["latency"], "observed": p90,
+                                  "confidence": 0.99, "lower": p50, "upper": p90, "note": ""}]},
+        "latency_verdict": gates["latency"],
+        "size": {"bytes": size, "source_bytes": size, "ratio": 1.0, "max_ratio": 1.1, "max_mb": None},
+        "size_verdict": gates["size"], "startup": {}, "cold_start_verdict": gates["cold_start"],
+        "memory_verdict": gates["memory"], "failures": [f"{g}: failed" for g in failed], "reproduce": "ortbuild test",
+        "explain": {}, "build_key": "", "artifact_sha256": "", "exit_code": 9 if failed else 0,
+        "gates": gates, "failed_gates": list(failed)}
+    if legacy:
+        for k in ("gates", "failed_gates", "startup", "cold_start_verdict", "memory_verdict"):
+            del r[k]
+    r.update(extra)
+    return r
+
+
+def docs(*results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"result": r, "environment": {"cpu": "test"}} for r in results]
+
+
+def rows_of(page: str) -> list[list[str]]:
+    """The summary table's rows: each cell's text (links followed by their text)."""
+    table = page.split("<table id=summary>", 1)[1].split("</table>", 1)[0]
+    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr)]
+            for tr in re.findall(r"<tr>(.*?)</tr>", table) if "<td" in tr]
+
+
+# ------------------------------------------------------------------------------------------- why
+
+def test_each_row_names_its_failing_gates() -> None:
+    results = [result("size", failed=("size",), status="FAIL"),
+               result("two", failed=("accuracy", "cold_start"), status="FAIL"),
+               result("old", failed=("latency",), status="FAIL", legacy=True),          # no `gates`: from fields
+               result("built", status="FAIL", reason="build failed: step 'optimize': boom", exit_code=6,
+                      failures=["build failed: step 'optimize': boom"]),
+               result("required", status="FAIL", exit_code=4,
+                      failures=["required, but cannot run here: runs in onnxruntime-gpu"]),
+               result("broken", status="FAIL", exit_code=3, failures=["config error"]),
+               result("slow", status="INCONCLUSIVE", gates={**dict.fromkeys(GATES, "-"), "latency": "INCONCLUSIVE"}),
+               result("ok")]
+    cells = {r[0]: r[-1] for r in report.rows(results)}
+    assert cells == {"size": "FAIL (size)", "two": "FAIL (accuracy, cold_start)", "old": "FAIL (latency)",
+                     "built": "FAIL (build)", "required": "FAIL (required)", "broken": "FAIL (config)",
+                     "slow": "INCONCLUSIVE (latency)", "ok": "PASS"}
+    header, body = report.text_table(results, None)
+    assert header[-1] == "verdict" and [r[-1] for r in body] == list(cells.values())
+    assert "startup" not in header and "vs previous" not in header        # nobody has one: left out of the text
+    page = report.render_html({"created": "now", "counts": {}, "results": results})
+    assert {r[0]: r[-1] for r in rows_of(page)} == cells
+
+
+def test_startup_is_shown_compactly_and_in_the_section() -> None:
+    startup = {"processes": 5, "cold_start_ms": {"p50": 812.4, "min": 790.0, "max": 850.2},
+               "peak_rss_mb": {"p50": 95.3, "min": 94.0, "max": 97.0},
+               "verdicts": [{"kind": "cold_start", "budget": 1000, "verdict": "PASS", "observed": 812.4},
+                            {"kind": "memory", "budget": 64, "verdict": "FAIL", "observed": 95.3}]}
+    r = result("cpu", status="FAIL", failed=("memory",), startup=startup, memory_verdict="FAIL",
+               cold_start_verdict="PASS")
+    assert report.startup_cell(r) == "812 ms/1000, 95 MB/64"
+    assert report.startup_cell({"startup": {"cold_start_ms": {"p50": 3.25}}}) == "3.2 ms"   # no budget, no verdicts
+    assert report.startup_cell({"startup": {"processes": 3, "verdicts": "?"}}) == "-"        # defensive
+    header, body = report.text_table([r, result("other")], None)
+    assert body[0][header.index("startup")] == "812 ms/1000, 95 MB/64" and body[1][header.index("startup")] == "-"
+    page = report.render_html({"created": "now", "counts": {}, "results": [r]})
+    assert "<h3>startup: PASS/FAIL</h3>" in page and "5 fresh processes: cold start p50 812.4 ms" in page
+    assert "peak RSS 95.3 MB vs budget 64 MB: <b class=FAIL>FAIL</b>" in page
+
+
+# ------------------------------------------------------------------------------------------- the HTML
+
+def test_html_puts_failures_first_and_links_each_row_to_its_section(tmp_path: Path) -> None:
+    results = [result("a", status="PASS"), result("b", status="SKIPPED"), result("c", status="INCONCLUSIVE"),
+               result("d", status="FAIL", failed=("size",)), result("e", status="PASS")]
+    _, hpath = report.write(tmp_path, docs(*results))
+    page = hpath.read_text()
+    assert [r[0] for r in rows_of(page)] == ["d", "c", "a", "e", "b"]
+    links = re.findall(r'<td><a href="#([^"]+)">', page)
+    sections = re.findall(r'<section id="([^"]+)">', page)
+    assert links == sections == ["d/m", "c/m", "a/m", "e/m", "b/m"]
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert [r["target"] for r in doc["results"]] == ["a", "b", "c", "d", "e"]    # report.json: as collected
+
+
+class _Svg(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.svg: dict[str, str] = {}
+        self.texts: list[dict[str, str]] = []
+        self.edges: list[dict[str, str]] = []
+        self.lines: list[dict[str, str]] = []
+        self._text: dict[str, str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "svg":
+            self.svg = a
+        elif tag == "text":
+            self._text = a
+        elif tag == "path" and a.get("class") == "budget-edge":
+            self.edges.append(a)
+        elif tag == "line" and a.get("class") == "budget":
+            self.lines.append(a)
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self.texts.append({**self._text, "text": data})
+            self._text = None
+
+
+def _svg(lat: dict[str, Any]) -> _Svg:
+    p = _Svg()
+    p.feed(report_html.histogram(lat))
+    return p
+
+
+def _extent(t: dict[str, str]) -> tuple[float, float]:
+    x, w = float(t["x"]), float(t["data-w"])
+    assert w >= len(t["text"]) * 5.5, t          # a 10px label's width, not underestimated
+    return (x, x + w) if t["text-anchor"] == "start" else (x - w, x)
+
+
+def test_the_histogram_axis_fits_the_samples_and_budgets_beyond_them_sit_at_the_edges() -> None:
+    samples = [10.0 + i * 0.02 for i in range(100)]                                   # 10.0 .. 11.98 ms
+    lat = {"samples_ms": samples, "p50_ms": 11.0, "p90_ms": 11.8, "p99_ms": 11.96,
+           "verdicts": [{"kind": "p90", "budget": 1000}, {"kind": "p99", "budget": 0.5},
+                        {"kind": "p50", "budget": 11.5}]}
+    svg = _svg(lat)
+    lo, hi = float(svg.svg["data-lo"]), float(svg.svg["data-hi"])
+    assert 9.8 < lo <= 10.0 and 11.98 <= hi < 12.2, (lo, hi)        # not 0 .. 1000: the samples, 5% margin
+    edges = {e["data-budget"]: e for e in svg.edges}
+    assert set(edges) == {"1000", "0.5"} and [x["data-budget"] for x in svg.lines] == ["11.5"]
+    labels = [t["text"] for t in svg.texts]
+    assert "\u25b6 p90 budget 1000 ms" in labels and "\u25c0 p99 budget 0.5 ms" in labels
+    assert "p50 budget 11.5 ms" in labels
+    right = next(t for t in svg.texts if "1000 ms" in t["text"])
+    assert right["text-anchor"] == "end" and float(right["x"]) <= float(svg.svg["width"])
+
+
+def test_histogram_labels_do_not_overlap() -> None:
+    # the percentiles nearly coincide and three budgets crowd one spot: every label still has its own place
+    lat = {"samples_ms": [5.0] * 50 + [5.001, 5.002, 9.0], "p50_ms": 5.0, "p90_ms": 5.001, "p99_ms": 5.002,
+           "verdicts": [{"kind": "p50", "budget": 5.0005}, {"kind": "p90", "budget": 5.0015},
+                        {"kind": "p99", "budget": 5.003}, {"kind": "max", "budget": 8.99}]}
+    svg = _svg(lat)
+    width = float(svg.svg["width"])
+    assert len(svg.texts) == 3 + 4 + 2                                   # percentiles, budgets, the axis ends
+    for i, a in enumerate(svg.texts):
+        la, ra = _extent(a)
+        assert la >= 0 and ra <= width, a
+        for b in svg.texts[i + 1:]:
+            if a["y"] == b["y"]:
+                lb, rb = _extent(b)
+                assert ra <= lb or rb <= la, (a, b)
+    assert _svg({"samples_ms": []}).svg == {} and report_html.histogram({"samples_ms": [2.0] * 5}).count("bar") == 40
+
+
+# ------------------------------------------------------------------------------------------- the change
+
+def test_each_row_gets_its_change_against_the_previous_run(tmp_path: Path) -> None:
+    first = [result("cpu", p50=1.0, p90=2.0, size=2048), result("int8", p50=1.0, p90=1.0, size=1024),
+             result("gone")]
+    report.write(tmp_path, docs(*first))
+    assert not (tmp_path / report.REPORT_PREVIOUS).exists()
+    before = (tmp_path / report.REPORT_JSON).read_bytes()
+    assert json.loads(before)["comparison"] is None and json.loads(before)["results"][0]["delta"] is None
+    second = [result("cpu", p50=1.1, p90=2.5, size=3072), result("int8", status="FAIL", failed=("size",),
+                                                                  p50=0.9, p90=1.0, size=1024),
+              result("new")]
+    _, hpath = report.write(tmp_path, docs(*second))
+    assert (tmp_path / report.REPORT_PREVIOUS).read_bytes() == before          # kept as the comparison
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert doc["comparison"]["kind"] == "previous" and doc["comparison"]["file"] == report.REPORT_PREVIOUS
+    d = {report.key(r): r["delta"] for r in doc["results"]}
+    cpu = d["cpu/m"]
+    assert cpu["p50_ms"] == {"before": 1.0, "after": 1.1, "change": 0.1, "percent": 10.0}
+    assert cpu["p90_ms"] == {"before": 2.0, "after": 2.5, "change": 0.5, "percent": 25.0}
+    assert cpu["size_bytes"] == {"before": 2048, "after": 3072, "change": 1024, "percent": 50.0}
+    assert cpu["verdict"] == {"before": "PASS", "after": "PASS", "changed": False}
+    assert cpu["against"]["created"] == json.loads(before)["created"]
+    assert d["int8/m"]["verdict"] == {"before": "PASS", "after": "FAIL", "changed": True}
+    assert d["new/m"]["new"] is True
+    cells = {r[0]: r[header.index("vs previous")] for header, body in [report.text_table(doc["results"],
+                                                                                         doc["comparison"])]
+             for r in body}
+    assert cells == {"cpu": "p90 +25%, size +50%", "int8": "PASS->FAIL, p90 +0.0%", "new": "new"}
+    html_cells = {r[0]: r[-2] for r in rows_of(hpath.read_text())}
+    assert html_cells["int8"] == "PASS -&gt; FAIL; p50 -0.100 ms (-10%); p90 +0.000 ms (+0.0%); size unchanged"
+    assert html_cells["cpu"] == "p50 +0.100 ms (+10%); p90 +0.500 ms (+25%); size +1.0 KB (+50%)"
+    assert "<th>vs previous</th>" in hpath.read_text() and "changes against the previous report" in hpath.read_text()
+
+
+def test_a_row_not_measured_again_keeps_its_change(tmp_path: Path) -> None:
+    """Under nox each target's session rewrites the report: the others' rows keep the change they had."""
+    report.write(tmp_path, docs(result("cpu", p90=2.0), result("gpu", p90=1.0)))
+    second = [result("cpu", p90=3.0), result("gpu", p90=1.5)]
+    report.write(tmp_path, docs(*second))
+    kept = json.loads((tmp_path / report.REPORT_JSON).read_text())["results"][1]["delta"]
+    report.write(tmp_path, docs(second[0], result("gpu", p90=1.5, status="FAIL", failed=("latency",))))
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert doc["results"][0]["delta"] == {**json.loads((tmp_path / report.REPORT_PREVIOUS).read_text())
+                                          ["results"][0]["delta"]}           # cpu: not measured again, kept
+    assert doc["results"][0]["delta"]["p90_ms"]["percent"] == 50.0
+    assert doc["results"][1]["delta"]["verdict"]["changed"] and kept["p90_ms"]["percent"] == 50.0
+    cells = {r[0]: r[-2] for r in rows_of((tmp_path / report.REPORT_HTML).read_text())}
+    assert cells["cpu"].endswith(f"(vs the previous report of {doc['results'][0]['delta']['against']['created']})")
+    assert "(vs" not in cells["gpu"]                          # against the report's own comparison: said once above
+    # this run's text table shows a change only for a row the report holds as this very result
+    mine = report.this_run(doc, [second[0], result("cpu", p90=9.0, model="x")])
+    assert mine[0]["delta"]["p90_ms"]["percent"] == 50.0 and mine[1]["delta"] is None
+
+
+def test_a_baseline_is_compared_instead_of_the_previous_run(tmp_path: Path) -> None:
+    base = tmp_path / "release-1.json"
+    report.write(tmp_path / "old", docs(result("cpu", p90=4.0, size=2 << 20)))
+    (tmp_path / "old" / report.REPORT_JSON).rename(base)
+    report.write(tmp_path, docs(result("cpu", p90=1.0)))                   # a previous run that is not compared
+    report.write(tmp_path, docs(result("cpu", p90=3.0, size=1 << 20)), report.read_baseline(str(base)))
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert doc["comparison"]["kind"] == "baseline" and doc["comparison"]["file"] == str(base)
+    delta = doc["results"][0]["delta"]
+    assert delta["p90_ms"]["percent"] == -25.0 and delta["size_bytes"]["change"] == -(1 << 20)
+    header, body = report.text_table(doc["results"], doc["comparison"])
+    assert body[0][header.index("vs baseline")] == "p90 -25%, size -50%"
+    page = (tmp_path / report.REPORT_HTML).read_text()
+    assert "<th>vs baseline</th>" in page and f"changes against the baseline {base}" in page
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ("{oops", "not a test report: not JSON (Expecting property name"),
+    ("[1, 2]", "not a test report: a JSON list, not an object"),
+    ('{"results": {}}', "not a test report: it has no 'results' list"),
+    ('{"result": {"target": "cpu"}}', "it is one artifact's test-report.json, not the dist/report.json"),
+    ('{"results": [{"target": "cpu"}]}', "results[0] names no target and model"),
+])
+def test_a_bad_baseline_is_a_usage_error_naming_the_file(tmp_path: Path, content: str | None, problem: str) -> None:
+    path = tmp_path / "base.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError) as err:
+        report.read_baseline(str(path))
+    assert err.value.render().startswith(f"ortbuild: usage error: --baseline {path}: ") and problem in err.value.message
+    assert "dist/report.json" in (err.value.hint or "")
+
+
+def test_a_directory_baseline_suggests_its_report(tmp_path: Path) -> None:
+    report.write(tmp_path, docs(result("cpu")))
+    with pytest.raises(UsageError, match="is a directory") as err:
+        report.read_baseline(str(tmp_path))
+    assert err.value.hint == f"did you mean {tmp_path / report.REPORT_JSON}?"
+
+
+def test_ortbuild_test_refuses_a_bad_baseline_before_building(tmp_path: Path) -> None:
+    proc = run_cli("test", "--baseline", "nope.json", "-c", "missing.toml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("ortbuild: usage error: --baseline nope.json: does not exist\n  hint: ")
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- units
+
+def test_one_size_format_everywhere() -> None:
+    assert [human_size(n) for n in (0, 1023, 1024, 69_016_269, 3 << 30, None)] == [
+        "0 B", "1023 B", "1.0 KB", "65.8 MB", "3.0 GB", "-"]
+    assert human_size(1024 * 1024 - 1) == "1.0 MB"                  # never "1024.0 KB"
+    row = report.rows([result("cpu", size=69_016_269)])[0]
+    assert row[2] == "65.8 MB 1.00x/1.1"
+    page = report.render_html({"created": "now", "counts": {}, "results": [result("cpu", size=69_016_269)]})
+    assert "<p>size 65.8 MB = 1.00x the source (65.8 MB)" in page
