@@ -85,7 +85,7 @@ class Message:
 class JobFinished:
     """A job ended: its status and the line that says how."""
 
-    status: JobStatus
+    status: JobStatus | Verdict      # a build's, or a test's verdict
     line: str
 
     def text(self) -> str:

@@ -23,9 +23,9 @@ CPU_TARGET = """
 @pytest.fixture
 def built(make_project: Callable[..., Path]) -> Path:
     path = make_project(CPU_TARGET, calibration=True)
-    proc = run_cli("build", "-c", str(path))
+    proc = run_cli("build", "-c", str(path), "-v")
     assert proc.returncode == 0, proc.stderr
-    assert "[cpu/tiny_cnn] precision int8-static" in proc.stderr  # progress per step
+    assert "[cpu/tiny_cnn] precision int8-static" in proc.stderr  # progress per step, with -v
     assert "1 built, 0 up-to-date, 0 portable, 0 skipped, 0 failed" in proc.stdout  # the summary
     return path.parent / "dist" / "cpu" / "tiny_cnn"
 

@@ -45,6 +45,7 @@ _HEX = re.compile(r"\b[0-9a-f]{12,}\b")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z?")
 _MACHINE = re.compile(r"^machine .*|x86_64-\w+|aarch64-\w+")
 _NUM = re.compile(r"\d+(\.\d+)?")
+_CHANGE = re.compile(r"[+-]<n>")  # the sign of a measured change is noise
 
 
 def _mask_text(s: str, root: str) -> str:
@@ -52,7 +53,7 @@ def _mask_text(s: str, root: str) -> str:
     s = _MACHINE.sub("<machine>", s)
     s = _TIME.sub("<time>", s)
     s = _HEX.sub("<hex>", s)
-    return re.sub(r"[ \t]+", " ", _NUM.sub("<n>", s)).strip()
+    return re.sub(r"[ \t]+", " ", _CHANGE.sub("<±n>", _NUM.sub("<n>", s))).strip()
 
 
 KEPT = {"exit_code"}  # numbers that are decisions, not measurements

@@ -69,10 +69,10 @@ optimization = "basic"
 
 def test_the_printed_override_pasted_into_targets_toml_makes_the_gate_pass(tmp_path: Path) -> None:
     path = _project(tmp_path)
-    proc = run_cli("test", "-c", str(path))  # a failing accuracy gate is explained without being asked
+    proc = run_cli("test", "-c", str(path), "-v")  # a failing accuracy gate is explained without being asked
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert "accuracy: cpu-fp16/fragile output 'y'" in proc.stderr
-    assert "explain: rebuild 1/16" in proc.stderr  # progress per rebuild
+    assert "explain: rebuild 1/16" in proc.stderr  # progress per rebuild (-v: a line per step)
     out = proc.stdout
     assert "explain cpu-fp16/fragile: found" in out and "layer-wise: unshift (Sub)" in out
     assert re.search(r"result \(\d+ rebuilds, [\d.]+ s\): accuracy PASS .* size [\d.]+ KB", out)

@@ -20,6 +20,7 @@ from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify
 from ortbuild.errors import OrtbuildError
+from ortbuild.gating import summary
 from ortbuild.project import config
 
 __all__ = ["SCHEMA_FILE", "_workers", "main", "parser"]
@@ -42,6 +43,11 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("-t", "--target", action="append", help="target name or glob (repeatable)")
         sp.add_argument("-m", "--model", action="append", help="model name or glob (repeatable)")
         sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        sp.add_argument("--no-summary", action="store_true",
+                        help="no table at the end (nox's sessions print one for every target: `ortbuild summary`)")
+        sp.add_argument("-v", "--verbose", action="store_true",
+                        help="every step as it starts, and what ONNX Runtime and the quantizers say (by default "
+                             "kept in dist/logs/, one line per job on the terminal)")
 
     b = sub.add_parser("build", help="build artifacts into dist/<target>/<model>/")
     selection(b)
@@ -62,10 +68,16 @@ def parser() -> argparse.ArgumentParser:
     selection(te)
     te.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
     te.add_argument("--strict", action="store_true", help="INCONCLUSIVE latency verdicts fail too (exit 9)")
+    te.add_argument("--quick", action="store_true",
+                    help="quick latency and cold-start verdicts while iterating: 90%% confidence, shorter sampling, "
+                         "no wait for the load to fall; `ortbuild release` refuses them (test again without it)")
     te.add_argument("--repair", action="store_true",
                     help="rebuild TAMPERED artifacts (saying what was replaced) instead of failing")
     te.add_argument("--require", action="store_true",
                     help="a target that cannot run here fails (exit 4/5) instead of being skipped")
+    te.add_argument("--baseline", metavar="REPORT_JSON",
+                    help="compare each row with this report.json (e.g. the last release's) instead of the previous "
+                         "run's (kept as dist/report.previous.json)")
     te.add_argument("--explain", action=argparse.BooleanOptionalAction, default=None,
                     help="precision bisection of fp16/int8/int4 artifacts: layer-wise error against fp32, then a "
                          "search (rebuilding and re-testing) for the nodes to keep in float that make a failing "
@@ -177,6 +189,12 @@ def parser() -> argparse.ArgumentParser:
     mx.add_argument("-t", "--target", action="append", help="target name or glob (repeatable; default: all)")
     mx.add_argument("--compact", action="store_true", help="one line (for $GITHUB_OUTPUT)")
     mx.set_defaults(func=cmd_matrix)
+
+    su = sub.add_parser("summary", help="one table of every target's last build or test results in dist/")
+    su.add_argument("what", choices=("build", "test"))
+    su.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+    su.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    su.set_defaults(func=lambda a: summary.print_summary(a.what, a.config, a.dist))
 
     s = sub.add_parser("schema", help="print the JSON Schema of targets.toml")
     g = s.add_mutually_exclusive_group()

@@ -12,10 +12,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ortbuild import runtime, workspace
+from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
-from ortbuild.cli.common import dist_dir, size, table
+from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.gating.summary import BUILD_HEADER, build_rows, record_path
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.key import published
@@ -74,14 +75,26 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     on them (`test`, `profile`) under the lock."""
     fit = _fitting(jobs)
     dist = dist_dir(args, project)
-    builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets)
+    verbose = getattr(args, "verbose", False)
+    builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
+                      capture=not verbose)
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
         _clean_leftovers(dist)
-        with Progress(quiet=args.json) as progress:
+        with Progress(quiet=args.json, verbose=verbose) as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+        for r in done.values():
+            if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
+                record(dist, r)
         yield dist, builder, done
+
+
+def record(dist: Path, r: JobResult) -> None:
+    """Keep the job's build result beside its log (`ortbuild summary build` and the report read it)."""
+    path = record_path(dist, r.target, r.model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.atomic_write(path, (json.dumps(r.as_json(), indent=1, default=str) + "\n").encode())
 
 
 def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:
@@ -104,24 +117,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     with built(args, project, jobs, secrets, force=args.force) as (dist, _, done):
         results = list(done.values())
 
-    rows = []
-    for r in results:
-        ratio = f"{r.size / r.source_size:.2f}x" if r.size and r.source_size else "-"
-        level = r.level or "-"
-        requested = project.targets[r.target].settings[r.model].optimization
-        if r.level and r.level != requested:
-            level = f"{r.level} (asked {requested})"
-        converted = f"{r.converted:.0%}" if r.converted is not None else "-"
-        rows.append([r.target, r.model, r.status.upper(), r.precision, converted, level, size(r.size), ratio,
-                     f"{r.seconds:.1f}s"])
+    rows = build_rows(project, [r.as_json() for r in results])
     code = final_exit(job_exit_code(r, strict=args.strict, named=bool(config.matches([r.target], args.target or [])))
                       for r in results)
     if args.json:
         print(json.dumps({"dist": str(dist), "exit_code": code, "jobs": [r.as_json() for r in results]},
                          indent=2))
         return code
+    if args.no_summary:
+        _failures(results, args.debug)
+        return code
     print()
-    print(table(rows, ["target", "model", "status", "precision", "converted", "level", "size", "vs src", "time"]))
+    print(table(rows, BUILD_HEADER))
     said: dict[str, list[JobResult]] = {}  # each reason or note once, with the jobs it concerns
     for r in results:
         lines = [f"{r.status.upper()}: {r.reason}"] if r.reason and r.status in (
@@ -137,12 +144,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     order = (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE, JobStatus.SKIPPED, JobStatus.FAILED)
     counts = {s: sum(r.status == s for r in results) for s in order}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
+    for line in logs.footer([(f"{r.target}/{r.model}", r.log) for r in results if r.log is not None]):
+        print(line, file=sys.stderr)
+    _failures(results, args.debug)
+    return code
+
+
+def _failures(results: Sequence[JobResult], debug: bool) -> None:
     for r in results:
         if r.status == JobStatus.FAILED and r.error is not None:
-            if args.debug and r.debug:
+            if debug and r.debug:
                 print(r.debug, file=sys.stderr)
             print(r.error.render(), file=sys.stderr)
-    return code
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -191,7 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return "?" if o["rebuild"] is None else "rebuild" if o["rebuild"] else "up to date"
     print(table([[o["target"], o["model"], o["runtime"], ",".join(p.removesuffix("ExecutionProvider")
                                                                    for p in o["providers"]),
-                  o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] else ""]
+                  o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] is not False else ""]
                  for o in out],
                 ["target", "model", "runtime", "providers", "precision", "level", "build", "why"]))
     for o in out:

@@ -9,14 +9,17 @@ import itertools
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ortbuild import logs
 from ortbuild.artifact import keys
 from ortbuild.cli.build import _fitting, built
 from ortbuild.cli.common import table
 from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
 from ortbuild.gating import report
 from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus, ProfileStatus, Verdict, final_exit
@@ -31,6 +34,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
     if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
+    baseline = report.read_baseline(args.baseline) if args.baseline else None  # a bad one fails before any build
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
     _fitting(jobs, "test")
@@ -42,11 +46,14 @@ def cmd_test(args: argparse.Namespace) -> int:
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done):
-        progress = Progress(quiet=args.json, live=False)  # the gates measure latency: no display thread
-        tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing)
+        # the gates measure latency: no display thread
+        progress = Progress(quiet=args.json, live=False, verbose=args.verbose)
+        tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
+                              capture=not args.verbose, quick=args.quick)
         results = tester.run(jobs, done, args.require)
         explained = _explain(args, builder, tester, jobs, results, progress)
-        json_path, html_path = report.write(dist, report.collect(dist))
+        written = report.compose(dist, report.collect(dist), baseline)
+        json_path, html_path = report.save(dist, written)
 
     inconclusive = any(r.status == Verdict.INCONCLUSIVE for r in results)
     # the results' own codes first; INCONCLUSIVE latency fails only with --strict, and only when nothing else did
@@ -56,19 +63,12 @@ def cmd_test(args: argparse.Namespace) -> int:
         print(json.dumps({"exit_code": code, "report": str(json_path), "html": str(html_path),
                           "results": [r.as_json() for r in results]}, indent=2, default=str))
         return code
-    docs = [r.as_json() for r in results]
-    print()
-    print(table(report.rows(docs), report.HEADER))
-    notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in done.items() for n in b.notes
-                          if any(r.target + "/" + r.model == k for r in results))
-    for r in results:
-        if r.status in (Verdict.SKIPPED, Verdict.INCONCLUSIVE) and r.reason:
-            print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
-    for n in notes:
-        print(f"  {n}")
-    order = (Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED)
-    counts = {s: sum(r.status == s for r in results) for s in order}
-    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {json_path}, {html_path}")
+    if not args.no_summary:  # (nox's last test session prints one summary of every target instead)
+        _summary(results, written.doc, done, json_path, html_path)
+        caps = [(job, c) for job, c in tester.logs]
+        caps += [(k, b.log) for k, b in done.items() if b.log is not None]
+        for line in logs.footer(caps):
+            print(line, file=sys.stderr)
     for r in results:
         if r.failures:
             print(f"\nFAIL {r.target}/{r.model}:", file=sys.stderr)
@@ -81,6 +81,24 @@ def cmd_test(args: argparse.Namespace) -> int:
         print()
         print("\n".join(explain.render(f"{r.target}/{r.model}", r.explain)))
     return code
+
+
+def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str, JobResult], json_path: Path,
+             html_path: Path) -> None:
+    """The table of this run's results (with the report's change for each), their reasons and notes, counts."""
+    header, rows = report.text_table(report.this_run(doc, [r.as_json() for r in results]), doc["comparison"])
+    print()
+    print(table(rows, header))
+    notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in done.items() for n in b.notes
+                          if any(r.target + "/" + r.model == k for r in results))
+    for r in results:
+        if r.status in (Verdict.SKIPPED, Verdict.INCONCLUSIVE) and r.reason:
+            print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
+    for n in notes:
+        print(f"  {n}")
+    order = (Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED)
+    counts = {s: sum(r.status == s for r in results) for s in order}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {json_path}, {html_path}")
 
 
 def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],
@@ -126,7 +144,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     with built(args, project, jobs, secrets) as (dist, _, done):
         results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done,
-                                       Progress(quiet=args.json, live=False))
+                                       Progress(quiet=args.json, live=False, verbose=args.verbose))
         _, html_path = report.write(dist, report.collect(dist))
     code = final_exit(r.exit_code for r in results)
     if args.json:

@@ -18,17 +18,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ortbuild import __version__, files, machine, paths, runtime
+from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import compare, latency
+from ortbuild.gating import compare, latency, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import Quantizer
-from ortbuild.status import JobStatus, Verdict, final_exit
+from ortbuild.status import Event, JobFinished, JobStatus, Verdict, final_exit
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
 PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
@@ -53,11 +53,16 @@ class TestResult:
     latency_verdict: Verdict | Literal["-"] = NOT_RUN
     size: dict[str, Any] = field(default_factory=dict)
     size_verdict: Verdict | Literal["-"] = NOT_RUN
+    # cold start and peak memory, measured in fresh processes through the loader (ortbuild.gating.startup)
+    startup: dict[str, Any] = field(default_factory=dict)
+    cold_start_verdict: Verdict | Literal["-"] = NOT_RUN
+    memory_verdict: Verdict | Literal["-"] = NOT_RUN
     failures: list[str] = field(default_factory=list)   # the failure report's lines
     reproduce: str = ""
     explain: dict[str, Any] = field(default_factory=dict)  # `--explain`: the precision search (ortbuild.gating.explain)
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
+    quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
     exit_code: int = 0
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
@@ -69,8 +74,18 @@ class TestResult:
         decide about those)."""
         return bool(self.status)
 
+    def gates(self) -> dict[str, Verdict | Literal["-"]]:
+        """Each gate's verdict, by name ("-": it did not run)."""
+        return {"accuracy": self.accuracy, "size": self.size_verdict, "latency": self.latency_verdict,
+                "cold_start": self.cold_start_verdict, "memory": self.memory_verdict}
+
+    def failed_gates(self) -> list[str]:
+        """The gates that failed, by name (a build failure or a required target that cannot run is none of
+        them: `reason` says why)."""
+        return [name for name, v in self.gates().items() if v == Verdict.FAIL]
+
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "gates": self.gates(), "failed_gates": self.failed_gates()}
 
 
 def environment() -> dict[str, Any]:
@@ -105,8 +120,12 @@ def _size_fix(job: Job, m: manifest.Manifest) -> str:
 
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
-                 progress: Callable[[str, str], None], sign_key: SigningKey | None = None) -> None:
+                 progress: Callable[[str, Event | str], None], sign_key: SigningKey | None = None,
+                 capture: bool = True, quick: bool = False) -> None:
         self.project = project
+        self.quick = quick  # --quick: latency.plan_of's quick plan
+        self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v
+        self.logs: list[tuple[str, logs.Captured]] = []  # (job, what its test's tools said)
         self.sign_key = sign_key  # signs the golden data into each tested artifact's manifest
         self.dist = dist
         self.secret = secret
@@ -123,7 +142,8 @@ class Tester:
     def run(self, jobs: list[Job], built: dict[str, JobResult], require: bool) -> list[TestResult]:
         results = []
         for job in jobs:
-            res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job))
+            res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job),
+                             quick=self.quick)
             b = built[job.name]
             if b.status == JobStatus.FAILED:
                 res.reason = f"build failed: {b.reason}"
@@ -137,14 +157,20 @@ class Tester:
                     code = RuntimeMismatch.exit_code if b.status == JobStatus.SKIPPED else MissingProvider.exit_code
                     res.fail([f"required, but cannot run here: {res.reason}"], code)
             else:
+                log = logs.log_path(self.dist, job.target.name, job.model.name, "test") if self.capture else None
                 try:
-                    self.gate(job, res, built)
+                    with logs.captured(log) as cap:
+                        self.gate(job, res, built)
                 except OrtbuildError as e:
                     res.reason = e.message
                     res.fail([e.render().removeprefix("ortbuild: ")], e.exit_code)
+                finally:
+                    if log is not None:
+                        self.logs.append((job.name, cap))
             if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
                 res.status = Verdict.FAIL
-            self.progress(job.name, f"{res.status}" + (f": {res.reason}" if res.reason else ""))
+            said = f"{res.status}" + (f": {res.reason}" if res.reason else "")
+            self.progress(job.name, JobFinished(res.status, said))
             if b.status != JobStatus.SKIPPED:  # never overwrite the verdict another runtime's environment wrote
                 self.write_report(job, res)
             results.append(res)
@@ -168,9 +194,35 @@ class Tester:
         module, g, m = self.accuracy_gate(job, res)
         self._size(job, res, m)
         self._latency(job, res, module, g, built)
-        if not res.failures and res.latency_verdict == Verdict.INCONCLUSIVE:
+        self._startup(job, res, g)
+        undecided = [res.latency.get("note", "latency inconclusive")] if res.latency_verdict == INCONCLUSIVE else []
+        if INCONCLUSIVE in (res.cold_start_verdict, res.memory_verdict):
+            undecided.append(res.startup.get("note", "cold start / memory inconclusive"))
+        if not res.failures and undecided:
             res.status = Verdict.INCONCLUSIVE
-            res.reason = res.latency.get("note", "latency inconclusive")
+            res.reason = "; ".join(undecided)
+
+    def _startup(self, job: Job, res: TestResult, g: golden.Golden) -> None:
+        """Cold start and peak memory in fresh processes through the loader (only with a budget for either)."""
+        gates = job.settings.gates
+        assert gates is not None
+        budgets = gates.startup_budgets
+        if not budgets:
+            return
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        self.progress(job.name, f"cold start and peak memory in fresh processes (looks at {startup.FIRST_LOOK}, "
+                                f"then doubling, at most {startup.MAX_PROCESSES})")
+        outcome = startup.measure(folder / loaders.LOADER_DIR / loaders.PYTHON, folder, g.sets[0].inputs,
+                                  self.secret, budgets, latency.QUICK_CONFIDENCE if self.quick else
+                                  gates.latency.confidence)
+        res.startup = startup.summary(outcome, budgets)
+        if "cold_start" in budgets:
+            res.cold_start_verdict = startup.verdict_of(outcome, "cold_start")
+        if "memory" in budgets:
+            res.memory_verdict = startup.verdict_of(outcome, "memory")
+        lines = startup.failure_lines(job.name, job.target.name, outcome, budgets)
+        if lines:
+            res.fail(lines)
 
     def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
         """The golden-output gate of the published artifact, through its generated Python loader: fills
@@ -306,7 +358,7 @@ class Tester:
             t0 = time.perf_counter()
             sessions[name] = mod.load(key=self.secret, folder=where)
             session_ms[name] = (time.perf_counter() - t0) * 1e3
-        plan = latency.Plan(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds)
+        plan = latency.plan_of(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds, self.quick)
         mine = job.target.name
         threads = job.settings.session.intra_op_num_threads
         entries: list[dict[str, Any]] = []
@@ -332,7 +384,7 @@ class Tester:
         notes = [(f"{e['name']}: " if len(entries) > 1 else "") + e["note"] for e in entries if e.get("note")]
         out: dict[str, Any] = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
                                "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
-                               "confidence": lat.confidence}
+                               "confidence": plan.confidence, "quick": self.quick}
         del out["name"]
         out.pop("note", None)
         if notes:

@@ -177,6 +177,19 @@ class Plan:
     retry_wait_seconds: float = 30.0  # a FAIL under load waits at most this long for the load to fall
 
 
+QUICK_CONFIDENCE = 0.90  # `ortbuild test --quick`: wider, stated, and never a release verdict
+QUICK_MIN_SECONDS = 0.2
+
+
+def plan_of(confidence: float, min_samples: int, min_seconds: float, retry_wait_seconds: float,
+            quick: bool = False) -> Plan:
+    """The [latency] keys' plan; `quick`: 90% confidence, sampling at least QUICK_MIN_SECONDS, no wait for the
+    load to fall before a retry (a quick answer while iterating; `ortbuild release` refuses such verdicts)."""
+    if quick:
+        return Plan(min(confidence, QUICK_CONFIDENCE), 0, min(min_seconds, QUICK_MIN_SECONDS), 0.0)
+    return Plan(confidence, min_samples, min_seconds, retry_wait_seconds)
+
+
 @dataclass
 class Attempt:
     """One sequential measurement of the artifacts on one input."""

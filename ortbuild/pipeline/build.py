@@ -18,7 +18,7 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ortbuild import modelfiles, paths, runtime, workspace
+from ortbuild import logs, modelfiles, paths, runtime, workspace
 from ortbuild.artifact import keys, manifest
 from ortbuild.errors import KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
 from ortbuild.pipeline import key, parallel, stages
@@ -34,8 +34,9 @@ ProgressSink = Callable[[str, Event], None]
 
 class Builder:
     def __init__(self, project: Project, dist: Path, *, secrets: keys.Secrets, force: bool = False,
-                 repair: bool = False, progress: ProgressSink | None = None) -> None:
+                 repair: bool = False, progress: ProgressSink | None = None, capture: bool = True) -> None:
         self.project = project
+        self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v, to the terminal
         self.dist = dist
         self.force = force
         self.repair = repair  # rebuild a TAMPERED artifact (and say what was replaced) instead of refusing
@@ -78,6 +79,9 @@ class Builder:
         return files
 
     def _probe(self, p: Provider, target: Target) -> str | None:
+        if p.name != "CPUExecutionProvider" and (standin := runtime.stand_in(target)) is not None:
+            return (f"{standin.reason}; built with the CPU stand-in {standin.requirements[0]} in place of "
+                    f"{', '.join(standin.left_out)} (portable artifacts only)")
         plugin = target.plugin_for(p.name)
         key = (p.name, json.dumps(dict(p.options), sort_keys=True), plugin.package if plugin else "")
         if key not in self._probes:
@@ -114,7 +118,8 @@ class Builder:
 
     def worker_state(self) -> parallel.WorkerState:
         """What a worker process needs to build like this builder (it gets it once, at start-up)."""
-        return parallel.WorkerState(self.project, self.dist, self.force, self.repair, self.secrets, self._probes)
+        return parallel.WorkerState(self.project, self.dist, self.force, self.repair, self.secrets, self._probes,
+                                    capture=self.capture)
 
     def _run_phase(self, prep: Prepared, done: Done, res: JobResult, phase: stages.Phase,
                    reused: bool = False) -> None:
@@ -200,8 +205,13 @@ class Builder:
                 if reused.precision.changed is not None:
                     res.converted = reused.precision.changed.get("converted")
             else:
-                with workspace.private_dir(workspace.temp_need(prep.files.size)) as work:
-                    self._run_phase(dataclasses.replace(prep, work=work), done, res, "build")
+                log = logs.log_path(self.dist, job.target.name, job.model.name, "build") if self.capture else None
+                cap: logs.Captured | None = None
+                try:
+                    with logs.captured(log) as cap, workspace.private_dir(workspace.temp_need(prep.files.size)) as work:
+                        self._run_phase(dataclasses.replace(prep, work=work), done, res, "build")
+                finally:
+                    res.log = cap
                 if why and why.startswith("TAMPERED"):  # the summary says what was replaced
                     res.notes.append(why)
             self._run_phase(prep, done, res, "verify", reused=reused is not None)
@@ -212,7 +222,7 @@ class Builder:
             res.level = m.optimization.applied
             res.artifact = str(prep.out_dir / m.artifact.file)
             res.size = m.artifact.size
-            res.reason = "; ".join(prep.missing.values())
+            res.reason = "; ".join(dict.fromkeys(prep.missing.values()))  # a stand-in's reason once
             if reused is None:
                 self.progress(job.name, JobFinished(res.status, f"{res.status}: {res.artifact}"))
         except OrtbuildError as e:  # ConfigError (bad inputs/calibration files) included
@@ -240,6 +250,6 @@ class Builder:
 def _worker(state: parallel.WorkerState, progress: ProgressSink) -> Callable[[Job], JobResult]:
     """A worker process's builder (parallel.run_jobs calls this in each worker, with its progress sink)."""
     builder = Builder(state.project, state.dist, secrets=state.secrets, force=state.force, repair=state.repair,
-                      progress=progress)
+                      progress=progress, capture=state.capture)
     builder._probes = dict(state.probes)
     return builder.run_job

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ortbuild import modelfiles, runtime
+from ortbuild import logs, modelfiles, runtime
 from ortbuild.artifact import keys
 from ortbuild.errors import OrtbuildError
 from ortbuild.project import options
@@ -38,9 +38,12 @@ class JobResult:
     notes: list[str] = field(default_factory=list)
     error: OrtbuildError | None = None
     debug: str = ""                  # the traceback behind a StepError (shown with --debug)
+    log: logs.Captured | None = None  # what third-party tools said while it built (dist/logs/)
 
     def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("error", "debug")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("error", "debug", "log")}
+        if self.log is not None and self.log.path is not None and self.log.lines:
+            out["log"] = {"path": str(self.log.path), "lines": self.log.lines, "warnings": self.log.warnings}
         if self.error is not None:
             out["error"] = {"class": type(self.error).__name__, "exit_code": self.error.exit_code,
                             "message": self.error.message, "hint": self.error.hint}

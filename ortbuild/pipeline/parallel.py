@@ -70,6 +70,7 @@ class WorkerState:
     secrets: keys.Secrets
     probes: dict[tuple[str, str, str], str | None]  # the parent's provider probes (a probe opens ORT sessions)
     parent: int = 0
+    capture: bool = True             # third-party output into dist/logs/ (ortbuild.logs)
 
 
 WorkerFactory = Callable[[WorkerState, Callable[[str, Event], None]], Callable[[Job], JobResult]]

@@ -1,7 +1,9 @@
 """The build's progress display: typed events (ortbuild.status) from the pipeline and its worker processes.
 
-Plain lines (`[target/model] step`) in CI and pipes; on a terminal, a live table of the running jobs (rich)
-above which finished jobs scroll. A job leaves the table on its JobFinished event.
+In CI and pipes, one line per job, when it finishes (`-v`: a line per step and message too); on a terminal, a
+live table of the running jobs (rich) above which finished jobs scroll. A job leaves the table on its
+JobFinished event. Lines go to a duplicate of the terminal's descriptor (ortbuild.logs.terminal), so they reach
+it while a job's third-party output is captured into its log.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ortbuild import logs
 from ortbuild.status import Event, JobFinished, Message
 
 
 class Progress:
-    def __init__(self, stream: TextIO | None = None, quiet: bool = False, live: bool | None = None) -> None:
-        self.stream = stream or sys.stderr
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False, live: bool | None = None,
+                 verbose: bool = False) -> None:
+        self.stream = logs.terminal(stream or sys.stderr) if not quiet else (stream or sys.stderr)
         self.quiet = quiet
+        self.verbose = verbose
         self.live = (not quiet and self.stream.isatty() and os.environ.get("TERM") != "dumb"
                      and "CI" not in os.environ) if live is None else live
         self._rows: dict[str, tuple[str, float]] = {}  # running job -> (its current step, since)
@@ -40,11 +45,13 @@ class Progress:
 
     def _table(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(box=None, show_header=False, pad_edge=False)
         now = time.monotonic()
         for job, (step, since) in sorted(self._rows.items()):
-            table.add_row(f"[bold]{job}[/]", step, f"{now - since:5.1f}s")
+            # Text, not markup: a step or job name with brackets must show as it is
+            table.add_row(Text(job, style="bold"), Text(step), Text(f"{now - since:5.1f}s"))
         return table
 
     def __call__(self, job: str, event: Event | str) -> None:
@@ -54,7 +61,8 @@ class Progress:
         if isinstance(event, str):
             event = Message(event)
         if self._display is None:
-            print(f"[{job}] {event.text()}", file=self.stream, flush=True)
+            if self.verbose or isinstance(event, JobFinished):
+                print(f"[{job}] {event.text()}", file=self.stream, flush=True)
             return
         if isinstance(event, JobFinished):
             self._rows.pop(job, None)

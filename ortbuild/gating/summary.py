@@ -1,0 +1,119 @@
+"""`ortbuild summary build|test` (cli/__init__ runs it): one table of every target's last build or test results
+in dist/, read from what each run recorded there (dist/logs/<target>/<model>.build.json, dist/report.json),
+whichever environment ran it. The last session of `nox -s build` / `nox -s test` prints it, so one table ends the run.
+
+Light on purpose (stdlib, packaging): the noxfile calls `print_summary` in nox's own interpreter, which has
+none of ortbuild's dependencies."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ortbuild import logs
+from ortbuild.gating import report
+from ortbuild.project import config
+from ortbuild.status import JobStatus, Verdict
+from ortbuild.units import human_size
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """A plain text table: left-aligned columns, a dashed rule under the header."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths)),
+                      *(fmt.format(*r) for r in rows)])
+
+
+def build_rows(project: config.Project, docs: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The build table's rows, from JobResult.as_json() documents; time: the job's, and its slowest step's."""
+    rows = []
+    for r in docs:
+        ratio = f"{r['size'] / r['source_size']:.2f}x" if r.get("size") and r.get("source_size") else "-"
+        level = r.get("level") or "-"
+        t = project.targets.get(r["target"])
+        requested = t.settings[r["model"]].optimization if t is not None and r["model"] in t.settings else ""
+        if r.get("level") and requested and r["level"] != requested:
+            level = f"{r['level']} (asked {requested})"
+        converted = f"{r['converted']:.0%}" if r.get("converted") is not None else "-"
+        steps = r.get("steps") or {}
+        slowest = max(steps, key=steps.__getitem__) if steps else None
+        took = f"{r.get('seconds', 0.0):.1f}s"
+        if slowest is not None and steps[slowest] >= 0.1:
+            took += f" ({slowest} {steps[slowest]:.1f}s)"
+        rows.append([r["target"], r["model"], str(r["status"]).upper(), r.get("precision") or "-", converted, level,
+                     human_size(r.get("size")), ratio, took])
+    return rows
+
+
+BUILD_HEADER = ["target", "model", "status", "precision", "converted", "level", "size", "vs src",
+                "time (slowest step)"]
+
+
+def record_path(dist: Path, target: str, model: str) -> Path:
+    """Where the last build of a job is recorded (its status, step times and log): dist/logs/."""
+    return logs.log_path(dist, target, model, "build").with_suffix(".json")
+
+
+def _records(project: config.Project, dist: Path) -> list[dict[str, Any]]:
+    out = []
+    for t in project.targets.values():
+        for m in t.models:
+            path = record_path(dist, t.name, m)
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("target") == t.name and doc.get("model") == m:
+                out.append(doc)
+    return out
+
+
+def print_build(project: config.Project, dist: Path, out: TextIO) -> int:
+    docs = _records(project, dist)
+    if not docs:
+        print(f"no build recorded in {dist}", file=out)
+        return 0
+    print(f"\nbuild summary, every target ({dist}):", file=out)
+    print(table(build_rows(project, docs), BUILD_HEADER), file=out)
+    for d in docs:
+        if d["status"] in (JobStatus.PORTABLE, JobStatus.FAILED) and d.get("reason"):
+            print(f"  [{d['target']}/{d['model']}] {str(d['status']).upper()}: {d['reason']}", file=out)
+    counts = {s: sum(d["status"] == s for d in docs) for s in JobStatus}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
+    logged = [(f"{d['target']}/{d['model']}", logs.Captured(Path(d["log"]["path"]), d["log"]["lines"],
+                                                            d["log"]["warnings"])) for d in docs if d.get("log")]
+    for line in logs.footer(logged):
+        print(line, file=out)
+    return 1 if counts[JobStatus.FAILED] else 0
+
+
+def print_test(dist: Path, out: TextIO) -> int:
+    path = dist / report.REPORT_JSON
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        print(f"no test report in {dist}", file=out)
+        return 0
+    results = report.ordered(doc.get("results", []))
+    head, body = report.text_table(results, doc.get("comparison"))
+    print(f"\ntest summary, every target ({path}):", file=out)
+    print(table(body, head), file=out)
+    for r in results:
+        if r["status"] in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.get("reason"):
+            print(f"  [{r['target']}/{r['model']}] {r['status']}: {r['reason']}", file=out)
+    counts = {s: sum(r["status"] == s for r in results) for s in Verdict}
+    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {path}, {dist / report.REPORT_HTML}", file=out)
+    return 1 if counts[Verdict.FAIL] else 0
+
+
+def print_summary(what: str, config_file: str | Path, dist: str | Path | None = None,
+                  out: TextIO | None = None) -> int:
+    """Print the summary of `what` ("build" or "test"); 1 where a job failed, else 0."""
+    project = config.load(config_file, check_files=False)
+    where = Path(dist) if dist else project.root / "dist"
+    stream = out or sys.stdout
+    return print_build(project, where, stream) if what == "build" else print_test(where, stream)

@@ -1,0 +1,159 @@
+"""Third-party output goes to the job's log, not the terminal (ortbuild.logs); the terminal gets one line per
+job; -v shows everything."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ortbuild import logs
+from ortbuild.pipeline.progress import Progress
+from ortbuild.status import JobFinished, JobStatus, Message, StepStarted
+from tests.conftest import REPO
+
+
+def test_capture_takes_native_python_and_logging_output(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "logs" / "t" / "m.build.log"
+    with logs.captured(path) as cap:
+        os.write(2, b"[W:onnxruntime:, graph.cc:1] native warning\n")
+        os.write(1, b"native stdout\n")
+        print("python print")
+        logging.getLogger("some.tool").warning("a tool's warning")
+        logging.getLogger("some.tool").info("a tool's info")
+        warnings.warn("deprecated thing", DeprecationWarning, stacklevel=1)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # nothing reached the terminal
+    text = path.read_text()
+    for line in ("native warning", "native stdout", "python print", "a tool's warning", "a tool's info",
+                 "deprecated thing"):
+        assert line in text
+    assert cap.lines == len([x for x in text.splitlines() if x.strip()]) and cap.warnings >= 3
+    assert str(path) in cap.summary() and "warnings" in cap.summary()
+    print("after")  # the descriptors are back
+    assert capfd.readouterr().out == "after\n"
+
+
+def test_nothing_said_leaves_no_file_and_none_captures_nothing(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.build.log"
+    with logs.captured(path) as cap:
+        pass
+    assert not path.exists() and cap.lines == 0 and cap.summary() == ""
+    with logs.captured(None) as cap:
+        os.write(2, b"verbose\n")
+    assert capfd.readouterr().err == "verbose\n" and cap.path is None
+
+
+def test_footer_counts_and_names_the_logs_with_warnings(tmp_path: Path) -> None:
+    a = logs.Captured(tmp_path / "logs" / "t" / "a.build.log", 148, 0)
+    b = logs.Captured(tmp_path / "logs" / "t" / "b.build.log", 3, 2)
+    lines = logs.footer([("t/a", a), ("t/b", b), ("t/c", logs.Captured(None))])
+    assert lines[0].startswith("third-party output: 151 lines, 2 warnings, kept in ") and "-v" in lines[0]
+    assert lines[1:] == [f"  [t/b] 3 lines (2 warnings) in {b.path}"]
+    assert logs.footer([("t/c", logs.Captured(None))]) == []
+
+
+def test_progress_prints_one_line_per_job_on_a_plain_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    p = Progress(live=False)
+    p("t/m", StepStarted("precision"))
+    p("t/m", Message("rebuilding: the model changed"))
+    p("t/m", JobFinished(JobStatus.BUILT, "BUILT: dist/t/m/model.onnx.enc"))
+    assert capsys.readouterr().err == "[t/m] BUILT: dist/t/m/model.onnx.enc\n"
+    v = Progress(live=False, verbose=True)
+    v("t/m", StepStarted("precision"))
+    v("t/m", JobFinished(JobStatus.BUILT, "BUILT"))
+    assert capsys.readouterr().err == "[t/m] precision\n[t/m] BUILT\n"
+
+
+def test_live_rows_are_text_not_markup() -> None:
+    """A step with brackets shows as it is (rich would read `[bold]` or `['CPU']` as markup)."""
+    from rich.console import Console
+
+    p = Progress(live=False)
+    p._rows["cpu/m"] = ("reload on ['CPUExecutionProvider'] [bold]x[/]", 0.0)
+    console = Console(record=True, width=200)
+    console.print(p._table())
+    text = console.export_text()
+    assert "['CPUExecutionProvider'] [bold]x[/]" in text and "cpu/m" in text
+
+
+@pytest.mark.runtime
+def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    """The int4 quantizer logs a line per node; ORT warns; none of it reaches the terminal without -v."""
+    path = make_project("""
+        [targets.int4]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        precision = "int4-weight"
+    """, models=("tiny_transformer",))
+    base = [sys.executable, "-m", "ortbuild", "build", "-c", str(path), "--force", "-j", "1"]
+    quiet = subprocess.run(base, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "matmul_nbits" not in quiet.stderr + quiet.stdout
+    assert quiet.stderr.count("[int4/tiny_transformer]") == 1  # one line for the job
+    assert "time (slowest step)" in quiet.stdout and "(precision " in quiet.stdout
+    record = json.loads((tmp_path / "dist" / "logs" / "int4" / "tiny_transformer.build.json").read_text())
+    assert record["status"] == "built" and record["steps"]["precision"] > 0
+    loud = subprocess.run([*base, "-v"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert loud.returncode == 0, loud.stderr
+    assert "matmul_nbits_quantizer" in loud.stderr  # -v: the quantizer's own lines, as it runs
+    assert loud.stderr.count("[int4/tiny_transformer]") > 3  # and every step
+
+
+@pytest.mark.runtime
+def test_summary_gathers_every_target(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    path = make_project("""
+        [targets.a]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        latency = { p90_ms = 1000 }
+
+        [targets.b]
+        extends = "a"
+        optimization = "basic"
+    """)
+    for t in ("a", "b"):  # one run per target, as nox's sessions do
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "test", "-c", str(path), "-t", t, "--no-summary"],
+                              capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert "size (vs src/max)" not in proc.stdout  # no table: the summary prints it
+    for what, header in (("build", "time (slowest step)"), ("test", "accuracy (worst)")):
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "summary", what, "-c", str(path)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("a ", "b "))]
+        assert rows == [["a", "tiny_cnn"], ["b", "tiny_cnn"]], proc.stdout
+        assert header in proc.stdout
+    assert "2 PASS" in proc.stdout and str(tmp_path / "dist" / "report.html") in proc.stdout
+
+
+@pytest.mark.runtime
+def test_quick_mode_states_its_confidence_and_release_refuses_it(make_project: Callable[..., Path],
+                                                                 tmp_path: Path) -> None:
+    path = make_project("""
+        [targets.a]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        latency = { p90_ms = 1000, confidence = 0.99 }
+    """)
+    test = [sys.executable, "-m", "ortbuild", "test", "-c", str(path), "--json"]
+    proc = subprocess.run([*test, "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)["results"][0]
+    assert r["quick"] is True and r["latency"]["confidence"] == 0.9 and r["latency"]["quick"] is True
+    release = [sys.executable, "-m", "ortbuild", "release", "-c", str(path), "--json"]
+    proc = subprocess.run(release, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 9 and "tested with --quick (latency at 90% confidence)" in proc.stdout, proc.stdout
+    proc = subprocess.run(test, capture_output=True, text=True, cwd=REPO, timeout=600)  # the full sampling
+    r = json.loads(proc.stdout)["results"][0]
+    assert proc.returncode == 0 and r["quick"] is False and r["latency"]["confidence"] == 0.99
+    proc = subprocess.run(release, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
