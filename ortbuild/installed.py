@@ -5,12 +5,14 @@ pinned versions). Reads package metadata only: never imports ONNX Runtime."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from ortbuild import machine
 from ortbuild.errors import RuntimeMismatch
 from ortbuild.project import options
 from ortbuild.project.config import Target
@@ -41,10 +43,27 @@ def installed_flavor() -> Flavor | None:
     return found[0] if found else None
 
 
+STAND_IN_VAR = "ORTBUILD_STAND_IN"  # "1": this environment holds CPU stand-ins of absent hardware's runtimes
+
+
+def stand_in(target: Target) -> machine.StandIn | None:
+    """The CPU stand-in `target` is built with here: where its GPU/accelerator hardware is absent and this
+    environment was made with the stand-in (nox does that by default, and sets ORTBUILD_STAND_IN=1); else None."""
+    if os.environ.get(STAND_IN_VAR, "") in ("", "0"):
+        return None
+    s = machine.stand_in(target.requirements)
+    if s is None or requirements_problem(target.name, s.requirements, "") is not None:
+        return None  # the hardware is here, or the environment holds the target's own runtime
+    return s
+
+
 def runtime_problem(target: Target) -> str | None:
-    """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can."""
+    """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can (its
+    own runtime, or its CPU stand-in: see stand_in)."""
     how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
            "virtualenv")
+    if stand_in(target) is not None:
+        return None
     return requirements_problem(target.name, target.requirements, how)
 
 

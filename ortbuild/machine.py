@@ -1,10 +1,18 @@
 """This machine's CPU: its model, the ISA flags that change what ONNX Runtime's CPU kernels do, and the vector
-width (SIMD level) that `layout`/`all` artifacts are tied to. Stdlib only."""
+width (SIMD level) that `layout`/`all` artifacts are tied to; whether the hardware of a GPU/accelerator
+runtime is present (`stand_in`). Stdlib only (the noxfile imports it before any venv exists)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
+import os
 import platform
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
@@ -64,3 +72,73 @@ def fingerprint() -> dict[str, Any]:
         "isa_flags": sorted(cpu_flags() & set(_ISA_FLAGS)),
         "python": platform.python_version(),
     }
+
+
+# ------------------------------------------------------------------------------- accelerators (stand-ins)
+
+def nvidia_absent() -> str | None:
+    """Why no NVIDIA GPU can run here (no driver, no device node), or None where one may."""
+    if os.path.exists("/proc/driver/nvidia/version") or glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi"):
+        return None
+    return "no NVIDIA GPU here (no driver: /proc/driver/nvidia/version, /dev/nvidia* and nvidia-smi are absent)"
+
+
+def intel_absent() -> str | None:
+    """Why the OpenVINO runtimes offer no device here (not an Intel CPU, and no Intel GPU or NPU), or None."""
+    vendor = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    if vendor == "GenuineIntel" or glob.glob("/dev/accel/accel*"):
+        return None
+    for v in glob.glob("/sys/class/drm/card*/device/vendor"):
+        with contextlib.suppress(OSError), open(v, encoding="ascii") as f:
+            if f.read().strip() == "0x8086":
+                return None
+    if platform.system() != "Linux":
+        return None  # nothing to read: assume it may run
+    return (f"OpenVINO offers devices on Intel CPUs, GPUs and NPUs only; this machine's CPU is {cpu_model()}"
+            f"{f' ({vendor})' if vendor else ''}, with no Intel GPU or NPU")
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A target's requirements with its hardware runtime replaced by the CPU flavor of the same ONNX Runtime
+    version, where that hardware is absent: its portable artifacts are built with that (nox does by default)."""
+
+    requirements: tuple[str, ...]    # what is installed instead (the CPU flavor first)
+    left_out: tuple[str, ...]        # the hardware requirements not installed
+    reason: str                      # the hardware that is absent
+
+
+# the hardware flavors and plugin EPs, and what tells that their hardware is absent
+_NEEDS: dict[str, Callable[[], str | None]] = {
+    "onnxruntime-gpu": nvidia_absent, "onnxruntime-openvino": intel_absent, "onnxruntime-ep-openvino": intel_absent}
+
+
+def _name(requirement: str) -> str:
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    return m.group(1).lower().replace("_", "-") if m else ""
+
+
+def stand_in(requirements: Sequence[str]) -> StandIn | None:
+    """`requirements` (a target's: its flavor first) without the hardware runtimes whose hardware is absent here,
+    the flavor replaced by `onnxruntime` at the same version; None where nothing would be left out."""
+    if not requirements:
+        return None
+    flavor = requirements[0]
+    reasons: list[str] = []
+    left_out: list[str] = []
+    kept: list[str] = []
+    for i, req in enumerate(requirements):
+        check = _NEEDS.get(_name(req))
+        why = check() if check else None
+        if why is None:
+            kept.append(req)
+            continue
+        left_out.append(req)
+        reasons += [why] if why not in reasons else []
+        if i == 0:  # the flavor: the CPU flavor at the same version
+            kept.append("onnxruntime" + flavor.strip()[len(_name(flavor)):].lstrip())
+    if not left_out:
+        return None
+    return StandIn(tuple(kept), tuple(left_out), "; ".join(reasons))

@@ -30,6 +30,7 @@ from ortbuild.installed import package_problem as package_problem
 from ortbuild.installed import requirement_problem as requirement_problem
 from ortbuild.installed import requirements_problem as requirements_problem
 from ortbuild.installed import runtime_problem as runtime_problem
+from ortbuild.installed import stand_in as stand_in
 from ortbuild.machine import cpu_flags as cpu_flags
 from ortbuild.machine import cpu_model as cpu_model
 from ortbuild.machine import fingerprint as fingerprint

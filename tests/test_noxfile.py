@@ -106,7 +106,7 @@ def test_the_release_session_allows_development_keys_only_with_its_own(
     import nox.sessions
 
     target = "cpu-fp32"
-    ortbuild = Path(nox.sessions._normalize_path(str(tmp_path / "envs"), f"test({target})")) / "bin" / "ortbuild"
+    ortbuild = Path(nox.sessions._normalize_path(str(tmp_path / "envs"), f"target-{target}")) / "bin" / "ortbuild"
     ortbuild.parent.mkdir(parents=True)
     ortbuild.touch()  # "tested here"
     monkeypatch.setattr(noxfile, "DEV_KEYS", tmp_path / "dev-keys")
