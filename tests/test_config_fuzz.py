@@ -176,6 +176,7 @@ def test_the_base_project_is_valid(workdir: Path) -> None:
     assert cli.main(["plan", "-c", str(workdir / "targets.toml")]) == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])

@@ -658,6 +658,7 @@ def _needles(model: Path, folder: Path) -> list[bytes]:
     return pieces
 
 
+@pytest.mark.serial  # /dev/shm is scanned: other tests' builds must not be running
 def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, node_app: Path) -> None:
     root, cwd, tmpdir = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp"
     for d in (root, cwd, tmpdir):

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_a_small_external_data_model_goes_through_every_step(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, "tests/benchmarks/bench_scale.py", "--gib", "0.02", "--reps", "1",

@@ -67,6 +67,8 @@ def _dead_private_dirs() -> list[Path]:
             if d.name.split("-")[1].isdigit() and not _alive(int(d.name.split("-")[1]))]
 
 
+@pytest.mark.serial  # every build removes dead builds' private dirs: another test's build would race this one's
+@pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_project: Callable[..., Path],
                                                                          tmp_path: Path) -> None:
     path = make_project(TARGETS, models=("tiny_cnn", "tiny_transformer"))
@@ -76,7 +78,7 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
     # one complete build first, so kills also hit the replacement of published artifacts
     assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True, timeout=600).returncode == 0
     for i in range(50):
-        proc = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-j", str(1 + i % 2)),
+        proc = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-j", str(1 + i % 2), "-v"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         time.sleep(rng.uniform(0.1, 2.2))
         proc.send_signal(signal.SIGKILL)
@@ -99,6 +101,7 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
     assert ("leftover(s) of interrupted builds" in proc.stderr) == bool(left)
 
 
+@pytest.mark.serial  # its dead build's dir would be removed by any other test's build first
 def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
     dist = path.parent / "dist"
