@@ -16,6 +16,7 @@ ORTBUILD_INSTALL_RUNTIMES=all install the target's own runtime anyway.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -185,25 +186,35 @@ def _ortbuild(session: nox.Session, venv: Path, *args: str, **kwargs: Any) -> An
     return session.run(str(venv / "bin" / "ortbuild"), *args, external=True, **kwargs)
 
 
-def _last_of(session: nox.Session, family: str) -> bool:
-    """Whether no other `family(...)` session is queued after this one in this nox run (then it prints the
-    summary of them all). Where nox does not say, every session is the last."""
-    queue = getattr(getattr(getattr(session, "_runner", None), "manifest", None), "_queue", None)
-    if not isinstance(queue, list):
-        return True
-    return not any(str(getattr(s, "name", "")) == family for s in queue)
+_SUMMARIES: list[str] = []  # what the sessions of this nox run ask to summarise at its end
 
 
-def _summary(session: nox.Session, what: str) -> None:
-    """The last session of `nox -s build` / `nox -s test` prints one table of every target's results (read from
-    dist/, in this interpreter: ortbuild.cli.summary is stdlib + packaging)."""
-    if PROJECT is None or not _last_of(session, what):
-        return
+_RELEASES: list[list[str]] = []  # the release sessions' rows: target, bundle, where, what happened
+
+
+def _print_summaries() -> None:
     from ortbuild.gating import summary
 
     sys.stdout.flush()
-    summary.print_summary(what, PROJECT.file)
+    for what in _SUMMARIES:
+        assert PROJECT is not None
+        if what == "release":
+            rows = summary.table(_RELEASES, ["target", "bundle", "where", "result"])
+            print(f"\nrelease summary, every target:\n{rows}")
+        else:
+            summary.print_summary(what, PROJECT.file)
     sys.stdout.flush()
+
+
+def _summary(session: nox.Session, what: str) -> None:
+    """One table of every target's results at the very end of `nox -s build` / `nox -s test` / `nox -s release`,
+    after nox's own list of sessions: read from dist/ when nox exits (release: what its sessions recorded), in
+    nox's interpreter (ortbuild.gating.summary is stdlib + packaging only)."""
+    if PROJECT is None or what in _SUMMARIES:
+        return
+    if not _SUMMARIES:
+        atexit.register(_print_summaries)
+    _SUMMARIES.append(what)
 
 
 @nox.session(venv_backend="none")
@@ -280,12 +291,15 @@ def release(session: nox.Session, target: str) -> None:
     `nox -s "release(cpu-fp32)" -- --to oci://localhost:5000/models`. Default: dist/release/<target>/."""
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid (see the error above)")
+    _summary(session, "release")
     venv = target_venv(session, target)
     ortbuild = venv / "bin" / "ortbuild"
     if not ortbuild.exists():
+        _RELEASES.append([target, "-", "-", "FAILED: not tested here"])
         session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
     skipped = _skipped_here(PROJECT.targets[target])
     if skipped and not PROJECT.targets[target].require:
+        _RELEASES.append([target, "-", "-", "SKIPPED: cannot run here"])
         session.skip(f"{target} cannot run here ({skipped}): nothing tested to release")
     env = _keys_env(session, venv)
     # this session's own DEVELOPMENT keys (no key configured): a local release, marked as such; configured keys
@@ -304,11 +318,15 @@ def release(session: nox.Session, target: str) -> None:
     for warning in done.get("warnings", []):
         session.warn(warning)
     if done["exit_code"]:
+        _RELEASES.append([target, "-", "-", f"FAILED: exit {done['exit_code']}, {len(done['refused'])} refused"])
         session.error(f"ortbuild release -t {target} failed (exit {done['exit_code']})")
     for r in done["released"]:
+        where = r.get("pushed", r["dir"])
         session.log(f"released {r['bundle']}" + (f", pushed {r['pushed']}" if "pushed" in r else ""))
-        session.run(str(ortbuild), "verify", r.get("pushed", r["dir"]), env=env, external=True, silent=True)
-        session.log(f"verified {r.get('pushed', r['dir'])}")
+        _RELEASES.append([target, Path(r["bundle"]).name, where, "FAILED: verify"])
+        session.run(str(ortbuild), "verify", where, env=env, external=True, silent=True)
+        _RELEASES[-1][-1] = "released, verified"
+        session.log(f"verified {where}")
 
 
 @nox.session(tags=["check"])

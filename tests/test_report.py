@@ -307,3 +307,23 @@ def test_one_size_format_everywhere() -> None:
     assert row[2] == "65.8 MB 1.00x/1.1"
     page = report.render_html({"created": "now", "counts": {}, "results": [result("cpu", size=69_016_269)]})
     assert "<p>size 65.8 MB = 1.00x the source (65.8 MB)" in page
+
+
+def test_a_skipped_row_has_no_change_unless_its_verdict_changed(tmp_path: Path) -> None:
+    """Nothing is measured on a target that cannot run here: its rows show no change, run after run (the first
+    `nox -s test` has only rows that are new or have nothing to compare: the column is left out)."""
+    skipped = result("gpu", status="SKIPPED")
+    report.write(tmp_path, docs(result("cpu", p90=2.0)))
+    report.write(tmp_path, docs(result("cpu", p90=2.0), skipped))
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert doc["results"][1]["delta"] is None                            # new, but SKIPPED: nothing to compare
+    head, _ = report.text_table(doc["results"], doc["comparison"])
+    assert "vs previous" not in head                                     # the cpu row was not measured again
+    for _ in range(2):                                                   # SKIPPED again, unchanged
+        report.write(tmp_path, docs(result("cpu", p90=3.0), skipped))
+        assert json.loads((tmp_path / report.REPORT_JSON).read_text())["results"][1]["delta"] is None
+    report.write(tmp_path, docs(result("cpu", p90=3.0), result("gpu", p90=1.0)))  # runs here now
+    doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
+    assert doc["results"][1]["delta"]["verdict"] == {"before": "SKIPPED", "after": "PASS", "changed": True}
+    head, body = report.text_table(doc["results"], doc["comparison"])
+    assert body[1][head.index("vs previous")].startswith("SKIPPED->PASS")

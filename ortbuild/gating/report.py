@@ -182,7 +182,7 @@ def rows(results: list[dict[str, Any]], full: bool = False,
 
 HEADER = ["target", "model", "size (vs src/max)", "accuracy (worst)", "p50 ms/budget", "p90", "p99",
           "relative", "startup", "vs previous", "verdict"]
-OPTIONAL = ("startup", "vs previous")  # left out of the text table when every row's is "-"
+OPTIONAL = ("startup", "vs previous")  # left out of the text table when no row has anything in it
 
 
 def header(comparison: dict[str, Any] | None) -> list[str]:
@@ -193,7 +193,10 @@ def header(comparison: dict[str, Any] | None) -> list[str]:
 def text_table(results: list[dict[str, Any]], comparison: dict[str, Any] | None) -> tuple[list[str], list[list[str]]]:
     """The `ortbuild test` summary: HEADER's columns, less the optional ones no row has anything in."""
     body = rows(results)
-    keep = [i for i, h in enumerate(HEADER) if h not in OPTIONAL or any(r[i] != "-" for r in body)]
+    # nothing to compare: no previous run, or every row new since it (the first `nox -s test`: each target's
+    # session finds only the targets before it); a baseline given on the command line is always shown
+    empty = {"-", "new"} if (comparison or {}).get("kind", "previous") == "previous" else {"-"}
+    keep = [i for i, h in enumerate(HEADER) if h not in OPTIONAL or any(r[i] not in empty for r in body)]
     head = header(comparison)
     return [head[i] for i in keep], [[r[i] for i in keep] for r in body]
 
@@ -276,8 +279,11 @@ def _change(before: Any, after: Any, digits: int) -> dict[str, Any] | None:
             "percent": round((b - a) / a * 100, 2) if a else None}
 
 
-def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, Any]) -> dict[str, Any]:
-    """One row's change against the comparison's row (None: the comparison has no such row)."""
+def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, Any]) -> dict[str, Any] | None:
+    """One row's change against the comparison's row (`old` None: the comparison has no such row); None for a
+    SKIPPED row that was SKIPPED (or absent) there too: nothing was measured, nothing changed."""
+    if cur.get("status") == Verdict.SKIPPED and (old is None or old.get("status") == Verdict.SKIPPED):
+        return None
     if old is None:
         return {"against": against, "new": True}
     out: dict[str, Any] = {"against": against, "verdict": {"before": old.get("status"), "after": cur.get("status"),
@@ -325,7 +331,8 @@ def compose(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = 
     elif previous is not None:
         comparison = {"kind": "previous", "file": REPORT_PREVIOUS, "created": previous[1].get("created")}
         ref = {key(r): r for r in previous[1]["results"]}
-        results = [{**r, "delta": ref[key(r)].get("delta") if key(r) in ref and _same(ref[key(r)], r)
+        results = [{**r, "delta": ref[key(r)].get("delta")
+                    if key(r) in ref and _same(ref[key(r)], r) and r.get("status") != Verdict.SKIPPED
                     else delta(r, ref.get(key(r)), comparison)} for r in results]
     else:
         results = [{**r, "delta": None} for r in results]
