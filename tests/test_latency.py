@@ -293,6 +293,7 @@ def _busy(n: int) -> Callable[[], None]:
     return run
 
 
+@pytest.mark.serial  # its budget comes from a quiet run: no other test may load the machine
 @pytest.mark.skipif(latency.runnable() is None, reason="needs Linux's /proc/loadavg")
 def test_under_cpu_burners_a_budget_the_quiet_run_meets_never_fails() -> None:
     run = _busy(30_000)  # about 1 ms of pure Python, one thread

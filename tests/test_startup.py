@@ -231,3 +231,15 @@ def test_ortbuild_test_gates_cold_start_and_memory(make_project: Callable[..., P
         ("cold_start", 60000, "PASS"), ("memory", 4096, "PASS")]
     assert res["plain"]["startup"] == {}                # no budget: no process started
     assert not list(path.parent.glob("dist/*/tiny_cnn/loader/__pycache__"))
+    # the release bundle records both gates' verdicts and budgets (not their figures); without budgets, nothing
+    for target, want in (("roomy", {"cold_start": "PASS", "memory": "PASS"}), ("plain", {})):
+        out = path.parent / "rel" / target
+        proc = run_cli("release", "-c", str(path), "-t", target, "--to", str(out), cwd=path.parent)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (index,) = out.rglob("*.release.json")
+        tests = json.loads(index.read_text())["tests"]["tiny_cnn"]
+        assert {g: tests[g] for g in ("cold_start", "memory") if g in tests} == want
+        assert ("startup_budgets" in tests) == bool(want)
+        if want:
+            assert [(b["kind"], b["budget"]) for b in tests["startup_budgets"]] == [("cold_start", 60000),
+                                                                                    ("memory", 4096)]

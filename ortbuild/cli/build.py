@@ -16,6 +16,7 @@ from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.gating import summary
 from ortbuild.gating.summary import BUILD_HEADER, build_rows, record_path
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
@@ -129,18 +130,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         return code
     print()
     print(table(rows, BUILD_HEADER))
-    said: dict[str, list[JobResult]] = {}  # each reason or note once, with the jobs it concerns
+    said: dict[str, list[tuple[str, str]]] = {}  # each reason or note once, with the jobs it concerns
     for r in results:
         lines = [f"{r.status.upper()}: {r.reason}"] if r.reason and r.status in (
             JobStatus.SKIPPED, JobStatus.PORTABLE, JobStatus.FAILED) else []
         for text in lines + [f"note: {n}" for n in r.notes if n not in r.reason]:
-            said.setdefault(text, []).append(r)
-    jobs_of = Counter(r.target for r in results)
-    for text, who in said.items():
-        shown = []
-        for t, n in Counter(r.target for r in who).items():  # all the models of a target read "target/*"
-            shown += [f"{t}/*"] if n == jobs_of[t] > 1 else [f"{t}/{r.model}" for r in who if r.target == t]
-        print(f"  [{', '.join(shown)}] {text}")
+            said.setdefault(text, []).append((r.target, r.model))
+    for line in summary.grouped(said, Counter(r.target for r in results)):
+        print(line)
     order = (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE, JobStatus.SKIPPED, JobStatus.FAILED)
     counts = {s: sum(r.status == s for r in results) for s in order}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,6 +50,18 @@ def build_rows(project: config.Project, docs: Sequence[dict[str, Any]]) -> list[
     return rows
 
 
+def grouped(said: dict[str, list[tuple[str, str]]], jobs_of: Counter[str]) -> list[str]:
+    """Each reason or note once, with the (target, model) jobs it concerns: `target/*` for all the models of a
+    target (`jobs_of`: how many jobs each target has)."""
+    lines = []
+    for text, who in said.items():
+        shown = []
+        for t, n in Counter(t for t, _ in who).items():
+            shown += [f"{t}/*"] if n == jobs_of[t] > 1 else [f"{t}/{m}" for tt, m in who if tt == t]
+        lines.append(f"  [{', '.join(shown)}] {text}")
+    return lines
+
+
 BUILD_HEADER = ["target", "model", "status", "precision", "converted", "level", "size", "vs src",
                 "time (slowest step)"]
 
@@ -79,9 +92,12 @@ def print_build(project: config.Project, dist: Path, out: TextIO) -> int:
         return 0
     print(f"\nbuild summary, every target ({dist}):", file=out)
     print(table(build_rows(project, docs), BUILD_HEADER), file=out)
+    said: dict[str, list[tuple[str, str]]] = {}
     for d in docs:
         if d["status"] in (JobStatus.PORTABLE, JobStatus.FAILED) and d.get("reason"):
-            print(f"  [{d['target']}/{d['model']}] {str(d['status']).upper()}: {d['reason']}", file=out)
+            said.setdefault(f"{str(d['status']).upper()}: {d['reason']}", []).append((d["target"], d["model"]))
+    for line in grouped(said, Counter(d["target"] for d in docs)):
+        print(line, file=out)
     counts = {s: sum(d["status"] == s for d in docs) for s in JobStatus}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
     logged = [(f"{d['target']}/{d['model']}", logs.Captured(Path(d["log"]["path"]), d["log"]["lines"],
