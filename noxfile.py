@@ -26,11 +26,13 @@ from typing import Any
 
 import nox
 import nox.virtualenv
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from ortbuild import machine  # noqa: E402  (stdlib only)
+from ortbuild import installed, machine  # noqa: E402  (stdlib + packaging only)
 from ortbuild.artifact import manifest  # noqa: E402  (stdlib + packaging only: safe before any venv exists)
 from ortbuild.errors import ConfigError  # noqa: E402
 from ortbuild.project import config  # noqa: E402
@@ -123,7 +125,7 @@ def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, .
             session.run(uv, "venv", "--quiet", "--python", sys.executable, str(venv), external=True, silent=True)
         else:
             session.run(sys.executable, "-m", "venv", str(venv), external=True, silent=True)
-    wanted = {r.split("=")[0].split("<")[0].split(">")[0].strip().lower() for r in requirements}
+    wanted = {canonicalize_name(Requirement(r).name) for r in requirements}
     others = [f for f in RUNTIME_FLAVORS if f not in wanted]
     pip = [uv, "pip"] if uv else [python, "-m", "pip"]
     where = ["--python", python] if uv else []
@@ -162,12 +164,12 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
     t = PROJECT.targets[target]
     venv = target_venv(session, target)
     requirements = tuple(t.requirements)
-    session.env.pop("ORTBUILD_STAND_IN", None)
+    session.env.pop(installed.STAND_IN_VAR, None)
     required = t.require or "--require" in session.posargs
     standin = machine.stand_in(t.requirements)
     if standin is not None and not required and os.environ.get(INSTALL_VAR, "") != "all":
         requirements = standin.requirements
-        session.env["ORTBUILD_STAND_IN"] = "1"
+        session.env[installed.STAND_IN_VAR] = "1"
         session.log(f"{target}: {standin.reason}: its venv gets {' '.join(standin.requirements)} in place of "
                     f"{' '.join(standin.left_out)}, to build its portable artifacts (`-- --require` or "
                     f"{INSTALL_VAR}=all installs them)")
@@ -221,13 +223,11 @@ def _summary(session: nox.Session, what: str) -> None:
 @nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
 def build(session: nox.Session, target: str) -> None:
     """Build one target's artifacts in the target's virtualenv, which holds its ONNX Runtime flavor."""
-    try:
-        t, venv = _target_env(session, target)
-        assert PROJECT is not None
-        _ortbuild(session, venv, "build", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
-                  env=_keys_env(session, venv))
-    finally:
-        _summary(session, "build")
+    _summary(session, "build")
+    t, venv = _target_env(session, target)
+    assert PROJECT is not None
+    _ortbuild(session, venv, "build", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
+              env=_keys_env(session, venv))
     dist = PROJECT.root / "dist" / target
     docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest.MANIFEST).exists()]
     if docs and all(d.portable_only for d in docs):
@@ -251,14 +251,12 @@ def _skipped_here(t: config.Target) -> str | None:
 def test(session: nox.Session, target: str) -> None:
     """Build (if missing or stale) and test one target's artifacts in the target's virtualenv: golden outputs,
     latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}; the
-    last test session prints one summary of every target."""
-    try:
-        t, venv = _target_env(session, target, required_fails=True)
-        assert PROJECT is not None
-        _ortbuild(session, venv, "test", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
-                  env=_keys_env(session, venv))
-    finally:
-        _summary(session, "test")
+    nox run ends with one summary of every target."""
+    _summary(session, "test")
+    t, venv = _target_env(session, target, required_fails=True)
+    assert PROJECT is not None
+    _ortbuild(session, venv, "test", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
+              env=_keys_env(session, venv))
     skipped = _skipped_here(t)
     if skipped:
         session.skip(f"{target} cannot run here: {skipped}")

@@ -1,6 +1,6 @@
 """This machine's CPU: its model, the ISA flags that change what ONNX Runtime's CPU kernels do, and the vector
 width (SIMD level) that `layout`/`all` artifacts are tied to; whether the hardware of a GPU/accelerator
-runtime is present (`stand_in`). Stdlib only (the noxfile imports it before any venv exists)."""
+runtime is present (`stand_in`). Stdlib and packaging only (the noxfile imports it before any venv exists)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import functools
 import glob
 import os
 import platform
-import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 # ISA flags that change what ORT's CPU kernels (MLAS) do; the rest of /proc/cpuinfo is noise.
 _ISA_FLAGS = (
@@ -76,6 +78,7 @@ def fingerprint() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------- accelerators (stand-ins)
 
+@functools.cache  # the hardware does not change while ortbuild runs: read once per process
 def nvidia_absent() -> str | None:
     """Why no NVIDIA GPU can run here (no driver, no device node), or None where one may."""
     if os.path.exists("/proc/driver/nvidia/version") or glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi"):
@@ -83,6 +86,7 @@ def nvidia_absent() -> str | None:
     return "no NVIDIA GPU here (no driver: /proc/driver/nvidia/version, /dev/nvidia* and nvidia-smi are absent)"
 
 
+@functools.cache
 def intel_absent() -> str | None:
     """Why the OpenVINO runtimes offer no device here (not an Intel CPU, and no Intel GPU or NPU), or None."""
     vendor = ""
@@ -115,30 +119,25 @@ _NEEDS: dict[str, Callable[[], str | None]] = {
     "onnxruntime-gpu": nvidia_absent, "onnxruntime-openvino": intel_absent, "onnxruntime-ep-openvino": intel_absent}
 
 
-def _name(requirement: str) -> str:
-    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
-    return m.group(1).lower().replace("_", "-") if m else ""
-
-
 def stand_in(requirements: Sequence[str]) -> StandIn | None:
     """`requirements` (a target's: its flavor first) without the hardware runtimes whose hardware is absent here,
     the flavor replaced by `onnxruntime` at the same version; None where nothing would be left out."""
     if not requirements:
         return None
-    flavor = requirements[0]
     reasons: list[str] = []
     left_out: list[str] = []
     kept: list[str] = []
-    for i, req in enumerate(requirements):
-        check = _NEEDS.get(_name(req))
+    for i, text in enumerate(requirements):
+        req = Requirement(text)
+        check = _NEEDS.get(canonicalize_name(req.name))
         why = check() if check else None
         if why is None:
-            kept.append(req)
+            kept.append(text)
             continue
-        left_out.append(req)
+        left_out.append(text)
         reasons += [why] if why not in reasons else []
         if i == 0:  # the flavor: the CPU flavor at the same version
-            kept.append("onnxruntime" + flavor.strip()[len(_name(flavor)):].lstrip())
+            kept.append("onnxruntime" + text.strip()[len(req.name):].lstrip())  # its version, as written
     if not left_out:
         return None
     return StandIn(tuple(kept), tuple(left_out), "; ".join(reasons))

@@ -14,10 +14,10 @@ from typing import Any
 
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keys, manifest
-from ortbuild.cli.common import size
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.project import config
 from ortbuild.status import JobStatus, final_exit
+from ortbuild.units import human_size
 
 # ---------------------------------------------------------------------------------------------- inspect
 
@@ -39,7 +39,7 @@ def _inspect_onnx(path: Path) -> dict[str, Any]:
 
 def _print_onnx(path: Path, info: dict[str, Any]) -> None:
     print(f"{path}: plain ONNX model (no ortbuild manifest beside it)")
-    print(f"  size {size(info['size'])}  sha256 {info['sha256']}")
+    print(f"  size {human_size(info['size'])}  sha256 {info['sha256']}")
     print(f"  ir {info['ir_version']}  opsets {info['opsets']}  nodes {info['nodes']}")
     for kind in ("inputs", "outputs"):
         for v in info["io"][kind]:
@@ -90,11 +90,11 @@ def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, in
     opt, ort_version = m.optimization, m.versions["onnxruntime"]
     print(f"{m.target}/{m.model}  ({m.status})  built {m.created} with "
           f"{ort_version['distribution']} {ort_version['version']}")
-    print(f"  artifact   {folder / m.artifact.file}  {size(m.artifact.size)}  "
+    print(f"  artifact   {folder / m.artifact.file}  {human_size(m.artifact.size)}  "
           f"({m.artifact.size_ratio:.2f}x source)  sha256 {m.artifact.sha256[:16]}...")
-    print(f"  source     {m.source.path}  {size(m.source.size)}  opsets {m.source.opsets}")
+    print(f"  source     {m.source.path}  {human_size(m.source.size)}  opsets {m.source.opsets}")
     for f in m.source.files[1:]:  # the external-data files the graph names
-        print(f"             + {f['file']}  {size(int(f['size']))}  sha256 {str(f['sha256'])[:16]}...")
+        print(f"             + {f['file']}  {human_size(int(f['size']))}  sha256 {str(f['sha256'])[:16]}...")
     if m.artifact.external_data:
         print(f"  weights    external data (model.onnx.data): {m.artifact.external_data}")
     if m.fusion is not None:

@@ -1,4 +1,4 @@
-"""What the commands share: the text table, sizes, and where dist/ is."""
+"""What the commands share: the text table and where dist/ is."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ from pathlib import Path
 
 from ortbuild.gating.summary import table as table
 from ortbuild.project import config
-from ortbuild.units import human_size
-
-
-def size(n: int | None) -> str:
-    return human_size(n)
 
 
 def dist_dir(args: argparse.Namespace, project: config.Project) -> Path:

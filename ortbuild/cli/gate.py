@@ -17,7 +17,7 @@ from ortbuild.artifact import keys
 from ortbuild.cli.build import _fitting, built
 from ortbuild.cli.common import table
 from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
-from ortbuild.gating import report
+from ortbuild.gating import report, summary
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
@@ -65,8 +65,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         return code
     if not args.no_summary:  # (nox's last test session prints one summary of every target instead)
         _summary(results, written.doc, done, json_path, html_path)
-        caps = [(job, c) for job, c in tester.logs]
-        caps += [(k, b.log) for k, b in done.items() if b.log is not None]
+        caps = [*tester.logs, *((k, b.log) for k, b in done.items() if b.log is not None)]
         for line in logs.footer(caps):
             print(line, file=sys.stderr)
     for r in results:
@@ -96,9 +95,7 @@ def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str,
             print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
     for n in notes:
         print(f"  {n}")
-    order = (Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED)
-    counts = {s: sum(r.status == s for r in results) for s in order}
-    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {json_path}, {html_path}")
+    print("\n" + summary.verdict_counts([r.status for r in results], json_path, html_path))
 
 
 def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],

@@ -16,10 +16,11 @@ from typing import Any
 
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, manifest
-from ortbuild.cli.common import dist_dir, size
+from ortbuild.cli.common import dist_dir
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError, UsageError
 from ortbuild.project import config, plan
 from ortbuild.status import final_exit
+from ortbuild.units import human_size
 
 
 def _public_key(args: argparse.Namespace) -> bytes:
@@ -119,7 +120,7 @@ def cmd_release(args: argparse.Namespace) -> int:
                 where = ref.with_tag(tag)
                 entry["pushed"], entry["digest"] = str(where), registry.push(where, pub)
             done.append(entry)
-            lines.append(f"{name}: {pub.files['bundle'].name} ({size(pub.files['bundle'].stat().st_size)}, "
+            lines.append(f"{name}: {pub.files['bundle'].name} ({human_size(pub.files['bundle'].stat().st_size)}, "
                          f"{len(index['models'])} models) -> {pub.folder}"
                          + (f"\n  pushed {entry['pushed']} ({entry['digest']})" if "pushed" in entry else "")
                          + ("\n  FORCED: " + "; ".join(pub.forced) if pub.forced else ""))

@@ -22,7 +22,7 @@ from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import compare, latency, startup
+from ortbuild.gating import compare, latency, report, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -76,8 +76,7 @@ class TestResult:
 
     def gates(self) -> dict[str, Verdict | Literal["-"]]:
         """Each gate's verdict, by name ("-": it did not run)."""
-        return {"accuracy": self.accuracy, "size": self.size_verdict, "latency": self.latency_verdict,
-                "cold_start": self.cold_start_verdict, "memory": self.memory_verdict}
+        return {name: getattr(self, f) for name, f in report.GATE_FIELDS.items()}
 
     def failed_gates(self) -> list[str]:
         """The gates that failed, by name (a build failure or a required target that cannot run is none of
@@ -213,8 +212,7 @@ class Tester:
         self.progress(job.name, f"cold start and peak memory in fresh processes (looks at {startup.FIRST_LOOK}, "
                                 f"then doubling, at most {startup.MAX_PROCESSES})")
         outcome = startup.measure(folder / loaders.LOADER_DIR / loaders.PYTHON, folder, g.sets[0].inputs,
-                                  self.secret, budgets, latency.QUICK_CONFIDENCE if self.quick else
-                                  gates.latency.confidence)
+                                  self.secret, budgets, latency.confidence_of(gates.latency.confidence, self.quick))
         res.startup = startup.summary(outcome, budgets)
         if "cold_start" in budgets:
             res.cold_start_verdict = startup.verdict_of(outcome, "cold_start")

@@ -181,12 +181,17 @@ QUICK_CONFIDENCE = 0.90  # `ortbuild test --quick`: wider, stated, and never a r
 QUICK_MIN_SECONDS = 0.2
 
 
+def confidence_of(confidence: float, quick: bool) -> float:
+    """The confidence verdicts are judged at: the target's, or with --quick at most QUICK_CONFIDENCE."""
+    return min(confidence, QUICK_CONFIDENCE) if quick else confidence
+
+
 def plan_of(confidence: float, min_samples: int, min_seconds: float, retry_wait_seconds: float,
             quick: bool = False) -> Plan:
     """The [latency] keys' plan; `quick`: 90% confidence, sampling at least QUICK_MIN_SECONDS, no wait for the
     load to fall before a retry (a quick answer while iterating; `ortbuild release` refuses such verdicts)."""
     if quick:
-        return Plan(min(confidence, QUICK_CONFIDENCE), 0, min(min_seconds, QUICK_MIN_SECONDS), 0.0)
+        return Plan(confidence_of(confidence, quick), 0, min(min_seconds, QUICK_MIN_SECONDS), 0.0)
     return Plan(confidence, min_samples, min_seconds, retry_wait_seconds)
 
 

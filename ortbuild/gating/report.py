@@ -24,7 +24,7 @@ from ortbuild.units import human_size, signed_percent, signed_size
 
 REPORT_JSON, REPORT_HTML, REPORT_PREVIOUS = "report.json", "report.html", "report.previous.json"
 ORDER = (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.PASS, Verdict.SKIPPED)  # the HTML's: failures first
-# a gate's name -> the result field older test-report.json files carry its verdict in
+# a gate's name -> the result field that holds its verdict (TestResult.gates; older reports have only these)
 GATE_FIELDS = {"accuracy": "accuracy", "size": "size_verdict", "latency": "latency_verdict",
                "cold_start": "cold_start_verdict", "memory": "memory_verdict"}
 # why a FAIL that no gate decided failed, by the result's exit code (errors.py)

@@ -107,6 +107,12 @@ def print_build(project: config.Project, dist: Path, out: TextIO) -> int:
     return 1 if counts[JobStatus.FAILED] else 0
 
 
+def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) -> str:
+    """The test table's last line: how many of each verdict, and where the reports are."""
+    n = Counter(statuses)
+    return ", ".join(f"{n[s]} {s}" for s in Verdict) + f"  ->  {json_path}, {html_path}"
+
+
 def print_test(dist: Path, out: TextIO) -> int:
     path = dist / report.REPORT_JSON
     try:
@@ -121,9 +127,8 @@ def print_test(dist: Path, out: TextIO) -> int:
     for r in results:
         if r["status"] in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.get("reason"):
             print(f"  [{r['target']}/{r['model']}] {r['status']}: {r['reason']}", file=out)
-    counts = {s: sum(r["status"] == s for r in results) for s in Verdict}
-    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {path}, {dist / report.REPORT_HTML}", file=out)
-    return 1 if counts[Verdict.FAIL] else 0
+    print(verdict_counts([r["status"] for r in results], path, dist / report.REPORT_HTML), file=out)
+    return 1 if any(r["status"] == Verdict.FAIL for r in results) else 0
 
 
 def print_summary(what: str, config_file: str | Path, dist: str | Path | None = None,
