@@ -75,11 +75,14 @@ def test_each_row_names_its_failing_gates() -> None:
                result("required", status="FAIL", exit_code=4,
                       failures=["required, but cannot run here: runs in onnxruntime-gpu"]),
                result("broken", status="FAIL", exit_code=3, failures=["config error"]),
+               result("tampered", status="FAIL", exit_code=7, reason="build failed: TAMPERED: model.onnx.enc differs",
+                      failures=["build failed: TAMPERED: model.onnx.enc differs"]),
                result("slow", status="INCONCLUSIVE", gates={**dict.fromkeys(GATES, "-"), "latency": "INCONCLUSIVE"}),
                result("ok")]
     cells = {r[0]: r[-1] for r in report.rows(results)}
     assert cells == {"size": "FAIL (size)", "two": "FAIL (accuracy, cold_start)", "old": "FAIL (latency)",
                      "built": "FAIL (build)", "required": "FAIL (required)", "broken": "FAIL (config)",
+                     "tampered": "FAIL (artifact)",
                      "slow": "INCONCLUSIVE (latency)", "ok": "PASS"}
     header, body = report.text_table(results, None)
     assert header[-1] == "verdict" and [r[-1] for r in body] == list(cells.values())

@@ -63,12 +63,12 @@ def failed_gates(r: dict[str, Any]) -> list[str]:
 
 
 def failure_kind(r: dict[str, Any]) -> str:
-    """Why a FAIL failed when no gate did: its build, a required target that cannot run here, an error."""
-    if str(r.get("reason", "")).startswith("build failed"):
-        return "build"
+    """Why a FAIL failed when no gate did: a required target that cannot run here, the error's kind (`artifact`:
+    a TAMPERED artifact, whether its build or its test found it), else its build, else an error."""
     if any(str(x).startswith("required, but cannot run here") for x in r.get("failures") or []):
         return "required"
-    return FAILED_BY_CODE.get(r.get("exit_code", 0), "error")
+    fallback = "build" if str(r.get("reason", "")).startswith("build failed") else "error"
+    return FAILED_BY_CODE.get(r.get("exit_code", 0), fallback)
 
 
 def verdict_cell(r: dict[str, Any]) -> str:
