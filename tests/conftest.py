@@ -25,6 +25,9 @@ for _name in ("ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY_FILE"):
     os.environ.pop(_name, None)
 os.environ["ORTBUILD_KEY"] = base64.b64encode(TEST_KEY).decode()
 os.environ["ORTBUILD_SIGNING_KEY"] = base64.b64encode(TEST_SIGNING_SEED).decode()
+# The emulated platforms' golden gate (qemu-user) is slow to set up: off unless a test turns it on
+# (tests/test_emulation.py); the example's linux-aarch64 target is then SKIPPED with that reason.
+os.environ["ORTBUILD_EMULATION"] = "off"
 
 
 def here_runtime() -> str:

@@ -14,8 +14,12 @@ BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 
 def test_committed_targets_file_resolves_layers() -> None:
     p = config.load(REPO / "targets.toml")
-    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "openvino-cpu", "cuda-fp16",
-                              "tensorrt-fp16"]
+    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "openvino-cpu",
+                              "cuda-fp16", "tensorrt-fp16"]
+    arm = p.targets["arm64-int8"]  # the platform's default runner; int8 without x86's reduce_range
+    assert (arm.platform, arm.runner, p.targets["cpu-int8"].platform) == ("linux-aarch64", ("ubuntu-24.04-arm",), "native")
+    assert arm.settings["tiny_lstm"].quantization.reduce_range is False
+    assert arm.settings["tiny_lstm"].quantization.per_channel is True
     int8 = p.targets["cpu-int8"]
     # extends: runtime, providers and session come from cpu-fp32
     assert int8.runtime == "onnxruntime==1.31.1"
@@ -31,6 +35,24 @@ def test_committed_targets_file_resolves_layers() -> None:
     assert p.targets["tensorrt-fp16"].providers[0].options == {"trt_fp16_enable": True}
     assert p.targets["tensorrt-fp16"].settings["tiny_cnn"].precision == "fp16"
     assert p.targets["cpu-int8"].tags == ["cpu", "int8", "int8-dynamic", "int8-static"]
+
+
+def test_platform_keys(make_project: Callable[..., Path]) -> None:
+    base = """
+        [targets.arm]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        platform = "linux-aarch64"
+    """
+    with pytest.raises(ConfigError) as err:  # the default level bakes the build CPU's NCHWc layout in
+        config.load(make_project(base))
+    assert err.value.where == "targets.arm.optimization" and "NCHWc" in err.value.message
+    assert 'optimization = "extended"' in err.value.render()
+    arm = config.load(make_project(base + 'optimization = "extended"\nrunner = ["self-hosted", "arm64"]\n'))
+    assert arm.targets["arm"].runner == ("self-hosted", "arm64")  # the target's own labels win
+    with pytest.raises(ConfigError) as err:
+        config.load(make_project(base.replace("linux-aarch64", "linux-arm64")))
+    assert err.value.where == "targets.arm.platform" and "did you mean 'linux-aarch64'" in err.value.message
 
 
 def test_extends_chain_and_list_replacement(make_project: Callable[..., Path]) -> None:

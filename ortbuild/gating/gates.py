@@ -22,12 +22,11 @@ from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import compare, latency, report, startup
+from ortbuild.gating import compare, emulated, latency, report, size, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
-from ortbuild.project.precisions import Quantizer
 from ortbuild.status import Event, JobFinished, JobStatus, Verdict, final_exit
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
@@ -35,7 +34,6 @@ PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIV
 NOT_RUN: Literal["-"] = "-"         # a gate that did not run (the target cannot run here, or it has no budget)
 REPORT = "test-report.json"
 REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
-SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
 
 
 @dataclass
@@ -63,6 +61,7 @@ class TestResult:
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
+    platform: dict[str, Any] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
     exit_code: int = 0
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
@@ -97,24 +96,6 @@ def environment() -> dict[str, Any]:
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "onnxruntime": flavor.as_json() if flavor else {"version": ort.__version__},
             "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
-
-
-def _size_fix(job: Job, m: manifest.Manifest) -> str:
-    """The targets.toml option that makes this artifact smaller, from what its build recorded."""
-    where = f"[targets.{job.target.name}]"
-    inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
-    if inf and "disabled" not in inf.get("action", ""):
-        if s.constant_folding == "on":
-            return f'constant_folding = "auto" (the default) or "off" in {where}: the build optimizes without it'
-        return (f'constant folding was not the cause (disabling it did not help): raise size.max_ratio in {where} '
-                "if this size is expected")
-    if changed is not None and changed.get("converted", 1.0) < 0.5:
-        return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
-                f"note says which ops hold the rest): name them in quantization.op_types in {where}")
-    if s.rule.quantizer is Quantizer.FP16 and not m.optimization.portable:
-        return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
-                "provider")
-    return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
 
 
 class Tester:
@@ -155,6 +136,10 @@ class Tester:
                 if require or job.target.require:
                     code = RuntimeMismatch.exit_code if b.status == JobStatus.SKIPPED else MissingProvider.exit_code
                     res.fail([f"required, but cannot run here: {res.reason}"], code)
+            elif why := emulated.cannot_run(job.target):
+                res.status, res.reason = Verdict.SKIPPED, why
+                if require or job.target.require:
+                    res.fail([f"required, but cannot run here: {why}"], MissingProvider.exit_code)
             else:
                 log = logs.log_path(self.dist, job.target.name, job.model.name, "test") if self.capture else None
                 try:
@@ -192,8 +177,11 @@ class Tester:
         """Every gate of one built job: accuracy, size, latency (`built`: the references of relative budgets)."""
         module, g, m = self.accuracy_gate(job, res)
         self._size(job, res, m)
-        self._latency(job, res, module, g, built)
-        self._startup(job, res, g)
+        if module is None:  # emulated: the timing gates say nothing about the device
+            self._skip_timing(job, res)
+        else:
+            self._latency(job, res, module, g, built)
+            self._startup(job, res, g)
         undecided = [res.latency.get("note", "latency inconclusive")] if res.latency_verdict == INCONCLUSIVE else []
         if INCONCLUSIVE in (res.cold_start_verdict, res.memory_verdict):
             undecided.append(res.startup.get("note", "cold start / memory inconclusive"))
@@ -222,25 +210,43 @@ class Tester:
         if lines:
             res.fail(lines)
 
+    def _skip_timing(self, job: Job, res: TestResult) -> None:
+        """An emulated platform's timing gates: SKIPPED where the target has budgets, and the reason said."""
+        gates = job.settings.gates
+        assert gates is not None
+        skipped = [name for name, has in (("latency", gates.latency.budgets() or gates.latency.faster_than),
+                                          ("cold_start", "cold_start" in gates.startup_budgets),
+                                          ("memory", "memory" in gates.startup_budgets)) if has]
+        for name in skipped:
+            setattr(res, report.GATE_FIELDS[name], SKIP)
+        if skipped:
+            res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
+
     def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
-        """The golden-output gate of the published artifact, through its generated Python loader: fills
-        `res` and returns the loader module, the golden data and the manifest."""
+        """The golden-output gate of the published artifact, through its generated Python loader (under
+        emulation for another platform's target): fills `res` and returns the loader module (None when
+        emulated), the golden data and the manifest."""
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
-        module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
-        self.progress(job.name, "golden outputs through the generated Python loader")
-        try:
-            model = module.load(key=self.secret, folder=folder)
-        except module.LoaderError as e:
-            raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
         g = self._golden_of(job, m.io)
+        module: Any = None
+        if emulated.emulated(job.target):  # the loader verifies the artifact there, before the golden data is signed
+            outputs, res.platform = emulated.golden_outputs(job, folder, self.secret, g, self.progress)
+        else:
+            module = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+            self.progress(job.name, "golden outputs through the generated Python loader")
+            try:
+                model = module.load(key=self.secret, folder=folder)
+            except module.LoaderError as e:
+                raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
+            outputs = [model.run(ds.inputs) for ds in g.sets]
         sk = self.sign_key
         golden.write(folder, g, m.io, sign=None if sk is None else
                      lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
-        self._accuracy(job, res, model, g, m.io)
+        self._accuracy(job, res, outputs, g, m.io)
         return module, g, m
 
     def _target_outputs(self, job: Job) -> list[str]:
@@ -260,7 +266,8 @@ class Tester:
             self.golden_cache[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]
 
-    def _accuracy(self, job: Job, res: TestResult, model: Any, g: golden.Golden, io: dict[str, Any]) -> None:
+    def _accuracy(self, job: Job, res: TestResult, outputs: list[dict[str, Any]], g: golden.Golden,
+                  io: dict[str, Any]) -> None:
         gates = job.settings.gates
         assert gates is not None
         names = [o["name"] for o in io["outputs"]]
@@ -271,8 +278,7 @@ class Tester:
                                   f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
                                   f"the outputs are: {', '.join(known)}")
         results: list[compare.OutputResult] = []
-        for ds in g.sets:
-            got = model.run(ds.inputs)
+        for ds, got in zip(g.sets, outputs, strict=True):
             for name in names:
                 rule = gates.accuracy_rule(job.settings.precision, name)
                 results.append(compare.compare(name, ds.name, ds.expected[name], got[name], rule))
@@ -285,28 +291,9 @@ class Tester:
                       for i, line in enumerate(compare.describe_failure(r))])
 
     def _size(self, job: Job, res: TestResult, m: manifest.Manifest) -> None:
-        gates = job.settings.gates
-        assert gates is not None
-        size, src = m.artifact.size, m.source.size
-        ratio = size / src
-        max_ratio, max_mb = gates.max_ratio(job.settings.precision), gates.size.max_mb
-        res.size = {"bytes": size, "source_bytes": src, "ratio": ratio, "max_ratio": max_ratio, "max_mb": max_mb,
-                    "inflation": m.optimization.inflation}
-        problems = []
-        if size > max_ratio * src + SIZE_SLACK:
-            problems.append(f"artifact {size / 1024:.1f} KB is {ratio:.2f}x its source ({src / 1024:.1f} KB), "
-                            f"above max_ratio {max_ratio} (+ {SIZE_SLACK // 1024} KB)")
-        if max_mb is not None and size > max_mb * (1 << 20):
-            problems.append(f"artifact {size / (1 << 20):.2f} MiB is above max_mb {max_mb}")
-        res.size_verdict = Verdict.FAIL if problems else Verdict.PASS
-        if problems:
-            lines = [f"size: {job.name} {'; '.join(problems)}"]
-            inf = m.optimization.inflation
-            if inf:
-                lines.append(f"  constant folding grew the weights {inf['growth']}x ({inf.get('action', '')}): "
-                             + ", ".join(f"{x['initializer']} ({x['dtype']}, {x['bytes'] / 1024:.0f} KB, from "
-                                         f"{x['pattern']})" for x in inf["grown"][:3]))
-            lines.append(f"  hint: {_size_fix(job, m)}")
+        res.size, lines = size.judge(job, m)
+        res.size_verdict = Verdict.FAIL if lines else Verdict.PASS
+        if lines:
             res.fail(lines)
 
     def _target_data_sets(self, job: Job, g: golden.Golden) -> list[str]:

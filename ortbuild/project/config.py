@@ -209,7 +209,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
     resolved: dict[str, dict[str, Any]] = {}
     for name in raw:
         where = f"targets.{name}"
-        t = merge(options.defaults("target"), resolve_extends(chk, raw, name, resolved))
+        own = resolve_extends(chk, raw, name, resolved)
+        t = merge(options.defaults("target"), own)
         for k in ("runtime", "providers"):
             if k not in t:
                 raise chk.fail(where, f"missing required key '{k}'", "set it here or in the target it extends")
@@ -218,6 +219,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
+        if t["platform"] == "linux-aarch64" and "runner" not in own:
+            t["runner"] = list(options.ARM_RUNNER)
         if not t["runner"] or not all(label.strip() for label in t["runner"]):
             raise chk.fail(f"{where}.runner", "needs at least one non-empty runner label",
                            'e.g. runner = ["ubuntu-latest"] or ["self-hosted", "gpu"]')
@@ -243,6 +246,11 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             eff, not_inherited = overridden(t, name, m)
             check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             check_settings(chk, where, models[m], eff)
+            if t["platform"] != "native" and eff["optimization"] in ("layout", "all"):
+                raise chk.fail(f"{where}.optimization", f"'{eff['optimization']}' ties the artifact to the build "
+                               f"machine's CPU (NCHWc blocks for its SIMD width), and a {t['platform']} target is "
+                               "built on one machine and run on another",
+                               'use optimization = "extended" (or "basic") for this target')
             eff["providers"] = effective_providers(chk, f"{where}.providers", eff, rt)
             ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
             check_custom_ops(chk, where, m, eff, ops)
@@ -258,7 +266,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         check_custom_op_versions(chk, where, all_ops)
         targets[name] = Target(name=name, description=t["description"], runtime=rt.flavor,
                                models=tuple(selected), settings=settings, require=t["require"],
-                               runner=tuple(t["runner"]), plugins=rt.plugins, custom_ops=all_ops)
+                               runner=tuple(t["runner"]), plugins=rt.plugins, custom_ops=all_ops,
+                               platform=t["platform"])
     for name, target in targets.items():
         check_relative_budgets(chk, name, target, targets)
     return targets

@@ -280,6 +280,7 @@ class Target:
     runner: tuple[str, ...] = ("ubuntu-latest",)  # CI runner labels (`ortbuild matrix`)
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (providers.PLUGINS)
     custom_ops: tuple[CustomOps, ...] = ()  # of the target and of all its models
+    platform: str = "native"         # where the artifact runs: "native" (here), "linux-x86_64", "linux-aarch64"
 
     @property
     def requirements(self) -> tuple[str, ...]:

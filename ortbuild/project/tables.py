@@ -40,6 +40,10 @@ class Key:
 KINDS = ("string", "integer", "number", "boolean", "strings", "requirements", "providers", "config", "dims", "table",
          "tables", "named")  # named: a table of NAME = sub-table
 
+# `platform` values: "native" is the machine that runs the tests (ortbuild.emulation emulates the others)
+PLATFORMS = ("native", "linux-x86_64", "linux-aarch64")
+ARM_RUNNER = ("ubuntu-24.04-arm",)   # the default runner labels of a linux-aarch64 target (GitHub's ARM runner)
+
 _MODELS_KEY = Key(name="models", kind="strings", default=["*"],
                   doc="Glob patterns (fnmatch) of the model names this applies to.")
 
@@ -128,7 +132,15 @@ TABLES: dict[str, tuple[Key, ...]] = {
                 "runners that have its hardware. Same as `--require`."),
         Key(name="runner", kind="strings", default=["ubuntu-latest"],
             doc="CI runner labels of the machine that builds and tests this target (`ortbuild matrix` puts them "
-                "in `runs-on`), e.g. [\"self-hosted\", \"linux\", \"gpu\"]. See docs/ci.md."),
+                "in `runs-on`), e.g. [\"self-hosted\", \"linux\", \"gpu\"]. A `linux-aarch64` target without "
+                "its own labels gets [\"ubuntu-24.04-arm\"] (GitHub's ARM runner). See docs/ci.md."),
+        Key(name="platform", kind="string", default="native", choices=PLATFORMS,
+            doc="The platform the artifact is for: `native` (the machine that runs the tests), `linux-x86_64` or "
+                "`linux-aarch64`. Where it is not this machine's, `ortbuild test` runs the golden gate through the "
+                "generated Python loader on that platform's ONNX Runtime wheel under emulation (qemu-user; set "
+                "up once and cached, docs/targets.md) and SKIPS the latency, cold-start and memory gates (emulation "
+                "says nothing about the device's speed); on a runner of that platform every gate runs. Such a "
+                "target's `optimization` is `basic` or `extended` (`layout`/`all` tie it to the build CPU)."),
         _MODELS_KEY,
         Key(name="accuracy", kind="table", table="accuracy", default={},
             doc="The golden-output test's rule; defaults per precision (fp32: rtol 1e-4, atol 1e-5; fp16: "

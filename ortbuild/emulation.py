@@ -1,0 +1,310 @@
+"""Emulated platforms: the golden gate of a target whose `platform` is not this machine's runs through the
+artifact's generated Python loader on that platform's ONNX Runtime wheel, under qemu-user.
+
+linux-aarch64: an arm64 Debian userland (Debian's `debootstrap --foreign`, its packages unpacked with dpkg-deb: no
+binfmt_misc and no chroot needed), the target's runtime and the loader's dependencies as manylinux aarch64 wheels
+(`uv pip install --python-platform`, else pip's `--platform`), run by `qemu-aarch64-static -L <userland>`. Made
+once per (platform, requirements) under ~/.cache/ortbuild/emulation (ORTBUILD_EMULATION_CACHE), under a lock, and
+reused. ORTBUILD_EMULATION=off turns emulation off (the tests' default); the target is then SKIPPED with that reason.
+Emulation says nothing about a device's speed: the latency, cold-start and memory gates are SKIPPED there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ortbuild.errors import OrtbuildError, from_loader
+
+SUITE = "bookworm"                    # the Debian release of the emulated userland (Python 3.11)
+MIRROR_VAR, CACHE_VAR, SWITCH_VAR = "ORTBUILD_DEBIAN_MIRROR", "ORTBUILD_EMULATION_CACHE", "ORTBUILD_EMULATION"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+LAYOUT = 2                            # bump when what a set-up environment holds changes
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str              # targets.toml's `platform`
+    machine: str           # platform.machine() there
+    debian_arch: str
+    qemu: str              # Debian qemu-user-static's binary
+    cpu: str               # the CPU qemu emulates
+    wheel: str             # uv's --python-platform
+    pip_platform: str      # pip's --platform
+    cpuinfo: str           # /proc/cpuinfo of the emulated CPU (see _cpuinfo)
+
+
+def _cpuinfo(features: str, part: str, cpus: int = 2) -> str:
+    return "".join(f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
+                   f"CPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: {part}\nCPU revision\t: 1\n\n"
+                   for i in range(cpus))
+
+
+# Neoverse-N1 (Graviton2, Ampere Altra; the Cortex-A76 of a Raspberry Pi 5 is its sibling): ARMv8.2 with the
+# dot-product instructions ORT's int8 GEMMs use and fp16 arithmetic, no SVE.
+AARCH64 = Platform(
+    name="linux-aarch64", machine="aarch64", debian_arch="arm64", qemu="qemu-aarch64-static", cpu="neoverse-n1",
+    wheel="aarch64-manylinux_2_28", pip_platform="manylinux_2_28_aarch64",
+    cpuinfo=_cpuinfo("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc "
+                     "dcpop asimddp", "0xd0c"))
+PLATFORMS = {"linux-x86_64": None, "linux-aarch64": AARCH64}   # None: no emulation offered (the build machines)
+
+
+class EmulationError(OrtbuildError):
+    """The emulated environment could not be set up or run."""
+
+    exit_code = 5
+
+
+def host() -> str:
+    """This machine's platform, in targets.toml's words."""
+    m = platform.machine().lower()
+    return f"{sys.platform.rstrip('0123456789')}-{ {'amd64': 'x86_64', 'arm64': 'aarch64'}.get(m, m)}"
+
+
+def emulated(name: str) -> bool:
+    """Whether a target of this platform runs emulated here (not natively)."""
+    return name != host()
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_VAR) or Path.home() / ".cache" / "ortbuild" / "emulation")
+
+
+def _key(p: Platform, requirements: Sequence[str]) -> str:
+    mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
+    return hashlib.sha256(json.dumps([LAYOUT, p.name, SUITE, mirror, sorted(requirements)]).encode()).hexdigest()[:16]
+
+
+def _rootfs(p: Platform) -> Path:
+    return cache_root() / f"{p.name}-{SUITE}-rootfs"
+
+
+def _site(p: Platform, requirements: Sequence[str]) -> Path:
+    return cache_root() / f"{p.name}-site-{_key(p, requirements)}"
+
+
+def ready(name: str, requirements: Sequence[str]) -> bool:
+    p = PLATFORMS.get(name)
+    return p is not None and (_rootfs(p) / ".ready").is_file() and (_site(p, requirements) / ".ready").is_file()
+
+
+def unavailable(name: str, requirements: Sequence[str]) -> str:
+    """Why targets of platform `name` cannot be tested here ("" when they can, setting up on first use)."""
+    p = PLATFORMS.get(name)
+    if p is None:
+        return f"{name} is not this machine's platform ({host()}) and ortbuild cannot emulate it"
+    if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
+        return f"the emulated {name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
+    if shutil.which(p.qemu) is None:
+        return (f"testing a {name} target here needs qemu-user ({p.qemu}; Debian/Ubuntu: apt-get install "
+                "qemu-user-static debootstrap), or a runner of that platform (`ortbuild matrix`)")
+    if ready(name, requirements):
+        return ""
+    tools = [t for t in ("debootstrap", "dpkg-deb") if shutil.which(t) is None]
+    if tools:
+        return (f"setting up the emulated {name} userland needs {' and '.join(tools)} (Debian/Ubuntu: apt-get install "
+                "debootstrap)")
+    if os.geteuid() != 0 and shutil.which("fakeroot") is None:
+        return f"setting up the emulated {name} userland needs root or fakeroot (debootstrap)"
+    if shutil.which("uv") is None and not _has_pip():
+        return f"setting up the emulated {name} environment needs uv or pip (to fetch its aarch64 wheels)"
+    return ""
+
+
+def _has_pip() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pip") is not None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # another process setting up the same environment: wait for it
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], log: Path, what: str, **kw: Any) -> None:
+    with open(log, "ab") as out:
+        out.write(f"$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False, **kw)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
+        raise EmulationError(f"{what} failed (exit {done.returncode}): " + " | ".join(tail),
+                             f"the whole log is {log}; check that this machine reaches {mirror} and PyPI, then run "
+                             "again")
+
+
+def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
+    dest = _rootfs(p)
+    if (dest / ".ready").is_file():
+        return
+    mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
+    say(f"setting up the emulated {p.name} userland: debootstrap {SUITE} {p.debian_arch} (first time only)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    log = dest.parent / f"{dest.name}.log"
+    log.unlink(missing_ok=True)
+    try:
+        fake = [] if os.geteuid() == 0 else ["fakeroot"]
+        # --foreign: download and unpack the base without running any arm64 program (second stage skipped: the
+        # loader needs python3's files, not a configured system); --include's packages are only downloaded
+        _run([*fake, "debootstrap", f"--arch={p.debian_arch}", "--variant=minbase", "--foreign",
+              "--include=python3,libstdc++6", SUITE, str(tmp / "root"), mirror], log, "debootstrap")
+        archives = sorted((tmp / "root" / "var" / "cache" / "apt" / "archives").glob("*.deb"))
+        for deb in archives:
+            _run(["dpkg-deb", "-x", str(deb), str(tmp / "root")], log, f"unpacking {deb.name}")
+            deb.unlink()
+        # qemu-user 7.2 shows the guest the host's x86 /proc/cpuinfo, on which ORT's cpuinfo crashes at import:
+        # qemu looks a path up under -L first, so the userland carries the emulated CPU's own
+        (tmp / "root" / "proc").mkdir(exist_ok=True)
+        (tmp / "root" / "proc" / "cpuinfo").write_text(p.cpuinfo)
+        (tmp / "root" / ".ready").write_text(json.dumps({"suite": SUITE, "mirror": mirror, "debs": len(archives)}))
+        if dest.exists():
+            shutil.rmtree(dest)
+        (tmp / "root").rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _python_version(p: Platform) -> str:
+    found = sorted(x.name for x in (_rootfs(p) / "usr" / "bin").glob("python3.*") if x.name[8:].isdigit())
+    if not found:
+        raise EmulationError(f"no python3 in the emulated userland {_rootfs(p)}", "delete it and run again")
+    return found[-1].removeprefix("python")
+
+
+def _make_site(p: Platform, requirements: Sequence[str], say: Callable[[str], None]) -> None:
+    dest = _site(p, requirements)
+    if (dest / ".ready").is_file():
+        return
+    version = _python_version(p)
+    say(f"installing {', '.join(requirements)} for {p.name} (Python {version}) into the emulated environment")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    log = dest.parent / f"{dest.name}.log"
+    log.unlink(missing_ok=True)
+    try:
+        site = tmp / "site"
+        if shutil.which("uv"):
+            cmd = ["uv", "pip", "install", "--quiet", "--python-platform", p.wheel, "--python-version", version,
+                   "--only-binary", ":all:", "--target", str(site), *requirements]
+        else:
+            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--platform", p.pip_platform, "--python-version",
+                   version, "--implementation", "cp", "--only-binary=:all:", "--target", str(site), *requirements]
+        _run(cmd, log, f"installing the {p.name} wheels")
+        (site / ".ready").write_text(json.dumps({"requirements": sorted(requirements), "python": version}))
+        if dest.exists():
+            shutil.rmtree(dest)
+        site.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure(name: str, requirements: Sequence[str], say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Set up (once; then reused) the emulated environment of platform `name` holding `requirements`; what it is."""
+    p = PLATFORMS.get(name)
+    why = unavailable(name, requirements)
+    if p is None or why:
+        raise EmulationError(why)
+    began = time.monotonic()
+    with _locked(cache_root() / ".lock"):
+        _make_rootfs(p, say)
+        _make_site(p, requirements, say)
+    return {"platform": name, "emulator": f"{p.qemu} -cpu {p.cpu}", "userland": f"Debian {SUITE} {p.debian_arch}",
+            "python": _python_version(p), "requirements": sorted(requirements),
+            "setup_s": round(time.monotonic() - began, 1)}
+
+
+# Runs under emulation, with the emulated Python: opens the artifact through its generated loader and runs the
+# feeds in <work>/in_N.npz into <work>/out_N.npz; a loader's refusal goes to <work>/error.json with its code.
+_RUNNER = r'''
+import importlib.util, json, platform, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+loader, folder, work = sys.argv[2:5]
+spec = importlib.util.spec_from_file_location("_ortbuild_loader", loader)
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+sys.dont_write_bytecode = True
+spec.loader.exec_module(mod)
+key = sys.stdin.buffer.read() or None
+import onnxruntime
+info = {"machine": platform.machine(), "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
+        "providers": onnxruntime.get_available_providers()}
+try:
+    model = mod.load(key=key, folder=folder)
+    for i in range(int(sys.argv[5])):
+        with np.load(f"{work}/in_{i}.npz", allow_pickle=False) as z:
+            feeds = {k: z[k] for k in z.files}
+        np.savez(f"{work}/out_{i}.npz", **model.run(feeds))
+except mod.LoaderError as e:
+    info["error"] = {"code": e.code, "message": str(e)}
+with open(f"{work}/info.json", "w") as f:
+    json.dump(info, f)
+'''
+
+
+class _Refusal(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key: bytes | None,
+        feeds: Sequence[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each feed's outputs from the artifact in `folder`, opened by its generated Python loader under emulation,
+    and what ran them. A loader's refusal raises the same ortbuild error as natively (errors.from_loader)."""
+    import numpy as np
+
+    p = PLATFORMS[name]
+    assert p is not None
+    env_info = ensure(name, requirements)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-emulated-") as tmp:
+        work = Path(tmp)
+        (work / "runner.py").write_text(_RUNNER)
+        for i, f in enumerate(feeds):
+            np.savez(work / f"in_{i}.npz", **f)
+        cmd = [p.qemu, "-cpu", p.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"), "-I",
+               str(work / "runner.py"), str(_site(p, requirements)), str(loader), str(folder), str(work),
+               str(len(feeds))]
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "ORT_DISABLE_TELEMETRY": "1"}
+        began = time.monotonic()
+        try:
+            done = subprocess.run(cmd, input=key or b"", capture_output=True, env=env, timeout=TIMEOUT_S,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"{where}: the emulated {name} run took over {TIMEOUT_S} s") from None
+        info_file = work / "info.json"
+        if done.returncode != 0 or not info_file.is_file():
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-6:]
+            raise EmulationError(f"{where}: the emulated {name} run failed (exit {done.returncode}): "
+                                 + " | ".join(tail), f"reproduce: {' '.join(cmd)}")
+        info: dict[str, Any] = json.loads(info_file.read_text())
+        if "error" in info:
+            raise from_loader(_Refusal(info["error"]["code"], info["error"]["message"]), where)
+        outputs = []
+        for i in range(len(feeds)):
+            with np.load(work / f"out_{i}.npz", allow_pickle=False) as z:
+                outputs.append({k: z[k] for k in z.files})
+    info.update(env_info, run_s=round(time.monotonic() - began, 1))
+    return outputs, info

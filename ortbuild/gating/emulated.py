@@ -1,0 +1,48 @@
+"""The golden gate of a target whose `platform` is not this machine's: its artifact opened by the generated Python
+loader on that platform's ONNX Runtime wheel, under emulation (ortbuild.emulation). The timing gates are SKIPPED
+there (`timing_note` says why)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from ortbuild import emulation
+from ortbuild.artifact import golden, loaders
+from ortbuild.project.plan import Job
+from ortbuild.project.settings import Target
+
+
+def requirements(target: Target) -> list[str]:
+    """What the emulated environment holds: the target's runtime, and the loader's dependencies at this
+    environment's versions."""
+    return [*target.requirements, *(f"{d}=={version(d)}" for d in ("numpy", "cryptography"))]
+
+
+def emulated(target: Target) -> bool:
+    return target.platform != "native" and emulation.emulated(target.platform)
+
+
+def cannot_run(target: Target) -> str:
+    """Why the target's platform can be neither run nor emulated here ("" when it can)."""
+    return emulation.unavailable(target.platform, requirements(target)) if emulated(target) else ""
+
+
+def timing_note(target: Target, info: dict[str, Any]) -> str:
+    return (f"emulated {target.platform} ({info.get('emulator', 'qemu-user')}): emulation says nothing about the "
+            f"device's speed; `ortbuild matrix` runs this target on {', '.join(target.runner)}, where every gate runs")
+
+
+def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golden,
+                   progress: Callable[[str, str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
+    plat, reqs = job.target.platform, requirements(job.target)
+    if not emulation.ready(plat, reqs):
+        progress(job.name, f"setting up the emulated {plat} environment (first time only; about a minute)")
+    env = emulation.ensure(plat, reqs, lambda text: progress(job.name, text))
+    progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
+                       f"emulated by {env['emulator']}")
+    return emulation.run(plat, reqs, folder / loaders.LOADER_DIR / loaders.PYTHON, folder, secret,
+                         [ds.inputs for ds in g.sets], job.name)

@@ -1,0 +1,57 @@
+"""The size gate: an artifact's bytes against its target's budgets (a ratio to its source, and MiB), with the
+targets.toml option that would make it smaller when it fails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ortbuild.artifact import manifest
+from ortbuild.project.plan import Job
+from ortbuild.project.precisions import Quantizer
+
+SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
+
+
+def fix(job: Job, m: manifest.Manifest) -> str:
+    """The targets.toml option that makes this artifact smaller, from what its build recorded."""
+    where = f"[targets.{job.target.name}]"
+    inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
+    if inf and "disabled" not in inf.get("action", ""):
+        if s.constant_folding == "on":
+            return f'constant_folding = "auto" (the default) or "off" in {where}: the build optimizes without it'
+        return (f'constant folding was not the cause (disabling it did not help): raise size.max_ratio in {where} '
+                "if this size is expected")
+    if changed is not None and changed.get("converted", 1.0) < 0.5:
+        return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
+                f"note says which ops hold the rest): name them in quantization.op_types in {where}")
+    if s.rule.quantizer is Quantizer.FP16 and not m.optimization.portable:
+        return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
+                "provider")
+    return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
+
+
+def judge(job: Job, m: manifest.Manifest) -> tuple[dict[str, Any], list[str]]:
+    """The size record of the job's artifact, and the failure report's lines (none when it passes)."""
+    gates = job.settings.gates
+    assert gates is not None
+    size, src = m.artifact.size, m.source.size
+    ratio = size / src
+    max_ratio, max_mb = gates.max_ratio(job.settings.precision), gates.size.max_mb
+    record = {"bytes": size, "source_bytes": src, "ratio": ratio, "max_ratio": max_ratio, "max_mb": max_mb,
+              "inflation": m.optimization.inflation}
+    problems = []
+    if size > max_ratio * src + SIZE_SLACK:
+        problems.append(f"artifact {size / 1024:.1f} KB is {ratio:.2f}x its source ({src / 1024:.1f} KB), "
+                        f"above max_ratio {max_ratio} (+ {SIZE_SLACK // 1024} KB)")
+    if max_mb is not None and size > max_mb * (1 << 20):
+        problems.append(f"artifact {size / (1 << 20):.2f} MiB is above max_mb {max_mb}")
+    if not problems:
+        return record, []
+    lines = [f"size: {job.name} {'; '.join(problems)}"]
+    inf = m.optimization.inflation
+    if inf:
+        lines.append(f"  constant folding grew the weights {inf['growth']}x ({inf.get('action', '')}): "
+                     + ", ".join(f"{x['initializer']} ({x['dtype']}, {x['bytes'] / 1024:.0f} KB, from "
+                                 f"{x['pattern']})" for x in inf["grown"][:3]))
+    lines.append(f"  hint: {fix(job, m)}")
+    return record, lines
