@@ -39,6 +39,8 @@ def test_matrix_has_one_entry_per_target_with_its_runner_labels() -> None:
     assert by["cuda-fp16"]["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
     assert by["tensorrt-fp16"]["runs-on"] == by["cuda-fp16"]["runs-on"]  # inherited through extends
     assert by["cpu-fp32"]["runs-on"] == ["ubuntu-latest"] and by["cpu-fp32"]["session"] == "test(cpu-fp32)"
+    # an aarch64 target goes to an ARM runner, where its latency gates run natively
+    assert by["arm64-int8"]["runs-on"] == ["ubuntu-24.04-arm"] and by["arm64-int8"]["platform"] == "linux-aarch64"
     compact = run_cli("matrix", "--compact", "-t", "cpu-*")
     assert "\n" not in compact.stdout.strip()
     assert [e["target"] for e in json.loads(compact.stdout)["include"]] == [t for t in targets if t.startswith("cpu-")]

@@ -212,6 +212,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     names = plan._select(list(project.targets), args.target, "targets", str(project.file))
     include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
                 "required": project.targets[n].require, "session": f"test({n})",
+                "platform": project.targets[n].platform,
                 "models": list(project.targets[n].models)} for n in names]
     print(json.dumps({"include": include}, indent=None if args.compact else 2))
     return 0

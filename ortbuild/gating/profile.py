@@ -22,6 +22,7 @@ from typing import Any
 from ortbuild import files, paths, workspace
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.errors import ArtifactError, OrtbuildError, from_loader
+from ortbuild.gating import emulated
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, ProfileStatus
 
@@ -163,6 +164,11 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
             res.status, res.reason = ProfileStatus.SKIPPED, b.reason
             if b.status == JobStatus.PORTABLE:
                 write_skipped(dist, job, b.reason)
+        elif emulated.emulated(job.target):  # a profile of x86 kernels, or of qemu, says nothing about the device
+            res.status, res.reason = ProfileStatus.SKIPPED, (
+                f"a {job.target.platform} artifact is profiled on its platform: `ortbuild matrix` runs this target "
+                f"on {', '.join(job.target.runner)}")
+            write_skipped(dist, job, res.reason)
         else:
             progress(job.name, f"profile: 1 warm-up + {runs} runs through the generated Python loader")
             try:
