@@ -384,6 +384,8 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
     # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency
     session.run("python", "tests/benchmarks/bench_openvino.py", *session.posargs, env=env)
+    # the same artifacts on x86-64 and on the aarch64 wheel under emulation, per precision (docs/targets.md)
+    session.run("python", "tests/benchmarks/bench_platforms.py", env=env)
     # a 0.5 GiB external-data model through build (fp32, int8, int4), test, release, verify and the loader
     session.run("python", "tests/benchmarks/bench_scale.py", "--gib", "0.5")
     # the precision search on paraphrase-MiniLM-L3 int8-dynamic (from PyPI, cached): rebuilds, cosine reached
