@@ -307,10 +307,11 @@ class Target:
 
     @property
     def tags(self) -> list[str]:
-        """nox tags: primary provider short name, and every precision it builds."""
+        """nox tags: primary provider short name, every precision it builds, and its platform unless native
+        (`nox -t linux-aarch64`)."""
         ep = self.providers[0].name.removesuffix("ExecutionProvider").lower()
         precs = {s.precision for s in self.settings.values()}
-        return [ep, *sorted(precs | {p.split("-")[0] for p in precs})]
+        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *([self.platform] * (self.platform != "native"))]
 
 
 @dataclass(frozen=True)
