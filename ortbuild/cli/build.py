@@ -16,7 +16,7 @@ from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import MissingProvider, OrtbuildError, RuntimeMismatch
-from ortbuild.gating import summary
+from ortbuild.gating import emulated, summary
 from ortbuild.gating.summary import BUILD_HEADER, build_rows, record_path
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
@@ -190,7 +190,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "providers": [p.name for p in j.settings.providers], "precision": j.settings.precision,
                     "optimization": j.settings.optimization, "format": j.settings.format,
                     "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
-                    "rebuild": rebuild, "why": why, "notes": notes, "accuracy": plan.accuracy_text(j)})
+                    "rebuild": rebuild, "why": why, "notes": notes, "accuracy": plan.accuracy_text(j),
+                    "platform": j.target.platform})
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -207,6 +208,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for o in out:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
+    platforms = {j.target.name: j.target for j in jobs if j.target.platform != "native"}
+    if platforms:
+        print("\nplatforms (docs/targets.md#platforms):")
+        for t in platforms.values():
+            if not emulated.emulated(t):
+                print(f"  {t.name}: {t.platform}, this machine's: every gate runs here")
+                continue
+            why = emulated.cannot_run(t)
+            print(f"  {t.name}: {t.platform}: golden gate on its onnxruntime wheel under emulation here"
+                  + (f" (SKIPPED: {why})" if why else f"; latency, cold start and memory on {', '.join(t.runner)}"))
     if jobs:
         print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
         print("\n".join(plan.accuracy_lines(jobs)))
