@@ -93,7 +93,7 @@ def ordered(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _latency_cell(r: dict[str, Any], name: str) -> str:
     lat = r.get("latency") or {}
     if name not in lat:  # a gate SKIPPED on its own (an emulated platform's timing) says so
-        return "skipped" if r.get("latency_verdict") == Verdict.SKIPPED and name == "p50_ms" else "-"
+        return Verdict.SKIPPED.lower() if r.get("latency_verdict") == Verdict.SKIPPED and name == "p50_ms" else "-"
     budget = next((v.get("budget") for v in lat.get("verdicts") or []
                    if v.get("kind") == name.removesuffix("_ms")), None)
     return _ms(lat[name]) + (f" / {budget:g}" if _num(budget) is not None else "")
