@@ -161,7 +161,8 @@ def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: 
     written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
     assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8")
                        for f in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
-                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts")} \
+                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts",
+                                 "loader/ortbuild_loader.web.mjs")} \
         | {".ortbuild.lock", ".ortbuild-dist"} | {f"logs/{t}/tiny_transformer.build.json" for t in ("fp32", "int8")} \
         | {f for f in written if f.startswith("logs/") and f.endswith(".build.log")}  # what ORT logged there
 

@@ -822,7 +822,7 @@ def test_loaders_and_golden_files_beside_the_artifact_are_checked(dist: Path, no
 
     _resign(base, sign_golden)
     signed = json.loads((base / "manifest.json").read_bytes())
-    assert len(signed["golden"]) == 2 and len(signed["loaders"]) == 3
+    assert len(signed["golden"]) == 2 and len(signed["loaders"]) == 4
 
     def flip(rel: str) -> Callable[[Path], None]:
         def go(d: Path) -> None:

@@ -1,4 +1,5 @@
-"""Generated loaders: a Python module and a Node.js ES module (+ .d.ts), rendered from a Manifest.
+"""Generated loaders: a Python module, a Node.js ES module (+ .d.ts) and a browser ES module (onnxruntime-web),
+rendered from a Manifest.
 
 Templates live in ortbuild/artifact/templates/ (jinja2). The loaders pin the signing public key, the target's
 providers, provider options and session options; they read everything else from the signed manifest.
@@ -22,6 +23,7 @@ from ortbuild.artifact.manifest import FORMAT_VERSION, LoaderFile, Manifest
 
 LOADER_DIR = "loader"
 PYTHON, NODE, NODE_TYPES = "ortbuild_loader.py", "ortbuild_loader.mjs", "ortbuild_loader.d.ts"
+WEB = "ortbuild_loader.web.mjs"
 # What onnxruntime-node ships, by ONNX Runtime provider name (the Node template has the same table).
 NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
                   "CoreMLExecutionProvider": "coreml", "WebGpuExecutionProvider": "webgpu"}
@@ -31,6 +33,16 @@ NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"
 NODE_PROVIDER_OPTIONS: dict[str, set[str] | None] = {
     "CPUExecutionProvider": set(), "CUDAExecutionProvider": {"device_id"}, "DmlExecutionProvider": {"device_id"},
     "CoreMLExecutionProvider": {"coreml_flags", "coreMlFlags"}, "WebGpuExecutionProvider": None}  # None: all
+
+# What onnxruntime-web 1.30 runs, by ONNX Runtime provider name (the web template has the same table): the CPU
+# provider's kernels compiled to WebAssembly, and WebGPU. The options it hands to ONNX Runtime
+# (js/web/lib/wasm/session-options.ts): none for WASM, preferredLayout for WebGPU (its JSEP build reads no other).
+WEB_PROVIDERS = {"CPUExecutionProvider": "wasm", "WebGpuExecutionProvider": "webgpu"}
+WEB_PROVIDER_OPTIONS: dict[str, set[str]] = {"CPUExecutionProvider": set(),
+                                             "WebGpuExecutionProvider": {"preferredLayout"}}
+# Operator domains the WASM build has no kernels for: NCHWc ops (level "layout"/"all" on the CPU provider) are
+# written for the build machine's SIMD width (the web template has the same list)
+WEB_MISSING_DOMAINS = ("com.microsoft.nchwc",)
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -75,6 +87,28 @@ def node_refusal(m: Manifest) -> str:
     return ""
 
 
+def web_refusal(m: Manifest) -> str:
+    """Why the browser loader (onnxruntime-web) cannot run this artifact ("" when it can)."""
+    absent = [p["name"] for p in m.providers if p["name"] not in WEB_PROVIDERS]
+    if absent:
+        return (f"onnxruntime-web has no {', '.join(absent)} (it runs the CPU provider's kernels as WebAssembly, and "
+                "WebGPU): the browser loader refuses this target, use the Python loader")
+    if m.custom_ops:
+        return (f"onnxruntime-web cannot register custom-op libraries ({', '.join(c['name'] for c in m.custom_ops)}): "
+                "the browser loader refuses this artifact, use the Python loader")
+    dropped = [f"{p['name']} {k}" for p in m.providers for k in p["options"]
+               if k not in WEB_PROVIDER_OPTIONS[p["name"]]]
+    if dropped:
+        return (f"onnxruntime-web cannot hand these provider options to ONNX Runtime ({', '.join(dropped)}): the "
+                "browser loader refuses this target, use the Python loader")
+    missing = [d for d in WEB_MISSING_DOMAINS if d in m.optimization.op_domains]
+    if missing:
+        return (f"the artifact holds {', '.join(missing)} operators (optimization '{m.optimization.applied}' for the "
+                "build machine's CPU), which onnxruntime-web's WASM build has no kernels for: the browser loader "
+                'refuses it; build the browser\'s target with optimization = "extended" or lower')
+    return ""
+
+
 def render(m: Manifest, runtime: str) -> dict[str, str]:
     """The loader files of an artifact, by file name."""
     providers = _provider_options(m)
@@ -95,16 +129,16 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
     }
     return {name: _env().get_template(template).render(**facts)
             for name, template in ((PYTHON, "loader.py.j2"), (NODE, "loader.mjs.j2"),
-                                   (NODE_TYPES, "loader.d.ts.j2"))}
+                                   (NODE_TYPES, "loader.d.ts.j2"), (WEB, "loader.web.mjs.j2"))}
 
 
 def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
     """The manifest entries of rendered loader files."""
-    refusal = node_refusal(m)
-    language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types"}
+    language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types", WEB: "web"}
+    refusals = {PYTHON: "", NODE: node_refusal(m), NODE_TYPES: node_refusal(m), WEB: web_refusal(m)}
     return [LoaderFile(language=language[name], name=f"{LOADER_DIR}/{name}",
                        sha256=hashlib.sha256(text.encode()).hexdigest(),
-                       runs_target=not (refusal and name != PYTHON), note=refusal if name != PYTHON else "")
+                       runs_target=not refusals[name], note=refusals[name])
             for name, text in sorted(files.items())]
 
 

@@ -1,0 +1,447 @@
+"""The generated browser loader (ortbuild_loader.web.mjs), run for real: onnxruntime-web 1.30.0 from the npm
+registry, served over loopback to headless Chromium (Debian's), against artifacts built here.
+
+One page runs every case in one Chromium launch and POSTs the outputs (or each error's code) back: the outputs
+must equal the Python loader's on the same golden inputs, and a tampered file (flipped byte, or re-encrypted under
+the app's own key), a wrong key, a signed corrupt chunk, a broken signature must give the same error codes as the
+Python loader; a provider onnxruntime-web lacks (CUDA), NCHWc operators, a rolled-back manifest, a missing key and
+bad feeds give their own codes. The browser example of docs/loaders.md runs as written.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ortbuild.artifact import keys, loaders, manifest
+from ortbuild.pipeline.build import Builder
+from ortbuild.project import config, plan
+from ortbuild.status import JobStatus
+from tests.conftest import MODELS, REPO, TEST_KEY, here_runtime
+from tests.test_loaders import _forge_weights, _resign, _set_file
+
+WEB_VERSION = "onnxruntime-web@1.30.0"
+# "extended" keeps ONNX Runtime's contrib fusions (com.microsoft ops, which the WASM build has) and no NCHWc ops
+# (level "layout"/"all" on the CPU provider: written for the build CPU's SIMD width, absent from WASM)
+TARGETS = """
+[targets.web]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+optimization = "extended"
+
+[targets.web-int8]
+extends = "web"
+precision = "int8-dynamic"
+models = ["tiny_transformer", "tiny_cnn"]
+
+[targets.web-ext]
+extends = "web"
+external_data = true
+models = ["tiny_transformer"]
+
+[targets.web-plain]
+extends = "web"
+encrypt = false
+models = ["tiny_cnn"]
+
+[targets.cpu-all]
+extends = "web"
+optimization = "all"
+models = ["tiny_cnn"]
+"""
+OK = [("web", "tiny_cnn"), ("web", "tiny_transformer"), ("web", "tiny_lstm"), ("web-int8", "tiny_transformer"),
+      ("web-int8", "tiny_cnn"), ("web-ext", "tiny_transformer"), ("web-plain", "tiny_cnn")]
+# The browser's outputs against the Python loader's (onnxruntime 1.31.1, native x86 kernels) on the golden inputs.
+# Measured max |web - python| (Chromium 156, onnxruntime-web 1.30.0 WASM, AMD EPYC with AVX-512 VNNI): fp32 3.6e-7
+# (tiny_cnn logits, |values| <= 3.4), 1.3e-6 (tiny_transformer embedding, <= 2.6; a few float32 ulps), 3.7e-8
+# (tiny_lstm); WASM's kernels sum in another order than the native AVX-512 ones, so elements near zero differ by
+# ~1e-6 absolute, not relatively: the bound is absolute, with room for other native CPUs (AVX2).
+RTOL, ATOL = 1e-5, 5e-6
+# int8-dynamic tiny_transformer: max 0.0144 on |values| <= 2.6, cosine 0.999989 (the integer kernels of WASM and
+# of the native CPU differ; each is as far from the fp32 output as the other, cosine 0.99955)
+INT8_ATOL, INT8_COSINE = 0.03, 0.9999
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("web")
+    text = '[project]\nname = "t"\nversion = "1"\n\n'
+    for m in ("tiny_cnn", "tiny_lstm", "tiny_transformer"):
+        text += f'[models.{m}]\npath = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
+    (root / "targets.toml").write_text(text + TARGETS.replace("RUNTIME", here_runtime()))
+    project = config.load(root / "targets.toml")
+    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(plan.jobs(project))
+    assert all(r.status == JobStatus.BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
+    return root / "dist"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is needed for the browser loader tests (CI installs Debian's chromium)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def web_app() -> Path:
+    """A folder with onnxruntime-web installed from the npm registry (cached between runs)."""
+    if shutil.which("npm") is None:
+        pytest.fail("npm is needed for the browser loader tests: they install onnxruntime-web (CI installs it)")
+    app = Path(os.environ.get("ORTBUILD_WEB_APP", Path.home() / ".cache" / "ortbuild-tests" / "web-app"))
+    package = app / "node_modules" / "onnxruntime-web"
+    if not (package / "dist" / "ort.bundle.min.mjs").exists():
+        app.mkdir(parents=True, exist_ok=True)
+        (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}\n')
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", WEB_VERSION], cwd=app, check=True,
+                       capture_output=True, timeout=600)
+    assert json.loads((package / "package.json").read_text())["version"] == WEB_VERSION.split("@")[1]
+    return app
+
+
+# the MIME types a browser insists on: module scripts as JavaScript, WebAssembly for its streaming compilation
+MIME = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript", ".js": "text/javascript",
+        ".wasm": "application/wasm", ".json": "application/json", ".html": "text/html", ".map": "application/json",
+        "": "application/octet-stream"}
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = MIME
+    server: _Server
+
+    def do_GET(self) -> None:
+        if self.path == "/session-key":  # what an app's authenticated key endpoint would answer
+            body = base64.b64encode(TEST_KEY)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(204)
+        self.end_headers()
+        self.server.posted.append(json.loads(body))
+        self.server.arrived.set()
+
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    posted: list[Any]
+    arrived: threading.Event
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[tuple[Path, str, _Server]]:
+    """A loopback static server over a fresh folder (www), which also takes the page's POSTed results."""
+    www = tmp_path / "www"
+    www.mkdir()
+
+    def handler(*args: Any) -> _Handler:
+        return _Handler(*args, directory=str(www))
+
+    server = _Server(("127.0.0.1", 0), handler)
+    server.posted, server.arrived = [], threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield www, f"http://127.0.0.1:{server.server_address[1]}", server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def browse(chromium: str, url: str, server: _Server, profile: Path, timeout: float = 180) -> Any:
+    """Open url in a fresh headless Chromium, wait for the page's POST, kill Chromium: the POSTed JSON."""
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--enable-logging=stderr", f"--user-data-dir={profile}", url]
+    log = profile.with_suffix(".log")
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            arrived = server.arrived.wait(timeout)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the browser and its helpers: the group it started
+            proc.wait(30)
+    if not arrived:
+        pytest.fail(f"no result from the page within {timeout} s; Chromium's log ends:\n"
+                    + log.read_text(errors="replace")[-4000:])
+    doc = server.posted[0]
+    assert "fatal" not in doc, doc["fatal"]
+    return doc
+
+
+def feed(model: str) -> dict[str, np.ndarray]:
+    with np.load(MODELS / f"{model}.inputs.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def feeds_json(model: str) -> dict[str, Any]:
+    return {k: {"dtype": str(v.dtype), "shape": list(v.shape), "data": base64.b64encode(v.tobytes()).decode()}
+            for k, v in feed(model).items()}
+
+
+def python_outcome(folder: Path, key: bytes, model: str | None = None, **kw: Any) -> Any:
+    """The Python loader on the same folder: its outputs (by name), or its error's code."""
+    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    try:
+        m = mod.load(key=key, folder=folder, **kw)
+    except mod.LoaderError as e:
+        return e.code
+    assert model is not None
+    return dict(m.run(feed(model)))
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+# ------------------------------------------------------------------------------------------- the page
+
+PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>ortbuild web loader test</title>
+<script type="importmap">{"imports": {"onnxruntime-web": "/ort/ort.bundle.min.mjs"}}</script>
+<script type="module">
+import * as ort from 'onnxruntime-web';
+ort.env.wasm.numThreads = 1;            // no cross-origin isolation here: one WASM thread
+const post = (doc) => fetch('/result', { method: 'POST', body: JSON.stringify(doc) });
+const unb64 = (s) => Uint8Array.from(atob(s), (c) => c.charCodeAt(0));
+const b64 = (u8) => {
+  let s = '';
+  for (let i = 0; i < u8.length; i += 0x8000) s += String.fromCharCode(...u8.subarray(i, i + 0x8000));
+  return btoa(s);
+};
+const ARRAYS = { float32: Float32Array, float64: Float64Array, int64: BigInt64Array, int32: Int32Array,
+                 int8: Int8Array, uint8: Uint8Array, bool: Uint8Array };
+const bytes = (t) => new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+const tensor = (f, dtype = f.dtype) => {
+  const raw = unb64(f.data);
+  let data = new ARRAYS[f.dtype](raw.buffer);
+  if (dtype !== f.dtype) data = ARRAYS[dtype].from(data);
+  return new ort.Tensor(dtype, data, f.shape);
+};
+try {
+  const cases = await (await fetch('/cases.json')).json();
+  const results = {};
+  for (const c of cases) {
+    const t0 = performance.now();
+    try {
+      const { load } = await import(c.loader);
+      const key = c.key === null ? undefined : c.keyAsBytes ? unb64(c.key) : c.key;
+      const m = await load({ ort, key, baseUrl: c.baseUrl ?? undefined, minEpoch: c.minEpoch ?? null });
+      const loaded = performance.now() - t0;
+      const feeds = {};
+      for (const [name, f] of Object.entries(c.feeds)) feeds[name] = tensor(f, c.feedAs ?? f.dtype);
+      const out = await m.run(feeds);
+      const outputs = {};
+      for (const [name, t] of Object.entries(out)) {
+        outputs[name] = { dims: t.dims, type: t.type, data: b64(bytes(t)) };
+      }
+      results[c.name] = { ok: true, outputs, providers: m.providers, load_ms: loaded };
+      await m.release();
+    } catch (e) {
+      results[c.name] = { ok: false, name: e?.name ?? null, code: e?.code ?? null,
+                          message: String(e?.message ?? e) };
+    }
+  }
+  await post({ results, userAgent: navigator.userAgent, secure: isSecureContext });
+} catch (e) {
+  await post({ fatal: String(e?.stack ?? e) });
+}
+</script>
+"""
+
+
+def test_browser_loader_in_headless_chromium(dist: Path, chromium: str, web_app: Path,
+                                            serve: tuple[Path, str, _Server], tmp_path: Path) -> None:
+    www, origin, server = serve
+    (www / "ort").symlink_to(web_app / "node_modules" / "onnxruntime-web" / "dist")
+    shutil.copytree(dist, www / "dist")
+    wrong = bytes(range(100, 132))
+    cases: list[dict[str, Any]] = []
+    expected: dict[str, Any] = {}  # case -> the Python loader's outcome (outputs, or its error code)
+
+    def case(name: str, folder: Path, model: str, key: bytes | None = TEST_KEY, **extra: Any) -> None:
+        rel = folder.relative_to(www).as_posix()
+        cases.append({"name": name, "loader": f"/{rel}/loader/{loaders.WEB}", "key": None if key is None else
+                      base64.b64encode(key).decode(), "feeds": feeds_json(model), **extra})
+
+    text = (dist / "web" / "tiny_cnn" / "loader" / loaders.WEB).read_text()
+    assert not re.search(r"^\s*(import|export .* from)\b", text, flags=re.M)  # self-contained: no imports
+    for target, model in OK:
+        folder = www / "dist" / target / model
+        case(f"{target}/{model}", folder, model)
+        expected[f"{target}/{model}"] = python_outcome(folder, TEST_KEY, model)
+    case("key-as-bytes", www / "dist" / "web" / "tiny_cnn", "tiny_cnn", keyAsBytes=True)
+
+    def variant(name: str, src: tuple[str, str]) -> Path:
+        folder = www / "cases" / name
+        shutil.copytree(www / "dist" / src[0] / src[1], folder)
+        return folder
+
+    tampered = variant("tampered", ("web", "tiny_cnn"))
+    _flip(tampered / "model.onnx.enc", 5000)
+    tampered_ext = variant("tampered-ext", ("web-ext", "tiny_transformer"))
+    _flip(tampered_ext / "model.onnx.data.enc", (tampered_ext / "model.onnx.data.enc").stat().st_size // 2)
+    side = variant("side-file", ("web", "tiny_cnn"))
+    _flip(side / "loader" / loaders.PYTHON, 100)  # a sibling loader, modified
+    absent = variant("side-file-absent", ("web", "tiny_cnn"))
+    (absent / "loader" / loaders.NODE).unlink()   # an app may ship only the artifact and one loader
+    corrupt = variant("signed-corrupt-chunk", ("web-ext", "tiny_transformer"))  # the signer signed a broken chunk
+    _flip(corrupt / "model.onnx.data.enc", (corrupt / "model.onnx.data.enc").stat().st_size // 2)
+    _resign(corrupt, lambda doc: _set_file(doc, corrupt, "model.onnx.data.enc"))
+    forged = variant("forged-under-the-app-key", ("web-ext", "tiny_transformer"))  # every GCM tag valid
+    _forge_weights(forged)
+    badsig = variant("bad-signature", ("web", "tiny_cnn"))
+    sig = bytearray(base64.b64decode((badsig / "manifest.sig").read_bytes()))
+    sig[10] ^= 1
+    (badsig / "manifest.sig").write_bytes(base64.b64encode(bytes(sig)))
+    for name, folder, model, key in (("tampered", tampered, "tiny_cnn", TEST_KEY),
+                                     ("tampered-ext", tampered_ext, "tiny_transformer", TEST_KEY),
+                                     ("tampered-and-wrong-key", tampered, "tiny_cnn", wrong),
+                                     ("side-file", side, "tiny_cnn", TEST_KEY),
+                                     ("side-file-absent", absent, "tiny_cnn", TEST_KEY),
+                                     ("wrong-key", www / "dist" / "web" / "tiny_cnn", "tiny_cnn", wrong),
+                                     ("wrong-key-ext", www / "dist" / "web-ext" / "tiny_transformer",
+                                      "tiny_transformer", wrong),
+                                     ("signed-corrupt-chunk", corrupt, "tiny_transformer", TEST_KEY),
+                                     ("forged-under-the-app-key", forged, "tiny_transformer", TEST_KEY),
+                                     ("bad-signature", badsig, "tiny_cnn", TEST_KEY)):
+        case(name, folder, model, key)
+        expected[name] = python_outcome(folder, key, model)
+    assert {k: v for k, v in expected.items() if isinstance(v, str)} == {
+        "tampered": "tampered", "tampered-ext": "tampered", "tampered-and-wrong-key": "tampered",
+        "side-file": "tampered", "wrong-key": "wrong_key", "wrong-key-ext": "wrong_key",
+        "signed-corrupt-chunk": "corrupt", "forged-under-the-app-key": "tampered", "bad-signature": "bad_signature"}
+
+    # a CUDA target: its loader refuses before fetching anything (rendered from the web/tiny_cnn manifest)
+    m, _ = manifest.read(dist / "web" / "tiny_cnn")
+    cuda_providers = [{"name": "CUDAExecutionProvider", "options": {"device_id": 0}},
+                      {"name": "CPUExecutionProvider", "options": {}}]
+    cuda = dataclasses.replace(m, target="cuda", providers=cuda_providers)
+    files = loaders.render(cuda, "onnxruntime-gpu==1.31.1")
+    entry = next(lf for lf in loaders.describe(files, cuda) if lf.language == "web")
+    assert entry.name == f"loader/{loaders.WEB}" and not entry.runs_target
+    assert "CUDAExecutionProvider" in entry.note and "Python loader" in entry.note
+    (www / "cases" / "cuda" / "loader").mkdir(parents=True)
+    (www / "cases" / "cuda" / "loader" / loaders.WEB).write_text(files[loaders.WEB])
+    case("cuda", www / "cases" / "cuda", "tiny_cnn", baseUrl="/dist/web/tiny_cnn")
+    # NCHWc operators (level "all" for this CPU): refused, and the manifest's note says so
+    nchwc = www / "dist" / "cpu-all" / "tiny_cnn"
+    note = next(lf for lf in manifest.read(nchwc)[0].loaders if lf.language == "web")
+    assert not note.runs_target and "com.microsoft.nchwc" in note.note
+    case("nchwc", nchwc, "tiny_cnn")
+    case("no-key", www / "dist" / "web" / "tiny_cnn", "tiny_cnn", key=None)
+    case("rolled-back", www / "dist" / "web" / "tiny_cnn", "tiny_cnn", minEpoch=5)
+    expected["rolled-back"] = python_outcome(www / "dist" / "web" / "tiny_cnn", TEST_KEY, "tiny_cnn", min_epoch=5)
+    case("bad-feed", www / "dist" / "web" / "tiny_cnn", "tiny_cnn", feedAs="float64")
+    (www / "cases.json").write_text(json.dumps(cases))
+    (www / "index.html").write_text(PAGE)
+
+    started = time.monotonic()
+    doc = browse(chromium, f"{origin}/index.html", server, tmp_path / "profile")
+    took = time.monotonic() - started
+    results = doc["results"]
+    assert doc["secure"] is True
+    version = re.search(r"(?:Headless)?Chrome/(\d+)", doc["userAgent"])
+    assert version is not None and int(version.group(1)) >= 137, doc["userAgent"]  # WebCrypto Ed25519
+
+    codes = {name: None if r["ok"] else r["code"] for name, r in results.items()}
+    assert codes == {**{f"{t}/{mo}": None for t, mo in OK}, "key-as-bytes": None, "tampered": "tampered",
+                     "tampered-ext": "tampered", "tampered-and-wrong-key": "tampered", "side-file": "tampered",
+                     "side-file-absent": None, "wrong-key": "wrong_key", "wrong-key-ext": "wrong_key",
+                     "signed-corrupt-chunk": "corrupt", "forged-under-the-app-key": "tampered",
+                     "bad-signature": "bad_signature", "cuda": "provider_unavailable",
+                     "nchwc": "provider_unavailable", "no-key": "key_missing", "rolled-back": "rolled_back",
+                     "bad-feed": "bad_feed"}, results
+    for name, want in expected.items():   # the same code as the Python loader, case by case
+        if isinstance(want, str):
+            assert results[name]["code"] == want, (name, results[name])
+    assert "CUDAExecutionProvider" in results["cuda"]["message"] and "onnxruntime-web" in results["cuda"]["message"]
+    assert "com.microsoft.nchwc" in results["nchwc"]["message"]
+    assert "must be float32, got float64" in results["bad-feed"]["message"]
+    assert "does not authenticate" in results["signed-corrupt-chunk"]["message"]
+    assert "model.onnx.enc" in results["tampered"]["message"]
+
+    worst: dict[str, float] = {}
+    for target, model in OK:
+        got, want = results[f"{target}/{model}"], expected[f"{target}/{model}"]
+        assert got["providers"] == ["wasm"]
+        assert list(got["outputs"]) == [o["name"] for o in manifest.read(dist / target / model)[0].io["outputs"]]
+        for name, ref in want.items():
+            out = got["outputs"][name]
+            arr = np.frombuffer(base64.b64decode(out["data"]), dtype=ref.dtype).reshape(out["dims"])
+            assert arr.shape == ref.shape and out["type"] == str(ref.dtype), (target, model, name)
+            what = f"{target}/{model}/{name}"
+            worst[what] = float(np.max(np.abs(arr.astype(np.float64) - ref))) if ref.size else 0.0
+            if "int8" in target:  # integer kernels of another CPU: compared as a whole, and element by element
+                a, b = arr.ravel().astype(np.float64), ref.ravel().astype(np.float64)
+                assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= INT8_COSINE, what
+                np.testing.assert_allclose(arr, ref, rtol=0, atol=INT8_ATOL, err_msg=what)
+            else:
+                np.testing.assert_allclose(arr, ref, rtol=RTOL, atol=ATOL, err_msg=what)
+    for name in ("key-as-bytes", "side-file-absent"):
+        assert results[name]["outputs"] == results["web/tiny_cnn"]["outputs"]
+    print(f"\nChromium run: {took:.1f} s; {doc['userAgent']}")
+    print("max |web - python| per output:", json.dumps(worst, indent=1))
+    print("load ms:", {k: round(r["load_ms"]) for k, r in results.items() if r["ok"]})
+
+
+def _docs_example() -> str:
+    """The browser example of docs/loaders.md (a ```text block: tests/test_docs.py runs its js block in Node)."""
+    text = (REPO / "docs" / "loaders.md").read_text()
+    (block,) = [b for b in re.findall(r"^```\w*\n(.*?)^```", text, flags=re.S | re.M) if '"importmap"' in b]
+    return str(block)
+
+
+HARNESS = """<script>
+const post = (doc) => fetch('/result', { method: 'POST', body: JSON.stringify(doc) });
+console.log = (...args) => post({ log: args });
+addEventListener('error', (e) => post({ fatal: String(e.error?.stack ?? e.message) }));
+addEventListener('unhandledrejection', (e) => post({ fatal: String(e.reason?.stack ?? e.reason) }));
+</script>
+"""
+
+
+def test_docs_browser_example_runs(dist: Path, chromium: str, web_app: Path, serve: tuple[Path, str, _Server],
+                                   tmp_path: Path) -> None:
+    """The example page of docs/loaders.md, as written, served as the docs describe (onnxruntime-web under
+    /node_modules, the artifact under /models, the key from the app's own endpoint)."""
+    www, origin, server = serve
+    (www / "node_modules").symlink_to(web_app / "node_modules")
+    (www / "models").mkdir()
+    (www / "models" / "tiny_cnn").symlink_to(dist / "web" / "tiny_cnn")
+    (www / "index.html").write_text(HARNESS + _docs_example())
+    doc = browse(chromium, f"{origin}/index.html", server, tmp_path / "profile")
+    assert doc == {"log": [[4, 10]]}
