@@ -30,6 +30,8 @@ from ortbuild.artifact.schema import Fusion as Fusion
 from ortbuild.artifact.schema import GoldenRun as GoldenRun
 from ortbuild.artifact.schema import LoaderFile as LoaderFile
 from ortbuild.artifact.schema import Manifest as Manifest
+from ortbuild.artifact.schema import Operators as Operators
+from ortbuild.artifact.schema import OperatorSet as OperatorSet
 from ortbuild.artifact.schema import Optimization as Optimization
 from ortbuild.artifact.schema import PrecisionInfo as PrecisionInfo
 from ortbuild.artifact.schema import ProjectInfo as ProjectInfo
@@ -179,8 +181,8 @@ def _file_problem(folder: Path, name: str, sha256: str, size: int | None, what: 
 
 def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str]:
     """The signature (with `public_key`), then every signed file against its size and sha256: the artifact's
-    files, the loaders, custom-op libraries shipped beside it, and the golden data (golden/ holds exactly the
-    files the manifest lists)."""
+    files, the loaders, custom-op libraries shipped beside it, the operator config (format = "ort") and the golden
+    data (golden/ holds exactly the files the manifest lists)."""
     problems = []
     sig = signature_problem(folder, public_key)
     if sig:
@@ -190,6 +192,8 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str
     checks += [(lf.name, lf.sha256, None, "loader") for lf in m.loaders]
     checks += [(c["file"], c["sha256"], None, "custom-op library") for c in m.custom_ops if c.get("file")]
     checks += [(g.name, g.sha256, g.size, "golden file") for g in m.golden]
+    if m.operators is not None:  # format = "ort": ONNX Runtime's reduced-build operator config
+        checks.append((m.operators.config, m.operators.sha256, m.operators.size, "operator config"))
     for name, sha, size, what in checks:
         problem = _file_problem(folder, name, sha, size, what)
         if problem:

@@ -116,6 +116,27 @@ class Fusion:
 
 
 @dataclass(frozen=True)
+class OperatorSet:
+    """One line of ONNX Runtime's reduced-build operator config: the op types of one domain at one opset."""
+    domain: str                      # ai.onnx, ai.onnx.ml, com.microsoft, ...
+    opset: int                       # the ops' since-version, as ORT's config writes it
+    ops: list[str]
+    types: dict[str, Any] = field(default_factory=dict)  # op -> ORT's type entry ({"inputs": {"0": ["float"]}})
+
+
+@dataclass(frozen=True)
+class Operators:
+    """The operators (and, with type reduction, their types) a `format = "ort"` artifact needs: the input of a
+    reduced ONNX Runtime build (`--include_ops_by_config`), written by ORT's own tool (steps/opconfig.py)."""
+    config: str                      # the config file beside the artifact (required_operators.config), signed here
+    sha256: str
+    size: int
+    type_reduction: bool             # per-op types listed: for --enable_reduced_operator_type_support
+    made_by: str                     # the tool and the ONNX Runtime version that wrote it
+    operators: list[OperatorSet]
+
+
+@dataclass(frozen=True)
 class Optimization:
     requested: str
     applied: str
@@ -166,6 +187,7 @@ class Manifest:
     epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
     golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
     fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
+    operators: Operators | None = None  # format = "ort": ORT's reduced-build operator config (steps/opconfig.py)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -242,8 +264,23 @@ def _content_problem(m: Manifest) -> str | None:
     if m.fusion is not None and not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                         for k, v in m.fusion.fused_ops.items()):
         return "fusion.fused_ops must map op types to counts"
+    if m.operators is not None:
+        problem = _operators_problem(m.operators)
+        if problem:
+            return problem
     if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
         return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
+    return None
+
+
+def _operators_problem(ops: Operators) -> str | None:
+    """The operators section's free-form parts: a plain config name, op names, and a type entry per listed op."""
+    if file_name_problem(ops.config) or "/" in ops.config:
+        return f"operators.config {ops.config[:80]!r} is not a plain file name beside the artifact"
+    for s in ops.operators:
+        if not all(isinstance(op, str) and op for op in s.ops) or \
+                not all(op in s.ops and isinstance(t, dict) for op, t in s.types.items()):
+            return f"operators: the {s.domain} opset {s.opset} entry must list op names, and types only for them"
     return None
 
 

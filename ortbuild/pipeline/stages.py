@@ -3,7 +3,8 @@
 Each stage takes the prepared job and the results earlier steps returned (`Done`), calls its step module in
 steps/ with what that needs, and returns the step's frozen result (or a tuple of them), which the next steps
 receive; the manifest is assembled from those results, each giving its own section (steps/package.py).
-  build:   check -> [fusion] -> precision -> optimize -> compile -> reload -> encrypt -> loaders -> package
+  build:   check -> [fusion] -> precision -> optimize -> compile -> reload -> [operators] -> encrypt -> loaders
+           -> package   ([operators]: format = "ort", ORT's reduced-build operator config of the .ort)
   verify:  integrity -> loader (on a reused artifact: integrity only)
 The step modules import onnx, numpy and ONNX Runtime: each stage imports its own when it runs, so a no-op
 build (every job reused: the integrity check only) never pays for them.
@@ -24,7 +25,7 @@ from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.steps import compile, integrity
 
 if TYPE_CHECKING:
-    from ortbuild.pipeline.steps import check, fusion, optimize, package, precision, reload, seal
+    from ortbuild.pipeline.steps import check, fusion, opconfig, optimize, package, precision, reload, seal
     from ortbuild.project import data
 
 Phase = Literal["build", "verify"]
@@ -181,6 +182,13 @@ def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
                       precompiled=_compiled_model(done) is not None)
 
 
+def _operators(prep: Prepared, done: Done) -> opconfig.OperatorConfig:
+    """ORT's reduced-build operator config of the .ort artifact, made while it is plaintext in the temp dir."""
+    from ortbuild.pipeline.steps import opconfig
+
+    return opconfig.run(_artifact_model(done), prep.tmp, f"{prep.job.target.name}/{prep.job.model.name}/model.ort")
+
+
 def _seal(prep: Prepared, done: Done) -> seal.SealResult:
     from ortbuild.pipeline.steps import seal
 
@@ -191,19 +199,20 @@ def _seal(prep: Prepared, done: Done) -> seal.SealResult:
 
 
 def _loaders(prep: Prepared, done: Done) -> package.Rendered:
-    from ortbuild.pipeline.steps import check, fusion, optimize, package, precision, reload, seal
+    from ortbuild.pipeline.steps import check, fusion, opconfig, optimize, package, precision, reload, seal
 
     m = package.assemble(prep, done[check.CheckResult], done[precision.PrecisionResult],
                          done[optimize.OptimizeResult], done[reload.ReloadResult], done[seal.SealResult],
-                         done.get(compile.CompileResult), done.get(fusion.FusionResult))
+                         done.get(compile.CompileResult), done.get(fusion.FusionResult),
+                         done.get(opconfig.OperatorConfig))
     done.add(m)  # its notes are reported even when rendering the loaders fails
     return package.render(m, prep.job.target.runtime_text)
 
 
 def _package(prep: Prepared, done: Done) -> package.Published:
-    from ortbuild.pipeline.steps import package, seal
+    from ortbuild.pipeline.steps import opconfig, package, seal
 
-    return package.publish(prep, done[seal.SealResult], done[package.Rendered])
+    return package.publish(prep, done[seal.SealResult], done[package.Rendered], done.get(opconfig.OperatorConfig))
 
 
 def _integrity(prep: Prepared, done: Done) -> manifest.Manifest:
@@ -246,9 +255,12 @@ PIPELINE: tuple[Step, ...] = (
          if p.compile_for else "compile: no provider compiles ahead of time"),
     Step("reload", "build", _reload,
          lambda p: f"reload (optimizations disabled) and run on {[u.name for u in p.run_on]}"),
+    Step("operators", "build", _operators, lambda p: "operator config for a reduced ONNX Runtime build "
+         "(required_operators.config, by ORT's create_config_from_models)",
+         applies=lambda p: p.job.settings.format == "ort"),
     Step("encrypt", "build", _seal, lambda p: "encrypt (container v1, AES-256-GCM)" if p.job.settings.encrypt
          else "no encryption (encrypt = false)"),
-    Step("loaders", "build", _loaders, lambda p: "generate the Python and Node.js loaders"),
+    Step("loaders", "build", _loaders, lambda p: "generate the Python, Node.js and browser loaders"),
     Step("package", "build", _package, lambda p: f"sign and publish into {p.out_dir}"),
     Step("integrity", "verify", _integrity, lambda p: "verify the signature and digests of the published artifact"),
     Step("loader", "verify", _loader, lambda p: "open it through the generated Python loader",

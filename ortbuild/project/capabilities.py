@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ortbuild.project.providers import MOBILE_PROVIDERS
+
 VERIFIED, PARTLY, UNVERIFIED, UNSUPPORTED = "verified", "verified where its hardware is", "unverified", "not supported"
 
 
@@ -25,6 +27,14 @@ class Capability:
 
 
 PORTABLE = "precision step + basic-level graph (any provider loads it); tests SKIPPED with the reason"
+
+
+def _mobile(provider: str, short: str) -> str:
+    """Why a mobile-only EP is refused, and what to build for it instead."""
+    return (f"it ships in {MOBILE_PROVIDERS[provider]}. A mobile package is meant for it: build this target with "
+            'providers = ["CPUExecutionProvider"] and format = "ort" (model.ort and required_operators.config, '
+            f"for a reduced ONNX Runtime build: docs/targets.md, Mobile packages), and register {short} in the app")
+
 
 CAPABILITIES: tuple[Capability, ...] = (
     Capability("CPU", ("CPUExecutionProvider",), "onnxruntime==1.31.1 (every flavor has it)", VERIFIED,
@@ -51,20 +61,22 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability("DirectML", ("DmlExecutionProvider",), "onnxruntime-directml (Windows only)", UNVERIFIED,
                PORTABLE + ", on Windows", "optimization at the target's level",
                "never: no Windows machine here"),
-    Capability("CoreML", ("CoreMLExecutionProvider",), "onnxruntime (macOS wheels)", UNVERIFIED,
-               PORTABLE + " (tested here: the Linux wheel has no CoreML)", "optimization at the target's level",
-               "the portable path only, in the test suite"),
+    Capability("CoreML", ("CoreMLExecutionProvider",), "onnxruntime (macOS wheels); iOS: onnxruntime-objc / "
+               "onnxruntime-c (CocoaPods)", UNVERIFIED,
+               PORTABLE + " (tested here: the Linux wheel has no CoreML)",
+               "optimization at the target's level; with format = \"ort\", a mobile package (the basic-level .ort "
+               "and its required_operators.config)",
+               "the portable path only, in the test suite (a CoreML mobile package in tests/test_opconfig.py)"),
     Capability("ROCm / MIGraphX", ("ROCMExecutionProvider", "MIGraphXExecutionProvider"),
                "onnxruntime-rocm / onnxruntime-migraphx", UNVERIFIED, PORTABLE,
                "optimization at the target's level", "never: no AMD GPU here"),
     Capability("QNN", ("QNNExecutionProvider",), "onnxruntime-qnn", UNVERIFIED, PORTABLE,
                "optimization at the target's level", "never: no Qualcomm NPU here"),
-    Capability("NNAPI", ("NnapiExecutionProvider",), "none on PyPI (Android package only)", UNSUPPORTED, "-", "-",
-               "-", "Android only: ONNX Runtime ships it in its Android package, not in a Python wheel ortbuild "
-                    "could build and test with"),
-    Capability("XNNPACK", ("XnnpackExecutionProvider",), "none on PyPI for servers/desktops", UNSUPPORTED, "-",
-               "-", "-", "no ONNX Runtime wheel on PyPI ships it (it is in the mobile and WebAssembly builds): "
-                         "use CPUExecutionProvider, whose MLAS kernels serve the same CPUs"),
+    Capability("NNAPI", ("NnapiExecutionProvider",), "none on PyPI: onnxruntime-android (Maven)", UNSUPPORTED,
+               "-", "-", "-", _mobile("NnapiExecutionProvider", "NNAPI")),
+    Capability("XNNPACK", ("XnnpackExecutionProvider",), "none on PyPI: onnxruntime-android (Maven), "
+               "onnxruntime-objc / onnxruntime-c (CocoaPods)", UNSUPPORTED, "-", "-", "-",
+               _mobile("XnnpackExecutionProvider", "XNNPACK")),
     Capability("WebGPU", ("WebGpuExecutionProvider",), "onnxruntime-ep-webgpu (plugin) / onnxruntime-webgpu",
                UNSUPPORTED, "-", "-", "-",
                "no GPU here to verify it, and its Python plugin (onnxruntime-ep-webgpu 0.4) is pre-1.0"),
@@ -93,6 +105,8 @@ def unsupported(provider: str) -> str | None:
     """The config error's message for a provider ortbuild does not support yet, or None."""
     cap = of(provider)
     reason = cap.reason if cap is not None and cap.status == UNSUPPORTED else OTHERS.get(provider)
+    if reason and provider in MOBILE_PROVIDERS:  # checked in 1.31.1's Linux (x86_64, aarch64) and macOS wheels
+        return f"{provider} is in no ONNX Runtime wheel on PyPI, so no target's runtime offers it: {reason}"
     return f"{provider} is not supported by ortbuild yet: {reason}" if reason else None
 
 

@@ -10,7 +10,9 @@ from typing import Any
 
 from ortbuild.project.session_keys import INT_MAX
 
-# pip distributions that provide the `onnxruntime` module, and the providers each can offer.
+# pip distributions that provide the `onnxruntime` module, and the providers each can offer. CoreML: the macOS
+# wheels of `onnxruntime` (1.31.1 macosx_14_0_arm64 holds the CoreML EP's code; the Linux wheels only its name).
+# XNNPACK and NNAPI: no wheel on PyPI (below, MOBILE_PROVIDERS).
 RUNTIMES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("CPUExecutionProvider", "AzureExecutionProvider", "CoreMLExecutionProvider"),
     "onnxruntime-gpu": ("CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"),
@@ -20,6 +22,21 @@ RUNTIMES: dict[str, tuple[str, ...]] = {
     "onnxruntime-rocm": ("ROCMExecutionProvider", "MIGraphXExecutionProvider", "CPUExecutionProvider"),
 }
 
+
+# The execution providers of ONNX Runtime's mobile packages, and where each ships: what a `format = "ort"` package
+# (model.ort + required_operators.config, docs/targets.md "Mobile packages") is meant for. Checked 2026-11-26 in
+# onnxruntime 1.31.1's wheels for Linux x86_64 and aarch64 (manylinux_2_28) and macOS arm64: none holds the
+# XNNPACK EP (no XNNPACK string beyond the provider's name and the "XNNPACK ... execution provider is not supported
+# in this build" alias; `get_available_providers()` on x86_64: Azure, CPU), none the NNAPI EP; the macOS one holds
+# CoreML's. ORT's docs: XNNPACK ships in onnxruntime-android (Maven) and onnxruntime-objc / onnxruntime-c
+# (CocoaPods), NNAPI in onnxruntime-android, CoreML in the iOS pods.
+MOBILE_PROVIDERS: dict[str, str] = {
+    "XnnpackExecutionProvider": "onnxruntime-android (Maven) and onnxruntime-objc / onnxruntime-c (CocoaPods), or a "
+                                "build of ONNX Runtime with --use_xnnpack",
+    "NnapiExecutionProvider": "onnxruntime-android (Maven), or an Android build of ONNX Runtime with --use_nnapi",
+    "CoreMLExecutionProvider": "onnxruntime-objc / onnxruntime-c (CocoaPods) and the macOS onnxruntime wheels, or a "
+                               "build of ONNX Runtime with --use_coreml",
+}
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ TABLES: dict[str, tuple[Key, ...]] = {
                 "to the build CPU's SIMD level (NCHWc). Compiling providers (OpenVINO, TensorRT) cannot "
                 "serialize their compiled graph: the artifact then holds the portable basic graph."),
         Key(name="format", kind="string", default="onnx", choices=FORMATS,
-            doc="Artifact format: `onnx`, or `ort` (ORT flatbuffer format, for mobile/minimal builds; "
-                "not with compiling providers)."),
+            doc="Artifact format: `onnx`, or `ort` (ORT flatbuffer format, for mobile and minimal builds: each "
+                "artifact ships its `required_operators.config` for a reduced ONNX Runtime build, and the target's "
+                "release bundle one merged config; not with providers that compile ahead of time, CoreML allowed). "
+                "See docs/targets.md, Mobile packages."),
         Key(name="encrypt", kind="boolean", default=True,
             doc="Encrypt the artifact (container format v1, docs/container.md) under the build's encryption "
                 "key. `false` publishes it in plaintext, recorded in the manifest; it is still signed."),

@@ -9,6 +9,7 @@ from typing import Any
 
 from ortbuild.project import options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, providers_of
+from ortbuild.project.providers import MOBILE_PROVIDERS
 from ortbuild.project.settings import CustomOps, Model, Target
 
 
@@ -27,9 +28,12 @@ def check_settings(chk: Checker, where: str, model: Model, eff: dict[str, Any]) 
         raise chk.fail(f"{where}.external_data", "format 'ort' cannot hold external data",
                        "use format = \"onnx\" with external_data = true")
     compiling = [p.name for p in providers_of(eff["providers"]) if p.name in options.COMPILING_PROVIDERS]
-    if eff["format"] == "ort" and compiling:
-        raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {compiling[0]}",
-                       "use format = \"onnx\" for compiling providers")
+    # CoreML, a mobile package's EP, compiles the .ort's basic-level graph when the app loads it (as for "onnx")
+    ahead = [p for p in compiling if p not in MOBILE_PROVIDERS]
+    if eff["format"] == "ort" and ahead:
+        raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {ahead[0]}",
+                       "use format = \"onnx\" for compiling providers (format \"ort\" is for mobile packages: "
+                       "CPUExecutionProvider, or CoreMLExecutionProvider with it)")
     check_fusion(chk, f"{where}.fusion", model, eff["fusion"], compiling)
 
 

@@ -4,7 +4,9 @@ A release of target T is five files (docs/release.md):
 
     <project>-<version>-<T>.tar             the bundle: index, then per model the encrypted artifact, its
                                             signed manifest, both loaders and the golden data (deterministic,
-                                            uncompressed: the bulk is encrypted bytes, which no compressor shrinks)
+                                            uncompressed: the bulk is encrypted bytes, which no compressor shrinks);
+                                            for format = "ort" models, each one's signed required_operators.config
+                                            and the target's own, merged from their signed manifests
     <project>-<version>-<T>.release.json    the bundle's index (the same bytes as its first member): every
                                             member's sha256 and size, and the test verdicts
     <project>-<version>-<T>.intoto.jsonl    a DSSE envelope (signed) holding an in-toto statement with SLSA v1
@@ -38,6 +40,7 @@ from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.gates import PASS, REPORT
+from ortbuild.pipeline.steps import opconfig
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.publish import tarball
@@ -178,7 +181,8 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         # while copying): no file is read twice before the release. The golden data is signed in the manifest.
         checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
                    **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c},
-                   **{g.name: g.sha256 for g in m.golden}}
+                   **{g.name: g.sha256 for g in m.golden},
+                   **({m.operators.config: m.operators.sha256} if m.operators is not None else {})}
         for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
             mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
@@ -186,6 +190,24 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
             mr.refusal = f"it has no signed golden data ({golden.GOLDEN_DIR}/): run `ortbuild test` first"
         out.append(mr)
     return out
+
+
+def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) -> tuple[bytes, dict[str, Any]] | None:
+    """The target's required_operators.config: the union of its format = "ort" models' signed operator sections
+    (`manifests`: by model name, each trusted), in ONNX Runtime's format, and its index entry; None when no model
+    of the target has one."""
+    ops = {n: m for n, m in manifests.items() if m.operators is not None}
+    older = sorted(n for n, m in manifests.items() if m.artifact.format == "ort" and m.operators is None)
+    if older:  # built before ortbuild wrote operator configs: the target's config would miss their operators
+        raise ArtifactError(f"{target}/{older[0]}: its .ort artifact has no operator config (built by an earlier "
+                            "ortbuild)", f"rebuild it: `ortbuild build --force -t {target}`, then test it")
+    if not ops:
+        return None
+    names = [f"{target}/{n}/{next(f.location for f in m.artifact.files if f.role == 'model')}" for n, m in ops.items()]
+    text, typed = opconfig.merge([m.operators for m in ops.values() if m.operators is not None], names)
+    data = text.encode()
+    return data, {"config": opconfig.CONFIG, "sha256": tarball.sha256(data), "type_reduction": typed,
+                  "models": sorted(ops)}
 
 
 def _verdicts(mr: ModelRelease) -> dict[str, Any]:
@@ -342,6 +364,10 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         for rel, p in mr.files.items():
             members[f"{name}/{mr.name}/{rel}"] = p
             digests[f"{name}/{mr.name}/{rel}"] = mr.digests[rel]
+    operators = merged_operators(target.name, {mr.name: mr.manifest for mr in models})
+    if operators is not None:  # format = "ort": the one config a reduced ONNX Runtime build for the target takes
+        members[f"{name}/{opconfig.CONFIG}"] = operators[0]
+        digests[f"{name}/{opconfig.CONFIG}"] = operators[1]["sha256"]
     index = {
         "format": FORMAT, "name": name, "target": target.name, "description": target.description,
         "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,
@@ -353,6 +379,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         "signing": {"algorithm": "Ed25519", "public_key_id": sign_key.key_id,
                     "development_key": sign_key.development or models[0].manifest.signing.development_key},
         "ortbuild": __version__,
+        **({"operators": operators[1]} if operators is not None else {}),
     }
     index_bytes = canonical(index)
     out.mkdir(parents=True, exist_ok=True)

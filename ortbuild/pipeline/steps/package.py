@@ -17,6 +17,7 @@ from ortbuild.pipeline.steps import optimize, reload
 from ortbuild.pipeline.steps.check import CheckResult
 from ortbuild.pipeline.steps.compile import CompileResult
 from ortbuild.pipeline.steps.fusion import FusionResult
+from ortbuild.pipeline.steps.opconfig import OperatorConfig
 from ortbuild.pipeline.steps.optimize import OptimizeResult
 from ortbuild.pipeline.steps.precision import PrecisionResult
 from ortbuild.pipeline.steps.reload import ReloadResult
@@ -38,7 +39,7 @@ class Published:
 
 
 def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, seal: SealResult,
-          compiled: CompileResult | None, fused: FusionResult | None) -> list[str]:
+          compiled: CompileResult | None, fused: FusionResult | None, ops: OperatorConfig | None = None) -> list[str]:
     """The build's notes, in pipeline order."""
     s = prep.job.settings
     precompiled = compiled is not None and compiled.compiled
@@ -46,12 +47,13 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
     split = [f"weights written as external data (model.onnx.data): {seal.external}"] \
         if seal.external and not s.external_data and not src.files.has_external_data else []
     changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
-    out = changed + prec.notes + split + opt_notes + (compiled.notes if compiled else [])
+    out = changed + prec.notes + split + opt_notes + (compiled.notes if compiled else []) + (ops.notes if ops else [])
     return (fused.notes + out) if fused is not None else out  # the fusion step ran first: its notes come first
 
 
 def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, rel: ReloadResult,
-             seal: SealResult, compiled: CompileResult | None, fused: FusionResult | None) -> manifest.Manifest:
+             seal: SealResult, compiled: CompileResult | None, fused: FusionResult | None,
+             ops: OperatorConfig | None = None) -> manifest.Manifest:
     """The manifest: the job's facts, and each step result's own section."""
     job, root = prep.job, prep.project.root
     precompiled = compiled is not None and compiled.compiled
@@ -81,11 +83,12 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         created=manifest.timestamp(),
         encryption=seal.encryption_section(prep.secrets.encryption if job.settings.encrypt else None),
         signing=prep.signing.info(),
-        notes=notes(prep, src, prec, opt, seal, compiled, fused),
+        notes=notes(prep, src, prec, opt, seal, compiled, fused, ops),
         plugins=prep.plugins,
         custom_ops=[lib.as_json() for lib in prep.libraries],
         compiled=compiled.manifest_section() if compiled is not None else None,
         fusion=fused.manifest_section() if fused is not None else None,
+        operators=ops.manifest_section() if ops is not None else None,
     )
 
 
@@ -103,8 +106,10 @@ def render(m: manifest.Manifest, runtime_text: str) -> Rendered:
     return Rendered(dataclasses.replace(m, loaders=loaders.describe(files, m)), files)
 
 
-def publish(prep: Prepared, seal: SealResult, rendered: Rendered) -> Published:
+def publish(prep: Prepared, seal: SealResult, rendered: Rendered, ops: OperatorConfig | None = None) -> Published:
     files: dict[str, bytes | Path] = {f.name: partial for f, partial in seal.files}
+    if ops is not None:  # format = "ort": ORT's operator config beside the artifact, signed in the manifest
+        files[ops.manifest_section().config] = ops.data
     files.update({f"{loaders.LOADER_DIR}/{name}": code.encode() for name, code in rendered.loader_files.items()})
     for lib in prep.libraries:  # a path library ships beside the artifact
         if (name := lib.as_json().get("file")) is not None:
