@@ -3,6 +3,7 @@ with the weights in memory."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,13 @@ def _ort(src: Path, out_dir: Path, static: dict[str, Any] | None, per_channel: b
     out_dir.mkdir()
     pre, out = out_dir / "pre.onnx", out_dir / "q.onnx"
     kw = {"save_as_external_data": True, "external_data_location": "pre.onnx.data"}
-    try:
-        quant_pre_process(str(src), str(pre), **kw)
-    except Exception:
-        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True, **kw)
+    # as precision.py does: ORT's symbolic shape inference, on failure, dumps the model and its weights
+    # (sym_shape_infer_temp.onnx, <uuid>.data) into the current directory
+    with contextlib.chdir(out_dir):
+        try:
+            quant_pre_process(str(src.resolve()), str(pre.resolve()), **kw)
+        except Exception:
+            quant_pre_process(str(src.resolve()), str(pre.resolve()), skip_symbolic_shape=True, **kw)
     _quantize(pre, out, static, per_channel)
     return out
 

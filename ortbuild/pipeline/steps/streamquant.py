@@ -148,8 +148,8 @@ def preprocess(src: Path, out: Path, notes: list[str]) -> Path:
 
     base = src.parent
     model = onnx.load(str(src), load_external_data=False)
-    try:
-        with weights_on_demand(base):
+    try:  # on failure it dumps the graph into the current directory: keep that in the output's (private) folder
+        with weights_on_demand(base), contextlib.chdir(out.parent.resolve()):
             model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     except Exception as e:  # as quant_pre_process's caller does: go on without symbolic shapes
         notes.append(no_symbolic_shapes(e))
