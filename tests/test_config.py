@@ -14,8 +14,10 @@ BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 
 def test_committed_targets_file_resolves_layers() -> None:
     p = config.load(REPO / "targets.toml")
-    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "openvino-cpu",
-                              "cuda-fp16", "tensorrt-fp16"]
+    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "mobile-int8",
+                              "openvino-cpu", "cuda-fp16", "tensorrt-fp16"]
+    mobile = p.targets["mobile-int8"].settings["tiny_cnn"]
+    assert (mobile.format, mobile.optimization, mobile.precision) == ("ort", "basic", "int8-static")
     arm = p.targets["arm64-int8"]  # the platform's default runner; int8 without x86's reduce_range
     assert (arm.platform, arm.runner) == ("linux-aarch64", ("ubuntu-24.04-arm",))
     assert p.targets["cpu-int8"].platform == "native"
