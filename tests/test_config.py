@@ -53,6 +53,29 @@ def test_platform_keys(make_project: Callable[..., Path]) -> None:
     assert 'optimization = "extended"' in err.value.render()
     arm = config.load(make_project(base + 'optimization = "extended"\nrunner = ["self-hosted", "arm64"]\n'))
     assert arm.targets["arm"].runner == ("self-hosted", "arm64")  # the target's own labels win
+    # labels set for an x86 parent are not inherited by an aarch64 child; an aarch64 parent's are
+    family = make_project("""
+        [targets.x86]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        runner = ["self-hosted", "x64"]
+        optimization = "extended"
+
+        [targets.arm]
+        extends = "x86"
+        platform = "linux-aarch64"
+
+        [targets.arm-big]
+        extends = "arm"
+        runner = ["self-hosted", "arm64", "big"]
+
+        [targets.arm-big-int8]
+        extends = "arm-big"
+        precision = "int8-dynamic"
+    """)
+    runners = {n: t.runner for n, t in config.load(family).targets.items()}
+    assert runners == {"x86": ("self-hosted", "x64"), "arm": ("ubuntu-24.04-arm",),
+                       "arm-big": ("self-hosted", "arm64", "big"), "arm-big-int8": ("self-hosted", "arm64", "big")}
     with pytest.raises(ConfigError) as err:
         config.load(make_project(base.replace("linux-aarch64", "linux-arm64")))
     assert err.value.where == "targets.arm.platform" and "did you mean 'linux-aarch64'" in err.value.message

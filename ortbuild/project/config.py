@@ -219,8 +219,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
-        if t["platform"] == "linux-aarch64" and "runner" not in own:
-            t["runner"] = list(options.ARM_RUNNER)
+        if t["platform"] == "linux-aarch64" and _runner_platform(raw, name, resolved) != "linux-aarch64":
+            t["runner"] = list(options.ARM_RUNNER)  # labels set for another platform (or none) are not inherited
         if not t["runner"] or not all(label.strip() for label in t["runner"]):
             raise chk.fail(f"{where}.runner", "needs at least one non-empty runner label",
                            'e.g. runner = ["ubuntu-latest"] or ["self-hosted", "gpu"]')
@@ -272,6 +272,16 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         check_relative_budgets(chk, name, target, targets)
     return targets
 
+
+
+def _runner_platform(raw: dict[str, Any], name: str, resolved: dict[str, dict[str, Any]]) -> str | None:
+    """The platform of the target whose table sets the runner labels `name` gets (itself or the nearest one it
+    extends); None where none sets them."""
+    while name in raw and "runner" not in raw[name]:
+        name = raw[name].get("extends")
+        if name is None:
+            return None
+    return str(resolved.get(name, raw.get(name, {})).get("platform", "native"))
 
 
 def _gates(eff: dict[str, Any], not_inherited: tuple[str, ...] = ()) -> Gates:
