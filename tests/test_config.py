@@ -76,6 +76,10 @@ def test_platform_keys(make_project: Callable[..., Path]) -> None:
     runners = {n: t.runner for n, t in config.load(family).targets.items()}
     assert runners == {"x86": ("self-hosted", "x64"), "arm": ("ubuntu-24.04-arm",),
                        "arm-big": ("self-hosted", "arm64", "big"), "arm-big-int8": ("self-hosted", "arm64", "big")}
+    with pytest.raises(ConfigError) as err:  # a relative budget across platforms, timed on one machine
+        config.load(make_project(base + 'optimization = "extended"\nlatency = { faster_than = { target = "x86", ratio = 1.2 } }\n'
+                                 '[targets.x86]\nruntime = "RUNTIME"\nproviders = ["CPUExecutionProvider"]\n'))
+    assert err.value.where == "targets.arm.latency.faster_than.target" and "platform" in err.value.message
     with pytest.raises(ConfigError) as err:
         config.load(make_project(base.replace("linux-aarch64", "linux-arm64")))
     assert err.value.where == "targets.arm.platform" and "did you mean 'linux-aarch64'" in err.value.message

@@ -112,3 +112,8 @@ def check_relative_budgets(chk: Checker, name: str, target: Target, targets: Map
                            f"limit the budget to shared models with [[targets.{name}.overrides]]")
         if ft.ratio <= 0:
             raise chk.fail(f"{where}.faster_than.ratio", "must be above 0")
+        if targets[ft.target].platform != target.platform:
+            raise chk.fail(f"{where}.faster_than.target",
+                           f"target '{ft.target}' is for platform {targets[ft.target].platform}, this one for "
+                           f"{target.platform}: a ratio between two platforms' artifacts, timed on one machine, "
+                           "means nothing", "compare with a target of the same platform")
