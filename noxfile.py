@@ -237,12 +237,15 @@ def build(session: nox.Session, target: str) -> None:
 
 
 def _skipped_here(t: config.Target) -> str | None:
-    """The reason, when the last `ortbuild test` of every model of `t` was SKIPPED (it cannot run here)."""
+    """The reason, when the last `ortbuild test` of every model of `t` was SKIPPED (it cannot run here), or skipped
+    some of its gates (an emulated platform's timing: `ortbuild release` refuses those)."""
     assert PROJECT is not None
     dist = PROJECT.root / "dist" / t.name
     reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
     if reports and all(r["status"] == Verdict.SKIPPED for r in reports):
         return str(reports[0]["reason"])
+    if reports and all(Verdict.SKIPPED in r.get("gates", {}).values() for r in reports):
+        return f"gates SKIPPED here: {reports[0]['reason']}"
     return None
 
 
@@ -298,7 +301,7 @@ def release(session: nox.Session, target: str) -> None:
     skipped = _skipped_here(PROJECT.targets[target])
     if skipped and not PROJECT.targets[target].require:
         _RELEASES.append([target, "-", "-", "SKIPPED: cannot run here"])
-        session.skip(f"{target} cannot run here ({skipped}): nothing tested to release")
+        session.skip(f"{target} cannot run here ({skipped}): nothing fully tested to release")
     env = _keys_env(session, venv)
     # this session's own DEVELOPMENT keys (no key configured): a local release, marked as such; configured keys
     # never get the flag, so a release built with development keys by mistake is refused

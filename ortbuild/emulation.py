@@ -33,7 +33,8 @@ SUITE = "bookworm"                    # the Debian release of the emulated userl
 MIRROR_VAR, CACHE_VAR, SWITCH_VAR = "ORTBUILD_DEBIAN_MIRROR", "ORTBUILD_EMULATION_CACHE", "ORTBUILD_EMULATION"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 LAYOUT = 2                            # bump when what a set-up environment holds changes
-TIMEOUT_S = 900
+TIMEOUT_S = 900                       # one emulated run of an artifact's golden data sets
+SETUP_TIMEOUT_S = 1800                # one setup command (debootstrap, the wheels)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _key(p: Platform, requirements: Sequence[str]) -> str:
 
 
 def _rootfs(p: Platform) -> Path:
-    return cache_root() / f"{p.name}-{SUITE}-rootfs"
+    return cache_root() / f"{p.name}-{SUITE}-rootfs-v{LAYOUT}"
 
 
 def _site(p: Platform, requirements: Sequence[str]) -> Path:
@@ -147,7 +148,12 @@ def _run(cmd: list[str], log: Path, what: str, **kw: Any) -> None:
     with open(log, "ab") as out:
         out.write(f"$ {' '.join(cmd)}\n".encode())
         out.flush()
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False, **kw)
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False, timeout=SETUP_TIMEOUT_S,
+                                  **kw)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"{what} took over {SETUP_TIMEOUT_S} s (a stalled mirror or index?)",
+                                 f"the log is {log}; run again, or set {MIRROR_VAR} to another Debian mirror") from None
     if done.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
@@ -256,12 +262,19 @@ try:
     for i in range(int(sys.argv[5])):
         with np.load(f"{work}/in_{i}.npz", allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
-        np.savez(f"{work}/out_{i}.npz", **model.run(feeds))
+        out = model.run(feeds)
+        np.savez(f"{work}/out_{i}.npz", **{k: (v.astype(str) if v.dtype == object else v) for k, v in out.items()})
 except mod.LoaderError as e:
     info["error"] = {"code": e.code, "message": str(e)}
 with open(f"{work}/info.json", "w") as f:
     json.dump(info, f)
 '''
+
+
+def _no_core() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 class _Refusal(Exception):
@@ -283,6 +296,11 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
         work = Path(tmp)
         (work / "runner.py").write_text(_RUNNER)
         for i, f in enumerate(feeds):
+            objects = [k for k, v in f.items() if np.asarray(v).dtype == object]
+            if objects:  # npz would pickle them; the runner reads no pickles
+                raise EmulationError(f"{where}: input(s) {', '.join(objects)} are object arrays (strings), which the "
+                                     f"emulated {name} golden test does not pass yet",
+                                     "test this target on a runner of its platform (`ortbuild matrix`)")
             np.savez(work / f"in_{i}.npz", **f)
         cmd = [p.qemu, "-cpu", p.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"), "-I",
                str(work / "runner.py"), str(_site(p, requirements)), str(loader), str(folder), str(work),
@@ -290,8 +308,10 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "ORT_DISABLE_TELEMETRY": "1"}
         began = time.monotonic()
         try:
+            # in the private work dir and with no core dump: qemu writes a crashed guest's memory (the decrypted
+            # model, the key) as qemu_*.core into its working directory
             done = subprocess.run(cmd, input=key or b"", capture_output=True, env=env, timeout=TIMEOUT_S,
-                                  check=False)
+                                  check=False, cwd=work, preexec_fn=_no_core)
         except subprocess.TimeoutExpired:
             raise EmulationError(f"{where}: the emulated {name} run took over {TIMEOUT_S} s") from None
         info_file = work / "info.json"

@@ -70,6 +70,16 @@ def test_golden_gate_runs_on_the_aarch64_wheel_and_timing_is_skipped(make_projec
         assert "emulation says nothing about the device's speed" in r["reason"]
         assert "ubuntu-24.04-arm" in r["reason"]
     assert "latency, cold_start SKIPPED: emulated linux-aarch64" in proc.stdout + proc.stderr
+    # budgets never measured: `require` fails them, and release refuses them (a runner of the platform measures them)
+    proc, rows = _test(toml, "--require", "-m", "tiny_lstm")
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "required, but its latency, cold_start gate(s) cannot run here" in rows["tiny_lstm"]["failures"][0]
+    _test(toml)
+    rel = subprocess.run([sys.executable, "-m", "ortbuild", "release", "-c", str(toml), "-t", "arm", "--to",
+                          str(toml.parent / "rel"), "--allow-development-key"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert rel.returncode != 0 and "gate(s) were SKIPPED" in rel.stdout + rel.stderr, rel.stdout + rel.stderr
+    assert "ortbuild matrix" in rel.stdout + rel.stderr and not (toml.parent / "rel" / "arm").exists()
 
     # the gate can fail there: a rule no int8 model meets is a FAIL (accuracy), judged on the emulated outputs
     toml.write_text(toml.read_text().replace("    ACCURACY\n", "").replace(

@@ -40,7 +40,7 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
     """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
     plat, reqs = job.target.platform, requirements(job.target)
     if not emulation.ready(plat, reqs):
-        progress(job.name, f"setting up the emulated {plat} environment (first time only; about a minute)")
+        progress(job.name, f"setting up the emulated {plat} environment (first time only; about 30 s)")
     env = emulation.ensure(plat, reqs, lambda text: progress(job.name, text))
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
                        f"emulated by {env['emulator']}")

@@ -151,6 +151,10 @@ class Tester:
                 finally:
                     if log is not None:
                         self.logs.append((job.name, cap))
+                skipped = [n for n, v in res.gates().items() if v == SKIP]
+                if skipped and not res.failures and (require or job.target.require):
+                    res.fail([f"required, but its {', '.join(skipped)} gate(s) cannot run here: {res.reason}"],
+                             MissingProvider.exit_code)
             if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
                 res.status = Verdict.FAIL
             said = f"{res.status}" + (f": {res.reason}" if res.reason else "")

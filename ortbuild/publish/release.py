@@ -39,7 +39,7 @@ from ortbuild import __version__, modelfiles, paths
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
-from ortbuild.gating.gates import PASS, REPORT
+from ortbuild.gating.gates import PASS, REPORT, SKIP
 from ortbuild.pipeline.steps import opconfig
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
@@ -117,6 +117,10 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     if r.get("quick"):
         confidence = r.get("latency", {}).get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
+    untimed = [g for g, v in (r.get("gates") or {}).items() if v == SKIP]
+    if untimed:  # an emulated platform: its budgets were never measured
+        return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.get('reason', '')[:300]}): release it from a "
+                f"runner of its platform (`ortbuild matrix`), where they run, or with --force")
     art = folder / m.artifact.file
     if r.get("build_key") != m.build_key or r.get("artifact_sha256") != m.artifact.sha256 or \
             (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
