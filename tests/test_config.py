@@ -77,7 +77,8 @@ def test_platform_keys(make_project: Callable[..., Path]) -> None:
     assert runners == {"x86": ("self-hosted", "x64"), "arm": ("ubuntu-24.04-arm",),
                        "arm-big": ("self-hosted", "arm64", "big"), "arm-big-int8": ("self-hosted", "arm64", "big")}
     with pytest.raises(ConfigError) as err:  # a relative budget across platforms, timed on one machine
-        config.load(make_project(base + 'optimization = "extended"\nlatency = { faster_than = { target = "x86", ratio = 1.2 } }\n'
+        config.load(make_project(base + 'optimization = "extended"\n'
+                                 'latency = { faster_than = { target = "x86", ratio = 1.2 } }\n'
                                  '[targets.x86]\nruntime = "RUNTIME"\nproviders = ["CPUExecutionProvider"]\n'))
     assert err.value.where == "targets.arm.latency.faster_than.target" and "platform" in err.value.message
     with pytest.raises(ConfigError) as err:
