@@ -236,15 +236,16 @@ def build(session: nox.Session, target: str) -> None:
                      f"built (precision + basic level), see {dist}")
 
 
-def _skipped_here(t: config.Target) -> str | None:
-    """The reason, when the last `ortbuild test` of every model of `t` was SKIPPED (it cannot run here), or skipped
-    some of its gates (an emulated platform's timing: `ortbuild release` refuses those)."""
+def _skipped_here(t: config.Target, gates: bool = False) -> str | None:
+    """The reason, when the last `ortbuild test` of every model of `t` was SKIPPED (it cannot run here); with
+    `gates`, also when it skipped some of their gates (an emulated platform's timing: `ortbuild release` refuses
+    those)."""
     assert PROJECT is not None
     dist = PROJECT.root / "dist" / t.name
     reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
     if reports and all(r["status"] == Verdict.SKIPPED for r in reports):
         return str(reports[0]["reason"])
-    if reports and all(Verdict.SKIPPED in r.get("gates", {}).values() for r in reports):
+    if gates and reports and all(Verdict.SKIPPED in r.get("gates", {}).values() for r in reports):
         return f"gates SKIPPED here: {reports[0]['reason']}"
     return None
 
@@ -298,7 +299,7 @@ def release(session: nox.Session, target: str) -> None:
     if not ortbuild.exists():
         _RELEASES.append([target, "-", "-", "FAILED: not tested here"])
         session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
-    skipped = _skipped_here(PROJECT.targets[target])
+    skipped = _skipped_here(PROJECT.targets[target], gates=True)
     if skipped and not PROJECT.targets[target].require:
         _RELEASES.append([target, "-", "-", "SKIPPED: cannot run here"])
         session.skip(f"{target} cannot run here ({skipped}): nothing fully tested to release")

@@ -189,6 +189,9 @@ def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
         if dest.exists():
             shutil.rmtree(dest)
         (tmp / "root").rename(dest)
+        for old in dest.parent.glob(f"{p.name}-{SUITE}-rootfs*"):  # earlier layouts' userlands
+            if old != dest and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

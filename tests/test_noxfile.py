@@ -112,7 +112,7 @@ def test_the_release_session_allows_development_keys_only_with_its_own(
     ortbuild.parent.mkdir(parents=True)
     ortbuild.touch()  # "tested here"
     monkeypatch.setattr(noxfile, "DEV_KEYS", tmp_path / "dev-keys")
-    monkeypatch.setattr(noxfile, "_skipped_here", lambda t: None)
+    monkeypatch.setattr(noxfile, "_skipped_here", lambda t, gates=False: None)
     for var in noxfile.KEY_VARS:
         monkeypatch.delenv(var, raising=False)
     if configured:  # the release's own keys: a development key among them is refused, never allowed

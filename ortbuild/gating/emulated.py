@@ -4,6 +4,7 @@ there (`timing_note` says why)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -39,8 +40,9 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
                    progress: Callable[[str, str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
     plat, reqs = job.target.platform, requirements(job.target)
-    if not emulation.ready(plat, reqs):
-        progress(job.name, f"setting up the emulated {plat} environment (first time only; about 30 s)")
+    if not emulation.ready(plat, reqs):  # said at once, on any stream: the live display may be off
+        print(f"ortbuild: setting up the emulated {plat} environment for {job.target.name} (first time only, about "
+              f"30 s; cached in {emulation.cache_root()})", file=sys.stderr, flush=True)
     env = emulation.ensure(plat, reqs, lambda text: progress(job.name, text))
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
                        f"emulated by {env['emulator']}")
