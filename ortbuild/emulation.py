@@ -78,8 +78,8 @@ def host() -> str:
 
 
 def emulated(name: str) -> bool:
-    """Whether a target of this platform runs emulated here (not natively)."""
-    return name != host()
+    """Whether a target of platform `name` runs emulated here ("native" and this machine's own run natively)."""
+    return name not in ("native", host())
 
 
 def cache_root() -> Path:
@@ -287,14 +287,16 @@ class _Refusal(Exception):
 
 
 def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key: bytes | None,
-        feeds: Sequence[dict[str, Any]], where: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each feed's outputs from the artifact in `folder`, opened by its generated Python loader under emulation,
-    and what ran them. A loader's refusal raises the same ortbuild error as natively (errors.from_loader)."""
+        feeds: Sequence[dict[str, Any]], where: str,
+        say: Callable[[str], None] = lambda _: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each feed's outputs from the artifact in `folder`, opened by its generated Python loader under emulation
+    (set up first where needed: `say` tells each setup step), and what ran them. A loader's refusal raises the same
+    ortbuild error as natively (errors.from_loader)."""
     import numpy as np
 
     p = PLATFORMS[name]
     assert p is not None
-    env_info = ensure(name, requirements)
+    env_info = ensure(name, requirements, say)
     with tempfile.TemporaryDirectory(prefix="ortbuild-emulated-") as tmp:
         work = Path(tmp)
         (work / "runner.py").write_text(_RUNNER)

@@ -135,7 +135,8 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
 def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
     """The manifest entries of rendered loader files."""
     language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types", WEB: "web"}
-    refusals = {PYTHON: "", NODE: node_refusal(m), NODE_TYPES: node_refusal(m), WEB: web_refusal(m)}
+    node = node_refusal(m)
+    refusals = {PYTHON: "", NODE: node, NODE_TYPES: node, WEB: web_refusal(m)}
     return [LoaderFile(language=language[name], name=f"{LOADER_DIR}/{name}",
                        sha256=hashlib.sha256(text.encode()).hexdigest(),
                        runs_target=not refusals[name], note=refusals[name])

@@ -23,7 +23,7 @@ def requirements(target: Target) -> list[str]:
 
 
 def emulated(target: Target) -> bool:
-    return target.platform != "native" and emulation.emulated(target.platform)
+    return emulation.emulated(target.platform)
 
 
 def cannot_run(target: Target) -> str:
@@ -43,8 +43,7 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
     if not emulation.ready(plat, reqs):  # said at once, on any stream: the live display may be off
         print(f"ortbuild: setting up the emulated {plat} environment for {job.target.name} (first time only, about "
               f"30 s; cached in {emulation.cache_root()})", file=sys.stderr, flush=True)
-    env = emulation.ensure(plat, reqs, lambda text: progress(job.name, text))
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
-                       f"emulated by {env['emulator']}")
+                       "emulated")
     return emulation.run(plat, reqs, folder / loaders.LOADER_DIR / loaders.PYTHON, folder, secret,
-                         [ds.inputs for ds in g.sets], job.name)
+                         [ds.inputs for ds in g.sets], job.name, say=lambda text: progress(job.name, text))

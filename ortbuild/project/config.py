@@ -281,7 +281,7 @@ def _runner_platform(raw: dict[str, Any], name: str, resolved: dict[str, dict[st
         name = raw[name].get("extends")
         if name is None:
             return None
-    return str(resolved.get(name, raw.get(name, {})).get("platform", "native"))
+    return str(resolved[name].get("platform", "native"))  # resolve_extends filled in the whole chain
 
 
 def _gates(eff: dict[str, Any], not_inherited: tuple[str, ...] = ()) -> Gates:
