@@ -14,6 +14,7 @@ import random
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,18 +56,23 @@ TARGETS = """
 
 # ------------------------------------------------------------------------------------------ fixtures
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("loaders")
+def build_examples(root: Path, targets: str) -> Path:
+    """Build `targets` (TOML, RUNTIME standing for this venv's flavor) over tiny_cnn, tiny_lstm and tiny_transformer
+    in `root`; every job must build. Returns the dist folder."""
     text = '[project]\nname = "t"\nversion = "1"\n\n'
     for m in ("tiny_cnn", "tiny_lstm", "tiny_transformer"):
         text += f'[models.{m}]\npath = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
-    (root / "targets.toml").write_text(text + TARGETS.replace("    ", "").replace("RUNTIME", here_runtime()))
+    (root / "targets.toml").write_text(text + textwrap.dedent(targets).replace("RUNTIME", here_runtime()))
     project = config.load(root / "targets.toml")
     results = Builder(project, root / "dist", secrets=keys.read_secrets(),
                       progress=lambda j, m: None).run(plan.jobs(project))
     assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
     return root / "dist"
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_examples(tmp_path_factory.mktemp("loaders"), TARGETS)
 
 
 ARTIFACTS = [("fp32", "tiny_cnn"), ("fp32", "tiny_lstm"), ("fp32", "tiny_transformer"), ("int8", "tiny_lstm"),
@@ -1059,6 +1065,7 @@ def test_python_loader_leaves_no_telemetry_naming_the_model(probe_artifact: tupl
     folder, graph_name = probe_artifact
     loader = f"""
 import sys
+import textwrap
 sys.path.insert(0, {str(folder / "loader")!r})
 import ortbuild_loader
 for _ in range({PY_SESSIONS}):

@@ -28,12 +28,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ortbuild.artifact import keys, loaders, manifest
-from ortbuild.pipeline.build import Builder
-from ortbuild.project import config, plan
-from ortbuild.status import JobStatus
-from tests.conftest import MODELS, REPO, TEST_KEY, here_runtime
-from tests.test_loaders import _forge_weights, _resign, _set_file
+from ortbuild.artifact import loaders, manifest
+from tests.conftest import MODELS, REPO, TEST_KEY
+from tests.test_loaders import _forge_weights, _resign, _set_file, build_examples
 
 WEB_VERSION = "onnxruntime-web@1.30.0"
 # "extended" keeps ONNX Runtime's contrib fusions (com.microsoft ops, which the WASM build has) and no NCHWc ops
@@ -81,16 +78,7 @@ INT8_ATOL, INT8_COSINE = 0.03, 0.9999
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("web")
-    text = '[project]\nname = "t"\nversion = "1"\n\n'
-    for m in ("tiny_cnn", "tiny_lstm", "tiny_transformer"):
-        text += f'[models.{m}]\npath = "{MODELS / m}.onnx"\ninputs = "{MODELS / m}.inputs.npz"\n'
-    (root / "targets.toml").write_text(text + TARGETS.replace("RUNTIME", here_runtime()))
-    project = config.load(root / "targets.toml")
-    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
-                      progress=lambda j, m: None).run(plan.jobs(project))
-    assert all(r.status == JobStatus.BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
-    return root / "dist"
+    return build_examples(tmp_path_factory.mktemp("web"), TARGETS)
 
 
 @pytest.fixture(scope="session")
