@@ -187,14 +187,7 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str
     sig = signature_problem(folder, public_key)
     if sig:
         problems.append(sig)
-    checks: list[tuple[str, str, int | None, str]] = [(f.name, f.sha256, f.size, "artifact file")
-                                                      for f in m.artifact.files]
-    checks += [(lf.name, lf.sha256, None, "loader") for lf in m.loaders]
-    checks += [(c["file"], c["sha256"], None, "custom-op library") for c in m.custom_ops if c.get("file")]
-    checks += [(g.name, g.sha256, g.size, "golden file") for g in m.golden]
-    if m.operators is not None:  # format = "ort": ONNX Runtime's reduced-build operator config
-        checks.append((m.operators.config, m.operators.sha256, m.operators.size, "operator config"))
-    for name, sha, size, what in checks:
+    for name, sha, size, what in m.signed_files():
         problem = _file_problem(folder, name, sha, size, what)
         if problem:
             problems.append(problem)

@@ -194,6 +194,18 @@ class Manifest:
     def portable_only(self) -> bool:
         return self.status == ArtifactState.PORTABLE
 
+    def signed_files(self) -> list[tuple[str, str, int | None, str]]:
+        """Every file beside the manifest that it signs, as (name, sha256, size or None, what): the artifact's files,
+        the loaders, custom-op libraries shipped beside it, the golden data and the operator config (format ort)."""
+        out: list[tuple[str, str, int | None, str]] = [(f.name, f.sha256, f.size, "artifact file")
+                                                       for f in self.artifact.files]
+        out += [(lf.name, lf.sha256, None, "loader") for lf in self.loaders]
+        out += [(c["file"], c["sha256"], None, "custom-op library") for c in self.custom_ops if c.get("file")]
+        out += [(g.name, g.sha256, g.size, "golden file") for g in self.golden]
+        if self.operators is not None:  # format = "ort": ONNX Runtime's reduced-build operator config
+            out.append((self.operators.config, self.operators.sha256, self.operators.size, "operator config"))
+        return out
+
     def to_json(self) -> bytes:
         return (json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n").encode()
 

@@ -183,10 +183,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
                           f"`ortbuild test -t {target.name}`")
         # the digests the integrity check just verified each file against (the bundle's writer checks them again
         # while copying): no file is read twice before the release. The golden data is signed in the manifest.
-        checked = {**{a.name: a.sha256 for a in m.artifact.files}, **{lf.name: lf.sha256 for lf in m.loaders},
-                   **{c["file"]: c["sha256"] for c in m.custom_ops if "file" in c},
-                   **{g.name: g.sha256 for g in m.golden},
-                   **({m.operators.config: m.operators.sha256} if m.operators is not None else {})}
+        checked = {name: sha for name, sha, _, _ in m.signed_files()}
         for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
             mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
