@@ -136,7 +136,8 @@ def _has_pip() -> bool:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+") as f:  # O_NOFOLLOW: a symlink planted at the lock file is never opened
         fcntl.flock(f, fcntl.LOCK_EX)  # another process setting up the same environment: wait for it
         try:
             yield

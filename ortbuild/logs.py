@@ -1,10 +1,11 @@
 """Third-party output, kept off the terminal: what ONNX Runtime (its C++ logger writes to the process's stderr),
 the quantizers and optimizers (Python logging, print) and Python warnings say while a job runs goes into that
 job's log file, dist/logs/<target>/<model>.<phase>.log; the terminal shows one line per job and, at the end,
-how many lines and warnings each log holds. `ortbuild -v` captures nothing. Stdlib only.
+how many lines and warnings each log holds. `ortbuild -v` captures nothing. Stdlib and files.py only.
 
 The capture is at the file-descriptor level (dup2 of 1 and 2), so native code is captured too; ortbuild's own
-progress writes to a duplicate of the terminal's descriptor taken before (`terminal`).
+progress writes to a duplicate of the terminal's descriptor taken before (`terminal`). A log is a new file that
+replaces the old one, below the output directory, without following a symlink (files.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from ortbuild import files
 
 LOG_DIR = "logs"  # in dist/
 # lines that are warnings or errors: ORT's C++ logger ("[W:onnxruntime:...", "[E:..."), Python's logging and
@@ -60,28 +63,27 @@ def terminal(stream: TextIO | None = None) -> TextIO:
 
 
 @contextlib.contextmanager
-def captured(path: Path | None) -> Iterator[Captured]:
-    """Send this process's stdout, stderr, Python logging and warnings to `path` (truncated) while the block
-    runs; None: capture nothing (verbose)."""
+def captured(path: Path | None, root: Path) -> Iterator[Captured]:
+    """Send this process's stdout, stderr, Python logging and warnings to `path` while the block runs: a new file
+    that replaces the old one (below `root`, no symlink followed: files.py); None: capture nothing (verbose)."""
     cap = Captured(path)
     if path is None:
         yield cap
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             s.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = files.fresh_file(path, root)
     saved = {n: os.dup(n) for n in (1, 2)}
     for n in (1, 2):
         os.dup2(fd, n)
     stream = os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace")
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    logger = logging.getLogger()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level, logging.INFO) if level else logging.INFO)
     logging.captureWarnings(True)
     streams = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = stream  # Python-level writers too, where sys.stdout is not descriptor 1
@@ -92,8 +94,8 @@ def captured(path: Path | None) -> Iterator[Captured]:
     finally:
         sys.stdout, sys.stderr = streams
         logging.captureWarnings(False)
-        root.removeHandler(handler)
-        root.setLevel(level)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
         for s in (sys.stdout, sys.stderr, stream):
             with contextlib.suppress(Exception):
                 s.flush()
@@ -101,16 +103,23 @@ def captured(path: Path | None) -> Iterator[Captured]:
         for n, dup in saved.items():
             os.dup2(dup, n)
             os.close(dup)
-        os.close(fd)
-        _count(cap)
+        try:
+            _count(cap, fd)
+        finally:
+            os.close(fd)
 
 
-def _count(cap: Captured) -> None:
+def _count(cap: Captured, fd: int) -> None:
+    """Count the log's lines from its descriptor (the file the capture wrote, whatever its name holds now)."""
     assert cap.path is not None
+    chunks = []
     try:
-        text = cap.path.read_text(encoding="utf-8", errors="replace")
+        os.lseek(fd, 0, os.SEEK_SET)
+        while piece := os.read(fd, 1 << 20):
+            chunks.append(piece)
     except OSError:
         return
+    text = b"".join(chunks).decode("utf-8", errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
     cap.lines = len(lines)
     cap.warnings = sum(1 for line in lines if _WARNING.search(line))

@@ -255,7 +255,7 @@ def cached_probe(provider: Provider, plugin: options.PluginEP | None = None, *, 
     if refresh or key not in answers:
         answers[key] = probe_provider(provider, plugin)
         with contextlib.suppress(OSError):  # a read-only environment just probes every time
-            atomic_write(path, json.dumps(cache, indent=1).encode())
+            atomic_write(path, json.dumps(cache, indent=1).encode(), root=Path(sys.prefix))
     answer: str | None = answers[key]
     return answer
 

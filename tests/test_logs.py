@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild import logs
+from ortbuild.paths import UnsafePath
 from ortbuild.pipeline.progress import Progress
 from ortbuild.status import JobFinished, JobStatus, Message, StepStarted
 from tests.conftest import REPO
@@ -22,7 +24,7 @@ from tests.conftest import REPO
 
 def test_capture_takes_native_python_and_logging_output(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "logs" / "t" / "m.build.log"
-    with logs.captured(path) as cap:
+    with logs.captured(path, tmp_path) as cap:
         os.write(2, b"[W:onnxruntime:, graph.cc:1] native warning\n")
         os.write(1, b"native stdout\n")
         print("python print")
@@ -44,10 +46,10 @@ def test_capture_takes_native_python_and_logging_output(tmp_path: Path, capfd: p
 def test_nothing_said_leaves_no_file_and_none_captures_nothing(tmp_path: Path,
                                                                 capfd: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "m.build.log"
-    with logs.captured(path) as cap:
+    with logs.captured(path, tmp_path) as cap:
         pass
     assert not path.exists() and cap.lines == 0 and cap.summary() == ""
-    with logs.captured(None) as cap:
+    with logs.captured(None, tmp_path) as cap:
         os.write(2, b"verbose\n")
     assert capfd.readouterr().err == "verbose\n" and cap.path is None
 
@@ -157,3 +159,23 @@ def test_quick_mode_states_its_confidence_and_release_refuses_it(make_project: C
     assert proc.returncode == 0 and r["quick"] is False and r["latency"]["confidence"] == 0.99
     proc = subprocess.run(release, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_symlink_at_the_log_is_replaced_and_a_symlinked_folder_refused(tmp_path: Path) -> None:
+    """A link planted at the log file is replaced, never written through; one at a folder on the way is refused."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    dist = tmp_path / "dist"
+    path = logs.log_path(dist, "t", "m", "build")
+    path.parent.mkdir(parents=True)
+    path.symlink_to(victim)
+    with logs.captured(path, dist):
+        os.write(2, b"said\n")
+    assert victim.read_text() == "precious\n" and not path.is_symlink() and path.read_text() == "said\n"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(dist / "logs")
+    (dist / "logs").symlink_to(outside)
+    with pytest.raises(UnsafePath, match="is a symlink"), logs.captured(path, dist):
+        pass
+    assert list(outside.iterdir()) == []

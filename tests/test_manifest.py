@@ -23,14 +23,14 @@ def test_timestamp_honours_source_date_epoch(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_atomic_write_never_leaves_a_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "model.onnx"
-    manifest.atomic_write(target, b"good")
+    manifest.atomic_write(target, b"good", root=tmp_path)
 
-    def boom(src: str, dst: str) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
-        manifest.atomic_write(target, b"half-written")
+        manifest.atomic_write(target, b"half-written", root=tmp_path)
     assert target.read_bytes() == b"good"
     assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
 

@@ -238,7 +238,8 @@ def test_the_release_bundle_carries_the_merged_config_the_tool_would_write(built
     signer = keys.signing_key()
     assert signer is not None
     out = built / "dist" / "release" / "mobile"
-    published = release.release_target(project, project.targets["mobile"], built / "dist", out, signer, force=True)
+    published = release.release_target(project, project.targets["mobile"], built / "dist", out, signer, force=True,
+                                         root=built / "dist")
     entry = published.index["operators"]
     assert entry["models"] == ["gate", "mlp"] and entry["type_reduction"]
     checked = verify.verify(out, signer.public_raw, run=False, extract_to=tmp_path / "tree")

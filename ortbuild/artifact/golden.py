@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ortbuild import files as files_
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError
 from ortbuild.project import data
@@ -130,13 +131,13 @@ def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[Cus
     return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
 
 
-def write(folder: Path, golden: Golden, signature: dict[str, Any],
+def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path,
           sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
     """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every
     file's name (relative to `folder`), sha256 and size once they are written, before they replace the old ones
     (the signed manifest lists them: equal golden data, the common case, leaves no window where they differ)."""
     target = folder / GOLDEN_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    files_.safe_mkdir(folder, root)  # below the output directory, no symlink followed (files.py)
     tmp = Path(tempfile.mkdtemp(prefix=".golden.", dir=folder))
     files: dict[str, str] = {}
     sizes: dict[str, tuple[str, int]] = {}

@@ -43,6 +43,8 @@ from ortbuild.errors import ArtifactError, Tampered
 from ortbuild.files import atomic_copy as atomic_copy
 from ortbuild.files import atomic_write as atomic_write
 from ortbuild.files import partial_file as partial_file
+from ortbuild.files import publish as publish
+from ortbuild.files import safe_mkdir as safe_mkdir
 from ortbuild.files import sha256_file as sha256_file
 from ortbuild.paths import inside
 
@@ -105,34 +107,34 @@ def reports(dist: Path, name: str) -> Iterator[tuple[dict[str, Any], Manifest]]:
 
 
 def write_signed(folder: Path, files: dict[str, bytes | Path], m: Manifest, sign: Callable[[bytes], bytes], *,
-                 prune: bool = False) -> None:
-    """Publish `files` (names relative to `folder`), then manifest.sig, then manifest.json, each atomically.
+                 root: Path, prune: bool = False) -> None:
+    """Publish `files` (names relative to `folder`), then manifest.sig, then manifest.json, each atomically, below
+    `root` (the output directory) without following a symlink (files.py).
 
     A file given as a Path is an already written (and synced) partial file: one inside `folder` is renamed into
     place, any other is copied. The old manifest goes first, so no reader finds a manifest describing files
     half-replaced; `prune` also removes the folder's other plain files (an earlier build's artifact files).
     """
     targets = {name: inside(folder, name) for name in [*files, SIGNATURE, MANIFEST]}  # refuse names leading out
-    folder.mkdir(parents=True, exist_ok=True)
+    safe_mkdir(folder, root)
     (folder / MANIFEST).unlink(missing_ok=True)
     if prune:
         keep = {*files, SIGNATURE, *(v.name for v in files.values() if isinstance(v, Path) and v.parent == folder)}
         for stale in folder.iterdir():
-            if stale.is_file() and stale.name not in keep:
+            if (stale.is_file() or stale.is_symlink()) and stale.name not in keep:
                 stale.unlink()
         if (folder / GOLDEN_DIR).is_dir() and not (folder / GOLDEN_DIR).is_symlink():  # the old artifact's
             shutil.rmtree(folder / GOLDEN_DIR)
     for name, blob in files.items():
         if isinstance(blob, Path) and blob.parent.resolve() == folder.resolve():
-            targets[name].parent.mkdir(parents=True, exist_ok=True)
-            os.replace(blob, targets[name])
+            publish(blob, targets[name], root)
         elif isinstance(blob, Path):
-            atomic_copy(blob, targets[name])
+            atomic_copy(blob, targets[name], root=root)
         else:
-            atomic_write(targets[name], blob)
+            atomic_write(targets[name], blob, root=root)
     doc = m.to_json()
-    atomic_write(targets[SIGNATURE], base64.b64encode(sign(doc)) + b"\n")
-    atomic_write(targets[MANIFEST], doc)
+    atomic_write(targets[SIGNATURE], base64.b64encode(sign(doc)) + b"\n", root=root)
+    atomic_write(targets[MANIFEST], doc, root=root)
 
 
 def signature_problem(folder: Path, public_key: bytes) -> str | None:
@@ -233,7 +235,7 @@ def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebui
 
 
 def sign_golden(folder: Path, files: dict[str, tuple[str, int]], sign: Callable[[bytes], bytes],
-                public_key: bytes) -> Manifest:
+                public_key: bytes, *, root: Path) -> Manifest:
     """Re-sign the manifest of a trusted artifact with its golden data (`files`: name -> (sha256, size), names
     relative to `folder`); nothing else in it changes."""
     sig = signature_problem(folder, public_key)  # the artifact's files were checked by the build, under the lock
@@ -243,6 +245,6 @@ def sign_golden(folder: Path, files: dict[str, tuple[str, int]], sign: Callable[
     listed = [SignedFile(name, sha, size) for name, (sha, size) in sorted(files.items())]
     if listed != m.golden:
         m = dataclasses.replace(m, golden=listed)
-        write_signed(folder, {}, m, sign)
+        write_signed(folder, {}, m, sign, root=root)
     return m
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ortbuild import files as files_
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keys, manifest
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
@@ -184,19 +185,20 @@ def cmd_rekey(args: argparse.Namespace) -> int:
             else [manifest.locate(p)]
         if not found or not found[0].exists():
             raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
-        folders += [f.parent for f in found]
+        folders += [(f.parent, p if p.is_dir() else f.parent) for f in found]  # (artifact, where it was asked)
     done = 0
-    for folder in folders:
+    for folder, root in folders:
         dist = folder.parent.parent  # a dist/<target>/<model>/ is re-keyed under dist's lock
         locked = (dist / workspace.LOCK).exists()
         with workspace.Lock(dist, timeout=args.lock_timeout) if locked else contextlib.nullcontext():
-            done += _rekey_one(folder, old, new, sign)
+            done += _rekey_one(folder, root, old, new, sign)
     print(f"{done} artifact(s) re-keyed to key id {new.key_id}; build keys unchanged (no rebuild), the old key "
           "no longer opens them")
     return 0
 
 
-def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, sign: keys.SigningKey) -> int:
+def _rekey_one(folder: Path, root: Path, old: keys.EncryptionKey, new: keys.EncryptionKey,
+               sign: keys.SigningKey) -> int:
     m = manifest.trusted(folder, sign.public_raw)  # Tampered: rekey never signs what it did not check
     assert m is not None
     if m.encryption is None:
@@ -210,9 +212,9 @@ def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, s
     files, partials = [], []
     try:
         for f in m.artifact.files:
-            partial = manifest.partial_file(folder / f.name)
+            partial = files_.partial_file(folder / f.name, root)
             partials.append(partial)
-            with open(partial, "wb") as out:
+            with files_.open_partial(partial) as out:
                 sha, length = container.rewrap_file(folder / f.name, out, old.secret, new.secret)
                 out.flush()
                 os.fsync(out.fileno())
@@ -221,7 +223,7 @@ def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, s
         m = dataclasses.replace(
             m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
             encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development))
-        manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign)
+        manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign, root=root)
     finally:
         for partial in partials:
             partial.unlink(missing_ok=True)

@@ -94,8 +94,7 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
 def record(dist: Path, r: JobResult) -> None:
     """Keep the job's build result beside its log (`ortbuild summary build` and the report read it)."""
     path = record_path(dist, r.target, r.model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    files.atomic_write(path, (json.dumps(r.as_json(), indent=1, default=str) + "\n").encode())
+    files.atomic_write(path, (json.dumps(r.as_json(), indent=1, default=str) + "\n").encode(), root=dist)
 
 
 def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:

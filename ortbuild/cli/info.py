@@ -89,7 +89,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
         files[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
     if args.write:
         for f, text in files.items():
-            manifest.atomic_write(f, text.encode())
+            manifest.atomic_write(f, text.encode(), root=PACKAGE_DIR.parent, mode=0o644)
             print(f"wrote {f}")
         return 0
     if args.check:

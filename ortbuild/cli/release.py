@@ -101,13 +101,14 @@ def cmd_release(args: argparse.Namespace) -> int:
                          "to {version}-{target}), or select one target with -t")
     # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
     out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
+    write_root = out_root if args.to and ref is None else dist  # no symlink followed below it (files.py)
     done, refused, lines = [], [], []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:
             target = project.targets[name]
             try:
                 pub = release.release_target(project, target, dist, paths.inside(out_root, name), sign_key,
-                                             force=args.force)
+                                             force=args.force, root=write_root)
             except (GateFailed, ArtifactError) as e:
                 refused.append(e)
                 continue

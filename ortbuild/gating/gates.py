@@ -143,7 +143,7 @@ class Tester:
             else:
                 log = logs.log_path(self.dist, job.target.name, job.model.name, "test") if self.capture else None
                 try:
-                    with logs.captured(log) as cap:
+                    with logs.captured(log, self.dist) as cap:
                         self.gate(job, res, built)
                 except OrtbuildError as e:
                     res.reason = e.message
@@ -170,10 +170,11 @@ class Tester:
             doc = {"result": res.as_json(), "environment": environment()}
             text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
             if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
-                files.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n")
+                files.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n",
+                                   root=self.dist)
             else:
                 (folder / REPORT_SIG).unlink(missing_ok=True)
-            files.atomic_write(folder / REPORT, text)
+            files.atomic_write(folder / REPORT, text, root=self.dist)
 
     # ------------------------------------------------------------------------------------------ one job
 
@@ -246,8 +247,8 @@ class Tester:
                 raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
             outputs = [model.run(ds.inputs) for ds in g.sets]
         sk = self.sign_key
-        golden.write(folder, g, m.io, sign=None if sk is None else
-                     lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw))
+        golden.write(folder, g, m.io, root=self.dist, sign=None if sk is None else
+                     lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=self.dist))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
         self._accuracy(job, res, outputs, g, m.io)

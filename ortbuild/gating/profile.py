@@ -97,7 +97,7 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
             "operators": ops, "cpu_fallback": fallback}
 
 
-def profile_artifact(job: Job, folder: Path, secret: bytes | None, runs: int) -> dict[str, Any]:
+def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, runs: int) -> dict[str, Any]:
     """Profile the published artifact in `folder` through its Python loader; write TRACE and SUMMARY there."""
     m, _ = manifest.read(folder)
     module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
@@ -119,8 +119,8 @@ def profile_artifact(job: Job, folder: Path, secret: bytes | None, runs: int) ->
     summary = {"build_key": m.build_key, "artifact_sha256": m.artifact.sha256, "trace": TRACE,
                "created": manifest.iso_utc(), "data_sets": len(feeds),
                **summarize(events, [p["name"] for p in m.providers])}
-    files.atomic_write(folder / TRACE, blob)
-    files.atomic_write(folder / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
+    files.atomic_write(folder / TRACE, blob, root=dist)
+    files.atomic_write(folder / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode(), root=dist)
     return summary
 
 
@@ -132,7 +132,7 @@ def write_skipped(dist: Path, job: Job, reason: str) -> None:
         (folder / TRACE).unlink(missing_ok=True)
         doc = {"build_key": m.build_key, "status": ProfileStatus.SKIPPED, "reason": reason,
                "created": manifest.iso_utc()}
-        files.atomic_write(folder / SUMMARY, (json.dumps(doc, indent=2) + "\n").encode())
+        files.atomic_write(folder / SUMMARY, (json.dumps(doc, indent=2) + "\n").encode(), root=dist)
 
 
 def collect(dist: Path) -> list[dict[str, Any]]:
@@ -172,7 +172,7 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
         else:
             progress(job.name, f"profile: 1 warm-up + {runs} runs through the generated Python loader")
             try:
-                res.summary = profile_artifact(job, paths.inside(dist, job.target.name, job.model.name),
+                res.summary = profile_artifact(job, dist, paths.inside(dist, job.target.name, job.model.name),
                                                secret, runs)
             except OrtbuildError as e:
                 res.status, res.reason, res.exit_code = ProfileStatus.FAILED, e.message, e.exit_code

@@ -347,9 +347,9 @@ def save(dist: Path, rep: Report) -> tuple[Path, Path]:
     """report.previous.json (the report replaced), report.json and report.html, each atomically."""
     jpath, hpath = paths.inside(dist, REPORT_JSON), paths.inside(dist, REPORT_HTML)
     if rep.previous is not None:
-        files.atomic_write(paths.inside(dist, REPORT_PREVIOUS), rep.previous)
-    files.atomic_write(jpath, (json.dumps(rep.doc, indent=2) + "\n").encode())
-    files.atomic_write(hpath, render_html(rep.doc).encode())
+        files.atomic_write(paths.inside(dist, REPORT_PREVIOUS), rep.previous, root=dist)
+    files.atomic_write(jpath, (json.dumps(rep.doc, indent=2) + "\n").encode(), root=dist)
+    files.atomic_write(hpath, render_html(rep.doc).encode(), root=dist)
     return jpath, hpath
 
 

@@ -165,7 +165,8 @@ class Builder:
                               missing, sealing, plugins=plugins, libraries=libraries)
         build_key, digests = key.build_key(parts)
         plugin_eps = {p.name: plugin for p in job.settings.providers if (plugin := job.target.plugin_for(p.name))}
-        return Prepared(job=job, project=self.project, out_dir=paths.inside(self.dist, job.target.name, job.model.name),
+        return Prepared(job=job, project=self.project, dist=self.dist,
+                        out_dir=paths.inside(self.dist, job.target.name, job.model.name),
                         files=files, usable=usable, missing=missing, flavor=flavor, plugins=plugins,
                         libraries=libraries, inputs_sha=inputs_sha, key=build_key, key_parts=digests, secrets=secrets,
                         plugin_eps=plugin_eps,
@@ -208,7 +209,8 @@ class Builder:
                 log = logs.log_path(self.dist, job.target.name, job.model.name, "build") if self.capture else None
                 cap: logs.Captured | None = None
                 try:
-                    with logs.captured(log) as cap, workspace.private_dir(workspace.temp_need(prep.files.size)) as work:
+                    with logs.captured(log, self.dist) as cap, \
+                            workspace.private_dir(workspace.temp_need(prep.files.size)) as work:
                         self._run_phase(dataclasses.replace(prep, work=work), done, res, "build")
                 finally:
                     res.log = cap

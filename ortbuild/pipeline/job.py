@@ -59,6 +59,7 @@ class Prepared:
 
     job: Job
     project: Project
+    dist: Path                                      # the output directory: every write stays below it
     out_dir: Path
     files: modelfiles.ModelFiles                    # the source model's files, hashed for the build key
     usable: list[Provider]

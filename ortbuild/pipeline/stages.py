@@ -194,7 +194,7 @@ def _seal(prep: Prepared, done: Done) -> seal.SealResult:
 
     path = _artifact_model(done)
     enc = prep.secrets.encryption if prep.job.settings.encrypt else None
-    return seal.run(path, prep.job.settings, prep.out_dir, prep.tmp, done[Layout].external, enc,
+    return seal.run(path, prep.job.settings, prep.dist, prep.out_dir, prep.tmp, done[Layout].external, enc,
                     key.deterministic())
 
 

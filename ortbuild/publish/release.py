@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild import __version__, modelfiles, paths
+from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
@@ -347,8 +348,9 @@ def sums_text(digests: dict[str, str]) -> bytes:
 
 
 def release_target(project: Project, target: Target, dist: Path, out: Path, sign_key: SigningKey, *,
-                   force: bool) -> Published:
-    """Write target's release into `out` (files appear only when complete; an old release there is replaced)."""
+                   force: bool, root: Path) -> Published:
+    """Write target's release into `out` (files appear only when complete; an old release there is replaced),
+    below `root` (dist/, or the directory given with --to) without following a symlink (files.py)."""
     started = manifest.iso_utc()
     models = _collect(project, target, dist, sign_key.public_raw)
     refused = [f"{target.name}/{mr.name}: {mr.refusal}" for mr in models if mr.refusal]
@@ -383,9 +385,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         **({"operators": operators[1]} if operators is not None else {}),
     }
     index_bytes = canonical(index)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{name}.partial"
-    tmp.unlink(missing_ok=True)
+    tmp = files_.partial_file(out / names["bundle"], root)
     try:
         bundle_digest = tarball.write(tmp, {f"{name}/{INDEX}": index_bytes, **members}, epoch,
                                       first=f"{name}/{INDEX}", digests=digests)
@@ -399,13 +399,13 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         # the bundle last-but-one, the signature last: a reader never pairs a new bundle with an old signature
         for f in (SUMS_SIG, SUMS):
             (out / f).unlink(missing_ok=True)
-        manifest.atomic_write(out / names["index"], index_bytes)
-        manifest.atomic_write(out / names["provenance"], prov)
-        os.replace(tmp, out / names["bundle"])
-        manifest.atomic_write(out / SUMS, sums)
-        manifest.atomic_write(out / SUMS_SIG, sig.encode())
-        for f in (names["index"], names["provenance"], names["bundle"], SUMS, SUMS_SIG):
-            os.chmod(out / f, 0o644)  # published files: readable by anyone (they hold no secret)
+        # published files: readable by anyone (they hold no secret)
+        files_.atomic_write(out / names["index"], index_bytes, root=root, mode=0o644)
+        files_.atomic_write(out / names["provenance"], prov, root=root, mode=0o644)
+        os.chmod(tmp, 0o644)
+        files_.publish(tmp, out / names["bundle"], root)
+        files_.atomic_write(out / SUMS, sums, root=root, mode=0o644)
+        files_.atomic_write(out / SUMS_SIG, sig.encode(), root=root, mode=0o644)
     finally:
         tmp.unlink(missing_ok=True)
     files = {"bundle": out / names["bundle"], "index": out / names["index"], "provenance": out / names["provenance"],

@@ -82,7 +82,8 @@ def write(out: Path, files: dict[str, bytes | Path], epoch: int, first: str,
     index a reader checks before anything else), then the others sorted by name. A file listed in `digests`
     (archive name -> sha256) must still have that digest as it is copied. Returns the archive's sha256."""
     digests = digests or {}
-    with open(out, "wb") as raw:
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as raw:  # O_NOFOLLOW: a symlink planted at `out` is never written through
         sink = _HashingWriter(raw)
         with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT,  # type: ignore[call-overload]
                           copybufsize=CHUNK) as tar:

@@ -114,5 +114,6 @@ def publish(prep: Prepared, seal: SealResult, rendered: Rendered, ops: OperatorC
     for lib in prep.libraries:  # a path library ships beside the artifact
         if (name := lib.as_json().get("file")) is not None:
             files[name] = Path(lib.path).read_bytes()
-    manifest.write_signed(prep.out_dir, files, rendered.manifest, prep.signing.sign, prune=True)
+    manifest.write_signed(prep.out_dir, files, rendered.manifest, prep.signing.sign, root=prep.dist,
+                        prune=True)
     return Published(prep.out_dir / rendered.manifest.artifact.file)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx
 
+from ortbuild import files as files_
 from ortbuild import modelfiles
 from ortbuild.artifact import container, keys, manifest
 from ortbuild.project.config import Settings
@@ -43,7 +44,7 @@ class SealResult:
                                    development_key=key.development)
 
 
-def run(artifact: Path, settings: Settings, out_dir: Path, work: Path, external: str,
+def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Path, external: str,
         key: keys.EncryptionKey | None, deterministic: bool) -> SealResult:
     main = "model.ort" if settings.format == "ort" else "model.onnx"
     files = modelfiles.of(artifact, hashed=False)
@@ -55,13 +56,13 @@ def run(artifact: Path, settings: Settings, out_dir: Path, work: Path, external:
                         location=f"{main}.data", size_threshold=1024)
         del model
         files = modelfiles.of(folder / main, hashed=False)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    files_.safe_mkdir(out_dir, dist)
     sealed = []
     for f in files.files:
         location = f.location or main
         name = f"{location}.enc" if settings.encrypt else location
-        partial = manifest.partial_file(out_dir / name)
-        with open(partial, "wb") as out:
+        partial = files_.partial_file(out_dir / name, dist)
+        with files_.open_partial(partial) as out:
             if settings.encrypt:
                 if key is None:
                     raise RuntimeError("Builder.check_keys() lets no encrypting job start without a key")
