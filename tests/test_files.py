@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,86 @@ def test_a_partial_file_is_published_over_its_name_and_a_swapped_partial_refused
     with pytest.raises(OSError):
         files.open_partial(swapped)
     assert victim.read_text() == "precious\n"
+
+
+# ------------------------------------------------------------------------------------------ the sweep
+
+SWEEP_TARGET = """
+[targets.cpu]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+"""
+# every command that writes into the project's tree, in the order a user runs them
+# (`build --repair` rebuilds an artifact that a planted link made look tampered: the rebuild's writes are swept too)
+COMMANDS = (("build",), ("build", "--repair"), ("test", "--no-explain"), ("profile", "--runs", "2"),
+            ("release", "--force"), ("clean",))
+
+
+def _run_all(config: Path) -> list[int]:
+    from ortbuild import cli
+
+    return [cli.main([cmd[0], "-c", str(config), *cmd[1:]]) for cmd in COMMANDS]
+
+
+def _written(project: Path) -> list[str]:
+    """Every path the commands write under dist/ (clean removes them: each command but clean runs twice, so
+    that what only a second run writes, such as report.previous.json, is there too)."""
+    from ortbuild import cli
+
+    config = project / "targets.toml"
+    for _ in range(2):
+        for cmd in COMMANDS[:-1]:
+            assert cli.main([cmd[0], "-c", str(config), *cmd[1:]]) == 0, cmd
+    dist = project / "dist"
+    logs = [f"logs/cpu/tiny_cnn.{phase}.log" for phase in ("build", "test")]  # removed when nothing was said
+    return sorted({*(str(p.relative_to(dist)) for p in dist.rglob("*")), *logs})
+
+
+def _state(folder: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(folder))] = (f"link {os.readlink(p)}" if p.is_symlink() else "dir" if p.is_dir()
+                                           else f"{st.st_size} {st.st_mtime_ns} {p.read_bytes().hex()[:64]}")
+    return out
+
+
+@pytest.mark.slow
+def test_no_command_writes_outside_the_tree_through_a_symlink_planted_anywhere_it_writes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A symlink is planted at every path that build, test, profile, release and clean write (each in its own
+    round, a file or a folder), pointing at a copy outside the project; every command runs; nothing outside
+    changes and no command ends in an internal error."""
+    from tests.conftest import here_runtime, model_table
+
+    pristine = tmp_path / "pristine"
+    pristine.mkdir()
+    (pristine / "targets.toml").write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
+                                           + SWEEP_TARGET.replace("RUNTIME", here_runtime()))
+    written = _written(pristine)
+    assert {"logs", "cpu/tiny_cnn/manifest.json", "cpu/tiny_cnn/profile.json", "release", "report.json"} \
+        <= {w.split("/test-report")[0] for w in written} | set(written), written
+    outside = tmp_path / "outside"
+    for i, rel in enumerate(written):
+        project = tmp_path / f"p{i}"
+        shutil.copytree(pristine, project, symlinks=True)
+        planted = project / "dist" / rel
+        bait = outside / str(i)
+        if not planted.exists():
+            bait.parent.mkdir(parents=True, exist_ok=True)
+            bait.write_text("precious\n")
+        elif planted.is_dir():
+            shutil.copytree(planted, bait, symlinks=True)
+            shutil.rmtree(planted)
+        else:
+            bait.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(planted, bait)
+            planted.unlink()
+        planted.symlink_to(bait)
+        before = _state(outside)
+        codes = _run_all(project / "targets.toml")
+        text = capsys.readouterr()
+        assert _state(outside) == before, f"a command wrote through a symlink at dist/{rel}"
+        assert 1 not in codes, f"dist/{rel}: an internal error: {codes}\n{text.out}{text.err}"
+        shutil.rmtree(project)
