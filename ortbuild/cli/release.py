@@ -70,6 +70,19 @@ def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
     return command + UNKNOWN_PUBLIC_KEY
 
 
+def _writable_dir(path: Path, given: str | None) -> None:
+    """A release directory `path` (or the first of its parents that exists) must be a directory: a file there (or
+    a dangling symlink) is a usage error naming it, never an internal error when the release writes."""
+    for p in (path, *path.parents):
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            where = f"--to {given}: " if given else ""
+            raise UsageError(f"{where}{p} is not a directory (a file or a broken symlink is there): a release is "
+                             "written into a directory, one subdirectory per target",
+                             "give a directory (e.g. --to releases/), or move that file away")
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
     from ortbuild.publish import registry, release
@@ -101,6 +114,9 @@ def cmd_release(args: argparse.Namespace) -> int:
                          "to {version}-{target}), or select one target with -t")
     # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
     out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
+    if ref is None:
+        for name in names:
+            _writable_dir(paths.inside(out_root, name), args.to)
     done, refused, lines = [], [], []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:
