@@ -186,6 +186,8 @@ def test_a_damaged_deployment_is_not_replaced_silently(releases: Releases, tmp_p
     (mine / "keep.txt").write_text("x")
     with pytest.raises(UsageError, match="not a release `ortbuild pull` made"):
         _place(releases.new, mine)
+    with pytest.raises(UsageError, match=f"{mine / 'keep.txt'} is not a directory"):
+        _place(releases.new, mine / "keep.txt" / "sub")
 
 
 # ---------------------------------------------------------------------------------------------------------

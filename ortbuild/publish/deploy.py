@@ -19,6 +19,10 @@ def check_destination(dest: Path) -> None:
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest}: is a symlink or not a directory: pull replaces only a directory it made",
                          "choose another --to directory")
+    above = next((p for p in dest.parents if p.exists() or p.is_symlink()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"{dest}: {above} is not a directory (a file or a broken symlink is there)",
+                         "choose another --to directory")
     if dest.exists() and any(dest.iterdir()) and not (dest / PULLED).is_file():
         raise UsageError(f"{dest}: not empty, and not a release `ortbuild pull` made (no {PULLED} in it): pull "
                          "replaces only its own", "choose another --to directory, or an empty one")
