@@ -16,6 +16,7 @@ import pytest
 
 from ortbuild.errors import OrtbuildError
 from ortbuild.publish import registry
+from tests.test_epochs import Releases, releases  # noqa: F401  (a module fixture)
 from tests.test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
 pytestmark = pytest.mark.runtime
@@ -130,3 +131,40 @@ def test_registry_errors_are_clear(oci: str, tmp_path: Path) -> None:
     closed = _free_port()
     proc = cli("pull", f"oci://127.0.0.1:{closed}/x:y", "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 11 and "registry running" in proc.stderr
+
+
+def _push(oci: str, folder: Path, tag: str) -> str:
+    """Push the local release in `folder` (release -t cpu --to ...) under `tag`; its reference."""
+    from ortbuild.publish import release
+
+    index_file = next(folder.glob(f"*.{release.INDEX}"))
+    name = index_file.name.removesuffix(f".{release.INDEX}")
+    files = {"bundle": folder / f"{name}.tar", "index": index_file, "provenance": folder / f"{name}.intoto.jsonl",
+             "sums": folder / release.SUMS, "signature": folder / release.SUMS_SIG}
+    ref = registry.parse(f"oci://{oci}/models/epochs:{tag}")
+    registry.push(ref, release.Published("cpu", folder, files, [], json.loads(index_file.read_text())))
+    return str(ref)
+
+
+def test_pull_refuses_an_older_release_over_a_newer_one_and_below_min_epoch(oci: str, releases: Releases,  # noqa: F811
+                                                                           tmp_path: Path) -> None:
+    """The red team's case: `pull --to` replaced a deployed epoch-1 release with a validly signed epoch-0 one."""
+    pub = str(public_key_file(tmp_path))
+    old, new = _push(oci, releases.old, "old"), _push(oci, releases.new, "new")
+    dest = tmp_path / "deploy"
+    proc = cli("pull", new, "--public-key", pub, "--to", str(dest), "--no-run", cwd=tmp_path)
+    assert proc.returncode == 0 and "epoch        1 (" in proc.stdout, proc.stderr
+    before = (dest / "tiny_cnn" / "manifest.json").read_bytes()
+    proc = cli("pull", old, "--public-key", pub, "--to", str(dest), "--no-run", cwd=tmp_path)
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert "below epoch 1 of the release already deployed in" in proc.stderr and "--allow-downgrade" in proc.stderr
+    assert (dest / "tiny_cnn" / "manifest.json").read_bytes() == before
+    proc = cli("pull", old, "--public-key", pub, "--to", str(dest), "--no-run", "--allow-downgrade", cwd=tmp_path)
+    assert proc.returncode == 0 and "WARNING: replaced rel-1.0-cpu (epoch 1)" in proc.stdout, proc.stderr
+    assert json.loads((dest / "tiny_cnn" / "manifest.json").read_text())["epoch"] == 0
+    proc = cli("pull", old, "--public-key", pub, "--to", str(tmp_path / "other"), "--no-run", "--min-epoch", "1",
+               cwd=tmp_path)
+    assert proc.returncode == 7 and "below --min-epoch 1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "other").exists()
+    proc = cli("verify", old, "--public-key", pub, "--no-run", "--min-epoch", "1", cwd=tmp_path)
+    assert proc.returncode == 7 and "below --min-epoch 1" in proc.stderr, proc.stderr

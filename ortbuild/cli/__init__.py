@@ -18,7 +18,7 @@ from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
 from ortbuild.cli.build import _workers, cmd_build, cmd_plan
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
-from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify
+from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating import summary
 from ortbuild.project import config
@@ -49,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
                         help="every step as it starts, and what ONNX Runtime and the quantizers say (by default "
                              "kept in dist/logs/, one line per job on the terminal)")
 
+    def epoch_decrease(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--allow-epoch-decrease", action="store_true",
+                        help="build although [project] epoch is lower than the epoch of the artifacts already in "
+                             "dist/ (a config error without it: older artifacts would load again)")
+
     b = sub.add_parser("build", help="build artifacts into dist/<target>/<model>/")
     selection(b)
     b.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
@@ -62,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--signing-key-file",
                    help="signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
     writer(b)
+    epoch_decrease(b)
     b.set_defaults(func=cmd_build)
 
     te = sub.add_parser("test", help="build what is missing or stale, then check golden outputs, latency and size")
@@ -91,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
     te.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
     writer(te)
+    epoch_decrease(te)
     te.set_defaults(func=cmd_test)
 
     pr = sub.add_parser("profile", help="build what is missing or stale, then profile each artifact through its "
@@ -102,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     pr.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
     writer(pr)
+    epoch_decrease(pr)
     pr.set_defaults(func=cmd_profile)
 
     pl = sub.add_parser("plan", help="show what would be built, with which runtime, and why each job rebuilds")
@@ -171,6 +179,9 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--key-file", help="decryption key for the golden test (else $ORTBUILD_KEY / _FILE)")
         sp.add_argument("--no-run", action="store_true",
                         help="check signatures, digests and provenance only; do not run the golden test")
+        sp.add_argument("--min-epoch", type=min_epoch, default=0, metavar="N",
+                        help="refuse a release whose epoch (its artifacts' signed [project] epoch) is below N "
+                             "(default: %(default)s)")
         sp.add_argument("--json", action="store_true")
 
     v = sub.add_parser("verify", help="verify a release directory, bundle or oci:// reference")
@@ -180,7 +191,10 @@ def parser() -> argparse.ArgumentParser:
 
     pu = sub.add_parser("pull", help="fetch a release from an OCI registry, verify it, extract the bundle")
     pu.add_argument("ref", metavar="REF", help="oci://host[:port]/repo:tag")
-    pu.add_argument("--to", help="directory for the verified bundle (default: ./<bundle name>)")
+    pu.add_argument("--to", help="directory for the verified bundle (default: ./<bundle name>); a release pull put "
+                                 "there before is replaced, never by an older one (a lower epoch)")
+    pu.add_argument("--allow-downgrade", action="store_true",
+                    help="replace the release in --to even with an older one (a lower epoch)")
     checks(pu)
     pu.set_defaults(func=cmd_pull)
 

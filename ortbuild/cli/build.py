@@ -25,6 +25,7 @@ from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, plan
 from ortbuild.project.precisions import Quantizer
+from ortbuild.publish import epochs
 from ortbuild.status import JobStatus, final_exit
 
 
@@ -82,6 +83,11 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
         _clean_leftovers(dist)
+        # a lowered [project] epoch: a config error unless --allow-epoch-decrease (the artifacts in dist/ are the
+        # record of the epoch they were built at)
+        lowered = epochs.decrease(project, dist, allowed=getattr(args, "allow_epoch_decrease", False))
+        if lowered:
+            print(f"ortbuild: WARNING: {lowered}", file=sys.stderr)
         with Progress(quiet=args.json, verbose=verbose) as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}

@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -70,6 +69,19 @@ def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
     return command + UNKNOWN_PUBLIC_KEY
 
 
+def _writable_dir(path: Path, given: str | None) -> None:
+    """A release directory `path` (or the first of its parents that exists) must be a directory: a file there (or
+    a dangling symlink) is a usage error naming it, never an internal error when the release writes."""
+    for p in (path, *path.parents):
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            where = f"--to {given}: " if given else ""
+            raise UsageError(f"{where}{p} is not a directory (a file or a broken symlink is there): a release is "
+                             "written into a directory, one subdirectory per target",
+                             "give a directory (e.g. --to releases/), or move that file away")
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
     from ortbuild.publish import registry, release
@@ -102,6 +114,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
     out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
     write_root = out_root if args.to and ref is None else dist  # no symlink followed below it (files.py)
+    if ref is None:
+        for name in names:
+            _writable_dir(paths.inside(out_root, name), args.to)
     done, refused, lines = [], [], []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:
@@ -146,8 +161,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
     if as_json:
-        print(json.dumps({"name": v.name, "target": v.target, "checks": v.lines, "warnings": v.warnings,
-                          "tests": v.index["tests"], **(extra or {})}, indent=2))
+        print(json.dumps({"name": v.name, "target": v.target, "epoch": v.epoch, "checks": v.lines,
+                          "warnings": v.warnings, "tests": v.index["tests"], **(extra or {})}, indent=2))
         return
     print(f"{v.name}: verified")
     for line in v.lines:
@@ -158,7 +173,7 @@ def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) ->
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
-    from ortbuild.publish import registry, verify
+    from ortbuild.publish import epochs, registry, verify
 
     public = _public_key(args)
     secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))  # the golden test decrypts
@@ -167,44 +182,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if registry.is_ref(args.bundle):
             registry.pull(registry.parse(args.bundle), Path(tmp))
             where = Path(tmp)
-        v = verify.verify(where, public, run=not args.no_run, key=secrets.secret)
+        v = verify.verify(where, public, run=not args.no_run, key=secrets.secret, floors=epochs.floors(args.min_epoch))
     _verify_lines(v, args.json)
     return 0
 
 
-PULLED = ".ortbuild-pulled"  # in every directory `ortbuild pull` made: only such a directory is replaced
-
-
 def cmd_pull(args: argparse.Namespace) -> int:
-    """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to."""
-    from ortbuild.publish import registry, release, verify
+    """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to (never over a newer
+    release unless --allow-downgrade: ortbuild.publish.deploy)."""
+    from ortbuild.publish import deploy, registry, release
 
     ref = registry.parse(args.ref)
     public = _public_key(args)
     secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))
+    if args.to:
+        deploy.check_destination(Path(args.to))  # before the download
     with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
         pulled = registry.pull(ref, Path(tmp))
         dest = Path(args.to) if args.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
-        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-            raise UsageError(f"{dest}: is a symlink or not a directory: pull replaces only a directory it made",
-                             "choose another --to directory")
-        if dest.exists() and any(dest.iterdir()) and not (dest / PULLED).is_file():
-            raise UsageError(f"{dest}: not empty, and not a release `ortbuild pull` made (no {PULLED} in it): pull "
-                             "replaces only its own", "choose another --to directory, or an empty one")
-        staged = dest.parent / f".{dest.name}.pulling"
-        shutil.rmtree(staged, ignore_errors=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        v = verify.verify(Path(tmp), public, run=not args.no_run, key=secrets.secret, extract_to=staged)
-        (staged / PULLED).write_text(f"# pulled by ortbuild from {ref}: `ortbuild pull --to` may replace it\n")
-        old = dest.parent / f".{dest.name}.old"
-        if dest.exists():
-            dest.rename(old)
-        staged.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
+        v = deploy.place(Path(tmp), dest, public, source=str(ref), run=not args.no_run, key=secrets.secret,
+                         min_epoch=args.min_epoch, allow_downgrade=args.allow_downgrade)
     _verify_lines(v, args.json, {"dir": str(dest)})
     if not args.json:
         print(f"  -> {dest}  (load with {dest}/<model>/loader/ortbuild_loader.py)")
     return 0
+
+
+def min_epoch(text: str) -> int:
+    """--min-epoch: a non-negative integer (argparse: exit 2 otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (a non-negative integer)")
+    return n
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:

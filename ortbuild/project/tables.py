@@ -55,7 +55,8 @@ TABLES: dict[str, tuple[Key, ...]] = {
         Key(name="epoch", kind="integer", default=0,
             doc="Rollback counter, signed into every manifest: raise it when an older artifact must no longer "
                 "load. Each generated loader refuses an artifact whose epoch is below the one it was generated "
-                "with (docs/container.md, rollback protection)."),
+                "with, and `release` an artifact below it; lowering it below the epoch of the artifacts in dist/ "
+                "is an error unless `--allow-epoch-decrease` (docs/container.md, rollback)."),
     ),
     "model": (
         Key(name="path", kind="string", required=True,

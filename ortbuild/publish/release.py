@@ -16,7 +16,8 @@ A release of target T is five files (docs/release.md):
 One bundle per target, not one per model across targets: an app is deployed onto one kind of hardware,
 pulls exactly that target's bundle (one OCI tag per target), and verifies it with that target's runtime.
 Release refuses a model whose tests did not pass, are missing, or are older than its artifact, unless
-`--force` (recorded in the index and the provenance).
+`--force` (recorded in the index and the provenance); and an artifact below [project] epoch, whatever --force
+says (ortbuild.publish.epochs).
 
 Nothing is held whole in memory: every member is hashed once before the release (the manifest's integrity
 check, or the golden data's), its digest comes from there into the index, and it is streamed into the bundle
@@ -44,7 +45,7 @@ from ortbuild.gating.gates import PASS, REPORT, SKIP
 from ortbuild.pipeline.steps import opconfig
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
-from ortbuild.publish import tarball
+from ortbuild.publish import epochs, tarball
 
 FORMAT = "ortbuild-release-v1"
 SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
@@ -191,6 +192,9 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         if not m.golden and mr.refusal is None:
             mr.refusal = f"it has no signed golden data ({golden.GOLDEN_DIR}/): run `ortbuild test` first"
         out.append(mr)
+    # below [project] epoch: never rebuilt since it was raised, or an older signed artifact (with its older
+    # loaders, which would accept it) put back: RolledBack, whatever --force says
+    epochs.below_project(project, target.name, {mr.name: mr.manifest.epoch for mr in out})
     return out
 
 

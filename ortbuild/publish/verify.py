@@ -7,8 +7,10 @@
     4. the bundle, streamed member by member (never `extractall`, never a member whole in memory): the signed
        index first, then only regular files the index lists, each once, each with the listed size and sha256,
        and the whole file's sha256, all on one pass (ortbuild.publish.tarball)
-    5. every artifact's manifest signature and digests (the key given), then the golden test: the golden
-       inputs through the bundle's own generated Python loader, compared under the rules the tests used
+    5. every artifact's manifest signature and digests (the key given); the release's epoch (the lowest of its
+       signed manifests') against the floors given (`--min-epoch`, the release `pull --to` would replace); then
+       the golden test: the golden inputs through the bundle's own generated Python loader, compared under the
+       rules the tests used
 Step 5's golden run needs the target's runtime and the decryption key; `--no-run` stops after the artifact
 checks (what anyone holding only the public key can check). Steps 1-5 but the golden run keep memory flat
 whatever the bundle's size; the golden run loads each model into ONNX Runtime through its loader.
@@ -23,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from ortbuild import paths, runtime
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating import compare
-from ortbuild.publish import release, tarball
+from ortbuild.publish import epochs, release, tarball
 from ortbuild.status import Verdict
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
@@ -45,6 +48,11 @@ class Verified:
     index: dict[str, Any]
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    model_epochs: dict[str, int] = field(default_factory=dict)  # each artifact's signed epoch, by model
+
+    @property
+    def epoch(self) -> int:
+        return epochs.release_epoch(self.model_epochs)
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -119,10 +127,10 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
 
 
 def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None,
-           extract_to: Path | None = None) -> Verified:
+           extract_to: Path | None = None, floors: Sequence[epochs.Floor] = ()) -> Verified:
     """Check the release in `path` (steps 1-5 above); extract the bundle into `extract_to` (a new directory; a
-    temporary one when None, removed afterwards). Raises ArtifactError (7), GateFailed (9), KeyMissing (8) or
-    RuntimeMismatch (4), each naming the file and what to do."""
+    temporary one when None, removed afterwards). A release below one of `floors` is RolledBack (7). Raises
+    ArtifactError (7), GateFailed (9), KeyMissing (8) or RuntimeMismatch (4), each naming the file and what to do."""
     folder = release_dir(path)
     listed = _sums(folder, public_key)
     lines = [f"signature    {release.SUMS} verified ({release.SUMS_SIG}, key id {minisign.key_id(public_key).hex()})"]
@@ -187,6 +195,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
                                 "members: a tar header, padding or trailing data)", "fetch the release again")
         lines.append(f"bundle       {bundle}: {len(files) + 1} files, every digest matches the signed index")
         tree = tmp_root / name
+        found: dict[str, int] = {}
         for model in index["models"]:
             mfolder = paths.inside(tree, model)
             m, _ = manifest.read(mfolder)
@@ -194,7 +203,11 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
             if problems:
                 raise Tampered(f"{bundle}: {name}/{model}: {problems[0]}",
                                "the bundle differs from what its publisher signed: fetch it again from the publisher")
+            found[model] = m.epoch
         lines.append(f"artifacts    {', '.join(index['models'])}: manifests signed, artifact and loader digests match")
+        epochs.check(name, found, floors)  # only signed epochs count, and before anything runs
+        lines.append(f"epoch        {epochs.describe(found).removeprefix('epoch ')} (signed in the manifests"
+                     + (f"; not below the minimum {max(f.epoch for f in floors)})" if floors else ")"))
         if run:
             lines += _golden(index, tree, key)
         else:
@@ -203,7 +216,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
             os.replace(tree, extract_to)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
-    return Verified(name, index["target"], index, lines, warnings)
+    return Verified(name, index["target"], index, lines, warnings, found)
 
 
 def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
