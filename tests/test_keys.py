@@ -1,4 +1,5 @@
-"""Keys: private key files (like ssh), typed key files, keygen's private directory and symlinks, and a release's
+"""Keys: private key files (like ssh), typed key files, only regular files and pipes read, one key never taken as
+both kinds, no core dumps of a process holding keys, keygen's private directory and symlinks, and a release's
 refusal of development keys and the verify command it prints."""
 
 from __future__ import annotations
@@ -6,9 +7,13 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import socket
 import stat
 import subprocess
 import sys
+import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -130,6 +135,240 @@ def test_keygen_files_declare_their_kind_in_their_first_line(made: dict[str, str
         first = Path(made[name]).read_text().splitlines()[0]
         assert first.startswith(keys.HEADERS[kind])
         assert keys.declared_kind([first]) == kind
+
+
+# ------------------------------------------------------------------------------- only regular files and pipes
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path, 0o600)  # private: refused for being a FIFO, not for its mode
+    return path
+
+
+def test_a_fifo_key_file_is_refused_at_once_not_waited_on(made: dict[str, str], no_key_env: None,
+                                                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A named FIFO without a writer made `build` wait forever (its open blocks); one with a writer would hand over
+    whatever key its planter writes. Both kinds, from the option and the environment: refused with what it is."""
+    fifo = _fifo(tmp_path / "encryption.key")
+    env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "rekey", str(tmp_path), "--old-key-file", str(fifo),
+                           "--new-key-file", made["encryption_key"], "--signing-key-file", made["signing_key"]],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 8, proc.stderr
+    assert f"{fifo}: cannot read the encryption key: a FIFO (named pipe), not a regular file" in proc.stderr
+    assert "hint: give the key file itself (a regular file, mode 0600)" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - start < 60
+    for kind in ("encryption", "signing"):
+        for how in ("file", "env"):
+            with pytest.raises(KeyMissing, match="a FIFO \\(named pipe\\), not a regular file") as err:
+                _load(kind, how, str(fifo), monkeypatch)
+            assert err.value.message.startswith(f"{fifo}: cannot read the {kind} key")
+            monkeypatch.delenv("ORTBUILD_KEY_FILE", raising=False)
+            monkeypatch.delenv("ORTBUILD_SIGNING_KEY_FILE", raising=False)
+
+
+def test_devices_sockets_and_directories_are_no_key_files(no_key_env: None, tmp_path: Path) -> None:
+    sock_path = tmp_path / "agent.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    try:
+        for path, what in (("/dev/zero", "a character device"), (str(sock_path), "a socket")):
+            with pytest.raises(KeyMissing) as err:
+                keys.encryption_key(file=path)
+            assert err.value.message == f"{path}: cannot read the encryption key: {what}, not a regular file"
+    finally:
+        sock.close()
+    with pytest.raises(KeyMissing, match="is a directory"):
+        keys.signing_key(file=tmp_path)
+
+
+def test_a_pipe_from_the_parent_is_still_read_even_when_its_writer_is_slow(made: dict[str, str],
+                                                                          no_key_env: None) -> None:
+    """`--key-file <(pass show key)`: the pipe is opened without blocking, then read as before (waiting for the
+    writer), through /dev/fd and /dev/stdin alike."""
+    text = Path(made["encryption_key"]).read_text()
+    code = ("import sys; from ortbuild.artifact import keys; "
+            "print(keys.encryption_key(file=sys.argv[1]).key_id)")
+    for path in ("/dev/stdin", "/proc/self/fd/0"):
+        writer = subprocess.Popen(["sh", "-c", 'sleep 1; printf "%s" "$1"', "sh", text], stdout=subprocess.PIPE)
+        proc = subprocess.run([sys.executable, "-c", code, path], stdin=writer.stdout, capture_output=True,
+                              text=True, timeout=120, env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+        assert writer.stdout is not None
+        writer.stdout.close()
+        writer.wait()
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == made["encryption_key_id"]
+
+
+# ------------------------------------------------------------------------------ one key is never both kinds
+
+SIGNING_PUBLIC = keys.ed25519_public(TEST_SIGNING_SEED)
+B64 = {name: base64.b64encode(raw).decode() for name, raw in
+       (("key", TEST_KEY), ("seed", TEST_SIGNING_SEED), ("public", SIGNING_PUBLIC))}
+
+
+def _untyped(path: Path, raw: bytes) -> Path:
+    path.write_text(base64.b64encode(raw).decode() + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("enc_how", ["env", "file"])
+@pytest.mark.parametrize("sign_how", ["env", "file"])
+def test_the_signing_seed_given_as_the_encryption_key_is_refused(no_key_env: None, monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path, enc_how: str, sign_how: str) -> None:
+    """The environment's keys stay raw base64 (the variable's name is the kind); the same 32 bytes as both kinds
+    are refused, wherever each came from, naming both sources."""
+    enc_file, sign_file = _untyped(tmp_path / "enc", TEST_SIGNING_SEED), _untyped(tmp_path / "sign",
+                                                                                 TEST_SIGNING_SEED)
+    if enc_how == "env":
+        monkeypatch.setenv("ORTBUILD_KEY", B64["seed"])
+    if sign_how == "env":
+        monkeypatch.setenv("ORTBUILD_SIGNING_KEY", B64["seed"])
+    with pytest.raises(KeyMissing) as err:
+        keys.read_secrets(enc_file if enc_how == "file" else None, sign_file if sign_how == "file" else None)
+    enc_src = "$ORTBUILD_KEY" if enc_how == "env" else str(enc_file)
+    sign_src = "$ORTBUILD_SIGNING_KEY" if sign_how == "env" else str(sign_file)
+    assert err.value.message == (f"the encryption key ({enc_src}) is the signing key ({sign_src}): with one key for "
+                                 "both, anyone who holds an app's decryption key could sign manifests")
+    assert err.value.hint is not None and "ortbuild keygen" in err.value.hint
+
+
+def test_an_encryption_key_that_signs_as_the_signing_key_or_is_its_public_half_is_refused(
+        no_key_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTBUILD_SIGNING_KEY", B64["seed"])
+    monkeypatch.setenv("ORTBUILD_KEY", B64["public"])
+    with pytest.raises(KeyMissing, match=r"is the signing key's public half \(\$ORTBUILD_SIGNING_KEY\)"):
+        keys.read_secrets()
+    # the Ed25519 comparison itself: a signing key object built from the encryption key's bytes is that key
+    enc = keys.EncryptionKey(TEST_KEY, "argument")
+    sign = keys._signing_key_from_seed(TEST_KEY, "ORTBUILD_SIGNING_KEY", False, None)
+    assert sign.public_raw == keys.ed25519_public(TEST_KEY)
+    with pytest.raises(KeyMissing, match=r"the encryption key \(the key argument\) is the signing key"):
+        keys.Secrets(enc, sign)
+    # two different keys, as today: accepted, whichever the sources
+    monkeypatch.setenv("ORTBUILD_KEY", B64["key"])
+    secrets = keys.read_secrets()
+    assert secrets.secret == TEST_KEY and secrets.signing is not None
+    assert keys.Secrets(secrets.encryption, None).secret == TEST_KEY  # one key alone: nothing to compare
+
+
+def test_the_cli_refuses_one_key_as_both_kinds_with_exit_8(made: dict[str, str], tmp_path: Path,
+                                                          make_project: Callable[..., Path]) -> None:
+    """The finding as written: `ORTBUILD_KEY=<the signing seed> ortbuild build` built with exit 0; and rekey
+    refuses a new key that is the signing key."""
+    config = make_project('[targets.cpu]\nruntime = "RUNTIME"\nproviders = ["CPUExecutionProvider"]\n')
+    env = {**{k: v for k, v in os.environ.items() if k not in KEY_VARS}, "ORTBUILD_KEY": B64["seed"],
+           "ORTBUILD_SIGNING_KEY": B64["seed"]}
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(config), "-j", "1"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 8, proc.stdout + proc.stderr
+    assert "the encryption key ($ORTBUILD_KEY) is the signing key ($ORTBUILD_SIGNING_KEY)" in proc.stderr
+    assert not (tmp_path / "dist").exists()
+    assert B64["seed"] not in proc.stdout + proc.stderr  # never the key itself
+    seed = base64.b64decode(Path(made["signing_key"]).read_text().splitlines()[-1])
+    same = _untyped(tmp_path / "new.key", seed)
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "rekey", str(tmp_path), "--old-key-file",
+                           made["encryption_key"], "--new-key-file", str(same), "--signing-key-file",
+                           made["signing_key"]], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+    assert proc.returncode == 8, proc.stderr
+    assert f"the encryption key ({same}) is the signing key ({made['signing_key']})" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- no core dumps
+
+CRASH = """
+import ctypes, sys
+def crash(where):
+    with open(where, "w") as f:  # the crashing process's own limits, read at the crash
+        f.write(open("/proc/self/limits").read())
+    ctypes.string_at(0)  # a NULL read: SIGSEGV, a crash the kernel dumps like any other
+"""
+
+
+def core_pattern() -> str:
+    return Path("/proc/sys/kernel/core_pattern").read_text().strip()
+
+
+def cores_land_in_cwd() -> bool:
+    """Whether the kernel writes a core as a file in the crashing process's directory (a plain name; not a
+    path elsewhere, not a pipe to systemd-coredump or apport, where only the limit can be checked here)."""
+    pattern = core_pattern()
+    return bool(pattern) and not pattern.startswith("|") and "/" not in pattern
+
+
+def crash_child(code: str, cwd: Path, *args: str, env: dict[str, str] | None = None,
+                timeout: float = 300) -> tuple[int, tuple[str, str], list[Path]]:
+    """Run `code` (which ends by calling crash(<limits file>)) in a child whose soft core limit is first raised to
+    the hard one, as a user's `ulimit -c unlimited` would. Returns the wait status (os.WCOREDUMP: the kernel dumped
+    it), the core limits (soft, hard) the child had when it crashed, and the core files left in `cwd`."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    if hard == 0:
+        pytest.skip("core dumps are off for this test process (hard RLIMIT_CORE 0): nothing to disable")
+    limits = cwd / "limits.txt"
+
+    def enable_cores() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+    with open(cwd / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", CRASH + textwrap.dedent(code), str(limits), *args],
+                                cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=enable_cores)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"the child did not crash in {timeout} s: {(cwd / 'stderr.txt').read_text()[-2000:]}")
+            time.sleep(0.05)
+        proc.returncode = -1  # reaped here (os.waitpid): Popen must not wait for it again
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 11, (status, (cwd / "stderr.txt").read_text()[-3000:])
+    line = next(ln for ln in limits.read_text().splitlines() if ln.startswith("Max core file size"))
+    soft, hard_now = line.removeprefix("Max core file size").split()[:2]
+    return status, (soft, hard_now), sorted(p for p in cwd.iterdir() if p.name.startswith("core"))
+
+
+def test_a_crashed_ortbuild_command_leaves_no_core_with_its_keys(tmp_path: Path,
+                                                                make_project: Callable[..., Path]) -> None:
+    """`ortbuild test` crashes (SIGSEGV) right after reading both keys: its core limit is 0, soft and hard (set
+    before any key is read), and no core appears. The same crash without ortbuild's main() (the control, in a
+    process that read the same keys) keeps the limit the user set, and, where cores land in the working directory,
+    leaves a core holding the encryption key: the test can fail."""
+    config = make_project('[targets.cpu]\nruntime = "RUNTIME"\nproviders = ["CPUExecutionProvider"]\n')
+    hook = """
+        from ortbuild.artifact import keys
+        from ortbuild.cli import main
+        read, where = keys.read_secrets, sys.argv.pop(1)
+        def read_then_crash(*a):
+            read(*a)
+            crash(where)
+        keys.read_secrets = read_then_crash
+        sys.exit(main())
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    work = tmp_path / "work"
+    work.mkdir()
+    status, limits, cores = crash_child(hook, work, "test", "-c", str(config), "-j", "1", "--no-explain", env=env)
+    assert limits == ("0", "0")
+    if cores_land_in_cwd():
+        assert cores == [] and not os.WCOREDUMP(status)
+    control = tmp_path / "control"
+    control.mkdir()
+    status, limits, cores = crash_child("""
+        from ortbuild.artifact import keys
+        secrets = keys.read_secrets()
+        crash(sys.argv[1])
+    """, control, env=env)
+    assert limits[0] != "0"
+    if cores_land_in_cwd():
+        assert os.WCOREDUMP(status) and len(cores) == 1
+        assert TEST_KEY in cores[0].read_bytes()  # what a core of a process holding the key gives away
+        cores[0].unlink()
 
 
 # ------------------------------------------------------------------------------------------------- keygen

@@ -27,7 +27,7 @@ from ortbuild.artifact import container, keys, loaders, manifest
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus
-from tests.conftest import MODELS, TEST_KEY, here_runtime
+from tests.conftest import MODELS, TEST_KEY, TEST_SIGNING_SEED, here_runtime
 
 BUILT = JobStatus.BUILT
 
@@ -1125,3 +1125,176 @@ console.log(JSON.stringify(process.env.ORT_DISABLE_TELEMETRY ?? null));
         pytest.skip("this onnxruntime-node keeps no local telemetry event store here: nothing to check against")
     assert results["control"][1] >= 20, results  # every session of plain onnxruntime-node 1.30 names the graph
     assert results["loader"] == (0, 0), results  # and through the loader ORT keeps no store at all
+
+
+# --------------------------------------------------------------------------- key files and kinds, core dumps
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One encrypted artifact (the suite's keys: TEST_KEY, signed with TEST_SIGNING_SEED)."""
+    return _build_one(tmp_path_factory.mktemp("keyfiles"))
+
+
+PY_KEY_CASES = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import ortbuild_loader as L
+out = {}
+for name, env, key in json.loads(sys.argv[2]):
+    for k, v in env.items():
+        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        L.load(key=key, folder=sys.argv[3])
+        out[name] = ["ok", ""]
+    except L.LoaderError as e:
+        out[name] = [e.code, str(e)]
+print(json.dumps(out))
+"""
+
+NODE_KEY_CASES = """
+import { LoaderError, load } from '%(loader)s';
+const out = {};
+for (const [name, env, key] of JSON.parse(process.argv[2])) {
+  for (const [k, v] of Object.entries(env)) { if (v === null) delete process.env[k]; else process.env[k] = v; }
+  try { await load({ folder: process.argv[3], key: key ?? undefined }); out[name] = ['ok', '']; }
+  catch (e) { out[name] = e instanceof LoaderError ? [e.code, e.message] : ['crash', String(e)]; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_both_loaders_read_key_files_as_the_cli_does(one: Path, node_app: Path, tmp_path: Path) -> None:
+    """A key file group or others may read, a named FIFO (no writer: it hung both loaders), a device, a signing
+    key's or public key's file: refused with the reason, at once. The signing seed or its public key given as the
+    encryption key (from the environment, a file or the argument) is refused: the loader's pinned public key tells
+    it. A private file and a pipe from the parent (stdin) load."""
+    made = keys.keygen(tmp_path / "keys")
+    text = f"# ortbuild encryption key (AES-256 KEK)\n{base64.b64encode(TEST_KEY).decode()}\n"
+    good = tmp_path / "keys" / "mine.key"
+    good.write_text(text)
+    good.chmod(0o600)
+    shared = tmp_path / "shared.key"
+    shared.write_text(text)
+    shared.chmod(0o644)
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo, 0o600)
+    seed_file = tmp_path / "keys" / "seed.key"  # untyped: only the key itself says what it is
+    seed_file.write_text(base64.b64encode(TEST_SIGNING_SEED).decode() + "\n")
+    seed_file.chmod(0o600)
+    public = base64.b64encode(keys.ed25519_public(TEST_SIGNING_SEED)).decode()
+
+    def file(path: Path | str) -> dict[str, str | None]:
+        return {"ORTBUILD_KEY": None, "ORTBUILD_KEY_FILE": str(path)}
+
+    cases: list[tuple[str, dict[str, str | None], str | None]] = [
+        ("shared", file(shared), None), ("fifo", file(fifo), None), ("device", file("/dev/zero"), None),
+        ("signing-file", file(made["signing_key"]), None), ("public-file", file(made["public_key"]), None),
+        ("seed-file", file(seed_file), None),
+        ("seed-env", {"ORTBUILD_KEY_FILE": None, "ORTBUILD_KEY": base64.b64encode(TEST_SIGNING_SEED).decode()}, None),
+        ("public-arg", {}, public), ("good", file(good), None), ("stdin", file("/dev/stdin"), None)]
+    expected = {
+        "shared": f"{shared}: the encryption key file is accessible by group or others (mode 0644): a key file must "
+                  f"be private, like an ssh key; run `chmod 600 {shared}`",
+        "fifo": f"{fifo}: cannot read the encryption key: a FIFO (named pipe), not a regular file: give the key "
+                "file itself (a regular file, mode 0600)",
+        "device": "/dev/zero: cannot read the encryption key: a character device, not a regular file: give the key "
+                  "file itself (a regular file, mode 0600)",
+        "signing-file": f"{made['signing_key']} is a signing key, not an encryption key: use encryption.key, the "
+                        "encryption key `ortbuild keygen` wrote beside it",
+        "public-file": f"{made['public_key']} is a public key, not an encryption key: use encryption.key, the "
+                       "encryption key `ortbuild keygen` wrote beside it",
+        "seed-file": f"{seed_file} is the artifact's signing key (key id {keys.public_key_id(base64.b64decode(public))}"
+                     "), not the encryption key: give encryption.key, the key the artifact was built with",
+        "seed-env": "$ORTBUILD_KEY is the artifact's signing key (key id "
+                    f"{keys.public_key_id(base64.b64decode(public))}), not the encryption key: give encryption.key, "
+                    "the key the artifact was built with",
+        "public-arg": "the key argument is the public key of the artifact's signing key (key id "
+                      f"{keys.public_key_id(base64.b64decode(public))}), not the encryption key: give encryption.key, "
+                      "the key the artifact was built with",
+    }
+    loader = node_app / f"loader_keys_{os.getpid()}.mjs"
+    shutil.copy(one / "loader" / loaders.NODE, loader)
+    script = node_app / f"run_keys_{os.getpid()}.mjs"
+    script.write_text(NODE_KEY_CASES % {"loader": loader.as_posix()})
+    runs = {"python": [sys.executable, "-I", "-c", PY_KEY_CASES, str(one / "loader"), json.dumps(cases), str(one)],
+            "node": ["node", str(script), json.dumps(cases), str(one)]}
+    for language, command in runs.items():
+        r, w = os.pipe()  # stdin: a pipe from the parent, as `ORTBUILD_KEY_FILE=/dev/stdin app < <(pass show key)`
+        os.write(w, text.encode())
+        os.close(w)
+        try:
+            proc = subprocess.run(command, stdin=r, cwd=node_app, capture_output=True, text=True, timeout=120)
+        finally:
+            os.close(r)
+        assert proc.returncode == 0, (language, proc.stderr[-3000:])
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["good"] == ["ok", ""] and out["stdin"] == ["ok", ""], (language, out)
+        for name, message in expected.items():
+            assert out[name] == ["key_missing", message], (language, name, out[name])
+    loader.unlink()
+    script.unlink()
+
+
+def test_the_python_loader_turns_core_dumps_off_unless_allowed(one: Path, tmp_path: Path) -> None:
+    """An app that loaded an encrypted artifact crashes (SIGSEGV): its soft core limit was set to 0 by load() (the
+    hard one, the app's, is untouched) and no core appears. With load(allow_core_dumps=True) the limit the app had
+    stays, and (where cores land in the working directory) the crash leaves a core: the test can fail."""
+    from tests.test_keys import cores_land_in_cwd, crash_child
+
+    app = """
+        where, allow = sys.argv[1], sys.argv[2] == "allow"
+        sys.path.insert(0, sys.argv[3])
+        import ortbuild_loader
+        model = ortbuild_loader.load(allow_core_dumps=allow)
+        crash(where)
+    """
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}, "PYTHONPATH": ""}
+    for mode in ("default", "allow"):
+        work = tmp_path / mode
+        work.mkdir()
+        status, (soft, hard), cores = crash_child(app, work, mode, str(one / "loader"), env=env)
+        assert hard != "0"  # the app's own hard limit: the loader never lowers it
+        if mode == "default":
+            assert soft == "0"
+            if cores_land_in_cwd():
+                assert cores == [] and not os.WCOREDUMP(status)
+        else:
+            assert soft == hard
+            if cores_land_in_cwd():
+                assert os.WCOREDUMP(status) and len(cores) == 1
+                for core in cores:
+                    core.unlink()
+
+
+def test_the_node_loader_warns_when_core_dumps_are_on(one: Path, node_app: Path) -> None:
+    """Node.js has no setrlimit: the loader cannot turn core dumps off, so it warns (ORTBUILD_CORE_DUMPS) when the
+    process may write one while it loads an encrypted artifact; not when `ulimit -c 0` is in force, nor with
+    allowCoreDumps."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    if hard == 0:
+        pytest.skip("core dumps are off for this test process (hard RLIMIT_CORE 0): no warning to see")
+    loader = node_app / f"loader_core_{os.getpid()}.mjs"
+    shutil.copy(one / "loader" / loaders.NODE, loader)
+    script = node_app / f"run_core_{os.getpid()}.mjs"
+    script.write_text(f"""
+import {{ coreDumpsEnabled, load }} from '{loader.as_posix()}';
+await load({{ folder: '{one.as_posix()}', allowCoreDumps: process.argv[2] === 'allow' }});
+await load({{ folder: '{one.as_posix()}' }});  // warned once per process
+console.log(JSON.stringify(coreDumpsEnabled()));
+""")
+    results = {}
+    for name, limit, arg in (("on", hard, ""), ("off", 0, ""), ("allowed", hard, "allow")):
+        proc = subprocess.run(["node", str(script), arg], cwd=node_app, capture_output=True, text=True, timeout=120,
+                              preexec_fn=lambda lim=limit: resource.setrlimit(resource.RLIMIT_CORE, (lim, hard)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = (json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr.count("[ORTBUILD_CORE_DUMPS]"))
+    assert results["on"] == (True, 1)  # once, though it loaded twice
+    assert results["off"] == (False, 0)
+    assert results["allowed"] == (True, 1)  # the second load() did not allow them: warned there
+    proc_text = subprocess.run(["node", str(script), ""], cwd=node_app, capture_output=True, text=True, timeout=120,
+                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))).stderr
+    assert "ulimit -c 0" in proc_text and "cannot turn them off itself" in proc_text
+    loader.unlink()
+    script.unlink()

@@ -10,7 +10,16 @@ manifest built with them says so. No key ever appears in an artifact, a manifest
 Like ssh, a key file readable or writable by group or others is refused (with the chmod that fixes it), and
 keygen's files are typed: their first line names their kind ("# ortbuild encryption key ...", "# ortbuild
 Ed25519 signing key ..."), so one kind is never taken for the other. Files without such a line are accepted as
-either kind. The public key (signing.pub) is no secret: it is never checked for its mode.
+either kind. The public key (signing.pub) is no secret: it is never checked for its mode. Only a regular file
+or an anonymous pipe (`--key-file <(pass show key)`) is read as a key file: a named FIFO, a device or a socket is
+refused (a FIFO could be fed by whoever planted it, or block the read forever).
+
+Keys from the environment stay raw base64 (the variable's name says the kind), so one key given as both kinds
+is caught by comparing them: an encryption key equal to the signing seed, or whose Ed25519 public half is the
+signing key's, is refused wherever the two meet (check_kinds; the loaders compare with their pinned public key).
+
+The ortbuild command disables core dumps (no_core_dumps) before it reads any key: a crashed build would
+otherwise leave both keys and plaintext weights in a core file.
 """
 
 from __future__ import annotations
@@ -79,6 +88,12 @@ class SigningKey:
         return Signing(algorithm="Ed25519", public_key=base64.b64encode(self.public_raw).decode(),
                        public_key_id=self.key_id, development_key=self.development)
 
+    @property
+    def seed(self) -> bytes:
+        raw: bytes = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                                serialization.NoEncryption())
+        return raw
+
     def sign(self, message: bytes) -> bytes:
         sig: bytes = self.private.sign(message)
         return sig
@@ -89,9 +104,7 @@ class SigningKey:
     def __reduce__(self) -> tuple[object, tuple[bytes, str, bool, str | None]]:
         """Pickled as its 32-byte seed (the key object itself does not pickle): a parallel build's worker
         processes get the command's Secrets whole, and never read the environment for keys."""
-        seed = self.private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                          serialization.NoEncryption())
-        return _signing_key_from_seed, (seed, self.source, self.development, self.path)
+        return _signing_key_from_seed, (self.seed, self.source, self.development, self.path)
 
 
 def _signing_key_from_seed(seed: bytes, source: str, development: bool, path: str | None) -> SigningKey:
@@ -155,13 +168,57 @@ def private_problem(mode: int) -> bool:
     return os.name == "posix" and bool(mode & 0o077)
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def no_core_dumps(*, hard: bool = True) -> None:
+    """Set RLIMIT_CORE to 0 for this process and every process it starts (they inherit it): a core dump of a
+    process that holds a key or decrypted weights would hold them too. `hard` lowers the hard limit as well, so
+    that no child raises it again (for good: only the ortbuild command's own process asks for that)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit (Windows Error Reporting is configured system-wide)
+        return
+    soft_max = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    for limits in ((0, 0), (0, soft_max)) if hard else ((0, soft_max),):
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, limits)
+            return
+        except (OSError, ValueError):
+            continue
+
+
+def _anonymous_pipe(fd: int, path: str) -> bool:
+    """Whether an open FIFO is an anonymous pipe the parent handed down (`--key-file <(pass show key)`, or
+    /dev/stdin fed by a pipe), not a named FIFO in the file system, which anyone who may write its directory can
+    plant (and feed, or leave without a writer: a read would wait forever). Linux says so in /proc; elsewhere
+    only /dev/fd/N counts."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return path.startswith("/dev/fd/")
+
+
 def _read_file(path: str, what: str) -> tuple[bytes, bool]:
     """A secret key file, refused (like ssh) when group or others may read or write it, after a file of the
-    other kind (which says so in its first line) is refused as such. The mode is that of the file opened
-    (fstat), so a swap between the check and the read changes nothing."""
+    other kind (which says so in its first line) is refused as such. Only a regular file or an anonymous pipe is
+    read: a named FIFO, a device or a socket is refused before any read (it could block forever or be fed by
+    someone else). The file is opened without blocking (a FIFO's open waits for a writer) and its type and mode
+    are those of the file opened (fstat), so a swap between the check and the read changes nothing."""
     hint = f"make one with `{MAKE_KEYS}`"
+    regular = "give the key file itself (a regular file, mode 0600), or a pipe: `--key-file <(command)`"
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        before = os.stat(path).st_mode  # a device is not even opened (opening one can do things)
+        if stat.S_ISCHR(before) or stat.S_ISBLK(before) or stat.S_ISSOCK(before):
+            raise KeyMissing(f"{path}: cannot read the {what}: {file_kind(before)}, not a regular file", regular)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise KeyMissing(f"{path}: cannot read the {what}: {e.strerror if isinstance(e, OSError) else e}",
                          hint) from None
@@ -169,6 +226,11 @@ def _read_file(path: str, what: str) -> tuple[bytes, bool]:
     if stat.S_ISDIR(mode):
         os.close(fd)
         raise KeyMissing(f"{path}: cannot read the {what}: is a directory", f"give the {what} file in it")
+    if not stat.S_ISREG(mode):
+        if not (stat.S_ISFIFO(mode) and _anonymous_pipe(fd, path)):
+            os.close(fd)
+            raise KeyMissing(f"{path}: cannot read the {what}: {file_kind(mode)}, not a regular file", regular)
+        os.set_blocking(fd, True)  # a pipe from the parent: wait for what it writes, as before
     with os.fdopen(fd, "rb") as f:
         try:
             data = f.read(1 << 16)  # a key file is a few lines
@@ -220,6 +282,35 @@ def signing_key(explicit: bytes | None = None, file: str | Path | None = None) -
     return SigningKey(Ed25519PrivateKey.from_private_bytes(found[0]), found[1], found[2], found[3])
 
 
+def _shown(source: str) -> str:
+    """Where a key came from, for a message: a variable's name with its $, else the file (or "the argument")."""
+    return f"${source}" if source.startswith("ORTBUILD_") else "the key argument" if source == "argument" else source
+
+
+def ed25519_public(secret: bytes) -> bytes:
+    """The Ed25519 public key of 32 bytes taken as a signing seed (what an encryption key would sign as)."""
+    raw: bytes = Ed25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return raw
+
+
+def check_kinds(encryption: EncryptionKey | None, signing: SigningKey | None) -> None:
+    """Refuse keys that are one key given twice, whatever their sources (files or the environment, where the
+    variable's name is all that says a key's kind): an encryption key equal to the signing seed, or whose Ed25519
+    public half (the 32 bytes taken as a seed) is the signing key's, would let anyone who holds an app's
+    decryption key sign manifests; one equal to the signing key's public half is published with every manifest."""
+    if encryption is None or signing is None:
+        return
+    enc, sign = _shown(encryption.source), _shown(signing.source)
+    use = f"use two keys, as `ortbuild keygen` makes them: `{MAKE_KEYS}`"
+    if encryption.secret == signing.seed or ed25519_public(encryption.secret) == signing.public_raw:
+        raise KeyMissing(f"the encryption key ({enc}) is the signing key ({sign}): with one key for both, anyone "
+                         "who holds an app's decryption key could sign manifests", use)
+    if encryption.secret == signing.public_raw:
+        raise KeyMissing(f"the encryption key ({enc}) is the signing key's public half ({sign}), which every "
+                         "manifest and signing.pub publish: anyone could decrypt", use)
+
+
 @dataclass(frozen=True, repr=False)
 class Secrets:
     """The keys one command works with, read once (`read_secrets`) and passed down whole: nothing below the
@@ -227,6 +318,9 @@ class Secrets:
 
     encryption: EncryptionKey | None = None
     signing: SigningKey | None = None
+
+    def __post_init__(self) -> None:
+        check_kinds(self.encryption, self.signing)
 
     @property
     def secret(self) -> bytes | None:

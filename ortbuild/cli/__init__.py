@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from ortbuild import __version__
+from ortbuild.artifact import keys
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
 from ortbuild.cli.build import _workers, cmd_build, cmd_plan
 from ortbuild.cli.gate import cmd_profile, cmd_test
@@ -219,6 +220,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # no core dump of this process or the processes it starts (workers, loaders, probes): it will hold keys and
+    # decrypted weights. The hard limit too when this process is the ortbuild command (argv None); a caller
+    # that runs main() in its own process keeps its hard limit, and may raise the soft one again
+    keys.no_core_dumps(hard=argv is None)
     # ONNX Runtime's telemetry event store stays untouched by every session of this process and its workers and
     # probes (unless the user set the variable); runtime.import_ort() also disables the events (API use)
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")

@@ -178,6 +178,8 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         raise KeyMissing("rekey needs --old-key-file, --new-key-file and a signing key "
                          "(--signing-key-file, ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE)",
                          f"make a new key: `{keys.MAKE_KEYS}`")
+    keys.check_kinds(old, sign)
+    keys.check_kinds(new, sign)
     folders = []
     for path in args.paths:
         p = Path(path)
