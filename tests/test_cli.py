@@ -74,6 +74,28 @@ def test_inspect_a_plain_model_and_a_missing_path() -> None:
     assert proc.returncode == 7 and "no such file" in proc.stderr
 
 
+@pytest.mark.parametrize("what", ["a text file", "a directory", "a foreign manifest.json"])
+def test_inspect_of_what_is_no_artifact_says_so_without_a_rebuild_hint(tmp_path: Path, what: str) -> None:
+    path = {"a text file": tmp_path / "passwd", "a directory": tmp_path / "d",
+            "a foreign manifest.json": tmp_path / "web" / "manifest.json"}[what]
+    if what == "a directory":
+        path.mkdir()
+    else:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text('{"name": "a web app", "icons": []}' if path.suffix == ".json" else "root:x:0:0:root\n")
+    for key in ([], ["--public-key", str(tmp_path / "no.pub")]):  # with a key, nothing is checked against it
+        proc = run_cli("inspect", str(path), *key)
+        assert proc.returncode == 7 and f"{path}: not an artifact" in proc.stderr, proc.stderr
+        assert "TAMPERED" not in proc.stderr + proc.stdout and "--repair" not in proc.stderr
+        assert "rebuild" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inspect_of_a_broken_manifest_beside_its_signature_is_tampered_not_foreign(built: Path) -> None:
+    (built / "manifest.json").write_text("garbage")
+    proc = run_cli("inspect", str(built))
+    assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "not an artifact" not in proc.stderr
+
+
 def _other_runtime() -> str:
     """A runtime requirement that this environment's ONNX Runtime flavor does not satisfy."""
     flavor = runtime.installed_flavor()
