@@ -96,6 +96,39 @@ def test_inspect_of_a_broken_manifest_beside_its_signature_is_tampered_not_forei
     assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "not an artifact" not in proc.stderr
 
 
+@pytest.mark.parametrize("command, args, says", [
+    ("build", ["-j", "0"], "argument -j/--jobs: 0: at least 1 job"),
+    ("build", ["-j", "-3"], "argument -j/--jobs: -3: at least 1 job"),
+    ("build", ["--jobs", "two"], "argument -j/--jobs: 'two' is not a whole number of jobs"),
+    ("build", ["--lock-timeout", "nan"], "argument --lock-timeout: nan: a finite number of seconds, 0 or more"),
+    ("build", ["--lock-timeout", "-5"], "argument --lock-timeout: -5: a finite number of seconds, 0 or more"),
+    ("build", ["--lock-timeout", "inf"], "argument --lock-timeout: inf: a finite number of seconds"),
+    ("build", ["--lock-timeout", "soon"], "argument --lock-timeout: 'soon' is not a number of seconds"),
+    ("test", ["-j", "0"], "argument -j/--jobs: 0: at least 1 job"),
+    ("profile", ["--lock-timeout", "nan"], "argument --lock-timeout: nan: a finite number of seconds"),
+])
+def test_jobs_and_lock_timeout_out_of_range_are_usage_errors(make_project: Callable[..., Path], command: str,
+                                                             args: list[str], says: str) -> None:
+    path = make_project(CPU_TARGET, calibration=True)
+    proc = run_cli(command, "-c", str(path), *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not (path.parent / "dist").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("command", [["clean"], ["rekey", "dist", "--new-key-file", "k"], ["release"]])
+def test_lock_timeout_is_checked_on_every_command_that_takes_it(command: list[str]) -> None:
+    proc = run_cli(*command, "--lock-timeout", "-1")
+    assert proc.returncode == 2 and "a finite number of seconds, 0 or more" in proc.stderr, proc.stderr
+
+
+def test_jobs_and_lock_timeout_in_range_are_taken() -> None:
+    from ortbuild import cli
+
+    args = cli.parser().parse_args(["build", "-j", "1", "--lock-timeout", "0"])
+    assert args.jobs == 1 and args.lock_timeout == 0.0
+    assert cli.parser().parse_args(["test", "--lock-timeout", "2.5"]).lock_timeout == 2.5
+
+
 def _other_runtime() -> str:
     """A runtime requirement that this environment's ONNX Runtime flavor does not satisfy."""
     flavor = runtime.installed_flavor()
