@@ -14,9 +14,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ortbuild import __version__
+from ortbuild import __version__, workspace
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
-from ortbuild.cli.build import _workers, cmd_build, cmd_plan
+from ortbuild.cli.build import _workers, cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify
@@ -234,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     args = parser().parse_args(argv)
     try:
+        # the plaintext temp dirs of ortbuild processes that were killed go at once, whatever the command
+        say_removed(workspace.remove_dead_private_dirs())
         code: int = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away (`ortbuild matrix | head -1`) is seen below
         return code
