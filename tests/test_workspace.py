@@ -233,11 +233,54 @@ def test_clean_empties_only_an_output_directory_ortbuild_made(make_project: Call
     assert workspace.owned(dist)
     proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
     assert proc.returncode == 0 and not (dist / "fp32").exists(), proc.stderr
+    assert sorted(p.name for p in dist.iterdir()) == [workspace.MARKER, workspace.LOCK]
     # a build into a directory that already held the user's files never marks it as ortbuild's
     assert subprocess.run(_cli("build", "-c", str(path), "--dist", str(mine)), capture_output=True).returncode == 0
     assert not workspace.owned(mine)
     proc = subprocess.run(_cli("clean", "-c", str(path), "--dist", str(mine)), capture_output=True, text=True)
     assert proc.returncode == 2 and (mine / "important.txt").exists()
+
+
+def test_clean_removes_only_what_ortbuild_made_and_says_what_it_kept(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    assert subprocess.run(_cli("test", "-c", str(path), "--no-explain"), capture_output=True).returncode == 0
+    dist = path.parent / "dist"
+    art = dist / "fp32" / "tiny_cnn"
+    ours = [art / "manifest.json", art / "manifest.sig", art / "model.onnx.enc", art / "test-report.json",
+            art / "golden" / "golden.json", art / "loader" / "ortbuild_loader.py", dist / "report.json",
+            dist / "report.html", dist / "logs" / "fp32" / "tiny_cnn.build.json"]
+    assert all(p.is_file() for p in ours), [p for p in ours if not p.is_file()]
+    user = {dist / "NOTES.txt": "mine", dist / "userdir" / "sub" / "model.onnx": "mine too",
+            dist / "fp32" / "notes.md": "about fp32", art / "mine.txt": "beside the artifact",
+            art / "loader" / "patch.diff": "my loader change", dist / "logs" / "what-i-saw.txt": "a note",
+            dist / "release" / "README": "how we ship"}
+    for p, text in user.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    (dist / "empty").mkdir()  # the user's, empty: clean leaves it too
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.exists() for p in ours), [p for p in ours if p.exists()]
+    assert {p: p.read_text() for p in user} == user and (dist / "empty").is_dir()
+    for p in [*user, dist / "empty"]:
+        kept = dist / p.relative_to(dist).parts[0] if p.parent == dist or "userdir" in p.parts or p.name == "empty" \
+            else p
+        assert f"kept    {kept}: not made by ortbuild" in proc.stdout, proc.stdout
+    assert "remove them yourself if you mean to" in proc.stdout
+    assert not (art / "golden").exists() and not (dist / "report.json").exists()
+    assert workspace.owned(dist)  # still ortbuild's: the next build and clean work as before
+    # what the user left beside the artifact directories stays through a build and a second clean; a clean with
+    # nothing of the user's left keeps nothing
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and (dist / "NOTES.txt").read_text() == "mine"
+    assert (dist / "userdir" / "sub" / "model.onnx").read_text() == "mine too"
+    for p in dist.iterdir():
+        if p.name not in (workspace.MARKER, workspace.LOCK):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and "kept" not in proc.stdout and not (dist / "fp32").exists(), proc.stdout
 
 
 def test_a_symlinked_lock_file_is_a_clear_error_never_written_through(make_project: Callable[..., Path],

@@ -14,6 +14,7 @@ from typing import Any
 
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keys, manifest
+from ortbuild.cli import owned
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.project import config
 from ortbuild.status import JobStatus, final_exit
@@ -272,7 +273,8 @@ def _rekey_one(folder: Path, old: keys.EncryptionKey, new: keys.EncryptionKey, s
 # ------------------------------------------------------------------------------------------------ clean
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """--stale: remove what interrupted builds left; else every artifact and report in dist/ as well."""
+    """--stale: remove what interrupted builds left; else every file ortbuild made in dist/ as well (its own list,
+    cli.owned), saying what it kept: files it did not make stay."""
     dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
     if not dist.exists():
         print(f"nothing to clean: {dist} does not exist")
@@ -281,18 +283,24 @@ def cmd_clean(args: argparse.Namespace) -> int:
         raise UsageError(f"{dist}: not an ortbuild output directory (no {workspace.MARKER} marker in it): clean "
                          "empties only directories ortbuild made", f"check --dist; if {dist} holds only build output "
                                                                    "of an older ortbuild, remove it yourself")
+    kept: list[Path] = []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         removed = workspace.clean(dist)
         if not args.stale:
-            for entry in sorted(dist.iterdir()):
-                if entry.name in (workspace.LOCK, workspace.MARKER):
-                    continue
+            ours, kept = owned.sort_out(dist)
+            for entry in ours:
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
                 else:
-                    entry.unlink()
-                removed.append(entry)
-    for p in removed:
+                    entry.unlink(missing_ok=True)
+            emptied = owned.prune_empty(dist, ours)
+            # a directory that is gone whole is named once, not with every file it held
+            removed += [p for p in [*ours, *emptied] if not any(d in p.parents for d in emptied)]
+    for p in sorted(removed):
         print(f"removed {p}")
-    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}"))
+    for p in kept:
+        print(f"kept    {p}: not made by ortbuild")
+    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}")
+          + (f"; kept {len(kept)} path(s) ortbuild did not make (listed above): remove them yourself if you mean to"
+             if kept else ""))
     return 0
