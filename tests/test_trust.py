@@ -251,6 +251,22 @@ def test_another_artifacts_signed_directory_swapped_in_is_tampered_and_named(
     assert code == 0 and "OK" in text, text
 
 
+def test_rekey_refuses_to_re_sign_a_swapped_directory(pair: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    root = copy(pair, tmp_path)
+    folder = root / "dist" / ART
+    shutil.rmtree(folder)
+    shutil.copytree(root / "dist" / "cpu" / "tiny_lstm", folder)  # mv dist/cpu/tiny_lstm dist/cpu/tiny_cnn
+    old = tmp_path / "old.key"
+    old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old.chmod(0o600)
+    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    before = (folder / manifest.MANIFEST).read_bytes()
+    code, text = ortbuild(capsys, "rekey", str(folder), "--old-key-file", str(old), "--new-key-file", new)
+    assert code == Tampered.exit_code and "holds tiny_lstm for cpu" in text, text
+    assert (folder / manifest.MANIFEST).read_bytes() == before
+
+
 def test_an_artifact_copied_out_of_dist_is_inspected_where_it_is(pair: Path, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Outside an ortbuild output directory (an app's copy, an extracted bundle) a directory has no place to
