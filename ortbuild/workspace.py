@@ -120,6 +120,18 @@ def _dead_private_dirs() -> list[Path]:
     return found
 
 
+def remove_dead_private_dirs() -> list[Path]:
+    """Remove the private temp dirs of dead ortbuild processes (a kill -9'd build's: they may hold plaintext) and
+    return them. Every command calls it as it starts (cli.main): two directory listings, nothing when none is
+    left. A live process's dir is never touched; a dir another command removes at the same time is skipped."""
+    removed = []
+    for d in _dead_private_dirs():
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists():
+            removed.append(d)
+    return removed
+
+
 # -------------------------------------------------------------------------------------------- leftovers
 
 def partial_files(folder: Path) -> list[Path]:

@@ -74,6 +74,61 @@ def test_inspect_a_plain_model_and_a_missing_path() -> None:
     assert proc.returncode == 7 and "no such file" in proc.stderr
 
 
+@pytest.mark.parametrize("what", ["a text file", "a directory", "a foreign manifest.json"])
+def test_inspect_of_what_is_no_artifact_says_so_without_a_rebuild_hint(tmp_path: Path, what: str) -> None:
+    path = {"a text file": tmp_path / "passwd", "a directory": tmp_path / "d",
+            "a foreign manifest.json": tmp_path / "web" / "manifest.json"}[what]
+    if what == "a directory":
+        path.mkdir()
+    else:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text('{"name": "a web app", "icons": []}' if path.suffix == ".json" else "root:x:0:0:root\n")
+    for key in ([], ["--public-key", str(tmp_path / "no.pub")]):  # with a key, nothing is checked against it
+        proc = run_cli("inspect", str(path), *key)
+        assert proc.returncode == 7 and f"{path}: not an artifact" in proc.stderr, proc.stderr
+        assert "TAMPERED" not in proc.stderr + proc.stdout and "--repair" not in proc.stderr
+        assert "rebuild" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inspect_of_a_broken_manifest_beside_its_signature_is_tampered_not_foreign(built: Path) -> None:
+    (built / "manifest.json").write_text("garbage")
+    proc = run_cli("inspect", str(built))
+    assert proc.returncode == 7 and "TAMPERED" in proc.stderr and "not an artifact" not in proc.stderr
+
+
+@pytest.mark.parametrize("command, args, says", [
+    ("build", ["-j", "0"], "argument -j/--jobs: 0: at least 1 job"),
+    ("build", ["-j", "-3"], "argument -j/--jobs: -3: at least 1 job"),
+    ("build", ["--jobs", "two"], "argument -j/--jobs: 'two' is not a whole number of jobs"),
+    ("build", ["--lock-timeout", "nan"], "argument --lock-timeout: nan: a finite number of seconds, 0 or more"),
+    ("build", ["--lock-timeout", "-5"], "argument --lock-timeout: -5: a finite number of seconds, 0 or more"),
+    ("build", ["--lock-timeout", "inf"], "argument --lock-timeout: inf: a finite number of seconds"),
+    ("build", ["--lock-timeout", "soon"], "argument --lock-timeout: 'soon' is not a number of seconds"),
+    ("test", ["-j", "0"], "argument -j/--jobs: 0: at least 1 job"),
+    ("profile", ["--lock-timeout", "nan"], "argument --lock-timeout: nan: a finite number of seconds"),
+])
+def test_jobs_and_lock_timeout_out_of_range_are_usage_errors(make_project: Callable[..., Path], command: str,
+                                                             args: list[str], says: str) -> None:
+    path = make_project(CPU_TARGET, calibration=True)
+    proc = run_cli(command, "-c", str(path), *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not (path.parent / "dist").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("command", [["clean"], ["rekey", "dist", "--new-key-file", "k"], ["release"]])
+def test_lock_timeout_is_checked_on_every_command_that_takes_it(command: list[str]) -> None:
+    proc = run_cli(*command, "--lock-timeout", "-1")
+    assert proc.returncode == 2 and "a finite number of seconds, 0 or more" in proc.stderr, proc.stderr
+
+
+def test_jobs_and_lock_timeout_in_range_are_taken() -> None:
+    from ortbuild import cli
+
+    args = cli.parser().parse_args(["build", "-j", "1", "--lock-timeout", "0"])
+    assert args.jobs == 1 and args.lock_timeout == 0.0
+    assert cli.parser().parse_args(["test", "--lock-timeout", "2.5"]).lock_timeout == 2.5
+
+
 def _other_runtime() -> str:
     """A runtime requirement that this environment's ONNX Runtime flavor does not satisfy."""
     flavor = runtime.installed_flavor()

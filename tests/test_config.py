@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild.errors import ConfigError
-from ortbuild.project import config
+from ortbuild.project import config, options
 from tests.conftest import REPO, run_cli
 
 BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
@@ -272,7 +272,7 @@ def test_a_runtime_that_is_not_a_plain_pin_is_refused_at_config_time(tmp_path: P
 
 
 @pytest.mark.parametrize("runtime", ['"onnxruntime==1.31.1"', '"onnxruntime-gpu == 1.31.1"',
-                                     '"onnxruntime[extra]==1.31.1"', '"onnxruntime==1.31.1+local"', PLUGIN_RUNTIME
+                                     '"onnxruntime[symbolic]==1.31.1"', '"onnxruntime==1.31.1+local"', PLUGIN_RUNTIME
                                      .removeprefix("runtime = ").strip()])
 def test_plain_pins_stay_accepted(tmp_path: Path, runtime: str) -> None:
     providers = "CUDAExecutionProvider" if "gpu" in runtime else "CPUExecutionProvider"
@@ -280,6 +280,68 @@ def test_plain_pins_stay_accepted(tmp_path: Path, runtime: str) -> None:
                                            f'providers = ["{providers}"]\n')
     t = config.load(tmp_path / "targets.toml").targets["t"]
     assert "==" in t.runtime
+
+
+def _installed_onnxruntime() -> tuple[str, frozenset[str]]:
+    import importlib.metadata as md
+
+    from packaging.utils import canonicalize_name
+
+    return md.version("onnxruntime"), frozenset(canonicalize_name(e) for e in
+                                                md.metadata("onnxruntime").get_all("Provides-Extra") or [])
+
+
+@pytest.mark.parametrize("requirement, says", [
+    ("onnxruntime[extra]=={here}", "names the extra 'extra', which onnxruntime does not declare (its extras: "
+                                   "{declared}; from the metadata of onnxruntime {here} installed here)"),
+    ("onnxruntime-gpu[cuda,foo]==1.31.1", "names the extra 'foo', which onnxruntime-gpu does not declare (its "
+                                          "extras: cuda, cudnn, quantization, symbolic; from onnxruntime-gpu "
+                                          "1.31.1's metadata on PyPI)"),
+    ("onnxruntime-openvino[gpu]==1.24.1", "names the extra 'gpu', which onnxruntime-openvino does not declare (its "
+                                          "extras: none;"),
+    ("onnxruntime-rocm[x]==1.22.0", "names extras ['x'], and ortbuild cannot tell which extras onnxruntime-rocm "
+                                    "1.22.0 declares"),
+])
+def test_a_runtime_extra_its_distribution_does_not_declare_is_a_config_error(tmp_path: Path, requirement: str,
+                                                                            says: str) -> None:
+    here, declared = _installed_onnxruntime()
+    requirement = requirement.format(here=here)
+    providers = {"gpu": "CUDAExecutionProvider", "openvino": "OpenVINOExecutionProvider",
+                 "rocm": "ROCMExecutionProvider"}
+    provider = next((p for k, p in providers.items() if k in requirement), "CPUExecutionProvider")
+    (tmp_path / "targets.toml").write_text(ONE_MODEL + f'[targets.t]\nruntime = "{requirement}"\n'
+                                           f'providers = ["{provider}"]\n')
+    with pytest.raises(ConfigError) as err:
+        config.load(tmp_path / "targets.toml")
+    assert err.value.message.startswith(f"{tmp_path / 'targets.toml'}: [targets.t.runtime] '{requirement}' ")
+    assert says.format(here=here, declared=", ".join(sorted(declared))) in err.value.message, err.value.message
+    assert err.value.hint
+    proc = run_cli("matrix", "-c", str(tmp_path / "targets.toml"))
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr and "[targets.t.runtime]" in proc.stderr
+
+
+def test_declared_runtime_extras_are_accepted_in_any_spelling(tmp_path: Path) -> None:
+    here, declared = _installed_onnxruntime()
+    for requirement, provider in [(f"onnxruntime[{','.join(sorted(declared)).upper()}]=={here}",
+                                   "CPUExecutionProvider"),
+                                  ("onnxruntime-gpu[cuda,CUDNN]==1.31.1", "CUDAExecutionProvider"),
+                                  ("onnxruntime[Symbolic]==1.30.0", "CPUExecutionProvider")]:
+        (tmp_path / "targets.toml").write_text(ONE_MODEL + f'[targets.t]\nruntime = "{requirement}"\n'
+                                               f'providers = ["{provider}"]\n')
+        assert config.load(tmp_path / "targets.toml").targets["t"].runtime == requirement
+
+
+def test_runtime_extras_come_from_the_installed_metadata_at_the_pinned_version_else_the_table() -> None:
+    from ortbuild.project import runtimes
+
+    here, declared = _installed_onnxruntime()
+    assert runtimes.declared_extras("onnxruntime", here) == (declared, f"the metadata of onnxruntime {here} "
+                                                                       "installed here")
+    other = "0.0.1" if here != "0.0.1" else "0.0.2"
+    extras, source = runtimes.declared_extras("onnxruntime", other) or (frozenset(), "")
+    assert extras == runtimes.KNOWN_EXTRAS["onnxruntime"][1] and "metadata on PyPI" in source and other in source
+    assert runtimes.declared_extras("onnxruntime-rocm", "1.22.0") is None
+    assert set(runtimes.KNOWN_EXTRAS) >= set(options.RUNTIMES) - {"onnxruntime-rocm"} | set(options.PLUGINS)
 
 
 @pytest.mark.parametrize("key", ["path", "inputs", "calibration", "expected"])

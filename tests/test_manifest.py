@@ -125,3 +125,29 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     assert any("riscv64-rvv NCHWc layout" in p for p in fit)
     assert any("built with onnxruntime-qnn" in p for p in fit)
     assert any("ORT would fall back silently: QNNExecutionProvider is not in" in p for p in fit)
+
+
+def test_a_validly_signed_manifest_in_another_artifacts_place_is_tampered(tmp_path: Path) -> None:
+    import dataclasses
+
+    from ortbuild.errors import Tampered
+
+    folder = tmp_path / "dist" / "t" / "m"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(b"abc")
+    m = _manifest()
+    sha = manifest.sha256_file(folder / "model.onnx")
+    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha,
+                                               files=[dataclasses.replace(m.artifact.files[0], sha256=sha)]))
+    sign = keys.signing_key()
+    assert sign is not None
+    manifest.write_signed(folder, {}, m, sign.sign)
+    assert manifest.trusted(folder, sign.public_raw, place=("t", "m")) == m
+    assert manifest.trusted(folder, sign.public_raw) == m  # no place given: only files and signature
+    assert manifest.place_problem(m, ("t", "m")) is None
+    for place, holds in ((("t", "other"), "not other for t"), (("u", "m"), "not m for u")):
+        with pytest.raises(Tampered) as err:
+            manifest.trusted(folder, sign.public_raw, place=place)
+        assert err.value.message.startswith(f"{folder}: the directory holds m for t (its manifest says so), "
+                                            f"{holds}, whose place it is"), err.value.message
+        assert err.value.hint and "--repair" in err.value.hint

@@ -3,8 +3,9 @@
 The tamper matrix: five kinds of tampering (the artifact, the manifest, a loader, the golden data, and a manifest
 re-signed with another key) through five entry points (`build`, `test`, `release`, `inspect`, both loaders).
 Every cell must be loud (a non-zero exit naming TAMPERED, or the loader's `tampered`/`bad_signature`), and
-`build`/`test` must replace nothing. Then: `--repair` rebuilds on purpose and says so; `rekey` rotates the
-encryption key without a rebuild and the old key gets WrongKey; the one trust root of `inspect`.
+`build`/`test` must replace nothing. Then: `--repair` rebuilds on purpose and says so; another artifact's signed
+directory swapped in is TAMPERED too, naming what it holds; `rekey` rotates the encryption key without a rebuild
+and the old key gets WrongKey; the one trust root of `inspect`.
 """
 
 from __future__ import annotations
@@ -199,6 +200,81 @@ def test_rekey_rotates_the_key_without_a_rebuild_and_the_old_key_gets_wrong_key(
     assert code == 0 and "wrong key" in text, text
     assert _python_load_code(folder, TEST_KEY) == "wrong_key"
     assert manifest.read(folder)[0].created == built["created"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A built project of two targets and two models, each artifact validly signed in its own place: copied for
+    each case (swapping one artifact directory for another is the tampering)."""
+    from tests.conftest import here_runtime, model_table
+
+    root = tmp_path_factory.mktemp("swap")
+    (root / "targets.toml").write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
+                                       + model_table("tiny_lstm") + TARGET.replace("RUNTIME", here_runtime())
+                                       + '[targets.other]\nextends = "cpu"\noptimization = "basic"\n')
+    assert cli.main(["build", "-c", str(root / "targets.toml")]) == 0
+    yield root
+
+
+# what is copied over dist/cpu/tiny_cnn/ (as `cp -r dist/cpu/tiny_lstm/* dist/cpu/tiny_cnn/` does): what it holds
+SWAPS = {"model": (Path("cpu") / "tiny_lstm", "tiny_lstm for cpu"),
+         "target": (Path("other") / "tiny_cnn", "tiny_cnn for other")}
+
+
+@pytest.mark.parametrize("swap", list(SWAPS))
+@pytest.mark.parametrize("entry", ["build", "test", "inspect"])
+def test_another_artifacts_signed_directory_swapped_in_is_tampered_and_named(
+        pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], swap: str, entry: str) -> None:
+    root = copy(pair, tmp_path)
+    folder = root / "dist" / ART
+    source, holds = SWAPS[swap]
+    for f in (root / "dist" / source).iterdir():  # cp -r source/* folder/
+        if f.is_dir():
+            shutil.copytree(f, folder / f.name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(f, folder / f.name)
+    swapped = (folder / manifest.MANIFEST).read_bytes()
+    cfg = str(root / "targets.toml")
+    args = {"build": ["build", "-c", cfg], "test": ["test", "-c", cfg, "--no-explain"],
+            "inspect": ["inspect", str(folder)]}[entry]
+    code, text = ortbuild(capsys, *args)
+    assert code == Tampered.exit_code, text
+    assert "TAMPERED" in text and f"holds {holds}" in text and "not tiny_cnn for cpu" in text, text
+    assert (folder / manifest.MANIFEST).read_bytes() == swapped, "the swapped directory was rebuilt over"
+    if entry == "inspect":
+        return
+    code, text = ortbuild(capsys, "build", "-c", cfg, "-t", "cpu", "-m", "tiny_cnn", "--repair")
+    assert code == 0 and "TAMPERED, replaced on --repair" in text, text
+    m, _ = manifest.read(folder)
+    assert (m.target, m.model) == ("cpu", "tiny_cnn")
+    code, text = ortbuild(capsys, "inspect", str(folder))
+    assert code == 0 and "OK" in text, text
+
+
+def test_rekey_refuses_to_re_sign_a_swapped_directory(pair: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    root = copy(pair, tmp_path)
+    folder = root / "dist" / ART
+    shutil.rmtree(folder)
+    shutil.copytree(root / "dist" / "cpu" / "tiny_lstm", folder)  # mv dist/cpu/tiny_lstm dist/cpu/tiny_cnn
+    old = tmp_path / "old.key"
+    old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old.chmod(0o600)
+    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    before = (folder / manifest.MANIFEST).read_bytes()
+    code, text = ortbuild(capsys, "rekey", str(folder), "--old-key-file", str(old), "--new-key-file", new)
+    assert code == Tampered.exit_code and "holds tiny_lstm for cpu" in text, text
+    assert (folder / manifest.MANIFEST).read_bytes() == before
+
+
+def test_an_artifact_copied_out_of_dist_is_inspected_where_it_is(pair: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Outside an ortbuild output directory (an app's copy, an extracted bundle) a directory has no place to
+    match: inspect checks its files and signature, and names what it holds."""
+    shipped = tmp_path / "app" / "models" / "classifier"
+    shutil.copytree(pair / "dist" / ART, shipped)
+    code, text = ortbuild(capsys, "inspect", str(shipped))
+    assert code == 0 and "OK" in text and text.startswith("cpu/tiny_cnn"), text
 
 
 def _python_load_code(folder: Path, key: bytes) -> str:

@@ -67,7 +67,7 @@ def _dead_private_dirs() -> list[Path]:
             if d.name.split("-")[1].isdigit() and not _alive(int(d.name.split("-")[1]))]
 
 
-@pytest.mark.serial  # every build removes dead builds' private dirs: another test's build would race this one's
+@pytest.mark.serial  # every command removes dead builds' private dirs: another test's command would race this one's
 @pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_project: Callable[..., Path],
                                                                          tmp_path: Path) -> None:
@@ -101,30 +101,64 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
     assert ("leftover(s) of interrupted builds" in proc.stderr) == bool(left)
 
 
-@pytest.mark.serial  # its dead build's dir would be removed by any other test's build first
+def _dead_private_dir() -> Path:
+    """A private dir as a kill -9'd build leaves it: named for a process that is gone, holding plaintext."""
+    dead = subprocess.Popen(["sleep", "0"])
+    dead.wait()
+    private = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / f"ortbuild-{dead.pid}-12345-test"
+    private.mkdir()
+    (private / "source.onnx").write_bytes(b"plaintext weights")
+    return private
+
+
+@pytest.mark.serial  # its dead build's dir would be removed by any other test's command first
 def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
     dist = path.parent / "dist"
-    dead = subprocess.Popen(["sleep", "0"])
-    dead.wait()
-    start = "12345"
-    private = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / f"ortbuild-{dead.pid}-{start}-test"
-    private.mkdir()
-    (private / "source.onnx").write_bytes(b"plaintext weights")
+    private = _dead_private_dir()
     (dist / "fp32" / "tiny_cnn").mkdir(parents=True)
     partial = dist / "fp32" / "tiny_cnn" / ".model.onnx.enc.x1.partial"
     partial.write_bytes(b"half")
     live = Path(private.parent) / f"ortbuild-{os.getpid()}-{workspace._start_time(os.getpid())}-live"
     live.mkdir()  # a live process's private dir is never touched
     try:
+        # every command removes a dead process's private dir as it starts; partial files in dist/ wait for a
+        # command that holds dist's lock, and inspect names them
         shown = subprocess.run(_cli("inspect", str(dist / "fp32" / "tiny_cnn")), capture_output=True, text=True)
-        assert "LEFTOVER" in shown.stderr and str(private) in shown.stderr and str(partial) in shown.stderr
+        assert not private.exists() and live.exists()
+        assert "removed 1 leftover(s) of interrupted builds" in shown.stderr and str(private) in shown.stderr
+        assert "LEFTOVER" in shown.stderr and str(partial) in shown.stderr
+        private = _dead_private_dir()
         proc = subprocess.run(_cli("clean", "--stale", "-c", str(path)), capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert not private.exists() and not partial.exists() and live.exists()
-        assert f"removed {private}" in proc.stdout
+        assert f"removed {partial}" in proc.stdout and str(private) in proc.stderr
     finally:
         live.rmdir()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+@pytest.mark.serial  # its dead process's dir would be removed by any other test's command first
+@pytest.mark.parametrize("command", [["targets"], ["matrix", "--compact"], ["plan"], ["schema", "--check"]])
+def test_every_command_removes_dead_processes_private_dirs_as_it_starts(make_project: Callable[..., Path],
+                                                                         command: list[str]) -> None:
+    """kill -9 leaves a build's plaintext in /dev/shm: the next ortbuild command of any kind removes it, not
+    only the next build (`schema` takes no -c: run in the project's directory)."""
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    private = _dead_private_dir()
+    live = Path(private.parent) / f"ortbuild-{os.getpid()}-{workspace._start_time(os.getpid())}-live"
+    live.mkdir()
+    try:
+        args = command if command[0] == "schema" else [*command, "-c", str(path)]
+        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent)
+        assert not private.exists(), proc.stderr
+        assert live.exists()
+        assert f"removed 1 leftover(s) of interrupted builds: {private}" in proc.stderr
+        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent)
+        assert "leftover" not in proc.stderr  # nothing left, nothing said
+    finally:
+        live.rmdir()
+        shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -199,11 +233,54 @@ def test_clean_empties_only_an_output_directory_ortbuild_made(make_project: Call
     assert workspace.owned(dist)
     proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
     assert proc.returncode == 0 and not (dist / "fp32").exists(), proc.stderr
+    assert sorted(p.name for p in dist.iterdir()) == [workspace.MARKER, workspace.LOCK]
     # a build into a directory that already held the user's files never marks it as ortbuild's
     assert subprocess.run(_cli("build", "-c", str(path), "--dist", str(mine)), capture_output=True).returncode == 0
     assert not workspace.owned(mine)
     proc = subprocess.run(_cli("clean", "-c", str(path), "--dist", str(mine)), capture_output=True, text=True)
     assert proc.returncode == 2 and (mine / "important.txt").exists()
+
+
+def test_clean_removes_only_what_ortbuild_made_and_says_what_it_kept(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS.split("[targets.int8]")[0])
+    assert subprocess.run(_cli("test", "-c", str(path), "--no-explain"), capture_output=True).returncode == 0
+    dist = path.parent / "dist"
+    art = dist / "fp32" / "tiny_cnn"
+    ours = [art / "manifest.json", art / "manifest.sig", art / "model.onnx.enc", art / "test-report.json",
+            art / "golden" / "golden.json", art / "loader" / "ortbuild_loader.py", dist / "report.json",
+            dist / "report.html", dist / "logs" / "fp32" / "tiny_cnn.build.json"]
+    assert all(p.is_file() for p in ours), [p for p in ours if not p.is_file()]
+    user = {dist / "NOTES.txt": "mine", dist / "userdir" / "sub" / "model.onnx": "mine too",
+            dist / "fp32" / "notes.md": "about fp32", art / "mine.txt": "beside the artifact",
+            art / "loader" / "patch.diff": "my loader change", dist / "logs" / "what-i-saw.txt": "a note",
+            dist / "release" / "README": "how we ship"}
+    for p, text in user.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    (dist / "empty").mkdir()  # the user's, empty: clean leaves it too
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(p.exists() for p in ours), [p for p in ours if p.exists()]
+    assert {p: p.read_text() for p in user} == user and (dist / "empty").is_dir()
+    for p in [*user, dist / "empty"]:
+        kept = dist / p.relative_to(dist).parts[0] if p.parent == dist or "userdir" in p.parts or p.name == "empty" \
+            else p
+        assert f"kept    {kept}: not made by ortbuild" in proc.stdout, proc.stdout
+    assert "remove them yourself if you mean to" in proc.stdout
+    assert not (art / "golden").exists() and not (dist / "report.json").exists()
+    assert workspace.owned(dist)  # still ortbuild's: the next build and clean work as before
+    # what the user left beside the artifact directories stays through a build and a second clean; a clean with
+    # nothing of the user's left keeps nothing
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and (dist / "NOTES.txt").read_text() == "mine"
+    assert (dist / "userdir" / "sub" / "model.onnx").read_text() == "mine too"
+    for p in dist.iterdir():
+        if p.name not in (workspace.MARKER, workspace.LOCK):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0
+    proc = subprocess.run(_cli("clean", "-c", str(path)), capture_output=True, text=True)
+    assert proc.returncode == 0 and "kept" not in proc.stdout and not (dist / "fp32").exists(), proc.stdout
 
 
 def test_a_symlinked_lock_file_is_a_clear_error_never_written_through(make_project: Callable[..., Path],
@@ -233,6 +310,7 @@ def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0
         assert not d.exists()  # removed when the job ends
 
 
+@pytest.mark.serial  # every command removes dead processes' private dirs: another test's would remove this one's
 def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_removable() -> None:
     # a killed build's workers are orphans; some init processes reap them seconds later, and until then they
     # are zombies: their plaintext dirs are nobody's and the next build's recovery must remove them

@@ -122,13 +122,49 @@ def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps
 
 
 def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps]) -> Golden:
-    """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's)."""
+    """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's).
+    Golden data that tests nothing is refused (vacuous())."""
     loaded = load(model, signature)
     if all(exp is not None for *_, exp in loaded):
-        return Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None],
-                      f"user-supplied: {model.expected}", "user")
-    values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops)
-    return Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
+        g = Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None], f"user-supplied: {model.expected}",
+                   "user")
+    else:
+        values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops)
+        g = Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
+    vacuous(model, g)
+    return g
+
+
+def _all_nan(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "fc" and value.size > 0 and bool(np.isnan(value).all())
+
+
+def vacuous(model: Model, g: Golden) -> None:
+    """Refuse (ConfigError naming the model's inputs file) a data set whose inputs hold NaN/Inf and that tests no
+    weight: a float input with no finite value at all, or a reference output that is NaN everywhere. NaN flows
+    through almost any graph, so every artifact, whatever its weights, would reproduce it and the accuracy gate
+    would say PASS (exact) having compared nothing. NaN/Inf beside finite values (IsNaN, IsInf, masking models)
+    stay allowed: the comparison expects them exactly where the reference has them."""
+    where = f"models.{model.name}.inputs"
+    hint = ("golden inputs are realistic samples with finite values (numpy.savez(path, name=array, ...)); NaN/Inf "
+            "belong beside finite values, where the model is meant to handle them (IsNaN, IsInf, masks)")
+    for ds in g.sets:
+        bad = {name: n for name, arr in ds.inputs.items() if (n := data.nonfinite(arr))}
+        if not bad:
+            continue
+        said = ", ".join(f"'{name}' ({n} of {ds.inputs[name].size})" for name, n in bad.items())
+        floats = [arr for arr in ds.inputs.values() if arr.dtype.kind in "fc" and arr.size]
+        if all(data.nonfinite(arr) == arr.size for arr in floats):
+            raise ConfigError(str(model.inputs), where, f"data set {ds.name}: the float inputs hold no finite value "
+                                                        f"(NaN/Inf in {said}): the accuracy gate would test nothing",
+                              hint)
+        nan = [name for name, value in ds.expected.items() if _all_nan(value)]
+        if nan:
+            raise ConfigError(str(model.inputs), where,
+                              f"data set {ds.name}: NaN/Inf in input(s) {said} make the reference output(s) "
+                              f"{', '.join(repr(n) for n in nan)} NaN everywhere: every artifact, "
+                              "whatever its weights, reproduces that, so the accuracy gate would pass having "
+                              "compared nothing", hint)
 
 
 def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path,

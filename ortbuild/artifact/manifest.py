@@ -210,11 +210,25 @@ def _predates_signed_golden(folder: Path) -> bool:
         return False
 
 
-def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebuildable: bool = False) \
-        -> Manifest | None:
+def place_problem(m: Manifest, place: tuple[str, str]) -> str | None:
+    """Why the directory that is the place of `place` = (target, model) (dist/<target>/<model>/) holds another
+    artifact: its manifest `m` names another target or model (a signed directory copied or moved there), or None.
+    The text does not name the directory (callers prefix it)."""
+    target, model = place
+    if (m.target, m.model) == (target, model):
+        return None
+    return (f"the directory holds {m.model} for {m.target} (its manifest says so), not {model} for {target}, "
+            "whose place it is: another artifact's directory was copied or moved here")
+
+
+def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebuildable: bool = False,
+            place: tuple[str, str] | None = None) -> Manifest | None:
     """The manifest of an artifact directory whose signature verifies with `public_key` and whose every signed
     file matches it, else Tampered (naming the first problem, and how many more). `rebuildable`: None for a
-    manifest signed with this key in another ortbuild's format (a rebuild replaces it), rather than an error."""
+    manifest signed with this key in another ortbuild's format (a rebuild replaces it), rather than an error.
+    `place`: the (target, model) the directory is the place of (dist/<target>/<model>/): a validly signed
+    manifest of another target or model there is Tampered too (a swapped directory is never reused or rebuilt
+    over silently)."""
     hint = ("someone or something changed it after the build: find out what, then `ortbuild build --repair` "
             "(or `ortbuild clean`) rebuilds it on purpose" + (" (checked with a DEVELOPMENT key)" if development
                                                                 else ""))
@@ -227,7 +241,8 @@ def trusted(folder: Path, public_key: bytes, *, development: bool = False, rebui
         if rebuildable:
             return None
         raise
-    problems = integrity_problems(m, folder, public_key)
+    swapped = place_problem(m, place) if place is not None else None
+    problems = ([swapped] if swapped else []) + integrity_problems(m, folder, public_key)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise Tampered(f"{folder}: {problems[0]}{more}", hint)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Sequence
 
-from ortbuild import __version__
+from ortbuild import __version__, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
-from ortbuild.cli.build import _workers, cmd_build, cmd_plan
+from ortbuild.cli.build import _workers, cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
@@ -27,6 +28,29 @@ from ortbuild.project import config
 __all__ = ["SCHEMA_FILE", "_workers", "main", "parser"]
 
 
+def jobs_count(text: str) -> int:
+    """-j/--jobs: a whole number of jobs, at least 1 (argparse turns the error into a usage error, exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number of jobs (e.g. -j 2)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1 job (leave -j out for as many as the cores and "
+                                         "memory allow)")
+    return n
+
+
+def seconds(text: str) -> float:
+    """--lock-timeout: a finite number of seconds, 0 or more (0: give up at once if another ortbuild holds it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds (e.g. 600)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: a finite number of seconds, 0 or more (0: do not wait)")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ortbuild", description="Declarative multi-target ONNX Runtime builds.")
     p.add_argument("--version", action="version", version=f"ortbuild {__version__}")
@@ -34,9 +58,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def writer(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("-j", "--jobs", type=int, default=None,
+        sp.add_argument("-j", "--jobs", type=jobs_count, default=None,
                         help="jobs built at once, in worker processes (default: cores, as memory allows)")
-        sp.add_argument("--lock-timeout", type=float, default=600.0,
+        sp.add_argument("--lock-timeout", type=seconds, default=600.0,
                         help="seconds to wait for another ortbuild writing the same dist/ (default: %(default)s)")
 
     def selection(sp: argparse.ArgumentParser) -> None:
@@ -125,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
     cl.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
     cl.add_argument("--stale", action="store_true",
                     help="only partial files and the private temp dirs of dead builds (they hold plaintext)")
-    cl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
+    cl.add_argument("--lock-timeout", type=seconds, default=600.0, help="seconds to wait for a running build")
     cl.set_defaults(func=cmd_clean)
 
     t = sub.add_parser("targets", help="list targets, and the execution providers, and whether this environment "
@@ -154,7 +178,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--old-key-file", help="the current key (else $ORTBUILD_KEY / $ORTBUILD_KEY_FILE)")
     r.add_argument("--new-key-file", required=True, help="the new key")
     r.add_argument("--signing-key-file", help="signing key (the manifest is re-signed)")
-    r.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
+    r.add_argument("--lock-timeout", type=seconds, default=600.0, help="seconds to wait for a running build")
     r.set_defaults(func=cmd_rekey)
 
     rl = sub.add_parser("release", help="bundle, sign and publish each target whose tests passed (docs/release.md)")
@@ -170,7 +194,7 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--allow-development-key", action="store_true",
                     help="release even when the signing key, or a key an artifact was built with, is a development "
                          "key (`keygen --dev`), with a WARNING: never ship such a release")
-    rl.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for a running build")
+    rl.add_argument("--lock-timeout", type=seconds, default=600.0, help="seconds to wait for a running build")
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(func=cmd_release)
 
@@ -229,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     args = parser().parse_args(argv)
     try:
+        # the plaintext temp dirs of ortbuild processes that were killed go at once, whatever the command
+        say_removed(workspace.remove_dead_private_dirs())
         code: int = args.func(args)
         sys.stdout.flush()  # here, so that a reader that went away (`ortbuild matrix | head -1`) is seen below
         return code

@@ -15,6 +15,7 @@ from typing import Any
 from ortbuild import files as files_
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keys, manifest
+from ortbuild.cli import owned
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.project import config
 from ortbuild.status import JobStatus, final_exit
@@ -59,10 +60,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             _print_onnx(path, info)
         return 0
     folder = manifest.locate(path).parent
-    left = [str(p) for p in workspace.leftovers(None) + workspace.partial_files(folder)]
+    # partial files: in an artifact directory, or in one a first build killed before its manifest left (its place
+    # in dist/, or partial files in it); never searched for below a directory that is neither (inspect /etc/passwd)
+    ours = (folder / manifest.MANIFEST).is_file() or _place(folder) is not None or any(
+        next(folder.glob(pattern), None) for pattern in workspace.PARTIAL_GLOBS)
+    left = [str(p) for p in workspace.leftovers(None) + (workspace.partial_files(folder) if ours else [])]
     for p in left:
         print(f"  LEFTOVER   {p}: left by an interrupted build; `ortbuild clean --stale` (or the next build) "
               "removes it", file=sys.stderr)
+    folder = _artifact_folder(path)
     # one trust root: --public-key, else $ORTBUILD_PUBLIC_KEY_FILE, else the configured signing key's public half;
     # the public key a manifest names is information, never trust
     pinned = keys.public_key(args.public_key)
@@ -72,18 +78,52 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     m, folder = manifest.read(path)
     unverified = None if pinned else ("no public key configured: nothing here is verified (pass --public-key "
                                       "signing.pub, or set ORTBUILD_PUBLIC_KEY_FILE or ORTBUILD_SIGNING_KEY_FILE)")
-    integrity = manifest.integrity_problems(m, folder, pinned) if pinned else []
+    place = _place(folder)
+    swapped = manifest.place_problem(m, place) if place else None  # checked with or without a key: it names
+    integrity = ([f"{folder}: {swapped}"] if swapped else []) + (  # what the directory holds
+        manifest.integrity_problems(m, folder, pinned) if pinned else [])
     unfit = fit.problems(m)
     if args.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
                           "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
-                          "integrity_problems": integrity if pinned else [unverified],
+                          "integrity_problems": integrity if pinned else [*integrity, unverified],
                           "fit_problems": unfit, "leftovers": left}, indent=2))
     else:
         _print_manifest(m, folder, pinned, integrity, unfit, unverified)
     # each finding's code, the gravest first: tampered, then unverified, then (with --strict) unfit
     return final_exit([Tampered.exit_code if integrity else 0, KeyMissing.exit_code if unverified else 0,
                        ArtifactError.exit_code if unfit and args.strict else 0])
+
+
+def _artifact_folder(path: Path) -> Path:
+    """The artifact directory `path` names (the directory, its manifest.json or a file beside it), or ArtifactError
+    "not an artifact": no manifest there, or a manifest.json that is no ortbuild manifest and has no signature
+    beside it (with a signature, a broken manifest is a tampered artifact: the signature check says so)."""
+    found = manifest.locate(path)
+    folder = found.parent
+    hint = ("give a dist/<target>/<model>/ directory, its manifest.json or its artifact; `ortbuild inspect "
+            "model.onnx` shows a plain ONNX model")
+    if found.is_symlink() or not found.is_file():
+        raise ArtifactError(f"{path}: not an artifact (no {manifest.MANIFEST} in {folder})", hint)
+    if not (folder / manifest.SIGNATURE).exists():
+        try:
+            doc = json.loads(found.read_bytes())
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or "format_version" not in doc:
+            raise ArtifactError(f"{path}: not an artifact ({found} is not an ortbuild manifest, and no "
+                                f"{manifest.SIGNATURE} is beside it)", hint)
+    return folder
+
+
+def _place(folder: Path) -> tuple[str, str] | None:
+    """(target, model) whose place `folder` is when it lies in an ortbuild output directory (dist/<target>/<model>/,
+    dist holding ortbuild's marker or lock), else None (a copy an app ships, an extracted release bundle)."""
+    here = Path(os.path.abspath(folder))
+    dist = here.parent.parent
+    if here.parent == dist or not (workspace.owned(dist) or (dist / workspace.LOCK).is_file()):
+        return None
+    return here.parent.name, here.name
 
 
 def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, integrity: list[str], fit: list[str],
@@ -201,7 +241,8 @@ def cmd_rekey(args: argparse.Namespace) -> int:
 
 def _rekey_one(folder: Path, root: Path, old: keys.EncryptionKey, new: keys.EncryptionKey,
                sign: keys.SigningKey) -> int:
-    m = manifest.trusted(folder, sign.public_raw)  # Tampered: rekey never signs what it did not check
+    # Tampered (a swapped directory of dist/ included): rekey never signs what it did not check
+    m = manifest.trusted(folder, sign.public_raw, place=_place(folder))
     assert m is not None
     if m.encryption is None:
         return 0
@@ -236,7 +277,8 @@ def _rekey_one(folder: Path, root: Path, old: keys.EncryptionKey, new: keys.Encr
 # ------------------------------------------------------------------------------------------------ clean
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """--stale: remove what interrupted builds left; else every artifact and report in dist/ as well."""
+    """--stale: remove what interrupted builds left; else every file ortbuild made in dist/ as well (its own list,
+    cli.owned), saying what it kept: files it did not make stay."""
     dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
     if not dist.exists():
         print(f"nothing to clean: {dist} does not exist")
@@ -245,18 +287,24 @@ def cmd_clean(args: argparse.Namespace) -> int:
         raise UsageError(f"{dist}: not an ortbuild output directory (no {workspace.MARKER} marker in it): clean "
                          "empties only directories ortbuild made", f"check --dist; if {dist} holds only build output "
                                                                    "of an older ortbuild, remove it yourself")
+    kept: list[Path] = []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         removed = workspace.clean(dist)
         if not args.stale:
-            for entry in sorted(dist.iterdir()):
-                if entry.name in (workspace.LOCK, workspace.MARKER):
-                    continue
+            ours, kept = owned.sort_out(dist)
+            for entry in ours:
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
                 else:
-                    entry.unlink()
-                removed.append(entry)
-    for p in removed:
+                    entry.unlink(missing_ok=True)
+            emptied = owned.prune_empty(dist, ours)
+            # a directory that is gone whole is named once, not with every file it held
+            removed += [p for p in [*ours, *emptied] if not any(d in p.parents for d in emptied)]
+    for p in sorted(removed):
         print(f"removed {p}")
-    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}"))
+    for p in kept:
+        print(f"kept    {p}: not made by ortbuild")
+    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}")
+          + (f"; kept {len(kept)} path(s) ortbuild did not make (listed above): remove them yourself if you mean to"
+             if kept else ""))
     return 0

@@ -63,7 +63,11 @@ def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
 
 def _clean_leftovers(dist: Path) -> None:
     """Start-up recovery, holding dist's lock: what killed builds left (partial files, plaintext temp dirs)."""
-    removed = workspace.clean(dist)
+    say_removed(workspace.clean(dist))
+
+
+def say_removed(removed: Sequence[Path]) -> None:
+    """One line on stderr naming what the recovery removed (nothing when it removed nothing)."""
     if removed:
         shown = ", ".join(str(p) for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
         print(f"ortbuild: removed {len(removed)} leftover(s) of interrupted builds: {shown}", file=sys.stderr)

@@ -105,7 +105,9 @@ def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None, parts: 
     if sign_key is None:
         raise KeyMissing("no signing key: the published artifacts are checked with its public half",
                          f"make keys: `{keys.MAKE_KEYS}`")
-    m = manifest.trusted(out_dir, sign_key.public_raw, development=sign_key.development, rebuildable=True)
+    # out_dir is dist/<target>/<model>/: another artifact's signed directory swapped in is Tampered, not rebuilt
+    m = manifest.trusted(out_dir, sign_key.public_raw, development=sign_key.development, rebuildable=True,
+                         place=(out_dir.parent.name, out_dir.name))
     if m is None:  # signed by this key, in another ortbuild's manifest format
         return "built by another ortbuild (manifest format)", None
     if m.build_key != key:

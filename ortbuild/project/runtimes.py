@@ -4,11 +4,13 @@ runtime, their options checked, ortbuild's safe defaults added.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from ortbuild.project import capabilities, options, precisions
 from ortbuild.project.checker import PLUGIN_EXAMPLE, Checker, did_you_mean, providers_of
@@ -45,6 +47,59 @@ def _pin_problem(req: Requirement) -> str | None:
     return None
 
 
+# The extras each runtime distribution declares (Provides-Extra), read from PyPI's metadata of the release named
+# (pip's metadata-only resolution, no wheel fetched). A runtime's extras are checked against these unless the
+# distribution is installed here at the pinned version: then its own installed metadata decides (docs/targets.md).
+# onnxruntime-rocm is not on PyPI (AMD's index serves it): none known, so only an installed one may name extras.
+KNOWN_EXTRAS: dict[str, tuple[str, frozenset[str]]] = {
+    "onnxruntime": ("1.31.1", frozenset({"symbolic", "quantization"})),
+    "onnxruntime-gpu": ("1.31.1", frozenset({"symbolic", "quantization", "cuda", "cudnn"})),
+    "onnxruntime-openvino": ("1.24.1", frozenset()),
+    "onnxruntime-directml": ("1.24.4", frozenset()),
+    "onnxruntime-qnn": ("2.7.0", frozenset()),
+    "onnxruntime-ep-openvino": ("1.8.1", frozenset()),
+}
+
+
+def declared_extras(name: str, version: str) -> tuple[frozenset[str], str] | None:
+    """The extras distribution `name` declares at `version` (names normalized, PEP 685) and where that comes from:
+    the installed distribution's metadata when this environment has that very version, else KNOWN_EXTRAS; None
+    when neither knows."""
+    try:
+        if md.version(name) == version:
+            return (frozenset(canonicalize_name(e) for e in md.metadata(name).get_all("Provides-Extra") or []),
+                    f"the metadata of {name} {version} installed here")
+    except md.PackageNotFoundError:
+        pass
+    known = KNOWN_EXTRAS.get(name)
+    if known is None:
+        return None
+    checked, extras = known
+    return extras, f"{name} {checked}'s metadata on PyPI" + (f" (the pin is {version}; install that release here "
+                                                              "and its own metadata decides)" if checked != version
+                                                              else "")
+
+
+def _extras_problem(req: Requirement) -> tuple[str, str] | None:
+    """(why, hint) when the requirement names an extra its distribution does not declare, or None."""
+    if not req.extras:
+        return None
+    name, version = canonicalize_name(req.name), _pinned_version(req)
+    found = declared_extras(name, version)
+    if found is None:
+        return (f"names extras {sorted(req.extras)}, and ortbuild cannot tell which extras {name} {version} "
+                "declares (it is neither installed here at that version nor in ortbuild's table)",
+                f'install {name}=={version} into this environment, or write "{name}=={version}" without extras')
+    declared, source = found
+    unknown = sorted(e for e in req.extras if canonicalize_name(e) not in declared)
+    if not unknown:
+        return None
+    return (f"names the extra{'s' if len(unknown) > 1 else ''} {', '.join(repr(e) for e in unknown)}, which {name} "
+            f"does not declare (its extras: {', '.join(sorted(declared)) or 'none'}; from {source})",
+            "pip ignores an extra its distribution does not declare (with only a warning), so it adds nothing: "
+            "remove it, or name one of the declared extras")
+
+
 def _pinned_version(req: Requirement) -> str:
     """The version a requirement names, for the hint (else a placeholder)."""
     versions = [s.version for s in req.specifier if s.operator in ("==", "===", ">=", "~=") and "*" not in s.version]
@@ -71,6 +126,9 @@ def parse_runtime(chk: Checker, where: str, runtime: str | list[str]) -> Runtime
             raise chk.fail(where, f"'{text}' {problem}: a runtime is a plain pin of one release",
                            f'write it like "{req.name}=={_pinned_version(req)}" (name, optional [extras], == and '
                            "one exact version)")
+        extras = _extras_problem(req)
+        if extras:
+            raise chk.fail(where, f"'{text}' {extras[0]}", extras[1])
         if name in options.PLUGINS:
             if text in plugins or any(Requirement(p).name.lower() == name for p in plugins):
                 raise chk.fail(where, f"{req.name} is listed twice")

@@ -170,7 +170,8 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
             raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
                                 f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
                                 f"\"test({target.name})\"`)")
-        m = manifest.trusted(folder, public_key)  # Tampered, naming what differs; nothing is released
+        # Tampered, naming what differs (another target's or model's directory swapped in too); nothing is released
+        m = manifest.trusted(folder, public_key, place=(target.name, name))
         assert m is not None
         report, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, report)

@@ -1,0 +1,81 @@
+"""Golden data (ortbuild.artifact.golden): data that would test nothing is refused before a gate can PASS on it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortbuild.artifact import golden
+from ortbuild.errors import ConfigError
+from ortbuild.project import config
+from tests.conftest import MODELS, run_cli
+
+TARGET = """
+[targets.cpu]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+"""
+
+
+def _project(make_project: Callable[..., Path], image: np.ndarray) -> Path:
+    """The tiny_cnn project, its golden inputs replaced by `image`."""
+    path = make_project(TARGET)
+    inputs = path.parent / "inputs.npz"
+    np.savez(inputs, image=image)
+    path.write_text(path.read_text().replace(str(MODELS / "tiny_cnn.inputs.npz"), str(inputs)))
+    return path
+
+
+def _image(nan_at: tuple[int, ...] | None = None, fill: float = 0.5) -> np.ndarray:
+    x = np.full((1, 3, 32, 32), fill, np.float32)
+    if nan_at is not None:
+        x[nan_at] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("image, says", [
+    (_image(fill=np.nan), "data set test_data_set_0: the float inputs hold no finite value (NaN/Inf in 'image' "
+                          "(3072 of 3072)): the accuracy gate would test nothing"),
+    (_image(fill=np.inf), "the float inputs hold no finite value (NaN/Inf in 'image' (3072 of 3072))"),
+    (_image((0, 0, 0, 0)), "data set test_data_set_0: NaN/Inf in input(s) 'image' (1 of 3072) make the reference "
+                           "output(s) 'logits' NaN everywhere"),
+])
+def test_golden_inputs_whose_reference_is_all_nan_are_refused_naming_the_inputs_file(
+        make_project: Callable[..., Path], image: np.ndarray, says: str) -> None:
+    path = _project(make_project, image)
+    project = config.load(path)
+    model = project.models["tiny_cnn"]
+    io = {"inputs": [{"name": "image", "dtype": "float32", "shape": ["batch", 3, 32, 32]}],
+          "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}]}
+    with pytest.raises(ConfigError) as err:
+        golden.golden_for(model, io, ())
+    assert err.value.message.startswith(f"{path.parent / 'inputs.npz'}: [models.tiny_cnn.inputs] "), err.value.message
+    assert says in err.value.message and err.value.hint and "finite values" in err.value.hint
+    # through the command: a config error (exit 3) naming the file, never PASS
+    proc = run_cli("test", "-c", str(path), "--no-explain")
+    assert proc.returncode == ConfigError.exit_code, proc.stdout + proc.stderr
+    assert says in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+    report = path.parent / "dist" / "cpu" / "tiny_cnn" / "test-report.json"
+    assert not report.exists() or json.loads(report.read_text())["result"]["status"] != "PASS"
+
+
+def test_nan_beside_finite_values_whose_outputs_stay_partly_finite_is_kept(make_project: Callable[..., Path]) -> None:
+    """The control: the reference of finite inputs has finite outputs; a NaN-holding data set is judged by what it
+    does to the outputs (tests/test_data.py runs an IsNaN/IsInf model on NaN and Inf end to end)."""
+    path = _project(make_project, _image())
+    model = config.load(path).models["tiny_cnn"]
+    feed = {"image": _image((0, 0, 0, 0))}
+    partly = np.array([[np.nan, 1.0, 2.0]], np.float32)
+    golden.vacuous(model, golden.Golden([golden.DataSet("test_data_set_0", feed, {"logits": partly})], "test",
+                                        "user"))
+    golden.vacuous(model, golden.Golden([golden.DataSet("test_data_set_0", {"image": _image()},
+                                                        {"logits": np.full((1, 3), np.nan, np.float32)})],
+                                        "test", "user"))  # finite inputs: a NaN reference is the model's own
+    with pytest.raises(ConfigError, match="make the reference output\\(s\\) 'logits' NaN everywhere"):
+        golden.vacuous(model, golden.Golden([golden.DataSet("test_data_set_0", feed,
+                                                            {"logits": np.full((1, 3), np.nan, np.float32)})],
+                                            "user-supplied", "user"))
