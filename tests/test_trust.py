@@ -222,7 +222,7 @@ SWAPS = {"model": (Path("cpu") / "tiny_lstm", "tiny_lstm for cpu"),
 
 
 @pytest.mark.parametrize("swap", list(SWAPS))
-@pytest.mark.parametrize("entry", ["build", "test", "inspect"])
+@pytest.mark.parametrize("entry", ["build", "test", "inspect", "release"])
 def test_another_artifacts_signed_directory_swapped_in_is_tampered_and_named(
         pair: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], swap: str, entry: str) -> None:
     root = copy(pair, tmp_path)
@@ -236,12 +236,14 @@ def test_another_artifacts_signed_directory_swapped_in_is_tampered_and_named(
     swapped = (folder / manifest.MANIFEST).read_bytes()
     cfg = str(root / "targets.toml")
     args = {"build": ["build", "-c", cfg], "test": ["test", "-c", cfg, "--no-explain"],
-            "inspect": ["inspect", str(folder)]}[entry]
+            "inspect": ["inspect", str(folder)], "release": ["release", "-c", cfg, "-t", "cpu", "--force"]}[entry]
     code, text = ortbuild(capsys, *args)
     assert code == Tampered.exit_code, text
     assert "TAMPERED" in text and f"holds {holds}" in text and "not tiny_cnn for cpu" in text, text
     assert (folder / manifest.MANIFEST).read_bytes() == swapped, "the swapped directory was rebuilt over"
-    if entry == "inspect":
+    if entry in ("inspect", "release"):
+        released = root / "dist" / "release" / "cpu"
+        assert not released.exists() or not any(released.iterdir()), "a swapped directory was released"
         return
     code, text = ortbuild(capsys, "build", "-c", cfg, "-t", "cpu", "-m", "tiny_cnn", "--repair")
     assert code == 0 and "TAMPERED, replaced on --repair" in text, text
