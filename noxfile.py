@@ -345,10 +345,11 @@ def _pytest(session: nox.Session, marks: str) -> None:
     if session.posargs:
         session.run("pytest", "-q", *session.posargs)
         return
-    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once
-    session.run("pytest", "-q", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
+    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
+    # reason at the end (a missing Chromium or Node.js names the command that installs it)
+    session.run("pytest", "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
                 success_codes=[0, 5])
-    session.run("pytest", "-q", "-m", f"({marks}) and serial", success_codes=[0, 5])  # 5: none selected
+    session.run("pytest", "-q", "-rs", "-m", f"({marks}) and serial", success_codes=[0, 5])  # 5: none selected
 
 
 @nox.session(tags=["check"])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -28,6 +30,49 @@ os.environ["ORTBUILD_SIGNING_KEY"] = base64.b64encode(TEST_SIGNING_SEED).decode(
 # The emulated platforms' golden gate (qemu-user) is slow to set up: off unless a test turns it on
 # (tests/test_emulation.py); the example's linux-aarch64 target is then SKIPPED with that reason.
 os.environ["ORTBUILD_EMULATION"] = "off"
+
+
+# Tools some tests need beside Python: where one is missing, those tests are skipped with the command that installs
+# it, or fail where the environment variable says it must be there (CI sets both: .ci/run).
+CHROMIUM = ("chromium", "chromium-browser")
+CHROMIUM_VAR = "ORTBUILD_REQUIRE_CHROMIUM"
+CHROMIUM_INSTALL = "sudo apt-get install chromium (Debian; Ubuntu: sudo snap install chromium)"
+NODE_VAR = "ORTBUILD_REQUIRE_NODE"
+NODE_INSTALL = ("sudo apt-get install nodejs npm (Debian 13; elsewhere Node.js 20 LTS and npm from "
+                "https://nodejs.org/en/download)")
+
+
+def tool(*names: str, var: str, install: str) -> str:
+    """The path of the first of `names` on PATH. Where none is: the calling test fails when the environment
+    variable `var` is set (a machine that must run it), else it is skipped with the reason and `install`."""
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    missing = " or ".join(names)
+    if os.environ.get(var):
+        pytest.fail(f"{missing} is not installed and {var} is set (to install it: {install})")
+    pytest.skip(f"{missing} is not installed (to run this test: {install})")
+
+
+def node_tools() -> None:
+    """Node.js and npm, or the calling test is skipped (fails with ORTBUILD_REQUIRE_NODE) saying how to get them."""
+    tool("node", var=NODE_VAR, install=NODE_INSTALL)
+    tool("npm", var=NODE_VAR, install=NODE_INSTALL)
+
+
+def npm_install(app: Path, package: str, installed: Path, env: dict[str, str] | None = None) -> Path:
+    """`app`, a folder with `package` (name@version) installed from the npm registry unless `installed` exists
+    already; one test process installs it at a time (pytest-xdist workers share the folder)."""
+    node_tools()
+    app.mkdir(parents=True, exist_ok=True)
+    with open(app / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed.exists():
+            (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}\n')
+            subprocess.run(["npm", "install", "--no-audit", "--no-fund", package], cwd=app, env=env, check=True,
+                           capture_output=True, timeout=600)
+    return app
 
 
 def here_runtime() -> str:

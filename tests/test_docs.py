@@ -23,6 +23,7 @@ import pytest
 
 from ortbuild.project import config
 from tests.conftest import MODELS, REPO, here_runtime, run_cli
+from tests.test_loaders import install_node_app
 
 DOCS = REPO / "docs"
 
@@ -140,9 +141,7 @@ def test_loaders_python_example(project: Path) -> None:
 
 def test_loaders_node_example(project: Path, tmp_path: Path) -> None:
     (block,) = _blocks("loaders.md", "js")
-    app = Path.home() / ".cache" / "ortbuild-tests" / "node-app"          # tests/test_loaders.py installs it
-    if shutil.which("node") is None or not (app / "node_modules" / "onnxruntime-node").is_dir():
-        pytest.skip("needs Node.js and onnxruntime-node (tests/test_loaders.py installs it from npm)")
+    app = install_node_app()  # skipped, saying how to install them, without Node.js and npm
     (tmp_path / "node_modules").symlink_to(app / "node_modules")
     (tmp_path / "package.json").write_text('{"name": "app", "private": true, "type": "module"}\n')
     shutil.copy(project / "dist" / "cpu-fp32" / "tiny_cnn" / "loader" / "ortbuild_loader.mjs", tmp_path)

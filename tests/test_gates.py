@@ -1,13 +1,20 @@
 """`ortbuild test` end to end: each gate passes on good artifacts and fails, naming exactly what failed, on bad
 ones (an impossible relative budget, an absolute budget below what is measured, a corrupted golden value, an
-artifact inflated by constant folding); sequence-of-map outputs; several test_data_set directories; reports."""
+artifact inflated by constant folding); sequence-of-map outputs; several test_data_set directories; reports.
+
+Timing verdicts are asserted only where load cannot flip them: budgets thousands of times away from what is
+measured (1000 ms, 0.0001 ms), which even the fastest sample under any load stays on the same side of. The
+impossible relative budget is the exception the gate itself makes: a FAIL its paired samples could owe to the
+load (one preempted reference sample is enough) is measured again and, still loaded, reported INCONCLUSIVE; the
+end-to-end tests accept that outcome only with its "measured under load" note, and the relative FAIL's report is
+checked on synthetic samples (test_a_relative_fail_names_both_medians_and_the_ratio)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +26,7 @@ from onnx import helper as h
 
 from ortbuild.artifact import golden
 from ortbuild.gating import report
-from tests.conftest import MODELS, here_runtime, run_cli
+from tests.conftest import CHROMIUM, CHROMIUM_INSTALL, CHROMIUM_VAR, MODELS, here_runtime, run_cli, tool
 
 pytestmark = pytest.mark.runtime
 
@@ -41,6 +48,27 @@ def _inflatable(path: Path) -> None:
 def _results(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
     doc = json.loads(proc.stdout)
     return {f"{r['target']}/{r['model']}": r for r in doc["results"]}
+
+
+def _impossible(res: dict[str, dict[str, Any]]) -> str:
+    """The status of impossible/cnn (same artifact as ok/cnn, asked to be 1000x faster than it): FAIL, or
+    INCONCLUSIVE when the machine was loaded, the FAIL measured twice under load (the gate's rule, see the module's
+    docstring), never PASS."""
+    r = res["impossible/cnn"]
+    rel = r["latency"]["relative"]
+    assert r["accuracy"] == "PASS" and r["size_verdict"] == "PASS" and r["latency_verdict"] == rel["verdict"]
+    assert r["status"] == rel["verdict"] in ("FAIL", "INCONCLUSIVE"), r
+    if rel["verdict"] == "INCONCLUSIVE":
+        assert "retry" in r["latency"] and "FAIL measured under " in rel["note"], rel
+        assert [a["verdicts"]["relative"] for a in r["latency"]["attempts"]] == ["FAIL", "FAIL"]
+    return str(r["status"])
+
+
+def _counts(res: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """What the gated project's report counts: ok/cnn and auto/inflated pass, three artifacts fail, and
+    impossible/cnn fails (or, under load, is inconclusive)."""
+    failed = _impossible(res) == "FAIL"
+    return {"PASS": 2, "FAIL": 3 + failed, "INCONCLUSIVE": int(not failed), "SKIPPED": 0}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +111,7 @@ latency = {{ p90_ms = 0.0001 }}
 
 [targets.impossible]
 extends = "ok"
-latency = {{ faster_than = {{ target = "ok", ratio = 100 }} }}
+latency = {{ faster_than = {{ target = "ok", ratio = 1000 }} }}  # the largest ratio allowed
 
 [targets.golden]
 extends = "ok"
@@ -107,11 +135,10 @@ def test_each_bad_artifact_fails_its_gate_and_only_that_one(gated: tuple[Path, A
     assert proc.returncode == 9, proc.stderr[-3000:]
     res = _results(proc)
     assert {k: r["status"] for k, r in res.items()} == {
-        "ok/cnn": "PASS", "tight/cnn": "FAIL", "impossible/cnn": "FAIL", "golden/cnn_bad": "FAIL",
+        "ok/cnn": "PASS", "tight/cnn": "FAIL", "impossible/cnn": _impossible(res), "golden/cnn_bad": "FAIL",
         "folded/inflated": "FAIL", "auto/inflated": "PASS"}
     failed_gates = {k: (r["accuracy"], r["latency_verdict"], r["size_verdict"]) for k, r in res.items()}
     assert failed_gates["tight/cnn"] == ("PASS", "FAIL", "PASS")
-    assert failed_gates["impossible/cnn"] == ("PASS", "FAIL", "PASS")
     assert failed_gates["golden/cnn_bad"] == ("FAIL", "PASS", "PASS")
     assert failed_gates["folded/inflated"] == ("PASS", "PASS", "FAIL")
 
@@ -121,8 +148,9 @@ def test_failure_reports_name_exactly_what_failed(gated: tuple[Path, Any]) -> No
     res = _results(proc)
     tight = "\n".join(res["tight/cnn"]["failures"])
     assert "latency: tight/cnn p90" in tight and "> budget 0.0001 ms" in tight
-    impossible = "\n".join(res["impossible/cnn"]["failures"])
-    assert "as fast as ok" in impossible and "below faster_than ratio 100" in impossible
+    if _impossible(res) == "FAIL":  # its text on any machine: test_a_relative_fail_names_both_medians_and_the_ratio
+        impossible = "\n".join(res["impossible/cnn"]["failures"])
+        assert "as fast as ok" in impossible and "below faster_than ratio 1000" in impossible
     bad = "\n".join(res["golden/cnn_bad"]["failures"])
     assert "output 'logits' (test_data_set_0): elementwise 1 of" in bad
     assert "worst element at [1, 4]" in bad and "smallest tolerance that would pass" in bad
@@ -157,7 +185,7 @@ def test_latency_method_is_recorded(gated: tuple[Path, Any]) -> None:
     tight = res["tight/cnn"]["latency"]  # an impossible budget fails at the first look, whatever the load
     assert tight["verdicts"][0]["verdict"] == "FAIL" and tight["samples"] < 100 and "retry" not in tight
     rel = res["impossible/cnn"]["latency"]["relative"]
-    assert rel["target"] == "ok" and 0.2 < rel["observed_ratio"] < 5 and rel["verdict"] == "FAIL"
+    assert rel["target"] == "ok" and 0.2 < rel["observed_ratio"] < 5 and rel["verdict"] == _impossible(res)
     env = json.loads((gated[0] / "dist/ok/cnn/test-report.json").read_text())["environment"]
     assert {"cpu", "isa_flags", "load_average", "onnxruntime", "cpus"} <= set(env)
 
@@ -175,19 +203,15 @@ def test_golden_data_is_stored_in_the_onnx_layout(gated: tuple[Path, Any]) -> No
 
 
 def test_reports_gather_every_result(gated: tuple[Path, Any]) -> None:
-    root, _ = gated
+    root, proc = gated
     doc = json.loads((root / "dist" / report.REPORT_JSON).read_text())
-    assert doc["counts"] == {"PASS": 2, "FAIL": 4, "INCONCLUSIVE": 0, "SKIPPED": 0}
+    assert doc["counts"] == _counts(_results(proc))
     html = (root / "dist" / report.REPORT_HTML).read_text()
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # offline
 
 
 def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        if os.environ.get("ORTBUILD_REQUIRE_CHROMIUM"):
-            pytest.fail("chromium is not installed (CI installs Debian's chromium)")
-        pytest.skip("Debian's chromium is not installed")
+    chromium = tool(*CHROMIUM, var=CHROMIUM_VAR, install=CHROMIUM_INSTALL)
     # the report again, against a baseline in which ok/cnn had failed: each row's change is shown
     dist = shutil.copytree(gated[0] / "dist", tmp_path / "dist", symlinks=True)
     base = json.loads((dist / report.REPORT_JSON).read_text())
@@ -197,7 +221,8 @@ def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_p
     page = dist / report.REPORT_HTML
     args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(tmp_path / "p")]
     dom = subprocess.run([*args, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert "ortbuild test report" in dom and "2 PASS, 4 FAIL" in dom
+    counts = _counts(_results(gated[1]))
+    assert "ortbuild test report" in dom and f"2 PASS, {counts['FAIL']} FAIL" in dom
     assert "golden/cnn_bad" in dom and "worst element at [1, 4]" in dom and "p90 budget 0.0001 ms" in dom
     assert "FAIL (accuracy)" in dom and "FAIL (latency)" in dom and "FAIL (size)" in dom  # the gate that failed
     assert "<th>vs baseline</th>" in dom and "FAIL -&gt; PASS; p50 +0.000 ms (+0.0%)" in dom  # the change
@@ -364,3 +389,39 @@ def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
               "failures": [], "latency_verdict": "INCONCLUSIVE", "latency": {**entry, "threads": 1}}
     page = report.render_html({"created": "now", "counts": {}, "results": [result]})
     assert "measured again: p90 FAIL under load 5.0" in page and "<b class=INCONCLUSIVE>INCONCLUSIVE</b>" in page
+
+
+def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
+    """The relative gate's FAIL on synthetic paired samples (the end-to-end `impossible` target may be INCONCLUSIVE
+    on a loaded machine): on a quiet machine it stands and names both medians; when the load could explain it (a
+    preempted reference sample) and persists, it is INCONCLUSIVE with the attempts, as the gated tests accept."""
+    from ortbuild.gating import gates, latency
+    from tests.test_latency import FakeClock, _lognormal
+
+    def run(load: float, reference: Iterator[float]) -> tuple[dict[str, Any], list[str]]:
+        clock = FakeClock()
+        calls = {"impossible": clock.run(_lognormal(0.2, 1)), "ok": clock.run(reference)}
+        budgets = latency.budgets_of({}, "ok", 1000.0)
+        out = latency.gate(calls, "impossible", budgets, latency.Plan(min_seconds=0, retry_wait_seconds=1),
+                           clock=clock, read=lambda: load, wait=lambda s, c: {"quiet": False, "load": load,
+                                                                                "waited_s": 1.0}, cpus=2)
+        lines: list[str] = []
+        entry = gates.data_set_entry("impossible/cnn", "impossible", "test_data_set_0", out, budgets,
+                                     {"impossible": 9.0, "ok": 9.0}, {"impossible": 0.5, "ok": 0.5}, lines)
+        return entry, lines
+
+    entry, lines = run(1.0, _lognormal(0.2, 2))
+    assert entry["verdict"] == entry["relative"]["verdict"] == "FAIL" and "retry" not in entry
+    assert 0.9 < entry["relative"]["observed_ratio"] < 1.1 and entry["relative"]["ratio"] == 1000
+    (line,) = lines
+    assert line.startswith("latency: impossible/cnn (test_data_set_0) is 1.0") and " as fast as ok (median 0." in line
+    assert line.endswith(" ms, interleaved), below faster_than ratio 1000")
+
+    def preempted() -> Iterator[float]:  # every 10th reference sample waited 100 ms for a CPU
+        for i, ms in enumerate(_lognormal(0.2, 2)):
+            yield ms + (100.0 if i % 10 == 0 else 0.0)
+
+    entry, lines = run(5.0, preempted())
+    assert lines == [] and entry["verdict"] == entry["relative"]["verdict"] == "INCONCLUSIVE"
+    assert "FAIL measured under load 5.0 on 2 CPUs" in entry["relative"]["note"]
+    assert [a["verdicts"]["relative"] for a in entry["attempts"]] == ["FAIL", "FAIL"]

@@ -64,3 +64,32 @@ def test_readme_big_model_generator_runs(tmp_path: Path) -> None:
     subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, check=True, capture_output=True, timeout=300)
     files = modelfiles.of(tmp_path / "mlp" / "model.onnx")
     assert [f.location for f in files.external] == ["model.onnx.data"] and files.weights_size > 90 << 20
+
+
+def test_readme_test_summary_is_what_the_committed_targets_print() -> None:
+    """The sample of `nox -s test`'s last table (abridged: widths from the rows left out): the report's columns,
+    laid out as summary.table does (left-aligned, two spaces apart, a dashed rule), rows of real (target, model)
+    jobs, and counts that add up to every job of the committed targets.toml."""
+    from ortbuild.gating import report
+    from ortbuild.project import plan
+
+    (sample,) = [b for b in _blocks("text") if b.startswith("test summary, every target")]
+    _, head, rule, *rows, counts = sample.strip("\n").splitlines()
+    spans, at = [], 0
+    for dashes in rule.split("  "):
+        assert set(dashes) == {"-"}, rule
+        spans.append((at, at + len(dashes)))
+        at += len(dashes) + 2
+
+    def cells(line: str) -> list[str]:
+        assert all(line[end:end + 2].strip() == "" for _, end in spans), line  # nothing between the columns
+        return [line[a:b].strip() for a, b in spans]
+
+    columns = [h for h in report.HEADER if h != "startup"]  # no budget of the committed targets has a startup cell
+    assert cells(head) == columns
+    shown = [cells(r) for r in rows]
+    assert all(len(c) <= b - a for r in shown for c, (a, b) in zip(r, spans, strict=True))
+    jobs = [(j.target.name, j.model.name) for j in plan.jobs(config.load(REPO / "targets.toml"))]
+    assert {(r[0], r[1]) for r in shown} <= set(jobs) and all(r[-1] in ("PASS", "SKIPPED") for r in shown)
+    shown = re.fullmatch(r"(\d+) PASS, (\d+) FAIL, (\d+) INCONCLUSIVE, (\d+) SKIPPED  ->  (.*)", counts)
+    assert shown is not None and sum(int(n) for n in shown.groups()[:4]) == len(jobs), (counts, len(jobs))

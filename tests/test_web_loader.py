@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ortbuild.artifact import loaders, manifest
-from tests.conftest import MODELS, REPO, TEST_KEY
+from tests.conftest import CHROMIUM, CHROMIUM_INSTALL, CHROMIUM_VAR, MODELS, REPO, TEST_KEY, npm_install, tool
 from tests.test_loaders import _forge_weights, _resign, _set_file, build_examples
 
 WEB_VERSION = "onnxruntime-web@1.30.0"
@@ -83,24 +83,18 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("chromium is needed for the browser loader tests (CI installs Debian's chromium)")
-    return found
+    """Debian's Chromium: without it these tests are skipped with the command that installs it (CI sets
+    ORTBUILD_REQUIRE_CHROMIUM=1: there they fail)."""
+    return tool(*CHROMIUM, var=CHROMIUM_VAR, install=CHROMIUM_INSTALL)
 
 
 @pytest.fixture(scope="session")
 def web_app() -> Path:
-    """A folder with onnxruntime-web installed from the npm registry (cached between runs)."""
-    if shutil.which("npm") is None:
-        pytest.fail("npm is needed for the browser loader tests: they install onnxruntime-web (CI installs it)")
+    """A folder with onnxruntime-web installed from the npm registry (cached between runs); without Node.js and
+    npm these tests are skipped with how to install them (fail with ORTBUILD_REQUIRE_NODE=1)."""
     app = Path(os.environ.get("ORTBUILD_WEB_APP", Path.home() / ".cache" / "ortbuild-tests" / "web-app"))
     package = app / "node_modules" / "onnxruntime-web"
-    if not (package / "dist" / "ort.bundle.min.mjs").exists():
-        app.mkdir(parents=True, exist_ok=True)
-        (app / "package.json").write_text('{"name": "app", "private": true, "type": "module"}\n')
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", WEB_VERSION], cwd=app, check=True,
-                       capture_output=True, timeout=600)
+    npm_install(app, WEB_VERSION, package / "dist" / "ort.bundle.min.mjs")
     assert json.loads((package / "package.json").read_text())["version"] == WEB_VERSION.split("@")[1]
     return app
 

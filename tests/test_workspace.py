@@ -331,3 +331,94 @@ def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_remov
         child.kill()
         child.wait()
         shutil.rmtree(private, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ no private dir after success
+
+LEAK_TARGETS = """
+[targets.fp32]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+latency = { p90_ms = 1000, min_seconds = 0.1, cold_start_ms = 60000 }
+memory = { peak_mb = 4096 }
+
+[targets.int8]
+extends = "fp32"
+precision = "int8-static"
+models = ["tiny_cnn"]
+
+[targets.fp16]
+extends = "fp32"
+precision = "fp16"
+optimization = "basic"
+
+[targets.mobile]
+extends = "fp32"
+precision = "int8-dynamic"
+format = "ort"
+optimization = "basic"
+
+[targets.fused]
+extends = "fp32"
+fusion = { model_type = "bert" }
+models = ["tiny_transformer"]
+"""
+
+
+class _Tree:
+    """The pids of a process and of every descendant seen while it runs (/proc polled every few ms: a build's
+    workers live as long as their jobs)."""
+
+    def __init__(self, root: int) -> None:
+        import threading
+
+        self.pids = {root}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._done.is_set():
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid in self.pids:
+                    self.pids.add(int(stat.parent.name))
+            time.sleep(0.005)
+
+    def stop(self) -> set[int]:
+        self._done.set()
+        self._thread.join()
+        return self.pids
+
+
+def _private_dirs(roots: list[Path]) -> set[Path]:
+    return {d for r in roots if r.is_dir() for d in r.glob(f"{workspace.PRIVATE_PREFIX}*-*-*")}
+
+
+@pytest.mark.serial  # it reads /dev/shm, which every build on the machine writes to
+def test_a_successful_build_test_and_profile_leave_no_private_dir(make_project: Callable[..., Path],
+                                                                   tmp_path: Path) -> None:
+    """Each step that writes plaintext (precision fp16/int8 static and dynamic, fusion, .ort, the golden and startup
+    gates, the profiler) runs through a successful build, test and profile in worker processes; afterwards no
+    private dir (ortbuild-<pid>-<start>-*) of the CLI or any of its processes is left in /dev/shm, and nothing at
+    all in the run's own TMPDIR."""
+    path = make_project(LEAK_TARGETS, models=("tiny_cnn", "tiny_transformer"), calibration=True)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    roots = [Path("/dev/shm"), tmp]
+    before = _private_dirs(roots)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for args in (["build", "-j", "2"], ["test"], ["profile", "--runs", "3"]):
+        proc = subprocess.Popen(_cli(*args, "-c", str(path)), cwd=path.parent, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        tree = _Tree(proc.pid)
+        out, err = proc.communicate(timeout=900)
+        pids = tree.stop()
+        assert proc.returncode == 0, (args, out[-2000:], err[-3000:])
+        left = [d for d in _private_dirs(roots) - before if int(d.name.split("-")[1]) in pids]
+        assert left == [], f"`ortbuild {' '.join(args)}` succeeded and left {left} (its pids: {sorted(pids)})"
+        assert list(tmp.iterdir()) == [], f"`ortbuild {' '.join(args)}` left files in its TMPDIR"
+    assert len(list((path.parent / "dist").glob("*/*/test-report.json"))) == 8
