@@ -65,7 +65,8 @@ def length_problem(path: Path) -> str | None:
     return None
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words (from its st_mode)."""
     for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISDIR, "a directory")):
@@ -90,7 +91,7 @@ def input_problem(path: Path, *, limit: int, directory_ok: bool = False) -> str 
     if stat.S_ISDIR(st.st_mode) and directory_ok:
         return None
     if not stat.S_ISREG(st.st_mode):
-        what = _kind(st.st_mode)
+        what = file_kind(st.st_mode)
         want = "a regular file or a directory in the documented layout" if directory_ok else "a regular file"
         return f"is {what}, not {want}"
     if st.st_size == 0:

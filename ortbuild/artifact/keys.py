@@ -40,6 +40,7 @@ from ortbuild.artifact.ed25519 import public_key_id as public_key_id
 from ortbuild.artifact.ed25519 import verify as verify
 from ortbuild.artifact.schema import Signing
 from ortbuild.errors import KeyMissing
+from ortbuild.paths import file_kind
 
 DEV_MARKER = "DEVELOPMENT KEY"
 ENCRYPTION_FILE, SIGNING_FILE, PUBLIC_FILE = "encryption.key", "signing.key", "signing.pub"
@@ -166,16 +167,6 @@ def _read_text(path: str, what: str, hint: str) -> str:
 def private_problem(mode: int) -> bool:
     """Whether a key file's (or key directory's) mode lets group or others read, write or enter it."""
     return os.name == "posix" and bool(mode & 0o077)
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def no_core_dumps(*, hard: bool = True) -> None:
