@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ortbuild.paths import UnsafePath
+from ortbuild.paths import UnsafePath, file_kind
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -35,6 +35,39 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+MAX_DOCUMENT = 64 << 20  # a manifest, signature, report or record ortbuild wrote: far below this
+
+
+class Unreadable(OSError):
+    """A file ortbuild reads back (a manifest, a signature, a report) is not a regular file, or is larger than any
+    it writes: a FIFO would block the read forever, /dev/zero or a huge file would fill the memory."""
+
+
+def read_document(path: Path, limit: int = MAX_DOCUMENT) -> bytes:
+    """The bytes of a file ortbuild wrote and reads back: a regular file (after symlinks) of at most `limit`
+    bytes, opened without blocking and judged by the file opened (fstat), else Unreadable (an OSError: callers
+    that handle an unreadable file handle it too); FileNotFoundError when it is not there."""
+    before = os.stat(path).st_mode  # a device or FIFO is not even opened
+    if not stat.S_ISREG(before):
+        raise Unreadable(errno.EINVAL, f"{file_kind(before)}, not a regular file", str(path))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(errno.EINVAL, f"{file_kind(st.st_mode)}, not a regular file", str(path))
+        if st.st_size > limit:
+            raise Unreadable(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} such a file may be", str(path))
+        chunks, size = [], 0
+        while piece := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(piece)
+            size += len(piece)
+            if size > limit:
+                raise Unreadable(errno.EFBIG, f"more than the {limit} bytes such a file may be", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _parts(folder: Path, root: Path) -> tuple[Path, list[str]]:

@@ -147,7 +147,8 @@ def _place(release_dir: Path, dest: Path, **kw: object) -> list[str]:
 def test_pull_to_never_replaces_a_newer_release_with_an_older_one(releases: Releases, tmp_path: Path) -> None:
     dest = tmp_path / "deploy"
     assert _place(releases.new, dest) == []
-    assert (dest / deploy.PULLED).is_file() and epochs.deployed(dest) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 1))
+    assert (dest / deploy.PULLED).is_file()
+    assert epochs.deployed(dest, SIGNER.public_raw) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 1))
     before = {p.relative_to(dest): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
     with pytest.raises(RolledBack) as err:
         _place(releases.old, dest)
@@ -160,7 +161,7 @@ def test_pull_to_never_replaces_a_newer_release_with_an_older_one(releases: Rele
         _place(releases.old, dest, min_epoch=1, allow_downgrade=True)
     warnings = _place(releases.old, dest, allow_downgrade=True)
     assert warnings and "with an older release (epoch 0): --allow-downgrade" in warnings[0]
-    assert epochs.deployed(dest) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 0))
+    assert epochs.deployed(dest, SIGNER.public_raw) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 0))
     assert _place(releases.new, dest) == []  # upgrading is never refused
 
 
@@ -180,7 +181,18 @@ def test_a_damaged_deployment_is_not_replaced_silently(releases: Releases, tmp_p
         _place(releases.new, dest)
     assert "--allow-downgrade" in (err.value.hint or "")
     _place(releases.new, dest, allow_downgrade=True)
-    assert epochs.deployed(dest) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 1))
+    # only signed epochs count: an epoch edited down, or every manifest removed, leaves no floor to go below
+    for m in dest.glob("*/manifest.json"):
+        m.write_text(m.read_text().replace('"epoch": 1', '"epoch": 0'))
+    with pytest.raises(ArtifactError, match="does not verify with the trusted public key"):
+        _place(releases.old, dest)
+    _place(releases.new, dest, allow_downgrade=True)
+    for m in dest.glob("*/manifest.json"):
+        m.unlink()
+    with pytest.raises(ArtifactError, match=r"it holds no manifest\.json"):
+        _place(releases.old, dest)
+    _place(releases.new, dest, allow_downgrade=True)
+    assert epochs.deployed(dest, SIGNER.public_raw) == ("rel-1.0-cpu", dict.fromkeys(MODELS, 1))
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep.txt").write_text("x")

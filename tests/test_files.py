@@ -82,6 +82,25 @@ def test_a_partial_file_is_published_over_its_name_and_a_swapped_partial_refused
     assert victim.read_text() == "precious\n"
 
 
+def test_a_document_read_back_must_be_a_regular_file_of_a_sane_size(tmp_path: Path) -> None:
+    """A FIFO planted where ortbuild reads a manifest or report would block for ever; /dev/zero or a huge file
+    would fill the memory: Unreadable (an OSError) at once instead."""
+    good = tmp_path / "manifest.json"
+    good.write_bytes(b"{}")
+    assert files.read_document(good) == b"{}"
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(files.MAX_DOCUMENT + 1)  # sparse: no disk used
+    for path, why in ((tmp_path / "fifo", "a FIFO"), (tmp_path / "zero", "a character device"),
+                      (big, "more than")):
+        with pytest.raises(files.Unreadable, match=why):
+            files.read_document(path)
+    with pytest.raises(FileNotFoundError):
+        files.read_document(tmp_path / "absent")
+
+
 # ------------------------------------------------------------------------------------------ the sweep
 
 SWEEP_TARGET = """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shlex
 import socket
 import stat
@@ -165,6 +166,14 @@ def test_a_fifo_key_file_is_refused_at_once_not_waited_on(made: dict[str, str], 
             assert err.value.message.startswith(f"{fifo}: cannot read the {kind} key")
             monkeypatch.delenv("ORTBUILD_KEY_FILE", raising=False)
             monkeypatch.delenv("ORTBUILD_SIGNING_KEY_FILE", raising=False)
+
+
+def test_a_public_key_that_is_a_fifo_or_a_device_is_refused_not_read(tmp_path: Path) -> None:
+    """`verify --public-key`, ORTBUILD_PUBLIC_KEY_FILE: a FIFO would block for ever, /dev/zero fill the memory."""
+    fifo = _fifo(tmp_path / "signing.pub")
+    for path, kind in ((fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(KeyMissing, match=re.escape(f"{path}: cannot read the public key: {kind}")):
+            keys.read_public_key(path)
 
 
 def test_devices_sockets_and_directories_are_no_key_files(no_key_env: None, tmp_path: Path) -> None:

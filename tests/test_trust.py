@@ -363,3 +363,55 @@ def test_release_never_writes_through_a_symlink_out_of_dist(pristine: Path, tmp_
     code, text = ortbuild(capsys, "release", "-c", str(root / "targets.toml"), "--force")
     assert code == 7 and "resolves outside the output directory" in text, text
     assert list(elsewhere.iterdir()) == []
+
+
+# where a FIFO was planted -> the commands that read that file (each blocked on it for ever)
+FIFO_READERS = {"cpu/tiny_cnn/manifest.json": ("build", "test", "release", "inspect"),
+                "cpu/tiny_cnn/manifest.sig": ("build", "test", "release", "inspect"),
+                "cpu/tiny_cnn/test-report.json": ("release",), "report.json": ("test", "summary")}
+
+
+@pytest.mark.parametrize("planted", list(FIFO_READERS))
+def test_a_fifo_planted_where_ortbuild_reads_its_own_files_never_hangs_a_command(
+        pristine: Path, tmp_path: Path, planted: str) -> None:
+    """A FIFO at a manifest, its signature or a report made build, test, release, inspect and summary wait for a
+    writer for ever: each command now ends on its own (a time-out fails the test), none in an internal error."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = copy(pristine, tmp_path)
+    cfg = str(root / "targets.toml")
+    (root / "dist" / planted).unlink()
+    os.mkfifo(root / "dist" / planted)
+    args = {"build": ["build", "-c", cfg], "test": ["test", "-c", cfg, "--no-explain"],
+            "release": ["release", "-c", cfg, "--force"], "inspect": ["inspect", str(root / "dist" / ART)],
+            "summary": ["summary", "test", "-c", cfg]}
+    for command in FIFO_READERS[planted]:
+        proc = subprocess.Popen([sys.executable, "-m", "ortbuild", *args[command]], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its workers too
+            proc.communicate()
+            pytest.fail(f"`ortbuild {command}` blocked on the FIFO at dist/{planted}")
+        assert proc.returncode != 1 and "internal error" not in out, (command, out)
+
+
+def test_rekey_never_writes_through_a_symlink_below_dist(pristine: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`rekey dist/cpu/tiny_cnn` where dist/cpu is a symlink to an artifact elsewhere: refused, nothing rewritten."""
+    root = copy(pristine, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(root / "dist" / "cpu", elsewhere)
+    (root / "dist" / "cpu").symlink_to(elsewhere)
+    before = {p.name: p.read_bytes() for p in (elsewhere / "tiny_cnn").iterdir() if p.is_file()}
+    old = tmp_path / "old.key"
+    old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old.chmod(0o600)
+    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    code, text = ortbuild(capsys, "rekey", str(root / "dist" / ART), "--old-key-file", str(old), "--new-key-file", new)
+    assert code == 7 and "is a symlink" in text, text
+    assert {p.name: p.read_bytes() for p in (elsewhere / "tiny_cnn").iterdir() if p.is_file()} == before

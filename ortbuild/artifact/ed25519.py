@@ -29,5 +29,7 @@ def public_key_id(public_raw: bytes) -> str:
 def verify_detached(data: bytes, signature_file: Path, public_raw: bytes) -> bool:
     """Whether `signature_file` (one base64 line) holds the signature of `data` by `public_raw`. Raises OSError
     when the signature file cannot be read, ValueError when it is not base64."""
-    signature = base64.b64decode(signature_file.read_bytes().strip(), validate=True)
+    from ortbuild.files import read_document
+
+    signature = base64.b64decode(read_document(signature_file, 1 << 12).strip(), validate=True)
     return verify(public_raw, signature, data)

@@ -157,11 +157,12 @@ def _decode(text: str, source: str, what: str) -> tuple[bytes, bool]:
 
 
 def _read_text(path: str, what: str, hint: str) -> str:
+    """A public key file's text: read as key files are (a FIFO, a device or a socket is refused, not read)."""
+    data, _ = _read_key_bytes(path, what, hint)
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # ValueError: a NUL byte in the path
-        why = e.strerror if isinstance(e, OSError) else "not text" if isinstance(e, UnicodeDecodeError) else str(e)
-        raise KeyMissing(f"{path}: cannot read the {what}: {why}", hint) from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyMissing(f"{path}: cannot read the {what}: not text", hint) from None
 
 
 def private_problem(mode: int) -> bool:
@@ -204,6 +205,24 @@ def _read_file(path: str, what: str) -> tuple[bytes, bool]:
     someone else). The file is opened without blocking (a FIFO's open waits for a writer) and its type and mode
     are those of the file opened (fstat), so a swap between the check and the read changes nothing."""
     hint = f"make one with `{MAKE_KEYS}`"
+    data, mode = _read_key_bytes(path, what, hint)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyMissing(f"{path}: cannot read the {what}: not text", hint) from None
+    kind = declared_kind([ln.strip() for ln in text.splitlines() if ln.strip()])
+    if kind is not None and kind != what:
+        raise _wrong_kind(path, kind, what)
+    if stat.S_ISREG(mode) and private_problem(mode):  # pipes (--key-file <(...)) have no such mode
+        raise KeyMissing(f"{path}: the {what} file is accessible by group or others (mode "
+                         f"{stat.S_IMODE(mode):04o}): a key file must be private, like an ssh key",
+                         f"run `chmod 600 {shlex.quote(path)}`")
+    return _decode(text, path, what)
+
+
+def _read_key_bytes(path: str, what: str, hint: str) -> tuple[bytes, int]:
+    """The first 64 KiB of a key file (secret or public) and its mode: a regular file or an anonymous pipe only
+    (see _read_file); KeyMissing naming the file otherwise."""
     regular = "give the key file itself (a regular file, mode 0600), or a pipe: `--key-file <(command)`"
     try:
         before = os.stat(path).st_mode  # a device is not even opened (opening one can do things)
@@ -227,18 +246,7 @@ def _read_file(path: str, what: str) -> tuple[bytes, bool]:
             data = f.read(1 << 16)  # a key file is a few lines
         except OSError as e:
             raise KeyMissing(f"{path}: cannot read the {what}: {e.strerror}", hint) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise KeyMissing(f"{path}: cannot read the {what}: not text", hint) from None
-    kind = declared_kind([ln.strip() for ln in text.splitlines() if ln.strip()])
-    if kind is not None and kind != what:
-        raise _wrong_kind(path, kind, what)
-    if stat.S_ISREG(mode) and private_problem(mode):  # pipes (--key-file <(...)) have no such mode
-        raise KeyMissing(f"{path}: the {what} file is accessible by group or others (mode "
-                         f"{stat.S_IMODE(mode):04o}): a key file must be private, like an ssh key",
-                         f"run `chmod 600 {shlex.quote(path)}`")
-    return _decode(text, path, what)
+    return data, mode
 
 
 def _find(explicit: bytes | None, file: str | Path | None, env: str, env_file: str,

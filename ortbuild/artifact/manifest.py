@@ -44,6 +44,7 @@ from ortbuild.files import atomic_copy as atomic_copy
 from ortbuild.files import atomic_write as atomic_write
 from ortbuild.files import partial_file as partial_file
 from ortbuild.files import publish as publish
+from ortbuild.files import read_document as read_document
 from ortbuild.files import safe_mkdir as safe_mkdir
 from ortbuild.files import sha256_file as sha256_file
 from ortbuild.paths import inside
@@ -84,12 +85,13 @@ def read(path: Path) -> tuple[Manifest, Path]:
     """Load a manifest given the manifest, its directory, or its artifact. Returns (manifest, its dir)."""
     p = locate(path)
     try:
-        text = p.read_bytes()
+        text = read_document(p)
     except FileNotFoundError:
         raise ArtifactError(f"{p}: no manifest here",
                             "give a dist/<target>/<model>/ directory, its manifest.json or its artifact") from None
     except OSError as e:
-        raise ArtifactError(f"{p}: unreadable manifest: {e}", "rebuild the artifact with `ortbuild build`") from None
+        raise ArtifactError(f"{p}: unreadable manifest: {e.strerror or e}",
+                            "rebuild the artifact with `ortbuild build --repair`") from None
     return Manifest.from_json(text, str(p)), p.parent
 
 
@@ -98,7 +100,7 @@ def reports(dist: Path, name: str) -> Iterator[tuple[dict[str, Any], Manifest]]:
     the artifact beside it, in path order; callers compare the build key the document was made for."""
     for f in sorted(dist.glob(f"*/*/{name}")):
         try:
-            doc = json.loads(f.read_text())
+            doc = json.loads(read_document(f))
             m, _ = read(f.parent)
         except (OSError, ValueError, ArtifactError):
             continue
@@ -143,7 +145,7 @@ def signature_problem(folder: Path, public_key: bytes) -> str | None:
     from ortbuild.artifact import ed25519  # cryptography: not at import (the noxfile reads manifests)
 
     try:
-        text = (folder / MANIFEST).read_bytes()
+        text = read_document(folder / MANIFEST)
         verified = ed25519.verify_detached(text, folder / SIGNATURE, public_key)
     except FileNotFoundError as e:
         return f"{e.filename} is missing"
@@ -205,7 +207,7 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str
 def _predates_signed_golden(folder: Path) -> bool:
     """Whether the (signature-checked) manifest was written before manifests listed their golden data."""
     try:
-        return "golden" not in json.loads((folder / MANIFEST).read_bytes())
+        return "golden" not in json.loads(read_document(folder / MANIFEST))
     except (OSError, ValueError):
         return False
 

@@ -107,7 +107,7 @@ def _artifact_folder(path: Path) -> Path:
         raise ArtifactError(f"{path}: not an artifact (no {manifest.MANIFEST} in {folder})", hint)
     if not (folder / manifest.SIGNATURE).exists():
         try:
-            doc = json.loads(found.read_bytes())
+            doc = json.loads(files_.read_document(found))
         except (OSError, ValueError):
             doc = None
         if not isinstance(doc, dict) or "format_version" not in doc:
@@ -227,7 +227,9 @@ def cmd_rekey(args: argparse.Namespace) -> int:
             else [manifest.locate(p)]
         if not found or not found[0].exists():
             raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
-        folders += [(f.parent, p if p.is_dir() else f.parent) for f in found]  # (artifact, where it was asked)
+        # (artifact, the root no write goes through a symlink below: its output directory when it lies in one)
+        folders += [(f.parent, Path(os.path.abspath(f.parent)).parent.parent if _place(f.parent) else
+                     p if p.is_dir() else f.parent) for f in found]
     done = 0
     for folder, root in folders:
         dist = folder.parent.parent  # a dist/<target>/<model>/ is re-keyed under dist's lock

@@ -312,7 +312,7 @@ class Report:
 
 def _previous(dist: Path) -> tuple[bytes, dict[str, Any]] | None:
     try:
-        data = (dist / REPORT_JSON).read_bytes()
+        data = files.read_document(dist / REPORT_JSON)
         doc = json.loads(data)
     except (OSError, ValueError):
         return None

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ortbuild import logs
+from ortbuild import files, logs
+from ortbuild.errors import GateFailed
 from ortbuild.gating import report
 from ortbuild.project import config
 from ortbuild.status import JobStatus, Verdict
@@ -77,7 +78,7 @@ def _records(project: config.Project, dist: Path) -> list[dict[str, Any]]:
         for m in t.models:
             path = record_path(dist, t.name, m)
             try:
-                doc = json.loads(path.read_text())
+                doc = json.loads(files.read_document(path))
             except (OSError, ValueError):
                 continue
             if isinstance(doc, dict) and doc.get("target") == t.name and doc.get("model") == m:
@@ -116,7 +117,7 @@ def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) ->
 def print_test(dist: Path, out: TextIO) -> int:
     path = dist / report.REPORT_JSON
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(files.read_document(path))
     except (OSError, ValueError):
         print(f"no test report in {dist}", file=out)
         return 0
@@ -128,7 +129,8 @@ def print_test(dist: Path, out: TextIO) -> int:
         if r["status"] in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.get("reason"):
             print(f"  [{r['target']}/{r['model']}] {r['status']}: {r['reason']}", file=out)
     print(verdict_counts([r["status"] for r in results], path, dist / report.REPORT_HTML), file=out)
-    return 1 if any(r["status"] == Verdict.FAIL for r in results) else 0
+    # a failed gate: the exit code `ortbuild test` gave (9), never 1 (an internal error)
+    return GateFailed.exit_code if any(r["status"] == Verdict.FAIL for r in results) else 0
 
 
 def print_summary(what: str, config_file: str | Path, dist: str | Path | None = None,

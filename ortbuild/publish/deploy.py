@@ -38,7 +38,7 @@ def place(release_dir: Path, dest: Path, public_key: bytes, *, source: str, run:
     check_destination(dest)
     floors = epochs.floors(min_epoch)
     try:
-        there = epochs.deployed(dest)
+        there = epochs.deployed(dest, public_key)
     except ArtifactError:  # a damaged deployment: its epoch is unknown
         if not allow_downgrade:
             raise

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ortbuild import files as files_
 from ortbuild.artifact import manifest
 from ortbuild.errors import ArtifactError, ConfigError, RolledBack
 
@@ -104,27 +105,35 @@ def decrease(project: Project, dist: Path, *, allowed: bool) -> str | None:
                       "--allow-epoch-decrease")
 
 
-def deployed(folder: Path) -> tuple[str, dict[str, int]] | None:
+def deployed(folder: Path, public_key: bytes) -> tuple[str, dict[str, int]] | None:
     """The release `ortbuild pull` placed in `folder`: its name and its artifacts' epochs (by model), read from its
-    index (release.json) and manifests; None when it holds none."""
-    if not folder.is_dir():
+    index (release.json) and its manifests, whose signatures must verify with `public_key` (only signed epochs
+    count); None when `folder` is empty or absent. A deployment whose epoch cannot be told (no manifest left, a
+    manifest unreadable or not signed by that key) is ArtifactError."""
+    if not folder.is_dir() or not any(folder.iterdir()):
         return None
+    damaged = ("pull with --allow-downgrade to replace it anyway (after checking why: a release signed with a key "
+               "you have since rotated is one reason)")
     name = folder.name
     try:
-        index = json.loads((folder / "release.json").read_text())
+        index = json.loads(files_.read_document(folder / "release.json"))
         name = str(index["name"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     epochs = {}
     for f in sorted(folder.glob(f"*/{manifest.MANIFEST}")):
         try:
+            if (problem := manifest.signature_problem(f.parent, public_key)) is not None:
+                raise ArtifactError(problem)
             m, _ = manifest.read(f)
         except ArtifactError as e:
             raise ArtifactError(f"{folder}: cannot tell the epoch of the release deployed there: {e.message}",
-                                "pull with --allow-downgrade to replace it anyway (after checking why it is "
-                                "damaged)") from None
+                                damaged) from None
         epochs[f.parent.name] = m.epoch
-    return (name, epochs) if epochs else None
+    if not epochs:
+        raise ArtifactError(f"{folder}: cannot tell the epoch of the release deployed there: it holds no "
+                            f"{manifest.MANIFEST}", damaged)
+    return name, epochs
 
 
 def floors(min_epoch: int) -> list[Floor]:

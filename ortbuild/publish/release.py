@@ -137,9 +137,11 @@ def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str
     from ortbuild.gating.gates import REPORT_SIG
 
     try:
-        text = (folder / REPORT).read_bytes()
+        text = files_.read_document(folder / REPORT)
     except FileNotFoundError:
         return None, None
+    except OSError as e:  # a FIFO or a huge file planted there: no verdict to trust
+        return None, f"unreadable ({e.strerror or e})"
     try:
         verified = verify_detached(text, folder / REPORT_SIG, public_key)
     except (OSError, ValueError):
