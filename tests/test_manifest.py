@@ -141,7 +141,7 @@ def test_a_validly_signed_manifest_in_another_artifacts_place_is_tampered(tmp_pa
                                                files=[dataclasses.replace(m.artifact.files[0], sha256=sha)]))
     sign = keys.signing_key()
     assert sign is not None
-    manifest.write_signed(folder, {}, m, sign.sign)
+    manifest.write_signed(folder, {}, m, sign.sign, root=tmp_path / "dist")
     assert manifest.trusted(folder, sign.public_raw, place=("t", "m")) == m
     assert manifest.trusted(folder, sign.public_raw) == m  # no place given: only files and signature
     assert manifest.place_problem(m, ("t", "m")) is None
