@@ -160,8 +160,8 @@ def owned(folder: Path) -> bool:
 
 def clean(dist: Path | None) -> list[Path]:
     """Remove leftovers. Call it holding dist's lock: partial files in dist/ are then never a live write's."""
-    removed = []
-    for p in leftovers(dist):
+    removed = remove_dead_private_dirs()
+    for p in partial_files(dist) if dist is not None else []:
         try:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)

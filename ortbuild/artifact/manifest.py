@@ -42,10 +42,7 @@ from ortbuild.artifact.schema import file_name_problem as file_name_problem
 from ortbuild.errors import ArtifactError, Tampered
 from ortbuild.files import atomic_copy as atomic_copy
 from ortbuild.files import atomic_write as atomic_write
-from ortbuild.files import partial_file as partial_file
-from ortbuild.files import publish as publish
-from ortbuild.files import read_document as read_document
-from ortbuild.files import safe_mkdir as safe_mkdir
+from ortbuild.files import publish, read_document, safe_mkdir
 from ortbuild.files import sha256_file as sha256_file
 from ortbuild.paths import inside
 

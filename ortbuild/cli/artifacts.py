@@ -227,24 +227,25 @@ def cmd_rekey(args: argparse.Namespace) -> int:
             else [manifest.locate(p)]
         if not found or not found[0].exists():
             raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
-        # (artifact, the root no write goes through a symlink below: its output directory when it lies in one)
-        folders += [(f.parent, Path(os.path.abspath(f.parent)).parent.parent if _place(f.parent) else
-                     p if p.is_dir() else f.parent) for f in found]
+        folders += [(f.parent, p if p.is_dir() else f.parent) for f in found]  # (artifact, where it was asked)
     done = 0
-    for folder, root in folders:
+    for folder, asked in folders:
         dist = folder.parent.parent  # a dist/<target>/<model>/ is re-keyed under dist's lock
         locked = (dist / workspace.LOCK).exists()
+        place = _place(folder)
+        # no write goes through a symlink below its output directory when it lies in one, else below what was asked
+        root = Path(os.path.abspath(folder)).parent.parent if place else asked
         with workspace.Lock(dist, timeout=args.lock_timeout) if locked else contextlib.nullcontext():
-            done += _rekey_one(folder, root, old, new, sign)
+            done += _rekey_one(folder, root, place, old, new, sign)
     print(f"{done} artifact(s) re-keyed to key id {new.key_id}; build keys unchanged (no rebuild), the old key "
           "no longer opens them")
     return 0
 
 
-def _rekey_one(folder: Path, root: Path, old: keys.EncryptionKey, new: keys.EncryptionKey,
-               sign: keys.SigningKey) -> int:
+def _rekey_one(folder: Path, root: Path, place: tuple[str, str] | None, old: keys.EncryptionKey,
+               new: keys.EncryptionKey, sign: keys.SigningKey) -> int:
     # Tampered (a swapped directory of dist/ included): rekey never signs what it did not check
-    m = manifest.trusted(folder, sign.public_raw, place=_place(folder))
+    m = manifest.trusted(folder, sign.public_raw, place=place)
     assert m is not None
     if m.encryption is None:
         return 0
