@@ -92,14 +92,10 @@ class _Session:
 
 @pytest.fixture(scope="module")
 def noxfile() -> Any:
-    """noxfile.py as a module (loaded once: loading registers its sessions)."""
-    import importlib.util
+    """ortbuild's nox sessions as the repository's noxfile.py imports them (importing registers them)."""
+    import ortbuild.nox
 
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", REPO / "noxfile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return ortbuild.nox
 
 
 @pytest.mark.parametrize("configured", [False, True])
