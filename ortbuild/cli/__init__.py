@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from ortbuild import __version__, workspace
 from ortbuild.artifact import keys
+from ortbuild.cli import init
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
 from ortbuild.cli.build import _workers, cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
@@ -240,6 +241,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--write", action="store_true", help="regenerate the shipped schema and docs reference")
     g.add_argument("--check", action="store_true", help="fail if they are out of date")
     s.set_defaults(func=cmd_schema)
+    init.add_parser(sub)
     return p
 
 

@@ -1,0 +1,128 @@
+"""`ortbuild init` (ortbuild/project/scaffold.py): a project scaffolded from its models loads, plans, lists one
+nox session of each kind per target, and never replaces a file unasked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ortbuild.project import config, scaffold
+from tests.conftest import MODELS, REPO, run_cli
+
+
+def _project(tmp_path: Path, *models: str) -> Path:
+    root = tmp_path / "app"
+    (root / "models").mkdir(parents=True)
+    for m in models:
+        shutil.copy(MODELS / f"{m}.onnx", root / "models")
+    return root
+
+
+def test_init_scaffolds_a_project_that_loads_and_plans(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_cnn", "tiny_transformer")
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("targets.toml", "noxfile.py", ".gitignore", ".github/workflows/ortbuild.yml",
+                 "models/tiny_cnn.inputs.npz", "models/tiny_transformer.inputs.npz"):
+        assert (root / name).is_file(), name
+    project = config.load(root / "targets.toml")
+    assert list(project.targets) == ["cpu-fp32", "cpu-int8"]
+    # int8-dynamic only where it suits: the CNN's weights are Conv weights (it wants int8-static + calibration)
+    assert list(project.targets["cpu-int8"].models) == ["tiny_transformer"]
+    assert "cpu-int8 leaves out tiny_cnn" in proc.stdout
+    # golden inputs of the model's signature: names, types, fixed dims; symbolic dims set and reported
+    golden = np.load(root / "models" / "tiny_transformer.inputs.npz")
+    import onnx
+
+    graph = onnx.load(str(MODELS / "tiny_transformer.onnx")).graph
+    weights = {i.name for i in graph.initializer}
+    wanted = [i for i in graph.input if i.name not in weights]
+    assert sorted(golden.files) == sorted(i.name for i in wanted)
+    for value in wanted:
+        arr = golden[value.name]
+        assert arr.dtype == onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_value for d in dims if d.dim_value] == [s for s, d in zip(arr.shape, dims, strict=True)
+                                                               if d.dim_value]
+    assert "symbolic dims: batch=1, seq=16" in proc.stdout
+    assert (root / ".gitignore").read_text().splitlines()[-4:] == list(scaffold.GITIGNORE)
+    plan = run_cli("plan", "--json", cwd=root)  # the scaffold is a valid project, its golden inputs included
+    assert plan.returncode == 0, plan.stderr
+
+
+def test_golden_inputs_beside_a_model_are_used_not_generated(tmp_path: Path) -> None:
+    root = tmp_path / "app"
+    root.mkdir()
+    shutil.copy(MODELS / "tiny_lstm.onnx", root / "lstm.v2.onnx")  # a dot in the name: a quoted TOML key
+    shutil.copy(MODELS / "tiny_lstm.inputs.npz", root / "lstm.v2.inputs.npz")
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    model = config.load(root / "targets.toml").models["lstm.v2"]
+    assert Path(model.inputs) == root / "lstm.v2.inputs.npz"
+    assert not (root / "models").exists()  # nothing generated
+    assert "golden inputs found beside it" in proc.stdout
+
+
+def test_init_never_replaces_a_file_unless_forced(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    (root / "targets.toml").write_text("# mine\n")
+    (root / ".gitignore").write_text("*.pyc")
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 2 and "init would replace targets.toml" in proc.stderr and "--force" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (root / "targets.toml").read_text() == "# mine\n" and not (root / "noxfile.py").exists()
+    assert run_cli("init", "--force", cwd=root).returncode == 0
+    assert "[models.tiny_transformer]" in (root / "targets.toml").read_text()
+    assert (root / ".gitignore").read_text().startswith("*.pyc\n# ortbuild")  # kept, ortbuild's lines added
+    assert run_cli("init", "--force", cwd=root).returncode == 0
+    assert (root / ".gitignore").read_text().count("dist/") == 1  # added once
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    ((), "no .onnx model found under"),
+    (("nothing.onnx",), "nothing.onnx: not an .onnx file or a folder"),
+    (("--dim", "seq"), "write NAME=N"),
+    (("--target", "tpu-int2"), "invalid choice"),
+])
+def test_bad_init_arguments_are_usage_errors(tmp_path: Path, args: tuple[str, ...], error: str) -> None:
+    proc = run_cli("init", *args, cwd=tmp_path)
+    assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "targets.toml").exists()
+
+
+def test_dims_and_targets_are_chosen_on_the_command_line(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    proc = run_cli("init", "models/tiny_transformer.onnx", "--dim", "seq=7", "--target", "arm64-int8", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    golden = np.load(root / "models" / "tiny_transformer.inputs.npz")
+    assert all(golden[k].shape[1] == 7 for k in golden.files if golden[k].ndim > 1)
+    targets = config.load(root / "targets.toml").targets
+    assert list(targets) == ["cpu-fp32", "cpu-int8", "arm64-int8"]  # a preset comes with the ones it extends
+    assert targets["arm64-int8"].platform == "linux-aarch64"
+
+
+def test_the_scaffold_has_one_nox_session_of_each_kind_per_target_and_a_workflow_over_them(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    assert run_cli("init", cwd=root).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("ORTBUILD_CONFIG", None)
+    kinds = ("build", "test", "profile", "release")
+    proc = subprocess.run([sys.executable, "-m", "nox", "-l", "--json", "-s", *kinds], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sessions = {s["session"] for s in json.loads(proc.stdout)}
+    assert sessions == {f"{k}({t})" for k in kinds for t in ("cpu-fp32", "cpu-int8")}
+    workflow = yaml.safe_load((root / scaffold.WORKFLOW).read_text())
+    steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
+    assert "ortbuild matrix --compact" in " ".join(steps)
+    assert any('nox -s "test(${{ matrix.target }})"' in s for s in steps)
+    assert any('nox -s "release(${{ matrix.target }})"' in s for s in steps)
+    assert workflow["env"]["ORTBUILD_REQUIREMENT"].startswith("ortbuild==")
