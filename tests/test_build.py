@@ -90,7 +90,9 @@ def test_a_failing_job_names_its_step_and_publishes_nothing(make_project: Callab
     path.write_text(path.read_text().replace("tiny_lstm.inputs.npz", "tiny_cnn.inputs.npz"))
     results = build(path, tmp_path / "dist", targets=["fp32"])
     assert [r.status for r in results] == [BUILT, FAILED]
-    assert isinstance(results[1].error, ConfigError) and "missing ['series']" in results[1].reason
+    assert isinstance(results[1].error, ConfigError)
+    assert "[models.tiny_lstm.inputs]" in results[1].reason  # the declaration, then the file and the input
+    assert "input 'series' (float32 [batch, steps, 8]) is missing" in results[1].reason
     assert not (tmp_path / "dist" / "fp32" / "tiny_lstm").exists()
 
 

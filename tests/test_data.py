@@ -49,13 +49,47 @@ def test_npz_calibration_rows_become_batches_of_one() -> None:
 
 
 def test_mismatched_feeds_name_the_file_and_the_problem() -> None:
-    sig = check.run(MODELS / "tiny_cnn.onnx").signature
-    with pytest.raises(ConfigError, match=r"missing \['image'\], unexpected \['x'\]"):
+    sig = check.run(MODELS / "tiny_cnn.onnx").signature  # image: float32 [batch, 3, 32, 32]
+    with pytest.raises(ConfigError, match=r"^f.npz: input 'image' \(float32 \[batch, 3, 32, 32\]\) is missing; 'x' "
+                                          r"is not an input of the model") as err:
         data.check_feed({"x": np.zeros((1, 3, 32, 32), np.float32)}, sig, "f.npz")
+    assert err.value.hint is not None and "the model's inputs are 'image' float32 [batch, 3, 32, 32]" in err.value.hint
     with pytest.raises(ConfigError, match="is float64, the model wants float32"):
         data.check_feed({"image": np.zeros((1, 3, 32, 32))}, sig, "f.npz")
     with pytest.raises(ConfigError, match="wants rank 4"):
         data.check_feed({"image": np.zeros((3, 32, 32), np.float32)}, sig, "f.npz")
+    with pytest.raises(ConfigError, match=r"the model wants \[batch, 3, 32, 32\] \(dim 1 is 1, not 3\)"):
+        data.check_feed({"image": np.zeros((2, 1, 32, 32), np.float32)}, sig, "f.npz")
+    data.check_feed({"image": np.zeros((7, 3, 32, 32), np.float32)}, sig, "f.npz")  # a named dim: any size
+    with pytest.raises(ConfigError) as err:  # with the declaration: targets.toml's key first, then the file
+        data.check_feed({"image": np.zeros((1, 3, 32, 32))}, sig, "f.npz", config="targets.toml",
+                        key="models.cnn.inputs")
+    assert err.value.message == ("targets.toml: [models.cnn.inputs] f.npz: input 'image' is float64, the model "
+                                 "wants float32")
+
+
+def test_every_problem_of_a_feed_is_named_at_once() -> None:
+    sig = check.run(MODELS / "tiny_transformer.onnx").signature  # input_ids, attention_mask: int64 [batch, seq]
+    problems = data.inputs_problems({"input_id": ((4, 32), "int64"), "attention_mask": ((4,), "int32")}, sig)
+    assert problems == ["input 'input_ids' (int64 [batch, seq]) is missing",
+                        "'input_id' is not an input of the model (did you mean 'input_ids'?)",
+                        "input 'attention_mask' is int32, the model wants int64",
+                        "input 'attention_mask' has shape [4] (rank 1), the model wants rank 2 [batch, seq]"]
+
+
+def test_golden_shapes_come_from_npz_headers_and_every_data_set(tmp_path: Path) -> None:
+    golden = tmp_path / "g.npz"
+    np.savez_compressed(golden, image=np.ones((4, 3, 32, 32), np.float32), ids=np.ones((2, 5), np.int64))
+    assert data.golden_shapes(golden, ["image"]) == [
+        (str(golden), {"image": ((4, 3, 32, 32), "float32"), "ids": ((2, 5), "int64")})]
+    _write_dataset(tmp_path / "sets", [{"image": np.ones((1, 3), np.float32)}, {"image": np.ones((2, 3), np.float16)}],
+                   named=False)
+    assert data.golden_shapes(tmp_path / "sets", ["image"]) == [
+        (str(tmp_path / "sets" / "test_data_set_0"), {"image": ((1, 3), "float32")}),
+        (str(tmp_path / "sets" / "test_data_set_1"), {"image": ((2, 3), "float16")})]
+    (tmp_path / "x.npy").write_bytes(b"\x93NUMPY" + bytes(100))
+    with pytest.raises(ConfigError, match=r"is not an \.npz file \(a single \.npy array\)"):
+        data.golden_shapes(tmp_path / "x.npy", ["image"])
 
 
 def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
-from ortbuild.errors import MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
 from ortbuild.gating import emulated, summary
 from ortbuild.gating.summary import BUILD_HEADER, build_rows, record_path
 from ortbuild.pipeline.build import Builder
@@ -168,6 +168,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """What would be built, with which runtime, and whether each job would rebuild and why."""
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
+    graphs = _checked_graphs(project, jobs)  # golden inputs against each model's inputs, before anything else
     dist = dist_dir(args, project)
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
@@ -179,7 +180,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes = []
         if j.settings.rule.quantizer is not Quantizer.NONE:
             if j.model.name not in reduced:
-                reduced[j.model.name] = _already_reduced(j.model.path)
+                reduced[j.model.name] = _already_reduced(graphs[j.model.name])
             if reduced[j.model.name]:
                 notes.append(f"the source is already reduced ({reduced[j.model.name]}): {j.settings.precision} "
                              "converts it again and loses accuracy twice; precision = \"fp32\" ships it as it is")
@@ -233,14 +234,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _already_reduced(path: Path) -> str | None:
-    """Why the model at `path` is already quantized or fp16 (its graph only: the weights are not read).
-    onnx (and the accounting step, which imports it) load here: only plan's reduced-precision jobs need them."""
-    import onnx
+def _checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[str, Any]:
+    """Each selected model's graph (read without the weights of external data), its golden inputs checked against
+    the graph's inputs: names, element types, ranks and fixed dimensions, as the build's check step does
+    (data.check_feed), from the .npz headers alone. Every problem is a ConfigError naming targets.toml, the
+    `[models.X] inputs` key, the data file and the input; several models' problems come together in one.
+    onnx (and the check step, which imports it) load here, when plan runs."""
+    from ortbuild import modelfiles, paths
+    from ortbuild.pipeline.steps import check
+    from ortbuild.project import data
 
+    graphs: dict[str, Any] = {}
+    errors: list[tuple[str, str, str | None]] = []  # (targets.toml's key, the problem, what to do)
+    for model in dict.fromkeys(j.model.name for j in jobs):
+        m, key = project.models[model], f"models.{model}.path"
+        try:
+            problem = paths.input_problem(m.path, limit=paths.MAX_MODEL_BYTES)
+            if problem:
+                raise ConfigError(str(m.path), "", f"the model {problem}", "name an ONNX model file")
+            graphs[model] = modelfiles.load_graph(m.path)
+            signature = check.signature(graphs[model])
+            names, key = [i["name"] for i in signature["inputs"]], f"models.{model}.inputs"
+            for where, found in data.golden_shapes(m.inputs, names):
+                data.check_shapes(found, signature, where)
+        except ConfigError as e:  # named by the file that declares it: targets.toml's key, then the file read
+            errors.append((key, e.message, e.hint))
+    file = str(project.file)
+    if len(errors) == 1:
+        raise ConfigError(file, *errors[0])
+    if errors:
+        raise ConfigError(file, "models", f"the inputs of {len(errors)} models do not fit:\n" + "\n".join(
+            f"  [{key}] {message}" + (f"\n    hint: {hint}" if hint else "") for key, message, hint in errors),
+            "fix each file or key named above, then run `ortbuild plan` again")
+    return graphs
+
+
+def _already_reduced(graph: Any) -> str | None:
+    """Why the model whose graph this is is already quantized or fp16 (the graph only: the weights are not read).
+    The accounting step (which imports onnx) loads here: only plan's reduced-precision jobs need it."""
     from ortbuild.pipeline.steps import accounting
 
-    try:
-        return accounting.already_reduced(onnx.load(str(path), load_external_data=False))
-    except Exception:  # an unreadable model: the build's check step names the problem
-        return None
+    return accounting.already_reduced(graph)

@@ -7,15 +7,34 @@ from typing import Any
 
 from ortbuild.artifact import manifest
 from ortbuild.project.plan import Job
-from ortbuild.project.precisions import Quantizer
+from ortbuild.project.precisions import fp16_upcast_hint
 
 SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
+
+
+def _fp16_growth(m: manifest.Manifest) -> float | None:
+    """The artifact's size over its fp16 model's (the source with the weights the precision step converted, as
+    it recorded them); None without that record."""
+    changed = m.precision.changed or {}
+    if "bytes_before" not in changed or "bytes_after" not in changed:
+        return None
+    fp16_model = m.source.size - int(changed["bytes_before"]) + int(changed["bytes_after"])
+    return m.artifact.size / max(1, fp16_model)
+
+
+def _upcast(job: Job, m: manifest.Manifest, where: str = "") -> str | None:
+    """The build's advice when the CPU provider's optimization stored an fp16 artifact's weights as fp32 again."""
+    return fp16_upcast_hint(job.settings.rule.quantizer, m.optimization.applied, m.optimization.optimized_with,
+                            _fp16_growth(m), where)
 
 
 def fix(job: Job, m: manifest.Manifest) -> str:
     """The targets.toml option that makes this artifact smaller, from what its build recorded."""
     where = f"[targets.{job.target.name}]"
     inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
+    upcast = _upcast(job, m, where)
+    if upcast:  # the level, not the budget: the same advice as the build's note
+        return upcast
     if inf and "disabled" not in inf.get("action", ""):
         if s.constant_folding == "on":
             return f'constant_folding = "auto" (the default) or "off" in {where}: the build optimizes without it'
@@ -24,9 +43,6 @@ def fix(job: Job, m: manifest.Manifest) -> str:
     if changed is not None and changed.get("converted", 1.0) < 0.5:
         return (f"the precision step converted only {changed['converted']:.0%} of the float weights (the build's "
                 f"note says which ops hold the rest): name them in quantization.op_types in {where}")
-    if s.rule.quantizer is Quantizer.FP16 and not m.optimization.portable:
-        return (f'optimization = "basic" in {where}: at higher levels ORT upcasts fp16 weights for the CPU '
-                "provider")
     return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
 
 
@@ -50,7 +66,8 @@ def judge(job: Job, m: manifest.Manifest) -> tuple[dict[str, Any], list[str]]:
     lines = [f"size: {job.name} {'; '.join(problems)}"]
     inf = m.optimization.inflation
     if inf:
-        lines.append(f"  constant folding grew the weights {inf['growth']}x ({inf.get('action', '')}): "
+        grew = "the weights grew" if _upcast(job, m) else "constant folding grew the weights"
+        lines.append(f"  {grew} {inf['growth']}x ({inf.get('action', '')}): "
                      + ", ".join(f"{x['initializer']} ({x['dtype']}, {x['bytes'] / 1024:.0f} KB, from "
                                  f"{x['pattern']})" for x in inf["grown"][:3]))
     lines.append(f"  hint: {fix(job, m)}")

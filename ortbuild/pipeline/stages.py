@@ -80,12 +80,14 @@ def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:
                           "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")
     names = [i["name"] for i in src.signature["inputs"]]
     feed = data.load_feed(job.model.inputs, names)
-    data.check_feed(feed, src.signature, str(job.model.inputs))
+    config, model = str(prep.project.file), f"models.{job.model.name}"
+    data.check_feed(feed, src.signature, str(job.model.inputs), config=config, key=f"{model}.inputs")
     samples = None
     if s.rule.needs_calibration and job.model.calibration is not None:
         samples = data.load_samples(job.model.calibration, names)
         for sample in samples:
-            data.check_feed(sample, src.signature, str(job.model.calibration))
+            data.check_feed(sample, src.signature, str(job.model.calibration), config=config,
+                            key=f"{model}.calibration")
     return src, Inputs(feed, samples)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ortbuild import paths
 from ortbuild.errors import ConfigError, first_line
+from ortbuild.project.checker import did_you_mean
 
 Feed = dict[str, np.ndarray]
 
@@ -126,9 +127,13 @@ def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
     return out
 
 
-def npz(path: Path) -> Feed:
-    """The arrays of an .npz file. Anything else under that name (a .npy, text, a pickle) is refused by
-    its magic bytes first, so the error says what the file is instead of numpy's guess."""
+_NPZ_ERRORS = (OSError, ValueError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError)
+
+
+def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """npz_arrays() of the .npz at `path`, which must hold at least one. Anything else under that name (a .npy,
+    text, a pickle) is refused by its magic bytes first, so the error says what the file is instead of numpy's
+    guess."""
     _readable(path)
     with path.open("rb") as f:
         magic = f.read(6)
@@ -136,14 +141,22 @@ def npz(path: Path) -> Feed:
         what = "a single .npy array" if magic == b"\x93NUMPY" else "not a zip archive"
         raise ConfigError(str(path), "", f"is not an .npz file ({what})", NPZ_HINT)
     try:
-        npz_arrays(path)
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError) as e:
+        arrays = npz_arrays(path)
+    except _NPZ_ERRORS as e:
         raise ConfigError(str(path), "", f"cannot read as .npz: {first_line(e)}", NPZ_HINT) from None
-    if not out:
+    if not arrays:
         raise ConfigError(str(path), "", "holds no arrays", NPZ_HINT)
-    return out
+    return arrays
+
+
+def npz(path: Path) -> Feed:
+    """The arrays of an .npz file, its headers checked first (npz_headers)."""
+    npz_headers(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except _NPZ_ERRORS as e:
+        raise ConfigError(str(path), "", f"cannot read as .npz: {first_line(e)}", NPZ_HINT) from None
 
 
 def load_feed(path: Path, input_names: list[str]) -> Feed:
@@ -191,19 +204,73 @@ def load_samples(path: Path, input_names: list[str]) -> list[Feed]:
     return [{k: a[i:i + 1] for k, a in arrays.items()} for i in range(n)]
 
 
-def check_feed(feed: Feed, signature: dict[str, Any], where: str) -> None:
-    """Names, dtypes and ranks of a feed against a model's input signature. Values are not judged here: golden
-    inputs may hold NaN/Inf; calibration data is checked for them by load_samples()."""
+Shapes = dict[str, tuple[tuple[int, ...], str]]  # input name -> (shape, dtype) of one feed's arrays
+
+
+def shapes(feed: Feed) -> Shapes:
+    return {name: (tuple(arr.shape), str(arr.dtype)) for name, arr in feed.items()}
+
+
+def golden_shapes(path: Path, input_names: list[str]) -> list[tuple[str, Shapes]]:
+    """(where, shapes) of every feed of the golden inputs at `path`, for checking them without running anything:
+    an .npz from its members' .npy headers (nothing decompressed), each test_data_set_N of a directory read."""
+    if path.is_dir():
+        return [(str(d), shapes(dataset_feed(d, input_names))) for d in datasets(path)]
+    arrays = npz_headers(path)
+    return [(str(path), {name: (shape, str(dtype)) for name, (shape, dtype) in arrays.items()})]
+
+
+def _dims(shape: list[int | str | None] | None) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" if shape is not None else "any shape"
+
+
+def inputs_problems(found: Shapes, signature: dict[str, Any]) -> list[str]:
+    """What does not fit between one feed (name -> shape, dtype) and a model's input signature: a missing or an
+    unexpected input, an element type, a rank, a fixed dimension (named and unknown dimensions take any size)."""
     inputs = {i["name"]: i for i in signature["inputs"]}
-    missing = [n for n in inputs if n not in feed]
-    extra = [n for n in feed if n not in inputs]
-    if missing or extra:
-        raise ConfigError(where, "", f"inputs do not match the model: missing {missing}, unexpected {extra}",
-                          f"the model's inputs are {list(inputs)}")
-    for name, arr in feed.items():
-        spec = inputs[name]
-        if str(arr.dtype) != spec["dtype"]:
-            raise ConfigError(where, "", f"input '{name}' is {arr.dtype}, the model wants {spec['dtype']}")
-        if spec["shape"] is not None and arr.ndim != len(spec["shape"]):
-            raise ConfigError(where, "", f"input '{name}' has shape {list(arr.shape)}, the model wants rank "
-                                         f"{len(spec['shape'])} {spec['shape']}")
+    missing = [n for n in inputs if n not in found]
+    problems = [f"input '{n}' ({inputs[n]['dtype']} {_dims(inputs[n]['shape'])}) is missing" for n in missing]
+    for name in (n for n in found if n not in inputs):
+        problems.append(f"'{name}' is not an input of the model{did_you_mean(name, missing or list(inputs))}")
+    for name, (shape, dtype) in found.items():
+        spec = inputs.get(name)
+        if spec is None:
+            continue
+        if dtype != spec["dtype"]:
+            problems.append(f"input '{name}' is {dtype}, the model wants {spec['dtype']}")
+        want = spec["shape"]
+        if want is None:
+            continue
+        if len(shape) != len(want):
+            problems.append(f"input '{name}' has shape {list(shape)} (rank {len(shape)}), the model wants rank "
+                            f"{len(want)} {_dims(want)}")
+            continue
+        fixed = [(k, d, n) for k, (d, n) in enumerate(zip(want, shape, strict=True)) if isinstance(d, int) and d != n]
+        if fixed:
+            said = ", ".join(f"dim {k} is {n}, not {d}" for k, d, n in fixed)
+            problems.append(f"input '{name}' has shape {list(shape)}, the model wants {_dims(want)} ({said})")
+    return problems
+
+
+def check_shapes(found: Shapes, signature: dict[str, Any], where: str, *, config: str = "", key: str = "") -> None:
+    """ConfigError naming every problem of inputs_problems(); `where` is the data file (or test_data_set_N). With
+    `config` (targets.toml) and `key` (models.X.inputs) the error names the declaration too."""
+    problems = inputs_problems(found, signature)
+    if not problems:
+        return
+    wanted = "; ".join(f"'{i['name']}' {i['dtype']} {_dims(i['shape'])}" for i in signature["inputs"])
+    first = signature["inputs"][0] if signature["inputs"] else {"name": "name", "dtype": "float32"}
+    hint = (f"the model's inputs are {wanted} (named dimensions take any size, numbered ones must match): save one "
+            f"array per input, under its name, of its dtype and shape, e.g. numpy.savez(path, "
+            f"{first['name']}=x.astype(numpy.{first['dtype']}), ...)")
+    message = "; ".join(problems)
+    if config:
+        raise ConfigError(config, key, f"{where}: {message}", hint)
+    raise ConfigError(where, key, message, hint)
+
+
+def check_feed(feed: Feed, signature: dict[str, Any], where: str, *, config: str = "", key: str = "") -> None:
+    """Names, dtypes, ranks and fixed dimensions of a feed against a model's input signature (check_shapes).
+    Values are not judged here: golden inputs may hold NaN/Inf; calibration data is checked for them by
+    load_samples()."""
+    check_shapes(shapes(feed), signature, where, config=config, key=key)

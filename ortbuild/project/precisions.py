@@ -9,6 +9,7 @@ ortbuild.project.config) before any venv exists.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -113,6 +114,24 @@ PORTABLE_LEVEL: Level = "basic"  # the highest level whose graph any provider lo
 def cap_level(level: Level) -> Level:
     """The level, at most the highest portable one (for portable and compiling-provider builds)."""
     return level if LEVEL_RULES[level].portable else PORTABLE_LEVEL
+
+
+FP16_UPCAST_GROWTH = 1.3  # an fp16 artifact over this many times its fp16 model: its weights are fp32 again
+
+
+def fp16_upcast_hint(quantizer: Quantizer, level: str, providers: Sequence[str], growth: float | None,
+                     where: str = "") -> str | None:
+    """The one advice for an fp16 model whose weights the CPU provider's optimization stored as fp32 again (the
+    build's note and the size gate's hint; None where that is not what happened). `growth`: the artifact's size
+    over the fp16 model's. ORT has no fp16 CPU kernels: it casts fp16 inputs of CPU nodes to fp32, and at level
+    `all` its FuseInitializersTransformer folds those casts of weights into fp32 initializers. With onnxruntime
+    1.31.1, basic, extended and layout gave the example models one and the same fp16 graph (the CPU provider fuses
+    nothing in it), so the advice names the portable level (docs/targets.md, fp16 on the CPU)."""
+    if (quantizer is not Quantizer.FP16 or "CPUExecutionProvider" not in providers or level not in LEVEL_RULES
+            or LEVEL_RULES[level].portable or growth is None or growth <= FP16_UPCAST_GROWTH):
+        return None
+    return (f'optimization = "{PORTABLE_LEVEL}"{f" in {where}" if where else ""} keeps fp16 storage: the CPU '
+            f"provider has no fp16 kernels, and at level '{level}' ORT upcast the fp16 weights to fp32 initializers")
 
 
 FORMATS: tuple[Format, ...] = get_args(Format)

@@ -18,7 +18,7 @@ from ortbuild.artifact import manifest
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
-from ortbuild.project.precisions import Quantizer
+from ortbuild.project.precisions import Quantizer, fp16_upcast_hint
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,8 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             else:
                 modelfiles.remove(retry)
                 found["action"] = "kept: disabling it did not make the artifact smaller"
-                notes.append(f"constant folding grew the weights {found['growth']}x ({what}); disabling it did "
-                             "not help, kept")
+                notes.append(f"the weights grew {found['growth']}x at optimization ({what}), not by constant "
+                             "folding: disabling it did not help, kept")
         else:
             found["action"] = "kept (constant_folding = \"on\")"
             notes.append(f"constant folding grew the weights {found['growth']}x ({what}); kept because "
@@ -170,13 +170,11 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             tied["providers"] = names
         if "com.microsoft.nchwc" in domains:
             tied["simd_level"] = runtime.simd_level()
-    if (settings.rule.quantizer is Quantizer.FP16 and "CPUExecutionProvider" in names
-            and not options.LEVEL_RULES[level].portable):
+    if settings.rule.quantizer is Quantizer.FP16:
         grown = _size(out) / max(1, _size(src))
-        if grown > 1.3:
-            notes.append(f"the CPU provider has no fp16 kernels: at level '{level}' ORT upcast the weights "
-                         f"to fp32 (artifact {grown:.2f}x the fp16 model); "
-                         f"use optimization = \"{options.PORTABLE_LEVEL}\" to keep fp16 storage")
+        upcast = fp16_upcast_hint(settings.rule.quantizer, level, names, grown)
+        if upcast:
+            notes.append(f"{upcast} (artifact {grown:.2f}x the fp16 model)")
     return OptimizeResult(path=out, requested=requested, applied=level, providers=names,
                           portable=not tied, tied_to=tied, op_domains=domains, notes=notes,
                           disabled_optimizers=disabled, inflation=found)
