@@ -216,7 +216,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ("ortbuild.pipeline",)),
     ("gating", ("ortbuild.gating",)),
     ("publish", ("ortbuild.publish",)),
-    ("cli", ("ortbuild.cli", "ortbuild.__main__")),
+    ("cli", ("ortbuild.cli", "ortbuild.__main__", "ortbuild.nox")),
 )
 
 

@@ -44,6 +44,12 @@ SKIPPED: dict[tuple[str, str], str] = {
 }
 # Commands checked by their own test below rather than in the example project.
 OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16"): "test_ci_matrix_example"}
+# docs/project.md's walk from an empty directory to a release: run in order, as written, by tests/test_project.py
+OWN_TEST.update({("project.md", cmd): "tests/test_project.py" for cmd in (
+    "mkdir encoder '&&' cd encoder", "cp /path/to/paraphrase-MiniLM-L3-v2.onnx .",
+    "python3 -m venv .venv '&&' . .venv/bin/activate", "pip install /path/to/ortbuild-0.1.0-py3-none-any.whl",
+    "ortbuild init", "python -m nox -s test", "python -m nox -s release",
+    "ortbuild verify dist/release/cpu-int8 --public-key .ortbuild/dev-keys/signing.pub --no-run")})
 # Languages whose blocks are examples (text and yaml blocks are output, trees and workflow files).
 RUNNABLE = ("console", "sh", "python", "js", "toml")
 
