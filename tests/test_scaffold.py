@@ -68,7 +68,21 @@ def test_golden_inputs_beside_a_model_are_used_not_generated(tmp_path: Path) -> 
     model = config.load(root / "targets.toml").models["lstm.v2"]
     assert Path(model.inputs) == root / "lstm.v2.inputs.npz"
     assert not (root / "models").exists()  # nothing generated
-    assert "golden inputs found beside it" in proc.stdout
+    assert f"lstm.v2: golden inputs {root / 'lstm.v2.inputs.npz'}" in proc.stdout
+
+
+def test_golden_inputs_pointed_at(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_cnn", "tiny_transformer")
+    samples = MODELS / "tiny_cnn.inputs.npz"
+    proc = run_cli("init", "--inputs", f"tiny_cnn={samples}", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    models = config.load(root / "targets.toml").models
+    assert Path(models["tiny_cnn"].inputs) == samples and not (root / "models" / "tiny_cnn.inputs.npz").exists()
+    assert Path(models["tiny_transformer"].inputs) == root / "models" / "tiny_transformer.inputs.npz"  # generated
+    for bad, error in ((str(samples), "2 models: say which one"), (f"vgg={samples}", "no model 'vgg' among"),
+                       ("tiny_cnn=nowhere.npz", "nowhere.npz is neither a file")):
+        proc = run_cli("init", "--force", "--inputs", bad, cwd=root)
+        assert proc.returncode == 2 and error in proc.stderr, proc.stderr
 
 
 def test_init_never_replaces_a_file_unless_forced(tmp_path: Path) -> None:

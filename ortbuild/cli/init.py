@@ -27,13 +27,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         f"suits); one of {', '.join(scaffold.PRESETS)}")
     i.add_argument("--dim", action="append", type=dim, default=[], metavar="NAME=N",
                    help="the size of a symbolic dimension in generated golden inputs (repeatable)")
+    i.add_argument("--inputs", action="append", default=[], metavar="[MODEL=]PATH",
+                   help="golden inputs of a model (an .npz keyed by input name, or an ONNX test_data_set_N folder); "
+                        "default: NAME.inputs.npz or test_data_set_0/ beside the model, else generated")
     i.add_argument("--force", action="store_true", help="replace files init would write that exist already")
     i.set_defaults(func=cmd_init)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     root = Path.cwd()
-    made = scaffold.plan(root, args.paths, args.target or (), dict(args.dim))
+    made = scaffold.plan(root, args.paths, args.target or (), dict(args.dim), args.inputs)
     written = scaffold.write(root, made, args.force)
     project = config.load(root / config.DEFAULT_FILE)  # what init wrote loads, the models' files checked
     for path in written:

@@ -287,7 +287,26 @@ def with_parents(names: Sequence[str]) -> list[str]:
     return out
 
 
-def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[str, int]) -> Scaffold:
+def _pointed(models: list[Path], inputs: Sequence[str]) -> dict[Path, Path]:
+    """--inputs [MODEL=]PATH: golden inputs given for a model (by its file's stem; the stem may be left out when
+    there is one model)."""
+    out: dict[Path, Path] = {}
+    for text in inputs:
+        stem, _, where = text.rpartition("=")
+        matching = [m for m in models if m.stem == stem] if stem else models
+        if len(matching) != 1:
+            raise UsageError(f"--inputs {text}: " + (f"no model '{stem}' among {', '.join(m.stem for m in models)}"
+                             if stem else f"{len(models)} models: say which one"), "write --inputs MODEL=PATH")
+        path = Path(where)
+        if not (path.is_file() or (path / "test_data_set_0").is_dir()):
+            raise UsageError(f"--inputs {text}: {where} is neither a file nor a folder holding test_data_set_0/",
+                             "give an .npz keyed by input name, or an ONNX test_data_set_N layout")
+        out[matching[0]] = path.resolve()
+    return out
+
+
+def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[str, int],
+         inputs: Sequence[str] = ()) -> Scaffold:
     """Everything init would write into `root`, nothing written yet. Without `targets`: cpu-fp32 for every model,
     and cpu-int8 (dynamic) for the models whose weights are mostly MatMul/Gemm/Gather/recurrent (ONNX Runtime's
     advice: dynamic quantization for RNNs and transformers, static with calibration data for CNNs)."""
@@ -296,8 +315,10 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
     scaffold = Scaffold()
     taken: set[str] = set()
     chosen: list[tuple[Found, Path]] = []
-    for path in find_models(root, given):
-        found = Found(model_name(path, taken), path, golden_beside(path))
+    models = find_models(root, given)
+    pointed = _pointed(models, inputs)
+    for path in models:
+        found = Found(model_name(path, taken), path, pointed.get(path) or golden_beside(path))
         if found.inputs is None:
             arrays, dims_set = generated_inputs(path, dims)
             target = root / "models" / f"{found.name}.inputs.npz"
@@ -308,7 +329,7 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
                                   "that mean something")
             chosen.append((found, target))
         else:
-            scaffold.notes.append(f"{found.name}: golden inputs found beside it: {found.inputs}")
+            scaffold.notes.append(f"{found.name}: golden inputs {found.inputs}")
             chosen.append((found, found.inputs))
     project = re.sub(r"[^A-Za-z0-9_.-]", "-", root.resolve().name).strip("-.") or "models"
     only: dict[str, list[str]] = {}
