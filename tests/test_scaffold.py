@@ -101,7 +101,7 @@ def test_init_never_replaces_a_file_unless_forced(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "error"), [
-    ((), "no .onnx model found under"),
+    ((), "no .onnx model found in"),
     (("nothing.onnx",), "nothing.onnx: not an .onnx file or a folder"),
     (("--dim", "seq"), "write NAME=N"),
     (("--target", "tpu-int2"), "invalid choice"),

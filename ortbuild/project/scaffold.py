@@ -106,12 +106,12 @@ def _walk(folder: Path) -> Iterator[Path]:
 
 
 def find_models(root: Path, given: Sequence[str]) -> list[Path]:
-    """The models of PATHs (files, or folders searched), else of root/models/, else of root."""
+    """The models of PATHs (files, or folders searched), else of root/models/, else of root and below."""
     if not given:
-        where = root / "models" if (root / "models").is_dir() else root
-        found = list(_walk(where))
+        found = list(_walk(root / "models")) if (root / "models").is_dir() else []
+        found = found or list(_walk(root))
         if not found:
-            raise UsageError(f"no .onnx model found under {where}",
+            raise UsageError(f"no .onnx model found in {root} (hidden folders, virtualenvs and dist/ left out)",
                              "give the models: `ortbuild init path/to/model.onnx ...`")
         return found
     out: list[Path] = []
