@@ -30,6 +30,13 @@ MAX_MODEL_BYTES = 2 << 30   # protobuf's limit for one .onnx file (larger models
 MAX_DATA_BYTES = 16 << 30   # an .npz / .pb data file beyond this is a mistake, not golden data
 
 
+def loader_module(model: str) -> str:
+    """The import name of a model's generated Python loader: `ortbuild_` + the model name with '-' and '.' as '_'
+    (a valid identifier for every NAME_PATTERN name, never a keyword), so one app imports several models' loaders
+    side by side. Two model names that differ only there would share it: config.load refuses that pair."""
+    return "ortbuild_" + model.replace("-", "_").replace(".", "_")
+
+
 def name_problem(name: str) -> str | None:
     """Why `name` cannot be a target or model name, or None."""
     if not NAME_RE.fullmatch(name):

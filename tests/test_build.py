@@ -77,7 +77,7 @@ def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path],
     build(path, tmp_path / "a")
     build(path, tmp_path / "b")
     for t in ("fp32", "int8"):
-        for name in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
+        for name in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_tiny_transformer.py",
                      "loader/ortbuild_loader.mjs"):
             a = (tmp_path / "a" / t / "tiny_transformer" / name).read_bytes()
             assert a == (tmp_path / "b" / t / "tiny_transformer" / name).read_bytes(), (t, name)
@@ -162,8 +162,9 @@ def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: 
     assert set(left) <= {".ses"} and all(size < 200 for size in left.values()), left
     written = {p.relative_to(path.parent / "dist").as_posix() for p in (path.parent / "dist").rglob("*") if p.is_file()}
     assert written == {f"{t}/tiny_transformer/{f}" for t in ("fp32", "int8")
-                       for f in ("model.onnx.enc", "manifest.json", "manifest.sig", "loader/ortbuild_loader.py",
-                                 "loader/ortbuild_loader.mjs", "loader/ortbuild_loader.d.ts",
+                       for f in ("model.onnx.enc", "manifest.json", "manifest.sig",
+                                 "loader/ortbuild_tiny_transformer.py", "loader/ortbuild_loader.mjs",
+                                 "loader/ortbuild_loader.d.ts",
                                  "loader/ortbuild_loader.web.mjs")} \
         | {".ortbuild.lock", ".ortbuild-dist"} | {f"logs/{t}/tiny_transformer.build.json" for t in ("fp32", "int8")} \
         | {f for f in written if f.startswith("logs/") and f.endswith(".build.log")}  # what ORT logged there
@@ -289,7 +290,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     doc = json.loads((folder / "manifest.json").read_text())
     assert doc["plugins"]["OpenVINOExecutionProvider"]["package"] == "onnxruntime-ep-openvino"
     assert doc["plugins"]["OpenVINOExecutionProvider"]["version"] == "1.8.1"
-    loader = loaders.import_python_loader(folder / "loader" / "ortbuild_loader.py")
+    loader = loaders.import_python_loader(folder / "loader" / "ortbuild_tiny_cnn.py")
     fit = artifact_fit.problems(manifest.read(folder)[0])  # `ortbuild inspect` probes the plugin EP too
     if results[0].status == PORTABLE:
         assert "Intel" in results[0].reason and "vendor" in results[0].reason
@@ -402,8 +403,8 @@ def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_ex
         watcher.join()
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = root / "dist" / "fp32" / "mlp"
-    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_loader; "
-              "ortbuild_loader.load()")
+    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_mlp; "
+              "ortbuild_mlp.load()")
     subprocess.run([sys.executable, "-I", "-c", script], cwd=cwd, env=env, check=True, timeout=300)
     hits, scanned = plaintext_hits([root, cwd, tmpdir], pieces)
     assert not hits and not seen, hits + seen

@@ -167,6 +167,27 @@ inputs = "{REPO / 'models' / 'tiny_cnn.inputs.npz'}"
 """
 
 
+def _models(names: tuple[str, ...]) -> str:
+    cnn = REPO / "models" / "tiny_cnn"
+    return '[project]\nname = "p"\nversion = "1"\n' + "".join(
+        f'[models."{n}"]\npath = "{cnn}.onnx"\ninputs = "{cnn}.inputs.npz"\n' for n in names) + \
+        '[targets.cpu]\nruntime = "onnxruntime==1.31.1"\nproviders = ["CPUExecutionProvider"]\n'
+
+
+def test_models_whose_python_loaders_would_share_a_module_name_are_refused(tmp_path: Path) -> None:
+    """Each model's Python loader is the module ortbuild_<name, '-' and '.' as '_'>: two models that would share
+    it are a config error naming both (an app could not import both); names that differ elsewhere are fine."""
+    path = tmp_path / "targets.toml"
+    path.write_text(_models(("resnet-50", "3d.unet", "resnet_50_v2", "Resnet-50")))
+    assert sorted(config.load(path).models) == ["3d.unet", "Resnet-50", "resnet-50", "resnet_50_v2"]
+    path.write_text(_models(("vgg", "resnet_50", "resnet-50")))
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert "[models.resnet-50] models 'resnet_50' and 'resnet-50' would both have the Python loader module " \
+           "'ortbuild_resnet_50'" in err.value.message, err.value.message
+    assert err.value.hint and "rename one of them" in err.value.hint
+
+
 def test_a_long_extends_chain_resolves_without_recursion(tmp_path: Path) -> None:
     n = 3000
     text = ONE_MODEL

@@ -66,7 +66,7 @@ def _load_in_clean_python(folder: Path, prelude: str = "") -> subprocess.Complet
     """Import the generated loader in a fresh interpreter (ortbuild not imported) and run the golden input."""
     code = f"""{prelude}
 import importlib.util, json, sys, numpy as np
-spec = importlib.util.spec_from_file_location("ortbuild_loader", {str(folder / loaders.LOADER_DIR / loaders.PYTHON)!r})
+spec = importlib.util.spec_from_file_location("loader", {str(loaders.python_path(folder, folder.name))!r})
 mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
 try:
     model = mod.load()

@@ -106,6 +106,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # what the examples open without building it first (`ortbuild test` builds what is missing itself)
     proc = run_cli("build", "-t", "cpu-fp32", "-t", "cpu-int8", "-m", "tiny_cnn", cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("build", "-t", "cpu-fp32", "-m", "tiny_lstm", cwd=root)  # the second model of loaders.md
+    assert proc.returncode == 0, proc.stderr[-3000:]
     for _ in range(2):  # a dist/report.json and the dist/report.previous.json it replaced
         proc = run_cli("test", "-t", "cpu-int8", "-m", "tiny_cnn", "--quick", cwd=root)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,11 +139,13 @@ def test_ci_matrix_example() -> None:
 
 
 def test_loaders_python_example(project: Path) -> None:
+    """Two models' loaders imported side by side, as written (their loader/ directories relative to the project)."""
     (block,) = _blocks("loaders.md", "python")
-    loader = project / "dist" / "cpu-fp32" / "tiny_cnn" / "loader"
-    script = block + "\nassert set(out) == {'logits'} and out['logits'].shape[0] == 4, out\n"
+    script = block + ("\nassert set(out) == {'logits'} and out['logits'].shape[0] == 4, out\n"
+                      "assert set(forecast) == {'forecast'} and forecast['forecast'].shape[0] == 2, forecast\n"
+                      "assert (ortbuild_tiny_cnn.MODEL, ortbuild_tiny_lstm.MODEL) == ('tiny_cnn', 'tiny_lstm')\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=project, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(loader)})
+                          env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

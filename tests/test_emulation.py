@@ -99,7 +99,7 @@ def test_the_emulated_loader_refuses_tampering_and_a_wrong_key(make_project: Cal
     monkeypatch.delenv(emulation.SWITCH_VAR)
     target = config.load(toml).targets["arm"]
     folder = toml.parent / "dist" / "arm" / "tiny_lstm"
-    loader = folder / loaders.LOADER_DIR / loaders.PYTHON
+    loader = loaders.python_path(folder, "tiny_lstm")
     with np.load(REPO / "models" / "tiny_lstm.inputs.npz") as z:
         feeds = [{k: z[k] for k in z.files}]
 

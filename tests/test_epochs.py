@@ -221,7 +221,7 @@ def test_lowering_the_epoch_is_a_config_error_unless_allowed(releases: Releases,
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" in proc.stderr and "lowered from 1 to 0 (--allow-epoch-decrease)" in proc.stderr
     assert dist_epochs(root) == dict.fromkeys(MODELS, 0)
-    assert "MIN_EPOCH = 0\n" in (root / "dist" / "cpu" / "tiny_cnn" / "loader" / "ortbuild_loader.py").read_text()
+    assert "MIN_EPOCH = 0\n" in (root / "dist" / "cpu" / "tiny_cnn" / "loader" / "ortbuild_tiny_cnn.py").read_text()
     proc = cli("build", "-t", "cpu", "-j", "1", cwd=root)  # dist/ now records epoch 0: no decrease, no warning
     assert proc.returncode == 0 and "WARNING" not in proc.stderr, proc.stderr
     set_epoch(root, 3)  # raising it is never refused

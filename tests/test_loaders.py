@@ -150,8 +150,8 @@ try:
 except ModuleNotFoundError:
     pass
 sys.path.insert(0, {str(folder / "loader")!r})
-import ortbuild_loader
-m = ortbuild_loader.load()
+import ortbuild_{model} as loader
+m = loader.load()
 with np.load({str(tmp_path / "in.npz")!r}) as z:
     out = m.run({{k: z[k] for k in z.files}})
 np.savez({str(tmp_path / "out.npz")!r}, **out)
@@ -167,8 +167,73 @@ print(m.providers)
         np.testing.assert_array_equal(a, b)
 
 
+TWO_MODELS = """
+import sys
+import numpy as np
+sys.path[:0] = [{cnn!r}, {transformer!r}]
+import ortbuild_tiny_cnn, ortbuild_tiny_transformer
+assert "ortbuild_loader" not in sys.modules
+out = {{}}
+for mod, inputs in ((ortbuild_tiny_cnn, {cnn_in!r}), (ortbuild_tiny_transformer, {transformer_in!r})):
+    m = mod.load()  # its own artifact: the directory above its loader/
+    with np.load(inputs) as z:
+        run = m.run({{k: z[k] for k in z.files}})
+    out.update({{f"{{mod.MODEL}}/{{k}}": v for k, v in run.items()}})
+    print(mod.__name__, mod.MODEL, mod.__file__)
+np.savez({out!r}, **out)
+"""
+
+
+def test_two_models_python_loaders_import_side_by_side(dist: Path, tmp_path: Path) -> None:
+    """An app with two models: both loader/ directories on sys.path, a plain `import` of each model's module, both
+    loaded and run in one process; each gives its own model's outputs (plain onnxruntime on the source model)."""
+    import onnxruntime as ort
+
+    folders = {m: dist / "fp32" / m for m in ("tiny_cnn", "tiny_transformer")}
+    for m in folders:
+        np.savez(tmp_path / f"{m}.npz", **feed(m))
+    script = BLOCK_ORTBUILD + TWO_MODELS.format(
+        cnn=str(folders["tiny_cnn"] / "loader"), transformer=str(folders["tiny_transformer"] / "loader"),
+        cnn_in=str(tmp_path / "tiny_cnn.npz"), transformer_in=str(tmp_path / "tiny_transformer.npz"),
+        out=str(tmp_path / "out.npz"))
+    proc = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        f"ortbuild_{m} {m} {folders[m] / 'loader' / f'ortbuild_{m}.py'}" for m in folders], proc.stdout
+    with np.load(tmp_path / "out.npz") as z:
+        got = {k: z[k] for k in z.files}
+    for m, folder in folders.items():
+        source = ort.InferenceSession(str(MODELS / f"{m}.onnx"), providers=["CPUExecutionProvider"])
+        want = dict(zip([o.name for o in source.get_outputs()], source.run(None, feed(m)), strict=True))
+        assert {k.split("/", 1)[1] for k in got if k.startswith(f"{m}/")} == set(want)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[f"{m}/{name}"], value, rtol=1e-4, atol=1e-5)
+        for a, b in zip([got[f"{m}/{n}"] for n in want], plain_outputs(folder, m), strict=True):
+            np.testing.assert_array_equal(a, b)  # and exactly the artifact's own outputs
+
+
+def test_python_loader_module_names_are_identifiers_for_every_model_name(dist: Path, tmp_path: Path) -> None:
+    """Model names may hold '-' and '.' (and start with a digit): the loader's module is still a plain `import`."""
+    import dataclasses
+    import keyword
+
+    m, _ = manifest.read(dist / "fp32" / "tiny_cnn")
+    for name, module in (("resnet-50.v2", "ortbuild_resnet_50_v2"), ("3d.unet", "ortbuild_3d_unet"),
+                         ("import", "ortbuild_import"), ("Mixed_Case", "ortbuild_Mixed_Case")):
+        files = loaders.render(dataclasses.replace(m, model=name), here_runtime())
+        assert loaders.python_file(name) == f"{module}.py" and f"{module}.py" in files
+        assert module.isidentifier() and not keyword.iskeyword(module)
+        where = tmp_path / name / "loader"
+        where.mkdir(parents=True)
+        (where / f"{module}.py").write_text(files[f"{module}.py"])
+        proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(where)!r}); "
+                               f"import {module}; print({module}.MODEL)"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == name, proc.stderr[-2000:]
+
+
 def test_python_loader_errors(dist: Path) -> None:
-    mod: Any = loaders.import_python_loader(dist / "fp32" / "tiny_cnn" / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(dist / "fp32" / "tiny_cnn", "tiny_cnn"))
     m = mod.load()
     bad = {"image": np.zeros((2, 3, 32, 32), np.float64)}
     with pytest.raises(mod.FeedError, match="must be float32, got float64"):
@@ -209,7 +274,8 @@ def test_one_pass_reads_what_ortbuild_writes(dist: Path, tmp_path: Path, size: i
     the graph comes back as `bytes` (what InferenceSession takes)."""
     import hashlib
 
-    mod: Any = loaders.import_python_loader(dist / "ext" / "tiny_transformer" / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(dist / "ext" / "tiny_transformer",
+                                                                     "tiny_transformer"))
     plain = random.Random(size).randbytes(size)
     path = tmp_path / "c.enc"
     with open(path, "wb") as out:
@@ -231,7 +297,8 @@ def test_one_pass_checks_the_digest_before_decryption_errors(dist: Path, tmp_pat
     (CorruptContainerError); with another digest the file is TamperedError, whatever fails inside it."""
     import hashlib
 
-    mod: Any = loaders.import_python_loader(dist / "ext" / "tiny_transformer" / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(dist / "ext" / "tiny_transformer",
+                                                                     "tiny_transformer"))
     plain = os.urandom((6 << 20) + 99)
     ct = bytearray(container.encrypt(plain, TEST_KEY))
     ct[container.HEADER + (5 << 20) + 7] ^= 4  # in chunk 4 (of 7), inside the second piece
@@ -290,7 +357,7 @@ def test_external_data_is_checked_before_onnx_runtime_sees_anything(dist: Path, 
                                                                    case: str) -> None:
     folder = tmp_path / "a"
     shutil.copytree(dist / "ext" / "tiny_transformer", folder)
-    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
     handed: list[str] = []
     real = mod._session_options
     monkeypatch.setattr(mod, "_session_options", lambda *a, **k: handed.append("so") or real(*a, **k))
@@ -325,7 +392,7 @@ def test_signed_digest_is_what_catches_a_forged_container(dist: Path, tmp_path: 
     shutil.copytree(dist / "ext" / "tiny_transformer", folder)
     _forge_weights(folder)
     _resign(folder, lambda doc: _set_file(doc, folder, "model.onnx.data.enc"))
-    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
     forged = list(mod.load(folder=folder).run(feed("tiny_transformer")).values())
     original = plain_outputs(dist / "ext" / "tiny_transformer", "tiny_transformer")
     assert any(not np.array_equal(a, b) for a, b in zip(forged, original, strict=True))
@@ -340,7 +407,7 @@ def test_external_data_buffers_outlive_the_session_when_borrowed(dist: Path, tar
     import gc
 
     folder = dist / target / "tiny_transformer"
-    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
     m = mod.load()
     options = m.session.get_session_options()
     assert options.get_session_config_entry("session.use_external_initializer_file_buffers_directly") == (
@@ -600,7 +667,7 @@ console.log(JSON.stringify(out));
 
 def test_tamper_suite_through_both_loaders(dist: Path, node_app: Path, tmp_path: Path) -> None:
     folder, other = dist / "fp32" / "tiny_cnn", dist / "fp32" / "tiny_lstm"
-    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_cnn"))
     plain = os.urandom(5 * 4096 - 300)
     ct = container.encrypt(plain, TEST_KEY, chunk_log2=CHUNK_LOG2)
     assert mod.decrypt_container(ct, TEST_KEY) == plain  # the loader reads what ortbuild writes
@@ -675,8 +742,8 @@ def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, n
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = root / "dist" / "fp32" / m
-    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_loader; "
-              "ortbuild_loader.load()")
+    script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_{m}; "
+              f"ortbuild_{m}.load()")
     subprocess.run([sys.executable, "-I", "-c", script], cwd=cwd, env=env, check=True, timeout=300)
     loader = node_app / "loader_scan.mjs"
     shutil.copy(folder / "loader" / loaders.NODE, loader)
@@ -715,7 +782,7 @@ def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     after = (copy / "tiny_cnn" / "model.onnx.enc").read_bytes()
     assert after[container.HEADER:] == before[container.HEADER:] and after[27:43] != before[27:43]
-    mod: Any = loaders.import_python_loader(copy / "tiny_cnn" / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(copy / "tiny_cnn", "tiny_cnn"))
     new_key = keys.encryption_key(file=made["encryption_key"])
     assert new_key is not None
     mod.load(key=new_key.secret, folder=copy / "tiny_cnn").run(feed("tiny_cnn"))
@@ -742,6 +809,43 @@ def _build_one(root: Path, model: str = "tiny_cnn", epoch: int | None = None, mo
     return root / "dist" / "fp32" / model
 
 
+def test_an_artifact_with_the_old_python_loader_name_is_rebuilt_whole(tmp_path: Path) -> None:
+    """An artifact an older ortbuild built (its Python loader ortbuild_loader.py, another loader_templates part in
+    its build key) still opens through its own loader, and a release check finds that loader by its manifest; the
+    next build rebuilds it, saying why, and leaves the per-model loader only: no stale ortbuild_loader.py."""
+    folder = _build_one(tmp_path / "p")
+    new, old = loaders.python_path(folder, "tiny_cnn"), folder / "loader" / loaders.LEGACY_PYTHON
+    new.rename(old)
+
+    def as_built_before(doc: dict[str, Any]) -> None:
+        for lf in doc["loaders"]:
+            if lf["language"] == "python":
+                lf["name"] = f"loader/{loaders.LEGACY_PYTHON}"
+        doc["build_inputs"]["loader_templates"] = "0" * 16
+        doc["build_key"] = "0" * 64
+
+    _resign(folder, as_built_before)
+    m, _ = manifest.read(folder)
+    assert loaders.python_loader_of(folder, m) == old
+    before: Any = loaders.import_python_loader(old)
+    np.testing.assert_array_equal(before.load(folder=folder).run(feed("tiny_cnn"))["logits"],
+                                  plain_outputs(folder, "tiny_cnn")[0])
+    said: list[str] = []
+    project = config.load(tmp_path / "p" / "targets.toml")
+    results = Builder(project, tmp_path / "p" / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, e: said.append(e.text())).run(plan.jobs(project))
+    assert [r.status for r in results] == [BUILT], [(r.status, r.reason) for r in results]
+    assert any("rebuilding" in line and "loader_templates" in line for line in said), said
+    assert sorted(p.name for p in (folder / "loader").iterdir()) == sorted(
+        [loaders.NODE, loaders.NODE_TYPES, loaders.WEB, "ortbuild_tiny_cnn.py"])
+    m, _ = manifest.read(folder)
+    assert loaders.python_loader_of(folder, m) == new
+    assert [lf.name for lf in m.loaders if lf.language == "python"] == ["loader/ortbuild_tiny_cnn.py"]
+    after: Any = loaders.import_python_loader(new)
+    np.testing.assert_array_equal(after.load(folder=folder).run(feed("tiny_cnn"))["logits"],
+                                  plain_outputs(folder, "tiny_cnn")[0])
+
+
 NODE_LOAD_CASES = """
 import { LoaderError, load } from '%(loader)s';
 const out = {};
@@ -764,9 +868,10 @@ def test_rollback_an_older_signed_artifact_is_refused_by_both_loaders(tmp_path: 
     app = node_app / f"app_rollback_{os.getpid()}"  # the app: onnxruntime-node resolves from here, no artifact
     shutil.rmtree(app, ignore_errors=True)
     app.mkdir()
-    for name in (loaders.PYTHON, loaders.NODE):
+    py_file = loaders.python_file("tiny_cnn")
+    for name in (py_file, loaders.NODE):
         shutil.copy(new / "loader" / name, app / name)
-    assert "MIN_EPOCH = 2" in (app / loaders.PYTHON).read_text()
+    assert "MIN_EPOCH = 2" in (app / py_file).read_text()
     model = tmp_path / "app-model"  # the folder the app loads from: first the old artifact is dropped in
     shutil.copytree(old, model)
     newer = tmp_path / "epoch3"
@@ -780,7 +885,7 @@ def test_rollback_an_older_signed_artifact_is_refused_by_both_loaders(tmp_path: 
         ("epoch2-min3", new, {"min_epoch": 3}), ("epoch3-min3", newer, {"min_epoch": 3})]
     expected = {"epoch1": "rolled_back", "epoch2": "ok", "epoch3": "ok", "no-epoch": "rolled_back",
                 "epoch2-min3": "rolled_back", "epoch3-min3": "ok"}
-    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(app / py_file)
     python = {name: _python_code(lambda f=folder, o=opts: mod.load(folder=f, **o), mod) for name, folder, opts in cases}
     assert python == expected
     with pytest.raises(mod.RolledBackError, match="epoch 1, older than the minimum 2"):
@@ -790,7 +895,7 @@ def test_rollback_an_older_signed_artifact_is_refused_by_both_loaders(tmp_path: 
     out = node(node_app, NODE_LOAD_CASES % {"loader": (app / loaders.NODE).as_posix()}, json.dumps(node_cases))
     assert out == expected
     # the same older artifact is fine for the loader generated with it (the refusal comes from MIN_EPOCH)
-    old_mod: Any = loaders.import_python_loader(old / "loader" / loaders.PYTHON)
+    old_mod: Any = loaders.import_python_loader(loaders.python_path(old, "tiny_cnn"))
     assert _python_code(lambda: old_mod.load(folder=model), old_mod) == "ok"
     shutil.rmtree(app)
 
@@ -839,7 +944,7 @@ def test_loaders_and_golden_files_beside_the_artifact_are_checked(dist: Path, no
             (d / "golden/test_data_set_0/output_0.pb").read_bytes() + b"\0"), "tampered"),
         "golden-replaced-by-a-folder": (lambda d: ((d / "golden/test_data_set_0/output_0.pb").unlink(),
                                                    (d / "golden/test_data_set_0/output_0.pb").mkdir()), "tampered"),
-        "python-loader-edited": (flip("loader/ortbuild_loader.py"), "tampered"),
+        "python-loader-edited": (flip("loader/ortbuild_tiny_cnn.py"), "tampered"),
         "node-loader-edited": (flip("loader/ortbuild_loader.mjs"), "tampered"),
         "types-edited": (flip("loader/ortbuild_loader.d.ts"), "tampered"),
         "golden-absent": (lambda d: shutil.rmtree(d / "golden"), "ok"),
@@ -848,8 +953,8 @@ def test_loaders_and_golden_files_beside_the_artifact_are_checked(dist: Path, no
     }
     app = tmp_path / "app"  # the loaders in use are the app's copies, not the files being edited
     app.mkdir()
-    shutil.copy(src / "loader" / loaders.PYTHON, app / loaders.PYTHON)
-    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    shutil.copy(loaders.python_path(src, "tiny_cnn"), app)
+    mod: Any = loaders.import_python_loader(app / loaders.python_file("tiny_cnn"))
     cases, python = [], {}
     for name, (mutate, _) in mutations.items():
         folder = tmp_path / name
@@ -1061,9 +1166,9 @@ def test_python_loader_leaves_no_telemetry_naming_the_model(probe_artifact: tupl
 import sys
 import textwrap
 sys.path.insert(0, {str(folder / "loader")!r})
-import ortbuild_loader
+import ortbuild_probe
 for _ in range({PY_SESSIONS}):
-    ortbuild_loader.load()
+    ortbuild_probe.load()
 """
     control = f"""
 import onnxruntime as ort
@@ -1132,7 +1237,7 @@ def one(tmp_path_factory: pytest.TempPathFactory) -> Path:
 PY_KEY_CASES = """
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-import ortbuild_loader as L
+import ortbuild_tiny_cnn as L
 out = {}
 for name, env, key in json.loads(sys.argv[2]):
     for k, v in env.items():
@@ -1238,8 +1343,8 @@ def test_the_python_loader_turns_core_dumps_off_unless_allowed(one: Path, tmp_pa
     app = """
         where, allow = sys.argv[1], sys.argv[2] == "allow"
         sys.path.insert(0, sys.argv[3])
-        import ortbuild_loader
-        model = ortbuild_loader.load(allow_core_dumps=allow)
+        import ortbuild_tiny_cnn
+        model = ortbuild_tiny_cnn.load(allow_core_dumps=allow)
         crash(where)
     """
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}, "PYTHONPATH": ""}

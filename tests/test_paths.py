@@ -127,3 +127,13 @@ def test_bad_golden_inputs_are_clear_config_errors(make_project: Callable[..., P
     data.check_feed(data.npz(nan), sig, str(nan))  # golden inputs may hold NaN/Inf; calibration data may not
     with pytest.raises(ConfigError, match="3072 NaN or infinite value"):
         data.load_samples(nan, ["image"])
+
+
+@pytest.mark.parametrize("name,module", [
+    ("tiny_cnn", "ortbuild_tiny_cnn"), ("resnet-50.v2", "ortbuild_resnet_50_v2"), ("3d", "ortbuild_3d"),
+    ("class", "ortbuild_class"), ("A" * 64, "ortbuild_" + "A" * 64)])
+def test_every_model_name_gives_a_python_loader_module_that_is_an_identifier(name: str, module: str) -> None:
+    import keyword
+
+    assert paths.NAME_RE.fullmatch(name) and paths.loader_module(name) == module
+    assert module.isidentifier() and not keyword.iskeyword(module)

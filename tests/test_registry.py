@@ -83,6 +83,9 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
     p = cli("pull", ref, "--public-key", pub, "--to", str(dest), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert (dest / "release.json").is_file() and (dest / "tiny_cnn" / "model.onnx.enc").is_file()
+    # each model's Python loader, as its manifest names it: the module to import and the directory to put on sys.path
+    assert f"tiny_cnn: `import ortbuild_tiny_cnn` with {dest / 'tiny_cnn' / 'loader'} on sys.path" in p.stdout, p.stdout
+    assert (dest / "tiny_cnn" / "loader" / "ortbuild_tiny_cnn.py").is_file()
     assert not list(dest.rglob("*.onnx"))  # encrypted at rest after a pull too
     again = cli("pull", ref, "--public-key", pub, "--to", str(dest), "--no-run", cwd=tmp_path)
     assert again.returncode == 0, again.stderr  # a deploy step pulls into the same place again

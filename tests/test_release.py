@@ -107,7 +107,7 @@ def test_the_bundle_holds_artifacts_manifests_loaders_golden_data_and_verdicts(r
     index = json.loads((released / "rel-1.0-cpu.release.json").read_text())
     names = set(index["files"])
     for model in ("tiny_cnn", "breast_cancer_gb"):
-        for f in ("manifest.json", "manifest.sig", "model.onnx.enc", "loader/ortbuild_loader.py",
+        for f in ("manifest.json", "manifest.sig", "model.onnx.enc", f"loader/ortbuild_{model}.py",
                   "loader/ortbuild_loader.mjs", "golden/golden.json", "golden/test_data_set_0/input_0.pb",
                   "golden/test_data_set_0/output_0.pb"):
             assert f"rel-1.0-cpu/{model}/{f}" in names

@@ -148,7 +148,7 @@ def test_tampering_is_loud_through_both_loaders(pristine: Path, tmp_path: Path, 
 
 
 def _python_load(app: Path, folder: Path) -> str:
-    mod: Any = loaders.import_python_loader(app / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(app / loaders.python_file(ART.name))
     try:
         mod.load(key=TEST_KEY, folder=folder)
     except mod.LoaderError as e:
@@ -280,7 +280,7 @@ def test_an_artifact_copied_out_of_dist_is_inspected_where_it_is(pair: Path, tmp
 
 
 def _python_load_code(folder: Path, key: bytes) -> str:
-    mod: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, folder.name))
     try:
         mod.load(key=key, folder=folder)
     except mod.LoaderError as e:

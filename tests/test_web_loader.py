@@ -191,14 +191,13 @@ def feeds_json(model: str) -> dict[str, Any]:
             for k, v in feed(model).items()}
 
 
-def python_outcome(folder: Path, key: bytes, model: str | None = None, **kw: Any) -> Any:
+def python_outcome(folder: Path, key: bytes, model: str, **kw: Any) -> Any:
     """The Python loader on the same folder: its outputs (by name), or its error's code."""
-    mod: Any = loaders.import_python_loader(folder / "loader" / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, model))
     try:
         m = mod.load(key=key, folder=folder, **kw)
     except mod.LoaderError as e:
         return e.code
-    assert model is not None
     return dict(m.run(feed(model)))
 
 
@@ -297,7 +296,7 @@ def test_browser_loader_in_headless_chromium(dist: Path, chromium: str, web_app:
     tampered_ext = variant("tampered-ext", ("web-ext", "tiny_transformer"))
     _flip(tampered_ext / "model.onnx.data.enc", (tampered_ext / "model.onnx.data.enc").stat().st_size // 2)
     side = variant("side-file", ("web", "tiny_cnn"))
-    _flip(side / "loader" / loaders.PYTHON, 100)  # a sibling loader, modified
+    _flip(loaders.python_path(side, "tiny_cnn"), 100)  # a sibling loader, modified
     absent = variant("side-file-absent", ("web", "tiny_cnn"))
     (absent / "loader" / loaders.NODE).unlink()   # an app may ship only the artifact and one loader
     corrupt = variant("signed-corrupt-chunk", ("web-ext", "tiny_transformer"))  # the signer signed a broken chunk

@@ -14,7 +14,7 @@ import pprint
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortbuild import __version__
+from ortbuild import __version__, paths
 
 if TYPE_CHECKING:
     import jinja2
@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 from ortbuild.artifact.manifest import FORMAT_VERSION, LoaderFile, Manifest
 
 LOADER_DIR = "loader"
-PYTHON, NODE, NODE_TYPES = "ortbuild_loader.py", "ortbuild_loader.mjs", "ortbuild_loader.d.ts"
-WEB = "ortbuild_loader.web.mjs"
+# The Python loader is a module named per model (python_file: `import ortbuild_<model>`), so one app imports several
+# side by side; the JavaScript ones are imported by path, where one name per kind collides with nothing.
+NODE, NODE_TYPES, WEB = "ortbuild_loader.mjs", "ortbuild_loader.d.ts", "ortbuild_loader.web.mjs"
+LEGACY_PYTHON = "ortbuild_loader.py"  # ortbuild before per-model names: rebuilt (the key), removed by clean
 # What onnxruntime-node ships, by ONNX Runtime provider name (the Node template has the same table).
 NODE_PROVIDERS = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
                   "CoreMLExecutionProvider": "coreml", "WebGpuExecutionProvider": "webgpu"}
@@ -47,10 +49,34 @@ WEB_MISSING_DOMAINS = ("com.microsoft.nchwc",)
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+def python_file(model: str) -> str:
+    """The file name of a model's Python loader: its module name (paths.loader_module) + .py."""
+    return f"{paths.loader_module(model)}.py"
+
+
+def python_path(folder: Path, model: str) -> Path:
+    """The Python loader of the artifact of `model` in `folder` (dist/<target>/<model>/)."""
+    return folder / LOADER_DIR / python_file(model)
+
+
+def python_loader_of(folder: Path, m: Manifest) -> Path:
+    """The Python loader that the (verified) manifest `m` lists: a release made by an older ortbuild names it
+    ortbuild_loader.py, one made now python_file(model)."""
+    names = [lf.name for lf in m.loaders if lf.language == "python"]
+    return folder / names[0] if names else python_path(folder, m.model)
+
+
+def loader_files(model: str) -> frozenset[str]:
+    """The names ortbuild gives (and gave) the loaders of `model`'s artifact, in loader/."""
+    return frozenset({python_file(model), LEGACY_PYTHON, NODE, NODE_TYPES, WEB})
+
+
 @functools.cache
 def templates_digest() -> str:
-    """A digest of the templates the loaders are rendered from (in the build key: a changed loader rebuilds)."""
+    """A digest of the templates the loaders are rendered from and of their file names (in the build key: a changed
+    loader, or one renamed, rebuilds)."""
     h = hashlib.sha256()
+    h.update(f"{python_file('MODEL')}\0{NODE}\0{NODE_TYPES}\0{WEB}\0".encode())
     for f in sorted(TEMPLATES.glob("*.j2")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
@@ -114,6 +140,7 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
     providers = _provider_options(m)
     facts = {
         "target": m.target, "model": m.model, "version": __version__, "runtime": runtime,
+        "module": paths.loader_module(m.model),
         "public_key": m.signing.public_key, "public_key_id": m.signing.public_key_id,
         "manifest_format": FORMAT_VERSION, "min_epoch": int(m.epoch),
         "first_input": m.io["inputs"][0]["name"] if m.io["inputs"] else "input",
@@ -128,15 +155,16 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "inputs": m.io["inputs"], "outputs": m.io["outputs"],
     }
     return {name: _env().get_template(template).render(**facts)
-            for name, template in ((PYTHON, "loader.py.j2"), (NODE, "loader.mjs.j2"),
+            for name, template in ((python_file(m.model), "loader.py.j2"), (NODE, "loader.mjs.j2"),
                                    (NODE_TYPES, "loader.d.ts.j2"), (WEB, "loader.web.mjs.j2"))}
 
 
 def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
     """The manifest entries of rendered loader files."""
-    language = {PYTHON: "python", NODE: "node", NODE_TYPES: "node-types", WEB: "web"}
+    python = python_file(m.model)
+    language = {python: "python", NODE: "node", NODE_TYPES: "node-types", WEB: "web"}
     node = node_refusal(m)
-    refusals = {PYTHON: "", NODE: node, NODE_TYPES: node, WEB: web_refusal(m)}
+    refusals = {python: "", NODE: node, NODE_TYPES: node, WEB: web_refusal(m)}
     return [LoaderFile(language=language[name], name=f"{LOADER_DIR}/{name}",
                        sha256=hashlib.sha256(text.encode()).hexdigest(),
                        runs_target=not refusals[name], note=refusals[name])

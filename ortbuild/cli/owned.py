@@ -7,7 +7,8 @@
                                                                             `ortbuild release`'s default output
     dist/<target>/<model>/                                                  an artifact directory:
         manifest.json, manifest.sig, the files its manifest lists (artifact files, custom-op libraries, the operator
-        config), model.onnx*/model.ort*/*.enc (a build cut short before its manifest), loader/<the loaders>,
+        config), model.onnx*/model.ort*/*.enc (a build cut short before its manifest), loader/<the loaders> (and
+        ortbuild_loader.py, the Python loader's name before it was named per model),
         golden/ (written whole), test-report.json/.sig, profile.json, profile.trace.json
     partial files of interrupted writes anywhere (`.NAME.*.partial`, `.golden.*`: workspace.partial_files)
 
@@ -36,7 +37,6 @@ RELEASE_PATTERNS = (f"*{release.BUNDLE_SUFFIX}", f"*{release.OLD_BUNDLE_SUFFIX}"
 ARTIFACT_FILES = frozenset({manifest.MANIFEST, manifest.SIGNATURE, gates.REPORT, gates.REPORT_SIG, profile.TRACE,
                             profile.SUMMARY, opconfig.CONFIG})
 ARTIFACT_PATTERNS = ("model.onnx*", "model.ort*", "*.enc")
-LOADERS = frozenset({loaders.PYTHON, loaders.NODE, loaders.NODE_TYPES, loaders.WEB})
 
 
 def _plain(p: Path) -> bool:
@@ -81,11 +81,12 @@ def _in_dirs(root: Path, ours: list[Path], kept: list[Path], file_ok: Callable[[
 
 def _artifact(folder: Path, ours: list[Path], kept: list[Path]) -> None:
     listed = _listed(folder)
+    names = loaders.loader_files(folder.name)  # today's loader names and the old ortbuild_loader.py
     for e in sorted(folder.iterdir()):
         if e.name == manifest.GOLDEN_DIR and e.is_dir() and not e.is_symlink():
             ours.append(e)  # written (and replaced) whole by the golden gate
         elif e.name == loaders.LOADER_DIR and e.is_dir() and not e.is_symlink():
-            _sort(sorted(e.iterdir()), ours, kept, lambda p: _plain(p) and p.name in LOADERS)
+            _sort(sorted(e.iterdir()), ours, kept, lambda p: _plain(p) and p.name in names)
         elif _plain(e) and (e.name in ARTIFACT_FILES or e.name in listed or _match(e.name, ARTIFACT_PATTERNS)):
             ours.append(e)
         else:

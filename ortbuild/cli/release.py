@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild import paths, workspace
-from ortbuild.artifact import keys, manifest
+from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.cli.common import dist_dir
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError, UsageError
 from ortbuild.project import config, plan
@@ -204,7 +204,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
                          min_epoch=args.min_epoch, allow_downgrade=args.allow_downgrade)
     _verify_lines(v, args.json, {"dir": str(dest)})
     if not args.json:
-        print(f"  -> {dest}  (load with {dest}/<model>/loader/ortbuild_loader.py)")
+        print(f"  -> {dest}")
+        for model in v.index["models"]:  # each model's Python loader, as its (verified) manifest names it
+            m, _ = manifest.read(dest / model)
+            loader = loaders.python_loader_of(dest / model, m)
+            print(f"     {model}: `import {loader.stem}` with {loader.parent} on sys.path (docs/loaders.md)")
     return 0
 
 

@@ -45,5 +45,5 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
               f"30 s; cached in {emulation.cache_root()})", file=sys.stderr, flush=True)
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
                        "emulated")
-    return emulation.run(plat, reqs, folder / loaders.LOADER_DIR / loaders.PYTHON, folder, secret,
+    return emulation.run(plat, reqs, loaders.python_path(folder, job.model.name), folder, secret,
                          [ds.inputs for ds in g.sets], job.name, say=lambda text: progress(job.name, text))

@@ -204,7 +204,7 @@ class Tester:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         self.progress(job.name, f"cold start and peak memory in fresh processes (looks at {startup.FIRST_LOOK}, "
                                 f"then doubling, at most {startup.MAX_PROCESSES})")
-        outcome = startup.measure(folder / loaders.LOADER_DIR / loaders.PYTHON, folder, g.sets[0].inputs,
+        outcome = startup.measure(loaders.python_path(folder, job.model.name), folder, g.sets[0].inputs,
                                   self.secret, budgets, latency.confidence_of(gates.latency.confidence, self.quick))
         res.startup = startup.summary(outcome, budgets)
         if "cold_start" in budgets:
@@ -239,7 +239,7 @@ class Tester:
         if emulated.emulated(job.target):  # the loader verifies the artifact there, before the golden data is signed
             outputs, res.platform = emulated.golden_outputs(job, folder, self.secret, g, self.progress)
         else:
-            module = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+            module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
             self.progress(job.name, "golden outputs through the generated Python loader")
             try:
                 model = module.load(key=self.secret, folder=folder)
@@ -340,7 +340,7 @@ class Tester:
                                f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
             else:
                 rfolder = paths.inside(self.dist, ft.target, job.model.name)
-                opens[ft.target] = (loaders.import_python_loader(rfolder / loaders.LOADER_DIR / loaders.PYTHON),
+                opens[ft.target] = (loaders.import_python_loader(loaders.python_path(rfolder, job.model.name)),
                                     rfolder)
         sessions: dict[str, Any] = {}
         session_ms: dict[str, float] = {}

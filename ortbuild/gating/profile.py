@@ -100,7 +100,7 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
 def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, runs: int) -> dict[str, Any]:
     """Profile the published artifact in `folder` through its Python loader; write TRACE and SUMMARY there."""
     m, _ = manifest.read(folder)
-    module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+    module: Any = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
     feeds = [feed for _, feed, _ in golden.load(job.model, m.io)]
     with workspace.private_dir(64 << 20) as work:
         try:

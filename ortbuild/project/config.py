@@ -156,7 +156,21 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
                              description=table.get("description", ""), expected=found["expected"],
                              custom_ops=_custom_ops(chk, f"{where}.custom_ops", table.get("custom_ops", []), root,
                                                     check_files))
+    _check_loader_modules(chk, models)
     return models
+
+
+def _check_loader_modules(chk: Checker, models: dict[str, Model]) -> None:
+    """Each model's Python loader is the module paths.loader_module(name), so an app imports several side by side:
+    two names that differ only in '-', '.' and '_' would give two loaders one module name."""
+    seen: dict[str, str] = {}
+    for name in models:
+        module = paths.loader_module(name)
+        if (other := seen.setdefault(module, name)) != name:
+            raise chk.fail(f"models.{name}", f"models '{other}' and '{name}' would both have the Python loader module "
+                                             f"'{module}' ('-' and '.' become '_' in it), so one app could not "
+                                             "import both",
+                           "rename one of them (names differing in more than '-', '.' and '_')")
 
 
 def _custom_ops(chk: Checker, where: str, specs: list[str], root: Path, check_files: bool) -> tuple[CustomOps, ...]:

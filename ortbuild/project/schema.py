@@ -186,5 +186,7 @@ def reference_markdown() -> str:
                           for n, o in opts.items()) or "none (use `[targets.NAME.session]`)"
         lines += [f"- **{provider}**: {shown}"]
     lines += ["", "## Names", "", f"Target and model names are {NAME_RULE}; they become directories under `dist/`, "
-              f"so path syntax is refused, and so are {', '.join(f'`{n}`' for n in sorted(RESERVED_NAMES))}.", ""]
+              f"so path syntax is refused, and so are {', '.join(f'`{n}`' for n in sorted(RESERVED_NAMES))}. "
+              "A model's Python loader is the module `ortbuild_<name>` with `-` and `.` as `_` (docs/loaders.md), "
+              "so two models whose names differ only in `-`, `.` and `_` are refused, naming both.", ""]
     return "\n".join(lines)

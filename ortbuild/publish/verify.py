@@ -232,7 +232,7 @@ def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
     for model in index["models"]:
         folder = tree / model
         m, _ = manifest.read(folder)
-        module: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+        module: Any = loaders.import_python_loader(loaders.python_loader_of(folder, m))
         try:
             loaded = module.load(key=key, folder=folder)
         except module.LoaderError as e:

@@ -10,7 +10,7 @@ with its own peak RSS (VmHWM, read by the process itself: a spawned child's ru_m
 - plain:      `onnxruntime.InferenceSession(source model.onnx)` with default options;
 - plain+par:  the same with `session.prepack.enable_parallel = 1`, which the loader sets (so the loader's share of
               the gain shows);
-- loader:     `ortbuild_loader.load()` (verify signature, read + sha256 + decrypt, session) + `run()`.
+- loader:     `ortbuild_<model>.load()` (verify signature, read + sha256 + decrypt, session) + `run()`.
 Medians over --runs. --big adds a ~2.5 GB model (building models past 2 GB needs a build that can).
 Then the decrypt rate of container v1 and what bounds it (sha256, first-touch page faults, the GIL), measured
 in this process. Prints a markdown table; --json writes the figures too.
@@ -53,8 +53,9 @@ import onnxruntime as ort
 feed = dict(np.load(inputs))
 if mode == "loader":
     sys.path.insert(0, where + "/loader")
-    import ortbuild_loader
-    model = ortbuild_loader.load(folder=where)
+    import importlib
+    loader = importlib.import_module("ortbuild_" + where.rsplit("/", 1)[-1])  # its model: mlpN, an identifier
+    model = loader.load(folder=where)
     t1 = time.perf_counter()
     model.run(feed)
 else:

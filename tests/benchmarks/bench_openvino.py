@@ -32,7 +32,7 @@ from ortbuild.project import config  # noqa: E402
 
 def _plaintext(folder: Path) -> bytes:
     """The artifact's model bytes, verified and decrypted in memory by its own generated loader."""
-    mod: Any = loaders.import_python_loader(folder / loaders.LOADER_DIR / loaders.PYTHON)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, folder.name))
     manifest = mod.verify(folder)
     files = mod._read_files(folder, manifest)
     (name,) = files
@@ -83,8 +83,8 @@ def main() -> int:
                 session(model, pre)
                 create[kind].append((time.perf_counter() - t) * 1e3)
         feed = dict(np.load(project.models[name].inputs))
-        cpu: Any = loaders.import_python_loader(Path(args.dist) / "cpu-fp32" / name / loaders.LOADER_DIR
-                                                / loaders.PYTHON).load(folder=Path(args.dist) / "cpu-fp32" / name)
+        cpu_folder = Path(args.dist) / "cpu-fp32" / name
+        cpu: Any = loaders.import_python_loader(loaders.python_path(cpu_folder, name)).load(folder=cpu_folder)
         ovs = session(compiled, True)
         lat: dict[str, list[float]] = {"openvino": [], "cpu": []}
         for _ in range(200):

@@ -106,7 +106,7 @@ def main() -> int:
                 folder = root / "dist" / tname / m
                 man, _ = manifest.read(folder)
                 g = golden.golden_for(project.models[m], man.io, ())
-                loader = folder / loaders.LOADER_DIR / loaders.PYTHON
+                loader = loaders.python_path(folder, m)
                 native: Any = loaders.import_python_loader(loader)
                 model = native.load(key=secret, folder=folder)
                 x86 = [model.run(ds.inputs) for ds in g.sets]

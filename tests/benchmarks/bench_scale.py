@@ -83,8 +83,8 @@ if sys.argv[1] == "plain":
     session.run(None, feed)
 else:
     sys.path.insert(0, sys.argv[3] + "/loader")
-    import ortbuild_loader
-    ortbuild_loader.load(folder=sys.argv[3]).run(feed)
+    import ortbuild_mlp  # the model's name: mlp
+    ortbuild_mlp.load(folder=sys.argv[3]).run(feed)
 print(time.perf_counter() - t)
 """
 

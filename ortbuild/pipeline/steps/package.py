@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx
 
-from ortbuild import __version__, runtime
+from ortbuild import __version__, paths, runtime
 from ortbuild.artifact import loaders, manifest
 from ortbuild.pipeline.job import Prepared
 from ortbuild.pipeline.steps import optimize, reload
@@ -116,4 +116,14 @@ def publish(prep: Prepared, seal: SealResult, rendered: Rendered, ops: OperatorC
             files[name] = Path(lib.path).read_bytes()
     manifest.write_signed(prep.out_dir, files, rendered.manifest, prep.signing.sign, root=prep.dist,
                         prune=True)
+    _remove_old_loaders(prep.out_dir, prep.job.model.name, set(rendered.loader_files))
     return Published(prep.out_dir / rendered.manifest.artifact.file)
+
+
+def _remove_old_loaders(out_dir: Path, model: str, written: set[str]) -> None:
+    """An earlier build's loaders that this one no longer writes (the Python loader of ortbuild before per-model
+    names, ortbuild_loader.py) go: no stale loader stays beside the artifact it was not generated for."""
+    for name in sorted(loaders.loader_files(model) - written):
+        old = paths.inside(out_dir, loaders.LOADER_DIR, name)
+        if old.is_file() or old.is_symlink():
+            old.unlink()

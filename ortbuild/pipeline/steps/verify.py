@@ -22,7 +22,7 @@ def through_loader(name: str, out_dir: Path, m: manifest.Manifest, feed: Feed, s
     the target's providers cannot run here (`portable`), the loader must refuse to load it (no silent
     fallback) after verifying it.
     """
-    module: Any = loaders.import_python_loader(out_dir / loaders.LOADER_DIR / loaders.PYTHON)
+    module: Any = loaders.import_python_loader(loaders.python_path(out_dir, m.model))
     if portable:
         module.verify(out_dir)
         try:
