@@ -140,3 +140,13 @@ def test_the_scaffold_has_one_nox_session_of_each_kind_per_target_and_a_workflow
     assert any('nox -s "test(${{ matrix.target }})"' in s for s in steps)
     assert any('nox -s "release(${{ matrix.target }})"' in s for s in steps)
     assert workflow["env"]["ORTBUILD_REQUIREMENT"].startswith("ortbuild==")
+
+
+def test_model_names_are_unique_down_to_their_loader_module(tmp_path: Path) -> None:
+    root = tmp_path / "app"
+    for where in ("a/tiny-cnn.onnx", "b/tiny_cnn.onnx", "c/tiny_cnn.onnx"):
+        (root / where).parent.mkdir(parents=True)
+        shutil.copy(MODELS / "tiny_cnn.onnx", root / where)
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert list(config.load(root / "targets.toml").models) == ["tiny-cnn", "tiny_cnn_2", "tiny_cnn_3"]

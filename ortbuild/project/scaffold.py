@@ -135,9 +135,9 @@ def model_name(path: Path, taken: set[str]) -> str:
     if paths.name_problem(base):
         base = f"m{base}"[:60]
     name, n = base, 2
-    while name.lower() in taken:
+    while paths.loader_module(name).lower() in taken:  # unique as a name and as its loader's module name
         name, n = f"{base}_{n}", n + 1
-    taken.add(name.lower())
+    taken.add(paths.loader_module(name).lower())
     return name
 
 
