@@ -39,7 +39,6 @@ SETUP_TIMEOUT_S = 1800                # one setup command (debootstrap, the whee
 # and cryptography: 110 Debian packages, 41 MB, unpacked to 249 MB; the wheels installed take 130 MB)
 USERLAND_SIZE = "downloads about 50 MB of Debian packages, 250 MB unpacked"
 WHEELS_SIZE = "downloads about 40 MB of wheels, 130 MB installed"
-SETUP_SIZE = "about 90 MB to download, 380 MB on disk"
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,12 @@ latency = {{ min_seconds = 13 }}
     return path
 
 
-def _timed_lines(cmd: list[str], timeout: float) -> tuple[int, list[tuple[float, str]], float]:
+def timed_lines(cmd: list[str], timeout: float, env: dict[str, str] | None = None) \
+        -> tuple[int, list[tuple[float, str]], float]:
     """Run `cmd` with stdout and stderr on one plain pipe; each line with the seconds since start when it
     arrived, read as it comes; the exit code and the seconds at exit."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     killer = threading.Timer(timeout, proc.kill)
     killer.start()
     lines = []
@@ -112,7 +113,7 @@ def test_a_plain_pipe_run_of_test_never_goes_10_s_without_a_line(tmp_path: Path)
     path = _example_copy(tmp_path)
     cmd = [sys.executable, "-m", "ortbuild", "test", "-c", str(path), "-t", "cpu-fp32", "-t", "cpu-int8", "-t",
            "slow-sampling", "--no-explain"]
-    code, lines, end = _timed_lines(cmd, 900)
+    code, lines, end = timed_lines(cmd, 900)
     text = "\n".join(f"{t:6.1f} {x}" for t, x in lines)
     assert code == 0, text
     stamps = [0.0, *(t for t, _ in lines), end]

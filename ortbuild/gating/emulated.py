@@ -41,8 +41,8 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
     """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
     plat, reqs = job.target.platform, requirements(job.target)
     if not emulation.ready(plat, reqs):  # said on every stream (PhaseStarted): it downloads, once
-        progress(job.name, PhaseStarted(f"setting up the emulated {plat} environment (first time only: "
-                                        f"{emulation.SETUP_SIZE}; cached in {emulation.cache_root()})"))
+        progress(job.name, PhaseStarted(f"setting up the emulated {plat} environment (first time only; each step "
+                                        f"says what it downloads; cached in {emulation.cache_root()})"))
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
                        "emulated")
     return emulation.run(plat, reqs, folder / loaders.LOADER_DIR / loaders.PYTHON, folder, secret,
