@@ -35,6 +35,10 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 LAYOUT = 2                            # bump when what a set-up environment holds changes
 TIMEOUT_S = 900                       # one emulated run of an artifact's golden data sets
 SETUP_TIMEOUT_S = 1800                # one setup command (debootstrap, the wheels)
+# what a set-up downloads and keeps, said when it starts (measured for bookworm arm64 with onnxruntime 1.31, numpy
+# and cryptography: 110 Debian packages, 41 MB, unpacked to 249 MB; the wheels installed take 130 MB)
+USERLAND_SIZE = "downloads about 50 MB of Debian packages, 250 MB unpacked"
+WHEELS_SIZE = "downloads about 40 MB of wheels, 130 MB installed"
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,8 @@ def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
     if (dest / ".ready").is_file():
         return
     mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
-    say(f"setting up the emulated {p.name} userland: debootstrap {SUITE} {p.debian_arch} (first time only)")
+    say(f"setting up the emulated {p.name} userland: debootstrap {SUITE} {p.debian_arch} (first time only; "
+        f"{USERLAND_SIZE})")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     log = dest.parent / f"{dest.name}.log"
     log.unlink(missing_ok=True)
@@ -209,7 +214,8 @@ def _make_site(p: Platform, requirements: Sequence[str], say: Callable[[str], No
     if (dest / ".ready").is_file():
         return
     version = _python_version(p)
-    say(f"installing {', '.join(requirements)} for {p.name} (Python {version}) into the emulated environment")
+    say(f"installing {', '.join(requirements)} for {p.name} (Python {version}) into the emulated environment "
+        f"({WHEELS_SIZE})")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     log = dest.parent / f"{dest.name}.log"
     log.unlink(missing_ok=True)

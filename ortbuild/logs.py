@@ -24,9 +24,11 @@ from typing import TextIO
 from ortbuild import files
 
 LOG_DIR = "logs"  # in dist/
-# lines that are warnings or errors: ORT's C++ logger ("[W:onnxruntime:...", "[E:..."), Python's logging and
-# warnings ("WARNING", "UserWarning: ..."), and ORT Python's "*** EP Error ***" blocks
-_WARNING = re.compile(r"^\s*(\x1b\[[0-9;]*m)?\s*\[(W|E|F):|\bWARNING\b|\bERROR\b|Warning:|\*\*\* EP Error", re.I)
+# lines that are warnings or errors: ORT's C++ logger ("[W:onnxruntime:...", "[E:...", after its colour code and
+# timestamp where it writes them), Python's logging and warnings ("WARNING", "UserWarning: ..."), and ORT Python's
+# "*** EP Error ***" blocks
+_WARNING = re.compile(r"^\s*(\x1b\[[0-9;]*m)?\s*(\d{4}-\d\d-\d\d [\d:.]+ )?\[(W|E|F):|\bWARNING\b|\bERROR\b|Warning:"
+                      r"|\*\*\* EP Error", re.I)
 
 
 def log_path(dist: Path, target: str, model: str, phase: str) -> Path:

@@ -82,6 +82,17 @@ class Message:
 
 
 @dataclass(frozen=True)
+class PhaseStarted:
+    """A long phase of a job began (a build, a gate run, a search rebuild, a set-up and its download): said on
+    every stream, the quiet default included, so that a plain stream never goes long without a line."""
+
+    phase: str
+
+    def text(self) -> str:
+        return self.phase
+
+
+@dataclass(frozen=True)
 class JobFinished:
     """A job ended: its status and the line that says how."""
 
@@ -92,7 +103,7 @@ class JobFinished:
         return self.line
 
 
-Event = StepStarted | Message | JobFinished
+Event = StepStarted | Message | PhaseStarted | JobFinished
 
 
 # ---- the exit code ----

@@ -6,6 +6,7 @@ absence a failure); the rest of the suite runs with ORTBUILD_EMULATION=off (test
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -135,3 +136,33 @@ def test_emulation_turned_off_skips_and_require_fails(make_project: Callable[...
     assert rows["tiny_lstm"]["status"] == "SKIPPED" and "ORTBUILD_EMULATION=off" in rows["tiny_lstm"]["reason"]
     proc, rows = _test(toml, "--require", env={emulation.SWITCH_VAR: "off"})
     assert proc.returncode == 5 and "required, but cannot run here" in proc.stdout + proc.stderr
+
+
+def test_a_first_set_up_is_announced_with_its_size_on_a_plain_pipe(make_project: Callable[..., Path],
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh cache (the userland linked from the shared one, so only the wheels are fetched): the set-up is said
+    on the terminal with what it downloads, and the install never leaves the plain pipe 10 s without a line."""
+    from tests.test_progress import MAX_GAP_S, timed_lines
+
+    toml = make_project(TARGET.replace("ACCURACY", ""), models=("tiny_lstm",))
+    target = config.load(toml).targets["arm"]
+    monkeypatch.delenv(emulation.SWITCH_VAR)
+    emulation.ensure("linux-aarch64", emulated.requirements(target))  # the shared userland (once)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for userland in emulation.cache_root().glob("linux-aarch64-*-rootfs-v*"):
+        if (userland / ".ready").is_file():
+            (cache / userland.name).symlink_to(userland)
+    env = {k: v for k, v in os.environ.items() if k != emulation.SWITCH_VAR} | {emulation.CACHE_VAR: str(cache)}
+    code, lines, end = timed_lines([sys.executable, "-m", "ortbuild", "test", "-c", str(toml)], 900, env=env)
+    text = "\n".join(f"{t:6.1f} {x}" for t, x in lines)
+    assert code == 0, text
+    said = [x for _, x in lines]
+    assert f"[arm/tiny_lstm] setting up the emulated linux-aarch64 environment (first time only; each step says " \
+           f"what it downloads; cached in {cache})" in said, text
+    assert any(x.startswith("[arm/tiny_lstm] installing onnxruntime==") and x.endswith(f"({emulation.WHEELS_SIZE})")
+               for x in said), text
+    assert not any("userland: debootstrap" in x for x in said), text  # the linked userland was reused
+    stamps = [0.0, *(t for t, _ in lines), end]
+    assert max(b - a for a, b in itertools.pairwise(stamps)) <= MAX_GAP_S, text

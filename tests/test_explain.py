@@ -450,3 +450,23 @@ def test_int8_search_rebuilds_once_and_the_pasted_override_passes(tmp_path: Path
     path.write_text(path.read_text() + "\n" + block.group(1))
     proc = run_cli("test", "-c", str(path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_the_search_announces_each_rebuild_and_keeps_what_ort_says_in_its_log(tmp_path: Path) -> None:
+    """The search quantizes and opens sessions outside the gates: ORT's C++ warnings there (its graph cleanup
+    removing the model's unused initializer `b`) go to dist/logs/<target>/<model>.explain.log, counted in the
+    footer; the terminal gets each rebuild's start. -v shows them as they come."""
+    path = _emb_project(tmp_path)
+    proc = run_cli("test", "-c", str(path))
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert "[int8/emb] explain: rebuilding 1/16: 1 node(s) fc" in proc.stderr
+    assert "[W:onnxruntime" not in proc.stderr + proc.stdout and "Removing initializer" not in proc.stderr
+    log = tmp_path / "dist" / "logs" / "int8" / "emb.explain.log"
+    text = log.read_text()
+    said = text.count("Removing initializer 'b'")
+    assert said and "[W:onnxruntime" in text, text
+    assert re.search(rf"  \[int8/emb\] \d+ lines? \(\d+ warnings?\) in {re.escape(str(log))}", proc.stderr), \
+        proc.stderr
+    loud = run_cli("test", "-c", str(path), "-v")
+    assert loud.returncode == 9 and "Removing initializer 'b'" in loud.stderr
+    assert not log.exists() or log.read_text() == text  # -v writes no log

@@ -92,7 +92,7 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
         lowered = epochs.decrease(project, dist, allowed=getattr(args, "allow_epoch_decrease", False))
         if lowered:
             print(f"ortbuild: WARNING: {lowered}", file=sys.stderr)
-        with Progress(quiet=args.json, verbose=verbose) as progress:
+        with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
         for r in done.values():

@@ -45,13 +45,14 @@ def cmd_test(args: argparse.Namespace) -> int:
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done):
-        # the gates measure latency: no display thread
-        progress = Progress(quiet=args.json, live=False, verbose=args.verbose)
+    with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done), \
+            Progress(quiet=args.json, live=False, verbose=args.verbose, what="testing") as progress:
+        # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
+        # line is due)
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
                               capture=not args.verbose, quick=args.quick)
         results = tester.run(jobs, done, args.require)
-        explained = _explain(args, builder, tester, jobs, results, progress)
+        explained, searched = _explain(args, builder, tester, jobs, results, progress)
         written = report.compose(dist, report.collect(dist), baseline)
         json_path, html_path = report.save(dist, written)
 
@@ -65,7 +66,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         return code
     if not args.no_summary:  # (nox's last test session prints one summary of every target instead)
         _summary(results, written.doc, done, json_path, html_path)
-        caps = [*tester.logs, *((k, b.log) for k, b in done.items() if b.log is not None)]
+        caps = [*((k, b.log) for k, b in done.items() if b.log is not None), *tester.logs, *searched]
         for line in logs.footer(caps):
             print(line, file=sys.stderr)
     for r in results:
@@ -99,13 +100,14 @@ def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str,
 
 
 def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],
-             results: Sequence[TestResult], progress: Progress) -> list[TestResult]:
+             results: Sequence[TestResult], progress: Progress) \
+        -> tuple[list[TestResult], list[tuple[str, logs.Captured]]]:
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed (with --explain: of every
-    one; --no-explain: none), recorded in its test report."""
+    one; --no-explain: none), recorded in its test report; and the searches' logs."""
     from ortbuild.gating import explain
 
     if args.explain is False:
-        return []
+        return [], []
     ex = explain.Explainer(builder, tester, max_rebuilds=args.explain_rebuilds, max_seconds=args.explain_seconds,
                            progress=progress)
     done = []
@@ -126,7 +128,7 @@ def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: S
                 raise
         tester.write_report(job, r)
         done.append(r)
-    return done
+    return done, ex.logs
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -139,9 +141,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     _fitting(jobs, "profile")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets) as (dist, _, done):
-        results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done,
-                                       Progress(quiet=args.json, live=False, verbose=args.verbose))
+    with built(args, project, jobs, secrets) as (dist, _, done), \
+            Progress(quiet=args.json, live=False, verbose=args.verbose, what="profiling") as progress:
+        results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done, progress)
         _, html_path = report.write(dist, report.collect(dist))
     code = final_exit(r.exit_code for r in results)
     if args.json:

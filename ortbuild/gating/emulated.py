@@ -4,7 +4,6 @@ there (`timing_note` says why)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -14,6 +13,7 @@ from ortbuild import emulation
 from ortbuild.artifact import golden, loaders
 from ortbuild.project.plan import Job
 from ortbuild.project.settings import Target
+from ortbuild.status import Event, PhaseStarted
 
 
 def requirements(target: Target) -> list[str]:
@@ -37,13 +37,14 @@ def timing_note(target: Target, info: dict[str, Any]) -> str:
 
 
 def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golden,
-                   progress: Callable[[str, str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   progress: Callable[[str, Event | str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
     plat, reqs = job.target.platform, requirements(job.target)
-    if not emulation.ready(plat, reqs):  # said at once, on any stream: the live display may be off
-        print(f"ortbuild: setting up the emulated {plat} environment for {job.target.name} (first time only, about "
-              f"30 s; cached in {emulation.cache_root()})", file=sys.stderr, flush=True)
+    if not emulation.ready(plat, reqs):  # said on every stream (PhaseStarted): it downloads, once
+        progress(job.name, PhaseStarted(f"setting up the emulated {plat} environment (first time only; each step "
+                                        f"says what it downloads; cached in {emulation.cache_root()})"))
     progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
                        "emulated")
     return emulation.run(plat, reqs, loaders.python_path(folder, job.model.name), folder, secret,
-                         [ds.inputs for ds in g.sets], job.name, say=lambda text: progress(job.name, text))
+                         [ds.inputs for ds in g.sets], job.name,
+                         say=lambda text: progress(job.name, PhaseStarted(text)))

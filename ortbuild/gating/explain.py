@@ -39,7 +39,7 @@ from typing import Any
 
 import onnx
 
-from ortbuild import modelfiles, workspace
+from ortbuild import logs, modelfiles, workspace
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating.explain_render import layers_doc, render
 from ortbuild.gating.gates import PASS, Tester, TestResult
@@ -63,7 +63,7 @@ from ortbuild.pipeline.steps import accounting, check, fusion, precision
 from ortbuild.project import config, data, options
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import Quantizer, SearchKnob
-from ortbuild.status import JobStatus
+from ortbuild.status import Event, JobStatus, PhaseStarted
 
 __all__ = [
     "KNOBS", "NOTHING", "QUANT_OPS", "Analysis", "Explainer", "Knob", "Layer", "Prediction", "Proxy", "Rewrites",
@@ -95,14 +95,28 @@ class Explainer:
     """Runs the search for failing jobs of one `ortbuild test`: scratch builds, re-tests, the final gate."""
 
     def __init__(self, builder: Builder, tester: Tester, *, max_rebuilds: int, max_seconds: float,
-                 progress: Callable[[str, str], None]) -> None:
+                 progress: Callable[[str, Event | str], None]) -> None:
         self.builder = builder
         self.tester = tester
         self.max_rebuilds = max_rebuilds
         self.max_seconds = max_seconds
         self.progress = progress
+        self.logs: list[tuple[str, logs.Captured]] = []  # (job, what the converters and ORT said in its search)
 
     def explain(self, job: Job, res: TestResult) -> dict[str, Any]:
+        """The search for one job, what the converters and ONNX Runtime say in it kept in its log,
+        dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the gates' capture)."""
+        dist = self.builder.dist
+        log = logs.log_path(dist, job.target.name, job.model.name, "explain") if self.tester.capture else None
+        cap: logs.Captured | None = None
+        try:
+            with logs.captured(log, dist) as cap:
+                return self._explain(job, res)
+        finally:
+            if cap is not None and log is not None:
+                self.logs.append((job.name, cap))
+
+    def _explain(self, job: Job, res: TestResult) -> dict[str, Any]:
         knob = job.settings.rule.knob
         if knob is None:
             return {"status": "not applicable", "reason": f"precision {job.settings.precision}: nothing to keep in "
@@ -114,7 +128,7 @@ class Explainer:
                     "protobuf's 2 GB limit does not fit; keep layers in float by hand (quantization.exclude_nodes, "
                     "int4.exclude_nodes, fp16.node_block_list) or explain a smaller model of the same architecture"}
         start = time.monotonic()
-        self.progress(job.name, "explain: layer-wise error against fp32 on the golden inputs")
+        self.progress(job.name, PhaseStarted("explain: layer-wise error against fp32 on the golden inputs"))
         an = analyse(job)
         layers = an.layers
         doc: dict[str, Any] = {"precision": job.settings.precision, "table": knob.table,
@@ -136,7 +150,9 @@ class Explainer:
         with tempfile.TemporaryDirectory(prefix="ortbuild-explain-") as scratch:
             dist = Path(scratch)
             quiet = Progress(quiet=True)  # the search reports per rebuild itself
-            builder = Builder(self.builder.project, dist, force=True, progress=quiet, secrets=self.builder.secrets)
+            # no capture of its own: what the rebuilds' tools say goes to this search's log (or, with -v, shows)
+            builder = Builder(self.builder.project, dist, force=True, progress=quiet, secrets=self.builder.secrets,
+                              capture=False)
             tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet,
                             self.tester.sign_key)
             tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
@@ -171,7 +187,7 @@ class Explainer:
             text = override_toml(job, knob, settings)
             check_override(self.builder.project, job, text, settings)
             final_job = Job(job.target, job.model, settings)
-            self.progress(job.name, "explain: the full gate (accuracy, size, latency) of the answer")
+            self.progress(job.name, PhaseStarted("explain: the full gate (accuracy, size, latency) of the answer"))
             builder.run_job(final_job)
             final = TestResult(job.target.name, job.model.name, job.settings.precision)
             try:
@@ -204,8 +220,8 @@ class Explainer:
         if base.passed:  # the prediction passes where the gate fails: the proxy is no guide for this artifact
             return an.layers, None, {"status": "off", "reason": f"the unpatched prediction passes ({base.worst}) "
                                                                 "where the gate fails"}
-        self.progress(job.name, f"explain: predicting each of {len(an.layers)} candidate(s) kept in float alone "
-                                "(no rebuild)")
+        self.progress(job.name, PhaseStarted(f"explain: predicting each of {len(an.layers)} candidate(s) kept in "
+                                             "float alone (no rebuild)"))
         share = self.max_seconds / 3
         layers = []
         for x in an.layers:

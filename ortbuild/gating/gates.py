@@ -27,7 +27,7 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
-from ortbuild.status import Event, JobFinished, JobStatus, Verdict, final_exit
+from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict, final_exit
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
 PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
@@ -142,6 +142,8 @@ class Tester:
                     res.fail([f"required, but cannot run here: {why}"], MissingProvider.exit_code)
             else:
                 log = logs.log_path(self.dist, job.target.name, job.model.name, "test") if self.capture else None
+                where = f" on {job.target.platform} (emulated)" if emulated.emulated(job.target) else ""
+                self.progress(job.name, PhaseStarted(f"testing{where}"))  # a long phase: said on every stream
                 try:
                     with logs.captured(log, self.dist) as cap:
                         self.gate(job, res, built)

@@ -17,7 +17,7 @@ from ortbuild.gating.layerwise import Layer, Prediction
 from ortbuild.project import config
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import SearchKnob
-from ortbuild.status import Verdict
+from ortbuild.status import Event, PhaseStarted, Verdict
 
 
 def settings_with(settings: config.Settings, knob: SearchKnob, nodes: Sequence[str], op_types: Sequence[str]) \
@@ -84,7 +84,7 @@ class Search:
     trial: Callable[[list[str], list[str]], tuple[bool, str]]
     max_rebuilds: int
     max_seconds: float
-    progress: Callable[[str], None]
+    progress: Callable[[Event | str], None]  # a rebuild's start is a PhaseStarted, said on every stream
     graph: Callable[[list[str], list[str]], str] | None = None
     predict: Callable[[list[str]], Prediction | None] | None = None
     trials: list[Trial] = field(default_factory=list)
@@ -122,6 +122,8 @@ class Search:
             self.progress(f"explain: not rebuilt: {describe_set(nodes, op_types)}: the precision step gives the "
                           f"same graph as {same}")
             return passed
+        self.progress(PhaseStarted(f"explain: rebuilding {len(self.trials) + 1}/{self.max_rebuilds}: "
+                                   f"{describe_set(nodes, op_types)}"))
         t0 = time.monotonic()
         passed, worst = self.trial(nodes, op_types)
         t = Trial(nodes, op_types, passed, worst, round(time.monotonic() - t0, 2))

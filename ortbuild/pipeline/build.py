@@ -27,7 +27,7 @@ from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import compile
 from ortbuild.project.config import Project, Provider, Target
 from ortbuild.project.plan import Job
-from ortbuild.status import Event, JobFinished, JobStatus, Message, StepStarted
+from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, StepStarted
 
 ProgressSink = Callable[[str, Event], None]
 
@@ -195,8 +195,10 @@ class Builder:
                 why, reused = "--force", None
             if reuse_only and reused is None:
                 return None
-            if why and why != "no artifact yet" and why != "--force":
-                self.progress(job.name, Message(f"rebuilding: {why}"))
+            if reused is None:  # a build is a long phase: said on every stream
+                said = "building" if not why else f"building ({why})" if why in ("no artifact yet", "--force") \
+                    else f"rebuilding: {why}"
+                self.progress(job.name, PhaseStarted(said))
             done = Done()
             if reused is not None:
                 self.progress(job.name, JobFinished(JobStatus.UP_TO_DATE,
