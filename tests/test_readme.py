@@ -148,6 +148,7 @@ def test_readme_test_summary_is_what_the_committed_targets_print() -> None:
     assert set(skipped) <= {t for t, _ in JOBS}, skipped
     assert all(r[-1] == "SKIPPED" for r in rows if r[0] in skipped)
     assert {r[0] for r in rows if r[-1] == "SKIPPED"} <= set(skipped), "a SKIPPED row of a target the sentence omits"
+    assert int(m[4]) == sum(t in skipped for t, _ in JOBS), "SKIPPED: the jobs of the targets the sentence names"
 
 
 def test_readme_build_summary_is_what_the_committed_targets_build() -> None:
