@@ -1,6 +1,7 @@
 """The report answers why: each row names the gates that failed, its change against the previous run (or a
 `--baseline` report.json), failures come first in the HTML with each row linking its section, and the latency
-histogram's axis fits the samples. Built from TestResult-like documents: no ONNX Runtime, no build."""
+histogram's axis fits the samples. Built from TestResult-like documents: no ONNX Runtime, no build; except a build
+that fails inside `ortbuild test` (ONNX Runtime rejects the golden inputs), built for real: it is a FAIL row."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ortbuild.artifact import manifest
 from ortbuild.errors import UsageError
 from ortbuild.gating import report, report_html
 from ortbuild.units import human_size
-from tests.conftest import run_cli
+from tests.conftest import here_runtime, run_cli
 
 GATES = ("accuracy", "size", "latency", "cold_start", "memory")
 
@@ -330,3 +331,102 @@ def test_a_skipped_row_has_no_change_unless_its_verdict_changed(tmp_path: Path) 
     assert doc["results"][1]["delta"]["verdict"] == {"before": "SKIPPED", "after": "PASS", "changed": True}
     head, body = report.text_table(doc["results"], doc["comparison"])
     assert body[1][head.index("vs previous")].startswith("SKIPPED->PASS")
+
+
+# ------------------------------------------------------------------------------------------- a failed build
+
+def reshape_project(folder: Path) -> Path:
+    """A model that ONNX Runtime runs on 6 values only (x [1, n] reshaped to [2, 3]): with 6 golden values it
+    passes; with 5 (`bad.npz` copied over `inputs.npz`) every check before ORT accepts them (n is symbolic) and
+    the build fails in its reload step, at run time."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Add", ["r", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "shape"),
+         numpy_helper.from_array(np.ones((2, 3), dtype=np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "m.onnx"))
+    np.savez(folder / "good.npz", x=np.arange(6, dtype=np.float32).reshape(1, 6))
+    np.savez(folder / "bad.npz", x=np.arange(5, dtype=np.float32).reshape(1, 5))
+    (folder / "inputs.npz").write_bytes((folder / "good.npz").read_bytes())
+    toml = folder / "targets.toml"
+    toml.write_text(f'''[project]\nname = "t"\nversion = "1"\n\n[models.m]\npath = "m.onnx"\ninputs = "inputs.npz"\n
+[targets.cpu]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n''')
+    return toml
+
+
+def inputs(folder: Path, which: str) -> None:
+    (folder / "inputs.npz").write_bytes((folder / f"{which}.npz").read_bytes())
+
+
+def report_of(folder: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((folder / "dist" / report.REPORT_JSON).read_text())
+    return doc
+
+
+def test_a_failed_build_row_says_what_a_test_result_says() -> None:
+    """The report's row of a failed build (from its build record) has a test result's fields, no more."""
+    from ortbuild.gating.gates import TestResult
+
+    row = report.build_failure_row({"target": "t", "model": "m", "status": "failed", "reason": "boom",
+                                    "precision": "fp32", "step": "reload"})
+    assert set(row) == set(TestResult("t", "m", "fp32").as_json())
+    assert row["failures"] == ["build failed: boom"] and row["exit_code"] == 6 and row["build"]["log"] is None
+    assert report.verdict_cell(row) == "FAIL (build)"
+
+
+def test_a_build_that_fails_inside_test_is_a_fail_row(tmp_path: Path) -> None:
+    """No artifact was ever built: the build record is the row, counted, in report.json and every summary."""
+    toml = reshape_project(tmp_path)
+    inputs(tmp_path, "bad")
+    proc = run_cli("test", "-c", str(toml), "--json", cwd=tmp_path)
+    assert proc.returncode == 6, proc.stderr                                     # a StepError's code, as before
+    mine = json.loads(proc.stdout)["results"][0]
+    doc = report_of(tmp_path)
+    assert doc["counts"] == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 0, "SKIPPED": 0}
+    [row] = doc["results"]
+    assert row["status"] == "FAIL" and report.verdict_cell(row) == "FAIL (build)"
+    assert row["reason"].startswith("build failed: cpu/m: step 'reload': ") and "Reshape" in row["reason"]
+    assert row["build"]["step"] == "reload" and (tmp_path / row["build"]["log"]).is_file()
+    assert f"build log: {row['build']['log']}" in row["failures"]
+    drop = ("delta", "reproduce")
+    assert {k: v for k, v in row.items() if k not in drop} == {k: v for k, v in mine.items() if k not in drop}
+    assert not (tmp_path / "dist" / "cpu" / "m").exists()                        # nothing to test, nothing faked
+    for args in (("test", "-c", str(toml)), ("summary", "test", "-c", str(toml))):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == (6 if args[0] == "test" else 9), proc.stderr
+        assert "FAIL (build)" in proc.stdout and "0 PASS, 1 FAIL, 0 INCONCLUSIVE, 0 SKIPPED" in proc.stdout
+
+
+def test_a_failed_rebuild_is_no_longer_its_earlier_pass(tmp_path: Path) -> None:
+    """The artifact passed; its rebuild fails (in `test`, or in `build`): the row is FAIL (build), the old PASS
+    is counted nowhere, and release refuses the older artifact still in dist/."""
+    toml = reshape_project(tmp_path)
+    assert run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path).returncode == 0
+    assert report_of(tmp_path)["results"][0]["status"] == "PASS"
+    inputs(tmp_path, "bad")
+    proc = run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path)
+    assert proc.returncode == 6, proc.stderr
+    assert "PASS->FAIL" in proc.stdout and "0 PASS, 1 FAIL" in proc.stdout
+    doc = report_of(tmp_path)
+    assert doc["counts"]["PASS"] == 0 and doc["counts"]["FAIL"] == 1
+    [row] = doc["results"]
+    assert report.verdict_cell(row) == "FAIL (build)" and row["delta"]["verdict"]["before"] == "PASS"
+    refused = run_cli("release", "-c", str(toml), "-t", "cpu", cwd=tmp_path)
+    assert refused.returncode == 9 and "cpu/m: its last build failed (cpu/m: step 'reload'" in refused.stderr
+    inputs(tmp_path, "good")                                 # fixed: the artifact is the same, tested again
+    assert run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path).returncode == 0
+    assert [r["status"] for r in report_of(tmp_path)["results"]] == ["PASS"]
+    inputs(tmp_path, "bad")                                  # a failing `ortbuild build`: report.json is older
+    assert run_cli("build", "-c", str(toml), cwd=tmp_path).returncode == 6
+    assert report_of(tmp_path)["counts"]["PASS"] == 1
+    proc = run_cli("summary", "test", "-c", str(toml), cwd=tmp_path)
+    assert proc.returncode == 9 and "FAIL (build)" in proc.stdout and "0 PASS, 1 FAIL" in proc.stdout
+    refused = run_cli("release", "-c", str(toml), "-t", "cpu", cwd=tmp_path)
+    assert refused.returncode == 9 and "its last build failed" in refused.stderr and "Traceback" not in refused.stderr

@@ -17,7 +17,8 @@ from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
 from ortbuild.gating import emulated, summary
-from ortbuild.gating.summary import BUILD_HEADER, build_rows, record_path
+from ortbuild.gating.builds import record_path
+from ortbuild.gating.summary import BUILD_HEADER, build_rows
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.key import published

@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import platform
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import compare, emulated, latency, report, size, startup
+from ortbuild.gating import builds, compare, emulated, latency, report, size, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -62,6 +61,7 @@ class TestResult:
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
     platform: dict[str, Any] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
+    build: dict[str, Any] = field(default_factory=dict)  # a failed build: the step and its log (builds.failure)
     exit_code: int = 0
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
@@ -115,9 +115,7 @@ class Tester:
         self._outputs: dict[str, list[str]] = {}
 
     def reproduce(self, job: Job) -> str:
-        cfg = "" if self.config_arg == "targets.toml" else f" -c {shlex.quote(self.config_arg)}"
-        return (f"ortbuild test{cfg} -t {job.target.name} -m {job.model.name}   "
-                f"(or: nox -s \"test({job.target.name})\" -- -m {job.model.name})")
+        return report.reproduce(job.target.name, job.model.name, self.config_arg)
 
     def run(self, jobs: list[Job], built: dict[str, JobResult], require: bool) -> list[TestResult]:
         results = []
@@ -125,9 +123,10 @@ class Tester:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job),
                              quick=self.quick)
             b = built[job.name]
-            if b.status == JobStatus.FAILED:
-                res.reason = f"build failed: {b.reason}"
-                res.fail([res.reason], b.error.exit_code if b.error else 6)
+            if b.status == JobStatus.FAILED:  # what the report's row of its build record says (report.collect)
+                failed = builds.failure(b.as_json())
+                res.reason, res.build, res.quick = failed["reason"], failed["build"], False  # nothing was timed
+                res.fail(failed["failures"], failed["exit_code"])
             elif b.status in (JobStatus.SKIPPED, JobStatus.PORTABLE):
                 res.status, res.reason = Verdict.SKIPPED, b.reason
                 if b.status == JobStatus.SKIPPED:  # another runtime: say which session tests it

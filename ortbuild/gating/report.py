@@ -2,7 +2,9 @@
 
 Each `ortbuild test` run (one per target under nox) writes dist/<target>/<model>/test-report.json; the
 reports gather every such file whose artifact is still the one tested (same build key), so after
-`nox -s test` they cover every target of every runtime.
+`nox -s test` they cover every target of every runtime. A job whose last build failed has no artifact to test:
+its build record (dist/logs/<target>/<model>.build.json) is its row, a FAIL (build), in place of any older
+test report (an earlier PASS no longer says anything about what the configuration builds now).
 
 A report says why: each row names the gates that failed (`FAIL (size)`), and its change against a comparison:
 the previous dist/report.json (kept as dist/report.previous.json) or a `--baseline` report.json. A row this
@@ -12,13 +14,14 @@ write did not measure again (another target's session under nox, `ortbuild profi
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ortbuild import errors, files, paths
 from ortbuild.artifact import manifest
-from ortbuild.gating import report_html
+from ortbuild.gating import builds, report_html
 from ortbuild.status import Verdict
 from ortbuild.units import human_size, signed_percent, signed_size
 
@@ -203,11 +206,41 @@ def text_table(results: list[dict[str, Any]], comparison: dict[str, Any] | None)
 
 # ------------------------------------------------------------------------------------------- gathering
 
+def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
+    """The command that tests one artifact again (a failure's `reproduce`)."""
+    cfg = "" if config_arg == "targets.toml" else f" -c {shlex.quote(config_arg)}"
+    return f"ortbuild test{cfg} -t {target} -m {model}   (or: nox -s \"test({target})\" -- -m {model})"
+
+
+# what TestResult.as_json() holds for a job no gate ran on (tests/test_report.py keeps the two alike)
+NOT_TESTED: dict[str, Any] = {
+    "accuracy": "-", "worst": "-", "outputs": [], "golden": {}, "latency": {}, "latency_verdict": "-", "size": {},
+    "size_verdict": "-", "startup": {}, "cold_start_verdict": "-", "memory_verdict": "-", "explain": {},
+    "build_key": "", "artifact_sha256": "", "quick": False, "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"),
+    "failed_gates": []}
+
+
+def build_failure_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The report's row of a job whose last build failed: its build record's, as `ortbuild test` says it."""
+    target, model = str(record.get("target")), str(record.get("model"))
+    row = {"target": target, "model": model, "precision": record.get("precision", ""), **NOT_TESTED,
+           **builds.failure(record), "reproduce": reproduce(target, model)}
+    return dict(json.loads(json.dumps(row)))  # as read back from report.json (the enums as their strings)
+
+
 def collect(dist: Path) -> list[dict[str, Any]]:
-    """Every dist/<target>/<model>/test-report.json whose artifact is still the one it tested."""
-    # a report whose artifact was rebuilt since is left out: its old verdict no longer applies
-    return [doc for doc, m in manifest.reports(dist, "test-report.json")
-            if doc.get("result", {}).get("build_key") in ("", m.build_key)]
+    """Every dist/<target>/<model>/test-report.json whose artifact is still the one it tested, and a FAIL (build)
+    row for every job whose last build failed (in place of its test report: its old verdict no longer applies)."""
+    failed = builds.failed(dist)
+    docs = [{"result": build_failure_row(r), "environment": None} for r in failed.values()]
+    for doc, m in manifest.reports(dist, "test-report.json"):
+        r = doc.get("result", {})
+        # a report whose artifact was rebuilt since is left out: its old verdict no longer applies; so is the
+        # report of a failed build (its record is the row while the build still fails; once a build succeeds, the
+        # new artifact is untested)
+        if key(r) not in failed and not r.get("build") and r.get("build_key") in ("", m.build_key):
+            docs.append(doc)
+    return sorted(docs, key=lambda d: (str(d["result"].get("target")), str(d["result"].get("model"))))  # path order
 
 
 PROFILE_TOP = 10  # operators per artifact in the report (the trace and profile.json have them all)
@@ -301,7 +334,9 @@ def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, An
 
 def _same(report_row: dict[str, Any], result: dict[str, Any]) -> bool:
     """Whether a report's row is this very result (not measured again since)."""
-    return {k: v for k, v in report_row.items() if k != "delta"} == {k: v for k, v in result.items() if k != "delta"}
+    # (`reproduce` names the -c the run was given: a failed build's row, from its record, says it without one)
+    same = {k: v for k, v in report_row.items() if k not in ("delta", "reproduce")}
+    return same == {k: v for k, v in result.items() if k not in ("delta", "reproduce")}
 
 
 @dataclass(frozen=True)
@@ -355,6 +390,18 @@ def save(dist: Path, rep: Report) -> tuple[Path, Path]:
 
 def write(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = None) -> tuple[Path, Path]:
     return save(dist, compose(dist, docs, baseline))
+
+
+def latest(results: list[dict[str, Any]], dist: Path) -> list[dict[str, Any]]:
+    """A report's rows as dist/ stands now: a job whose last build failed since the report was written (`ortbuild
+    build`) is its FAIL (build) row, not the verdict of the older artifact (`ortbuild summary test`)."""
+    failed = builds.failed(dist)
+    out = [r for r in results if key(r) not in failed]
+    for k, record in failed.items():
+        row = build_failure_row(record)
+        old = next((r for r in results if key(r) == k), None)
+        out.append(old if old is not None and _same(old, row) else {**row, "delta": None})
+    return sorted(out, key=lambda r: (str(r.get("target")), str(r.get("model"))))
 
 
 def this_run(doc: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from ortbuild import files, logs
 from ortbuild.errors import GateFailed
 from ortbuild.gating import report
+from ortbuild.gating.builds import record_path
 from ortbuild.project import config
 from ortbuild.status import JobStatus, Verdict
 from ortbuild.units import human_size
@@ -65,11 +66,6 @@ def grouped(said: dict[str, list[tuple[str, str]]], jobs_of: Counter[str]) -> li
 
 BUILD_HEADER = ["target", "model", "status", "precision", "converted", "level", "size", "vs src",
                 "time (slowest step)"]
-
-
-def record_path(dist: Path, target: str, model: str) -> Path:
-    """Where the last build of a job is recorded (its status, step times and log): dist/logs/."""
-    return logs.log_path(dist, target, model, "build").with_suffix(".json")
 
 
 def _records(project: config.Project, dist: Path) -> list[dict[str, Any]]:
@@ -121,7 +117,7 @@ def print_test(dist: Path, out: TextIO) -> int:
     except (OSError, ValueError):
         print(f"no test report in {dist}", file=out)
         return 0
-    results = report.ordered(doc.get("results", []))
+    results = report.ordered(report.latest(doc.get("results", []), dist))
     head, body = report.text_table(results, doc.get("comparison"))
     print(f"\ntest summary, every target ({path}):", file=out)
     print(table(body, head), file=out)

@@ -41,11 +41,13 @@ from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
+from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
 from ortbuild.pipeline.steps import opconfig
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.publish import epochs, tarball
+from ortbuild.status import JobStatus
 
 FORMAT = "ortbuild-release-v1"
 SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
@@ -130,6 +132,16 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     return None
 
 
+def _build_problem(dist: Path, target: str, model: str) -> str | None:
+    """Why the artifact in dist/ is not what the configuration builds now: its last build failed (the artifact
+    there is an older build's, and so is its test report)."""
+    last = last_build(dist, target, model)
+    if last is None or last.get("status") != JobStatus.FAILED:
+        return None
+    return (f"its last build failed ({str(last.get('reason', ''))[:300]}): the artifact in dist/ is an older build's; "
+            f"fix the build, then run `ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)")
+
+
 def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """The test report beside an artifact (None: never tested) and why it is not trusted (None: its signature
     verifies with the trusted key)."""
@@ -177,7 +189,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         assert m is not None
         report, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, report)
-        mr.refusal = _test_problem(folder, m, report, target.name)
+        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, report, target.name)
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
                                                               f"{target.name}` again")
