@@ -59,13 +59,17 @@ CONFIG = os.environ.get(CONFIG_VAR, config.DEFAULT_FILE)
 ROOT = Path.cwd()  # nox runs in the noxfile's directory
 
 PROJECT: config.Project | None
+CONFIG_ERROR = ""
 try:
     PROJECT = config.load(ROOT / CONFIG, check_files=False)
 except ConfigError as err:  # a broken targets.toml must not hide the project's other sessions
     print(err.render(), file=sys.stderr)
-    PROJECT = None
+    PROJECT, CONFIG_ERROR = None, err.render()
 
 TARGETS = list(PROJECT.targets.values()) if PROJECT else []
+# One parameter per target; with a broken targets.toml, one that fails (`nox -s test` must not pass, skipped for
+# want of parameters, with nothing built): build(invalid-config), test(invalid-config), ...
+PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS] or [nox.param("", id="invalid-config")]
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
@@ -167,7 +171,7 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
     module's docstring) into the target's shared venv: (the target, its venv). Skip (or, when asked and the
     target is required, fail) where that runtime cannot be installed."""
     if PROJECT is None:
-        session.error(f"{CONFIG} is invalid (see the error above)")
+        session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     t = PROJECT.targets[target]
     venv = target_venv(session, target)
     requirements = tuple(t.requirements)
@@ -227,7 +231,7 @@ def _summary(session: nox.Session, what: str) -> None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+@nox.parametrize("target", PARAMS)
 def build(session: nox.Session, target: str) -> None:
     """Build one target's artifacts in the target's virtualenv, which holds its ONNX Runtime flavor."""
     _summary(session, "build")
@@ -258,7 +262,7 @@ def _skipped_here(t: config.Target, gates: bool = False) -> str | None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+@nox.parametrize("target", PARAMS)
 def test(session: nox.Session, target: str) -> None:
     """Build (if missing or stale) and test one target's artifacts in the target's virtualenv: golden outputs,
     latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}; the
@@ -274,7 +278,7 @@ def test(session: nox.Session, target: str) -> None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+@nox.parametrize("target", PARAMS)
 def profile(session: nox.Session, target: str) -> None:
     """Build (if missing or stale) and profile one target's artifacts through their loader, in the target's
     virtualenv: dist/<target>/<model>/profile.trace.json (ORT's trace) and profile.json (the top operators)."""
@@ -293,13 +297,13 @@ def profile(session: nox.Session, target: str) -> None:
 
 
 @nox.session(venv_backend="none")
-@nox.parametrize("target", [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS])
+@nox.parametrize("target", PARAMS)
 def release(session: nox.Session, target: str) -> None:
     """Bundle, sign, publish and verify one tested target, with the ortbuild and runtime of the target's
     virtualenv (release what was tested, as it was tested). Arguments go to `ortbuild release`, e.g.
     `nox -s "release(cpu-fp32)" -- --to oci://localhost:5000/models`. Default: dist/release/<target>/."""
     if PROJECT is None:
-        session.error(f"{CONFIG} is invalid (see the error above)")
+        session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     _summary(session, "release")
     venv = target_venv(session, target)
     ortbuild = venv / "bin" / "ortbuild"
@@ -324,7 +328,7 @@ def release(session: nox.Session, target: str) -> None:
         session.error(f"ortbuild release failed:\n{out}")
     for why in done["refused"]:
         session.log(why)
-    for warning in done.get("warnings", []):
+    for warning in done.get("warnings", []) if done["released"] else []:  # about what was released
         session.warn(warning)
     if done["exit_code"]:
         _RELEASES.append([target, "-", "-", f"FAILED: exit {done['exit_code']}, {len(done['refused'])} refused"])

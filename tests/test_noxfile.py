@@ -118,3 +118,16 @@ def test_the_release_session_allows_development_keys_only_with_its_own(
     release = next(r for r in session.runs if "release" in r)
     assert ("--allow-development-key" in release) is not configured, release
     assert any("keygen" in r and "--dev" in r for r in session.runs) is not configured  # its own DEV_KEYS made
+
+
+def test_a_broken_targets_toml_fails_the_target_sessions(tmp_path: Path) -> None:
+    """Not 'skipped: no parameters' with exit 0: a script's `nox -s test && nox -s release` must stop here."""
+    broken = tmp_path / "targets.toml"
+    broken.write_text((REPO / "targets.toml").read_text().replace('optimization = "all"', 'optimisation = "all"', 1))
+    for session in ("test", "release", "build"):
+        proc = subprocess.run([sys.executable, "-m", "nox", "--envdir", str(tmp_path / "envs"), "-s", session],
+                              cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "ORTBUILD_CONFIG": str(broken)})
+        assert proc.returncode != 0, proc.stderr[-2000:]
+        assert f"{session}(invalid-config) aborted" in proc.stderr and "did you mean 'optimization'" in proc.stderr
+    assert not (tmp_path / "dist").exists()
