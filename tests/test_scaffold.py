@@ -150,3 +150,20 @@ def test_model_names_are_unique_down_to_their_loader_module(tmp_path: Path) -> N
     proc = run_cli("init", cwd=root)
     assert proc.returncode == 0, proc.stderr
     assert list(config.load(root / "targets.toml").models) == ["tiny-cnn", "tiny_cnn_2", "tiny_cnn_3"]
+
+
+def test_int8_and_int4_targets_take_the_models_they_suit(tmp_path: Path) -> None:
+    cnn_only = _project(tmp_path / "a", "tiny_cnn")
+    proc = run_cli("init", cwd=cnn_only)
+    assert proc.returncode == 0, proc.stderr
+    assert list(config.load(cnn_only / "targets.toml").targets) == ["cpu-fp32"]  # no int8 it would serve poorly
+    assert "no cpu-int8 target: for tiny_cnn, most of its weights are in Conv" in proc.stdout
+    proc = run_cli("init", "--force", "--target", "cpu-int8", cwd=cnn_only)  # asked for: kept, with a warning
+    assert proc.returncode == 0 and "warning: cpu-int8 (asked for) suits none of the models" in proc.stdout
+    assert list(config.load(cnn_only / "targets.toml").targets["cpu-int8"].models) == ["tiny_cnn"]
+    both = _project(tmp_path / "b", "tiny_cnn", "tiny_transformer")
+    proc = run_cli("init", "--target", "cpu-int4", cwd=both)
+    assert proc.returncode == 0, proc.stderr
+    targets = config.load(both / "targets.toml").targets
+    assert list(targets["cpu-int4"].models) == ["tiny_transformer"] and len(targets["cpu-fp32"].models) == 2
+    assert "cpu-int4 leaves out tiny_cnn: most of its weights are not MatMul weights" in proc.stdout

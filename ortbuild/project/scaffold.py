@@ -201,6 +201,14 @@ def generated_inputs(model: Path, dims: dict[str, int]) -> tuple[dict[str, np.nd
 # graphs (transformers, MLPs, recurrent nets); Conv-heavy graphs lose accuracy and speed that way and want
 # int8-static with calibration data (real samples), which init cannot make up.
 DYNAMIC_OPS = frozenset({"MatMul", "Gemm", "Gather", "LSTM", "GRU", "Attention", "EmbedLayerNormalization"})
+# The weights int4-weight converts (MatMulNBits): MatMul's only.
+INT4_OPS = frozenset({"MatMul"})
+# The presets whose precision suits some models only: the ops whose weights it serves well, and what the others need.
+SUITS: dict[str, tuple[frozenset[str], str]] = {
+    "cpu-int8": (DYNAMIC_OPS, "most of {whose} weights are in Conv (or other) nodes, which int8-dynamic serves "
+                 "poorly; they want int8-static with `calibration` = real samples (docs/targets.md)"),
+    "cpu-int4": (INT4_OPS, "most of {whose} weights are not MatMul weights, the only ones int4-weight converts"),
+}
 
 
 def _weight_bytes(tensor: Any) -> int:
@@ -212,8 +220,8 @@ def _weight_bytes(tensor: Any) -> int:
     return max(len(tensor.float_data), len(tensor.int64_data), len(tensor.int32_data), len(tensor.double_data)) * 4
 
 
-def dynamic_share(model: Path) -> float:
-    """The share of the model's weight bytes that feed DYNAMIC_OPS nodes (subgraphs included)."""
+def weight_share(model: Path, ops: frozenset[str] = DYNAMIC_OPS) -> float:
+    """The share of the model's weight bytes that feed `ops` nodes (subgraphs included)."""
     import onnx
 
     by_op: dict[bool, int] = {True: 0, False: 0}
@@ -227,7 +235,7 @@ def dynamic_share(model: Path) -> float:
                         weights[node.output[0]] = _weight_bytes(a.t)
             for name in node.input:
                 if name in weights:
-                    by_op[node.op_type in DYNAMIC_OPS] += weights.pop(name)
+                    by_op[node.op_type in ops] += weights.pop(name)
             for attr in node.attribute:
                 for sub in [attr.g, *attr.graphs] if attr.type in (onnx.AttributeProto.GRAPH,
                                                                   onnx.AttributeProto.GRAPHS) else []:
@@ -309,7 +317,8 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
          inputs: Sequence[str] = ()) -> Scaffold:
     """Everything init would write into `root`, nothing written yet. Without `targets`: cpu-fp32 for every model,
     and cpu-int8 (dynamic) for the models whose weights are mostly MatMul/Gemm/Gather/recurrent (ONNX Runtime's
-    advice: dynamic quantization for RNNs and transformers, static with calibration data for CNNs)."""
+    advice: dynamic quantization for RNNs and transformers, static with calibration data for CNNs); cpu-int4,
+    asked for, takes the models whose weights are mostly MatMul's (SUITS)."""
     from jinja2 import Environment, PackageLoader
 
     scaffold = Scaffold()
@@ -332,19 +341,24 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
             scaffold.notes.append(f"{found.name}: golden inputs {found.inputs}")
             chosen.append((found, found.inputs))
     project = re.sub(r"[^A-Za-z0-9_.-]", "-", root.resolve().name).strip("-.") or "models"
+    names = with_parents(targets or ["cpu-fp32", "cpu-int8"])
     only: dict[str, list[str]] = {}
-    if not targets:
-        dynamic = [f.name for f, _ in chosen if dynamic_share(f.path) >= 0.5]
-        left = [f.name for f, _ in chosen if f.name not in dynamic]
-        if left:
-            whose = "its" if len(left) == 1 else "their"
-            scaffold.notes.append(f"cpu-int8 leaves out {', '.join(left)}: most of {whose} weights are in Conv "
-                                  "(or other) nodes, which int8-dynamic serves poorly; they want int8-static")
-            scaffold.notes[-1] += " with `calibration` = real samples (docs/targets.md)"
-        targets = ["cpu-fp32", *(["cpu-int8"] if dynamic else [])]
-        if dynamic and left:
-            only["cpu-int8"] = dynamic
-    names = with_parents(targets)
+    for preset, (ops, why) in SUITS.items():
+        if preset not in names:
+            continue
+        fit = [f.name for f, _ in chosen if weight_share(f.path, ops) >= 0.5]
+        left = [f.name for f, _ in chosen if f.name not in fit]
+        if not left:
+            continue
+        whose = "its" if len(left) == 1 else "their"
+        if fit:
+            only[preset] = fit
+            scaffold.notes.append(f"{preset} leaves out {', '.join(left)}: {why.format(whose=whose)}")
+        elif not targets:  # the default int8 target, for no model it suits
+            names.remove(preset)
+            scaffold.notes.append(f"no {preset} target: for {', '.join(left)}, {why.format(whose=whose)}")
+        else:
+            scaffold.notes.append(f"warning: {preset} (asked for) suits none of the models: {why.format(whose=whose)}")
     scaffold.files[root / "targets.toml"] = targets_toml(project, chosen, names, root, only)
     env = Environment(loader=PackageLoader("ortbuild.project", "templates"), keep_trailing_newline=True,
                       autoescape=False)
@@ -370,8 +384,9 @@ def write(root: Path, scaffold: Scaffold, force: bool) -> list[Path]:
     present = [p for p in [*scaffold.files, *scaffold.data] if p.exists()]
     if present and not force:
         shown = ", ".join(str(p.relative_to(root)) for p in present)
-        raise UsageError(f"init would replace {shown}", "keep them and edit by hand, or run `ortbuild init --force`"
-                         " to replace them")
+        raise UsageError(f"init would replace {shown}", "keep them and edit by hand (a new model: add its "
+                         "[models.NAME] table; `ortbuild plan` checks it), or run `ortbuild init --force` to replace "
+                         "them, losing your edits")
     written = []
     for path, arrays in scaffold.data.items():
         buffer = io.BytesIO()
