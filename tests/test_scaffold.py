@@ -31,7 +31,7 @@ def test_init_scaffolds_a_project_that_loads_and_plans(tmp_path: Path) -> None:
     proc = run_cli("init", cwd=root)
     assert proc.returncode == 0, proc.stderr
     for name in ("targets.toml", "noxfile.py", ".gitignore", ".github/workflows/ortbuild.yml",
-                 "models/tiny_cnn.inputs.npz", "models/tiny_transformer.inputs.npz"):
+                 "models/tiny_cnn.generated-inputs.npz", "models/tiny_transformer.generated-inputs.npz"):
         assert (root / name).is_file(), name
     project = config.load(root / "targets.toml")
     assert list(project.targets) == ["cpu-fp32", "cpu-int8"]
@@ -39,7 +39,7 @@ def test_init_scaffolds_a_project_that_loads_and_plans(tmp_path: Path) -> None:
     assert list(project.targets["cpu-int8"].models) == ["tiny_transformer"]
     assert "cpu-int8 leaves out tiny_cnn" in proc.stdout
     # golden inputs of the model's signature: names, types, fixed dims; symbolic dims set and reported
-    golden = np.load(root / "models" / "tiny_transformer.inputs.npz")
+    golden = np.load(root / "models" / "tiny_transformer.generated-inputs.npz")
     import onnx
 
     graph = onnx.load(str(MODELS / "tiny_transformer.onnx")).graph
@@ -77,12 +77,16 @@ def test_golden_inputs_pointed_at(tmp_path: Path) -> None:
     proc = run_cli("init", "--inputs", f"tiny_cnn={samples}", cwd=root)
     assert proc.returncode == 0, proc.stderr
     models = config.load(root / "targets.toml").models
-    assert Path(models["tiny_cnn"].inputs) == samples and not (root / "models" / "tiny_cnn.inputs.npz").exists()
-    assert Path(models["tiny_transformer"].inputs) == root / "models" / "tiny_transformer.inputs.npz"  # generated
-    for bad, error in ((str(samples), "2 models: say which one"), (f"vgg={samples}", "no model 'vgg' among"),
-                       ("tiny_cnn=nowhere.npz", "nowhere.npz is neither a file")):
+    generated = root / "models" / "tiny_transformer.generated-inputs.npz"
+    assert Path(models["tiny_cnn"].inputs) == samples and Path(models["tiny_transformer"].inputs) == generated
+    for bad, error in ((str(samples), "which model? 2 models here"), (f"vgg={samples}", "which model? 2 models"),
+                       ("tiny_cnn=nowhere.npz", "nowhere.npz is neither a file"),
+                       (f"tiny_cnn={MODELS / 'tiny_lstm.inputs.npz'}", "exit 3")):
         proc = run_cli("init", "--force", "--inputs", bad, cwd=root)
-        assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+        if error == "exit 3":  # another model's samples: the check plan does, naming the file and the input
+            assert proc.returncode == 3 and "[models.tiny_cnn.inputs]" in proc.stderr, proc.stderr
+        else:
+            assert proc.returncode == 2 and error in proc.stderr, proc.stderr
 
 
 def test_init_never_replaces_a_file_unless_forced(tmp_path: Path) -> None:
@@ -116,7 +120,7 @@ def test_dims_and_targets_are_chosen_on_the_command_line(tmp_path: Path) -> None
     root = _project(tmp_path, "tiny_transformer")
     proc = run_cli("init", "models/tiny_transformer.onnx", "--dim", "seq=7", "--target", "arm64-int8", cwd=root)
     assert proc.returncode == 0, proc.stderr
-    golden = np.load(root / "models" / "tiny_transformer.inputs.npz")
+    golden = np.load(root / "models" / "tiny_transformer.generated-inputs.npz")
     assert all(golden[k].shape[1] == 7 for k in golden.files if golden[k].ndim > 1)
     targets = config.load(root / "targets.toml").targets
     assert list(targets) == ["cpu-fp32", "cpu-int8", "arm64-int8"]  # a preset comes with the ones it extends
@@ -167,3 +171,73 @@ def test_int8_and_int4_targets_take_the_models_they_suit(tmp_path: Path) -> None
     targets = config.load(both / "targets.toml").targets
     assert list(targets["cpu-int4"].models) == ["tiny_transformer"] and len(targets["cpu-fp32"].models) == 2
     assert "cpu-int4 leaves out tiny_cnn: most of its weights are not MatMul weights" in proc.stdout
+
+
+def test_a_rerun_regenerates_its_own_inputs_and_never_touches_the_users(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    (root / "models" / "sub").mkdir()
+    shutil.copy(MODELS / "tiny_transformer.onnx", root / "models" / "sub" / "tiny_transformer.onnx")
+    mine = root / "models" / "tiny_transformer.inputs.npz"  # the user's samples of the second model
+    shutil.copy(MODELS / "tiny_transformer.inputs.npz", mine)
+    before = mine.read_bytes()
+    assert run_cli("init", cwd=root).returncode == 0
+    assert run_cli("init", "--force", "--dim", "seq=5", cwd=root).returncode == 0
+    assert mine.read_bytes() == before  # never replaced by generated data, with or without --force
+    models = config.load(root / "targets.toml").models
+    generated = {n: Path(m.inputs) for n, m in models.items() if Path(m.inputs) != mine}
+    assert len(generated) == 1 and len(models) == 2
+    (path,) = generated.values()
+    assert path.name.endswith(scaffold.GENERATED) and np.load(path)["input_ids"].shape[1] == 5  # the rerun's --dim
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("case", ["github-symlink", "gitignore-folder", "not-onnx", "huge-dim", "bfloat16",
+                                  "inputs-mismatch"])
+def test_a_failed_init_writes_nothing_and_says_why(tmp_path: Path, case: str) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    root = _project(tmp_path, "tiny_transformer")
+    args: tuple[str, ...] = ()
+    if case == "github-symlink":
+        (tmp_path / "elsewhere").mkdir()
+        (root / ".github").symlink_to(tmp_path / "elsewhere")
+    elif case == "gitignore-folder":
+        (root / ".gitignore").mkdir()
+    elif case == "not-onnx":
+        (root / "models" / "notes.onnx").write_text("hello")
+    elif case == "huge-dim":
+        args = ("--dim", "seq=99999999999")
+    elif case == "inputs-mismatch":
+        args = ("--inputs", str(MODELS / "tiny_lstm.inputs.npz"))
+    else:
+        x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 4])
+        y = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [1, 4])
+        onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])),
+                  root / "models" / "bf.onnx")
+    before = _files(root)
+    proc = run_cli("init", *args, cwd=root)
+    assert proc.returncode in (2, 3, 7) and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    expected = {"github-symlink": ".github", "gitignore-folder": ".gitignore", "not-onnx": "notes.onnx",
+                "huge-dim": "set smaller dims with --dim", "bfloat16": "is BFLOAT16",
+                "inputs-mismatch": "targets.toml (as init would write it): [models.tiny_transformer.inputs]"}[case]
+    assert expected in proc.stderr, proc.stderr
+    assert _files(root) == before and not list((tmp_path / "elsewhere").glob("*")) if case == "github-symlink" \
+        else _files(root) == before
+
+
+def test_a_symlinked_model_keeps_its_own_name_and_place(tmp_path: Path) -> None:
+    blobs = tmp_path / "cache"
+    blobs.mkdir()
+    shutil.copy(MODELS / "tiny_lstm.onnx", blobs / "sha256-abc")
+    root = tmp_path / "app"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "forecast.onnx").symlink_to(blobs / "sha256-abc")
+    shutil.copy(MODELS / "tiny_lstm.inputs.npz", root / "models" / "forecast.inputs.npz")
+    assert run_cli("init", cwd=root).returncode == 0
+    model = config.load(root / "targets.toml").models["forecast"]
+    assert 'path = "models/forecast.onnx"' in (root / "targets.toml").read_text()
+    assert Path(model.inputs) == root / "models" / "forecast.inputs.npz"

@@ -169,7 +169,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """What would be built, with which runtime, and whether each job would rebuild and why."""
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    graphs = _checked_graphs(project, jobs)  # golden inputs against each model's inputs, before anything else
+    graphs = checked_graphs(project, jobs)  # golden inputs against each model's inputs, before anything else
     dist = dist_dir(args, project)
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
@@ -235,7 +235,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[str, Any]:
+def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[str, Any]:
     """Each selected model's graph (read without the weights of external data), its golden inputs checked against
     the graph's inputs: names, element types, ranks and fixed dimensions, as the build's check step does
     (data.check_feed), from the .npz headers alone. Every problem is a ConfigError naming targets.toml, the

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ortbuild.project import config, scaffold
+from ortbuild.cli.build import checked_graphs
+from ortbuild.project import config, plan, scaffold
 
 
 def dim(text: str) -> tuple[str, int]:
@@ -37,8 +38,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_init(args: argparse.Namespace) -> int:
     root = Path.cwd()
     made = scaffold.plan(root, args.paths, args.target or (), dict(args.dim), args.inputs)
-    written = scaffold.write(root, made, args.force)
-    project = config.load(root / config.DEFAULT_FILE)  # what init wrote loads, the models' files checked
+
+    def check(project: config.Project) -> None:
+        """Golden inputs given or found fit their models, as `plan` checks them (the generated ones do)."""
+        given = {name for name, m in project.models.items() if not str(m.inputs).endswith(scaffold.GENERATED)}
+        checked_graphs(project, [j for j in plan.jobs(project) if j.model.name in given])
+
+    written = scaffold.write(root, made, args.force, check)
+    project = config.load(root / config.DEFAULT_FILE)  # what init wrote loads, every file it names checked
     for path in written:
         print(f"wrote {path.relative_to(root)}")
     for note in made.notes:

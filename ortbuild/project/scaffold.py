@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ortbuild import __version__, files, paths
 from ortbuild.errors import ConfigError, UsageError
+from ortbuild.project import signature
+from ortbuild.project.config import Project
 
 RUNTIME = "onnxruntime==1.31.1"  # the CPU flavor this ortbuild is tested with
 GITIGNORE = ("dist/", ".nox/", ".ortbuild/", "keys/*.key")
+GENERATED = "generated-inputs.npz"  # golden inputs init made up: models/NAME.generated-inputs.npz
 WORKFLOW = Path(".github") / "workflows" / "ortbuild.yml"
 SKIP_DIRS = frozenset({"dist", "node_modules", "__pycache__", "site-packages"})
-SEED = 0  # generated golden inputs are the same on every run
 
 # Targets `init --target` offers, each a TOML table body; a preset's parents come along (`extends`).
 PRESETS: dict[str, tuple[str | None, str]] = {
@@ -75,6 +77,13 @@ runner = ["self-hosted", "linux", "x64", "gpu"]
 '''),
 }
 
+# The presets whose precision suits some models only: the ops whose weights it serves well, and what the others need.
+SUITS: dict[str, tuple[frozenset[str], str]] = {
+    "cpu-int8": (signature.DYNAMIC_OPS, "most of {whose} weights are in Conv (or other) nodes, which int8-dynamic "
+                 "serves poorly; they want int8-static with `calibration` = real samples (docs/targets.md)"),
+    "cpu-int4": (signature.INT4_OPS, "most of {whose} weights are not MatMul weights, the only ones int4-weight "
+                 "converts"),
+}
 
 @dataclass(frozen=True)
 class Found:
@@ -95,10 +104,15 @@ class Scaffold:
 
 
 def _walk(folder: Path) -> Iterator[Path]:
-    """The .onnx files under `folder`, skipping hidden folders, virtualenvs and ortbuild's outputs."""
-    for entry in sorted(folder.iterdir()):
+    """The .onnx files under `folder`, skipping hidden folders, virtualenvs, ortbuild's outputs and folders it may
+    not read."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
-            if entry.name.startswith(".") or entry.name in SKIP_DIRS or (entry / "pyvenv.cfg").exists():
+            if entry.name.startswith(".") or entry.name in SKIP_DIRS or os.path.lexists(entry / "pyvenv.cfg"):
                 continue
             yield from _walk(entry)
         elif entry.suffix == ".onnx" and entry.is_file():
@@ -113,7 +127,7 @@ def find_models(root: Path, given: Sequence[str]) -> list[Path]:
         if not found:
             raise UsageError(f"no .onnx model found in {root} (hidden folders, virtualenvs and dist/ left out)",
                              "give the models: `ortbuild init path/to/model.onnx ...`")
-        return found
+        return _named(found)
     out: list[Path] = []
     for text in given:
         path = Path(text)
@@ -126,7 +140,18 @@ def find_models(root: Path, given: Sequence[str]) -> list[Path]:
             out.append(path)
         else:
             raise UsageError(f"{text}: not an .onnx file or a folder", "give ONNX model files or folders holding them")
-    return list(dict.fromkeys(p.resolve() for p in out))
+    return _named(list(dict.fromkeys(Path(os.path.abspath(p)) for p in out)))  # a symlink keeps its own name
+
+
+def _named(models: list[Path]) -> list[Path]:
+    """`models`, each file name checked to be text a targets.toml can hold."""
+    for m in models:
+        try:
+            str(m).encode()
+        except UnicodeEncodeError:
+            raise UsageError(f"{os.fsencode(m)!r}: the file name is not valid UTF-8, which targets.toml cannot hold",
+                             "rename the file") from None
+    return models
 
 
 def model_name(path: Path, taken: set[str]) -> str:
@@ -151,107 +176,11 @@ def golden_beside(model: Path) -> Path | None:
     return None
 
 
-def _dim(name: str, dim: Any, position: int, rank: int, is_float: bool, dims: dict[str, int]) -> int:
-    if dim.HasField("dim_value") and dim.dim_value > 0:
-        return int(dim.dim_value)
-    symbol = dim.dim_param
-    if symbol in dims:
-        return dims[symbol]
-    if position == 0:
-        return 1  # a batch
-    if is_float and rank == 4 and position >= 2:
-        return 224  # an image's height and width
-    return 16  # a sequence
-
-
-def generated_inputs(model: Path, dims: dict[str, int]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Golden inputs from the model's input signature: floats uniform in [0, 1), integers 0 (masks 1), booleans
-    true; symbolic dims from `dims`, else batch 1, image 224, sequence 16. Returns them and how dims were set."""
-    import onnx
-    from onnx import helper
-
-    graph = onnx.load(str(model), load_external_data=False).graph
-    weights = {i.name for i in graph.initializer}
-    rng = np.random.default_rng(SEED)
-    out: dict[str, np.ndarray] = {}
-    chosen: list[str] = []
-    for value in graph.input:
-        if value.name in weights:
-            continue
-        tensor = value.type.tensor_type
-        if not value.type.HasField("tensor_type") or tensor.elem_type == onnx.TensorProto.STRING:
-            raise ConfigError(str(model), f"input '{value.name}'", "is not a numeric tensor: init cannot make "
-                              "golden data for it", "give golden inputs: put <model>.inputs.npz beside the model")
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
-        is_float = dtype.kind == "f"
-        rank = len(tensor.shape.dim)
-        shape = [_dim(value.name, d, i, rank, is_float, dims) for i, d in enumerate(tensor.shape.dim)]
-        chosen += [f"{d.dim_param or '?'}={s}" for d, s in zip(tensor.shape.dim, shape, strict=True)
-                   if not (d.HasField("dim_value") and d.dim_value > 0)]
-        if is_float:
-            out[value.name] = rng.random(shape, dtype=np.float64).astype(dtype)
-        elif dtype.kind == "b":
-            out[value.name] = np.ones(shape, dtype=dtype)
-        else:
-            out[value.name] = np.full(shape, 1 if "mask" in value.name.lower() else 0, dtype=dtype)
-    return out, sorted(set(chosen))
-
-
-# Ops whose weights int8-dynamic quantizes well: ORT quantizes activations at run time, which suits MatMul-heavy
-# graphs (transformers, MLPs, recurrent nets); Conv-heavy graphs lose accuracy and speed that way and want
-# int8-static with calibration data (real samples), which init cannot make up.
-DYNAMIC_OPS = frozenset({"MatMul", "Gemm", "Gather", "LSTM", "GRU", "Attention", "EmbedLayerNormalization"})
-# The weights int4-weight converts (MatMulNBits): MatMul's only.
-INT4_OPS = frozenset({"MatMul"})
-# The presets whose precision suits some models only: the ops whose weights it serves well, and what the others need.
-SUITS: dict[str, tuple[frozenset[str], str]] = {
-    "cpu-int8": (DYNAMIC_OPS, "most of {whose} weights are in Conv (or other) nodes, which int8-dynamic serves "
-                 "poorly; they want int8-static with `calibration` = real samples (docs/targets.md)"),
-    "cpu-int4": (INT4_OPS, "most of {whose} weights are not MatMul weights, the only ones int4-weight converts"),
-}
-
-
-def _weight_bytes(tensor: Any) -> int:
-    for entry in tensor.external_data:
-        if entry.key == "length":
-            return int(entry.value)
-    if tensor.raw_data:
-        return len(tensor.raw_data)
-    return max(len(tensor.float_data), len(tensor.int64_data), len(tensor.int32_data), len(tensor.double_data)) * 4
-
-
-def weight_share(model: Path, ops: frozenset[str] = DYNAMIC_OPS) -> float:
-    """The share of the model's weight bytes that feed `ops` nodes (subgraphs included)."""
-    import onnx
-
-    by_op: dict[bool, int] = {True: 0, False: 0}
-
-    def walk(graph: Any, weights: dict[str, int]) -> None:
-        weights = {**weights, **{t.name: _weight_bytes(t) for t in graph.initializer}}
-        for node in graph.node:
-            if node.op_type == "Constant":  # exporters keep some weights there (int8-dynamic lifts them)
-                for a in node.attribute:
-                    if a.name == "value":
-                        weights[node.output[0]] = _weight_bytes(a.t)
-            for name in node.input:
-                if name in weights:
-                    by_op[node.op_type in ops] += weights.pop(name)
-            for attr in node.attribute:
-                for sub in [attr.g, *attr.graphs] if attr.type in (onnx.AttributeProto.GRAPH,
-                                                                  onnx.AttributeProto.GRAPHS) else []:
-                    walk(sub, weights)
-
-    walk(onnx.load(str(model), load_external_data=False).graph, {})
-    total = by_op[True] + by_op[False]
-    return by_op[True] / total if total else 0.0
-
-
 def _toml_path(path: Path, root: Path) -> str:
-    try:
-        text = str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        text = str(path.resolve())
-    return json.dumps(text)
+    """`path` for targets.toml: relative to the project where it is inside it (symlinks kept as they are)."""
+    full, top = os.path.abspath(path), os.path.abspath(root)
+    inside = os.path.commonpath([full, top]) == top
+    return json.dumps(os.path.relpath(full, top) if inside else full)
 
 
 def _key(name: str) -> str:
@@ -296,20 +225,24 @@ def with_parents(names: Sequence[str]) -> list[str]:
 
 
 def _pointed(models: list[Path], inputs: Sequence[str]) -> dict[Path, Path]:
-    """--inputs [MODEL=]PATH: golden inputs given for a model (by its file's stem; the stem may be left out when
-    there is one model)."""
+    """--inputs [MODEL=]PATH: golden inputs given for a model, named by its file's stem (or its path as given);
+    MODEL= may be left out when there is one model. A path may hold '=' itself."""
     out: dict[Path, Path] = {}
     for text in inputs:
-        stem, _, where = text.rpartition("=")
-        matching = [m for m in models if m.stem == stem] if stem else models
+        head, sep, tail = text.partition("=")
+        matching = [m for m in models if head in (m.stem, str(m))] if sep else []
+        where = tail if matching else text
+        if not matching and len(models) == 1:
+            matching = models
         if len(matching) != 1:
-            raise UsageError(f"--inputs {text}: " + (f"no model '{stem}' among {', '.join(m.stem for m in models)}"
-                             if stem else f"{len(models)} models: say which one"), "write --inputs MODEL=PATH")
+            problem = (f"'{head}' names {len(matching)} models (give the model's path)" if matching else
+                       f"which model? {len(models)} models here: {', '.join(m.stem for m in models)}")
+            raise UsageError(f"--inputs {text}: {problem}", "write --inputs MODEL=PATH (MODEL: the file's stem)")
         path = Path(where)
         if not (path.is_file() or (path / "test_data_set_0").is_dir()):
             raise UsageError(f"--inputs {text}: {where} is neither a file nor a folder holding test_data_set_0/",
                              "give an .npz keyed by input name, or an ONNX test_data_set_N layout")
-        out[matching[0]] = path.resolve()
+        out[matching[0]] = Path(os.path.abspath(path))
     return out
 
 
@@ -326,11 +259,13 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
     chosen: list[tuple[Found, Path]] = []
     models = find_models(root, given)
     pointed = _pointed(models, inputs)
+    graphs = {path: signature.graph(path) for path in models}
     for path in models:
         found = Found(model_name(path, taken), path, pointed.get(path) or golden_beside(path))
         if found.inputs is None:
-            arrays, dims_set = generated_inputs(path, dims)
-            target = root / "models" / f"{found.name}.inputs.npz"
+            arrays, dims_set = signature.generated_inputs(path, graphs[path], dims)
+            # not NAME.inputs.npz: a rerun regenerates it (and never takes it, or a user's file, for real samples)
+            target = root / "models" / f"{found.name}.{GENERATED}"
             scaffold.data[target] = arrays
             how = f" (symbolic dims: {', '.join(dims_set)}; --dim NAME=N sets one)" if dims_set else ""
             scaffold.notes.append(f"{found.name}: golden inputs generated into {target.relative_to(root)}{how}: "
@@ -346,11 +281,14 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
     for preset, (ops, why) in SUITS.items():
         if preset not in names:
             continue
-        fit = [f.name for f, _ in chosen if weight_share(f.path, ops) >= 0.5]
-        left = [f.name for f, _ in chosen if f.name not in fit]
+        shares = {f.name: signature.weight_share(graphs[f.path], ops) for f, _ in chosen}
+        fit = [name for name, share in shares.items() if share is not None and share >= 0.5]
+        left = [name for name in shares if name not in fit]
         if not left:
             continue
         whose = "its" if len(left) == 1 else "their"
+        if all(shares[name] is None for name in left):
+            why = "{whose} graph has no weights to convert"
         if fit:
             only[preset] = fit
             scaffold.notes.append(f"{preset} leaves out {', '.join(left)}: {why.format(whose=whose)}")
@@ -370,7 +308,11 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
 def gitignore(root: Path) -> str | None:
     """The .gitignore with ortbuild's lines added, or None when it has them all."""
     path = root / ".gitignore"
-    text = path.read_text() if path.is_file() else ""
+    try:
+        text = files.read_document(path).decode() if os.path.lexists(path) else ""
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot add ortbuild's lines to it ({err})",
+                         "make it a readable text file, or remove it") from None
     missing = [line for line in GITIGNORE if line not in text.splitlines()]
     if not missing:
         return None
@@ -379,27 +321,60 @@ def gitignore(root: Path) -> str | None:
     return head + why + "\n".join(missing) + "\n"
 
 
-def write(root: Path, scaffold: Scaffold, force: bool) -> list[Path]:
-    """Write the scaffold (each file to a temp name, then renamed); refuse to replace a file unless `force`."""
-    present = [p for p in [*scaffold.files, *scaffold.data] if p.exists()]
+def _checked(root: Path, scaffold: Scaffold, check: Callable[[Project], None]) -> None:
+    """What init writes would load: its targets.toml through the configuration's checks (files aside: the generated
+    inputs are not written yet), from a private temp file beside it, removed at once; then `check` (the caller's:
+    the golden inputs given or found, against their models)."""
+    from ortbuild.project import config
+
+    partial = files.partial_file(root / "targets.toml", root)
+    try:
+        with files.open_partial(partial) as f:
+            f.write(scaffold.files[root / "targets.toml"].encode())
+        check(config.load(partial, check_files=False))
+    except ConfigError as err:  # about the targets.toml init would write, not its temp file
+        err.message = err.message.replace(str(partial), f"{root / 'targets.toml'} (as init would write it)")
+        raise
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write(root: Path, scaffold: Scaffold, force: bool, check: Callable[[Project], None]) -> list[Path]:
+    """Write the scaffold, all or nothing: every check first (files to replace, folders to make, the targets.toml
+    loading), then each file into a temp file beside its place, then all renamed into place."""
+    ignore = gitignore(root)
+    texts = {path: text.encode() for path, text in scaffold.files.items()}
+    for path, arrays in scaffold.data.items():
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        texts[path] = buffer.getvalue()
+    present = [p for p in texts if os.path.lexists(p)]
     if present and not force:
         shown = ", ".join(str(p.relative_to(root)) for p in present)
         raise UsageError(f"init would replace {shown}", "keep them and edit by hand (a new model: add its "
                          "[models.NAME] table; `ortbuild plan` checks it), or run `ortbuild init --force` to replace "
                          "them, losing your edits")
-    written = []
-    for path, arrays in scaffold.data.items():
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)  # type: ignore[arg-type]
-        files.safe_mkdir(path.parent, root)
-        files.atomic_write(path, buffer.getvalue(), root=root, mode=0o644)
-        written.append(path)
-    for path, text in scaffold.files.items():
-        files.safe_mkdir(path.parent, root)
-        files.atomic_write(path, text.encode(), root=root, mode=0o644)
-        written.append(path)
-    ignore = gitignore(root)
+    for p in present:
+        if p.is_dir() and not p.is_symlink():
+            raise UsageError(f"{p} is a folder: init writes a file there", "move it away, then run init again")
     if ignore is not None:
-        files.atomic_write(root / ".gitignore", ignore.encode(), root=root, mode=0o644)
-        written.append(root / ".gitignore")
-    return written
+        texts[root / ".gitignore"] = ignore.encode()
+    _checked(root, scaffold, check)
+    partials: dict[Path, Path] = {}
+    try:
+        for path in texts:
+            files.safe_mkdir(path.parent, root)
+        for path, data in texts.items():
+            partials[path] = files.partial_file(path, root)
+            with files.open_partial(partials[path]) as f:
+                f.write(data)
+            os.chmod(partials[path], 0o644)
+        for path, partial in partials.items():
+            files.publish(partial, path, root)
+    except OSError as err:
+        raise UsageError(f"init could not write into {root}: {err}", "fix what it names, then run init again") \
+            from None
+    finally:
+        for partial in partials.values():
+            partial.unlink(missing_ok=True)
+    return list(texts)
