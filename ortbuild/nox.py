@@ -40,18 +40,19 @@ from packaging.utils import canonicalize_name
 
 from ortbuild import __version__, installed, machine
 from ortbuild.artifact import manifest
-from ortbuild.errors import ConfigError
+from ortbuild.errors import ConfigError, UsageError
 from ortbuild.project import config
 from ortbuild.status import ProfileStatus, Verdict
 
 __all__ = ["build", "profile", "release", "test"]
 
-nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["test"]
+# Defaults a noxfile may have set otherwise before importing this module (set after it, they win anyway).
+nox.options.default_venv_backend = nox.options.default_venv_backend or "uv|virtualenv"
+nox.options.sessions = nox.options.sessions or ["test"]
 nox.options.error_on_missing_interpreters = True
 # Venvs are kept between runs; a target's venv is reinstalled only when what it should hold changed (a stamp
 # file records it), so a no-op `nox -s build` costs the builds' own no-op time. `--reuse-venv=no` recreates them.
-nox.options.reuse_venv = "yes"
+nox.options.reuse_venv = nox.options.reuse_venv or "yes"
 
 CONFIG_VAR = "ORTBUILD_CONFIG"
 REQUIREMENT_VAR = "ORTBUILD_REQUIREMENT"
@@ -79,26 +80,48 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _checkout() -> Path | None:
+    """The source checkout this ortbuild is imported from, if it is one."""
+    source = Path(__file__).resolve().parent.parent
+    return source if (source / "pyproject.toml").is_file() and (source / "ortbuild" / "__init__.py").is_file() \
+        else None
+
+
+def _origin() -> dict[str, Any]:
+    """Where pip or uv installed ortbuild from (PEP 610's direct_url.json), or {}."""
+    try:
+        origin = json.loads(md.distribution("ortbuild").read_text("direct_url.json") or "{}")
+    except (md.PackageNotFoundError, ValueError, OSError):
+        return {}
+    return origin if isinstance(origin, dict) and isinstance(origin.get("url"), str) else {}
+
+
 def ortbuild_requirement() -> tuple[list[str], str]:
     """What installs this very ortbuild into a target's venv (pip arguments), and what identifies it (the stamp
-    part that reinstalls it when it changes): $ORTBUILD_REQUIREMENT; else a source checkout (editable); else the
-    local wheel or sdist it was installed from (pip and uv record it, PEP 610); else ortbuild==<version>."""
+    part that reinstalls it when it changes): $ORTBUILD_REQUIREMENT; else a source checkout (editable); else where
+    pip or uv installed it from (PEP 610: a local wheel, sdist or folder, a VCS commit); else ortbuild==<version>.
+    A path in $ORTBUILD_REQUIREMENT that does not exist is a UsageError naming the variable."""
     given = os.environ.get(REQUIREMENT_VAR, "").strip()
     if given:
         path = Path(given)
-        return [given], f"{given} {_digest(path)}" if path.is_file() else given
-    source = Path(__file__).resolve().parent.parent
-    if (source / "pyproject.toml").is_file() and (source / "ortbuild" / "__init__.py").is_file():
+        if path.exists():
+            return [given], f"{given} {_digest(path)}" if path.is_file() else given
+        if os.sep in given or given.endswith((".whl", ".tar.gz", ".zip")):
+            raise UsageError(f"{REQUIREMENT_VAR}={given}: no such file",
+                             f"point {REQUIREMENT_VAR} at the ortbuild wheel or sdist, or unset it")
+        return [given], given
+    source = _checkout()
+    if source is not None:
         return ["-e", str(source)], f"-e {source} {_digest(source / 'pyproject.toml')}"
-    try:
-        origin = json.loads(md.distribution("ortbuild").read_text("direct_url.json") or "{}")
-    except (md.PackageNotFoundError, ValueError):
-        origin = {}
-    url = urlparse(str(origin.get("url", "")))
+    origin = _origin()
+    url, vcs, folder = urlparse(origin.get("url", "")), origin.get("vcs_info"), origin.get("dir_info")
+    if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
+        pinned = f"ortbuild @ {origin['url']}@{vcs['commit_id']}"
+        return [pinned], pinned
     if url.scheme == "file":
         path = Path(unquote(url.path))
-        if origin.get("dir_info", {}).get("editable") and path.is_dir():
-            return ["-e", str(path)], f"-e {path}"
+        if isinstance(folder, dict) and path.is_dir():
+            return (["-e", str(path)] if folder.get("editable") else [str(path)]), f"{path}"
         if path.is_file():
             return [str(path)], f"{path} {_digest(path)}"
     return [f"ortbuild=={__version__}"], f"ortbuild=={__version__}"
@@ -123,7 +146,10 @@ def target_venv(session: nox.Session, target: str) -> Path:
 def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, ...]) -> None:
     """Make `venv` hold ortbuild and exactly `requirements` (one ONNX Runtime flavor: a changed flavor first
     removes the others); nothing is installed when a stamp file says it already does."""
-    tool, identity = ortbuild_requirement()
+    try:
+        tool, identity = ortbuild_requirement()
+    except UsageError as err:
+        session.error(err.render())
     want = json.dumps({"requirements": requirements, "ortbuild": identity})
     stamp = venv / ".ortbuild-installed"
     if stamp.exists() and stamp.read_text() == want:
@@ -142,9 +168,14 @@ def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, .
     where = ["--python", python] if uv else []
     session.run(*pip, "uninstall", *where, *([] if uv else ["-y"]), *others, external=True, silent=True,
                 success_codes=[0, 1, 2])
-    session.log(f"installing into {venv}: {' '.join(requirements)}, ortbuild from {tool[-1]}")
-    session.run(*pip, "install", *where, *([] if uv else ["--quiet"]), *tool, *requirements,
-                external=True, silent=True)
+    session.log(f"installing into {venv}: {' '.join(requirements)}")
+    session.run(*pip, "install", *where, *([] if uv else ["--quiet"]), *requirements, external=True, silent=True)
+    session.log(f"installing ortbuild into {venv} from {tool[-1]}")
+    try:  # ortbuild itself must install: never a skip (a green run with nothing built)
+        session.run(*pip, "install", *where, *([] if uv else ["--quiet"]), *tool, external=True, silent=True)
+    except nox.command.CommandFailed:
+        session.error(f"ortbuild could not be installed into {venv} from '{' '.join(tool)}' (see pip's output "
+                      f"above): set {REQUIREMENT_VAR} to the ortbuild wheel, sdist or requirement to install")
     stamp.write_text(want)
 
 
@@ -188,7 +219,7 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
     try:
         _install_target(session, venv, requirements)
     except nox.command.CommandFailed:
-        if required_fails and t.require:
+        if required_fails and required:
             session.error(f"{target}: its runtime '{t.runtime_text}' cannot be installed, and the target is required")
         session.skip(f"{target}: its runtime '{t.runtime_text}' cannot be installed on this machine")
     return t, venv

@@ -131,3 +131,42 @@ def test_a_broken_targets_toml_fails_the_target_sessions(tmp_path: Path) -> None
         assert proc.returncode != 0, proc.stderr[-2000:]
         assert f"{session}(invalid-config) aborted" in proc.stderr and "did you mean 'optimization'" in proc.stderr
     assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize(("origin", "wanted"), [
+    ({"url": "file:///WHEEL", "archive_info": {}}, ["WHEEL"]),
+    ({"url": "file:///DIR", "dir_info": {"editable": True}}, ["-e", "DIR"]),
+    ({"url": "file:///DIR", "dir_info": {}}, ["DIR"]),
+    ({"url": "https://example.org/ortbuild.git", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
+     ["ortbuild @ https://example.org/ortbuild.git@abc123"]),
+    ({"url": "file:///gone/ortbuild-0.1.0-py3-none-any.whl", "archive_info": {}}, None),  # gone: the index's
+    ({}, None),
+])
+def test_target_venvs_get_the_ortbuild_nox_runs_with(noxfile: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    origin: dict[str, Any], wanted: list[str] | None) -> None:
+    from ortbuild import __version__
+
+    wheel, folder = tmp_path / "ortbuild-0.1.0-py3-none-any.whl", tmp_path / "src"
+    wheel.write_bytes(b"zip")
+    folder.mkdir()
+    origin = json.loads(json.dumps(origin).replace("/WHEEL", str(wheel)).replace("/DIR", str(folder)))
+    monkeypatch.delenv("ORTBUILD_REQUIREMENT", raising=False)
+    monkeypatch.setattr(noxfile, "_checkout", lambda: None)
+    monkeypatch.setattr(noxfile, "_origin", lambda: origin)
+    expected = [a.replace("WHEEL", str(wheel)).replace("DIR", str(folder)) for a in wanted or []]
+    assert noxfile.ortbuild_requirement()[0] == (expected or [f"ortbuild=={__version__}"])
+
+
+def test_a_missing_ortbuild_requirement_fails_the_session_naming_it(tmp_path: Path, make_project: Any) -> None:
+    config_file = make_project("""
+        [targets.t]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+    """)
+    for given, said in (("/nope/ortbuild-9.whl", "ORTBUILD_REQUIREMENT=/nope/ortbuild-9.whl: no such file"),
+                        ("ortbuild==99.0", "ortbuild could not be installed into")):
+        proc = subprocess.run([sys.executable, "-m", "nox", "--envdir", str(tmp_path / "envs"), "-s", "test(t)"],
+                              cwd=REPO, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "ORTBUILD_CONFIG": str(config_file), "ORTBUILD_REQUIREMENT": given})
+        assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-3000:]
+        assert "skipped" not in proc.stderr.lower()  # a failure, never a green skip
