@@ -21,7 +21,7 @@ from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import builds, compare, emulated, latency, report, size, startup
+from ortbuild.gating import accept, builds, compare, emulated, latency, report, size, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -283,11 +283,13 @@ class Tester:
                 raise ConfigError(str(self.project.file), f"targets.{job.target.name}.accuracy.outputs.{name}",
                                   f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
                                   f"the outputs are: {', '.join(known)}")
-        results: list[compare.OutputResult] = []
+        compared: list[tuple[compare.OutputResult, Any, Any]] = []  # each result, with expected and actual
         for ds, got in zip(g.sets, outputs, strict=True):
             for name in names:
                 rule = gates.accuracy_rule(job.settings.precision, name)
-                results.append(compare.compare(name, ds.name, ds.expected[name], got[name], rule))
+                compared.append((compare.compare(name, ds.name, ds.expected[name], got[name], rule),
+                                 ds.expected[name], got[name]))
+        results = [r for r, _, _ in compared]
         res.outputs = [r.as_json() for r in results]
         res.worst = compare.worst_metric(results)
         failed = [r for r in results if not r.passed]
@@ -295,6 +297,8 @@ class Tester:
         for r in failed:
             res.fail([f"accuracy: {job.name} " + line if i == 0 else line
                       for i, line in enumerate(compare.describe_failure(r))])
+        if failed and (table := accept.pasteable(self.project, job, names, compared)) is not None:
+            res.fail(table.lines(self.project.file.name))
 
     def _size(self, job: Job, res: TestResult, m: manifest.Manifest) -> None:
         res.size, lines = size.judge(job, m)
