@@ -96,6 +96,8 @@ def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str,
             print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
     for n in notes:
         print(f"  {n}")
+    for line in summary.warning_lines([{"target": r.target, "model": r.model, "golden": r.golden} for r in results]):
+        print(line)
     print("\n" + summary.verdict_counts([r.status for r in results], json_path, html_path))
 
 
