@@ -14,7 +14,7 @@ from ortbuild.errors import ConfigError, StepError
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import config, plan
-from ortbuild.status import JobStatus
+from ortbuild.status import JobFinished, JobStatus
 
 BUILT, FAILED, PORTABLE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.PORTABLE
 SKIPPED, UP_TO_DATE = JobStatus.SKIPPED, JobStatus.UP_TO_DATE
@@ -469,3 +469,20 @@ providers = ["CPUExecutionProvider"]
     assert proc.returncode == StepError.exit_code and "golden inputs of [models.det] inputs" in failures[0]
     assert failures[1].startswith("hint: check that the inputs fit the model")
 
+
+@pytest.mark.parametrize("command, says", [
+    ("build", "up to date (unchanged build key; --force rebuilds)"),
+    ("test", 'up to date (unchanged build key; to rebuild it: ortbuild build --force -t fp32 -m tiny_cnn, or '
+             'nox -s "build(fp32)" -- --force -m tiny_cnn)'),
+])
+def test_an_up_to_date_job_says_how_to_rebuild_it_from_the_command_that_built(
+        make_project: Callable[..., Path], tmp_path: Path, command: str, says: str) -> None:
+    """`ortbuild test` and `profile` have no --force: they name the build that rebuilds."""
+    path = make_project(TWO_TARGETS)
+    build(path, tmp_path / "dist", targets=["fp32"])
+    project = config.load(path)
+    said: list[str] = []
+    Builder(project, tmp_path / "dist", secrets=keys.read_secrets(), command=command,
+            progress=lambda job, event: said.append(event.text()) if isinstance(event, JobFinished) else None).run(
+        plan.jobs(project, ["fp32"]))
+    assert said == [says]

@@ -45,7 +45,7 @@ def cmd_test(args: argparse.Namespace) -> int:
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done), \
+    with built(args, project, [*jobs, *refs], secrets, command="test") as (dist, builder, done), \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="testing") as progress:
         # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
         # line is due)
@@ -143,7 +143,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     _fitting(jobs, "profile")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets) as (dist, _, done), \
+    with built(args, project, jobs, secrets, command="profile") as (dist, _, done), \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="profiling") as progress:
         results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done, progress)
         _, html_path = report.write(dist, report.collect(dist))
