@@ -201,6 +201,14 @@ def near_constant(g: Golden) -> dict[str, str]:
     return out
 
 
+def constant_warnings(model: Model, g: Golden) -> list[str]:
+    """What a test result says of the golden outputs that are (near) constant (near_constant): the gate compared
+    them, but any artifact that output about that constant would pass."""
+    return [f"golden output '{name}' is (near) constant ({what}): the accuracy gate tests almost nothing; give "
+            f"real inputs ([models.{model.name}] inputs = \"{model.inputs}\")"
+            for name, what in near_constant(g).items()]
+
+
 def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path,
           sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
     """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every

@@ -254,7 +254,7 @@ class Tester:
                      lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=self.dist))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
-        warnings = constant_warnings(job, g)
+        warnings = golden.constant_warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
         self._accuracy(job, res, outputs, g, m.io)
@@ -394,14 +394,6 @@ class Tester:
         res.latency = out
         if lines:
             res.fail(lines)
-
-
-def constant_warnings(job: Job, g: golden.Golden) -> list[str]:
-    """What the test result says of golden outputs that are (near) constant (golden.near_constant): the gate
-    compared them, but any artifact that output about that constant would pass."""
-    return [f"golden output '{name}' is (near) constant ({what}): the accuracy gate tests almost nothing; give "
-            f"real inputs ([models.{job.model.name}] inputs = \"{job.model.inputs}\")"
-            for name, what in golden.near_constant(g).items()]
 
 
 def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, budgets: list[latency.Budget],
