@@ -14,7 +14,7 @@ from ortbuild.errors import ConfigError, StepError
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import config, plan
-from ortbuild.status import JobStatus
+from ortbuild.status import JobFinished, JobStatus
 
 BUILT, FAILED, PORTABLE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.PORTABLE
 SKIPPED, UP_TO_DATE = JobStatus.SKIPPED, JobStatus.UP_TO_DATE
@@ -429,3 +429,60 @@ def test_an_unencrypted_target_publishes_the_plain_model_signed(make_project: Ca
     assert doc["artifact"]["sha256"] == hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
     onnx.checker.check_model(onnx.load(str(folder / "model.onnx")))
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE]
+
+
+def test_inputs_the_model_cannot_run_fail_the_reload_naming_the_inputs_file_and_shapes(tmp_path: Path) -> None:
+    """PaddleOCR's text detector on a 300x300 image: its feature maps are added back up at every 1/2 scale, so the
+    sides must be multiples of 32; `plan` accepts the free dimensions, ONNX Runtime fails at the first run."""
+    import numpy as np
+
+    from tests.conftest import here_runtime, run_cli
+    from tests.realmodels import installed
+    from tests.test_e2e import PACKAGE, PINNED
+
+    det = installed(PACKAGE, "ch_PP-OCRv4_det_infer.onnx", PINNED["ch_PP-OCRv4_det_infer.onnx"])
+    np.savez(tmp_path / "page.npz", x=np.random.default_rng(0).random((1, 3, 300, 300), dtype=np.float32))
+    path = tmp_path / "targets.toml"
+    path.write_text(f"""
+[project]
+name = "ocr"
+version = "1"
+
+[models.det]
+path = "{det}"
+inputs = "page.npz"
+
+[targets.cpu-fp32]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+""")
+    res = build(path, tmp_path / "dist")[0]
+    assert res.status == FAILED and isinstance(res.error, StepError) and res.error.step == "reload"
+    assert res.error.message.startswith(
+        "cpu-fp32/det: step 'reload': ONNX Runtime could not run the model on the golden inputs of [models.det] "
+        f"inputs ({tmp_path / 'page.npz'}), fed x float32 [1, 3, 300, 300]: [ONNXRuntimeError]")
+    assert "Attempting to broadcast an axis by a dimension other than 1. 19 by 20" in res.error.message  # ORT's
+    assert res.error.hint is not None and "multiples of 32" in res.error.hint
+    assert not (tmp_path / "dist" / "cpu-fp32" / "det").exists()
+    proc = run_cli("test", "-c", str(path), "--json", cwd=tmp_path)  # the test's FAIL row says it, hint included
+    failures = json.loads(proc.stdout)["results"][0]["failures"]
+    assert proc.returncode == StepError.exit_code and "golden inputs of [models.det] inputs" in failures[0]
+    assert failures[1].startswith("hint: check that the inputs fit the model")
+
+
+@pytest.mark.parametrize("command, says", [
+    ("build", "up to date (unchanged build key; --force rebuilds)"),
+    ("test", 'up to date (unchanged build key; to rebuild it: ortbuild build --force -t fp32 -m tiny_cnn, or '
+             'nox -s "build(fp32)" -- --force -m tiny_cnn)'),
+])
+def test_an_up_to_date_job_says_how_to_rebuild_it_from_the_command_that_built(
+        make_project: Callable[..., Path], tmp_path: Path, command: str, says: str) -> None:
+    """`ortbuild test` and `profile` have no --force: they name the build that rebuilds."""
+    path = make_project(TWO_TARGETS)
+    build(path, tmp_path / "dist", targets=["fp32"])
+    project = config.load(path)
+    said: list[str] = []
+    Builder(project, tmp_path / "dist", secrets=keys.read_secrets(), command=command,
+            progress=lambda job, event: said.append(event.text()) if isinstance(event, JobFinished) else None).run(
+        plan.jobs(project, ["fp32"]))
+    assert said == [says]

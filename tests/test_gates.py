@@ -425,3 +425,46 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
     assert lines == [] and entry["verdict"] == entry["relative"]["verdict"] == "INCONCLUSIVE"
     assert "FAIL measured under load 5.0 on 2 CPUs" in entry["relative"]["note"]
     assert [a["verdicts"]["relative"] for a in entry["attempts"]] == ["FAIL", "FAIL"]
+
+
+def test_a_near_constant_golden_output_passes_with_a_warning_everywhere_it_is_said(tmp_path: Path) -> None:
+    """Random noise fed to PaddleOCR's text detector: its probability map is all but zero (max 4.8e-5), so any
+    artifact would pass; the verdict stays PASS and every place that shows it says so."""
+    from tests.realmodels import installed
+    from tests.test_e2e import PACKAGE, PINNED
+
+    det = installed(PACKAGE, "ch_PP-OCRv4_det_infer.onnx", PINNED["ch_PP-OCRv4_det_infer.onnx"])
+    np.savez(tmp_path / "noise.npz", x=np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32))
+    (tmp_path / "targets.toml").write_text(f"""
+[project]
+name = "ocr"
+version = "1"
+
+[models.det]
+path = "{det}"
+inputs = "noise.npz"
+
+[targets.cpu-fp32]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+latency = {{ min_seconds = 0.1 }}
+""")
+    proc = run_cli("test", "-c", str(tmp_path / "targets.toml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = ("[cpu-fp32/det] warning: golden output 'sigmoid_0.tmp_0' is (near) constant (50176 values in [0, ")
+    assert said in proc.stdout
+    assert ("the accuracy gate tests almost nothing; give real inputs ([models.det] inputs = "
+            f"\"{tmp_path / 'noise.npz'}\")") in proc.stdout
+    assert "[cpu-fp32/det] PASS (warning: 1 golden output(s) (near) constant)" in proc.stderr
+    row = json.loads((tmp_path / "dist" / "report.json").read_text())["results"][0]
+    assert row["status"] == "PASS" and not row["failures"]
+    assert [w.split(" (")[0] for w in row["golden"]["warnings"]] == ["golden output 'sigmoid_0.tmp_0' is"]
+    assert "class=warning>warning: golden output &#x27;sigmoid_0.tmp_0&#x27;" in (
+        tmp_path / "dist" / "report.html").read_text()
+    summary = run_cli("summary", "test", "-c", str(tmp_path / "targets.toml"), cwd=tmp_path)
+    assert said in summary.stdout  # nox's last session prints this table
+
+
+def test_real_golden_outputs_carry_no_warning(gated: tuple[Path, Any]) -> None:
+    _, proc = gated
+    assert all("warnings" not in r["golden"] for r in _results(proc).values())

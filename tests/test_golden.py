@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from ortbuild.artifact import golden
 from ortbuild.errors import ConfigError
 from ortbuild.project import config
-from tests.conftest import MODELS, run_cli
+from tests.conftest import MODELS, REPO, run_cli
 
 TARGET = """
 [targets.cpu]
@@ -79,3 +80,54 @@ def test_nan_beside_finite_values_whose_outputs_stay_partly_finite_is_kept(make_
         golden.vacuous(model, golden.Golden([golden.DataSet("test_data_set_0", feed,
                                                             {"logits": np.full((1, 3), np.nan, np.float32)})],
                                             "user-supplied", "user"))
+
+
+# ------------------------------------------------------------------------------------------ near constant
+
+DETECTOR = "ch_PP-OCRv4_det_infer.onnx"  # PaddleOCR's text detector (tests/test_e2e.py pins it)
+
+
+def _golden(**outputs: Any) -> golden.Golden:
+    return golden.Golden([golden.DataSet("test_data_set_0", {}, dict(outputs))], "test", "computed")
+
+
+def test_an_output_within_fp32s_tolerance_of_a_constant_is_near_constant() -> None:
+    rng = np.random.default_rng(0)
+    found = golden.near_constant(_golden(
+        zero=np.zeros((1, 4, 4), np.float32),                         # exactly constant
+        tiny=(rng.random((1, 64)) * 1e-6).astype(np.float32),          # std ~3e-7 <= 1e-5
+        big=(1000 + rng.random(64) * 1e-3).astype(np.float32),         # std ~3e-4 <= 1e-5 + 1e-4 * 1000
+        signal=rng.normal(size=(1, 64)).astype(np.float32),
+        small_signal=(rng.normal(size=64) * 1e-4).astype(np.float32),  # std 1e-4 > 1e-5: the gate sees it
+        one=np.array([0.0], np.float32),                               # one element: not judged
+        labels=np.zeros(8, np.int64)))                                 # exact outputs: not judged
+    assert sorted(found) == ["big", "tiny", "zero"], found
+    assert found["zero"] == "every one of its 16 values is 0"
+    assert "std" in found["tiny"] and "<= the tolerance 1e-05 + 0.0001 * |mean|" in found["tiny"]
+
+
+def test_every_data_set_counts_together() -> None:
+    """A constant per data set that differs between them is signal (batch 1 of a class, batch 2 of another)."""
+    sets = [golden.DataSet(f"test_data_set_{i}", {}, {"y": np.full((4,), float(i), np.float32)}) for i in range(2)]
+    assert golden.near_constant(golden.Golden(sets, "test", "computed")) == {}
+    assert list(golden.near_constant(golden.Golden(sets[:1], "test", "computed"))) == ["y"]
+
+
+def test_random_noise_makes_the_detectors_golden_map_near_constant() -> None:
+    from tests.realmodels import installed
+    from tests.test_e2e import PACKAGE, PINNED
+
+    det = installed(PACKAGE, DETECTOR, PINNED[DETECTOR])
+    noise = {"x": np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)}
+    values, _ = golden.compute(det, [noise])
+    found = golden.near_constant(golden.Golden([golden.DataSet("test_data_set_0", noise, values[0])], "t", "computed"))
+    assert list(found) == ["sigmoid_0.tmp_0"] and found["sigmoid_0.tmp_0"].startswith("50176 values in [0, ")
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "tiny_transformer", "tiny_lstm", "breast_cancer_gb"])
+def test_the_example_models_golden_outputs_are_not(name: str) -> None:
+    model = config.load(REPO / "targets.toml").models[name]
+    from ortbuild.pipeline.steps import check
+
+    g = golden.golden_for(model, check.run(model.path).signature, ())
+    assert golden.near_constant(g) == {}

@@ -213,6 +213,32 @@ def test_reload_runs_with_optimizations_disabled_and_session_options(tmp_path: P
         reload.run(res.path, s, CPU, {"image": np.zeros((2, 3, 32, 32), np.float32)})
 
 
+def _broadcasting(path: Path) -> None:
+    """y = x + c, x [1, n], c [1, 4]: any n loads, only n = 1 or 4 runs (as a detector needs multiples of 32)."""
+    graph = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, "n"])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+                              [onnx.numpy_helper.from_array(np.ones((1, 4), np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_reload_says_what_it_fed_when_ort_cannot_run_the_inputs(tmp_path: Path) -> None:
+    _broadcasting(tmp_path / "add.onnx")
+    s = settings("cpu-fp32", "tiny_cnn")
+    assert reload.run(tmp_path / "add.onnx", s, CPU, {"x": np.zeros((1, 4), np.float32)}).outputs[0]["shape"] == [1, 4]
+    with pytest.raises(reload.RunFailed) as caught:
+        reload.run(tmp_path / "add.onnx", s, CPU, {"x": np.zeros((1, 5), np.float32)})
+    e = caught.value
+    assert e.fed == "x float32 [1, 5]"
+    assert "Attempting to broadcast an axis by a dimension other than 1" in e.error  # ONNX Runtime's own words
+    message, hint = e.explained("add", "/p/add.npz")
+    assert message.startswith("ONNX Runtime could not run the model on the golden inputs of [models.add] inputs "
+                              "(/p/add.npz), fed x float32 [1, 5]: [ONNXRuntimeError]")
+    assert "multiples of 32" in hint and "`ortbuild plan` checks the inputs' names, types and fixed dimensions" in hint
+
+
 def test_quantizer_temp_files_stay_in_the_private_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 

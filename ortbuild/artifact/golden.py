@@ -25,7 +25,7 @@ import numpy as np
 from ortbuild import files as files_
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError
-from ortbuild.project import data
+from ortbuild.project import data, precisions
 from ortbuild.project.config import CustomOps, Model
 
 GOLDEN_DIR = manifest.GOLDEN_DIR
@@ -165,6 +165,48 @@ def vacuous(model: Model, g: Golden) -> None:
                               f"{', '.join(repr(n) for n in nan)} NaN everywhere: every artifact, "
                               "whatever its weights, reproduces that, so the accuracy gate would pass having "
                               "compared nothing", hint)
+
+
+def near_constant(g: Golden) -> dict[str, str]:
+    """The float outputs whose golden values, every element of every data set together, are (near) constant, with
+    what was measured.
+
+    The rule: an output is near constant when its values' standard deviation is within fp32's default tolerance
+    (the tightest default rule, atol 1e-5 + rtol 1e-4) of their mean: std <= atol + rtol * |mean|. An artifact
+    that output the mean everywhere would then be off by less than that tolerance in root mean square: the
+    output holds less signal than the accuracy gate ignores, so the gate tests almost nothing (random noise fed
+    to a text detector gives an all-zero map: max 4.8e-5, std 3.3e-7; real text, std 0.26). It does not depend
+    on a target's own rule: a task rule (a loose atol beside a cosine) would call real outputs constant. An output
+    of one element is never judged; integer, boolean, string, sequence and map outputs are not (they match
+    exactly)."""
+    default = dict(precisions.rule("fp32").accuracy)
+    atol, rtol = float(default["atol"]), float(default["rtol"])
+    values: dict[str, list[np.ndarray]] = {}
+    for ds in g.sets:
+        for name, value in ds.expected.items():
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                values.setdefault(name, []).append(value.astype(np.float64).ravel())
+    out = {}
+    for name, parts in values.items():
+        x = np.concatenate(parts)
+        x = x[np.isfinite(x)]
+        if x.size < 2:
+            continue
+        mean, std = float(x.mean()), float(x.std())
+        if std <= atol + rtol * abs(mean):
+            lo, hi = float(x.min()), float(x.max())
+            out[name] = (f"{x.size} values in [{lo:.3g}, {hi:.3g}], mean {mean:.3g}, std {std:.3g} <= the tolerance "
+                         f"{atol:g} + {rtol:g} * |mean|" if hi > lo else
+                         f"every one of its {x.size} values is {lo:.6g}")
+    return out
+
+
+def constant_warnings(model: Model, g: Golden) -> list[str]:
+    """What a test result says of the golden outputs that are (near) constant (near_constant): the gate compared
+    them, but any artifact that output about that constant would pass."""
+    return [f"golden output '{name}' is (near) constant ({what}): the accuracy gate tests almost nothing; give "
+            f"real inputs ([models.{model.name}] inputs = \"{model.inputs}\")"
+            for name, what in near_constant(g).items()]
 
 
 def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path,

@@ -76,7 +76,7 @@ def say_removed(removed: Sequence[Path]) -> None:
 
 @contextlib.contextmanager
 def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan.Job], secrets: keys.Secrets, *,
-          force: bool = False) -> Iterator[tuple[Path, Builder, dict[str, JobResult]]]:
+          force: bool = False, command: str = "build") -> Iterator[tuple[Path, Builder, dict[str, JobResult]]]:
     """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
     them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
     on them (`test`, `profile`) under the lock."""
@@ -84,7 +84,7 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     dist = dist_dir(args, project)
     verbose = getattr(args, "verbose", False)
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
-                      capture=not verbose)
+                      capture=not verbose, command=command)
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
         _clean_leftovers(dist)

@@ -45,7 +45,7 @@ def cmd_test(args: argparse.Namespace) -> int:
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, [*jobs, *refs], secrets) as (dist, builder, done), \
+    with built(args, project, [*jobs, *refs], secrets, command="test") as (dist, builder, done), \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="testing") as progress:
         # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
         # line is due)
@@ -96,6 +96,8 @@ def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str,
             print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
     for n in notes:
         print(f"  {n}")
+    for line in summary.warning_lines([{"target": r.target, "model": r.model, "golden": r.golden} for r in results]):
+        print(line)
     print("\n" + summary.verdict_counts([r.status for r in results], json_path, html_path))
 
 
@@ -141,7 +143,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     _fitting(jobs, "profile")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets) as (dist, _, done), \
+    with built(args, project, jobs, secrets, command="profile") as (dist, _, done), \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="profiling") as progress:
         results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done, progress)
         _, html_path = report.write(dist, report.collect(dist))

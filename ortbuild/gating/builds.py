@@ -40,12 +40,14 @@ def failed(dist: Path) -> dict[str, dict[str, Any]]:
 
 def failure(record: dict[str, Any]) -> dict[str, Any]:
     """What a test result says of a job whose build failed, from the build's record (JobResult.as_json()): FAIL,
-    the reason (the step's error), the failure lines (with the build log), the error's exit code, and `build`
-    (the step that failed and its log). `ortbuild test`'s result and the report's row both say this."""
+    the reason (the step's error), the failure lines (with the error's hint and the build log), the error's exit
+    code, and `build` (the step that failed and its log). `ortbuild test`'s result and the report's row both say
+    this."""
     reason = f"build failed: {record.get('reason', '')}"
     log = (record.get("log") or {}).get("path")
     code = (record.get("error") or {}).get("exit_code")
+    hint = (record.get("error") or {}).get("hint")
     return {"status": Verdict.FAIL, "reason": reason,
-            "failures": [reason, *([f"build log: {log}"] if log else [])],
+            "failures": [reason, *([f"hint: {hint}"] if hint else []), *([f"build log: {log}"] if log else [])],
             "exit_code": code if isinstance(code, int) and code else errors.StepError.exit_code,
             "build": {"status": JobStatus.FAILED, "step": record.get("step", ""), "log": log}}

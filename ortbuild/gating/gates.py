@@ -21,7 +21,7 @@ from ortbuild import __version__, files, logs, machine, paths, runtime
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import builds, compare, emulated, latency, report, size, startup
+from ortbuild.gating import accept, builds, compare, emulated, latency, report, size, startup
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -159,6 +159,8 @@ class Tester:
             if res.failures:  # any failure line, from any gate or path, makes the verdict FAIL
                 res.status = Verdict.FAIL
             said = f"{res.status}" + (f": {res.reason}" if res.reason else "")
+            if res.golden.get("warnings"):  # the summary says each one in full
+                said += f" (warning: {len(res.golden['warnings'])} golden output(s) (near) constant)"
             self.progress(job.name, JobFinished(res.status, said))
             if b.status != JobStatus.SKIPPED:  # never overwrite the verdict another runtime's environment wrote
                 self.write_report(job, res)
@@ -252,6 +254,9 @@ class Tester:
                      lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=self.dist))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
+        warnings = golden.constant_warnings(job.model, g)
+        if warnings:  # no failure: the gate still ran, but on data that says little
+            res.golden["warnings"] = warnings
         self._accuracy(job, res, outputs, g, m.io)
         return module, g, m
 
@@ -283,11 +288,13 @@ class Tester:
                 raise ConfigError(str(self.project.file), f"targets.{job.target.name}.accuracy.outputs.{name}",
                                   f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
                                   f"the outputs are: {', '.join(known)}")
-        results: list[compare.OutputResult] = []
+        compared: list[tuple[compare.OutputResult, Any, Any]] = []  # each result, with expected and actual
         for ds, got in zip(g.sets, outputs, strict=True):
             for name in names:
                 rule = gates.accuracy_rule(job.settings.precision, name)
-                results.append(compare.compare(name, ds.name, ds.expected[name], got[name], rule))
+                compared.append((compare.compare(name, ds.name, ds.expected[name], got[name], rule),
+                                 ds.expected[name], got[name]))
+        results = [r for r, _, _ in compared]
         res.outputs = [r.as_json() for r in results]
         res.worst = compare.worst_metric(results)
         failed = [r for r in results if not r.passed]
@@ -295,6 +302,8 @@ class Tester:
         for r in failed:
             res.fail([f"accuracy: {job.name} " + line if i == 0 else line
                       for i, line in enumerate(compare.describe_failure(r))])
+        if failed and (table := accept.pasteable(self.project, job, names, compared)) is not None:
+            res.fail(table.lines(self.project.file.name))
 
     def _size(self, job: Job, res: TestResult, m: manifest.Manifest) -> None:
         res.size, lines = size.judge(job, m)

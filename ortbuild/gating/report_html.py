@@ -19,7 +19,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}.PASS{background:#d9f2d9}.FAIL{background:#f8d0d0}.INCONCLUSIVE{background:#fbefc5}
 .SKIPPED{background:#e6e6e6}pre{background:#f7f7f7;padding:8px;white-space:pre-wrap}
-section{border-top:2px solid #ddd;margin-top:20px;padding-top:8px}
+section{border-top:2px solid #ddd;margin-top:20px;padding-top:8px}.warning{background:#fbefc5;padding:4px 8px}
 """
 e = html.escape
 
@@ -256,6 +256,8 @@ def _section(r: dict[str, Any], verdict: str, profiled: dict[str, str]) -> list[
     out = [f"<section id=\"{e(key)}\"><h2>{e(key)} <span class={e(status)}>{e(verdict)}</span></h2>"]
     if r.get("reason"):
         out.append(f"<p>{e(r['reason'])}</p>")
+    for w in (r.get("golden") or {}).get("warnings", []):
+        out.append(f"<p class=warning>warning: {e(w)}</p>")
     if key in profiled:
         out.append(f"<p>profile: <a href='#profile-{e(key)}'>top operators</a>, "
                    f"<a href='{e(profiled[key])}'>trace</a></p>")

@@ -110,6 +110,12 @@ def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) ->
     return ", ".join(f"{n[s]} {s}" for s in Verdict) + f"  ->  {json_path}, {html_path}"
 
 
+def warning_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The warnings of test results (golden outputs that test almost nothing), one line each."""
+    return [f"  [{r['target']}/{r['model']}] warning: {w}" for r in results
+            for w in (r.get("golden") or {}).get("warnings", [])]
+
+
 def print_test(dist: Path, out: TextIO) -> int:
     path = dist / report.REPORT_JSON
     try:
@@ -124,6 +130,8 @@ def print_test(dist: Path, out: TextIO) -> int:
     for r in results:
         if r["status"] in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.get("reason"):
             print(f"  [{r['target']}/{r['model']}] {r['status']}: {r['reason']}", file=out)
+    for line in warning_lines(results):
+        print(line, file=out)
     print(verdict_counts([r["status"] for r in results], path, dist / report.REPORT_HTML), file=out)
     # a failed gate: the exit code `ortbuild test` gave (9), never 1 (an internal error)
     return GateFailed.exit_code if any(r["status"] == Verdict.FAIL for r in results) else 0

@@ -34,8 +34,10 @@ ProgressSink = Callable[[str, Event], None]
 
 class Builder:
     def __init__(self, project: Project, dist: Path, *, secrets: keys.Secrets, force: bool = False,
-                 repair: bool = False, progress: ProgressSink | None = None, capture: bool = True) -> None:
+                 repair: bool = False, progress: ProgressSink | None = None, capture: bool = True,
+                 command: str = "build") -> None:
         self.project = project
+        self.command = command  # the ortbuild command building: what an up-to-date job says to rebuild it
         self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v, to the terminal
         self.dist = dist
         self.force = force
@@ -119,7 +121,7 @@ class Builder:
     def worker_state(self) -> parallel.WorkerState:
         """What a worker process needs to build like this builder (it gets it once, at start-up)."""
         return parallel.WorkerState(self.project, self.dist, self.force, self.repair, self.secrets, self._probes,
-                                    capture=self.capture)
+                                    capture=self.capture, command=self.command)
 
     def _run_phase(self, prep: Prepared, done: Done, res: JobResult, phase: stages.Phase,
                    reused: bool = False) -> None:
@@ -201,8 +203,7 @@ class Builder:
                 self.progress(job.name, PhaseStarted(said))
             done = Done()
             if reused is not None:
-                self.progress(job.name, JobFinished(JobStatus.UP_TO_DATE,
-                                                    "up to date (unchanged build key; --force rebuilds)"))
+                self.progress(job.name, JobFinished(JobStatus.UP_TO_DATE, up_to_date(job, self.command)))
                 res.notes = list(reused.notes)
                 res.source_size = reused.source.size
                 if reused.precision.changed is not None:
@@ -251,9 +252,19 @@ class Builder:
         return res
 
 
+def up_to_date(job: Job, command: str) -> str:
+    """What a reused job says, with how to rebuild it from the command that printed it (only `ortbuild build` has
+    --force: `test` and `profile` build what is missing or stale, and name the build that rebuilds)."""
+    if command == "build":
+        return "up to date (unchanged build key; --force rebuilds)"
+    t, m = job.target.name, job.model.name
+    return (f"up to date (unchanged build key; to rebuild it: ortbuild build --force -t {t} -m {m}, or "
+            f"nox -s \"build({t})\" -- --force -m {m})")
+
+
 def _worker(state: parallel.WorkerState, progress: ProgressSink) -> Callable[[Job], JobResult]:
     """A worker process's builder (parallel.run_jobs calls this in each worker, with its progress sink)."""
     builder = Builder(state.project, state.dist, secrets=state.secrets, force=state.force, repair=state.repair,
-                      progress=progress, capture=state.capture)
+                      progress=progress, capture=state.capture, command=state.command)
     builder._probes = dict(state.probes)
     return builder.run_job

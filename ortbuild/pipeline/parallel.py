@@ -71,6 +71,7 @@ class WorkerState:
     probes: dict[tuple[str, str, str], str | None]  # the parent's provider probes (a probe opens ORT sessions)
     parent: int = 0
     capture: bool = True             # third-party output into dist/logs/ (ortbuild.logs)
+    command: str = "build"           # the ortbuild command building (Builder.command)
 
 
 WorkerFactory = Callable[[WorkerState, Callable[[str, Event], None]], Callable[[Job], JobResult]]

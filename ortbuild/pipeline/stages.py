@@ -180,8 +180,13 @@ def _artifact_model(done: Done) -> Path:
 def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
     from ortbuild.pipeline.steps import reload
 
-    return reload.run(_artifact_model(done), prep.job.settings, prep.run_on, done[Inputs].feed, prep.plugin_eps,
-                      precompiled=_compiled_model(done) is not None)
+    job = prep.job
+    try:
+        return reload.run(_artifact_model(done), job.settings, prep.run_on, done[Inputs].feed, prep.plugin_eps,
+                          precompiled=_compiled_model(done) is not None)
+    except reload.RunFailed as e:
+        message, hint = e.explained(job.model.name, str(job.model.inputs))
+        raise StepError(job.target.name, job.model.name, "reload", message, hint) from e
 
 
 def _operators(prep: Prepared, done: Done) -> opconfig.OperatorConfig:
