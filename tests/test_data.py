@@ -214,3 +214,10 @@ session = {{ intra_op_num_threads = 1 }}
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "dist" / "cpu" / "m" / "test-report.json").read_text())["result"]
     assert report["status"] == "PASS", report
+
+
+def test_dimensions_of_minus_one_take_any_size() -> None:
+    """Exporters (PaddlePaddle's among them) write -1 for a dimension of any size: no fixed size to check."""
+    signature = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 3, -1, 48]}]}
+    assert data.inputs_problems({"x": ((2, 3, 100, 48), np.dtype("float32"))}, signature) == []
+    assert data.inputs_problems({"x": ((2, 3, 100, 40), np.dtype("float32"))}, signature) != []  # 48 is fixed

@@ -226,7 +226,8 @@ def _dims(shape: list[int | str | None] | None) -> str:
 
 def inputs_problems(found: Shapes, signature: dict[str, Any]) -> list[str]:
     """What does not fit between one feed (name -> shape, dtype) and a model's input signature: a missing or an
-    unexpected input, an element type, a rank, a fixed dimension (named and unknown dimensions take any size)."""
+    unexpected input, an element type, a rank, a fixed dimension (named, unknown and non-positive dimensions take
+    any size)."""
     inputs = {i["name"]: i for i in signature["inputs"]}
     missing = [n for n in inputs if n not in found]
     problems = [f"input '{n}' ({inputs[n]['dtype']} {_dims(inputs[n]['shape'])}) is missing" for n in missing]
@@ -245,7 +246,9 @@ def inputs_problems(found: Shapes, signature: dict[str, Any]) -> list[str]:
             problems.append(f"input '{name}' has shape {list(shape)} (rank {len(shape)}), the model wants rank "
                             f"{len(want)} {_dims(want)}")
             continue
-        fixed = [(k, d, n) for k, (d, n) in enumerate(zip(want, shape, strict=True)) if isinstance(d, int) and d != n]
+        # a dimension of 0 or below (-1: exporters' "any size") is no fixed size
+        fixed = [(k, d, n) for k, (d, n) in enumerate(zip(want, shape, strict=True))
+                 if isinstance(d, int) and d > 0 and d != n]
         if fixed:
             said = ", ".join(f"dim {k} is {n}, not {d}" for k, d, n in fixed)
             problems.append(f"input '{name}' has shape {list(shape)}, the model wants {_dims(want)} ({said})")
