@@ -89,7 +89,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="tests-openvino", tags=["check"])
 def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
-    _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS)
+    _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS, no_deps=E2E_MODELS)
     _pytest(session, "runtime and not e2e and not slow")
 
 

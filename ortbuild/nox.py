@@ -46,13 +46,17 @@ from ortbuild.status import ProfileStatus, Verdict
 
 __all__ = ["build", "profile", "release", "test"]
 
-# Defaults a noxfile may have set otherwise before importing this module (set after it, they win anyway).
-nox.options.default_venv_backend = nox.options.default_venv_backend or "uv|virtualenv"
-nox.options.sessions = nox.options.sessions or ["test"]
+# nox's defaults changed here, unless a noxfile changed them before importing this module (after it, theirs win
+# anyway): nox's own defaults are virtualenv, no default session list, reuse "no".
+if nox.options.default_venv_backend in (None, "virtualenv"):
+    nox.options.default_venv_backend = "uv|virtualenv"
+if nox.options.sessions is None:
+    nox.options.sessions = ["test"]
 nox.options.error_on_missing_interpreters = True
 # Venvs are kept between runs; a target's venv is reinstalled only when what it should hold changed (a stamp
 # file records it), so a no-op `nox -s build` costs the builds' own no-op time. `--reuse-venv=no` recreates them.
-nox.options.reuse_venv = nox.options.reuse_venv or "yes"
+if nox.options.reuse_venv in (None, "no"):
+    nox.options.reuse_venv = "yes"
 
 CONFIG_VAR = "ORTBUILD_CONFIG"
 REQUIREMENT_VAR = "ORTBUILD_REQUIREMENT"

@@ -170,3 +170,11 @@ def test_a_missing_ortbuild_requirement_fails_the_session_naming_it(tmp_path: Pa
                               env={**os.environ, "ORTBUILD_CONFIG": str(config_file), "ORTBUILD_REQUIREMENT": given})
         assert proc.returncode != 0 and said in proc.stderr, proc.stderr[-3000:]
         assert "skipped" not in proc.stderr.lower()  # a failure, never a green skip
+
+
+def test_ortbuild_nox_sets_the_defaults_it_documents(noxfile: Any) -> None:
+    """nox's own defaults are virtualenv and reuse "no": importing ortbuild.nox makes them uv and "yes"."""
+    import nox
+
+    assert nox.options.default_venv_backend == "uv|virtualenv" and nox.options.reuse_venv == "yes"
+    assert nox.options.sessions == ["test"]
