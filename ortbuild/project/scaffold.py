@@ -343,11 +343,12 @@ def write(root: Path, scaffold: Scaffold, force: bool, check: Callable[[Project]
     """Write the scaffold, all or nothing: every check first (files to replace, folders to make, the targets.toml
     loading), then each file into a temp file beside its place, then all renamed into place."""
     ignore = gitignore(root)
-    texts = {path: text.encode() for path, text in scaffold.files.items()}
+    texts: dict[Path, bytes] = {}  # the generated inputs first, then the files naming them
     for path, arrays in scaffold.data.items():
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)  # type: ignore[arg-type]
         texts[path] = buffer.getvalue()
+    texts.update({path: text.encode() for path, text in scaffold.files.items()})
     present = [p for p in texts if os.path.lexists(p)]
     if present and not force:
         shown = ", ".join(str(p.relative_to(root)) for p in present)
