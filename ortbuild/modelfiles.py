@@ -167,6 +167,9 @@ def load_graph(path: Path, where: str = "") -> Any:
         why = "" if model.HasField("graph") else NO_GRAPH
     except (DecodeError, RuntimeWarning, ValueError) as e:
         why = _unparsed(e)
+    except OSError as e:
+        raise ConfigError(str(path), where, f"cannot be read ({e.strerror or e})",
+                          "make the model file readable by you") from None
     if why:
         with open(path, "rb") as f:
             head = f.read(200)
@@ -199,6 +202,26 @@ def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
         raise ConfigError(str(path), where, problem, "the data file was cut short or belongs to another export of "
                           "the model: copy or export the .onnx file and its .data files together again")
     return ModelFiles(graph, tuple(external))
+
+
+def nbytes(t: Any) -> int:
+    """A TensorProto's data bytes, whether stored inside the graph or as external data (not loaded)."""
+    import onnx
+
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        length = next((e.value for e in t.external_data if e.key == "length"), None)
+        if length is not None:
+            return int(length)
+    if t.raw_data:
+        return len(t.raw_data)
+    n = 1
+    for d in t.dims:
+        n *= d
+    try:
+        item = int(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
+    except (KeyError, ValueError, TypeError):  # string tensors and types numpy cannot name
+        return int(t.ByteSize())
+    return n * item if n else int(t.ByteSize())
 
 
 def extent(t: Any) -> tuple[str, int, int | None]:

@@ -24,7 +24,6 @@ Imports stdlib, packaging, nox and ortbuild's stdlib-only modules: nox's interpr
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -38,7 +37,7 @@ import nox.virtualenv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from ortbuild import __version__, installed, machine
+from ortbuild import __version__, files, installed, machine
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, UsageError
 from ortbuild.project import config
@@ -80,10 +79,6 @@ DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _checkout() -> Path | None:
     """The source checkout this ortbuild is imported from, if it is one."""
     source = Path(__file__).resolve().parent.parent
@@ -109,14 +104,14 @@ def ortbuild_requirement() -> tuple[list[str], str]:
     if given:
         path = Path(given)
         if path.exists():
-            return [given], f"{given} {_digest(path)}" if path.is_file() else given
+            return [given], f"{given} {files.sha256_file(path)}" if path.is_file() else given
         if os.sep in given or given.endswith((".whl", ".tar.gz", ".zip")):
             raise UsageError(f"{REQUIREMENT_VAR}={given}: no such file",
                              f"point {REQUIREMENT_VAR} at the ortbuild wheel or sdist, or unset it")
         return [given], given
     source = _checkout()
     if source is not None:
-        return ["-e", str(source)], f"-e {source} {_digest(source / 'pyproject.toml')}"
+        return ["-e", str(source)], f"-e {source} {files.sha256_file(source / 'pyproject.toml')}"
     origin = _origin()
     url, vcs, folder = urlparse(origin.get("url", "")), origin.get("vcs_info"), origin.get("dir_info")
     if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
@@ -127,7 +122,7 @@ def ortbuild_requirement() -> tuple[list[str], str]:
         if isinstance(folder, dict) and path.is_dir():
             return (["-e", str(path)] if folder.get("editable") else [str(path)]), f"{path}"
         if path.is_file():
-            return [str(path)], f"{path} {_digest(path)}"
+            return [str(path)], f"{path} {files.sha256_file(path)}"
     return [f"ortbuild=={__version__}"], f"ortbuild=={__version__}"
 
 

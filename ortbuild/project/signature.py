@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ortbuild import modelfiles
 from ortbuild.errors import ConfigError
 
 SEED = 0  # generated golden inputs are the same on every run
@@ -22,15 +23,8 @@ HINT = "give real golden inputs: `ortbuild init --inputs MODEL=FILE.npz` (an .np
 
 
 def graph(model: Path) -> Any:
-    """The model's main graph, its external data left unread."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    try:
-        return onnx.load(str(model), load_external_data=False).graph
-    except (OSError, DecodeError, ValueError) as err:
-        raise ConfigError(str(model), "", f"is not an ONNX model init can read ({type(err).__name__}: {err})",
-                          "give ONNX model files (.onnx), readable by you") from None
+    """The model's main graph, its external data left unread (a ConfigError naming the file if it is none)."""
+    return modelfiles.load_graph(model).graph
 
 
 def _dim(dim: Any, position: int, rank: int, is_float: bool, dims: Mapping[str, int]) -> int:
@@ -84,15 +78,6 @@ def generated_inputs(model: Path, g: Any, dims: Mapping[str, int]) -> tuple[dict
     return out, sorted(set(chosen))
 
 
-def _weight_bytes(tensor: Any) -> int:
-    for entry in tensor.external_data:
-        if entry.key == "length":
-            return int(entry.value)
-    if tensor.raw_data:
-        return len(tensor.raw_data)
-    return max(len(tensor.float_data), len(tensor.int64_data), len(tensor.int32_data), len(tensor.double_data)) * 4
-
-
 def weight_share(g: Any, ops: frozenset[str]) -> float | None:
     """The share of the graph's weight bytes that feed `ops` nodes (subgraphs included); None: it has none."""
     import onnx
@@ -100,12 +85,12 @@ def weight_share(g: Any, ops: frozenset[str]) -> float | None:
     by_op: dict[bool, int] = {True: 0, False: 0}
 
     def walk(sub: Any, weights: dict[str, int]) -> None:
-        weights = {**weights, **{t.name: _weight_bytes(t) for t in sub.initializer}}
+        weights = {**weights, **{t.name: modelfiles.nbytes(t) for t in sub.initializer}}
         for node in sub.node:
             if node.op_type == "Constant":  # exporters keep some weights there (int8-dynamic lifts them)
                 for a in node.attribute:
                     if a.name == "value":
-                        weights[node.output[0]] = _weight_bytes(a.t)
+                        weights[node.output[0]] = modelfiles.nbytes(a.t)
             for name in node.input:
                 if name in weights:
                     by_op[node.op_type in ops] += weights.pop(name)

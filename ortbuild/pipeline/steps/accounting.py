@@ -19,6 +19,8 @@ from typing import Any
 
 import onnx
 
+from ortbuild import modelfiles
+
 MIN_CHANGED = 0.05  # a precision step must convert at least this share of the weights (Accounting.converted)
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE})
@@ -55,24 +57,6 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def nbytes(t: onnx.TensorProto) -> int:
-    """A tensor's data bytes, whether stored inside the graph or as external data (not loaded)."""
-    if t.data_location == onnx.TensorProto.EXTERNAL:
-        length = next((e.value for e in t.external_data if e.key == "length"), None)
-        if length is not None:
-            return int(length)
-    if t.raw_data:
-        return len(t.raw_data)
-    n = 1
-    for d in t.dims:
-        n *= d
-    try:
-        item = int(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
-    except (KeyError, ValueError, TypeError):  # string tensors and types numpy cannot name
-        return int(t.ByteSize())
-    return n * item if n else int(t.ByteSize())
-
-
 def weights(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """name -> (element type, bytes) of every weight of every graph: initializers and Constant values.
     Names are made unique per graph where two subgraphs reuse one (`name@graph`)."""
@@ -83,7 +67,7 @@ def weights(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
                   for a in n.attribute if a.name == "value"]
         for name, t in found:
             key = name if name not in out else f"{name}@{g.name}"
-            out[key] = (t.data_type, nbytes(t))
+            out[key] = (t.data_type, modelfiles.nbytes(t))
     return out
 
 
@@ -208,8 +192,8 @@ def weight_users(model: onnx.ModelProto) -> dict[str, int]:
     floats: dict[str, int] = {}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for g in graphs(model.graph):
-        floats |= {i.name: nbytes(i) for i in g.initializer if i.data_type in FLOAT_TYPES}
-        floats |= {n.output[0]: nbytes(a.t) for n in g.node if n.op_type == "Constant"
+        floats |= {i.name: modelfiles.nbytes(i) for i in g.initializer if i.data_type in FLOAT_TYPES}
+        floats |= {n.output[0]: modelfiles.nbytes(a.t) for n in g.node if n.op_type == "Constant"
                    for a in n.attribute if a.name == "value" and a.t.data_type in FLOAT_TYPES}
         for n in g.node:
             for x in set(n.input):

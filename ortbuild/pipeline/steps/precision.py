@@ -104,7 +104,7 @@ def toposort(model: onnx.ModelProto) -> onnx.ModelProto:
 def _is_weight(node: onnx.NodeProto) -> bool:
     """A Constant node holding a float tensor over 1 KB: a weight, as exporters such as spox write them."""
     return node.op_type == "Constant" and any(
-        a.name == "value" and a.t.data_type in accounting.FLOAT_TYPES and accounting.nbytes(a.t) > 1024
+        a.name == "value" and a.t.data_type in accounting.FLOAT_TYPES and modelfiles.nbytes(a.t) > 1024
         for a in node.attribute)
 
 
