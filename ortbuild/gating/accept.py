@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,13 +70,8 @@ def round_down_similarity(x: float, digits: int = 2) -> float:
     return float(Decimal(1) - gap)
 
 
-def _key(name: str) -> str:
-    """A TOML key: bare where it can be, else quoted (output names hold dots: `sigmoid_0.tmp_0`)."""
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
-
-
 def _inline(values: dict[str, float]) -> str:
-    return "{ " + ", ".join(f"{_key(k)} = {v!r}" for k, v in values.items()) + " }"
+    return "{ " + ", ".join(f"{config.toml_key(k)} = {v!r}" for k, v in values.items()) + " }"
 
 
 def needs(results: Sequence[compare.OutputResult]) -> dict[str, dict[str, float]] | None:
@@ -142,8 +136,8 @@ def _accuracy_value(job: Job, change: dict[str, dict[str, float]], outputs: Sequ
                 per.setdefault(output, {})[k] = v
             else:  # every output failed: the model's rule, as loose as the loosest output needs
                 top[k] = max(top.get(k, v), v) if k in TOLERANCES else min(top.get(k, v), v)
-    parts = [f"{_key(k)} = {v!r}" for k, v in top.items()]
-    parts += [f"outputs.{_key(o)} = {_inline(keys)}" for o, keys in per.items()]
+    parts = [f"{config.toml_key(k)} = {v!r}" for k, v in top.items()]
+    parts += [f"outputs.{config.toml_key(o)} = {_inline(keys)}" for o, keys in per.items()]
     return "{ " + ", ".join(parts) + " }"
 
 
@@ -152,7 +146,7 @@ def table(job: Job, accuracy: str, alternatives: Sequence[str], max_abs: float =
     largest absolute difference of a failed output)."""
     name = f"{job.target.name}/{job.model.name}"
     lines = [f"# {name}: a looser tolerance accepts this difference (it does not remove it)",
-             f"[[targets.{_key(job.target.name)}.overrides]]",
+             f"[[targets.{config.toml_key(job.target.name)}.overrides]]",
              f"models = {json.dumps([job.model.name])}",
              f"accuracy = {accuracy}"]
     lines += [f"# or instead: accuracy = {a}" for a in alternatives]

@@ -9,6 +9,8 @@ Stdlib + packaging only: the noxfile imports this module to generate one session
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -52,10 +54,16 @@ from ortbuild.project.validation import (
 __all__ = [
     "DEFAULT_FILE", "INHERITED", "NOT_INHERITED", "CustomOps", "FasterThan", "Fp16", "Fusion", "Gates", "Int4",
     "Latency", "Model", "PrecisionOptions", "Project", "Provider", "Quantization", "Session", "Settings", "Size",
-    "Target", "as_plain", "did_you_mean", "load", "matches", "merge", "typed",
+    "Target", "as_plain", "did_you_mean", "load", "matches", "merge", "toml_key", "typed",
 ]
 
 DEFAULT_FILE = "targets.toml"
+
+
+def toml_key(name: str) -> str:
+    """`name` as a TOML key in what ortbuild writes for targets.toml: bare where it can be, else quoted (a model,
+    target or output name may hold dots, which would split a bare key)."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 # ------------------------------------------------------------------------------------------ loading
