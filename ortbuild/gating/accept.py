@@ -14,8 +14,6 @@ prints the override that keeps nodes in float, which fixes the difference instea
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
@@ -160,19 +158,10 @@ def passes(project: config.Project, job: Job, text: str,
            compared: Sequence[tuple[compare.OutputResult, Any, Any]]) -> bool:
     """Whether targets.toml with `text` appended loads and gives the job a rule under which each compared output
     (its result, expected, actual) passes."""
-    try:  # beside targets.toml: the paths it names are relative to its folder
-        original = project.file.read_text(encoding="utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=".ortbuild-accept-", suffix=".toml", dir=project.file.parent)
-    except OSError:  # a read-only project: the table cannot be checked, so it is not offered
-        return False
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(original.rstrip("\n") + "\n\n" + text)
-        gates = config.load(tmp).targets[job.target.name].settings[job.model.name].gates
-    except (OrtbuildError, KeyError):
+        gates = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name].gates
+    except (OSError, OrtbuildError, KeyError):  # a read-only project, or a table that does not load: not offered
         return False
-    finally:
-        os.unlink(tmp)
     assert gates is not None
     return all(compare.compare(r.output, r.dataset, e, a, gates.accuracy_rule(job.settings.precision, r.output)).passed
                for r, e, a in compared)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,20 +34,13 @@ def override_toml(job: Job, knob: SearchKnob, settings: config.Settings) -> str:
     opts, base = getattr(settings, knob.table), getattr(job.settings, knob.table)
     keys = [k for k in (knob.op_types, knob.nodes) if k is not None and getattr(opts, k) != getattr(base, k)]
     items = ", ".join(f"{k} = {json.dumps(list(getattr(opts, k)))}" for k in keys)
-    return (f"[[targets.{job.target.name}.overrides]]\nmodels = {json.dumps([job.model.name])}\n"
+    return (f"[[targets.{config.toml_key(job.target.name)}.overrides]]\nmodels = {json.dumps([job.model.name])}\n"
             f"{knob.table} = {{ {items} }}\n")
 
 
 def check_override(project: config.Project, job: Job, text: str, expected: config.Settings) -> None:
     """Parse targets.toml with `text` appended: the model's settings must be those that were tested."""
-    original = project.file.read_text(encoding="utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=".ortbuild-explain-", suffix=".toml", dir=project.file.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(original.rstrip("\n") + "\n\n" + text)
-        parsed = config.load(tmp).targets[job.target.name].settings[job.model.name]
-    finally:
-        os.unlink(tmp)
+    parsed = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name]
     if parsed != expected:
         raise AssertionError(f"the printed override does not yield the tested settings: {parsed} != {expected}")
 

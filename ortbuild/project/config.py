@@ -10,7 +10,9 @@ Stdlib + packaging only: the noxfile imports this module to generate one session
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,20 @@ __all__ = [
 ]
 
 DEFAULT_FILE = "targets.toml"
+
+
+def load_appended(file: Path, text: str) -> Project:
+    """The project of `file` with `text` (TOML tables) appended, read from a private temp file beside it (the paths
+    it names are relative to its folder) and removed at once: a printed override, checked before it is shown.
+    OSError where that folder is read-only; a ConfigError where the result does not load."""
+    original = file.read_text(encoding="utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=".ortbuild-override-", suffix=".toml", dir=file.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(original.rstrip("\n") + "\n\n" + text)
+        return load(tmp)
+    finally:
+        os.unlink(tmp)
 
 
 def toml_key(name: str) -> str:
