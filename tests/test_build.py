@@ -230,7 +230,7 @@ def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifac
 
 def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_target() -> None:
     from ortbuild import runtime
-    from ortbuild.pipeline import key as b
+    from ortbuild.pipeline import buildkey as b
 
     project = config.load(Path(__file__).resolve().parent.parent / "targets.toml", check_files=False)
     job = plan.jobs(project, ["cpu-fp32"], ["tiny_cnn"])[0]

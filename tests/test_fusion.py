@@ -21,7 +21,7 @@ import pytest
 
 from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
-from ortbuild.pipeline import key, stages
+from ortbuild.pipeline import buildkey, stages
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import Done, JobResult
 from ortbuild.pipeline.steps import check, fusion, precision
@@ -187,7 +187,7 @@ def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds
     project = config.load(path)
     builder = Builder(project, dist, secrets=keys.read_secrets(), progress=lambda job, msg: None)
     prep = builder.prepare(plan.jobs(project, targets=["fused"])[0])
-    why, _ = key.published(prep.out_dir, prep.key, prep.secrets.signing, prep.key_parts)
+    why, _ = buildkey.published(prep.out_dir, prep.key, prep.secrets.signing, prep.key_parts)
     assert why == "changed: settings.fusion"
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE, BUILT, BUILT]
     assert manifest_of(dist, "fused")["fusion"]["num_heads"] == 4

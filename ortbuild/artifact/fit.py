@@ -4,7 +4,7 @@ with, and its providers probed with a real session (`ortbuild inspect`, the test
 from __future__ import annotations
 
 from ortbuild import runtime
-from ortbuild.artifact.schema import Manifest
+from ortbuild.artifact.manifest_types import Manifest
 from ortbuild.project import options
 from ortbuild.project.config import Provider
 

@@ -1,6 +1,6 @@
 """manifest.json: what an artifact is, how it was built, and where it may be used.
 
-`Manifest` (ortbuild.artifact.schema, re-exported here) is the only place that knows the manifest's keys: the
+`Manifest` (ortbuild.artifact.manifest_types, re-exported here) is the only place that knows the manifest's keys: the
 build assembles one from the steps' typed results, readers (cli, nox, the loaders' generator) get one from
 `read()`. It is written last and atomically beside the artifact, signed (`write_signed`): a reader that finds a
 manifest finds the artifact it describes (sha256 and size recorded), never a half-written one, and `trusted()`
@@ -21,24 +21,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ortbuild.artifact.schema import FORMAT_VERSION as FORMAT_VERSION
-from ortbuild.artifact.schema import MANIFEST as MANIFEST
-from ortbuild.artifact.schema import Artifact as Artifact
-from ortbuild.artifact.schema import ArtifactFile as ArtifactFile
-from ortbuild.artifact.schema import Encryption as Encryption
-from ortbuild.artifact.schema import Fusion as Fusion
-from ortbuild.artifact.schema import GoldenRun as GoldenRun
-from ortbuild.artifact.schema import LoaderFile as LoaderFile
-from ortbuild.artifact.schema import Manifest as Manifest
-from ortbuild.artifact.schema import Operators as Operators
-from ortbuild.artifact.schema import OperatorSet as OperatorSet
-from ortbuild.artifact.schema import Optimization as Optimization
-from ortbuild.artifact.schema import PrecisionInfo as PrecisionInfo
-from ortbuild.artifact.schema import ProjectInfo as ProjectInfo
-from ortbuild.artifact.schema import SignedFile as SignedFile
-from ortbuild.artifact.schema import Signing as Signing
-from ortbuild.artifact.schema import Source as Source
-from ortbuild.artifact.schema import file_name_problem as file_name_problem
+from ortbuild.artifact.manifest_types import FORMAT_VERSION as FORMAT_VERSION
+from ortbuild.artifact.manifest_types import MANIFEST as MANIFEST
+from ortbuild.artifact.manifest_types import Artifact as Artifact
+from ortbuild.artifact.manifest_types import ArtifactFile as ArtifactFile
+from ortbuild.artifact.manifest_types import Encryption as Encryption
+from ortbuild.artifact.manifest_types import Fusion as Fusion
+from ortbuild.artifact.manifest_types import GoldenRun as GoldenRun
+from ortbuild.artifact.manifest_types import LoaderFile as LoaderFile
+from ortbuild.artifact.manifest_types import Manifest as Manifest
+from ortbuild.artifact.manifest_types import Operators as Operators
+from ortbuild.artifact.manifest_types import OperatorSet as OperatorSet
+from ortbuild.artifact.manifest_types import Optimization as Optimization
+from ortbuild.artifact.manifest_types import PrecisionInfo as PrecisionInfo
+from ortbuild.artifact.manifest_types import ProjectInfo as ProjectInfo
+from ortbuild.artifact.manifest_types import SignedFile as SignedFile
+from ortbuild.artifact.manifest_types import Signing as Signing
+from ortbuild.artifact.manifest_types import Source as Source
+from ortbuild.artifact.manifest_types import file_name_problem as file_name_problem
 from ortbuild.errors import ArtifactError, Tampered
 from ortbuild.files import atomic_copy as atomic_copy
 from ortbuild.files import atomic_write as atomic_write

@@ -20,8 +20,8 @@ from ortbuild.gating import emulated, summary
 from ortbuild.gating.builds import record_path
 from ortbuild.gating.summary import BUILD_HEADER, build_rows
 from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
-from ortbuild.pipeline.key import published
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, plan

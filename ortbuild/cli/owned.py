@@ -25,7 +25,7 @@ from ortbuild import logs, workspace
 from ortbuild.artifact import loaders, manifest
 from ortbuild.errors import ArtifactError
 from ortbuild.gating import gates, profile, report
-from ortbuild.pipeline.steps import opconfig
+from ortbuild.pipeline.steps import operators
 from ortbuild.publish import release
 
 TOP_FILES = frozenset({report.REPORT_JSON, report.REPORT_HTML, report.REPORT_PREVIOUS})
@@ -35,7 +35,7 @@ RELEASE_DIR = "release"
 RELEASE_PATTERNS = (f"*{release.BUNDLE_SUFFIX}", f"*{release.OLD_BUNDLE_SUFFIX}", f"*.{release.INDEX}",
                     "*.intoto.jsonl", release.SUMS, release.SUMS_SIG)
 ARTIFACT_FILES = frozenset({manifest.MANIFEST, manifest.SIGNATURE, gates.REPORT, gates.REPORT_SIG, profile.TRACE,
-                            profile.SUMMARY, opconfig.CONFIG})
+                            profile.SUMMARY, operators.CONFIG})
 ARTIFACT_PATTERNS = ("model.onnx*", "model.ort*", "*.enc")
 
 

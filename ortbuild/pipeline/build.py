@@ -21,7 +21,7 @@ from pathlib import Path
 from ortbuild import logs, modelfiles, paths, runtime, workspace
 from ortbuild.artifact import keys, manifest
 from ortbuild.errors import KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
-from ortbuild.pipeline import key, parallel, stages
+from ortbuild.pipeline import buildkey, parallel, stages
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import compile
@@ -60,14 +60,14 @@ class Builder:
                              f"make keys: `{keys.MAKE_KEYS}`, or set encrypt = false on a target to opt out")
 
     def _digest(self, path: Path | None) -> str | None:
-        """key.digest(), once per file and run: models and data are shared by many jobs (and a stale job's key
+        """buildkey.digest(), once per file and run: models and data are shared by many jobs (and a stale job's key
         is computed twice: to find it stale, then to build it)."""
         if path is None:
             return None
         st = path.stat()
         k = (str(path), st.st_size, st.st_mtime_ns)
         if k not in self._digests:
-            self._digests[k] = key.digest(path)
+            self._digests[k] = buildkey.digest(path)
         return self._digests[k]
 
     def model_files(self, path: Path) -> modelfiles.ModelFiles:
@@ -159,13 +159,13 @@ class Builder:
         # the encryption key's id is not part of the key: `ortbuild rekey` re-wraps an artifact under a new key
         # without a rebuild, and the reuse check refuses an artifact sealed for another key (WrongKey)
         sealing = {"encrypted": secrets.encryption is not None, "signing_key_id": secrets.signing.key_id,
-                   "deterministic": key.deterministic(), "epoch": self.project.epoch}
-        plugins = key.plugin_versions(job.target)
+                   "deterministic": buildkey.deterministic(), "epoch": self.project.epoch}
+        plugins = buildkey.plugin_versions(job.target)
         libraries = runtime.custom_op_libraries(job.settings.custom_ops)
         files = self.model_files(job.model.path)
-        parts = key.key_parts(job, files.digests(), inputs_sha, self._digest(job.model.calibration), flavor,
+        parts = buildkey.key_parts(job, files.digests(), inputs_sha, self._digest(job.model.calibration), flavor,
                               missing, sealing, plugins=plugins, libraries=libraries)
-        build_key, digests = key.build_key(parts)
+        build_key, digests = buildkey.build_key(parts)
         plugin_eps = {p.name: plugin for p in job.settings.providers if (plugin := job.target.plugin_for(p.name))}
         return Prepared(job=job, project=self.project, dist=self.dist,
                         out_dir=paths.inside(self.dist, job.target.name, job.model.name),
@@ -187,7 +187,7 @@ class Builder:
             res.step = "prepare"
             prep = self.prepare(job)
             try:
-                why, reused = key.published(prep.out_dir, prep.key, prep.secrets.signing, prep.key_parts,
+                why, reused = buildkey.published(prep.out_dir, prep.key, prep.secrets.signing, prep.key_parts,
                                             None if self.force else prep.secrets.encryption)
             except Tampered as e:
                 if not self.repair:

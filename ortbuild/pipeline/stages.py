@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Literal
 from ortbuild import modelfiles
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, StepError
-from ortbuild.pipeline import key
+from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.steps import compile, integrity
 
 if TYPE_CHECKING:
-    from ortbuild.pipeline.steps import check, fusion, opconfig, optimize, package, precision, reload, seal
+    from ortbuild.pipeline.steps import check, encrypt, fusion, operators, optimize, package, precision, reload
     from ortbuild.project import data
 
 Phase = Literal["build", "verify"]
@@ -189,37 +189,38 @@ def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
         raise StepError(job.target.name, job.model.name, "reload", message, hint) from e
 
 
-def _operators(prep: Prepared, done: Done) -> opconfig.OperatorConfig:
+def _operators(prep: Prepared, done: Done) -> operators.OperatorConfig:
     """ORT's reduced-build operator config of the .ort artifact, made while it is plaintext in the temp dir."""
-    from ortbuild.pipeline.steps import opconfig
+    from ortbuild.pipeline.steps import operators
 
-    return opconfig.run(_artifact_model(done), prep.tmp, f"{prep.job.target.name}/{prep.job.model.name}/model.ort")
+    return operators.run(_artifact_model(done), prep.tmp, f"{prep.job.target.name}/{prep.job.model.name}/model.ort")
 
 
-def _seal(prep: Prepared, done: Done) -> seal.SealResult:
-    from ortbuild.pipeline.steps import seal
+def _encrypt(prep: Prepared, done: Done) -> encrypt.EncryptResult:
+    from ortbuild.pipeline.steps import encrypt
 
     path = _artifact_model(done)
     enc = prep.secrets.encryption if prep.job.settings.encrypt else None
-    return seal.run(path, prep.job.settings, prep.dist, prep.out_dir, prep.tmp, done[Layout].external, enc,
-                    key.deterministic())
+    return encrypt.run(path, prep.job.settings, prep.dist, prep.out_dir, prep.tmp, done[Layout].external, enc,
+                    buildkey.deterministic())
 
 
 def _loaders(prep: Prepared, done: Done) -> package.Rendered:
-    from ortbuild.pipeline.steps import check, fusion, opconfig, optimize, package, precision, reload, seal
+    from ortbuild.pipeline.steps import check, encrypt, fusion, operators, optimize, package, precision, reload
 
     m = package.assemble(prep, done[check.CheckResult], done[precision.PrecisionResult],
-                         done[optimize.OptimizeResult], done[reload.ReloadResult], done[seal.SealResult],
+                         done[optimize.OptimizeResult], done[reload.ReloadResult], done[encrypt.EncryptResult],
                          done.get(compile.CompileResult), done.get(fusion.FusionResult),
-                         done.get(opconfig.OperatorConfig))
+                         done.get(operators.OperatorConfig))
     done.add(m)  # its notes are reported even when rendering the loaders fails
     return package.render(m, prep.job.target.runtime_text)
 
 
 def _package(prep: Prepared, done: Done) -> package.Published:
-    from ortbuild.pipeline.steps import opconfig, package, seal
+    from ortbuild.pipeline.steps import encrypt, operators, package
 
-    return package.publish(prep, done[seal.SealResult], done[package.Rendered], done.get(opconfig.OperatorConfig))
+    return package.publish(prep, done[encrypt.EncryptResult], done[package.Rendered],
+                           done.get(operators.OperatorConfig))
 
 
 def _integrity(prep: Prepared, done: Done) -> manifest.Manifest:
@@ -227,10 +228,10 @@ def _integrity(prep: Prepared, done: Done) -> manifest.Manifest:
 
 
 def _loader(prep: Prepared, done: Done) -> None:
-    from ortbuild.pipeline.steps import reload, verify
+    from ortbuild.pipeline.steps import loader, reload
 
     secret = prep.secrets.secret if prep.job.settings.encrypt else None
-    verify.through_loader(prep.job.name, prep.out_dir, done[manifest.Manifest], done[Inputs].feed, secret,
+    loader.through_loader(prep.job.name, prep.out_dir, done[manifest.Manifest], done[Inputs].feed, secret,
                           bool(prep.missing), done.get(reload.ReloadResult))
 
 
@@ -265,7 +266,7 @@ PIPELINE: tuple[Step, ...] = (
     Step("operators", "build", _operators, lambda p: "operator config for a reduced ONNX Runtime build "
          "(required_operators.config, by ORT's create_config_from_models)",
          applies=lambda p: p.job.settings.format == "ort"),
-    Step("encrypt", "build", _seal, lambda p: "encrypt (container v1, AES-256-GCM)" if p.job.settings.encrypt
+    Step("encrypt", "build", _encrypt, lambda p: "encrypt (container v1, AES-256-GCM)" if p.job.settings.encrypt
          else "no encryption (encrypt = false)"),
     Step("loaders", "build", _loaders, lambda p: "generate the Python, Node.js and browser loaders"),
     Step("package", "build", _package, lambda p: f"sign and publish into {p.out_dir}"),

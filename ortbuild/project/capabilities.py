@@ -66,7 +66,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                PORTABLE + " (tested here: the Linux wheel has no CoreML)",
                "optimization at the target's level; with format = \"ort\", a mobile package (the basic-level .ort "
                "and its required_operators.config)",
-               "the portable path only, in the test suite (a CoreML mobile package in tests/test_opconfig.py)"),
+               "the portable path only, in the test suite (a CoreML mobile package in tests/test_operators.py)"),
     Capability("ROCm / MIGraphX", ("ROCMExecutionProvider", "MIGraphXExecutionProvider"),
                "onnxruntime-rocm / onnxruntime-migraphx", UNVERIFIED, PORTABLE,
                "optimization at the target's level", "never: no AMD GPU here"),

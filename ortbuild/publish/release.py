@@ -43,7 +43,7 @@ from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
-from ortbuild.pipeline.steps import opconfig
+from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.publish import epochs, tarball
@@ -225,9 +225,9 @@ def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) -> tu
     if not ops:
         return None
     names = [f"{target}/{n}/{next(f.location for f in m.artifact.files if f.role == 'model')}" for n, m in ops.items()]
-    text, typed = opconfig.merge([m.operators for m in ops.values() if m.operators is not None], names)
+    text, typed = operator_config.merge([m.operators for m in ops.values() if m.operators is not None], names)
     data = text.encode()
-    return data, {"config": opconfig.CONFIG, "sha256": tarball.sha256(data), "type_reduction": typed,
+    return data, {"config": operator_config.CONFIG, "sha256": tarball.sha256(data), "type_reduction": typed,
                   "models": sorted(ops)}
 
 
@@ -388,8 +388,8 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
             digests[f"{name}/{mr.name}/{rel}"] = mr.digests[rel]
     operators = merged_operators(target.name, {mr.name: mr.manifest for mr in models})
     if operators is not None:  # format = "ort": the one config a reduced ONNX Runtime build for the target takes
-        members[f"{name}/{opconfig.CONFIG}"] = operators[0]
-        digests[f"{name}/{opconfig.CONFIG}"] = operators[1]["sha256"]
+        members[f"{name}/{operator_config.CONFIG}"] = operators[0]
+        digests[f"{name}/{operator_config.CONFIG}"] = operators[1]["sha256"]
     index = {
         "format": FORMAT, "name": name, "target": target.name, "description": target.description,
         "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,

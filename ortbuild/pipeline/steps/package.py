@@ -16,12 +16,12 @@ from ortbuild.pipeline.job import Prepared
 from ortbuild.pipeline.steps import optimize, reload
 from ortbuild.pipeline.steps.check import CheckResult
 from ortbuild.pipeline.steps.compile import CompileResult
+from ortbuild.pipeline.steps.encrypt import EncryptResult
 from ortbuild.pipeline.steps.fusion import FusionResult
-from ortbuild.pipeline.steps.opconfig import OperatorConfig
+from ortbuild.pipeline.steps.operators import OperatorConfig
 from ortbuild.pipeline.steps.optimize import OptimizeResult
 from ortbuild.pipeline.steps.precision import PrecisionResult
 from ortbuild.pipeline.steps.reload import ReloadResult
-from ortbuild.pipeline.steps.seal import SealResult
 from ortbuild.status import ArtifactState
 
 
@@ -38,7 +38,7 @@ class Published:
     artifact: Path
 
 
-def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, seal: SealResult,
+def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, seal: EncryptResult,
           compiled: CompileResult | None, fused: FusionResult | None, ops: OperatorConfig | None = None) -> list[str]:
     """The build's notes, in pipeline order."""
     s = prep.job.settings
@@ -52,7 +52,7 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
 
 
 def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, rel: ReloadResult,
-             seal: SealResult, compiled: CompileResult | None, fused: FusionResult | None,
+             seal: EncryptResult, compiled: CompileResult | None, fused: FusionResult | None,
              ops: OperatorConfig | None = None) -> manifest.Manifest:
     """The manifest: the job's facts, and each step result's own section."""
     job, root = prep.job, prep.project.root
@@ -106,7 +106,7 @@ def render(m: manifest.Manifest, runtime_text: str) -> Rendered:
     return Rendered(dataclasses.replace(m, loaders=loaders.describe(files, m)), files)
 
 
-def publish(prep: Prepared, seal: SealResult, rendered: Rendered, ops: OperatorConfig | None = None) -> Published:
+def publish(prep: Prepared, seal: EncryptResult, rendered: Rendered, ops: OperatorConfig | None = None) -> Published:
     files: dict[str, bytes | Path] = {f.name: partial for f, partial in seal.files}
     if ops is not None:  # format = "ort": ORT's operator config beside the artifact, signed in the manifest
         files[ops.manifest_section().config] = ops.data

@@ -127,7 +127,7 @@ class OperatorSet:
 @dataclass(frozen=True)
 class Operators:
     """The operators (and, with type reduction, their types) a `format = "ort"` artifact needs: the input of a
-    reduced ONNX Runtime build (`--include_ops_by_config`), written by ORT's own tool (steps/opconfig.py)."""
+    reduced ONNX Runtime build (`--include_ops_by_config`), written by ORT's own tool (steps/operators.py)."""
     config: str                      # the config file beside the artifact (required_operators.config), signed here
     sha256: str
     size: int
@@ -187,7 +187,7 @@ class Manifest:
     epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
     golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
     fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
-    operators: Operators | None = None  # format = "ort": ORT's reduced-build operator config (steps/opconfig.py)
+    operators: Operators | None = None  # format = "ort": ORT's reduced-build operator config (steps/operators.py)
     format_version: int = FORMAT_VERSION
 
     @property

@@ -18,7 +18,7 @@ from ortbuild.project.config import Settings
 
 
 @dataclass(frozen=True)
-class SealResult:
+class EncryptResult:
     files: tuple[tuple[manifest.ArtifactFile, Path], ...]  # each artifact file and its partial file in out_dir
     external: str            # why the artifact's weights are external data ("": they are not)
     deterministic: bool      # SOURCE_DATE_EPOCH asked for reproducible output
@@ -45,7 +45,7 @@ class SealResult:
 
 
 def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Path, external: str,
-        key: keys.EncryptionKey | None, deterministic: bool) -> SealResult:
+        key: keys.EncryptionKey | None, deterministic: bool) -> EncryptResult:
     main = "model.ort" if settings.format == "ort" else "model.onnx"
     files = modelfiles.of(artifact, hashed=False)
     if external and not files.has_external_data:  # a compiled (EPContext) model: split its data off here
@@ -80,4 +80,4 @@ def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Pat
         entry = manifest.ArtifactFile(name=name, role="external_data" if f.location else "model",
                                       location=location, sha256=sha, size=size, encrypted=settings.encrypt)
         sealed.append((entry, partial))
-    return SealResult(tuple(sealed), external, deterministic)
+    return EncryptResult(tuple(sealed), external, deterministic)

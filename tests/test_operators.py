@@ -1,4 +1,4 @@
-"""Mobile packages (format = "ort", steps/opconfig.py): each artifact's required_operators.config, written by ONNX
+"""Mobile packages (format = "ort", steps/operators.py): each artifact's required_operators.config, written by ONNX
 Runtime's own tool and signed in its manifest, lists exactly the operators of its .ort (subgraphs included: the
 truth is read off the decrypted flatbuffer, node by node, not from the tool); the target's merged config in the
 release bundle is the union, the same lines the tool writes for all the models at once; a changed config is
@@ -27,7 +27,7 @@ from ortbuild.artifact import container, keys, manifest
 from ortbuild.errors import ArtifactError, ConfigError, Tampered
 from ortbuild.gating import gates
 from ortbuild.pipeline.build import Builder
-from ortbuild.pipeline.steps import opconfig
+from ortbuild.pipeline.steps import operators
 from ortbuild.project import capabilities, config, plan
 from ortbuild.publish import release, tarball, verify
 from ortbuild.status import JobStatus
@@ -160,14 +160,14 @@ def test_each_artifact_ships_a_signed_config_listing_exactly_its_operators(built
         folder = built / "dist" / target / model
         m = manifest.trusted(folder, keys.read_secrets().signing.public_raw)  # type: ignore[union-attr]
         assert m is not None and m.operators is not None and m.artifact.format == "ort"
-        text = (folder / opconfig.CONFIG).read_text()
-        assert m.operators.sha256 == manifest.sha256_file(folder / opconfig.CONFIG)
-        assert m.operators.config == opconfig.CONFIG and m.operators.type_reduction
-        assert m.operators.made_by.startswith(opconfig.TOOL)
+        text = (folder / operators.CONFIG).read_text()
+        assert m.operators.sha256 == manifest.sha256_file(folder / operators.CONFIG)
+        assert m.operators.config == operators.CONFIG and m.operators.type_reduction
+        assert m.operators.made_by.startswith(operators.TOOL)
         truth = _flatbuffer_ops(_ort(folder))
-        assert _listed(opconfig.parse(text)) == _listed(m.operators.operators) == truth
+        assert _listed(operators.parse(text)) == _listed(m.operators.operators) == truth
         assert {op for _, _, op in truth} == _onnx_op_types(built / "models" / f"{model}.onnx")  # nothing fused
-        assert text.startswith(f"{opconfig.HEADER}# - {target}/{model}/model.ort\n")  # no temp path
+        assert text.startswith(f"{operators.HEADER}# - {target}/{model}/model.ort\n")  # no temp path
         assert str(built) not in text and "/tmp" not in text
     gate = manifest.read(built / "dist" / "mobile" / "gate")[0].operators
     assert gate is not None
@@ -186,9 +186,9 @@ def test_the_typed_config_serves_builds_with_and_without_type_reduction(built: P
     folder = built / "dist" / "mobile" / "gate"
     (tmp_path / "model.ort").write_bytes(_ort(folder))
     create_config_from_models([tmp_path / "model.ort"], tmp_path / "plain.config", False)
-    typed, filt = parser.parse_config(str(folder / opconfig.CONFIG), True)
+    typed, filt = parser.parse_config(str(folder / operators.CONFIG), True)
     plain, none = parser.parse_config(str(tmp_path / "plain.config"), True)
-    assert parser.parse_config(str(folder / opconfig.CONFIG), False)[0] == plain == typed
+    assert parser.parse_config(str(folder / operators.CONFIG), False)[0] == plain == typed
     assert none is None and filt is not None
     assert filt.is_typed_registration_needed("ai.onnx", "Greater", "float")
     assert not filt.is_typed_registration_needed("ai.onnx", "Greater", "double")
@@ -244,9 +244,9 @@ def test_the_release_bundle_carries_the_merged_config_the_tool_would_write(built
     assert entry["models"] == ["gate", "mlp"] and entry["type_reduction"]
     checked = verify.verify(out, signer.public_raw, run=False, extract_to=tmp_path / "tree")
     assert checked.target == "mobile"
-    merged = (tmp_path / "tree" / opconfig.CONFIG).read_text()
+    merged = (tmp_path / "tree" / operators.CONFIG).read_text()
     assert tarball.sha256(merged.encode()) == entry["sha256"]
-    own = tmp_path / "tree" / "mlp" / opconfig.CONFIG  # each model's own, signed in its manifest: verify's step 5
+    own = tmp_path / "tree" / "mlp" / operators.CONFIG  # each model's own, signed in its manifest: verify's step 5
     m, _ = manifest.read(own.parent)
     assert manifest.integrity_problems(m, own.parent, signer.public_raw) == []
     own.write_text(own.read_text() + "ai.onnx;11;Conv\n")
@@ -254,14 +254,14 @@ def test_the_release_bundle_carries_the_merged_config_the_tool_would_write(built
 
     # the union of the models' operators, and what ORT's tool writes for both .ort files at once
     sections = [manifest.read(built / "dist" / "mobile" / m)[0].operators for m in ("mlp", "gate")]
-    assert _listed(opconfig.parse(merged)) == set().union(*(_listed(s.operators) for s in sections if s))
+    assert _listed(operators.parse(merged)) == set().union(*(_listed(s.operators) for s in sections if s))
     for m in ("mlp", "gate"):
         (tmp_path / m).mkdir()
         (tmp_path / m / "model.ort").write_bytes(_ort(built / "dist" / "mobile" / m))
     create_config_from_models([tmp_path / m / "model.ort" for m in ("mlp", "gate")], tmp_path / "all.config", True)
     body = [line for line in (tmp_path / "all.config").read_text().splitlines() if not line.startswith("#")]
     assert [line for line in merged.splitlines() if not line.startswith("#")] == body
-    add = {op: t for s in opconfig.parse(merged) for op, t in s.types.items()}["Add"]
+    add = {op: t for s in operators.parse(merged) for op, t in s.types.items()}["Add"]
     assert add == {"inputs": {"0": ["float", "int64_t"]}}  # types joined per op across the models
     assert merged.splitlines()[1:] == ["# - mobile/gate/model.ort", "# - mobile/mlp/model.ort", *body]
 
@@ -278,11 +278,11 @@ def test_x86_only_layout_ops_in_the_config_get_a_note(tmp_path: Path) -> None:
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "model.ort")  # level all (ORT's default): NCHWc on x86
     ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    made = opconfig.run(tmp_path / "model.ort", tmp_path, "t/conv/model.ort")
-    if not any(s.domain == opconfig.NCHWC for s in made.operators):
+    made = operators.run(tmp_path / "model.ort", tmp_path, "t/conv/model.ort")
+    if not any(s.domain == operators.NCHWC for s in made.operators):
         pytest.skip("ORT used no NCHWc kernel on this CPU")
     assert any("use optimization = \"basic\" for mobile packages" in n for n in made.notes)
-    assert not (tmp_path / "opconfig" / opconfig.CONFIG).exists()  # nothing left behind
+    assert not (tmp_path / "opconfig" / operators.CONFIG).exists()  # nothing left behind
 
 
 def test_merge_joins_types_per_op_as_ort_does(built: Path) -> None:
@@ -293,7 +293,7 @@ def test_merge_joins_types_per_op_as_ort_does(built: Path) -> None:
                               {"Cast": {"inputs": {"0": ["int32_t"]}, "outputs": {"0": ["float"]}}}),
          manifest.OperatorSet("com.microsoft", 1, ["FusedConv"])]
     sections = [manifest.Operators("c", "", 0, True, "t", a), manifest.Operators("c", "", 0, True, "t", b)]
-    text, typed = opconfig.merge(sections, ["t/b/model.ort", "t/a/model.ort"])
+    text, typed = operators.merge(sections, ["t/b/model.ort", "t/a/model.ort"])
     cast = '{"inputs": {"0": ["float", "int32_t"]}, "outputs": {"0": ["float", "int64_t"]}}'
     assert typed and text == (
         "# Generated from model/s:\n# - t/a/model.ort\n# - t/b/model.ort\n"
@@ -303,7 +303,7 @@ def test_merge_joins_types_per_op_as_ort_does(built: Path) -> None:
     with pytest.raises(ArtifactError, match=r"mobile/mlp: its \.ort artifact has no operator config"):
         release.merged_operators("mobile", {"mlp": dataclasses.replace(older, operators=None)})
     untyped = [sections[0], manifest.Operators("c", "", 0, False, "t", b)]
-    assert opconfig.merge(untyped, [])[0] == "# Generated from model/s:\nai.onnx;13;Cast,OneHot\nai.onnx;19;Cast\n" \
+    assert operators.merge(untyped, [])[0] == "# Generated from model/s:\nai.onnx;13;Cast,OneHot\nai.onnx;19;Cast\n" \
         "com.microsoft;1;FusedConv\n"
 
 
@@ -312,22 +312,22 @@ def test_a_changed_config_is_tampered(built: Path, tmp_path: Path) -> None:
     shutil.copytree(built / "dist" / "mobile" / "mlp", folder)
     public = keys.read_secrets().signing.public_raw  # type: ignore[union-attr]
     assert manifest.trusted(folder, public) is not None
-    config_file = folder / opconfig.CONFIG
+    config_file = folder / operators.CONFIG
     config_file.write_text(config_file.read_text().replace("Relu", "Selu"))  # same size, another kernel
-    with pytest.raises(Tampered, match=f"operator config {opconfig.CONFIG} sha256 differs"):
+    with pytest.raises(Tampered, match=f"operator config {operators.CONFIG} sha256 differs"):
         manifest.trusted(folder, public)
     with config_file.open("a") as f:
         f.write("ai.onnx;11;Conv\n")
-    with pytest.raises(Tampered, match=f"operator config {opconfig.CONFIG} is [0-9]+ bytes, the manifest says"):
+    with pytest.raises(Tampered, match=f"operator config {operators.CONFIG} is [0-9]+ bytes, the manifest says"):
         manifest.trusted(folder, public)
-    (folder / opconfig.CONFIG).unlink()
+    (folder / operators.CONFIG).unlink()
     with pytest.raises(Tampered, match="is missing"):
         manifest.trusted(folder, public)
 
     # and a build refuses to replace it (a release refuses it through the same check, `ortbuild verify` per model)
     root = tmp_path / "project"
     shutil.copytree(built, root, ignore=shutil.ignore_patterns("release", "logs"))
-    (root / "dist" / "mobile" / "gate" / opconfig.CONFIG).write_text("ai.onnx;16;If\n")
+    (root / "dist" / "mobile" / "gate" / operators.CONFIG).write_text("ai.onnx;16;If\n")
     project = config.load(root / "targets.toml")
     (res,) = Builder(project, root / "dist", secrets=keys.read_secrets(), progress=lambda job, msg: None).run(
         plan.jobs(project, targets=["mobile"], models=["gate"]))

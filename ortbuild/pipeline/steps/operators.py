@@ -14,7 +14,7 @@ in the manifest (`operators`: its sha256 and every domain, opset, op type and ty
 `merge` makes the target's configuration (`ortbuild release` puts it into the target's bundle) from the models'
 signed sections: operator sets joined per (domain, opset), types joined per op across every opset and input, as
 ORT's tool joins several models (its type tracking is per op, not per opset), written in its format: the same
-lines the tool writes for all the models at once (tests/test_opconfig.py). Stdlib only at import: release
+lines the tool writes for all the models at once (tests/test_operators.py). Stdlib only at import: release
 imports it without ONNX Runtime.
 """
 
