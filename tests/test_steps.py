@@ -22,6 +22,12 @@ PROJECT = config.load(REPO / "targets.toml")
 
 
 
+def _options(s: Settings) -> dict[str, Any]:
+    """The options of a job's precision as a table (what targets.toml holds)."""
+    opts = s.typed_precision_options()
+    return {} if opts is None else config.as_plain(opts)
+
+
 def _prec(path: Path, *args: Any, **kw: Any) -> precision.PrecisionResult:
     """The precision step on a model file, as the build runs it (after the check step)."""
     return precision.run(path, check.run(path).model, *args, **kw)
@@ -66,7 +72,7 @@ def test_check_rejects_an_invalid_graph(tmp_path: Path) -> None:
 
 def test_int8_dynamic_transformer_is_at_most_035x(tmp_path: Path) -> None:
     s = settings("cpu-int8", "tiny_transformer")
-    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, s.precision_options(),
+    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, _options(s),
                         tmp_path)
     check.run(res.path)
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops(res.path)
@@ -78,7 +84,7 @@ def test_int8_dynamic_transformer_is_at_most_035x(tmp_path: Path) -> None:
                                           ("qoperator", {"QLinearConv"})])
 def test_int8_static_cnn_with_calibration(tmp_path: Path, fmt: str, expected: set[str]) -> None:
     s = settings("cpu-int8", "tiny_cnn")
-    opts = {**s.precision_options(), "format": fmt}
+    opts = {**_options(s), "format": fmt}
     res = _prec(MODELS / "tiny_cnn.onnx", "int8-static", opts, tmp_path, calib("tiny_cnn"))
     check.run(res.path)
     assert expected <= ops(res.path)
@@ -87,7 +93,7 @@ def test_int8_static_cnn_with_calibration(tmp_path: Path, fmt: str, expected: se
 
 def test_int4_weight_uses_matmulnbits(tmp_path: Path) -> None:
     s = settings("cpu-int4", "tiny_transformer")
-    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, s.precision_options(),
+    res = _prec(MODELS / "tiny_transformer.onnx", s.precision, _options(s),
                         tmp_path)
     check.run(res.path)
     assert "MatMulNBits" in ops(res.path)
@@ -96,7 +102,7 @@ def test_int4_weight_uses_matmulnbits(tmp_path: Path) -> None:
 
 def test_fp16_halves_weights_and_is_topologically_sorted(tmp_path: Path) -> None:
     s = settings("cuda-fp16", "tiny_lstm")
-    res = _prec(MODELS / "tiny_lstm.onnx", s.precision, s.precision_options(), tmp_path)
+    res = _prec(MODELS / "tiny_lstm.onnx", s.precision, _options(s), tmp_path)
     check.run(res.path)  # the full checker rejects unsorted graphs: ORT's converter emits one
     m = onnx.load(str(res.path))
     assert not [i.name for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
@@ -115,7 +121,7 @@ def test_quantizing_an_opset_11_graph_upgrades_it_first(tmp_path: Path) -> None:
     s = settings("cpu-int8", "tiny_lstm")
     onnx.save_model(old, str(tmp_path / "old.onnx"))
     (tmp_path / "work").mkdir()
-    res = _prec(tmp_path / "old.onnx", "int8-dynamic", s.precision_options(), tmp_path / "work")
+    res = _prec(tmp_path / "old.onnx", "int8-dynamic", _options(s), tmp_path / "work")
     check.run(res.path)
     assert any("opset 11 to 13" in n for n in res.notes)
 
@@ -185,7 +191,7 @@ def test_compiling_provider_keeps_the_basic_graph(tmp_path: Path) -> None:
 
 def test_fp16_on_cpu_at_level_all_warns_about_upcast_weights(tmp_path: Path) -> None:
     s = settings("cuda-fp16", "tiny_transformer")
-    src = _prec(MODELS / "tiny_transformer.onnx", "fp16", s.precision_options(),
+    src = _prec(MODELS / "tiny_transformer.onnx", "fp16", _options(s),
                         tmp_path).path
     res = optimize.run(src, s, CPU, {}, tmp_path)
     assert any(n.startswith('optimization = "basic" keeps fp16 storage: the CPU provider has no fp16 kernels, and at '
@@ -254,7 +260,7 @@ def test_quantizer_temp_files_stay_in_the_private_work_dir(tmp_path: Path, monke
     work = tmp_path / "work"
     work.mkdir()
     s = settings("cpu-int8", "tiny_cnn")
-    _prec(MODELS / "tiny_cnn.onnx", "int8-static", s.precision_options(), work,
+    _prec(MODELS / "tiny_cnn.onnx", "int8-static", _options(s), work,
                   calib("tiny_cnn"))
     assert made, "the quantizer made no temp dir: this test no longer tests anything"
     assert all(Path(p).is_relative_to(work) for p in made), made

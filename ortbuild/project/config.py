@@ -23,28 +23,20 @@ from ortbuild import paths
 from ortbuild.errors import ConfigError
 from ortbuild.project import options
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, providers_of, short_repr, type_name
+from ortbuild.project.declare import build
 from ortbuild.project.layering import INHERITED, NOT_INHERITED, overridden, resolve_extends
 from ortbuild.project.runtimes import check_providers, effective_providers, parse_runtime
+from ortbuild.project.sections import FasterThan, Fp16, Fusion, Int4, Latency, Quantization, Session, Size
 from ortbuild.project.settings import (
     CustomOps,
-    FasterThan,
-    Fp16,
-    Fusion,
     Gates,
-    Int4,
-    Latency,
-    Memory,
     Model,
     PrecisionOptions,
     Project,
     Provider,
-    Quantization,
-    Session,
     Settings,
-    Size,
     Target,
     as_plain,
-    typed,
 )
 from ortbuild.project.validation import (
     check_custom_op_versions,
@@ -56,7 +48,7 @@ from ortbuild.project.validation import (
 __all__ = [
     "DEFAULT_FILE", "INHERITED", "NOT_INHERITED", "CustomOps", "FasterThan", "Fp16", "Fusion", "Gates", "Int4",
     "Latency", "Model", "PrecisionOptions", "Project", "Provider", "Quantization", "Session", "Settings", "Size",
-    "Target", "as_plain", "did_you_mean", "load", "matches", "merge", "toml_key", "typed",
+    "Target", "as_plain", "did_you_mean", "load", "matches", "merge", "toml_key",
 ]
 
 DEFAULT_FILE = "targets.toml"
@@ -292,20 +284,12 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             eff["providers"] = effective_providers(chk, f"{where}.providers", eff, rt)
             ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
             check_custom_ops(chk, where, m, eff, ops)
-            settings[m] = Settings(
-                precision=eff["precision"], optimization=eff["optimization"], format=eff["format"],
-                providers=providers_of(eff["providers"]), quantization=typed(Quantization, eff["quantization"]),
-                fp16=typed(Fp16, eff["fp16"]), int4=typed(Int4, eff["int4"]), session=typed(Session, eff["session"]),
-                free_dimensions=eff["free_dimensions"], encrypt=eff["encrypt"], external_data=eff["external_data"],
-                constant_folding=eff["constant_folding"], disabled_optimizers=tuple(eff["disabled_optimizers"]),
-                custom_ops=ops, fusion=typed(Fusion, eff["fusion"]),
-                gates=_gates(eff, tuple(dict.fromkeys(not_inherited))))
+            gates = build(Gates, eff, not_inherited=tuple(dict.fromkeys(not_inherited)))
+            settings[m] = build(Settings, eff, providers=providers_of(eff["providers"]), custom_ops=ops, gates=gates)
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
         check_custom_op_versions(chk, where, all_ops)
-        targets[name] = Target(name=name, description=t["description"], runtime=rt.flavor,
-                               models=tuple(selected), settings=settings, require=t["require"],
-                               runner=tuple(t["runner"]), plugins=rt.plugins, custom_ops=all_ops,
-                               platform=t["platform"])
+        targets[name] = build(Target, t, name=name, runtime=rt.flavor, models=tuple(selected), settings=settings,
+                              plugins=rt.plugins, custom_ops=all_ops)
     for name, target in targets.items():
         check_relative_budgets(chk, name, target, targets)
     return targets
@@ -320,15 +304,3 @@ def _runner_platform(raw: dict[str, Any], name: str, resolved: dict[str, dict[st
         if name is None:
             return None
     return str(resolved[name].get("platform", "native"))  # resolve_extends filled in the whole chain
-
-
-def _gates(eff: dict[str, Any], not_inherited: tuple[str, ...] = ()) -> Gates:
-    def filled(table: str) -> dict[str, Any]:  # every key of the table, None where unset
-        return {k.name: eff[table].get(k.name, k.default) for k in options.TABLES[table]}
-
-    lat = filled("latency")
-    ft = lat.pop("faster_than")
-    lat["data_sets"] = {name: dict(budgets) for name, budgets in lat["data_sets"].items()}
-    return Gates(accuracy=eff["accuracy"],
-                 latency=Latency(**lat, faster_than=FasterThan(ft["target"], float(ft["ratio"])) if ft else None),
-                 size=Size(**filled("size")), memory=Memory(**filled("memory")), not_inherited=not_inherited)

@@ -39,8 +39,7 @@ def resolve_extends(chk: Checker, raw: dict[str, Any], name: str,
         for o in inherited.get("overrides", []):
             o[INHERITED] = True  # an inherited override may name models this target does not build
         for part in [inherited, *inherited.get("overrides", [])]:
-            if isinstance(part.get("latency"), dict):  # a relative budget names a pair of targets: not inherited
-                part["latency"] = {k: v for k, v in part["latency"].items() if k != "faster_than"}
+            _drop(part, options.not_inherited())  # e.g. a relative budget: it names a pair of targets
         was = inherited.get("precision", options.defaults("target")["precision"])
         if rule_family(raw[child].get("precision", was)) != rule_family(was):  # accuracy rules follow precision
             drop_accuracy(inherited, was, parent)
@@ -52,6 +51,16 @@ def resolve_extends(chk: Checker, raw: dict[str, Any], name: str,
         done[child] = merged
         parent = child
     return copy.deepcopy(merged)
+
+
+def _drop(table: dict[str, Any], keys: dict[str, Any]) -> None:
+    """Remove the keys `extends` does not pass on (tables.not_inherited()) from an inherited table."""
+    for k, inner in keys.items():
+        if inner is True:
+            table.pop(k, None)
+        elif isinstance(table.get(k), dict):
+            table[k] = dict(table[k])
+            _drop(table[k], inner)
 
 
 def rule_family(precision: Any) -> tuple[Any, ...]:

@@ -1,11 +1,13 @@
-"""The single source of every targets.toml key: names, kinds, defaults and docs, and the vocabularies they take.
+"""Every targets.toml key and the vocabularies they take, under one name.
 
-It drives validation (ortbuild.project.config), the shipped JSON Schema (ortbuild/targets.schema.json) and the
-reference docs (docs/targets-reference.md). Regenerate the last two with `ortbuild schema --write`.
+Each key is declared once, as a `setting()` field of the dataclass that holds its value (ortbuild.project.declare;
+the fields live in ortbuild.project.settings and ortbuild.project.sections). The key tables derived from them drive
+validation (ortbuild.project.config), the shipped JSON Schema (ortbuild/targets.schema.json), the reference docs
+(docs/targets-reference.md) and the build key. Regenerate the schema and docs with `ortbuild schema --write`.
 The parts live in one module per concept; this module gathers them under one name:
 
 - ortbuild.project.precisions: precisions, optimization levels and formats, as rule objects
-- ortbuild.project.tables: the key tables of targets.toml
+- ortbuild.project.tables: the key tables of targets.toml, derived from the declarations
 - ortbuild.project.providers: execution providers, the runtimes that offer them, their options
 - ortbuild.project.session_keys: session config keys and the keys ortbuild reserves
 - ortbuild.project.schema: the JSON Schema and reference docs generated from the tables
@@ -83,6 +85,7 @@ from ortbuild.project.tables import (
     Key,
     defaults,
     keys,
+    not_inherited,
 )
 
 __all__ = [
@@ -94,5 +97,6 @@ __all__ = [
     "PRECISION_RULES", "PROVIDERS", "PROVIDER_DEFAULTS", "PROVIDER_OPTIONS", "RESERVED_CONFIG_KEYS", "RULES",
     "RUNTIMES", "SESSION_CONFIG_KEYS", "TABLES", "Format", "Key", "Level", "LevelRule", "PluginEP", "Precision",
     "PrecisionRule", "ProviderOption", "Quantizer", "SearchKnob", "cap_level", "config_value_problem", "defaults",
-    "find", "json_schema", "keys", "provider_option_problem", "reference_markdown", "rule", "schema_text",
+    "find", "json_schema", "keys", "not_inherited", "provider_option_problem", "reference_markdown", "rule",
+    "schema_text",
 ]

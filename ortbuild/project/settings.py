@@ -1,21 +1,23 @@
 """The typed, frozen form of a loaded targets.toml: the project, its models, its targets and what each
-(target, model) job is built with. Stdlib + packaging only (the noxfile imports it through ortbuild.project.config).
+(target, model) job is built with. Each key is declared once, as a `setting()` field here or in
+ortbuild.project.sections (ortbuild.project.declare): the key tables, the JSON Schema, the reference docs, the
+construction from a validated table and the build key are derived from those fields.
+Stdlib + packaging only (the noxfile imports it through ortbuild.project.config).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
 from ortbuild.project import precisions, providers
+from ortbuild.project.declare import build_json, derived, plain, setting
 from ortbuild.project.precisions import Format, Level, OptionsTable, Precision, PrecisionRule
-from ortbuild.project.tables import FUSION_OFF
+from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quantization, Session, Size
 
 
 @dataclass(frozen=True)
@@ -45,132 +47,59 @@ class CustomOps:
         return {"package": self.package, "version": self.version} if self.package else {"path": self.spec}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Model:
+    """[models.NAME]: a source model and its data (paths resolved against targets.toml's folder)."""
+
     name: str
-    path: Path
-    inputs: Path
-    calibration: Path | None
-    description: str = ""
-    expected: Path | None = None     # user-supplied golden outputs
-    custom_ops: tuple[CustomOps, ...] = ()
+    path: Path = setting(required=True, build="never", rebuilds="the build key holds the model's digests",
+                         doc="The source ONNX model, relative to targets.toml.")
+    inputs: Path = setting(
+        required=True, build="never", rebuilds="the build key holds their digest",
+        doc="Golden inputs, relative to targets.toml: an .npz keyed by input name (one feed), or a "
+            "directory in the ONNX layout `test_data_set_N/input_K.pb`. Every artifact must run on them.")
+    calibration: Path | None = setting(
+        None, build="never", rebuilds="the build key holds their digest where the precision calibrates",
+        doc="Calibration data for int8-static, same formats as `inputs`; in an .npz the first axis of "
+            "each array indexes the samples. Use realistic data: noise ruins static quantization.")
+    description: str = setting("", build="never", doc="Free text.")
+    expected: Path | None = setting(  # user-supplied golden outputs: the test's, not the build's
+        None, build="never",
+        doc="Expected (golden) outputs, relative to targets.toml: an .npz keyed by output name (for one "
+            "feed), or the ONNX layout `test_data_set_N/output_K.pb` (e.g. from the training framework). "
+            "Without it they are computed from the source model in fp32 on the CPU provider with "
+            "optimizations disabled, and stored beside each artifact (`golden/`).")
+    custom_ops: tuple[CustomOps, ...] = setting(
+        (), kind="strings", build="never", rebuilds="each of its jobs' settings hold the libraries",
+        doc="Custom-operator libraries the model needs (its ops outside ONNX's domains): each a pip requirement "
+            "pinned with `==` of a Python package whose module's `get_library_path()` gives the library, e.g. "
+            "`onnxruntime-extensions==0.15.2`, or the path of a shared library (`.so`, `.dylib`, `.dll`) "
+            "relative to targets.toml. nox installs the packages into the target's virtualenv; every session "
+            "the build and the tests open registers them; the manifest records each (name, version, sha256) "
+            "and the loaders check that sha256 before registering it (a path library ships beside the "
+            "artifact). See docs/diagnose.md.")
 
 
-@dataclass(frozen=True)
-class Quantization:
-    """[targets.X.quantization]: options of int8-dynamic and int8-static."""
-
-    format: str
-    per_channel: bool
-    weight_type: str
-    activation_type: str
-    reduce_range: bool
-    op_types: tuple[str, ...]
-    exclude_nodes: tuple[str, ...]
-    calibration_method: str
-    preprocess: bool
-
-
-@dataclass(frozen=True)
-class Fp16:
-    """[targets.X.fp16]: options of fp16."""
-
-    keep_io_types: bool
-    op_block_list: tuple[str, ...]
-    node_block_list: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Int4:
-    """[targets.X.int4]: options of int4-weight."""
-
-    block_size: int
-    symmetric: bool
-    accuracy_level: int
-    exclude_nodes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """[targets.X.fusion]: ONNX Runtime's transformer optimizer, run before the precision step (steps/fusion.py)."""
-
-    model_type: str = FUSION_OFF
-    num_heads: int = 0               # 0: inferred from the graph
-    hidden_size: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.model_type != FUSION_OFF
-
-
-@dataclass(frozen=True)
-class Session:
-    """[targets.X.session]: the session options every session of the build (and the loaders) opens with."""
-
-    intra_op_num_threads: int
-    inter_op_num_threads: int
-    execution_mode: str
-    enable_mem_pattern: bool
-    enable_cpu_mem_arena: bool
-    use_deterministic_compute: bool
-    config: Mapping[str, str]
-
-    def as_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "config": dict(self.config)}
-
-
-@dataclass(frozen=True)
-class FasterThan:
-    target: str
-    ratio: float
-
-
-@dataclass(frozen=True)
-class Latency:
-    """[targets.X.latency]: budgets and the sample plan of the latency test."""
-
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
-    faster_than: FasterThan | None
-    confidence: float
-    min_samples: int
-    min_seconds: float
-    warmup_runs: int
-    retry_wait_seconds: float
-    data_sets: Mapping[str, Mapping[str, float]]  # golden data set name -> its budgets, over the ones above
-    cold_start_ms: float | None = None  # median of import + load + first run in fresh processes (gating.startup)
-
-    def budgets(self, data_set: str | None = None) -> dict[float, float]:
-        """{percentile (0-1): budget in ms} of the percentiles that have one (on `data_set`: its own budgets
-        over the target's, key by key)."""
-        own = self.data_sets.get(data_set, {}) if data_set is not None else {}
-        pairs = ((0.5, own.get("p50_ms", self.p50_ms)), (0.9, own.get("p90_ms", self.p90_ms)),
-                 (0.99, own.get("p99_ms", self.p99_ms)))
-        return {p: float(b) for p, b in pairs if b is not None}
-
-
-@dataclass(frozen=True)
-class Size:
-    max_ratio: float | None
-    max_mb: float | None
-
-
-@dataclass(frozen=True)
-class Memory:
-    """[targets.X.memory]: the peak RSS budget of a fresh process that loads and runs the artifact."""
-
-    peak_mb: float | None = None
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Gates:
-    """What `ortbuild test` checks an artifact against. Not part of the build key: budgets never rebuild."""
+    """What `ortbuild test` checks an artifact against: the gate keys of a target. Budgets never rebuild."""
 
-    accuracy: Mapping[str, Any]      # the validated [accuracy] table (rule keys, `outputs`)
-    latency: Latency
-    size: Size
-    memory: Memory = Memory()
+    accuracy: Mapping[str, Any] = setting(  # the validated [accuracy] table (rule keys, `outputs`)
+        factory=dict, kind="table", table="accuracy", build="never",
+        doc="The golden-output test's rule; defaults per precision (fp32: rtol 1e-4, atol 1e-5; fp16: "
+            "cosine 0.999; int8/int4: cosine 0.99), over which the target's keys and then "
+            "`outputs.NAME` tables apply. A rule follows its precision: a target (or override) whose "
+            "precision differs from its parent's (int8-dynamic and int8-static count as one) does not inherit "
+            "the parent's rule, only its outputs' `ignore`; `ortbuild plan` says which rule applies. "
+            "See docs/testing.md and docs/targets.md.")
+    latency: Latency = setting(
+        factory=Latency, build="never",
+        doc="Latency budgets (percentiles in ms, relative to another target), checked by `ortbuild test`.")
+    size: Size = setting(factory=Size, build="never", doc="Size budgets of the artifact, checked by `ortbuild test`.")
+    memory: Memory = setting(
+        factory=Memory, build="never",
+        doc="Peak-memory budget of a fresh process that loads the artifact through its generated Python "
+            "loader, checked by `ortbuild test` (docs/testing.md, cold start and peak memory).")
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
 
@@ -194,64 +123,81 @@ class Gates:
         return float(r) if r is not None else precisions.rule(precision).max_size_ratio
 
 
+
 PrecisionOptions = Quantization | Fp16 | Int4 | None
 # the typed options of each precision options table (PrecisionRule.options_table)
 OPTIONS_TYPES: dict[OptionsTable, type[Quantization] | type[Fp16] | type[Int4]] = {
     "quantization": Quantization, "fp16": Fp16, "int4": Int4}
 
 
-def typed(cls: type[Any], table: Mapping[str, Any]) -> Any:
-    """A sub-settings dataclass from its (validated, defaults-filled) table; lists become tuples."""
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in table.items()})
-
-
 def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, Any]:
     """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
-    plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(settings)))
-    return plain
+    out = plain(settings)
+    assert isinstance(out, dict)
+    return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What one (target, model) job is built with: the target's keys after overrides."""
+    """What one (target, model) job is built with: the target's overridable keys after overrides. Every key here
+    enters the build key (`as_json`) unless declared otherwise."""
 
-    precision: Precision
-    optimization: Level
-    format: Format
-    providers: tuple[Provider, ...]
-    quantization: Quantization
-    fp16: Fp16
-    int4: Int4
-    session: Session
-    free_dimensions: Mapping[str, int]
-    encrypt: bool = True
-    external_data: bool = False
-    constant_folding: str = "auto"
-    disabled_optimizers: tuple[str, ...] = ()
-    custom_ops: tuple[CustomOps, ...] = ()  # the target's and the model's custom-operator libraries
-    fusion: Fusion = Fusion()        # off unless [targets.X.fusion] model_type is set
-    gates: Gates | None = field(default=None, compare=False)  # not in as_json(): budgets never rebuild
+    precision: Precision = setting(
+        "fp32", doc="fp32 (as is), fp16 (ORT float16 converter), int8-dynamic (`quantize_dynamic`), "
+                    "int8-static (`quantize_static`, needs the model's `calibration`), int4-weight "
+                    "(`MatMulNBitsQuantizer`, block-wise weight-only).")
+    optimization: Level = setting(
+        "all", doc="Offline graph-optimization level, applied inside the target's runtime. `basic` is "
+                   "portable; `extended` ties the artifact to the providers; `layout` and `all` also tie it "
+                   "to the build CPU's SIMD level (NCHWc). Compiling providers (OpenVINO, TensorRT) cannot "
+                   "serialize their compiled graph: the artifact then holds the portable basic graph.")
+    format: Format = setting(
+        "onnx", doc="Artifact format: `onnx`, or `ort` (ORT flatbuffer format, for mobile and minimal builds: each "
+                    "artifact ships its `required_operators.config` for a reduced ONNX Runtime build, and the "
+                    "target's release bundle one merged config; not with providers that compile ahead of time, "
+                    "CoreML allowed). See docs/targets.md, Mobile packages.")
+    providers: tuple[Provider, ...] = setting(
+        required=True, kind="providers",
+        doc="Ordered execution providers. Each entry is a name or a table "
+            "`{name = \"...\", options = {...}}` of provider options.")
+    quantization: Quantization = setting(factory=Quantization, doc="Options of int8-dynamic and int8-static.")
+    fp16: Fp16 = setting(factory=Fp16, doc="Options of fp16.")
+    int4: Int4 = setting(factory=Int4, doc="Options of int4-weight.")
+    session: Session = setting(
+        factory=Session, doc="Session options recorded in the manifest and used by every session the build opens.")
+    free_dimensions: Mapping[str, int] = setting(
+        factory=dict, kind="dims", doc="Pin symbolic dimensions by name, e.g. `{ batch = 1 }` "
+                                       "(`add_free_dimension_override_by_name`).")
+    encrypt: bool = setting(
+        True, doc="Encrypt the artifact (container format v1, docs/container.md) under the build's encryption "
+                  "key. `false` publishes it in plaintext, recorded in the manifest; it is still signed.")
+    external_data: bool = setting(
+        False, doc="Store the weights in a separate file (`model.onnx.data`, encrypted like the graph); the loaders "
+                   "hand it to ONNX Runtime from memory. `false` still writes external data where it is needed: for "
+                   "a source that keeps its weights as external data, and where one file would pass protobuf's 2 GB "
+                   "limit (the manifest's `artifact.external_data` says why). Format `onnx` only.")
+    constant_folding: str = setting(
+        "auto", choices=("auto", "on", "off"),
+        doc="Constant folding during offline optimization. It can turn weights stored compressed (int8 or "
+            "fp16 expanded by Cast/DequantizeLinear/Mul in the graph) into fp32 initializers, up to 4x the "
+            "bytes. `auto` optimizes again without it when the artifact grew that way, and says so in the "
+            "summary and manifest; `on` keeps ORT's behaviour; `off` always disables it.")
+    disabled_optimizers: tuple[str, ...] = setting(
+        (), doc="ORT graph optimizers to disable during offline optimization (`disabled_optimizers` of "
+                "InferenceSession), e.g. [\"ConstantFolding\"].")
+    # the target's and the model's custom-operator libraries (keys of [targets.X] and [models.X])
+    custom_ops: tuple[CustomOps, ...] = derived((), build="when-set")
+    fusion: Fusion = setting(  # only when on: the build keys of targets without fusion stay what they were
+        factory=Fusion, build="when-set",
+        doc="ONNX Runtime's transformer optimizer, run before the precision step: `{ model_type = \"bert\" }` "
+            "fuses attention, layer norms, GELU and embeddings into `com.microsoft` ops (Attention, "
+            "SkipLayerNormalization, BiasGelu, EmbedLayerNormalization, ...), which tie the artifact to "
+            "providers that have those kernels (CPU, CUDA, ROCm). Off by default. See docs/targets.md.")
+    gates: Gates | None = field(default=None, compare=False)  # its keys never rebuild: not in as_json()
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(json.dumps({
-            "precision": self.precision,
-            "optimization": self.optimization,
-            "format": self.format,
-            "providers": [p.as_json() for p in self.providers],
-            "quantization": as_plain(self.quantization),
-            "fp16": as_plain(self.fp16),
-            "int4": as_plain(self.int4),
-            "session": self.session.as_json(),
-            "free_dimensions": dict(self.free_dimensions),
-            "encrypt": self.encrypt,
-            "external_data": self.external_data,
-            "constant_folding": self.constant_folding,
-            "disabled_optimizers": list(self.disabled_optimizers),
-            **({"custom_ops": [c.as_json() for c in self.custom_ops]} if self.custom_ops else {}),
-            # only when on: the build keys of targets without fusion stay what they were
-            **({"fusion": as_plain(self.fusion)} if self.fusion.enabled else {}),
-        }))
-        return out
+        """The settings the build key holds (each key's `build` policy)."""
+        return build_json(self)
 
     @property
     def rule(self) -> PrecisionRule:
@@ -263,24 +209,47 @@ class Settings:
         table = self.rule.options_table
         return None if table is None else getattr(self, table)
 
-    def precision_options(self) -> dict[str, Any]:
-        """The same as a JSON-able dict (recorded in manifests)."""
-        opts = self.typed_precision_options()
-        return {} if opts is None else as_plain(opts)
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Target:
+    """[targets.NAME]: its target-wide keys, and the settings of each of its models."""
+
     name: str
-    description: str
-    runtime: str                     # the flavor's pip requirement, e.g. "onnxruntime==1.31.1"
-    models: tuple[str, ...]          # resolved model names, in [models] order
+    description: str = setting("", build="never", doc="Free text.")
+    runtime: str = setting(  # the flavor's pip requirement, e.g. "onnxruntime==1.31.1"
+        required=True, kind="requirements", build="never",
+        guard="the build refuses an environment whose flavor differs (the build key holds the installed one)",
+        doc="pip requirement of the target's ONNX Runtime flavor, e.g. `onnxruntime==1.31.1`, "
+            "`onnxruntime-openvino==1.24.1`, `onnxruntime-gpu==1.31.1`; or an array of the flavor and the "
+            "plugin execution providers it loads, e.g. `[\"onnxruntime==1.31.1\", "
+            "\"onnxruntime-ep-openvino==1.8.1\"]` (one flavor per target). nox installs them into the "
+            "target's own virtualenv; `ortbuild build` refuses to build a target in an environment "
+            "whose flavor, plugins or versions do not match.")
+    custom_ops: tuple[CustomOps, ...] = setting(  # of the target and of all its models
+        (), kind="strings", build="never", rebuilds="each of its jobs' settings hold the libraries",
+        doc="Custom-operator libraries every model of this target needs, added to each model's `custom_ops` "
+            "(same forms).")
+    require: bool = setting(
+        False, build="never",
+        doc="`ortbuild test` fails (instead of skipping) when this target cannot run here, e.g. on CI "
+            "runners that have its hardware. Same as `--require`.")
+    runner: tuple[str, ...] = setting(  # CI runner labels (`ortbuild matrix`)
+        ("ubuntu-latest",), build="never",
+        doc="CI runner labels of the machine that builds and tests this target (`ortbuild matrix` puts them "
+            "in `runs-on`), e.g. [\"self-hosted\", \"linux\", \"gpu\"]. A `linux-aarch64` target without "
+            "its own labels gets [\"ubuntu-24.04-arm\"] (GitHub's ARM runner). See docs/ci.md.")
+    platform: Literal["native", "linux-x86_64", "linux-aarch64"] = setting(
+        "native", build="never",
+        doc="The platform the artifact is for: `native` (the machine that runs the tests), `linux-x86_64` or "
+            "`linux-aarch64`. Where it is not this machine's, `ortbuild test` runs the golden gate through the "
+            "generated Python loader on that platform's ONNX Runtime wheel under emulation (qemu-user; set "
+            "up once and cached, docs/targets.md) and SKIPS the latency, cold-start and memory gates (emulation "
+            "says nothing about the device's speed); on a runner of that platform every gate runs. Such a "
+            "target's `optimization` is `basic` or `extended` (`layout`/`all` tie it to the build CPU).")
+    models: tuple[str, ...] = setting(  # resolved model names, in [models] order
+        ("*",), build="never", doc="Glob patterns (fnmatch) of the model names this applies to.")
     settings: Mapping[str, Settings]  # per model name
-    require: bool = False            # `ortbuild test` fails instead of skipping when it cannot run here
-    runner: tuple[str, ...] = ("ubuntu-latest",)  # CI runner labels (`ortbuild matrix`)
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (providers.PLUGINS)
-    custom_ops: tuple[CustomOps, ...] = ()  # of the target and of all its models
-    platform: str = "native"         # where the artifact runs: "native" (here), "linux-x86_64", "linux-aarch64"
 
     @property
     def requirements(self) -> tuple[str, ...]:
@@ -314,15 +283,20 @@ class Target:
         return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *([self.platform] * (self.platform != "native"))]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Project:
     file: Path
-    name: str
-    version: str
-    description: str
+    name: str = setting(required=True, build="never", doc="Project name, recorded in every manifest.")
+    version: str = setting(required=True, build="never", doc="Project version, recorded in every manifest.")
+    description: str = setting("", build="never", doc="Free text.")
     models: Mapping[str, Model]
     targets: Mapping[str, Target]
-    epoch: int = 0                   # rollback counter: signed into every manifest, loaders pin a minimum
+    epoch: int = setting(  # rollback counter: signed into every manifest, loaders pin a minimum
+        0, build="never", rebuilds="the build key holds it (sealing)",
+        doc="Rollback counter, signed into every manifest: raise it when an older artifact must no longer "
+            "load. Each generated loader refuses an artifact whose epoch is below the one it was generated "
+            "with, and `release` an artifact below it; lowering it below the epoch of the artifacts in dist/ "
+            "is an error unless `--allow-epoch-decrease` (docs/container.md, rollback).")
 
     @property
     def root(self) -> Path:

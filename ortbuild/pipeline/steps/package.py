@@ -96,7 +96,7 @@ def _session_json(prep: Prepared, precompiled: bool) -> dict[str, Any]:
     """The session options loaders use: the target's, plus disable_model_compile for a compiled artifact."""
     out = prep.job.settings.session.as_json()
     if precompiled:
-        out["config"] = {**out["config"], reload.PRECOMPILED_CONFIG: "1"}
+        out["config"] = {**prep.job.settings.session.config, reload.PRECOMPILED_CONFIG: "1"}
     return out
 
 

@@ -28,8 +28,9 @@ from ortbuild import modelfiles
 from ortbuild.artifact import manifest
 from ortbuild.pipeline.steps import accounting, streamquant
 from ortbuild.project import precisions
-from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain, typed
+from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain
 from ortbuild.project.data import Feed
+from ortbuild.project.declare import build
 from ortbuild.project.precisions import PrecisionRule, Quantizer
 from ortbuild.project.settings import OPTIONS_TYPES
 
@@ -195,7 +196,7 @@ def _typed(rule: PrecisionRule, opts: Mapping[str, Any] | PrecisionOptions) -> P
     if opts is None or not isinstance(opts, Mapping):
         return opts
     table = rule.options_table
-    return None if table is None else typed(OPTIONS_TYPES[table], opts)
+    return None if table is None else build(OPTIONS_TYPES[table], opts)
 
 
 def run(source: Path, model: onnx.ModelProto, precision: str | PrecisionRule,

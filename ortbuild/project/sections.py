@@ -1,0 +1,206 @@
+"""The sub-tables of a target, each key declared once (ortbuild.project.declare): the precision options
+(`quantization`, `fp16`, `int4`), `fusion`, `session`, and the budgets `latency`, `size`, `memory`.
+Stdlib-only (the noxfile imports it through ortbuild.project.config).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ortbuild.project.declare import plain, setting
+
+# The model types of ONNX Runtime's transformer optimizer (`fusion.model_type`): the keys of
+# onnxruntime.transformers.optimizer.MODEL_TYPES in onnxruntime 1.31.1 (tests/test_fusion.py compares them with
+# the installed module), in its order. "off" (the default) runs no fusion.
+FUSION_OFF = "off"
+FUSION_MODEL_TYPES = ("bart", "bert", "bert_tf", "bert_keras", "clip", "conformer", "gpt2", "gpt2_tf", "gpt_neox",
+                      "phi", "qwen3", "sam2", "swin", "tnlr", "t5", "unet", "vae", "vit", "mmdit")
+# The types whose num_heads and hidden_size the optimizer infers from the graph (0); the others need both
+# (onnxruntime.transformers.optimizer.optimize_by_fusion warns and fuses with wrong sizes otherwise).
+FUSION_INFERS_SIZES = frozenset({"bert", "t5", "swin", "unet", "vae", "clip", "sam2", "mmdit"})
+MS_MAX = 3_600_000                   # a latency budget: at most an hour
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """[targets.X.quantization]: options of int8-dynamic and int8-static."""
+
+    format: Literal["qdq", "qoperator"] = setting(
+        "qdq", doc="int8-static graph format. QDQ is ORT's recommendation for CPU and the only one TensorRT "
+                   "takes. int8-dynamic is always QOperator-style (DynamicQuantizeLinear + MatMulInteger).")
+    per_channel: bool = setting(True, doc="Per-channel weight scales.")
+    weight_type: Literal["int8", "uint8"] = setting(
+        "int8", doc="Weight type. S8 weights are the fast path on x86 (U8 weights gave no speed-up).")
+    activation_type: Literal["int8", "uint8"] = setting(
+        "uint8", doc="Activation type of int8-static (U8 activations / S8 weights is ORT's x86 advice).")
+    reduce_range: bool = setting(False, doc="7-bit weights; can help accuracy on CPUs without VNNI.")
+    op_types: tuple[str, ...] = setting(
+        (), doc="Op types to quantize, e.g. [\"MatMul\"]. Empty: every type the quantizer supports.")
+    exclude_nodes: tuple[str, ...] = setting((), doc="Node names to keep in float.")
+    calibration_method: Literal["minmax", "entropy", "percentile", "distribution"] = setting(
+        "minmax", doc="int8-static calibration.")
+    preprocess: bool = setting(
+        True, doc="Run `quant_pre_process` (symbolic shape inference + basic optimization) first.")
+
+
+@dataclass(frozen=True)
+class Fp16:
+    """[targets.X.fp16]: options of fp16."""
+
+    keep_io_types: bool = setting(True, doc="Keep float32 graph inputs and outputs (Casts are inserted inside).")
+    op_block_list: tuple[str, ...] = setting(
+        (), doc="Op types kept in float32, added to the converter's default block list.")
+    node_block_list: tuple[str, ...] = setting((), doc="Node names kept in float32.")
+
+
+@dataclass(frozen=True)
+class Int4:
+    """[targets.X.int4]: options of int4-weight."""
+
+    block_size: int = setting(32, maximum=256, doc="Quantization block size (16, 32, 64, 128 or 256).")
+    symmetric: bool = setting(True, doc="Symmetric (no zero point) blocks.")
+    accuracy_level: int = setting(
+        0, maximum=4, doc="MatMulNBits compute type: 0 = runtime default, 1 fp32, 2 fp16, 3 bf16, 4 int8.")
+    exclude_nodes: tuple[str, ...] = setting((), doc="Node names to keep in float.")
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """[targets.X.fusion]: ONNX Runtime's transformer optimizer, run before the precision step (steps/fusion.py)."""
+
+    model_type: str = setting(
+        FUSION_OFF, choices=(FUSION_OFF, *FUSION_MODEL_TYPES),
+        doc="`off`, or the model type of ONNX Runtime's transformer optimizer "
+            "(`onnxruntime.transformers.optimizer.optimize_model`, its Python fusions: `opt_level = 0`; ORT's "
+            "own graph optimizations run later, at the target's `optimization` level): `bert` for BERT-like "
+            "encoders (MiniLM, RoBERTa, DistilBERT), `gpt2`, `t5`, `vit`, ... A fusion that fuses nothing is "
+            "noted and the source is kept. Not with compiling providers (OpenVINO, TensorRT, ...); skipped, "
+            "with a note, in portable builds.")
+    num_heads: int = setting(
+        0, maximum=4096, doc="Attention heads; 0: inferred from the graph (bert, t5, swin, unet, vae, clip, sam2, "
+                             "mmdit). The other model types need it and `hidden_size`.")
+    hidden_size: int = setting(
+        0, maximum=1 << 20, doc="Hidden size; 0: inferred from the graph, like `num_heads` (give both or neither).")
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_type != FUSION_OFF
+
+
+@dataclass(frozen=True)
+class Session:
+    """[targets.X.session]: the session options every session of the build (and the loaders) opens with."""
+
+    intra_op_num_threads: int = setting(0, maximum=1024, doc="0 = ORT's default (physical cores).")
+    inter_op_num_threads: int = setting(0, maximum=1024, doc="Used only with execution_mode parallel.")
+    execution_mode: Literal["sequential", "parallel"] = setting("sequential", doc="ORT execution mode.")
+    enable_mem_pattern: bool = setting(True, doc="Memory pattern planning.")
+    enable_cpu_mem_arena: bool = setting(True, doc="CPU arena; off returns memory after bursts of varying shapes.")
+    use_deterministic_compute: bool = setting(False, doc="Deterministic kernels.")
+    config: Mapping[str, str] = setting(
+        factory=dict, kind="config",
+        doc="Session config entries (`add_session_config_entry`), e.g. "
+            "`{ \"session.intra_op.allow_spinning\" = \"0\" }`. Keys are checked against an allowlist "
+            "of the keys in onnxruntime 1.31.1, because ORT accepts misspelled keys silently.")
+
+    def as_json(self) -> dict[str, object]:
+        """All of the options, as the manifest records them."""
+        out = plain(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclass(frozen=True)
+class FasterThan:
+    target: str = setting(required=True, build="never", doc="The target to compare with (same model).")
+    ratio: float = setting(
+        required=True, maximum=1000, build="never",
+        doc="Its median latency divided by this target's must be at least this (0.8: at most 1.25x slower).")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratio", float(self.ratio))  # TOML may write it as an integer
+
+
+@dataclass(frozen=True)
+class Latency:
+    """[targets.X.latency]: budgets and the sample plan of the latency test. Budgets never rebuild."""
+
+    p50_ms: float | None = setting(None, maximum=MS_MAX, build="never", doc="Budget of the median latency, in ms.")
+    p90_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                   doc="Budget of the 90th percentile latency, in ms.")
+    p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                   doc="Budget of the 99th percentile latency, in ms.")
+    # median of import + load + first run in fresh processes (gating.startup)
+    cold_start_ms: float | None = setting(
+        None, maximum=MS_MAX, build="never",
+        doc="Budget of the median cold start, in ms: in a fresh Python process, importing the generated loader "
+            "(and onnxruntime with it), `load()` (verify, decrypt, session creation) and the first run on the "
+            "first golden data set, measured inside the process. Judged over fresh processes (the first look "
+            "at 8, then 16 and 32) at `confidence`; see docs/testing.md.")
+    faster_than: FasterThan | None = setting(
+        None, build="never", inherited=False,
+        doc="A relative budget measured in the same run, interleaved: `{ target = \"cpu-fp32\", ratio = "
+            "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
+            "Holds across machines of different speed. The other target must run in this runtime. "
+            "Not inherited through `extends`.")
+    # golden data set name -> its budgets, over the ones above
+    data_sets: Mapping[str, Mapping[str, float]] = setting(
+        factory=dict, kind="named", table="latency_data_set", build="never",
+        doc="Budgets of one golden data set `[targets.X.latency.data_sets.test_data_set_N]` (the model's "
+            "`inputs` directory holds one `test_data_set_N/` per shape), over the budgets above key by key. "
+            "Every data set is timed; a name no model of the target has is an error.")
+    confidence: float = setting(
+        0.99, maximum=0.999999, build="never",
+        doc="Confidence of every verdict (distribution-free binomial bounds on the percentile), every look "
+            "of the sequential plan accounted for.")
+    min_samples: int = setting(
+        0, maximum=1_000_000, build="never",
+        doc="Samples taken before the first look (no verdict stops sampling earlier); with a budget still "
+            "undecided, sampling goes on to at least this many. 0: the first look at 20 samples, and "
+            "undecided budgets go on to at least 100 and 1.5x the fewest samples that can bound the tightest "
+            "budgeted percentile (44 for p90, 459 for p99 at 0.99).")
+    min_seconds: float = setting(
+        1.0, maximum=3600, build="never",
+        doc="With a budget still undecided (or no budget), sampling lasts at least this long; a decided "
+            "verdict stops it at the next look.")
+    warmup_runs: int = setting(
+        5, maximum=100_000, build="never",
+        doc="Untimed runs after the first one (session creation and the first run are reported apart).")
+    retry_wait_seconds: float = setting(
+        30.0, maximum=3600, build="never",
+        doc="A FAIL measured under load (more runnable threads than CPUs) or drift is measured again once "
+            "the load has fallen, after waiting at most this long (0: at once); still under load, it is "
+            "INCONCLUSIVE.")
+
+    def budgets(self, data_set: str | None = None) -> dict[float, float]:
+        """{percentile (0-1): budget in ms} of the percentiles that have one (on `data_set`: its own budgets
+        over the target's, key by key)."""
+        own = self.data_sets.get(data_set, {}) if data_set is not None else {}
+        pairs = ((0.5, own.get("p50_ms", self.p50_ms)), (0.9, own.get("p90_ms", self.p90_ms)),
+                 (0.99, own.get("p99_ms", self.p99_ms)))
+        return {p: float(b) for p, b in pairs if b is not None}
+
+
+@dataclass(frozen=True)
+class Size:
+    max_ratio: float | None = setting(
+        None, maximum=1000, build="never",
+        doc="Largest artifact size / source size (all files). Default 1.1 for fp32, 1.0 for the reduced "
+            "precisions: an artifact bigger than its source is usually folded constants. 4 KB are allowed on top "
+            "(the container header and graph metadata of very small models).")
+    max_mb: float | None = setting(None, maximum=1 << 20, build="never",
+                                   doc="Largest artifact size in MiB (all files).")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """[targets.X.memory]: the peak RSS budget of a fresh process that loads and runs the artifact."""
+
+    peak_mb: float | None = setting(
+        None, maximum=1 << 20, build="never",
+        doc="Budget of the median peak resident memory (RSS high-water mark, VmHWM), in MiB, of a fresh Python "
+            "process that imports the generated loader, loads the artifact and runs the first golden data set "
+            "three times. Measured in the same fresh processes as `latency.cold_start_ms`, at the target's "
+            "`latency.confidence`.")
