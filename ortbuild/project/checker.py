@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import difflib
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ortbuild.errors import ConfigError
@@ -40,13 +40,13 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {' or '.join(repr(x) for x in starts)}?)" if 0 < len(starts) <= 3 else ""
 
 
-def short_repr(v: Any, limit: int = 60) -> str:
+def short_repr(v: object, limit: int = 60) -> str:
     """A value for an error message, cut short (a fuzzer's 5,000-character string is not a message)."""
     text = repr(v)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def type_name(v: Any) -> str:
+def type_name(v: object) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
             dict: "a table"}.get(type(v), type(v).__name__)
 
@@ -58,7 +58,7 @@ class Checker:
     def fail(self, where: str, message: str, hint: str | None = None) -> ConfigError:
         return ConfigError(self.file, where, message, hint)
 
-    def table(self, data: Any, spec: str, where: str) -> dict[str, Any]:
+    def table(self, data: object, spec: str, where: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise self.fail(where, f"must be a table, got {type_name(data)}")
         known = options.keys(spec)
@@ -73,7 +73,7 @@ class Checker:
                     raise self.fail(where, f"missing required key '{k.name}'")
         return data
 
-    def value(self, v: Any, k: options.Key, where: str) -> None:
+    def value(self, v: object, k: options.Key, where: str) -> None:
         kind = k.kind
         if kind == "string":
             if not isinstance(v, str):
@@ -130,7 +130,7 @@ class Checker:
             for name, item in v.items():
                 self.table(item, k.table, f"{where}.{name}")
 
-    def providers(self, v: Any, where: str) -> None:
+    def providers(self, v: object, where: str) -> None:
         if not isinstance(v, list) or not v:
             raise self.fail(where, "must be a non-empty array of provider names or {name=..., options={...}}")
         seen: set[str] = set()
@@ -166,7 +166,7 @@ class Checker:
                 raise self.fail(at, f"{name} is listed twice", "list each provider once, in priority order")
             seen.add(name)
 
-    def config(self, v: Any, where: str) -> None:
+    def config(self, v: object, where: str) -> None:
         if not isinstance(v, dict):
             raise self.fail(where, f"must be a table of \"key\" = \"value\", got {type_name(v)}")
         for key, value in v.items():
@@ -196,6 +196,10 @@ def merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def providers_of(raw: list[Any]) -> tuple[Provider, ...]:
-    return tuple(Provider(e) if isinstance(e, str) else Provider(e["name"], dict(e.get("options", {})))
-                 for e in raw)
+def providers_of(raw: Sequence[object]) -> tuple[Provider, ...]:
+    """The validated `providers` entries: names, or tables of name and options."""
+    out = []
+    for e in raw:
+        assert isinstance(e, str | dict)
+        out.append(Provider(e) if isinstance(e, str) else Provider(e["name"], dict(e.get("options", {}))))
+    return tuple(out)

@@ -37,7 +37,7 @@ class Key:
     name: str
     kind: str
     doc: str
-    default: Any = None              # as TOML writes it (arrays are lists, tables dicts)
+    default: object = None           # as TOML writes it (arrays are lists, tables dicts)
     required: bool = False
     choices: tuple[str, ...] = ()
     table: str | None = None

@@ -63,7 +63,7 @@ def _drop(table: dict[str, Any], keys: dict[str, Any]) -> None:
             _drop(table[k], inner)
 
 
-def rule_family(precision: Any) -> tuple[Any, ...]:
+def rule_family(precision: object) -> tuple[object, ...]:
     """Precisions whose accuracy rules carry over to each other (PrecisionRule.rule_family); an unknown name (not
     validated yet) stands alone."""
     r = precisions.find(precision)

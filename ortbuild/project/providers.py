@@ -182,7 +182,7 @@ PROVIDER_OPTIONS: dict[str, dict[str, ProviderOption]] = {
 }
 
 
-def provider_option_problem(provider: str, name: str, value: Any) -> str | None:
+def provider_option_problem(provider: str, name: str, value: object) -> str | None:
     """Why `name = value` is not a valid option of `provider`, or None (also None for unchecked providers)."""
     known = PROVIDER_OPTIONS.get(provider)
     if known is None:

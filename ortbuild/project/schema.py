@@ -5,7 +5,6 @@ targets.toml, generated from the key tables. Regenerate both with `ortbuild sche
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ortbuild.paths import NAME_PATTERN, NAME_RULE, RESERVED_NAMES
 from ortbuild.project.providers import PROVIDER_OPTIONS, PROVIDERS, ProviderOption
@@ -21,13 +20,13 @@ from ortbuild.project.tables import TABLES, Key
 
 # ----------------------------------------------------------------------------------------- JSON Schema
 
-def _provider_options_schema(provider: str) -> dict[str, Any]:
+def _provider_options_schema(provider: str) -> dict[str, object]:
     """if name == provider then its options are the documented ones, of their kinds."""
-    flag = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["0", "1", "true", "false"]},
+    flag: dict[str, object] = {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["0", "1", "true", "false"]},
                       {"type": "integer", "enum": [0, 1]}]}
-    kinds: dict[str, dict[str, Any]] = {"flag": flag, "text": {"type": "string"}, "json": {"type": "string"}}
+    kinds: dict[str, dict[str, object]] = {"flag": flag, "text": {"type": "string"}, "json": {"type": "string"}}
 
-    def one(o: ProviderOption) -> dict[str, Any]:
+    def one(o: ProviderOption) -> dict[str, object]:
         if o.kind == "choice":
             return {"type": "string", "enum": list(o.choices)}
         if o.kind == "int":
@@ -40,8 +39,8 @@ def _provider_options_schema(provider: str) -> dict[str, Any]:
                                                 "properties": props}}}}
 
 
-def _key_schema(k: Key) -> dict[str, Any]:
-    s: dict[str, Any]
+def _key_schema(k: Key) -> dict[str, object]:
+    s: dict[str, object]
     if k.kind == "string":
         s = {"type": "string"}
         if k.choices:
@@ -87,8 +86,8 @@ def _key_schema(k: Key) -> dict[str, Any]:
     return s
 
 
-def _table_schema(table: str, with_required: bool) -> dict[str, Any]:
-    s: dict[str, Any] = {
+def _table_schema(table: str, with_required: bool) -> dict[str, object]:
+    s: dict[str, object] = {
         "type": "object",
         "additionalProperties": False,
         "properties": {k.name: _key_schema(k) for k in TABLES[table]},
@@ -99,7 +98,7 @@ def _table_schema(table: str, with_required: bool) -> dict[str, Any]:
     return s
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, object]:
     # Targets may inherit required keys through `extends`, so the schema cannot require them there.
     defs = {t: _table_schema(t, with_required=t != "target") for t in TABLES}
     # names become directories under dist/

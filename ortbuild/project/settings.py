@@ -23,9 +23,9 @@ from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quant
 @dataclass(frozen=True)
 class Provider:
     name: str
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, str | int | float | bool] = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"name": self.name, "options": dict(self.options)}
 
 
@@ -130,7 +130,7 @@ OPTIONS_TYPES: dict[OptionsTable, type[Quantization] | type[Fp16] | type[Int4]] 
     "quantization": Quantization, "fp16": Fp16, "int4": Int4}
 
 
-def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, Any]:
+def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, object]:
     """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
     out = plain(settings)
     assert isinstance(out, dict)
@@ -195,7 +195,7 @@ class Settings:
             "providers that have those kernels (CPU, CUDA, ROCm). Off by default. See docs/targets.md.")
     gates: Gates | None = field(default=None, compare=False)  # its keys never rebuild: not in as_json()
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         """The settings the build key holds (each key's `build` policy)."""
         return build_json(self)
 
