@@ -9,8 +9,9 @@ ortbuild.project.config) before any venv exists.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal, get_args
 
 Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight"]
@@ -28,7 +29,7 @@ class Quantizer(enum.Enum):
     INT4 = "int4"                    # MatMulNBitsQuantizer (block-wise, weight-only)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchKnob:
     """Where a precision keeps nodes in float (`ortbuild test --explain`): its options table and keys."""
 
@@ -37,7 +38,7 @@ class SearchKnob:
     op_types: str | None             # op types kept in float (None: op types are written as their nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrecisionRule:
     """What a precision is: the table holding its options, what it needs, how it is judged and converted."""
 
@@ -46,9 +47,9 @@ class PrecisionRule:
     quantizer: Quantizer             # the precision step's converter
     quantized: bool = False          # the quantizers' int8 path (pre-processing, opset >= 13)
     needs_calibration: bool = False  # needs the model's `calibration` data
-    # the golden test's default rule (under [targets.X.accuracy]); fp32 is elementwise, the reduced
+    # the golden test's default rule (under [targets.X.accuracy]), by key; fp32 is elementwise, the reduced
     # precisions are judged by task metrics (cosine similarity, top-1 agreement), not elementwise
-    accuracy: tuple[tuple[str, float], ...] = (("cosine", 0.99),)
+    accuracy: Mapping[str, float] = field(default_factory=lambda: _accuracy(cosine=0.99), hash=False)
     max_size_ratio: float = 1.0      # the size gate's default: a reduced precision never outgrows its source
     knob: SearchKnob | None = None   # what the explain search keeps in float (None: nothing to search)
 
@@ -59,17 +60,25 @@ class PrecisionRule:
         return (self.options_table, self.accuracy)
 
 
-FP32_ACCURACY = (("rtol", 1e-4), ("atol", 1e-5))
-_INT8_KNOB = SearchKnob("quantization", "exclude_nodes", None)
+def _accuracy(**keys: float) -> Mapping[str, float]:
+    """A precision's default accuracy rule: [targets.X.accuracy] keys and their values (read-only)."""
+    return MappingProxyType(keys)
+
+
+FP32_ACCURACY = _accuracy(rtol=1e-4, atol=1e-5)
+_INT8_KNOB = SearchKnob(table="quantization", nodes="exclude_nodes", op_types=None)
 
 RULES: tuple[PrecisionRule, ...] = (
-    PrecisionRule("fp32", None, Quantizer.NONE, accuracy=FP32_ACCURACY, max_size_ratio=1.1),
-    PrecisionRule("fp16", "fp16", Quantizer.FP16, accuracy=(("cosine", 0.999),),
-                  knob=SearchKnob("fp16", "node_block_list", "op_block_list")),
-    PrecisionRule("int8-dynamic", "quantization", Quantizer.INT8, quantized=True, knob=_INT8_KNOB),
-    PrecisionRule("int8-static", "quantization", Quantizer.INT8, quantized=True, needs_calibration=True,
+    PrecisionRule(name="fp32", options_table=None, quantizer=Quantizer.NONE, accuracy=FP32_ACCURACY,
+                  max_size_ratio=1.1),
+    PrecisionRule(name="fp16", options_table="fp16", quantizer=Quantizer.FP16, accuracy=_accuracy(cosine=0.999),
+                  knob=SearchKnob(table="fp16", nodes="node_block_list", op_types="op_block_list")),
+    PrecisionRule(name="int8-dynamic", options_table="quantization", quantizer=Quantizer.INT8, quantized=True,
                   knob=_INT8_KNOB),
-    PrecisionRule("int4-weight", "int4", Quantizer.INT4, knob=SearchKnob("int4", "exclude_nodes", None)),
+    PrecisionRule(name="int8-static", options_table="quantization", quantizer=Quantizer.INT8, quantized=True,
+                  needs_calibration=True, knob=_INT8_KNOB),
+    PrecisionRule(name="int4-weight", options_table="int4", quantizer=Quantizer.INT4,
+                  knob=SearchKnob(table="int4", nodes="exclude_nodes", op_types=None)),
 )
 # The one place that knows the precision names; everything else is handed these rules.
 PRECISION_RULES: dict[str, PrecisionRule] = {r.name: r for r in RULES}
@@ -88,7 +97,7 @@ def find(precision: object) -> PrecisionRule | None:
     return PRECISION_RULES.get(precision) if isinstance(precision, str) else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LevelRule:
     """What an optimization level does to the graph, and what that ties the artifact to."""
 
@@ -100,11 +109,11 @@ class LevelRule:
 
 # The one place that knows the optimization levels, in increasing order.
 LEVEL_RULES: dict[str, LevelRule] = {r.name: r for r in (
-    LevelRule("disable", "ORT_DISABLE_ALL", portable=True, nchwc=False),
-    LevelRule("basic", "ORT_ENABLE_BASIC", portable=True, nchwc=False),
-    LevelRule("extended", "ORT_ENABLE_EXTENDED", portable=False, nchwc=False),
-    LevelRule("layout", "ORT_ENABLE_LAYOUT", portable=False, nchwc=True),
-    LevelRule("all", "ORT_ENABLE_ALL", portable=False, nchwc=True),
+    LevelRule(name="disable", ort_enum="ORT_DISABLE_ALL", portable=True, nchwc=False),
+    LevelRule(name="basic", ort_enum="ORT_ENABLE_BASIC", portable=True, nchwc=False),
+    LevelRule(name="extended", ort_enum="ORT_ENABLE_EXTENDED", portable=False, nchwc=False),
+    LevelRule(name="layout", ort_enum="ORT_ENABLE_LAYOUT", portable=False, nchwc=True),
+    LevelRule(name="all", ort_enum="ORT_ENABLE_ALL", portable=False, nchwc=True),
 )}
 LEVELS: tuple[Level, ...] = get_args(Level)
 assert tuple(LEVEL_RULES) == LEVELS, "Level and LEVEL_RULES name the same levels, in one order"
