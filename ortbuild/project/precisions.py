@@ -1,9 +1,10 @@
-"""The closed vocabularies of a target: precisions, optimization levels and artifact formats.
+"""The closed vocabularies of a target: precisions, optimization levels, artifact formats and platforms.
 
-Each precision and level is a rule object that carries everything ortbuild does differently for it (options
-table, defaults, calibration, the explain search's knob, the precision step's converter); code is handed the
-rule (`Settings.rule`), never a name to compare. Stdlib-only: the noxfile imports it (through
-ortbuild.project.config) before any venv exists.
+Each precision, level, format and platform is a rule object that carries everything ortbuild does differently for
+it (options table, defaults, calibration, the explain search's knob, the precision step's converter; a format's
+file name and what it can hold; a platform's machine, runner labels and emulator); code is handed the rule
+(`Settings.rule`, `format_rule`, `platform_rule`), never a name to compare. Stdlib-only: the noxfile imports it
+(through ortbuild.project.config) before any venv exists.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Literal, get_args
 Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight"]
 Level = Literal["disable", "basic", "extended", "layout", "all"]
 Format = Literal["onnx", "ort"]
+Platform = Literal["native", "linux-x86_64", "linux-aarch64"]
 OptionsTable = Literal["quantization", "fp16", "int4"]  # the target sub-tables holding a precision's options
 
 
@@ -143,4 +145,107 @@ def fp16_upcast_hint(quantizer: Quantizer, level: str, providers: Sequence[str],
             f"provider has no fp16 kernels, and at level '{level}' ORT upcast the fp16 weights to fp32 initializers")
 
 
+class Serialization(enum.Enum):
+    """How an artifact format stores the graph."""
+
+    PROTOBUF = "protobuf"            # ONNX's own: onnx reads it
+    FLATBUFFER = "flatbuffer"        # ORT's format: onnx cannot read it
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatRule:
+    """What an artifact format is: its file, what it can hold and what ships beside it."""
+
+    name: Format
+    suffix: str                      # the artifact's file name: model<suffix> (its external data: model.onnx.data)
+    serialization: Serialization
+    external_data: bool              # can keep weights in a file beside it (the ORT flatbuffer is one file, < 2 GiB)
+    compiled_graphs: bool            # can hold graphs for providers that compile ahead of time (OpenVINO, TensorRT)
+    operators: bool                  # ships ORT's required_operators.config for a reduced build (the operators step)
+
+    @property
+    def file(self) -> str:
+        """The artifact's file name."""
+        return f"model{self.suffix}"
+
+
+# The one place that knows the artifact formats.
+FORMAT_RULES: dict[str, FormatRule] = {r.name: r for r in (
+    FormatRule(name="onnx", suffix=".onnx", serialization=Serialization.PROTOBUF, external_data=True,
+               compiled_graphs=True, operators=False),
+    FormatRule(name="ort", suffix=".ort", serialization=Serialization.FLATBUFFER, external_data=False,
+               compiled_graphs=False, operators=True),
+)}
 FORMATS: tuple[Format, ...] = get_args(Format)
+assert tuple(FORMAT_RULES) == FORMATS, "Format and FORMAT_RULES name the same formats, in one order"
+ONNX, ORT = FORMATS
+
+
+def format_rule(fmt: str | FormatRule) -> FormatRule:
+    """The rule of an artifact format (a validated name: targets.toml, a manifest), or the rule itself."""
+    return fmt if isinstance(fmt, FormatRule) else FORMAT_RULES[fmt]
+
+
+def find_format(fmt: object) -> FormatRule | None:
+    """The rule of `fmt` if it names one (unvalidated input), else None."""
+    return FORMAT_RULES.get(fmt) if isinstance(fmt, str) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Emulator:
+    """How ortbuild runs a platform's artifacts on another machine (ortbuild.emulation): qemu-user over a Debian
+    userland holding the platform's manylinux wheels."""
+
+    qemu: str                        # Debian qemu-user-static's binary
+    cpu: str                         # the CPU qemu emulates
+    debian_arch: str                 # the userland's Debian architecture
+    wheel: str                       # uv's --python-platform
+    pip_platform: str                # pip's --platform
+    cpu_features: str                # the emulated CPU's /proc/cpuinfo Features line
+    cpu_part: str                    # and its CPU part number
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlatformRule:
+    """What a platform is: the machine its artifacts run on, the CI runner that has one, and how another machine
+    emulates it."""
+
+    name: Platform
+    machine: str | None              # platform.machine() there (None: native, whichever machine runs the tests)
+    runner: tuple[str, ...] | None   # its default runner labels (None: the `runner` key's default)
+    nchwc: bool                      # may take the NCHWc levels (layout, all): built on the machine that runs it
+    emulator: Emulator | None = None  # how another machine runs its artifacts (None: ortbuild does not emulate it)
+
+    @property
+    def native(self) -> bool:
+        """Whichever machine runs the tests (`native`), not a named platform."""
+        return self.machine is None
+
+    def emulated_on(self, host: str) -> bool:
+        """Whether its artifacts run emulated on the machine of platform `host` (emulation.host())."""
+        return not self.native and self.name != host
+
+
+ARM_RUNNER = ("ubuntu-24.04-arm",)   # the default runner labels of a linux-aarch64 target (GitHub's ARM runner)
+# Neoverse-N1 (Graviton2, Ampere Altra; the Cortex-A76 of a Raspberry Pi 5 is its sibling): ARMv8.2 with the
+# dot-product instructions ORT's int8 GEMMs use and fp16 arithmetic, no SVE.
+NEOVERSE_N1 = Emulator(
+    qemu="qemu-aarch64-static", cpu="neoverse-n1", debian_arch="arm64", wheel="aarch64-manylinux_2_28",
+    pip_platform="manylinux_2_28_aarch64", cpu_part="0xd0c",
+    cpu_features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp")
+
+# The one place that knows the platforms: "native" is the machine that runs the tests (ortbuild.emulation
+# emulates the others where it can; linux-x86_64 is the build machines': not emulated).
+PLATFORM_RULES: dict[str, PlatformRule] = {r.name: r for r in (
+    PlatformRule(name="native", machine=None, runner=None, nchwc=True),
+    PlatformRule(name="linux-x86_64", machine="x86_64", runner=None, nchwc=False),
+    PlatformRule(name="linux-aarch64", machine="aarch64", runner=ARM_RUNNER, nchwc=False, emulator=NEOVERSE_N1),
+)}
+PLATFORMS: tuple[Platform, ...] = get_args(Platform)
+assert tuple(PLATFORM_RULES) == PLATFORMS, "Platform and PLATFORM_RULES name the same platforms, in one order"
+NATIVE, LINUX_X86_64, LINUX_AARCH64 = PLATFORMS
+
+
+def platform_rule(platform: str | PlatformRule) -> PlatformRule:
+    """The rule of a platform (a validated name: targets.toml), or the rule itself."""
+    return platform if isinstance(platform, PlatformRule) else PLATFORM_RULES[platform]

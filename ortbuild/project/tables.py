@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ortbuild.project.precisions import FORMATS, LEVELS, PRECISIONS
+from ortbuild.project.precisions import FORMATS, LEVELS, PLATFORMS, PRECISIONS
 
 # The model types of ONNX Runtime's transformer optimizer (`fusion.model_type`): the keys of
 # onnxruntime.transformers.optimizer.MODEL_TYPES in onnxruntime 1.31.1 (tests/test_fusion.py compares them with
@@ -39,10 +39,6 @@ class Key:
 
 KINDS = ("string", "integer", "number", "boolean", "strings", "requirements", "providers", "config", "dims", "table",
          "tables", "named")  # named: a table of NAME = sub-table
-
-# `platform` values: "native" is the machine that runs the tests (ortbuild.emulation emulates the others)
-PLATFORMS = ("native", "linux-x86_64", "linux-aarch64")
-ARM_RUNNER = ("ubuntu-24.04-arm",)   # the default runner labels of a linux-aarch64 target (GitHub's ARM runner)
 
 _MODELS_KEY = Key(name="models", kind="strings", default=["*"],
                   doc="Glob patterns (fnmatch) of the model names this applies to.")
