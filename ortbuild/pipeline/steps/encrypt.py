@@ -15,6 +15,7 @@ from ortbuild import files as files_
 from ortbuild import modelfiles
 from ortbuild.artifact import container, keys, manifest
 from ortbuild.project.config import Settings
+from ortbuild.project.precisions import format_rule
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class EncryptResult:
 
 def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Path, external: str,
         key: keys.EncryptionKey | None, deterministic: bool) -> EncryptResult:
-    main = "model.ort" if settings.format == "ort" else "model.onnx"
+    main = format_rule(settings.format).file
     files = modelfiles.of(artifact, hashed=False)
     if external and not files.has_external_data:  # a compiled (EPContext) model: split its data off here
         folder = work / "external"
