@@ -25,7 +25,7 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, plan
-from ortbuild.project.precisions import Quantizer
+from ortbuild.project.precisions import Quantizer, platform_rule
 from ortbuild.publish import epochs
 from ortbuild.status import JobStatus, final_exit
 
@@ -219,7 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for o in out:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
-    platforms = {j.target.name: j.target for j in jobs if j.target.platform != "native"}
+    platforms = {j.target.name: j.target for j in jobs if not platform_rule(j.target.platform).native}
     if platforms:
         print("\nplatforms (docs/targets.md#platforms):")
         for t in platforms.values():
