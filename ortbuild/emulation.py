@@ -23,11 +23,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ortbuild.errors import OrtbuildError, from_loader
+from ortbuild.project.precisions import Emulator, PlatformRule, platform_rule
 
 SUITE = "bookworm"                    # the Debian release of the emulated userland (Python 3.11)
 MIRROR_VAR, CACHE_VAR, SWITCH_VAR = "ORTBUILD_DEBIAN_MIRROR", "ORTBUILD_EMULATION_CACHE", "ORTBUILD_EMULATION"
@@ -41,32 +41,11 @@ USERLAND_SIZE = "downloads about 50 MB of Debian packages, 250 MB unpacked"
 WHEELS_SIZE = "downloads about 40 MB of wheels, 130 MB installed"
 
 
-@dataclass(frozen=True)
-class Platform:
-    name: str              # targets.toml's `platform`
-    machine: str           # platform.machine() there
-    debian_arch: str
-    qemu: str              # Debian qemu-user-static's binary
-    cpu: str               # the CPU qemu emulates
-    wheel: str             # uv's --python-platform
-    pip_platform: str      # pip's --platform
-    cpuinfo: str           # /proc/cpuinfo of the emulated CPU (see _cpuinfo)
-
-
-def _cpuinfo(features: str, part: str, cpus: int = 2) -> str:
-    return "".join(f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
-                   f"CPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: {part}\nCPU revision\t: 1\n\n"
+def _cpuinfo(e: Emulator, cpus: int = 2) -> str:
+    """/proc/cpuinfo of the emulated CPU."""
+    return "".join(f"processor\t: {i}\nBogoMIPS\t: 50.00\nFeatures\t: {e.cpu_features}\nCPU implementer\t: "
+                   f"0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: {e.cpu_part}\nCPU revision\t: 1\n\n"
                    for i in range(cpus))
-
-
-# Neoverse-N1 (Graviton2, Ampere Altra; the Cortex-A76 of a Raspberry Pi 5 is its sibling): ARMv8.2 with the
-# dot-product instructions ORT's int8 GEMMs use and fp16 arithmetic, no SVE.
-AARCH64 = Platform(
-    name="linux-aarch64", machine="aarch64", debian_arch="arm64", qemu="qemu-aarch64-static", cpu="neoverse-n1",
-    wheel="aarch64-manylinux_2_28", pip_platform="manylinux_2_28_aarch64",
-    cpuinfo=_cpuinfo("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc "
-                     "dcpop asimddp", "0xd0c"))
-PLATFORMS = {"linux-x86_64": None, "linux-aarch64": AARCH64}   # None: no emulation offered (the build machines)
 
 
 class EmulationError(OrtbuildError):
@@ -83,40 +62,41 @@ def host() -> str:
 
 def emulated(name: str) -> bool:
     """Whether a target of platform `name` runs emulated here ("native" and this machine's own run natively)."""
-    return name not in ("native", host())
+    return platform_rule(name).emulated_on(host())
 
 
 def cache_root() -> Path:
     return Path(os.environ.get(CACHE_VAR) or Path.home() / ".cache" / "ortbuild" / "emulation")
 
 
-def _key(p: Platform, requirements: Sequence[str]) -> str:
+def _key(p: PlatformRule, requirements: Sequence[str]) -> str:
     mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
     return hashlib.sha256(json.dumps([LAYOUT, p.name, SUITE, mirror, sorted(requirements)]).encode()).hexdigest()[:16]
 
 
-def _rootfs(p: Platform) -> Path:
+def _rootfs(p: PlatformRule) -> Path:
     return cache_root() / f"{p.name}-{SUITE}-rootfs-v{LAYOUT}"
 
 
-def _site(p: Platform, requirements: Sequence[str]) -> Path:
+def _site(p: PlatformRule, requirements: Sequence[str]) -> Path:
     return cache_root() / f"{p.name}-site-{_key(p, requirements)}"
 
 
 def ready(name: str, requirements: Sequence[str]) -> bool:
-    p = PLATFORMS.get(name)
-    return p is not None and (_rootfs(p) / ".ready").is_file() and (_site(p, requirements) / ".ready").is_file()
+    p = platform_rule(name)
+    return (p.emulator is not None and (_rootfs(p) / ".ready").is_file()
+            and (_site(p, requirements) / ".ready").is_file())
 
 
 def unavailable(name: str, requirements: Sequence[str]) -> str:
     """Why targets of platform `name` cannot be tested here ("" when they can, setting up on first use)."""
-    p = PLATFORMS.get(name)
-    if p is None:
+    e = platform_rule(name).emulator
+    if e is None:
         return f"{name} is not this machine's platform ({host()}) and ortbuild cannot emulate it"
     if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
         return f"the emulated {name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
-    if shutil.which(p.qemu) is None:
-        return (f"testing a {name} target here needs qemu-user ({p.qemu}; Debian/Ubuntu: apt-get install "
+    if shutil.which(e.qemu) is None:
+        return (f"testing a {name} target here needs qemu-user ({e.qemu}; Debian/Ubuntu: apt-get install "
                 "qemu-user-static debootstrap), or a runner of that platform (`ortbuild matrix`)")
     if ready(name, requirements):
         return ""
@@ -167,12 +147,12 @@ def _run(cmd: list[str], log: Path, what: str, **kw: Any) -> None:
                              "again")
 
 
-def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
+def _make_rootfs(p: PlatformRule, e: Emulator, say: Callable[[str], None]) -> None:
     dest = _rootfs(p)
     if (dest / ".ready").is_file():
         return
     mirror = os.environ.get(MIRROR_VAR, DEFAULT_MIRROR)
-    say(f"setting up the emulated {p.name} userland: debootstrap {SUITE} {p.debian_arch} (first time only; "
+    say(f"setting up the emulated {p.name} userland: debootstrap {SUITE} {e.debian_arch} (first time only; "
         f"{USERLAND_SIZE})")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     log = dest.parent / f"{dest.name}.log"
@@ -181,7 +161,7 @@ def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
         fake = [] if os.geteuid() == 0 else ["fakeroot"]
         # --foreign: download and unpack the base without running any arm64 program (second stage skipped: the
         # loader needs python3's files, not a configured system); --include's packages are only downloaded
-        _run([*fake, "debootstrap", f"--arch={p.debian_arch}", "--variant=minbase", "--foreign",
+        _run([*fake, "debootstrap", f"--arch={e.debian_arch}", "--variant=minbase", "--foreign",
               "--include=python3,libstdc++6", SUITE, str(tmp / "root"), mirror], log, "debootstrap")
         archives = sorted((tmp / "root" / "var" / "cache" / "apt" / "archives").glob("*.deb"))
         for deb in archives:
@@ -190,7 +170,7 @@ def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
         # qemu-user 7.2 shows the guest the host's x86 /proc/cpuinfo, on which ORT's cpuinfo crashes at import:
         # qemu looks a path up under -L first, so the userland carries the emulated CPU's own
         (tmp / "root" / "proc").mkdir(exist_ok=True)
-        (tmp / "root" / "proc" / "cpuinfo").write_text(p.cpuinfo)
+        (tmp / "root" / "proc" / "cpuinfo").write_text(_cpuinfo(e))
         (tmp / "root" / ".ready").write_text(json.dumps({"suite": SUITE, "mirror": mirror, "debs": len(archives)}))
         if dest.exists():
             shutil.rmtree(dest)
@@ -202,14 +182,14 @@ def _make_rootfs(p: Platform, say: Callable[[str], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _python_version(p: Platform) -> str:
+def _python_version(p: PlatformRule) -> str:
     found = sorted(x.name for x in (_rootfs(p) / "usr" / "bin").glob("python3.*") if x.name[8:].isdigit())
     if not found:
         raise EmulationError(f"no python3 in the emulated userland {_rootfs(p)}", "delete it and run again")
     return found[-1].removeprefix("python")
 
 
-def _make_site(p: Platform, requirements: Sequence[str], say: Callable[[str], None]) -> None:
+def _make_site(p: PlatformRule, e: Emulator, requirements: Sequence[str], say: Callable[[str], None]) -> None:
     dest = _site(p, requirements)
     if (dest / ".ready").is_file():
         return
@@ -222,10 +202,10 @@ def _make_site(p: Platform, requirements: Sequence[str], say: Callable[[str], No
     try:
         site = tmp / "site"
         if shutil.which("uv"):
-            cmd = ["uv", "pip", "install", "--quiet", "--python-platform", p.wheel, "--python-version", version,
+            cmd = ["uv", "pip", "install", "--quiet", "--python-platform", e.wheel, "--python-version", version,
                    "--only-binary", ":all:", "--target", str(site), *requirements]
         else:
-            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--platform", p.pip_platform, "--python-version",
+            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--platform", e.pip_platform, "--python-version",
                    version, "--implementation", "cp", "--only-binary=:all:", "--target", str(site), *requirements]
         _run(cmd, log, f"installing the {p.name} wheels")
         (site / ".ready").write_text(json.dumps({"requirements": sorted(requirements), "python": version}))
@@ -238,15 +218,16 @@ def _make_site(p: Platform, requirements: Sequence[str], say: Callable[[str], No
 
 def ensure(name: str, requirements: Sequence[str], say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Set up (once; then reused) the emulated environment of platform `name` holding `requirements`; what it is."""
-    p = PLATFORMS.get(name)
+    p = platform_rule(name)
     why = unavailable(name, requirements)
-    if p is None or why:
+    if p.emulator is None or why:
         raise EmulationError(why)
+    e = p.emulator
     began = time.monotonic()
     with _locked(cache_root() / ".lock"):
-        _make_rootfs(p, say)
-        _make_site(p, requirements, say)
-    return {"platform": name, "emulator": f"{p.qemu} -cpu {p.cpu}", "userland": f"Debian {SUITE} {p.debian_arch}",
+        _make_rootfs(p, e, say)
+        _make_site(p, e, requirements, say)
+    return {"platform": name, "emulator": f"{e.qemu} -cpu {e.cpu}", "userland": f"Debian {SUITE} {e.debian_arch}",
             "python": _python_version(p), "requirements": sorted(requirements),
             "setup_s": round(time.monotonic() - began, 1)}
 
@@ -301,8 +282,9 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
     ortbuild error as natively (errors.from_loader)."""
     import numpy as np
 
-    p = PLATFORMS[name]
-    assert p is not None
+    p = platform_rule(name)
+    e = p.emulator
+    assert e is not None
     env_info = ensure(name, requirements, say)
     with tempfile.TemporaryDirectory(prefix="ortbuild-emulated-") as tmp:
         work = Path(tmp)
@@ -314,7 +296,7 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
                                      f"emulated {name} golden test does not pass yet",
                                      "test this target on a runner of its platform (`ortbuild matrix`)")
             np.savez(work / f"in_{i}.npz", **f)
-        cmd = [p.qemu, "-cpu", p.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"), "-I",
+        cmd = [e.qemu, "-cpu", e.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"), "-I",
                str(work / "runner.py"), str(_site(p, requirements)), str(loader), str(folder), str(work),
                str(len(feeds))]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "ORT_DISABLE_TELEMETRY": "1"}

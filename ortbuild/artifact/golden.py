@@ -179,7 +179,7 @@ def near_constant(g: Golden) -> dict[str, str]:
     on a target's own rule: a task rule (a loose atol beside a cosine) would call real outputs constant. An output
     of one element is never judged; integer, boolean, string, sequence and map outputs are not (they match
     exactly)."""
-    default = dict(precisions.rule("fp32").accuracy)
+    default = precisions.rule(precisions.FP32).accuracy
     atol, rtol = float(default["atol"]), float(default["rtol"])
     values: dict[str, list[np.ndarray]] = {}
     for ds in g.sets:

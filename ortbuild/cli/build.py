@@ -219,7 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for o in out:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
-    platforms = {j.target.name: j.target for j in jobs if j.target.platform != "native"}
+    platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
     if platforms:
         print("\nplatforms (docs/targets.md#platforms):")
         for t in platforms.values():

@@ -69,7 +69,7 @@ def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:
     job, s = prep.job, prep.job.settings
     src = check.run(job.model.path, prep.files)
     done.add(src)  # reported (the source's size) even when its data fail below
-    if s.format == "ort" and modelfiles.needs_external_data(src.files.weights_size):
+    if not s.format_rule.external_data and modelfiles.needs_external_data(src.files.weights_size):
         raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.format",
                           f"model '{job.model.name}' holds {src.files.weights_size / (1 << 30):.2f} GiB of weights: "
                           "format 'ort' is one flatbuffer, limited to 2 GiB, and cannot hold external data",
@@ -141,13 +141,13 @@ def _optimize(prep: Prepared, done: Done) -> tuple[optimize.OptimizeResult, Layo
 
     prec, s = done[precision.PrecisionResult], prep.job.settings
     files = modelfiles.of(prec.path, hashed=False)
-    external = ""
+    external, fmt = "", s.format_rule
     if s.external_data:
         external = "external_data = true"
-    elif s.format != "ort" and modelfiles.needs_external_data(files.weights_size):
+    elif fmt.external_data and modelfiles.needs_external_data(files.weights_size):
         external = (f"its weights ({files.weights_size / (1 << 30):.2f} GiB) would pass protobuf's 2 GiB limit "
                     "for one file")
-    elif s.format != "ort" and files.has_external_data:  # ORT keeps it so (and never re-serializes the weights)
+    elif fmt.external_data and files.has_external_data:  # ORT keeps it so (and never re-serializes the weights)
         external = "the source model keeps its weights as external data"
     opt = optimize.run(prec.path, s, prep.usable, prep.missing, prep.tmp, external=bool(external))
     if prec.path.is_relative_to(prep.tmp):  # the temp space holds at most two models at once
@@ -265,7 +265,7 @@ PIPELINE: tuple[Step, ...] = (
          lambda p: f"reload (optimizations disabled) and run on {[u.name for u in p.run_on]}"),
     Step("operators", "build", _operators, lambda p: "operator config for a reduced ONNX Runtime build "
          "(required_operators.config, by ORT's create_config_from_models)",
-         applies=lambda p: p.job.settings.format == "ort"),
+         applies=lambda p: p.job.settings.format_rule.operators),
     Step("encrypt", "build", _encrypt, lambda p: "encrypt (container v1, AES-256-GCM)" if p.job.settings.encrypt
          else "no encryption (encrypt = false)"),
     Step("loaders", "build", _loaders, lambda p: "generate the Python, Node.js and browser loaders"),

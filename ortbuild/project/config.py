@@ -21,7 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from ortbuild import paths
 from ortbuild.errors import ConfigError
-from ortbuild.project import options
+from ortbuild.project import options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, providers_of, short_repr, type_name
 from ortbuild.project.declare import build
 from ortbuild.project.layering import INHERITED, NOT_INHERITED, overridden, resolve_extends
@@ -249,8 +249,9 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
 
         if not t["models"]:
             raise chk.fail(f"{where}.models", "selects no models", 'use ["*"] for all, or name the models')
-        if t["platform"] == "linux-aarch64" and _runner_platform(raw, name, resolved) != "linux-aarch64":
-            t["runner"] = list(options.ARM_RUNNER)  # labels set for another platform (or none) are not inherited
+        plat = precisions.platform_rule(t["platform"])
+        if plat.runner is not None and _runner_platform(raw, name, resolved) is not plat:
+            t["runner"] = list(plat.runner)  # labels set for another platform (or none) are not inherited
         if not t["runner"] or not all(label.strip() for label in t["runner"]):
             raise chk.fail(f"{where}.runner", "needs at least one non-empty runner label",
                            'e.g. runner = ["ubuntu-latest"] or ["self-hosted", "gpu"]')
@@ -276,7 +277,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             eff, not_inherited = overridden(t, name, m)
             check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             check_settings(chk, where, models[m], eff)
-            if t["platform"] != "native" and eff["optimization"] in ("layout", "all"):
+            if not plat.nchwc and precisions.LEVEL_RULES[eff["optimization"]].nchwc:
                 raise chk.fail(f"{where}.optimization", f"'{eff['optimization']}' ties the artifact to the build "
                                f"machine's CPU (NCHWc blocks for its SIMD width), and a {t['platform']} target is "
                                "built on one machine and run on another",
@@ -296,11 +297,13 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
 
 
 
-def _runner_platform(raw: dict[str, Any], name: str, resolved: dict[str, dict[str, Any]]) -> str | None:
+def _runner_platform(raw: dict[str, Any], name: str,
+                     resolved: dict[str, dict[str, Any]]) -> precisions.PlatformRule | None:
     """The platform of the target whose table sets the runner labels `name` gets (itself or the nearest one it
     extends); None where none sets them."""
     while name in raw and "runner" not in raw[name]:
         name = raw[name].get("extends")
         if name is None:
             return None
-    return str(resolved[name].get("platform", "native"))  # resolve_extends filled in the whole chain
+    # resolve_extends filled in the whole chain
+    return precisions.platform_rule(resolved[name].get("platform", precisions.NATIVE))

@@ -6,7 +6,7 @@ validation (ortbuild.project.config), the shipped JSON Schema (ortbuild/targets.
 (docs/targets-reference.md) and the build key. Regenerate the schema and docs with `ortbuild schema --write`.
 The parts live in one module per concept; this module gathers them under one name:
 
-- ortbuild.project.precisions: precisions, optimization levels and formats, as rule objects
+- ortbuild.project.precisions: precisions, optimization levels, formats and platforms, as rule objects
 - ortbuild.project.tables: the key tables of targets.toml, derived from the declarations
 - ortbuild.project.providers: execution providers, the runtimes that offer them, their options
 - ortbuild.project.session_keys: session config keys and the keys ortbuild reserves
@@ -18,6 +18,7 @@ All of them are stdlib-only: the noxfile imports them (through ortbuild.project.
 from __future__ import annotations
 
 from ortbuild.project.precisions import (
+    ARM_RUNNER,
     FORMATS,
     FP16,
     FP32,
@@ -27,6 +28,7 @@ from ortbuild.project.precisions import (
     INT8_STATIC,
     LEVEL_RULES,
     LEVELS,
+    PLATFORMS,
     PORTABLE_LEVEL,
     PRECISION_RULES,
     PRECISIONS,
@@ -74,13 +76,11 @@ from ortbuild.project.session_keys import (
 )
 from ortbuild.project.tables import (
     ACCURACY_RULE,
-    ARM_RUNNER,
     FUSION_INFERS_SIZES,
     FUSION_MODEL_TYPES,
     FUSION_OFF,
     KINDS,
     OVERRIDABLE,
-    PLATFORMS,
     TABLES,
     Key,
     defaults,

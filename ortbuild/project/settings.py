@@ -10,13 +10,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from packaging.requirements import Requirement
 
 from ortbuild.project import precisions, providers
 from ortbuild.project.declare import build_json, derived, plain, setting
-from ortbuild.project.precisions import Format, Level, OptionsTable, Precision, PrecisionRule
+from ortbuild.project.precisions import (
+    Format,
+    FormatRule,
+    Level,
+    OptionsTable,
+    Platform,
+    PlatformRule,
+    Precision,
+    PrecisionRule,
+)
 from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quantization, Session, Size
 
 
@@ -204,6 +213,11 @@ class Settings:
         """The rule of this precision: what it needs, how it is judged and converted."""
         return precisions.rule(self.precision)
 
+    @property
+    def format_rule(self) -> FormatRule:
+        """The rule of this artifact format: its file, what it can hold and ships."""
+        return precisions.format_rule(self.format)
+
     def typed_precision_options(self) -> PrecisionOptions:
         """The typed options of this precision (its options table), or None for fp32."""
         table = self.rule.options_table
@@ -238,7 +252,7 @@ class Target:
         doc="CI runner labels of the machine that builds and tests this target (`ortbuild matrix` puts them "
             "in `runs-on`), e.g. [\"self-hosted\", \"linux\", \"gpu\"]. A `linux-aarch64` target without "
             "its own labels gets [\"ubuntu-24.04-arm\"] (GitHub's ARM runner). See docs/ci.md.")
-    platform: Literal["native", "linux-x86_64", "linux-aarch64"] = setting(
+    platform: Platform = setting(
         "native", build="never",
         doc="The platform the artifact is for: `native` (the machine that runs the tests), `linux-x86_64` or "
             "`linux-aarch64`. Where it is not this machine's, `ortbuild test` runs the golden gate through the "
@@ -280,7 +294,13 @@ class Target:
         (`nox -t linux-aarch64`)."""
         ep = self.providers[0].name.removesuffix("ExecutionProvider").lower()
         precs = {s.precision for s in self.settings.values()}
-        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *([self.platform] * (self.platform != "native"))]
+        emulated = [] if self.platform_rule.native else [self.platform]
+        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *emulated]
+
+    @property
+    def platform_rule(self) -> PlatformRule:
+        """The rule of this target's platform: where it runs, how it is emulated here."""
+        return precisions.platform_rule(self.platform)
 
 
 @dataclass(frozen=True, kw_only=True)

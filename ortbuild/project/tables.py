@@ -14,10 +14,8 @@ from ortbuild.project.declare import KINDS, Key, keys_of, sub_tables
 from ortbuild.project.sections import FUSION_INFERS_SIZES, FUSION_MODEL_TYPES, FUSION_OFF, MS_MAX
 from ortbuild.project.settings import Gates, Model, Project, Settings, Target
 
-__all__ = ["ACCURACY_RULE", "ARM_RUNNER", "FUSION_INFERS_SIZES", "FUSION_MODEL_TYPES", "FUSION_OFF", "KINDS",
-           "OVERRIDABLE", "PLATFORMS", "TABLES", "Key", "defaults", "keys", "not_inherited"]
-
-ARM_RUNNER = ("ubuntu-24.04-arm",)   # the default runner labels of a linux-aarch64 target (GitHub's ARM runner)
+__all__ = ["ACCURACY_RULE", "FUSION_INFERS_SIZES", "FUSION_MODEL_TYPES", "FUSION_OFF", "KINDS", "OVERRIDABLE", "TABLES",
+           "Key", "defaults", "keys", "not_inherited"]
 
 EXTENDS = Key(name="extends", kind="string", default=None, build="never", inherited=False,
               doc="Name of another target whose keys this one inherits (tables merge key by key, lists "
@@ -71,8 +69,6 @@ TABLES: dict[str, tuple[Key, ...]] = {
     "latency_data_set": DATA_SET,
     **{name: keys_of(cls) for name, cls in {**sub_tables(Settings), **sub_tables(Gates)}.items()},
 }
-# `platform` values: "native" is the machine that runs the tests (ortbuild.emulation emulates the others)
-PLATFORMS = {k.name: k for k in TABLES["target"]}["platform"].choices
 
 
 def keys(table: str) -> dict[str, Key]:

@@ -24,14 +24,15 @@ def check_settings(chk: Checker, where: str, model: Model, eff: dict[str, Any]) 
         raise chk.fail(f"{where}.int4.block_size", f"{bs} is not one of 16, 32, 64, 128, 256")
     if eff["int4"].get("accuracy_level", 0) > 4:
         raise chk.fail(f"{where}.int4.accuracy_level", "must be 0-4")
-    if eff["external_data"] and eff["format"] == "ort":
-        raise chk.fail(f"{where}.external_data", "format 'ort' cannot hold external data",
+    fmt = precisions.format_rule(eff["format"])
+    if eff["external_data"] and not fmt.external_data:
+        raise chk.fail(f"{where}.external_data", f"format '{fmt.name}' cannot hold external data",
                        "use format = \"onnx\" with external_data = true")
     compiling = [p.name for p in providers_of(eff["providers"]) if p.name in options.COMPILING_PROVIDERS]
     # CoreML, a mobile package's EP, compiles the .ort's basic-level graph when the app loads it (as for "onnx")
     ahead = [p for p in compiling if p not in MOBILE_PROVIDERS]
-    if eff["format"] == "ort" and ahead:
-        raise chk.fail(f"{where}.format", f"format 'ort' cannot hold graphs for {ahead[0]}",
+    if ahead and not fmt.compiled_graphs:
+        raise chk.fail(f"{where}.format", f"format '{fmt.name}' cannot hold graphs for {ahead[0]}",
                        "use format = \"onnx\" for compiling providers (format \"ort\" is for mobile packages: "
                        "CPUExecutionProvider, or CoreMLExecutionProvider with it)")
     check_fusion(chk, f"{where}.fusion", model, eff["fusion"], compiling)
@@ -112,7 +113,7 @@ def check_relative_budgets(chk: Checker, name: str, target: Target, targets: Map
                            f"limit the budget to shared models with [[targets.{name}.overrides]]")
         if ft.ratio <= 0:
             raise chk.fail(f"{where}.faster_than.ratio", "must be above 0")
-        if targets[ft.target].platform != target.platform:
+        if targets[ft.target].platform_rule is not target.platform_rule:
             raise chk.fail(f"{where}.faster_than.target",
                            f"target '{ft.target}' is for platform {targets[ft.target].platform}, this one for "
                            f"{target.platform}: a ratio between two platforms' artifacts, timed on one machine, "

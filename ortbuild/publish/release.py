@@ -218,7 +218,9 @@ def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) -> tu
     (`manifests`: by model name, each trusted), in ONNX Runtime's format, and its index entry; None when no model
     of the target has one."""
     ops = {n: m for n, m in manifests.items() if m.operators is not None}
-    older = sorted(n for n, m in manifests.items() if m.artifact.format == "ort" and m.operators is None)
+    older = sorted(n for n, m in manifests.items()
+                   if (fmt := precisions.find_format(m.artifact.format)) is not None and fmt.operators
+                   and m.operators is None)
     if older:  # built before ortbuild wrote operator configs: the target's config would miss their operators
         raise ArtifactError(f"{target}/{older[0]}: its .ort artifact has no operator config (built by an earlier "
                             "ortbuild)", f"rebuild it: `ortbuild build --force -t {target}`, then test it")

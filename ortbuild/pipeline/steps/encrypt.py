@@ -46,7 +46,7 @@ class EncryptResult:
 
 def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Path, external: str,
         key: keys.EncryptionKey | None, deterministic: bool) -> EncryptResult:
-    main = "model.ort" if settings.format == "ort" else "model.onnx"
+    main = settings.format_rule.file
     files = modelfiles.of(artifact, hashed=False)
     if external and not files.has_external_data:  # a compiled (EPContext) model: split its data off here
         folder = work / "external"

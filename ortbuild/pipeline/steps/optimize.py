@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import onnx
 
@@ -18,7 +18,7 @@ from ortbuild.artifact import manifest
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
-from ortbuild.project.precisions import Quantizer, fp16_upcast_hint
+from ortbuild.project.precisions import Quantizer, Serialization, fp16_upcast_hint
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,8 @@ GROWTH = 1.02  # weight bytes may grow this much (+ 4 KB: fusions add small cons
 
 def inflation(before: Path, after: Path) -> dict[str, Any] | None:
     """What constant folding grew: initializers of `after` that `before` computed in the graph (from smaller
-    stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH."""
-    if after.suffix == ".ort":
-        return None
+    stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH. Both are
+    ONNX (protobuf) files."""
     src, out = onnx.load(str(before), load_external_data=False), onnx.load(str(after), load_external_data=False)
     a, b = accounting.weights(src), accounting.weights(out)
     size_a, size_b = sum(n for _, n in a.values()), sum(n for _, n in b.values())
@@ -75,8 +74,6 @@ def inflation(before: Path, after: Path) -> dict[str, Any] | None:
 
 def _domains(path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
-    if path.suffix == ".ort":
-        return counts  # a flatbuffer: onnx cannot read it
     for node in onnx.load(str(path), load_external_data=False).graph.node:
         d = node.domain or "ai.onnx"
         counts[d] = counts.get(d, 0) + 1
@@ -132,10 +129,11 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
     if unknown:
         notes.append(f"disabled_optimizers: {', '.join(unknown)} not among the optimizers found in onnxruntime "
                      "1.31.1; ORT ignores unknown names silently (check the spelling)")
-    suffix = ".ort" if settings.format == "ort" else ".onnx"
-    main = f"model{suffix}"  # the artifact's own names: its external data is model.onnx.data
+    fmt = settings.format_rule
+    onnx_graph = fmt.serialization is Serialization.PROTOBUF  # ORT's flatbuffer: onnx cannot read it
+    main = fmt.file  # the artifact's own names: its external data is model.onnx.data
     out = optimized(work / "optimized" / main, disabled)
-    found = inflation(src, out) if FOLDING not in disabled else None
+    found = inflation(src, out) if FOLDING not in disabled and onnx_graph else None
     if found:
         what = ", ".join(f"{g['initializer']} ({g['dtype']}, {g['bytes'] / 1024:.0f} KB, from {g['pattern']})"
                          for g in found["grown"][:3])
@@ -158,18 +156,21 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
             notes.append(f"constant folding grew the weights {found['growth']}x ({what}); kept because "
                          "constant_folding = \"on\"")
 
-    domains = _domains(out)
+    domains = _domains(out) if onnx_graph else {}
     tied: dict[str, Any] = {}
-    if settings.format == "ort":  # a flatbuffer that onnx cannot read: assume what the level can do
-        if not options.LEVEL_RULES[level].portable:
-            tied["providers"] = names
-        if options.LEVEL_RULES[level].nchwc:
-            tied["simd_level"] = runtime.simd_level()
-    else:  # read off the graph: contrib ops need the providers that fused them, NCHWc ops the SIMD width
-        if any(d.startswith("com.microsoft") for d in domains):
-            tied["providers"] = names
-        if "com.microsoft.nchwc" in domains:
-            tied["simd_level"] = runtime.simd_level()
+    match fmt.serialization:
+        case Serialization.FLATBUFFER:  # onnx cannot read it: assume what the level can do
+            if not options.LEVEL_RULES[level].portable:
+                tied["providers"] = names
+            if options.LEVEL_RULES[level].nchwc:
+                tied["simd_level"] = runtime.simd_level()
+        case Serialization.PROTOBUF:  # read off the graph: contrib ops need the providers that fused them,
+            if any(d.startswith("com.microsoft") for d in domains):  # NCHWc ops the SIMD width
+                tied["providers"] = names
+            if "com.microsoft.nchwc" in domains:
+                tied["simd_level"] = runtime.simd_level()
+        case _:
+            assert_never(fmt.serialization)
     if settings.rule.quantizer is Quantizer.FP16:
         grown = _size(out) / max(1, _size(src))
         upcast = fp16_upcast_hint(settings.rule.quantizer, level, names, grown)
