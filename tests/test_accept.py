@@ -190,3 +190,33 @@ def test_no_table_where_no_tolerance_accepts_it_or_the_precision_search_answers(
     res = compare.compare("logits", "d", ea, aa, int8.settings.gates.accuracy_rule("int8-dynamic", "logits"))
     assert not res.passed
     assert accept.pasteable(project, int8, ["logits"], [(res, ea, aa)]) is None  # --explain prints its override
+
+
+def test_the_table_pasted_into_a_child_target_keeps_what_it_inherits(make_project: Callable[..., Path]) -> None:
+    # a child's override merges with the overrides it inherits (docs/targets.md): the parent's latency budget for
+    # the model stays, the pasted accuracy applies
+    project = config.load(make_project("""
+        [targets.cpu]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        latency = { p50_ms = 1500 }
+        accuracy = { outputs.logits = { top1 = 1.0 } }
+
+        [[targets.cpu.overrides]]
+        models = ["tiny_cnn"]
+        latency = { p50_ms = 150 }
+
+        [targets.child]
+        extends = "cpu"
+    """))
+    job = plan.jobs(project, ["child"], ["tiny_cnn"])[0]
+    e, a = _logits()
+    assert job.settings.gates is not None and job.settings.gates.latency.p50_ms == 150
+    res = compare.compare("logits", "test_data_set_0", e, a, job.settings.gates.accuracy_rule("fp32", "logits"))
+    table = accept.pasteable(project, job, ["logits"], [(res, e, a)])
+    assert table is not None and "[[targets.child.overrides]]" in table.text
+    pasted = config.load_appended(project.file, table.text).targets["child"].settings["tiny_cnn"].gates
+    assert pasted is not None and pasted.latency.p50_ms == 150
+    assert pasted.accuracy_rule("fp32", "logits")["top1"] == 0.75
+    # a table that would change a budget is not offered
+    assert not accept.passes(project, job, table.text + "latency = { p50_ms = 1500 }\n", [(res, e, a)])

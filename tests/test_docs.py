@@ -239,6 +239,15 @@ def test_docs_toml_example_loads(tmp_path: Path, doc: str, index: int) -> None:
         assert name in project.targets, (doc, name)
 
 
+def test_targets_layers_example_means_what_it_says(tmp_path: Path) -> None:
+    """docs/targets.md: a target's overrides merge with the ones it inherits; an override beats a target-level key."""
+    (fragment,) = [b for b in _blocks("targets.md", "toml") if "cpu-fp32-strict.overrides" in b]
+    strict = config.load(_fragment_project(fragment, tmp_path)).targets["cpu-fp32-strict"].settings
+    cnn, lstm = strict["tiny_cnn"].gates, strict["tiny_lstm"].gates
+    assert cnn is not None and lstm is not None
+    assert (cnn.latency.p50_ms, cnn.accuracy.get("atol"), lstm.latency.p50_ms) == (150, 1e-3, 1000)
+
+
 def test_targets_accuracy_example_means_what_it_says(tmp_path: Path) -> None:
     """docs/targets.md: an accuracy rule is inherited within a precision only."""
     (fragment,) = [b for b in _blocks("targets.md", "toml") if "cosine = 0.9995" in b]

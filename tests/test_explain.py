@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,38 @@ def test_override_repeats_the_targets_own_list_entries() -> None:
     text = explain.override_toml(job, explain.KNOBS["int8-dynamic"], both)
     assert text == ('[[targets.cpu-int8.overrides]]\nmodels = ["m"]\n'
                     'quantization = { exclude_nodes = ["MatMul_1", "MatMul_2"] }\n')
+
+
+def test_the_override_checks_when_the_target_inherits_an_override_for_the_model(
+        make_project: Callable[..., Path]) -> None:
+    # pasted into a child target, the printed override merges with the parent's override for the model: the
+    # settings it yields are the tested ones, the inherited latency budget included
+    project = config.load(make_project("""
+        [targets.cpu]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        latency = { p50_ms = 1500 }
+
+        [[targets.cpu.overrides]]
+        models = ["tiny_cnn"]
+        latency = { p50_ms = 150 }
+
+        [targets.int8]
+        extends = "cpu"
+        precision = "int8-dynamic"
+        quantization = { exclude_nodes = ["Conv_0"] }
+    """))
+    t = project.targets["int8"]
+    job = Job(t, project.models["tiny_cnn"], t.settings["tiny_cnn"])
+    assert job.settings.gates is not None and job.settings.gates.latency.p50_ms == 150
+    tested = explain.settings_with(job.settings, explain.KNOBS["int8-dynamic"], ["MatMul_2"], [])
+    text = explain.override_toml(job, explain.KNOBS["int8-dynamic"], tested)
+    assert 'exclude_nodes = ["Conv_0", "MatMul_2"]' in text
+    explain.check_override(project, job, text, tested)  # AssertionError where the printed table loses a setting
+    pasted = config.load_appended(project.file, text).targets["int8"].settings["tiny_cnn"].gates
+    assert pasted is not None and pasted.latency.p50_ms == 150
+    with pytest.raises(AssertionError, match="does not yield the tested settings"):  # a budget it would change
+        explain.check_override(project, job, text + "latency = { p50_ms = 1500 }\n", tested)
 
 
 def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_path: Path) -> None:

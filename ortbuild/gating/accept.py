@@ -5,7 +5,9 @@ Only for the rules that have a smallest passing value (ortbuild.gating.compare):
 or `mismatch_fraction`, shown as the other ways), `cosine`, `top1`, `top5`. A failed shape, dtype, NaN/Inf,
 exact or structure check has none: then no table is offered. A value is rounded to 2 significant digits in
 the direction that still passes (a tolerance up, a least similarity down), and every table is checked before it
-is shown: targets.toml parsed with it appended must give the job rules under which every compared output passes.
+is shown: targets.toml parsed with it appended must give the job rules under which every compared output passes,
+and leave its other settings and budgets as they were (pasted into a target that extends another, the table merges
+with the overrides it inherits: docs/targets.md).
 
 Precisions with a precision search (fp16, int8, int4: `ortbuild test --explain`) get no table here: the search
 prints the override that keeps nodes in float, which fixes the difference instead of accepting it.
@@ -157,12 +159,15 @@ def table(job: Job, accuracy: str, alternatives: Sequence[str], max_abs: float =
 def passes(project: config.Project, job: Job, text: str,
            compared: Sequence[tuple[compare.OutputResult, Any, Any]]) -> bool:
     """Whether targets.toml with `text` appended loads and gives the job a rule under which each compared output
-    (its result, expected, actual) passes."""
+    (its result, expected, actual) passes, and the job's other settings and budgets unchanged."""
     try:
-        gates = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name].gates
+        settings = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name]
     except (OSError, OrtbuildError, KeyError):  # a read-only project, or a table that does not load: not offered
         return False
-    assert gates is not None
+    gates, was = settings.gates, job.settings.gates
+    assert gates is not None and was is not None
+    if settings != job.settings or (gates.latency, gates.size, gates.memory) != (was.latency, was.size, was.memory):
+        return False
     return all(compare.compare(r.output, r.dataset, e, a, gates.accuracy_rule(job.settings.precision, r.output)).passed
                for r, e, a in compared)
 

@@ -29,8 +29,8 @@ def settings_with(settings: config.Settings, knob: SearchKnob, nodes: Sequence[s
 
 
 def override_toml(job: Job, knob: SearchKnob, settings: config.Settings) -> str:
-    """The `[[targets.X.overrides]]` table that gives the job `settings`' knob lists (lists are replaced by an
-    override, so the target's own entries are repeated)."""
+    """The `[[targets.X.overrides]]` table that gives the job `settings`' knob lists (an override's list replaces
+    the one below it, so the job's own entries, the target's and its earlier overrides', are repeated)."""
     opts, base = getattr(settings, knob.table), getattr(job.settings, knob.table)
     keys = [k for k in (knob.op_types, knob.nodes) if k is not None and getattr(opts, k) != getattr(base, k)]
     items = ", ".join(f"{k} = {json.dumps(list(getattr(opts, k)))}" for k in keys)
@@ -39,9 +39,10 @@ def override_toml(job: Job, knob: SearchKnob, settings: config.Settings) -> str:
 
 
 def check_override(project: config.Project, job: Job, text: str, expected: config.Settings) -> None:
-    """Parse targets.toml with `text` appended: the model's settings must be those that were tested."""
+    """Parse targets.toml with `text` appended: the model's settings must be those that were tested, its gates
+    (budgets and accuracy rule, outside the settings' equality) those it had."""
     parsed = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name]
-    if parsed != expected:
+    if parsed != expected or parsed.gates != expected.gates:
         raise AssertionError(f"the printed override does not yield the tested settings: {parsed} != {expected}")
 
 

@@ -262,9 +262,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
                                f"the models are: {', '.join(models)}")
         selected = matches(list(models), t["models"])
         target_ops = _custom_ops(chk, f"{where}.custom_ops", t["custom_ops"], root, check_files)
-        for i, ov in enumerate(t["overrides"]):
-            if ov.get(INHERITED):
-                continue
+        for i, ov in enumerate([o for o in t["overrides"] if not o.get(INHERITED)]):  # its own, after inherited
             if "models" not in ov:
                 raise chk.fail(f"{where}.overrides[{i}]", "missing required key 'models'")
             for pat in ov["models"]:

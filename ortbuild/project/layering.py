@@ -1,6 +1,8 @@
 """The layers of a target's settings, lowest first: option defaults -> the `extends` chain (parent first) -> the
-target's own keys -> its `[[overrides]]` whose `models` globs match, in order. Accuracy rules follow their
-precision: a layer that changes the precision's rule family drops the rules written for the one below.
+target's own keys -> the `[[overrides]]` whose `models` globs match, in order: those it inherits (the parent's
+first), then its own. So an override beats a target-level key whichever target declares either, and among the
+overrides for a model the latest wins key by key. Accuracy rules follow their precision: a layer that changes
+the precision's rule family drops the rules written for the one below.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 from ortbuild.project import options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, short_repr
 
-INHERITED = "\0inherited"  # marks overrides a target inherits through `extends`
+# marks overrides a target inherits through `extends`: the value names where it is declared ("base.overrides[0]")
+INHERITED = "\0inherited"
 # what a target or override notes about the accuracy rules it did not inherit across precisions (`ortbuild plan`)
 NOT_INHERITED = "\0accuracy-not-inherited"
 
@@ -36,17 +39,21 @@ def resolve_extends(chk: Checker, raw: dict[str, Any], name: str,
     parent = top
     for child in reversed(chain):  # each child over what it inherits
         inherited = copy.deepcopy(merged)
-        for o in inherited.get("overrides", []):
-            o[INHERITED] = True  # an inherited override may name models this target does not build
+        # the parent's own overrides (not yet marked) become inherited ones; they may name models the child does
+        # not build
+        for i, o in enumerate([o for o in inherited.get("overrides", []) if not o.get(INHERITED)]):
+            o[INHERITED] = f"{parent}.overrides[{i}]"
         for part in [inherited, *inherited.get("overrides", [])]:
             _drop(part, options.not_inherited())  # e.g. a relative budget: it names a pair of targets
         was = inherited.get("precision", options.defaults("target")["precision"])
         if rule_family(raw[child].get("precision", was)) != rule_family(was):  # accuracy rules follow precision
             drop_accuracy(inherited, was, parent)
-            for i, o in enumerate(inherited.get("overrides", [])):
+            for o in inherited.get("overrides", []):
                 if "precision" not in o:  # its rule was written for the parent's precision too
-                    drop_accuracy(o, was, f"{parent}.overrides[{i}]")
+                    drop_accuracy(o, was, o[INHERITED])
         merged = merge(inherited, raw[child])
+        if "overrides" in raw[child]:  # after the inherited ones, not instead of them: the child's keys win
+            merged["overrides"] = [*inherited.get("overrides", []), *copy.deepcopy(raw[child]["overrides"])]
         merged.pop("extends", None)
         done[child] = merged
         parent = child
@@ -87,18 +94,28 @@ def drop_accuracy(table: dict[str, Any], precision: str, where: str) -> None:
 
 def overridden(target: dict[str, Any], name: str, model: str) -> tuple[dict[str, Any], list[str]]:
     """The overridable keys of target `name` (its table after `extends` and defaults) for one model: its
-    `[[overrides]]` whose `models` globs match, in order, over the target's keys; and the accuracy rules not
-    inherited across precisions on the way."""
+    `[[overrides]]` whose `models` globs match, in order (the inherited ones first), over the target's keys; and
+    the accuracy rules not inherited across precisions on the way."""
     eff = {k: target[k] for k in options.OVERRIDABLE}
     not_inherited = list(target.get(NOT_INHERITED, []))
+    rules = [(name, eff["accuracy"])]  # the accuracy tables in `eff` since its rule family last changed, by origin
+    own = 0
     for ov in target["overrides"]:
-        if matches([model], ov["models"]):
-            part = {k: v for k, v in ov.items() if k not in ("models", INHERITED, NOT_INHERITED)}
-            not_inherited += ov.get(NOT_INHERITED, [])
-            if "precision" in part and rule_family(part["precision"]) != rule_family(eff["precision"]):
-                dropped = {"accuracy": eff["accuracy"]}  # the rule so far was written for another precision
-                drop_accuracy(dropped, eff["precision"], name)
-                eff["accuracy"] = dropped["accuracy"]
-                not_inherited += dropped.get(NOT_INHERITED, [])
-            eff = merge(eff, part)
+        where = ov.get(INHERITED) or f"{name}.overrides[{own}]"
+        own += not ov.get(INHERITED)
+        if not matches([model], ov["models"]):
+            continue
+        part = {k: v for k, v in ov.items() if k not in ("models", INHERITED, NOT_INHERITED)}
+        not_inherited += ov.get(NOT_INHERITED, [])
+        if "precision" in part and rule_family(part["precision"]) != rule_family(eff["precision"]):
+            for origin, acc in rules:  # each rule so far was written for another precision: named where declared
+                layer = {"accuracy": acc}
+                drop_accuracy(layer, eff["precision"], origin)
+                not_inherited += layer.get(NOT_INHERITED, [])
+            dropped = {"accuracy": eff["accuracy"]}
+            drop_accuracy(dropped, eff["precision"], name)
+            eff["accuracy"], rules = dropped["accuracy"], []
+        eff = merge(eff, part)
+        if "accuracy" in part:
+            rules.append((where, part["accuracy"]))
     return eff, not_inherited
