@@ -17,15 +17,23 @@ from ortbuild.project.settings import Gates, Model, Project, Settings, Target
 __all__ = ["ACCURACY_RULE", "FUSION_INFERS_SIZES", "FUSION_MODEL_TYPES", "FUSION_OFF", "KINDS", "OVERRIDABLE", "TABLES",
            "Key", "defaults", "keys", "not_inherited"]
 
+# the keys of a target that can differ per model (the rest are target-wide): what a job's settings hold
+_PER_MODEL = (*keys_of(Settings), *keys_of(Gates))
+OVERRIDABLE = tuple(k.name for k in _PER_MODEL)
+
 EXTENDS = Key(name="extends", kind="string", default=None, build="never", inherited=False,
-              doc="Name of another target whose keys this one inherits (tables merge key by key, lists "
-                  "are replaced). Chains are allowed, cycles are an error.")
+              doc="Name of another target whose keys this one inherits: tables merge key by key, any other value "
+                  "(a list included) is replaced, and this target's `[[overrides]]` come after the inherited ones "
+                  "rather than replacing them. Chains are allowed, cycles are an error. A relative budget "
+                  "(`latency.faster_than`) is not inherited, nor an accuracy rule across precisions. See "
+                  "docs/targets.md, Layers.")
 OVERRIDES = Key(name="overrides", kind="tables", table="override", default=[], build="never",
                 rebuilds="each job's settings hold the keys of the overrides that match its model",
                 doc="Ordered per-model overrides: each `[[targets.X.overrides]]` has `models` (globs) and any "
-                    "of the keys precision, optimization, format, providers, free_dimensions, quantization, "
-                    "fp16, int4, fusion, session, encrypt, external_data, constant_folding, disabled_optimizers, "
-                    "accuracy, latency, size, memory. Later matches win; tables merge key by key.")
+                    f"of the keys {', '.join(OVERRIDABLE)}. They apply over the target-level keys (its own and "
+                    "inherited) and after the overrides inherited through `extends`, which they add to, never "
+                    "replace: for a model, the latest override to set a key wins, and tables merge key by key. "
+                    "See docs/targets.md, Layers.")
 OVERRIDE_MODELS = Key(name="models", kind="strings", required=True, build="never",
                       doc="Glob patterns of the models it applies to.")
 DATA_SET = tuple(Key(name=f"p{p}_ms", kind="number", default=None, maximum=MS_MAX, build="never",
@@ -54,10 +62,6 @@ ACCURACY = (*ACCURACY_RULE, Key(
 OUTPUT_ACCURACY = (*ACCURACY_RULE, Key(
     name="ignore", kind="boolean", default=False, build="never",
     doc="Do not compare this output (say why in a comment)."))
-
-# the keys of a target that can differ per model (the rest are target-wide): what a job's settings hold
-_PER_MODEL = (*keys_of(Settings), *keys_of(Gates))
-OVERRIDABLE = tuple(k.name for k in _PER_MODEL)
 
 TABLES: dict[str, tuple[Key, ...]] = {
     "project": keys_of(Project),
