@@ -3,7 +3,9 @@
 - no import cycle among ortbuild's modules;
 - no module over 450 lines;
 - one status vocabulary: only ortbuild/status.py spells the status strings;
-- one place that reduces a command's exit code: `status.final_exit`.
+- one place that reduces a command's exit code: `status.final_exit`;
+- each layer imports only the layers below it;
+- no module uses another module's private names (`from m import _x`, `m._x`).
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -67,6 +69,16 @@ class Import:
     where: str     # "path:line: statement"
 
 
+def _from_module(name: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in module `name` reads from, relative imports resolved against the
+    importing module's package."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(root: Path, package: str) -> list[Import]:
     """Every import of one of the package's modules, resolved to the module it loads: `from a.b import c`
     is module `a.b.c` when that file or package exists, else `a.b`. Relative imports are resolved against
@@ -83,12 +95,7 @@ def _imports(root: Path, package: str) -> list[Import]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if is_pkg else name.split(".")[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    stem = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    stem = node.module or ""
+                stem = _from_module(name, is_pkg, node)
                 targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names]
             else:
                 continue
@@ -238,6 +245,56 @@ def upward_imports(root: Path, package: str) -> list[str]:
                   for i in _imports(root, package) if layer_of(i.target) > layer_of(i.source))
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path, package: str) -> list[str]:
+    """Uses of another module's private names: `from m import _x`, and `m._x` where `m` is bound to one of
+    the package's modules (`import a.b`, `import a.b as m`, `from a import b`). A module's own private names,
+    dunders, and other packages' private names (`os._exit`) are not counted: a name another module needs is
+    public (no underscore) or lives where it is used."""
+    modules = _modules(root, package)
+    found: list[tuple[str, int, str]] = []
+    for name, path in modules.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(text, filename=str(path))
+        bound: dict[str, str] = {}    # a local name -> the dotted module it stands for
+        bad: list[ast.stmt | ast.expr] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        bound[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        bound[top] = top
+            elif isinstance(node, ast.ImportFrom):
+                stem = _from_module(name, path.name == "__init__.py", node)
+                if stem not in modules:
+                    continue
+                for a in node.names:
+                    if _is_private(a.name):
+                        bad.append(node)
+                    elif f"{stem}.{a.name}" in modules:
+                        bound[a.asname or a.name] = f"{stem}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                chain, value = [], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.insert(0, value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in bound:
+                    dotted = ".".join([bound[value.id], *chain])
+                    if dotted in modules and dotted != name:
+                        bad.append(node)
+        for node in bad:
+            found.append((rel, node.lineno, f"{rel}:{node.lineno}: {lines[node.lineno - 1].strip()}"))
+    return [text for _, _, text in sorted(set(found))]
+
+
 def _package_files() -> list[Path]:
     return [*sorted((REPO / PACKAGE).rglob("*.py")), REPO / "noxfile.py"]
 
@@ -288,6 +345,28 @@ def test_status_literals_are_found_in_a_synthetic_package(tmp_path: Path) -> Non
     })
     files = sorted((root / "ortbuild").glob("*.py"))
     assert status_literals(root, files) == ["ortbuild/gates.py:1: 'PASS'", "ortbuild/gates.py:3: 'built'"]
+
+
+def test_private_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "import os\n_x = 1\n_y = 2\n__version__ = '1'\ndef public(): return _x + os._exit.__hash__()\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": ("from pkg.a import _x\n"                    # 1: a private name imported
+                         "from pkg import a\n"
+                         "import pkg.a\n"
+                         "import pkg.a as alias\n"
+                         "from .. import a as rel\n"
+                         "from pkg.a import __version__, public\n"   # 6: a dunder and a public name: fine
+                         "import os\n"
+                         "u = a._y\n"                                # 8: through `from pkg import a`
+                         "v = pkg.a._y\n"                            # 9: through `import pkg.a`
+                         "w = alias._y + rel._y\n"                   # 10: through aliases
+                         "os._exit\n"                                # 11: another package's: not counted
+                         "class C:\n    def f(self): return self._z\n"),
+    })
+    found = private_imports(root, "pkg")
+    assert [f.split(": ")[0] for f in found] == [f"pkg/sub/b.py:{n}" for n in (1, 8, 9, 10)], found
 
 
 def test_exit_code_reductions_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
@@ -345,3 +424,9 @@ def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None
 def test_each_layer_imports_only_the_layers_below_it() -> None:
     found = upward_imports(REPO, PACKAGE)
     assert not found, "imports against the layering (docs/design.md):\n  " + "\n  ".join(found)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = private_imports(REPO, PACKAGE)
+    assert not found, ("private names used across modules (make the name public, or move it where it is "
+                       "used):\n  " + "\n  ".join(found))

@@ -18,7 +18,7 @@ from ortbuild import __version__, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli import init
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
-from ortbuild.cli.build import _workers, cmd_build, cmd_plan, say_removed
+from ortbuild.cli.build import cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
@@ -26,7 +26,7 @@ from ortbuild.errors import OrtbuildError
 from ortbuild.gating import summary
 from ortbuild.project import config
 
-__all__ = ["SCHEMA_FILE", "_workers", "main", "parser"]
+__all__ = ["SCHEMA_FILE", "main", "parser"]
 
 
 def jobs_count(text: str) -> int:
