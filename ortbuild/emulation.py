@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ortbuild.errors import OrtbuildError, from_loader
+from ortbuild.errors import MissingProvider, OrtbuildError, from_loader
 
 SUITE = "bookworm"                    # the Debian release of the emulated userland (Python 3.11)
 MIRROR_VAR, CACHE_VAR, SWITCH_VAR = "ORTBUILD_DEBIAN_MIRROR", "ORTBUILD_EMULATION_CACHE", "ORTBUILD_EMULATION"
@@ -70,9 +70,10 @@ PLATFORMS = {"linux-x86_64": None, "linux-aarch64": AARCH64}   # None: no emulat
 
 
 class EmulationError(OrtbuildError):
-    """The emulated environment could not be set up or run."""
+    """The emulated environment could not be set up or run: the target cannot run here, as with a missing
+    provider."""
 
-    exit_code = 5
+    exit_code = MissingProvider.exit_code
 
 
 def host() -> str:

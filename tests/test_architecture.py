@@ -5,7 +5,8 @@
 - one status vocabulary: only ortbuild/status.py spells the status strings;
 - one place that reduces a command's exit code: `status.final_exit`;
 - each layer imports only the layers below it;
-- no module uses another module's private names (`from m import _x`, `m._x`).
+- no module uses another module's private names (`from m import _x`, `m._x`);
+- exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py.
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -213,6 +214,105 @@ def exit_code_reductions(root: Path, files: list[Path], allowed: str = STATUS_MO
     return [text for _, _, text in sorted(found)]
 
 
+ERRORS_MODULE = "ortbuild/errors.py"   # where the exit codes are named (each error class's, and the others)
+EXIT_CALLS = frozenset({"exit", "_exit", "SystemExit", "quit"})   # sys.exit, os._exit, raise SystemExit(...)
+EXIT_NAMES = frozenset({"exit_code", "code"})                       # variables, attributes, keys and parameters
+
+
+def _results(expr: ast.expr | None) -> list[ast.expr]:
+    """The expressions whose value `expr` can be: itself, or both arms of `a if c else b` and each operand of
+    `a or b` (recursively)."""
+    if isinstance(expr, ast.IfExp):
+        return [*_results(expr.body), *_results(expr.orelse)]
+    if isinstance(expr, ast.BoolOp):
+        return [r for v in expr.values for r in _results(v)]
+    return [] if expr is None else [expr]
+
+
+def _nonzero_literals(expr: ast.expr | None) -> list[ast.Constant]:
+    return [r for r in _results(expr) if isinstance(r, ast.Constant) and type(r.value) is int and r.value != 0]
+
+
+def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not those of the functions, lambdas and classes defined inside it."""
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _called_name(expr: ast.expr) -> str | None:
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Lambda):
+        return _called_name(expr.body)
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def exit_code_literals(root: Path, files: list[Path], allowed: str = ERRORS_MODULE) -> list[str]:
+    """Exit codes spelled as numbers other than 0 outside errors.py, which names them all. Looked for where a
+    number is an exit code: `sys.exit(n)`, `os._exit(n)`, `SystemExit(n)`; a value given to an `exit_code`
+    or `code` (assigned, a keyword, a dict key, a parameter's default); and what the functions that compute a
+    command's exit code return: `main`, the `cmd_*` commands, a function named for its exit code, what
+    argparse runs (`set_defaults(func=...)`), and the functions those return the result of."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in files}
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    seeds: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions.setdefault(node.name, []).append(node)
+                if node.name == "main" or node.name.startswith("cmd_") or "exit" in node.name:
+                    seeds.add(node.name)
+            elif isinstance(node, ast.Call) and _called_name(node.func) == "set_defaults":
+                seeds |= {n for k in node.keywords if k.arg == "func" and (n := _called_name(k.value))}
+    exit_functions: set[str] = set()
+    while seeds:
+        name = seeds.pop()
+        if name in exit_functions or name not in functions:
+            continue
+        exit_functions.add(name)
+        for fn in functions[name]:
+            for node in _own_nodes(fn):
+                if isinstance(node, ast.Return):
+                    seeds |= {n for r in _results(node.value) if isinstance(r, ast.Call) and (n := _called_name(r))}
+
+    found: set[tuple[str, int]] = set()
+    for path, tree in trees.items():
+        rel = path.relative_to(root).as_posix()
+        if rel == allowed:
+            continue
+        bad: list[ast.Constant] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _called_name(node.func) in EXIT_CALLS and node.args:
+                bad += _nonzero_literals(node.args[0])
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {t.id if isinstance(t, ast.Name) else t.attr for t in targets
+                         if isinstance(t, ast.Name | ast.Attribute)}
+                if names & EXIT_NAMES:
+                    bad += _nonzero_literals(node.value)
+            elif isinstance(node, ast.keyword) and node.arg in EXIT_NAMES:
+                bad += _nonzero_literals(node.value)
+            elif isinstance(node, ast.Dict):
+                bad += [c for k, v in zip(node.keys, node.values, strict=True)
+                        if isinstance(k, ast.Constant) and k.value in EXIT_NAMES for c in _nonzero_literals(v)]
+            elif isinstance(node, ast.arguments):
+                args = [*node.posonlyargs, *node.args]
+                pairs = [*zip(args[len(args) - len(node.defaults):], node.defaults, strict=True),
+                         *((a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d)]
+                bad += [c for a, d in pairs if a.arg in EXIT_NAMES for c in _nonzero_literals(d)]
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in exit_functions:
+                bad += [c for n in _own_nodes(node) if isinstance(n, ast.Return) for c in _nonzero_literals(n.value)]
+        found |= {(rel, c.lineno) for c in bad}
+    lines = {path.relative_to(root).as_posix(): path.read_text().splitlines() for path in files}
+    return [f"{rel}:{n}: {lines[rel][n - 1].strip()}" for rel, n in sorted(found)]
+
+
 # The layers, bottom first: a module imports only modules of its own layer or below (docs/design.md).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("ortbuild", "ortbuild.errors", "ortbuild.status", "ortbuild.files", "ortbuild.paths",
@@ -412,6 +512,55 @@ def test_the_exit_code_is_reduced_in_one_place() -> None:
     by_hand = exit_code_reductions(REPO, _package_files())
     assert not by_hand, ("exit codes reduced by hand (use status.final_exit over the results' codes):\n"
                          + "\n".join(by_hand))
+
+
+def test_exit_code_literals_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "ortbuild/errors.py": "class Busy(Exception):\n    exit_code = 10\nINTERRUPTED = 130\n",  # allowed here
+        "ortbuild/cli.py": (
+            "import os, sys\n"
+            "from ortbuild.errors import INTERRUPTED, Busy\n"
+            "def main():\n"
+            "    try:\n"
+            "        return cmd_x()\n"
+            "    except KeyboardInterrupt:\n"
+            "        return 130\n"                                              # 7: main returns a number
+            "    except OSError:\n"
+            "        return INTERRUPTED\n"
+            "def cmd_x():\n"
+            "    def count():\n"
+            "        return 3\n"                                                # 12: a count, not an exit code
+            "    return 0 if count() else Busy.exit_code\n"
+            "def cmd_y(ok):\n"
+            "    return 0 if ok else 6\n"                                       # 15: an arm of a conditional
+            "def run(p):\n"
+            "    p.set_defaults(func=lambda a: summary(a))\n"
+            "def summary(a):\n"
+            "    return 1 if a else 0\n"                                        # 19: what argparse runs
+            "def rows():\n"
+            "    return 1\n"                                                    # 21: not an exit-code function
+            "class R:\n"
+            "    exit_code = 5\n"                                               # 23: outside errors.py
+            "    def fail(self, code=9):\n"                                     # 24: a parameter's default
+            "        self.exit_code = self.exit_code or code\n"
+            "r = R()\n"
+            "r.exit_code = 1 if r else Busy.exit_code\n"                       # 27
+            "doc = {'exit_code': 4, 'count': 4}\n"                             # 28: the key, not the count
+            "r.fail(code=7)\n"                                                  # 29: a keyword
+            "sys.exit(2)\n"                                                     # 30
+            "os._exit(0)\n"                                                     # 0 is success: fine
+            "raise SystemExit(3)\n"),                                           # 32
+    })
+    files = sorted((root / "ortbuild").glob("*.py"))
+    found = exit_code_literals(root, files)
+    assert [f.split(": ")[0] for f in found] == [f"ortbuild/cli.py:{n}" for n in (7, 15, 19, 23, 24, 27, 28, 29,
+                                                                                  30, 32)], found
+
+
+def test_exit_codes_are_spelled_by_name() -> None:
+    found = exit_code_literals(REPO, _package_files())
+    assert not found, ("exit codes spelled as numbers (use the error classes' exit_code, or a name in "
+                       "ortbuild/errors.py):\n  " + "\n  ".join(found))
 
 
 def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
