@@ -6,7 +6,9 @@
 - one place that reduces a command's exit code: `status.final_exit`;
 - each layer imports only the layers below it;
 - no module uses another module's private names (`from m import _x`, `m._x`);
-- exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py.
+- exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py;
+- import purity: each module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
+  an interpreter where nothing else can be imported.
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -15,9 +17,14 @@ is the package's, not the check's.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -313,6 +320,69 @@ def exit_code_literals(root: Path, files: list[Path], allowed: str = ERRORS_MODU
     return [f"{rel}:{n}: {lines[rel][n - 1].strip()}" for rel, n in sorted(found)]
 
 
+# ---- import purity: a module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
+# an interpreter where nothing else can be imported (nox's own, before any venv exists, imports them)
+
+PURE_EXTRAS = ("packaging", "nox")   # the third-party packages a promise may name besides the stdlib
+
+# Run in a fresh interpreter: argv = [root, module, *allowed third-party packages]. A meta-path finder refuses
+# every import outside the stdlib, the module's own package and those packages; what an allowed package imports
+# itself (nox's own dependencies) is that package's business and passes. A refused import a module guards
+# (`try: import x except ImportError`) is fine: the promise is that the module imports, and works, without it.
+_PROBE = r"""
+import importlib, sys
+root, module, extras = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+sys.path.insert(0, root)
+allowed = set(sys.stdlib_module_names) | {module.partition(".")[0]} | extras
+theirs = set(extras)
+
+def importer():  # the module whose code asked for the import (past find_spec and importlib's frames)
+    f = sys._getframe(2)
+    while f is not None and f.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib")):
+        f = f.f_back
+    return "" if f is None else f.f_globals.get("__name__", "")
+
+class OnlyThese:
+    def find_spec(self, name, path=None, target=None):
+        top, by = name.partition(".")[0], importer()
+        if top in allowed:
+            return None
+        if by.partition(".")[0] in theirs:
+            theirs.add(top)
+            allowed.add(top)
+            return None
+        raise ModuleNotFoundError(f"{name} is not importable here (imported by {by or '?'})", name=name)
+
+sys.meta_path.insert(0, OnlyThese())
+mod = importlib.import_module(module)
+assert mod.__file__.startswith(root), (mod.__file__, root)
+"""
+
+
+def import_promises(root: Path, package: str, extras: tuple[str, ...] = PURE_EXTRAS) -> dict[str, tuple[str, ...]]:
+    """The modules whose docstring promises to import only the stdlib (and perhaps some of `extras`), each with
+    the extras its promise names: the promise is the clause from "stdlib" to the next period, colon or
+    parenthesis ("Stdlib only", "Stdlib-only (...)", "Stdlib + packaging only:", "Light (stdlib, packaging)",
+    "Imports stdlib, packaging, nox and ...:")."""
+    out = {}
+    for name, path in _modules(root, package).items():
+        doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+        clauses = re.findall(r"stdlib[^.:()]*", doc, flags=re.IGNORECASE)
+        if clauses:
+            out[name] = tuple(e for e in extras if any(re.search(rf"\b{e}\b", c) for c in clauses))
+    return out
+
+
+def import_problem(root: Path, module: str, extras: tuple[str, ...]) -> str | None:
+    """Why `module` does not import where only the stdlib, its package and `extras` can be imported (the last
+    line of the error), or None when it does."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(root), module, *extras], capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
 # The layers, bottom first: a module imports only modules of its own layer or below (docs/design.md).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("ortbuild", "ortbuild.errors", "ortbuild.status", "ortbuild.files", "ortbuild.paths",
@@ -561,6 +631,45 @@ def test_exit_codes_are_spelled_by_name() -> None:
     found = exit_code_literals(REPO, _package_files())
     assert not found, ("exit codes spelled as numbers (use the error classes' exit_code, or a name in "
                        "ortbuild/errors.py):\n  " + "\n  ".join(found))
+
+
+def test_import_promises_are_checked_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "heavy/__init__.py": "",                                       # a third-party package nobody promised
+        "tooly/__init__.py": "import heavy\n",                         # a promised one, whose own dependency it is
+        "pkg/__init__.py": "",
+        "pkg/mid.py": "import json\nimport heavy\n",
+        "pkg/light.py": '"""Light. Stdlib only (really)."""\nfrom pkg import mid\n',    # breaks it, through mid
+        "pkg/lazy.py": '"""Stdlib-only: heavy loads inside f."""\ndef f():\n    import heavy\n',
+        "pkg/guarded.py": '"""Stdlib only."""\ntry:\n    import heavy\nexcept ImportError:\n    heavy = None\n',
+        "pkg/ok.py": '"""Stdlib + packaging only: versions."""\nfrom packaging.version import Version\n',
+        "pkg/sneaky.py": '"""Stdlib only."""\nfrom packaging.version import Version\n',   # packaging not promised
+        "pkg/tool.py": '"""Imports stdlib, packaging and tooly: nothing else."""\nimport tooly\n',
+        "pkg/free.py": '"""Anything goes."""\nimport heavy\n',                            # no promise
+    })
+    promises = import_promises(root, "pkg", extras=("packaging", "tooly"))
+    assert promises == {"pkg.light": (), "pkg.lazy": (), "pkg.guarded": (), "pkg.ok": ("packaging",),
+                        "pkg.sneaky": (), "pkg.tool": ("packaging", "tooly")}
+    problems = {m: import_problem(root, m, extras) for m, extras in promises.items()}
+    assert {m for m, why in problems.items() if why} == {"pkg.light", "pkg.sneaky"}, problems
+    assert "heavy is not importable here (imported by pkg.mid)" in str(problems["pkg.light"])
+    assert "packaging is not importable here (imported by pkg.sneaky)" in str(problems["pkg.sneaky"])
+
+
+PROMISES = import_promises(REPO, PACKAGE)
+
+
+def test_the_import_promises_are_found() -> None:
+    assert PROMISES["ortbuild.status"] == () and PROMISES["ortbuild.project.config"] == ("packaging",)
+    assert PROMISES["ortbuild.nox"] == ("packaging", "nox")
+
+
+@pytest.mark.parametrize("module", sorted(PROMISES))
+def test_a_module_imports_only_what_its_docstring_promises(module: str) -> None:
+    why = import_problem(REPO, module, PROMISES[module])
+    allowed = ", ".join(["the stdlib", *PROMISES[module]])
+    assert why is None, (f"{module} promises to import only {allowed} (its docstring), but: {why}; move the "
+                         "import into the function that needs it, or correct the docstring")
 
 
 def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
