@@ -1,4 +1,4 @@
-"""The package's shape, checked from its source (docs/design.md, "Parts and dependencies"):
+"""The package's shape, checked from its source (docs/design.md, "Parts and layers"):
 
 - no import cycle among ortbuild's modules;
 - no module over 450 lines;
@@ -465,6 +465,42 @@ def private_imports(root: Path, package: str) -> list[str]:
     return [text for _, _, text in sorted(set(found))]
 
 
+def design_table_problems(doc: str, modules: list[str]) -> list[str]:
+    """Where docs/design.md's table of layers and modules ("Parts and layers") and the package differ: a module
+    (other than a package's __init__ and __main__) the table does not name in its layer's rows, and a file the
+    table names in a layer that has no such module there. A row names its modules as `file.py` in its second
+    column; the `steps/` row names the step modules by their step names, in its third."""
+    section = doc.split("## Parts and layers", 1)[-1].split("\n## ", 1)[0]
+    layer_names = [name for name, _ in LAYERS]
+    named: set[tuple[str, str]] = set()   # (layer, file name)
+    layer = ""
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 3 or cells[0] in ("layer", "---"):
+            continue
+        if cells[0]:
+            layer = cells[0].split()[0]
+        assert layer in layer_names, f"docs/design.md: a row of no known layer: {line}"
+        named |= {(layer, n) for n in re.findall(r"`([\w.]+\.py)`", cells[1])}
+        if "`steps/`" in cells[1]:
+            named |= {("pipeline", f"steps/{n}.py") for n in re.findall(r"`(\w+)`", cells[2])}
+    found: set[tuple[str, str]] = set()
+    problems = []
+    for module in modules:
+        parts = module.split(".")
+        if parts[-1] in ("__init__", "__main__") and module != "ortbuild.cli.__init__":
+            continue
+        where = LAYERS[layer_of(module)][0]
+        file = f"{parts[-1]}.py" if parts[-2:-1] != ["steps"] else f"steps/{parts[-1]}.py"
+        if (where, file) in named:
+            found.add((where, file))
+        else:
+            problems.append(f"{module}: not in the {where} rows of docs/design.md's table")
+    problems += [f"docs/design.md names {file} in the {where} rows: no such module there"
+                 for where, file in sorted(named - found)]
+    return problems
+
+
 def _package_files() -> list[Path]:
     return [*sorted((REPO / PACKAGE).rglob("*.py")), REPO / "noxfile.py"]
 
@@ -670,6 +706,37 @@ def test_a_module_imports_only_what_its_docstring_promises(module: str) -> None:
     allowed = ", ".join(["the stdlib", *PROMISES[module]])
     assert why is None, (f"{module} promises to import only {allowed} (its docstring), but: {why}; move the "
                          "import into the function that needs it, or correct the docstring")
+
+
+def test_design_table_problems_are_found_in_a_synthetic_table() -> None:
+    doc = """
+## Parts and layers
+
+| layer | modules | concept |
+|---|---|---|
+| base `ortbuild/` | `errors.py`, `gone.py` | the errors; a module renamed since |
+| pipeline `pipeline/` | `build.py` | the builder |
+| | `steps/` | `check`, `encrypt` (`format = "ort"`: the config) |
+| cli `cli/` | `__init__.py` (parser) | the commands |
+
+## Next section
+| base | `status.py` | not the table |
+"""
+    modules = ["ortbuild.__init__", "ortbuild.errors", "ortbuild.status", "ortbuild.pipeline.__init__",
+               "ortbuild.pipeline.build", "ortbuild.pipeline.steps.__init__", "ortbuild.pipeline.steps.check",
+               "ortbuild.pipeline.steps.encrypt", "ortbuild.pipeline.steps.seal", "ortbuild.cli.__init__",
+               "ortbuild.__main__", "ortbuild.cli.build"]
+    assert design_table_problems(doc, modules) == [
+        "ortbuild.status: not in the base rows of docs/design.md's table",
+        "ortbuild.pipeline.steps.seal: not in the pipeline rows of docs/design.md's table",
+        "ortbuild.cli.build: not in the cli rows of docs/design.md's table",
+        "docs/design.md names gone.py in the base rows: no such module there"]
+
+
+def test_the_design_doc_names_every_module_in_its_layer() -> None:
+    modules = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / PACKAGE).rglob("*.py"))]
+    problems = design_table_problems((REPO / "docs" / "design.md").read_text(), modules)
+    assert not problems, "docs/design.md's layer table and the package differ:\n  " + "\n  ".join(problems)
 
 
 def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
