@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ortbuild.errors import OrtbuildError, from_loader
+from ortbuild.errors import MissingProvider, OrtbuildError, from_loader
 from ortbuild.project.precisions import Emulator, PlatformRule, platform_rule
 
 SUITE = "bookworm"                    # the Debian release of the emulated userland (Python 3.11)
@@ -49,9 +49,10 @@ def _cpuinfo(e: Emulator, cpus: int = 2) -> str:
 
 
 class EmulationError(OrtbuildError):
-    """The emulated environment could not be set up or run."""
+    """The emulated environment could not be set up or run: the target cannot run here, as with a missing
+    provider."""
 
-    exit_code = 5
+    exit_code = MissingProvider.exit_code
 
 
 def host() -> str:

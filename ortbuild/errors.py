@@ -13,6 +13,12 @@ Exit codes (documented in README.md and docs/design.md):
     9  a release gate failed (accuracy, latency or size; INCONCLUSIVE latency with --strict)
    10  the output directory is locked by another ortbuild process (gave up after --lock-timeout)
    11  an OCI registry cannot be reached, refuses a push or pull, or holds no ortbuild release there
+  130  interrupted (Ctrl-C)
+  141  the reader of stdout went away (`ortbuild matrix | head -1`)
+
+Each error class carries its code as `exit_code`; the codes no class carries are named below the classes
+(INTERRUPTED, BROKEN_PIPE, SUMMARY_FAILED, ORPHANED). Nothing else in the package spells an exit code as a
+number but 0 (tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -131,6 +137,13 @@ class RegistryError(OrtbuildError):
 
     exit_code = 11
     label = "registry error"
+
+
+# The exit codes no error class carries.
+INTERRUPTED = 130     # Ctrl-C: 128 + SIGINT, as a shell reports a process the signal ended
+BROKEN_PIPE = 141     # the reader of stdout closed the pipe: 128 + SIGPIPE, quietly, as other tools in a pipeline
+SUMMARY_FAILED = 1    # `ortbuild summary build`: a recorded build failed (the build itself exited with its code)
+ORPHANED = 1          # a build worker whose parent died before it could be told to: it exits at once
 
 
 def from_loader(e: Exception, where: str) -> OrtbuildError:

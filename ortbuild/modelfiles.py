@@ -81,7 +81,7 @@ def _hash(path: Path, marker: bytes | None = None, hashed: bool = True) -> tuple
     return h.hexdigest() if hashed else "", size, found
 
 
-def _tensors(graph: Any) -> Iterator[Any]:
+def graph_tensors(graph: Any) -> Iterator[Any]:
     """Every TensorProto of a graph that may hold data: initializers, sparse ones, attribute tensors, and the
     same inside subgraphs (If/Loop/Scan bodies)."""
     yield from graph.initializer
@@ -94,15 +94,15 @@ def _tensors(graph: Any) -> Iterator[Any]:
                 yield a.t
             yield from a.tensors
             if a.HasField("g"):
-                yield from _tensors(a.g)
+                yield from graph_tensors(a.g)
             for g in a.graphs:
-                yield from _tensors(g)
+                yield from graph_tensors(g)
 
 
 def locations(model: Any) -> list[str]:
     """The external-data file names of a ModelProto (loaded without its external data), in first-use order."""
     out: dict[str, None] = {}
-    for t in _tensors(model.graph):
+    for t in graph_tensors(model.graph):
         if t.data_location == 1:  # TensorProto.EXTERNAL
             loc = next((e.value for e in t.external_data if e.key == "location"), "")
             out.setdefault(loc, None)
@@ -236,7 +236,7 @@ def extent(t: Any) -> tuple[str, int, int | None]:
 def _extent_problem(model: Any, sizes: dict[str, int]) -> str | None:
     """Why a tensor's external data does not lie inside its file (by the sizes in `sizes`), or None: checked
     here, before any step reads a weight, instead of as a runtime's out-of-bounds error minutes later."""
-    for t in _tensors(model.graph):
+    for t in graph_tensors(model.graph):
         if t.data_location != 1:  # TensorProto.EXTERNAL
             continue
         try:

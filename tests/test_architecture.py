@@ -1,9 +1,14 @@
-"""The package's shape, checked from its source (docs/design.md, "Parts and dependencies"):
+"""The package's shape, checked from its source (docs/design.md, "Parts and layers"):
 
 - no import cycle among ortbuild's modules;
 - no module over 450 lines;
 - one status vocabulary: only ortbuild/status.py spells the status strings;
-- one place that reduces a command's exit code: `status.final_exit`.
+- one place that reduces a command's exit code: `status.final_exit`;
+- each layer imports only the layers below it;
+- no module uses another module's private names (`from m import _x`, `m._x`);
+- exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py;
+- import purity: each module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
+  an interpreter where nothing else can be imported.
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -12,9 +17,14 @@ is the package's, not the check's.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -67,6 +77,16 @@ class Import:
     where: str     # "path:line: statement"
 
 
+def _from_module(name: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in module `name` reads from, relative imports resolved against the
+    importing module's package."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(root: Path, package: str) -> list[Import]:
     """Every import of one of the package's modules, resolved to the module it loads: `from a.b import c`
     is module `a.b.c` when that file or package exists, else `a.b`. Relative imports are resolved against
@@ -83,12 +103,7 @@ def _imports(root: Path, package: str) -> list[Import]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if is_pkg else name.split(".")[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    stem = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    stem = node.module or ""
+                stem = _from_module(name, is_pkg, node)
                 targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names]
             else:
                 continue
@@ -206,6 +221,168 @@ def exit_code_reductions(root: Path, files: list[Path], allowed: str = STATUS_MO
     return [text for _, _, text in sorted(found)]
 
 
+ERRORS_MODULE = "ortbuild/errors.py"   # where the exit codes are named (each error class's, and the others)
+EXIT_CALLS = frozenset({"exit", "_exit", "SystemExit", "quit"})   # sys.exit, os._exit, raise SystemExit(...)
+EXIT_NAMES = frozenset({"exit_code", "code"})                       # variables, attributes, keys and parameters
+
+
+def _results(expr: ast.expr | None) -> list[ast.expr]:
+    """The expressions whose value `expr` can be: itself, or both arms of `a if c else b` and each operand of
+    `a or b` (recursively)."""
+    if isinstance(expr, ast.IfExp):
+        return [*_results(expr.body), *_results(expr.orelse)]
+    if isinstance(expr, ast.BoolOp):
+        return [r for v in expr.values for r in _results(v)]
+    return [] if expr is None else [expr]
+
+
+def _nonzero_literals(expr: ast.expr | None) -> list[ast.Constant]:
+    return [r for r in _results(expr) if isinstance(r, ast.Constant) and type(r.value) is int and r.value != 0]
+
+
+def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not those of the functions, lambdas and classes defined inside it."""
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _called_name(expr: ast.expr) -> str | None:
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Lambda):
+        return _called_name(expr.body)
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def exit_code_literals(root: Path, files: list[Path], allowed: str = ERRORS_MODULE) -> list[str]:
+    """Exit codes spelled as numbers other than 0 outside errors.py, which names them all. Looked for where a
+    number is an exit code: `sys.exit(n)`, `os._exit(n)`, `SystemExit(n)`; a value given to an `exit_code`
+    or `code` (assigned, a keyword, a dict key, a parameter's default); and what the functions that compute a
+    command's exit code return: `main`, the `cmd_*` commands, a function named for its exit code, what
+    argparse runs (`set_defaults(func=...)`), and the functions those return the result of."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in files}
+    functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+    seeds: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions.setdefault(node.name, []).append(node)
+                if node.name == "main" or node.name.startswith("cmd_") or "exit" in node.name:
+                    seeds.add(node.name)
+            elif isinstance(node, ast.Call) and _called_name(node.func) == "set_defaults":
+                seeds |= {n for k in node.keywords if k.arg == "func" and (n := _called_name(k.value))}
+    exit_functions: set[str] = set()
+    while seeds:
+        name = seeds.pop()
+        if name in exit_functions or name not in functions:
+            continue
+        exit_functions.add(name)
+        for fn in functions[name]:
+            for node in _own_nodes(fn):
+                if isinstance(node, ast.Return):
+                    seeds |= {n for r in _results(node.value) if isinstance(r, ast.Call) and (n := _called_name(r))}
+
+    found: set[tuple[str, int]] = set()
+    for path, tree in trees.items():
+        rel = path.relative_to(root).as_posix()
+        if rel == allowed:
+            continue
+        bad: list[ast.Constant] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _called_name(node.func) in EXIT_CALLS and node.args:
+                bad += _nonzero_literals(node.args[0])
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {t.id if isinstance(t, ast.Name) else t.attr for t in targets
+                         if isinstance(t, ast.Name | ast.Attribute)}
+                if names & EXIT_NAMES:
+                    bad += _nonzero_literals(node.value)
+            elif isinstance(node, ast.keyword) and node.arg in EXIT_NAMES:
+                bad += _nonzero_literals(node.value)
+            elif isinstance(node, ast.Dict):
+                bad += [c for k, v in zip(node.keys, node.values, strict=True)
+                        if isinstance(k, ast.Constant) and k.value in EXIT_NAMES for c in _nonzero_literals(v)]
+            elif isinstance(node, ast.arguments):
+                args = [*node.posonlyargs, *node.args]
+                pairs = [*zip(args[len(args) - len(node.defaults):], node.defaults, strict=True),
+                         *((a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d)]
+                bad += [c for a, d in pairs if a.arg in EXIT_NAMES for c in _nonzero_literals(d)]
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in exit_functions:
+                bad += [c for n in _own_nodes(node) if isinstance(n, ast.Return) for c in _nonzero_literals(n.value)]
+        found |= {(rel, c.lineno) for c in bad}
+    lines = {path.relative_to(root).as_posix(): path.read_text().splitlines() for path in files}
+    return [f"{rel}:{n}: {lines[rel][n - 1].strip()}" for rel, n in sorted(found)]
+
+
+# ---- import purity: a module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
+# an interpreter where nothing else can be imported (nox's own, before any venv exists, imports them)
+
+PURE_EXTRAS = ("packaging", "nox")   # the third-party packages a promise may name besides the stdlib
+
+# Run in a fresh interpreter: argv = [root, module, *allowed third-party packages]. A meta-path finder refuses
+# every import outside the stdlib, the module's own package and those packages; what an allowed package imports
+# itself (nox's own dependencies) is that package's business and passes. A refused import a module guards
+# (`try: import x except ImportError`) is fine: the promise is that the module imports, and works, without it.
+_PROBE = r"""
+import importlib, sys
+root, module, extras = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+sys.path.insert(0, root)
+allowed = set(sys.stdlib_module_names) | {module.partition(".")[0]} | extras
+theirs = set(extras)
+
+def importer():  # the module whose code asked for the import (past find_spec and importlib's frames)
+    f = sys._getframe(2)
+    while f is not None and f.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib")):
+        f = f.f_back
+    return "" if f is None else f.f_globals.get("__name__", "")
+
+class OnlyThese:
+    def find_spec(self, name, path=None, target=None):
+        top, by = name.partition(".")[0], importer()
+        if top in allowed:
+            return None
+        if by.partition(".")[0] in theirs:
+            theirs.add(top)
+            allowed.add(top)
+            return None
+        raise ModuleNotFoundError(f"{name} is not importable here (imported by {by or '?'})", name=name)
+
+sys.meta_path.insert(0, OnlyThese())
+mod = importlib.import_module(module)
+assert mod.__file__.startswith(root), (mod.__file__, root)
+"""
+
+
+def import_promises(root: Path, package: str, extras: tuple[str, ...] = PURE_EXTRAS) -> dict[str, tuple[str, ...]]:
+    """The modules whose docstring promises to import only the stdlib (and perhaps some of `extras`), each with
+    the extras its promise names: the promise is the clause from "stdlib" to the next period, colon or
+    parenthesis ("Stdlib only", "Stdlib-only (...)", "Stdlib + packaging only:", "Light (stdlib, packaging)",
+    "Imports stdlib, packaging, nox and ...:")."""
+    out = {}
+    for name, path in _modules(root, package).items():
+        doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+        clauses = re.findall(r"stdlib[^.:()]*", doc, flags=re.IGNORECASE)
+        if clauses:
+            out[name] = tuple(e for e in extras if any(re.search(rf"\b{e}\b", c) for c in clauses))
+    return out
+
+
+def import_problem(root: Path, module: str, extras: tuple[str, ...]) -> str | None:
+    """Why `module` does not import where only the stdlib, its package and `extras` can be imported (the last
+    line of the error), or None when it does."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(root), module, *extras], capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode == 0:
+        return None
+    return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
 # The layers, bottom first: a module imports only modules of its own layer or below (docs/design.md).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("ortbuild", "ortbuild.errors", "ortbuild.status", "ortbuild.files", "ortbuild.paths",
@@ -236,6 +413,92 @@ def upward_imports(root: Path, package: str) -> list[str]:
     """Imports from a lower layer into a higher one."""
     return sorted(f"{i.where}  ({LAYERS[layer_of(i.source)][0]} imports {LAYERS[layer_of(i.target)][0]})"
                   for i in _imports(root, package) if layer_of(i.target) > layer_of(i.source))
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path, package: str) -> list[str]:
+    """Uses of another module's private names: `from m import _x`, and `m._x` where `m` is bound to one of
+    the package's modules (`import a.b`, `import a.b as m`, `from a import b`). A module's own private names,
+    dunders, and other packages' private names (`os._exit`) are not counted: a name another module needs is
+    public (no underscore) or lives where it is used."""
+    modules = _modules(root, package)
+    found: list[tuple[str, int, str]] = []
+    for name, path in modules.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(text, filename=str(path))
+        bound: dict[str, str] = {}    # a local name -> the dotted module it stands for
+        bad: list[ast.stmt | ast.expr] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        bound[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        bound[top] = top
+            elif isinstance(node, ast.ImportFrom):
+                stem = _from_module(name, path.name == "__init__.py", node)
+                if stem not in modules:
+                    continue
+                for a in node.names:
+                    if _is_private(a.name):
+                        bad.append(node)
+                    elif f"{stem}.{a.name}" in modules:
+                        bound[a.asname or a.name] = f"{stem}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                chain, value = [], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.insert(0, value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in bound:
+                    dotted = ".".join([bound[value.id], *chain])
+                    if dotted in modules and dotted != name:
+                        bad.append(node)
+        for node in bad:
+            found.append((rel, node.lineno, f"{rel}:{node.lineno}: {lines[node.lineno - 1].strip()}"))
+    return [text for _, _, text in sorted(set(found))]
+
+
+def design_table_problems(doc: str, modules: list[str]) -> list[str]:
+    """Where docs/design.md's table of layers and modules ("Parts and layers") and the package differ: a module
+    (other than a package's __init__ and __main__) the table does not name in its layer's rows, and a file the
+    table names in a layer that has no such module there. A row names its modules as `file.py` in its second
+    column; the `steps/` row names the step modules by their step names, in its third."""
+    section = doc.split("## Parts and layers", 1)[-1].split("\n## ", 1)[0]
+    layer_names = [name for name, _ in LAYERS]
+    named: set[tuple[str, str]] = set()   # (layer, file name)
+    layer = ""
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 3 or cells[0] in ("layer", "---"):
+            continue
+        if cells[0]:
+            layer = cells[0].split()[0]
+        assert layer in layer_names, f"docs/design.md: a row of no known layer: {line}"
+        named |= {(layer, n) for n in re.findall(r"`([\w.]+\.py)`", cells[1])}
+        if "`steps/`" in cells[1]:
+            named |= {("pipeline", f"steps/{n}.py") for n in re.findall(r"`(\w+)`", cells[2])}
+    found: set[tuple[str, str]] = set()
+    problems = []
+    for module in modules:
+        parts = module.split(".")
+        if parts[-1] in ("__init__", "__main__") and module != "ortbuild.cli.__init__":
+            continue
+        where = LAYERS[layer_of(module)][0]
+        file = f"{parts[-1]}.py" if parts[-2:-1] != ["steps"] else f"steps/{parts[-1]}.py"
+        if (where, file) in named:
+            found.add((where, file))
+        else:
+            problems.append(f"{module}: not in the {where} rows of docs/design.md's table")
+    problems += [f"docs/design.md names {file} in the {where} rows: no such module there"
+                 for where, file in sorted(named - found)]
+    return problems
 
 
 def _package_files() -> list[Path]:
@@ -290,6 +553,28 @@ def test_status_literals_are_found_in_a_synthetic_package(tmp_path: Path) -> Non
     assert status_literals(root, files) == ["ortbuild/gates.py:1: 'PASS'", "ortbuild/gates.py:3: 'built'"]
 
 
+def test_private_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "import os\n_x = 1\n_y = 2\n__version__ = '1'\ndef public(): return _x + os._exit.__hash__()\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": ("from pkg.a import _x\n"                    # 1: a private name imported
+                         "from pkg import a\n"
+                         "import pkg.a\n"
+                         "import pkg.a as alias\n"
+                         "from .. import a as rel\n"
+                         "from pkg.a import __version__, public\n"   # 6: a dunder and a public name: fine
+                         "import os\n"
+                         "u = a._y\n"                                # 8: through `from pkg import a`
+                         "v = pkg.a._y\n"                            # 9: through `import pkg.a`
+                         "w = alias._y + rel._y\n"                   # 10: through aliases
+                         "os._exit\n"                                # 11: another package's: not counted
+                         "class C:\n    def f(self): return self._z\n"),
+    })
+    found = private_imports(root, "pkg")
+    assert [f.split(": ")[0] for f in found] == [f"pkg/sub/b.py:{n}" for n in (1, 8, 9, 10)], found
+
+
 def test_exit_code_reductions_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
     root = _write(tmp_path, {
         "ortbuild/status.py": "def final_exit(codes):\n    return next((c for c in codes if c), 0)\n",
@@ -335,6 +620,125 @@ def test_the_exit_code_is_reduced_in_one_place() -> None:
                          + "\n".join(by_hand))
 
 
+def test_exit_code_literals_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "ortbuild/errors.py": "class Busy(Exception):\n    exit_code = 10\nINTERRUPTED = 130\n",  # allowed here
+        "ortbuild/cli.py": (
+            "import os, sys\n"
+            "from ortbuild.errors import INTERRUPTED, Busy\n"
+            "def main():\n"
+            "    try:\n"
+            "        return cmd_x()\n"
+            "    except KeyboardInterrupt:\n"
+            "        return 130\n"                                              # 7: main returns a number
+            "    except OSError:\n"
+            "        return INTERRUPTED\n"
+            "def cmd_x():\n"
+            "    def count():\n"
+            "        return 3\n"                                                # 12: a count, not an exit code
+            "    return 0 if count() else Busy.exit_code\n"
+            "def cmd_y(ok):\n"
+            "    return 0 if ok else 6\n"                                       # 15: an arm of a conditional
+            "def run(p):\n"
+            "    p.set_defaults(func=lambda a: summary(a))\n"
+            "def summary(a):\n"
+            "    return 1 if a else 0\n"                                        # 19: what argparse runs
+            "def rows():\n"
+            "    return 1\n"                                                    # 21: not an exit-code function
+            "class R:\n"
+            "    exit_code = 5\n"                                               # 23: outside errors.py
+            "    def fail(self, code=9):\n"                                     # 24: a parameter's default
+            "        self.exit_code = self.exit_code or code\n"
+            "r = R()\n"
+            "r.exit_code = 1 if r else Busy.exit_code\n"                       # 27
+            "doc = {'exit_code': 4, 'count': 4}\n"                             # 28: the key, not the count
+            "r.fail(code=7)\n"                                                  # 29: a keyword
+            "sys.exit(2)\n"                                                     # 30
+            "os._exit(0)\n"                                                     # 0 is success: fine
+            "raise SystemExit(3)\n"),                                           # 32
+    })
+    files = sorted((root / "ortbuild").glob("*.py"))
+    found = exit_code_literals(root, files)
+    assert [f.split(": ")[0] for f in found] == [f"ortbuild/cli.py:{n}" for n in (7, 15, 19, 23, 24, 27, 28, 29,
+                                                                                  30, 32)], found
+
+
+def test_exit_codes_are_spelled_by_name() -> None:
+    found = exit_code_literals(REPO, _package_files())
+    assert not found, ("exit codes spelled as numbers (use the error classes' exit_code, or a name in "
+                       "ortbuild/errors.py):\n  " + "\n  ".join(found))
+
+
+def test_import_promises_are_checked_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "heavy/__init__.py": "",                                       # a third-party package nobody promised
+        "tooly/__init__.py": "import heavy\n",                         # a promised one, whose own dependency it is
+        "pkg/__init__.py": "",
+        "pkg/mid.py": "import json\nimport heavy\n",
+        "pkg/light.py": '"""Light. Stdlib only (really)."""\nfrom pkg import mid\n',    # breaks it, through mid
+        "pkg/lazy.py": '"""Stdlib-only: heavy loads inside f."""\ndef f():\n    import heavy\n',
+        "pkg/guarded.py": '"""Stdlib only."""\ntry:\n    import heavy\nexcept ImportError:\n    heavy = None\n',
+        "pkg/ok.py": '"""Stdlib + packaging only: versions."""\nfrom packaging.version import Version\n',
+        "pkg/sneaky.py": '"""Stdlib only."""\nfrom packaging.version import Version\n',   # packaging not promised
+        "pkg/tool.py": '"""Imports stdlib, packaging and tooly: nothing else."""\nimport tooly\n',
+        "pkg/free.py": '"""Anything goes."""\nimport heavy\n',                            # no promise
+    })
+    promises = import_promises(root, "pkg", extras=("packaging", "tooly"))
+    assert promises == {"pkg.light": (), "pkg.lazy": (), "pkg.guarded": (), "pkg.ok": ("packaging",),
+                        "pkg.sneaky": (), "pkg.tool": ("packaging", "tooly")}
+    problems = {m: import_problem(root, m, extras) for m, extras in promises.items()}
+    assert {m for m, why in problems.items() if why} == {"pkg.light", "pkg.sneaky"}, problems
+    assert "heavy is not importable here (imported by pkg.mid)" in str(problems["pkg.light"])
+    assert "packaging is not importable here (imported by pkg.sneaky)" in str(problems["pkg.sneaky"])
+
+
+PROMISES = import_promises(REPO, PACKAGE)
+
+
+def test_the_import_promises_are_found() -> None:
+    assert PROMISES["ortbuild.status"] == () and PROMISES["ortbuild.project.config"] == ("packaging",)
+    assert PROMISES["ortbuild.nox"] == ("packaging", "nox")
+
+
+@pytest.mark.parametrize("module", sorted(PROMISES))
+def test_a_module_imports_only_what_its_docstring_promises(module: str) -> None:
+    why = import_problem(REPO, module, PROMISES[module])
+    allowed = ", ".join(["the stdlib", *PROMISES[module]])
+    assert why is None, (f"{module} promises to import only {allowed} (its docstring), but: {why}; move the "
+                         "import into the function that needs it, or correct the docstring")
+
+
+def test_design_table_problems_are_found_in_a_synthetic_table() -> None:
+    doc = """
+## Parts and layers
+
+| layer | modules | concept |
+|---|---|---|
+| base `ortbuild/` | `errors.py`, `gone.py` | the errors; a module renamed since |
+| pipeline `pipeline/` | `build.py` | the builder |
+| | `steps/` | `check`, `encrypt` (`format = "ort"`: the config) |
+| cli `cli/` | `__init__.py` (parser) | the commands |
+
+## Next section
+| base | `status.py` | not the table |
+"""
+    modules = ["ortbuild.__init__", "ortbuild.errors", "ortbuild.status", "ortbuild.pipeline.__init__",
+               "ortbuild.pipeline.build", "ortbuild.pipeline.steps.__init__", "ortbuild.pipeline.steps.check",
+               "ortbuild.pipeline.steps.encrypt", "ortbuild.pipeline.steps.seal", "ortbuild.cli.__init__",
+               "ortbuild.__main__", "ortbuild.cli.build"]
+    assert design_table_problems(doc, modules) == [
+        "ortbuild.status: not in the base rows of docs/design.md's table",
+        "ortbuild.pipeline.steps.seal: not in the pipeline rows of docs/design.md's table",
+        "ortbuild.cli.build: not in the cli rows of docs/design.md's table",
+        "docs/design.md names gone.py in the base rows: no such module there"]
+
+
+def test_the_design_doc_names_every_module_in_its_layer() -> None:
+    modules = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in sorted((REPO / PACKAGE).rglob("*.py"))]
+    problems = design_table_problems((REPO / "docs" / "design.md").read_text(), modules)
+    assert not problems, "docs/design.md's layer table and the package differ:\n  " + "\n  ".join(problems)
+
+
 def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
     root = _write(tmp_path, {"ortbuild/__init__.py": "", "ortbuild/errors.py": "from ortbuild.cli import main\n",
                              "ortbuild/cli/__init__.py": "from ortbuild import errors\n"})
@@ -345,3 +749,9 @@ def test_upward_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None
 def test_each_layer_imports_only_the_layers_below_it() -> None:
     found = upward_imports(REPO, PACKAGE)
     assert not found, "imports against the layering (docs/design.md):\n  " + "\n  ".join(found)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = private_imports(REPO, PACKAGE)
+    assert not found, ("private names used across modules (make the name public, or move it where it is "
+                       "used):\n  " + "\n  ".join(found))

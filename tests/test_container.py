@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -36,11 +38,16 @@ def test_deterministic_only_when_asked() -> None:
     assert container.encrypt(data, TEST_KEY) != container.encrypt(data, TEST_KEY)
 
 
-def test_rewrap_changes_the_key_slot_only() -> None:
+def test_rewrap_changes_the_key_slot_only(tmp_path: Path) -> None:
     data = os.urandom(9000)
     ct = container.encrypt(data, TEST_KEY, chunk_log2=12)
-    new = container.rewrap(ct, TEST_KEY, KEK2)
-    assert new[container.HEADER:] == ct[container.HEADER:] and new[:27] == ct[:27]
+    (tmp_path / "ct").write_bytes(ct)
+    out = io.BytesIO()
+    sha, size = container.rewrap_file(tmp_path / "ct", out, TEST_KEY, KEK2)
+    new = out.getvalue()
+    assert size == len(new) == len(ct) and sha == hashlib.sha256(new).hexdigest()
+    assert new[container.HEADER:] == ct[container.HEADER:]
+    assert new[:container.PAYLOAD_HEADER] == ct[:container.PAYLOAD_HEADER]
     assert container.decrypt(new, KEK2) == data
     with pytest.raises(container.ContainerError) as err:
         container.decrypt(new, TEST_KEY)

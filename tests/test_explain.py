@@ -448,7 +448,7 @@ def test_tables_never_show_none() -> None:
     layers = [explain.Layer("relu", "Relu", None, 0.0, 0, "n/a (the reduced graph computes its output in conv)"),
               explain.Layer("shift", "Add", None, 0.0), explain.Layer("fc", "MatMul", math.inf, math.inf, 2 << 20,
                                                                       alone=explain.Prediction(True, 0.01, "y: cos"))]
-    doc = {"status": "found", "layers": explain._layers_doc(layers), "rebuilds": 1, "seconds": 1.0,
+    doc = {"status": "found", "layers": explain.layers_doc(layers), "rebuilds": 1, "seconds": 1.0,
            "trials": [{"nodes": ["fc"], "op_types": [], "passed": True, "worst": "y: cos", "seconds": 1.0}],
            "skipped": [{"nodes": ["b"], "op_types": [], "same_as": "the failing artifact", "passed": False}],
            "predictions": {"status": "on", "baseline": "y: cos", "predicted": 1, "candidates": 3, "seconds": 0.1},

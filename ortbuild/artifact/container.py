@@ -206,11 +206,6 @@ def decrypt(data: bytes | bytearray | memoryview, kek: bytes) -> bytearray:
     return out
 
 
-def rewrap(data: bytes, old_kek: bytes, new_kek: bytes) -> bytes:
-    """The same container with its data key wrapped under `new_kek`; the chunks are not re-encrypted."""
-    return rewrap_header(bytes(data[:HEADER]), old_kek, new_kek) + bytes(data[HEADER:])
-
-
 def rewrap_header(head: bytes, old_kek: bytes, new_kek: bytes) -> bytes:
     """A container's header with its data key re-wrapped under `new_kek` (WrongKey: `old_kek` is not its key)."""
     header = parse_header(head)

@@ -14,11 +14,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ortbuild import __version__, workspace
+from ortbuild import __version__, errors, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli import init
 from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
-from ortbuild.cli.build import _workers, cmd_build, cmd_plan, say_removed
+from ortbuild.cli.build import cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
@@ -26,7 +26,7 @@ from ortbuild.errors import OrtbuildError
 from ortbuild.gating import summary
 from ortbuild.project import config
 
-__all__ = ["SCHEMA_FILE", "_workers", "main", "parser"]
+__all__ = ["SCHEMA_FILE", "main", "parser"]
 
 
 def jobs_count(text: str) -> int:
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
-        return 141
+        return errors.BROKEN_PIPE
     except OrtbuildError as e:
         if args.debug:
             raise
@@ -276,10 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("ortbuild: interrupted", file=sys.stderr)
-        return 130
+        return errors.INTERRUPTED
     except Exception as e:
         if args.debug:
             raise
         print(f"ortbuild: internal error: {type(e).__name__}: {e}\n  hint: rerun with --debug and report "
               "the traceback", file=sys.stderr)
-        return 1
+        return OrtbuildError.exit_code  # an internal error

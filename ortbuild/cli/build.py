@@ -30,7 +30,7 @@ from ortbuild.publish import epochs
 from ortbuild.status import JobStatus, final_exit
 
 
-def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
+def fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
     """The jobs whose target's runtime is this environment's (each target checked once). With `command`, a run
     in which none fits would do nothing: it fails, naming the nox session or the install that fixes it."""
     problems: dict[str, str | None] = {}
@@ -53,7 +53,8 @@ def _fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.
         "into this environment (one flavor per environment)")
 
 
-def _workers(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
+def worker_count(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
+    """-j's worker count, else the default for these jobs (saying on stderr why it is lower than the cores)."""
     if args.jobs is not None:
         return max(1, int(args.jobs))
     n, why = default_workers(fit)
@@ -80,7 +81,7 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
     them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
     on them (`test`, `profile`) under the lock."""
-    fit = _fitting(jobs)
+    fit = fitting(jobs)
     dist = dist_dir(args, project)
     verbose = getattr(args, "verbose", False)
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
@@ -95,7 +96,7 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
             print(f"ortbuild: WARNING: {lowered}", file=sys.stderr)
         with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
-            done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=_workers(args, fit))}
+            done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(args, fit))}
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
@@ -123,7 +124,7 @@ def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    _fitting(jobs, "build")
+    fitting(jobs, "build")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     with built(args, project, jobs, secrets, force=args.force) as (dist, _, done):
         results = list(done.values())

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortbuild import logs
 from ortbuild.artifact import keys
-from ortbuild.cli.build import _fitting, built
+from ortbuild.cli.build import built, fitting
 from ortbuild.cli.common import table
 from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
 from ortbuild.gating import report, summary
@@ -37,7 +37,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     baseline = report.read_baseline(args.baseline) if args.baseline else None  # a bad one fails before any build
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    _fitting(jobs, "test")
+    fitting(jobs, "test")
     refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
     for j in jobs:
         ft = j.settings.gates.latency.faster_than if j.settings.gates else None
@@ -141,7 +141,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError("--runs and --top must be at least 1")
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
-    _fitting(jobs, "profile")
+    fitting(jobs, "profile")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     with built(args, project, jobs, secrets, command="profile") as (dist, _, done), \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="profiling") as progress:

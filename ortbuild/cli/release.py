@@ -87,7 +87,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     from ortbuild.publish import registry, release
 
     project = config.load(args.config)
-    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    names = plan.select(list(project.targets), args.target, "targets", str(project.file))
     dist = dist_dir(args, project)
     sign_key = keys.signing_key(file=args.signing_key_file)  # the only key a release needs, read once
     if sign_key is None:
@@ -226,7 +226,7 @@ def min_epoch(text: str) -> int:
 def cmd_matrix(args: argparse.Namespace) -> int:
     """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
     project = config.load(args.config, check_files=False)
-    names = plan._select(list(project.targets), args.target, "targets", str(project.file))
+    names = plan.select(list(project.targets), args.target, "targets", str(project.file))
     include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
                 "required": project.targets[n].require, "session": f"test({n})",
                 "platform": project.targets[n].platform,

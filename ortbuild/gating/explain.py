@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 Knob = SearchKnob
-_layers_doc = layers_doc  # its former name
 # what each precision keeps in float, from its rule (PrecisionRule.knob): the precisions the search applies to
 KNOBS = {r.name: r.knob for r in options.RULES if r.knob is not None}
 

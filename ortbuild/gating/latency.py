@@ -34,7 +34,6 @@ from typing import Any
 from ortbuild.gating.percentiles import Budget as Budget
 from ortbuild.gating.percentiles import PercentileVerdict as PercentileVerdict
 from ortbuild.gating.percentiles import Spending as Spending
-from ortbuild.gating.percentiles import binom_cdf as binom_cdf
 from ortbuild.gating.percentiles import budgets_of as budgets_of
 from ortbuild.gating.percentiles import checkpoints as checkpoints
 from ortbuild.gating.percentiles import look_confidence as look_confidence
@@ -43,7 +42,6 @@ from ortbuild.gating.percentiles import min_samples_to_bound as min_samples_to_b
 from ortbuild.gating.percentiles import nearest_rank as nearest_rank
 from ortbuild.gating.percentiles import percentile_verdict as percentile_verdict
 from ortbuild.gating.percentiles import planned_samples as planned_samples
-from ortbuild.gating.percentiles import relative_verdict as relative_verdict
 from ortbuild.gating.percentiles import sequential_verdict as sequential_verdict
 from ortbuild.gating.percentiles import upper_rank as upper_rank
 from ortbuild.gating.percentiles import with_estimate as with_estimate

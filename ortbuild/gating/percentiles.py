@@ -31,15 +31,6 @@ def _log_pmf(k: int, n: int, p: float) -> float:
             + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
-def binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p)."""
-    if k < 0:
-        return 0.0
-    if k >= n:
-        return 1.0
-    return min(1.0, sum(math.exp(_log_pmf(i, n, p)) for i in range(k + 1)))
-
-
 def upper_rank(n: int, p: float, c: float) -> int | None:
     """The smallest k (1-based) whose order statistic x_(k) bounds the p-th percentile from above with
     confidence c: P(Binom(n, p) <= k - 1) >= c. None when n samples cannot bound it."""
@@ -218,10 +209,3 @@ def budgets_of(percentiles: Mapping[float, float], reference: str | None = None,
     """The budgets of {percentile: ms}, and a relative one when `reference` is given."""
     out = [Budget(f"p{round(p * 100)}", p, ms) for p, ms in percentiles.items()]
     return [*out, Budget("relative", 0.5, ratio, reference)] if reference is not None else out
-
-
-def relative_verdict(mine: list[float], reference: list[float], ratio: float, c: float) -> PercentileVerdict:
-    """"reference median / my median >= ratio" from paired, interleaved samples: the median of
-    ratio * mine_i / reference_i must be at most 1 (a sign test, the same order statistics)."""
-    scaled, limit = Budget("relative", 0.5, ratio, "reference").values({"mine": mine, "reference": reference}, "mine")
-    return percentile_verdict(scaled, 0.5, limit, c)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ortbuild import files, paths, workspace
 from ortbuild.artifact import golden, loaders, manifest
-from ortbuild.errors import ArtifactError, OrtbuildError, from_loader
+from ortbuild.errors import ArtifactError, OrtbuildError, StepError, from_loader
 from ortbuild.gating import emulated
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, ProfileStatus
@@ -159,7 +159,7 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
         res = ProfileResult(job.target.name, job.model.name, ProfileStatus.PROFILED)
         if b.status == JobStatus.FAILED:
             res.status, res.reason = ProfileStatus.FAILED, f"build failed: {b.reason}"
-            res.exit_code = b.error.exit_code if b.error else 6
+            res.exit_code = b.error.exit_code if b.error else StepError.exit_code
         elif b.status in (JobStatus.SKIPPED, JobStatus.PORTABLE):
             res.status, res.reason = ProfileStatus.SKIPPED, b.reason
             if b.status == JobStatus.PORTABLE:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ortbuild import files, logs
-from ortbuild.errors import GateFailed
+from ortbuild.errors import SUMMARY_FAILED, GateFailed
 from ortbuild.gating import report
 from ortbuild.gating.builds import record_path
 from ortbuild.project import config
@@ -101,7 +101,7 @@ def print_build(project: config.Project, dist: Path, out: TextIO) -> int:
                                                             d["log"]["warnings"])) for d in docs if d.get("log")]
     for line in logs.footer(logged):
         print(line, file=out)
-    return 1 if counts[JobStatus.FAILED] else 0
+    return SUMMARY_FAILED if counts[JobStatus.FAILED] else 0
 
 
 def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ortbuild import modelfiles, runtime
 from ortbuild.artifact import keys
-from ortbuild.errors import StepError
+from ortbuild.errors import ORPHANED, StepError
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project.config import Project
 from ortbuild.project.plan import Job
@@ -90,7 +90,7 @@ def _die_with_parent(parent: int) -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+        os._exit(ORPHANED)
 
 
 def _init(state: WorkerState, make: WorkerFactory, events: Any) -> None:

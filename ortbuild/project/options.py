@@ -12,7 +12,8 @@ The parts live in one module per concept; this module gathers them under one nam
 - ortbuild.project.session_keys: session config keys and the keys ortbuild reserves
 - ortbuild.project.schema: the JSON Schema and reference docs generated from the tables
 
-All of them are stdlib-only: the noxfile imports them (through ortbuild.project.config) before any venv exists.
+All of them are stdlib + packaging only: the noxfile imports them (through ortbuild.project.config) before any venv
+exists.
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ class Job:
         return f"{self.target.name}/{self.model.name}"
 
 
-def _select(names: Sequence[str], patterns: Sequence[str] | None, what: str, file: str) -> list[str]:
+def select(names: Sequence[str], patterns: Sequence[str] | None, what: str, file: str) -> list[str]:
+    """The names that match `patterns` (-t/-m globs), in the patterns' order, each once; all of them without
+    patterns. A pattern that matches nothing is a config error naming `file` and the names there are."""
     if not patterns:
         return list(names)
     chosen = []
@@ -38,8 +40,8 @@ def _select(names: Sequence[str], patterns: Sequence[str] | None, what: str, fil
 def jobs(project: Project, targets: Sequence[str] | None = None,
          models: Sequence[str] | None = None) -> list[Job]:
     file = str(project.file)
-    selected_targets = _select(list(project.targets), targets, "targets", file)
-    selected_models = _select(list(project.models), models, "models", file)
+    selected_targets = select(list(project.targets), targets, "targets", file)
+    selected_models = select(list(project.models), models, "models", file)
     out = []
     for t in selected_targets:
         target = project.targets[t]

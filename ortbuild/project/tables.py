@@ -1,7 +1,8 @@
 """The key tables of targets.toml, derived from the settings dataclasses that declare each key once
 (ortbuild.project.declare): validation (ortbuild.project.checker), the JSON Schema and the reference docs
 (ortbuild.project.schema) read them. The few keys no dataclass holds (`extends`, `overrides`, the accuracy rule,
-a data set's budgets) are declared here. Stdlib-only (the noxfile imports it through ortbuild.project.config).
+a data set's budgets) are declared here. Stdlib + packaging only (the noxfile imports it through
+ortbuild.project.config).
 """
 
 from __future__ import annotations

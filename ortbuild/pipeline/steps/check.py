@@ -1,4 +1,4 @@
-"""Step 1: load the source model, run the full onnx checker and shape inference, record its signature.
+"""The check step: load the source model, run the full onnx checker and shape inference, record its signature.
 
 A model with external data is checked from its path and its graph is read without the weights: the weights
 are only ever read by the step that changes them (precision) and by ONNX Runtime."""

@@ -1,4 +1,4 @@
-"""Step 4 (compiling providers): compile ahead of time into an EPContext model.
+"""The compile step (compiling providers): compile ahead of time into an EPContext model.
 
 OpenVINO (as a plugin EP) and TensorRT compile subgraphs at session creation, which costs the user seconds at
 every load. ONNX Runtime's compile API (`ModelCompiler`) runs that compilation at build time and returns, in

@@ -1,4 +1,4 @@
-"""Step 2 ([targets.X.fusion] on): ONNX Runtime's transformer optimizer, before the precision step.
+"""The fusion step ([targets.X.fusion] on): ONNX Runtime's transformer optimizer, before the precision step.
 
 `onnxruntime.transformers.optimizer.optimize_model(path, model_type, num_heads, hidden_size, opt_level=0)` rewrites
 attention, layer norms, GELU and embeddings into `com.microsoft` ops (Attention, SkipLayerNormalization, BiasGelu,

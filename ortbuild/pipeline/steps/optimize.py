@@ -1,4 +1,4 @@
-"""Step 3: offline graph optimization inside the target's runtime, with its providers and level.
+"""The optimize step: offline graph optimization inside the target's runtime, with its providers and level.
 
 The optimized graph is written by ORT itself (SessionOptions.optimized_model_filepath) into the build's
 private temp dir. What the result is tied to is read off the graph: com.microsoft contrib ops need the

@@ -1,4 +1,4 @@
-"""Step 2: change the precision with ONNX Runtime's own tools. Portable: no provider is involved.
+"""The precision step: change the precision with ONNX Runtime's own tools. Portable: no provider is involved.
 
 Models of any size: the source is read from its path (its external data beside it), fp32 is not copied at all,
 and every output whose weights could pass protobuf's 2 GB limit is written with external data (`external`).

@@ -1,4 +1,4 @@
-"""Step 4: reload the artifact with optimizations disabled, as a deployment would, and run it."""
+"""The reload step: reload the artifact with optimizations disabled, as a deployment would, and run it."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from typing import Any
 import onnx
 from onnx.external_data_helper import uses_external_data
 
-from ortbuild.modelfiles import _tensors, extent
+from ortbuild.modelfiles import extent, graph_tensors
 
 _CHUNK = 1 << 20
 _EXTERNAL_MIN = 1024  # tensors of this many bytes or more are written as external data (ONNX's default)
@@ -100,7 +100,7 @@ def save(model: onnx.ModelProto, out: Path, base: Path) -> Path:
     are written as they are, weightless ones are copied from their file under `base` in chunks."""
     data = out.with_name(f"{out.name}.data")
     with open(data, "wb") as sink:
-        for t in _tensors(model.graph):
+        for t in graph_tensors(model.graph):
             if _external(t):
                 path, start, length = _span(t, base)
                 with open(path, "rb") as f:
@@ -214,7 +214,7 @@ def weightless(base: Path, consume: Callable[[], None] | None = None) -> Iterato
         return _shape_inferred(onnx.load(str(path), load_external_data=False))
 
     def save_model(proto: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(proto, onnx.ModelProto) and any(_external(t) for t in _tensors(proto.graph)):
+        if isinstance(proto, onnx.ModelProto) and any(_external(t) for t in graph_tensors(proto.graph)):
             _link_data(proto, Path(f), base)
             Path(f).write_bytes(proto.SerializeToString())
         else:
@@ -223,7 +223,7 @@ def weightless(base: Path, consume: Callable[[], None] | None = None) -> Iterato
     def save_result(self: Any, output_path: str, use_external_data_format: bool = False) -> None:
         self.topological_sort()
         if consume is not None:
-            for t in _tensors(self.model.graph):
+            for t in graph_tensors(self.model.graph):
                 if _external(t):
                     t.CopyFrom(_read(t, base))
             consume()
