@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
@@ -20,6 +20,9 @@ from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError
 from ortbuild.project import config, plan
 from ortbuild.status import final_exit
 from ortbuild.units import human_size
+
+if TYPE_CHECKING:
+    from ortbuild.publish.verify import Verified
 
 
 def _public_key(args: argparse.Namespace) -> bytes:
@@ -159,7 +162,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     return code
 
 
-def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+def _verify_lines(v: Verified, as_json: bool, extra: dict[str, str] | None = None) -> None:
     if as_json:
         print(json.dumps({"name": v.name, "target": v.target, "epoch": v.epoch, "checks": v.lines,
                           "warnings": v.warnings, "tests": v.index["tests"], **(extra or {})}, indent=2))
