@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
@@ -53,6 +53,21 @@ def _development_keys(project: config.Project, names: Sequence[str], dist: Path,
 
 
 UNKNOWN_PUBLIC_KEY = "SIGNING.PUB"  # in a printed verify command where the public key file is not known here
+
+
+class Released(TypedDict):
+    """One entry of `ortbuild release --json`'s "released": the target's release files, and where it was pushed."""
+    target: str
+    dir: str
+    bundle: str
+    index: str
+    provenance: str
+    sums: str
+    signature: str
+    forced: list[str]
+    pushed: NotRequired[str]         # oci://... with the tag
+    digest: NotRequired[str]         # the pushed manifest's digest
+    verify: NotRequired[str]         # the command that verifies it
 
 
 def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
@@ -120,7 +135,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if ref is None:
         for name in names:
             _writable_dir(paths.inside(out_root, name), args.to)
-    done, refused, lines = [], [], []
+    done: list[Released] = []
+    refused: list[OrtbuildError] = []
+    lines: list[str] = []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:
             target = project.targets[name]
@@ -131,8 +148,10 @@ def cmd_release(args: argparse.Namespace) -> int:
                 refused.append(e)
                 continue
             index = pub.index
-            entry: dict[str, Any] = {"target": name, "dir": str(pub.folder),
-                                     **{k: str(v) for k, v in pub.files.items()}, "forced": pub.forced}
+            entry: Released = {"target": name, "dir": str(pub.folder), "bundle": str(pub.files["bundle"]),
+                               "index": str(pub.files["index"]), "provenance": str(pub.files["provenance"]),
+                               "sums": str(pub.files["sums"]), "signature": str(pub.files["signature"]),
+                               "forced": pub.forced}
             if ref is not None:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
