@@ -14,15 +14,39 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from ortbuild.errors import ConfigError
+
+if TYPE_CHECKING:
+    import onnx
 
 # protobuf's limit for one serialized message: a model whose graph and embedded tensors pass it must keep its
 # tensors as external data (ONNX's own limit, checked by onnx.save_model and ORT)
 PROTOBUF_LIMIT = (2 << 30) - 1
 _MARKER = b"location"  # the external_data key every externally stored tensor carries (a protobuf string)
 _CHUNK = 1 << 20
+
+
+class FileRecord(TypedDict):
+    """One file of a model as the manifest's `source.files` and release provenance record it."""
+    file: str           # the graph file's own name, or an external-data file's location as the graph names it
+    sha256: str
+    size: int
+
+
+class ValueInfo(TypedDict):
+    """One input or output of a model: what the manifest's `io` and `golden_run.outputs` record."""
+    name: str
+    dtype: str                            # numpy's name (float32), or seq(...)/map(...) for non-tensor values
+    shape: list[int | str | None] | None  # a dim's size, its symbolic name or None; None: unknown rank / no tensor
+    kind: NotRequired[str]                # sequence | map | optional ...: only for values that are no tensor
+
+
+class Signature(TypedDict):
+    """A model's inputs (its initializers left out) and outputs, in graph order: the manifest's `io`."""
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
 
 
 @dataclass(frozen=True)
@@ -32,7 +56,7 @@ class ModelFile:
     sha256: str
     size: int
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> FileRecord:
         return {"file": self.location or self.path.name, "sha256": self.sha256, "size": self.size}
 
 
@@ -81,7 +105,7 @@ def _hash(path: Path, marker: bytes | None = None, hashed: bool = True) -> tuple
     return h.hexdigest() if hashed else "", size, found
 
 
-def graph_tensors(graph: Any) -> Iterator[Any]:
+def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph that may hold data: initializers, sparse ones, attribute tensors, and the
     same inside subgraphs (If/Loop/Scan bodies)."""
     yield from graph.initializer
@@ -99,7 +123,7 @@ def graph_tensors(graph: Any) -> Iterator[Any]:
                 yield from graph_tensors(g)
 
 
-def locations(model: Any) -> list[str]:
+def locations(model: onnx.ModelProto) -> list[str]:
     """The external-data file names of a ModelProto (loaded without its external data), in first-use order."""
     out: dict[str, None] = {}
     for t in graph_tensors(model.graph):
@@ -143,7 +167,7 @@ def not_onnx(path: Path, data: bytes, why: str, where: str = "") -> ConfigError:
     return ConfigError(str(path), where, f"is not an ONNX model{looks}: {why}", NOT_ONNX_HINT)
 
 
-def parse_graph(data: bytes, path: Path, where: str = "") -> Any:
+def parse_graph(data: bytes, path: Path, where: str = "") -> onnx.ModelProto:
     """The ModelProto serialized in `data` (read from `path`); ConfigError naming `path` when it is not one."""
     import onnx
     from google.protobuf.message import DecodeError
@@ -157,7 +181,7 @@ def parse_graph(data: bytes, path: Path, where: str = "") -> Any:
     return model
 
 
-def load_graph(path: Path, where: str = "") -> Any:
+def load_graph(path: Path, where: str = "") -> onnx.ModelProto:
     """The ModelProto at `path` without its external data; ConfigError naming `path` when it is not one."""
     import onnx
     from google.protobuf.message import DecodeError
@@ -204,7 +228,7 @@ def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
     return ModelFiles(graph, tuple(external))
 
 
-def nbytes(t: Any) -> int:
+def nbytes(t: onnx.TensorProto) -> int:
     """A TensorProto's data bytes, whether stored inside the graph or as external data (not loaded)."""
     import onnx
 
@@ -224,7 +248,7 @@ def nbytes(t: Any) -> int:
     return n * item if n else int(t.ByteSize())
 
 
-def extent(t: Any) -> tuple[str, int, int | None]:
+def extent(t: onnx.TensorProto) -> tuple[str, int, int | None]:
     """Where an external tensor keeps its bytes: location, offset and length (None: to the file's end), as
     ONNX's own `ExternalDataInfo` parses them (ValueError for negative offsets and lengths)."""
     from onnx.external_data_helper import ExternalDataInfo
@@ -233,7 +257,7 @@ def extent(t: Any) -> tuple[str, int, int | None]:
     return info.location, info.offset or 0, info.length
 
 
-def _extent_problem(model: Any, sizes: dict[str, int]) -> str | None:
+def _extent_problem(model: onnx.ModelProto, sizes: dict[str, int]) -> str | None:
     """Why a tensor's external data does not lie inside its file (by the sizes in `sizes`), or None: checked
     here, before any step reads a weight, instead of as a runtime's out-of-bounds error minutes later."""
     for t in graph_tensors(model.graph):

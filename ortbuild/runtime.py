@@ -17,10 +17,11 @@ import socket
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ortbuild.errors import RuntimeMismatch, first_line
 from ortbuild.files import atomic_write, sha256_file
@@ -38,14 +39,17 @@ from ortbuild.machine import simd_level as simd_level
 from ortbuild.project import options
 from ortbuild.project.config import CustomOps, Provider, Settings
 
+if TYPE_CHECKING:
+    import onnxruntime
 
-def import_ort() -> Any:
+
+def import_ort() -> types.ModuleType:
     """The onnxruntime module, with ONNX Runtime's telemetry events disabled in this process before any session.
 
     1.31 keeps a local event store (onnxruntime.db under the user's cache directory) whose SessionCreation events
     name the graph and producer of every model a session opens: ortbuild opens decrypted models, so every
     session it (or a quantizer it calls) creates runs after this call. docs/container.md, telemetry."""
-    import onnxruntime
+    onnxruntime = importlib.import_module("onnxruntime")
 
     global _TELEMETRY_OFF
     if not _TELEMETRY_OFF:
@@ -84,7 +88,7 @@ def register_plugin(plugin: options.PluginEP) -> None:
     _REGISTERED.add(plugin.provider)
 
 
-def plugin_devices(plugin: options.PluginEP, device_type: str) -> tuple[list[Any], str | None]:
+def plugin_devices(plugin: options.PluginEP, device_type: str) -> tuple[list[onnxruntime.OrtEpDevice], str | None]:
     """The plugin's EP devices of `device_type` here, or ([], why there are none)."""
     ort = import_ort()
 
@@ -107,8 +111,8 @@ def plugin_options(provider: Provider) -> dict[str, str]:
             if k != "device_type"}
 
 
-def open_session(model: str | bytes, so: Any, providers: Sequence[Provider],
-                 plugins: Mapping[str, options.PluginEP] | None = None, **kwargs: Any) -> Any:
+def open_session(model: str | bytes, so: onnxruntime.SessionOptions, providers: Sequence[Provider],
+                 plugins: Mapping[str, options.PluginEP] | None = None) -> onnxruntime.InferenceSession:
     """An InferenceSession on `providers`; those in `plugins` (provider -> its plugin EP) are added through
     their EP devices (the only way ONNX Runtime takes a plugin EP), the CPU provider being their fallback."""
     ort = import_ort()
@@ -117,13 +121,13 @@ def open_session(model: str | bytes, so: Any, providers: Sequence[Provider],
     via_plugin = [p for p in providers if p.name in plugins]
     if not via_plugin:
         names, opts = ort_provider_args(tuple(providers))
-        return ort.InferenceSession(model, so, providers=names, provider_options=opts, **kwargs)
+        return ort.InferenceSession(model, so, providers=names, provider_options=opts)
     for p in via_plugin:
         add_plugin_provider(so, p, plugins[p.name])
-    return ort.InferenceSession(model, so, **kwargs)
+    return ort.InferenceSession(model, so)
 
 
-def add_plugin_provider(so: Any, provider: Provider, plugin: options.PluginEP) -> None:
+def add_plugin_provider(so: onnxruntime.SessionOptions, provider: Provider, plugin: options.PluginEP) -> None:
     """Add a plugin EP to session options through its devices of the provider's `device_type`."""
     devices, why = plugin_devices(plugin, str(provider.options.get("device_type", "CPU")))
     if why:
@@ -217,7 +221,7 @@ def _environment_fingerprint() -> str:
     """What a provider probe's answer depends on besides the provider: the runtime's files, the GPU/driver
     side of the machine, the library search path, this boot. Any change means probing again."""
     flavor = installed_flavor()
-    parts: dict[str, Any] = {"flavor": flavor.as_json() if flavor else None, "host": socket.gethostname()}
+    parts: dict[str, object] = {"flavor": flavor.as_json() if flavor else None, "host": socket.gethostname()}
     for f in ("/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version"):
         with contextlib.suppress(OSError):
             parts[f] = Path(f).read_text()
@@ -331,13 +335,13 @@ def custom_op_libraries(ops: Sequence[CustomOps]) -> list[CustomOpLibrary]:
     return out
 
 
-def register_custom_ops(so: Any, ops: Sequence[CustomOps]) -> None:
+def register_custom_ops(so: onnxruntime.SessionOptions, ops: Sequence[CustomOps]) -> None:
     """Register the custom-op libraries with a SessionOptions (each session needs them)."""
     for lib in custom_op_libraries(ops):
         so.register_custom_ops_library(lib.path)
 
 
-def session_options(settings: Settings, level: str) -> Any:
+def session_options(settings: Settings, level: str) -> onnxruntime.SessionOptions:
     """An ort.SessionOptions from a target's settings (threads, modes, config entries, free dims, custom ops)."""
     ort = import_ort()
 

@@ -22,7 +22,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from ortbuild.errors import Busy
 from ortbuild.paths import UnsafePath
@@ -175,7 +174,7 @@ def clean(dist: Path | None) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------------- lock
 
-def holder(dist: Path) -> dict[str, Any] | None:
+def holder(dist: Path) -> dict[str, object] | None:
     """Who holds (or last held) dist's lock, as written in the lock file."""
     try:
         info = json.loads((dist / LOCK).read_text() or "null")
@@ -225,9 +224,10 @@ class Lock:
                     told = True
                 time.sleep(0.1)
         before = holder(self.dist)
-        if before and isinstance(before.get("pid"), int) and before["pid"] != os.getpid() \
-                and not _alive(int(before["pid"]), str(before.get("start")) if before.get("start") else None):
-            self.say(f"took over the lock of pid {before['pid']} ({before.get('command', '?')}), which is gone")
+        pid = before.get("pid") if before else None
+        if before and isinstance(pid, int) and pid != os.getpid() \
+                and not _alive(int(pid), str(before.get("start")) if before.get("start") else None):
+            self.say(f"took over the lock of pid {pid} ({before.get('command', '?')}), which is gone")
         info = {"pid": os.getpid(), "start": _start_time(os.getpid()), "command": self.command,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
         os.ftruncate(fd, 0)

@@ -15,18 +15,22 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ortbuild import files as files_
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError
+from ortbuild.modelfiles import Signature, ValueInfo
 from ortbuild.project import data, precisions
 from ortbuild.project.config import CustomOps, Model
+
+if TYPE_CHECKING:
+    import onnx
 
 GOLDEN_DIR = manifest.GOLDEN_DIR
 GOLDEN_JSON = "golden.json"
@@ -36,7 +40,7 @@ GOLDEN_JSON = "golden.json"
 class DataSet:
     name: str                          # test_data_set_N
     inputs: data.Feed
-    expected: dict[str, Any]           # output name -> ndarray, list (sequence) or dict (map)
+    expected: Mapping[str, object]     # output name -> ndarray, list (sequence) or dict (map)
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Golden:
     source: str                        # "user" | "computed"
 
 
-def _to_proto(value: Any, name: str) -> Any:
+def _to_proto(value: object, name: str) -> onnx.TensorProto | onnx.SequenceProto | onnx.MapProto:
     from onnx import numpy_helper
 
     if isinstance(value, list):
@@ -56,12 +60,12 @@ def _to_proto(value: Any, name: str) -> Any:
     return numpy_helper.from_array(np.asarray(value), name)
 
 
-def _expected_dir(folder: Path, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+def _expected_dir(folder: Path, outputs: list[ValueInfo]) -> dict[str, object]:
     files = data.numbered(folder, "output")
     if len(files) != len(outputs):
         raise ConfigError(str(folder), "", f"holds {len(files)} output_K.pb files, the model has {len(outputs)} "
                                            f"outputs {[o['name'] for o in outputs]}")
-    out = {}
+    out: dict[str, object] = {}
     for f, spec in zip(files, outputs, strict=True):
         name, value = data.read_pb(f, spec.get("kind", "tensor"))
         if name and name != spec["name"]:
@@ -71,7 +75,7 @@ def _expected_dir(folder: Path, outputs: list[dict[str, Any]]) -> dict[str, Any]
     return out
 
 
-def load(model: Model, signature: dict[str, Any]) -> list[tuple[str, data.Feed, dict[str, Any] | None]]:
+def load(model: Model, signature: Signature) -> list[tuple[str, data.Feed, Mapping[str, object] | None]]:
     """(data set name, feed, user-supplied expected outputs or None) for every data set of the model."""
     names = [i["name"] for i in signature["inputs"]]
     outputs = signature["outputs"]
@@ -104,7 +108,7 @@ def load(model: Model, signature: dict[str, Any]) -> list[tuple[str, data.Feed, 
 
 
 def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps] = ()) \
-        -> tuple[list[dict[str, Any]], str]:
+        -> tuple[list[Mapping[str, object]], str]:
     """The source model's outputs in fp32 on the CPU provider with optimizations disabled, and how."""
     from ortbuild import runtime
 
@@ -116,12 +120,12 @@ def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(str(source), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    results = [dict(zip(names, sess.run(None, feed), strict=True)) for feed in feeds]
+    results: list[Mapping[str, object]] = [dict(zip(names, sess.run(None, feed), strict=True)) for feed in feeds]
     return results, (f"computed from the source model ({source.name}) in fp32 with onnxruntime {ort.__version__}"
                      " CPUExecutionProvider, optimizations disabled")
 
 
-def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[CustomOps]) -> Golden:
+def golden_for(model: Model, signature: Signature, custom_ops: Sequence[CustomOps]) -> Golden:
     """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's).
     Golden data that tests nothing is refused (vacuous())."""
     loaded = load(model, signature)
@@ -135,7 +139,7 @@ def golden_for(model: Model, signature: dict[str, Any], custom_ops: Sequence[Cus
     return g
 
 
-def _all_nan(value: Any) -> bool:
+def _all_nan(value: object) -> bool:
     return isinstance(value, np.ndarray) and value.dtype.kind in "fc" and value.size > 0 and bool(np.isnan(value).all())
 
 
@@ -209,7 +213,7 @@ def constant_warnings(model: Model, g: Golden) -> list[str]:
             for name, what in near_constant(g).items()]
 
 
-def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path,
+def write(folder: Path, golden: Golden, signature: Signature, *, root: Path,
           sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
     """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every
     file's name (relative to `folder`), sha256 and size once they are written, before they replace the old ones
@@ -223,7 +227,7 @@ def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path
         for ds in golden.sets:
             d = tmp / ds.name
             d.mkdir()
-            pairs = [(f"input_{k}.pb", name, ds.inputs[name]) for k, name in
+            pairs: list[tuple[str, str, object]] = [(f"input_{k}.pb", name, ds.inputs[name]) for k, name in
                      enumerate(i["name"] for i in signature["inputs"])]
             pairs += [(f"output_{k}.pb", o["name"], ds.expected[o["name"]]) for k, o in enumerate(signature["outputs"])]
             for file, name, value in pairs:
@@ -250,7 +254,7 @@ def write(folder: Path, golden: Golden, signature: dict[str, Any], *, root: Path
     return target
 
 
-def read(folder: Path, signature: dict[str, Any]) -> list[DataSet]:
+def read(folder: Path, signature: Signature) -> list[DataSet]:
     """The golden data stored beside an artifact (folder/golden/test_data_set_N/), as written by write()."""
     names = [i["name"] for i in signature["inputs"]]
     return [DataSet(d.name, data.dataset_feed(d, names), _expected_dir(d, signature["outputs"]))

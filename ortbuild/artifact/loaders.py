@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import pprint
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,7 +172,7 @@ def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
             for name, text in sorted(files.items())]
 
 
-def import_python_loader(path: Path) -> object:
+def import_python_loader(path: Path) -> types.ModuleType:
     """Import a generated Python loader by path, under a private module name (no sys.path change)."""
     import importlib.util
     import sys

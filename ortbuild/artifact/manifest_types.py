@@ -11,14 +11,92 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
 from ortbuild.errors import ArtifactError
+from ortbuild.modelfiles import FileRecord, Signature, ValueInfo
 from ortbuild.status import ArtifactState
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
 T = TypeVar("T")
+
+# The free-form parts of a manifest (JSON objects whose keys the steps that write them choose): typed dicts, so
+# every reader indexes a known key. The strict reader checks that each is an object; _content_problem checks
+# the keys every reader relies on.
+
+
+class ProviderEntry(TypedDict):
+    """One provider of the target, in priority order: its name and its options as targets.toml gives them."""
+    name: str
+    options: dict[str, str | int | float | bool]
+
+
+class Versions(TypedDict):
+    ortbuild: str
+    onnx: str
+    onnxruntime: dict[str, str]      # {"distribution": "onnxruntime-gpu", "version": "1.22.0"}
+
+
+class Changed(TypedDict):
+    """What the precision step converted (steps/accounting.py's Accounting)."""
+    ops: dict[str, int]
+    tensors: int
+    float_bytes_before: int
+    reduced_as_float: int
+    float_bytes_after: int
+    bytes_before: int
+    bytes_after: int
+    subgraph_ops: int
+    converted: float                 # the share of the source's float weight bytes no longer stored as float
+
+
+class CompiledFor(TypedDict):
+    provider: str
+    device: str
+    cpu: str
+    simd_level: str
+
+
+class TiedTo(TypedDict, total=False):
+    """What a non-portable artifact needs at load time (empty: portable)."""
+    providers: list[str]             # the providers that fused its contrib ops (or that it was compiled for)
+    simd_level: str                  # the SIMD width of its NCHWc layout
+    compiled_for: CompiledFor        # compiled ahead of time (steps/compile.py)
+
+
+class Grown(TypedDict):
+    initializer: str
+    dtype: str
+    bytes: int
+    pattern: str                     # the ops that computed it from a stored weight, "Cast <- DequantizeLinear"
+
+
+class Inflation(TypedDict):
+    """What constant folding grew (steps/optimize.py), and what the build did about it."""
+    weights_before: int
+    weights_after: int
+    growth: float
+    grown: list[Grown]               # the largest grown initializers
+    action: NotRequired[str]
+
+
+class Compiled(TypedDict):
+    """Compiled ahead of time into an EPContext model (steps/compile.py)."""
+    provider: str
+    device: str
+    ep_context_nodes: int
+    other_nodes: int
+    embedded: bool
+    seconds: float
+
+
+class OpTypes(TypedDict, total=False):
+    """ORT's type entry of one op in a reduced-build operator config: per input/output index, its types;
+    or OneHot's `custom` type triples."""
+    inputs: dict[str, list[str]]
+    outputs: dict[str, list[str]]
+    custom: list[list[str]]
 
 
 @dataclass(frozen=True)
@@ -36,7 +114,7 @@ class Source:
     opsets: dict[str, int]
     # every file of the source model: the graph (its own name) and each external-data file (its location, as
     # the graph names it), with sha256 and size; `sha256` above is the graph file's, `size` all files'
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: list[FileRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,8 +176,8 @@ class SignedFile:
 @dataclass(frozen=True)
 class PrecisionInfo:
     name: str
-    options: dict[str, Any]
-    changed: dict[str, Any] | None = None  # what the step converted (steps.accounting); None for fp32
+    options: dict[str, object]       # the precision's options as used (a plain table, recorded for readers)
+    changed: Changed | None = None   # what the step converted (steps.accounting); None for fp32
 
 
 @dataclass(frozen=True)
@@ -121,7 +199,7 @@ class OperatorSet:
     domain: str                      # ai.onnx, ai.onnx.ml, com.microsoft, ...
     opset: int                       # the ops' since-version, as ORT's config writes it
     ops: list[str]
-    types: dict[str, Any] = field(default_factory=dict)  # op -> ORT's type entry ({"inputs": {"0": ["float"]}})
+    types: dict[str, OpTypes] = field(default_factory=dict)  # op -> ORT's type entry ({"inputs": {"0": ["float"]}})
 
 
 @dataclass(frozen=True)
@@ -141,17 +219,17 @@ class Optimization:
     requested: str
     applied: str
     portable: bool
-    tied_to: dict[str, Any]          # {"providers": [...], "simd_level": "..."} where not portable
+    tied_to: TiedTo                  # {"providers": [...], "simd_level": "..."} where not portable
     optimized_with: list[str]
     op_domains: dict[str, int]
     disabled_optimizers: list[str] = field(default_factory=list)
-    inflation: dict[str, Any] | None = None  # what constant folding grew, and what the build did about it
+    inflation: Inflation | None = None  # what constant folding grew, and what the build did about it
 
 
 @dataclass(frozen=True)
 class GoldenRun:
     providers: list[str]             # what the reload session really ran on
-    outputs: list[dict[str, Any]]    # name, dtype, shape of each output on the golden inputs
+    outputs: list[ValueInfo]         # name, dtype, shape of each output on the golden inputs
     inputs_sha256: str
 
 
@@ -165,14 +243,14 @@ class Manifest:
     source: Source
     artifact: Artifact
     precision: PrecisionInfo
-    providers: list[dict[str, Any]]  # {"name": ..., "options": {...}}, in priority order
-    session: dict[str, Any]
+    providers: list[ProviderEntry]   # {"name": ..., "options": {...}}, in priority order
+    session: dict[str, object]       # the target's session options, as the loaders pass them to ONNX Runtime
     free_dimensions: dict[str, int]
     optimization: Optimization
-    io: dict[str, Any]               # {"inputs": [...], "outputs": [...]}: name, dtype, shape
+    io: Signature                    # {"inputs": [...], "outputs": [...]}: name, dtype, shape
     golden_run: GoldenRun
-    versions: dict[str, Any]
-    build_machine: dict[str, Any]
+    versions: Versions
+    build_machine: dict[str, object]  # machine.fingerprint(): cpu, simd_level, isa_flags, ...
     build_key: str
     created: str
     encryption: Encryption | None    # None: the target opted out (encrypt = false)
@@ -181,7 +259,7 @@ class Manifest:
     notes: list[str] = field(default_factory=list)
     build_inputs: dict[str, str] = field(default_factory=dict)  # digest of each part of the build key
     plugins: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> its plugin EP package
-    compiled: dict[str, Any] | None = None  # compiled ahead of time (EPContext): provider, device, partitions
+    compiled: Compiled | None = None  # compiled ahead of time (EPContext): provider, device, partitions
     # custom-op libraries: name, version, sha256, library, and module (a package's) or file (shipped beside it)
     custom_ops: list[dict[str, str]] = field(default_factory=list)
     epoch: int = 0                   # rollback counter ([project] epoch): loaders refuse one below their pinned minimum
@@ -227,7 +305,7 @@ class Manifest:
         return m
 
 
-def _is_value_info(v: Any) -> bool:
+def _is_value_info(v: object) -> bool:
     return (isinstance(v, dict) and isinstance(v.get("name"), str) and isinstance(v.get("dtype"), str)
             and (v.get("shape") is None or isinstance(v.get("shape"), list)))
 
@@ -296,7 +374,7 @@ def _operators_problem(ops: Operators) -> str | None:
     return None
 
 
-def _typed(cls: type[T], data: Any, where: str, path: str) -> T:
+def _typed(cls: type[T], data: object, where: str, path: str) -> T:
     """Build dataclass `cls` from JSON `data`, strictly: every key known, every required key present."""
     if not isinstance(data, dict):
         raise ArtifactError(f"{where}: [{path or 'manifest'}] must be an object")
@@ -330,16 +408,16 @@ def _typed(cls: type[T], data: Any, where: str, path: str) -> T:
     return cls(**values)
 
 
-def _matches(value: Any, hint: Any) -> bool:
+def _matches(value: object, hint: object) -> bool:
     origin = typing.get_origin(hint) or hint
     if origin in (types.UnionType, typing.Union):
         return any(_matches(value, a) for a in typing.get_args(hint))
-    if hint is Any:
-        return True
+    if typing.is_typeddict(origin):  # a free-form part: an object (_content_problem checks what readers index)
+        return isinstance(value, dict)
     if hint is type(None):
         return value is None
     if origin is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if origin is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, origin)
+    return isinstance(value, typing.cast(type, origin))

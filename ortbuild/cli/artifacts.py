@@ -10,13 +10,14 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ortbuild import files as files_
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keys, manifest
 from ortbuild.cli import owned
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
+from ortbuild.modelfiles import Signature
 from ortbuild.project import config
 from ortbuild.status import JobStatus, final_exit
 from ortbuild.units import human_size
@@ -24,7 +25,19 @@ from ortbuild.units import human_size
 # ---------------------------------------------------------------------------------------------- inspect
 
 
-def _inspect_onnx(path: Path) -> dict[str, Any]:
+class OnnxInfo(TypedDict):
+    """`ortbuild inspect --json` of a plain ONNX model."""
+    file: str
+    size: int
+    sha256: str
+    ir_version: int
+    opsets: dict[str, int]
+    io: Signature
+    producer: str
+    nodes: int
+
+
+def _inspect_onnx(path: Path) -> OnnxInfo:
     """onnx (and the check step, which imports it) load here: only inspecting a plain model needs them."""
     import onnx
 
@@ -39,7 +52,7 @@ def _inspect_onnx(path: Path) -> dict[str, Any]:
             "producer": f"{model.producer_name} {model.producer_version}".strip(), "nodes": len(model.graph.node)}
 
 
-def _print_onnx(path: Path, info: dict[str, Any]) -> None:
+def _print_onnx(path: Path, info: OnnxInfo) -> None:
     print(f"{path}: plain ONNX model (no ortbuild manifest beside it)")
     print(f"  size {human_size(info['size'])}  sha256 {info['sha256']}")
     print(f"  ir {info['ir_version']}  opsets {info['opsets']}  nodes {info['nodes']}")

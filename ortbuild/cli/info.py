@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from ortbuild import runtime
 from ortbuild.artifact import manifest
@@ -20,10 +20,37 @@ REFERENCE_FILE = PACKAGE_DIR.parent / "docs" / "targets-reference.md"
 TARGETS_DOC = PACKAGE_DIR.parent / "docs" / "targets.md"
 
 
-def _providers_here() -> list[dict[str, Any]]:
+class ProviderRow(TypedDict):
+    """One row of `ortbuild targets --providers --json`."""
+    provider: str
+    label: str
+    status: str
+    runtime: str
+    here: bool
+    why_not: str | None
+    environment: dict[str, str] | None
+    built_without_hardware: str
+    with_hardware: str
+    verified: str
+
+
+class TargetRow(TypedDict):
+    """One row of `ortbuild targets --json`."""
+    target: str
+    runtime: str
+    providers: list[str]
+    precisions: list[str]
+    models: list[str]
+    runtime_here: bool
+    providers_here: bool
+    why_not: str | None
+    description: str
+
+
+def _providers_here() -> list[ProviderRow]:
     """docs/targets.md's capability table, with this environment's answer for each provider."""
     flavor = runtime.installed_flavor()
-    out = []
+    out: list[ProviderRow] = []
     for c in capabilities.CAPABILITIES:
         for name in c.providers:
             why = (capabilities.unsupported(name) if c.status == capabilities.UNSUPPORTED
@@ -35,7 +62,7 @@ def _providers_here() -> list[dict[str, Any]]:
     return out
 
 
-def _print_providers(rows: list[dict[str, Any]]) -> None:
+def _print_providers(rows: list[ProviderRow]) -> None:
     flavor = runtime.installed_flavor()
     print(f"execution providers (docs/targets.md), in this environment "
           f"({f'{flavor.distribution} {flavor.version}' if flavor else 'no ONNX Runtime'}, {runtime.cpu_model()}):")
@@ -55,7 +82,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
             _print_providers(rows)
         return 0
     project = config.load(args.config)
-    out: list[dict[str, Any]] = []
+    out: list[TargetRow] = []
     for t in project.targets.values():
         why = runtime.runtime_problem(t)
         missing: list[str] = []
@@ -69,7 +96,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
 
-    def state(o: dict[str, Any]) -> str:
+    def state(o: TargetRow) -> str:
         if o["providers_here"]:
             return "yes"
         return "other runtime" if not o["runtime_here"] else "no provider (portable build only)"

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
@@ -20,6 +20,9 @@ from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError
 from ortbuild.project import config, plan
 from ortbuild.status import final_exit
 from ortbuild.units import human_size
+
+if TYPE_CHECKING:
+    from ortbuild.publish.verify import Verified
 
 
 def _public_key(args: argparse.Namespace) -> bytes:
@@ -50,6 +53,21 @@ def _development_keys(project: config.Project, names: Sequence[str], dist: Path,
 
 
 UNKNOWN_PUBLIC_KEY = "SIGNING.PUB"  # in a printed verify command where the public key file is not known here
+
+
+class Released(TypedDict):
+    """One entry of `ortbuild release --json`'s "released": the target's release files, and where it was pushed."""
+    target: str
+    dir: str
+    bundle: str
+    index: str
+    provenance: str
+    sums: str
+    signature: str
+    forced: list[str]
+    pushed: NotRequired[str]         # oci://... with the tag
+    digest: NotRequired[str]         # the pushed manifest's digest
+    verify: NotRequired[str]         # the command that verifies it
 
 
 def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
@@ -117,7 +135,9 @@ def cmd_release(args: argparse.Namespace) -> int:
     if ref is None:
         for name in names:
             _writable_dir(paths.inside(out_root, name), args.to)
-    done, refused, lines = [], [], []
+    done: list[Released] = []
+    refused: list[OrtbuildError] = []
+    lines: list[str] = []
     with workspace.Lock(dist, timeout=args.lock_timeout):
         for name in names:
             target = project.targets[name]
@@ -128,8 +148,10 @@ def cmd_release(args: argparse.Namespace) -> int:
                 refused.append(e)
                 continue
             index = pub.index
-            entry: dict[str, Any] = {"target": name, "dir": str(pub.folder),
-                                     **{k: str(v) for k, v in pub.files.items()}, "forced": pub.forced}
+            entry: Released = {"target": name, "dir": str(pub.folder), "bundle": str(pub.files["bundle"]),
+                               "index": str(pub.files["index"]), "provenance": str(pub.files["provenance"]),
+                               "sums": str(pub.files["sums"]), "signature": str(pub.files["signature"]),
+                               "forced": pub.forced}
             if ref is not None:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
@@ -159,7 +181,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     return code
 
 
-def _verify_lines(v: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+def _verify_lines(v: Verified, as_json: bool, extra: dict[str, str] | None = None) -> None:
     if as_json:
         print(json.dumps({"name": v.name, "target": v.target, "epoch": v.epoch, "checks": v.lines,
                           "warnings": v.warnings, "tests": v.index["tests"], **(extra or {})}, indent=2))

@@ -22,6 +22,7 @@ from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import accept, builds, compare, emulated, latency, report, size, startup
+from ortbuild.modelfiles import Signature
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -272,13 +273,13 @@ class Tester:
             self._outputs[job.target.name] = names
         return self._outputs[job.target.name]
 
-    def _golden_of(self, job: Job, io: dict[str, Any]) -> golden.Golden:
+    def _golden_of(self, job: Job, io: Signature) -> golden.Golden:
         if job.model.name not in self.golden_cache:
             self.golden_cache[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]
 
     def _accuracy(self, job: Job, res: TestResult, outputs: list[dict[str, Any]], g: golden.Golden,
-                  io: dict[str, Any]) -> None:
+                  io: Signature) -> None:
         gates = job.settings.gates
         assert gates is not None
         names = [o["name"] for o in io["outputs"]]

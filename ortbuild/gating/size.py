@@ -15,7 +15,7 @@ SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, t
 def _fp16_growth(m: manifest.Manifest) -> float | None:
     """The artifact's size over its fp16 model's (the source with the weights the precision step converted, as
     it recorded them); None without that record."""
-    changed = m.precision.changed or {}
+    changed: manifest.Changed | dict[str, int] = m.precision.changed or {}
     if "bytes_before" not in changed or "bytes_after" not in changed:
         return None
     fp16_model = m.source.size - int(changed["bytes_before"]) + int(changed["bytes_after"])

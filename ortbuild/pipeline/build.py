@@ -158,8 +158,9 @@ class Builder:
             raise KeyMissing("no signing key: every artifact is signed", f"make keys: `{keys.MAKE_KEYS}`")
         # the encryption key's id is not part of the key: `ortbuild rekey` re-wraps an artifact under a new key
         # without a rebuild, and the reuse check refuses an artifact sealed for another key (WrongKey)
-        sealing = {"encrypted": secrets.encryption is not None, "signing_key_id": secrets.signing.key_id,
-                   "deterministic": buildkey.deterministic(), "epoch": self.project.epoch}
+        sealing: buildkey.Sealing = {"encrypted": secrets.encryption is not None,
+                                     "signing_key_id": secrets.signing.key_id,
+                                     "deterministic": buildkey.deterministic(), "epoch": self.project.epoch}
         plugins = buildkey.plugin_versions(job.target)
         libraries = runtime.custom_op_libraries(job.settings.custom_ops)
         files = self.model_files(job.model.path)

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from packaging.requirements import Requirement
 
@@ -24,12 +24,20 @@ from ortbuild.project.config import Target
 from ortbuild.project.plan import Job
 
 
+class Sealing(TypedDict):
+    """The build key's `sealing` part: how the artifact is sealed, never a key."""
+    encrypted: bool
+    signing_key_id: str
+    deterministic: bool              # deterministic encryption (deterministic())
+    epoch: int                       # [project] epoch
+
+
 def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
-              missing: dict[str, str], sealing: dict[str, Any], *, plugins: dict[str, dict[str, str]],
-              libraries: Sequence[runtime.CustomOpLibrary]) -> dict[str, Any]:
+              missing: dict[str, str], sealing: Sealing, *, plugins: dict[str, dict[str, str]],
+              libraries: Sequence[runtime.CustomOpLibrary]) -> dict[str, object]:
     """Everything the artifact depends on, by name (plan says which one changed). `sources`: the model's
     files (ModelFiles.digests(): `source`, and `source:<location>` for each external-data file)."""
-    parts: dict[str, Any] = {
+    parts: dict[str, object] = {  # each part only hashed (its JSON): build_key()
         **sources, "inputs": inputs_sha,
         # only the precisions that read calibration data depend on it
         "calibration": calib_sha if job.settings.rule.needs_calibration else None,
@@ -61,11 +69,11 @@ def plugin_versions(target: Target) -> dict[str, dict[str, str]]:
     return out
 
 
-def _sha(value: Any) -> str:
+def _sha(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def build_key(parts: dict[str, Any]) -> tuple[str, dict[str, str]]:
+def build_key(parts: dict[str, object]) -> tuple[str, dict[str, str]]:
     """The build key (equal keys: the published artifact can be reused) and a short digest of each part."""
     return _sha(parts), {k: _sha(v)[:16] for k, v in parts.items()}
 

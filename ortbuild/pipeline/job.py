@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ortbuild import logs, modelfiles, runtime
 from ortbuild.artifact import keys
@@ -40,8 +40,9 @@ class JobResult:
     debug: str = ""                  # the traceback behind a StepError (shown with --debug)
     log: logs.Captured | None = None  # what third-party tools said while it built (dist/logs/)
 
-    def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("error", "debug", "log")}
+    def as_json(self) -> dict[str, object]:
+        """The job's record (dist/logs/<target>/<model>.build.json, `build --json`): only dumped and read by key."""
+        out: dict[str, object] = {k: v for k, v in self.__dict__.items() if k not in ("error", "debug", "log")}
         if self.log is not None and self.log.path is not None and self.log.lines:
             out["log"] = {"path": str(self.log.path), "lines": self.log.lines, "warnings": self.log.warnings}
         if self.error is not None:

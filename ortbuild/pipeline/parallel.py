@@ -14,10 +14,10 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ortbuild import modelfiles, runtime
 from ortbuild.artifact import keys
@@ -26,6 +26,9 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.project.config import Project
 from ortbuild.project.plan import Job
 from ortbuild.status import Event, JobStatus
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
 
 PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, numpy, onnx, ORT
 PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
@@ -93,7 +96,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(ORPHANED)
 
 
-def _init(state: WorkerState, make: WorkerFactory, events: Any) -> None:
+def _init(state: WorkerState, make: WorkerFactory, events: Queue[tuple[str, Event]]) -> None:
     _die_with_parent(state.parent)
     global _WORKER
     runtime.import_ort()  # telemetry off in this process before any session
@@ -105,11 +108,10 @@ def _run(job: Job) -> JobResult:
     return _WORKER(job)
 
 
-def _result(future: Any, job: Job) -> JobResult:
+def _result(future: Future[JobResult], job: Job) -> JobResult:
     """The job's result; a worker that died (a crash inside a native library) fails its jobs, not the run."""
     try:
-        result: JobResult = future.result()
-        return result
+        return future.result()
     except Exception as e:
         err = StepError(job.target.name, job.model.name, "worker",
                         f"the worker process building it died ({type(e).__name__}: {e})",
@@ -123,7 +125,7 @@ def run_jobs(state: WorkerState, make: WorkerFactory, todo: Sequence[tuple[int, 
     """Run `todo` in `workers` spawned processes; each builds its jobs with the callable `make(state, sink)`
     returns (picklable: a module-level function or classmethod), its progress relayed to `progress`."""
     ctx = mp.get_context("spawn")
-    events = ctx.Queue()
+    events: Queue[tuple[str, Event]] = ctx.Queue()
     done = threading.Event()
 
     def relay() -> None:  # worker progress -> the parent's display, one line or live row per event

@@ -15,10 +15,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ortbuild import logs
 from ortbuild.status import Event, JobFinished, Message, PhaseStarted
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
 
 HEARTBEAT_S = 5.0  # seconds without a line before a plain stream gets "... still <phase>"
 
@@ -36,7 +40,7 @@ class Progress:
         self.what = what  # the heartbeat's phase while no job runs
         self._rows: dict[str, tuple[str, float]] = {}  # running job -> (its current step, since)
         self._phases: dict[str, tuple[str, float]] = {}  # plain: running job -> (its current phase, since)
-        self._display: Any = None
+        self._display: Live | None = None
         self._lock = threading.Lock()
         self._last = self._began = time.monotonic()  # the last line written
         self._stop = threading.Event()
@@ -66,7 +70,7 @@ class Progress:
             self._beat.join()
             self._beat = None
 
-    def _table(self) -> Any:
+    def _table(self) -> Table:
         from rich.table import Table
         from rich.text import Text
 

@@ -12,28 +12,31 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ortbuild import paths
 from ortbuild.errors import ConfigError, first_line
+from ortbuild.modelfiles import Signature
 from ortbuild.project.checker import did_you_mean
 
 Feed = dict[str, np.ndarray]
 
 
-def read_pb(path: Path, kind: str = "tensor") -> tuple[str, Any]:
+def read_pb(path: Path, kind: str = "tensor") -> tuple[str, object]:
     """(name, value) of a serialized TensorProto (ndarray), SequenceProto (list) or MapProto (dict)."""
     import onnx
     from onnx import numpy_helper
 
-    proto: Any = {"sequence": onnx.SequenceProto, "map": onnx.MapProto}.get(kind, onnx.TensorProto)()
-    convert: Any = {"sequence": numpy_helper.to_list, "map": numpy_helper.to_dict}.get(kind, numpy_helper.to_array)
+    proto = onnx.SequenceProto() if kind == "sequence" else onnx.MapProto() if kind == "map" else onnx.TensorProto()
     _readable(path)
     try:
         proto.ParseFromString(path.read_bytes())
-        return proto.name, convert(proto)
+        if isinstance(proto, onnx.SequenceProto):
+            return proto.name, numpy_helper.to_list(proto)
+        if isinstance(proto, onnx.MapProto):
+            return proto.name, numpy_helper.to_dict(proto)
+        return proto.name, numpy_helper.to_array(proto)
     except Exception as e:  # protobuf's DecodeError and numpy conversion errors alike
         raise ConfigError(str(path), "", f"not a serialized onnx {type(proto).__name__}: {e}") from None
 
@@ -51,6 +54,7 @@ def dataset_feed(folder: Path, input_names: list[str]) -> Feed:
     feed: Feed = {}
     for i, f in enumerate(files):
         name, arr = read_pb(f)
+        assert isinstance(arr, np.ndarray)  # a TensorProto reads as an array
         if not name:
             if i >= len(input_names):
                 raise ConfigError(str(f), "", f"unnamed tensor #{i}, but the model has {len(input_names)} inputs")
@@ -81,12 +85,12 @@ NPZ_MAX_RATIO = 100                    # beyond it, decompressed / file size: re
 NPY_HEADER_MAX = 10000                 # numpy's own bound on an .npy header
 
 
-def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]]:
     """name -> (shape, dtype) of each array of the .npz at `path`, from the members' .npy headers, checking the
     bounds above before anything is decompressed (ConfigError naming the file and the member)."""
     size = path.stat().st_size
     bound = min(NPZ_MAX_BYTES, max(NPZ_RATIO_FLOOR, NPZ_MAX_RATIO * size))
-    out: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+    out: dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]] = {}
     total = 0
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
@@ -130,7 +134,7 @@ def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
 _NPZ_ERRORS = (OSError, ValueError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError)
 
 
-def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]]:
     """npz_arrays() of the .npz at `path`, which must hold at least one. Anything else under that name (a .npy,
     text, a pickle) is refused by its magic bytes first, so the error says what the file is instead of numpy's
     guess."""
@@ -224,7 +228,7 @@ def _dims(shape: list[int | str | None] | None) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" if shape is not None else "any shape"
 
 
-def inputs_problems(found: Shapes, signature: dict[str, Any]) -> list[str]:
+def inputs_problems(found: Shapes, signature: Signature) -> list[str]:
     """What does not fit between one feed (name -> shape, dtype) and a model's input signature: a missing or an
     unexpected input, an element type, a rank, a fixed dimension (named, unknown and non-positive dimensions take
     any size)."""
@@ -255,7 +259,7 @@ def inputs_problems(found: Shapes, signature: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_shapes(found: Shapes, signature: dict[str, Any], where: str, *, config: str = "", key: str = "") -> None:
+def check_shapes(found: Shapes, signature: Signature, where: str, *, config: str = "", key: str = "") -> None:
     """ConfigError naming every problem of inputs_problems(); `where` is the data file (or test_data_set_N). With
     `config` (targets.toml) and `key` (models.X.inputs) the error names the declaration too."""
     problems = inputs_problems(found, signature)
@@ -272,7 +276,7 @@ def check_shapes(found: Shapes, signature: dict[str, Any], where: str, *, config
     raise ConfigError(where, key, message, hint)
 
 
-def check_feed(feed: Feed, signature: dict[str, Any], where: str, *, config: str = "", key: str = "") -> None:
+def check_feed(feed: Feed, signature: Signature, where: str, *, config: str = "", key: str = "") -> None:
     """Names, dtypes, ranks and fixed dimensions of a feed against a model's input signature (check_shapes).
     Values are not judged here: golden inputs may hold NaN/Inf; calibration data is checked for them by
     load_samples()."""

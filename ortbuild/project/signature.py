@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ortbuild import modelfiles
 from ortbuild.errors import ConfigError
+
+if TYPE_CHECKING:
+    import onnx
 
 SEED = 0  # generated golden inputs are the same on every run
 MAX_INPUT_BYTES = 64 << 20  # one generated input: golden data, not a benchmark set (--dim can ask for anything)
@@ -22,12 +25,13 @@ INT4_OPS = frozenset({"MatMul"})  # the weights int4-weight converts (MatMulNBit
 HINT = "give real golden inputs: `ortbuild init --inputs MODEL=FILE.npz` (an .npz keyed by input name)"
 
 
-def graph(model: Path) -> Any:
+def graph(model: Path) -> onnx.GraphProto:
     """The model's main graph, its external data left unread (a ConfigError naming the file if it is none)."""
     return modelfiles.load_graph(model).graph
 
 
-def _dim(dim: Any, position: int, rank: int, is_float: bool, dims: Mapping[str, int]) -> int:
+def _dim(dim: onnx.TensorShapeProto.Dimension, position: int, rank: int, is_float: bool,
+         dims: Mapping[str, int]) -> int:
     if dim.HasField("dim_value") and dim.dim_value > 0:
         return int(dim.dim_value)
     if dim.dim_param in dims:
@@ -39,7 +43,8 @@ def _dim(dim: Any, position: int, rank: int, is_float: bool, dims: Mapping[str, 
     return 16  # a sequence
 
 
-def generated_inputs(model: Path, g: Any, dims: Mapping[str, int]) -> tuple[dict[str, np.ndarray], list[str]]:
+def generated_inputs(model: Path, g: onnx.GraphProto, dims: Mapping[str, int]) \
+        -> tuple[dict[str, np.ndarray], list[str]]:
     """Golden inputs from the graph's input signature: floats uniform in [0, 1), integers 0 (masks 1), booleans
     true; symbolic dims from `dims`, else batch 1, image 224, sequence 16. Returns them and how dims were set."""
     import onnx
@@ -78,13 +83,13 @@ def generated_inputs(model: Path, g: Any, dims: Mapping[str, int]) -> tuple[dict
     return out, sorted(set(chosen))
 
 
-def weight_share(g: Any, ops: frozenset[str]) -> float | None:
+def weight_share(g: onnx.GraphProto, ops: frozenset[str]) -> float | None:
     """The share of the graph's weight bytes that feed `ops` nodes (subgraphs included); None: it has none."""
     import onnx
 
     by_op: dict[bool, int] = {True: 0, False: 0}
 
-    def walk(sub: Any, weights: dict[str, int]) -> None:
+    def walk(sub: onnx.GraphProto, weights: dict[str, int]) -> None:
         weights = {**weights, **{t.name: modelfiles.nbytes(t) for t in sub.initializer}}
         for node in sub.node:
             if node.op_type == "Constant":  # exporters keep some weights there (int8-dynamic lifts them)

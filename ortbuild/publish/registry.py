@@ -19,10 +19,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ortbuild.errors import ArtifactError, RegistryError
 from ortbuild.publish import release
+
+if TYPE_CHECKING:
+    import oras.client
 
 CONFIG_TYPE = "application/vnd.ortbuild.release.v1+json"
 LAYER_TYPES = {"bundle": "application/vnd.ortbuild.bundle.v1.tar",
@@ -77,7 +80,7 @@ def parse(text: str) -> Ref:
     return Ref(m["host"], int(m["port"]) if m["port"] else None, m["repo"], m["tag"])
 
 
-def _client(ref: Ref) -> Any:
+def _client(ref: Ref) -> oras.client.OrasClient:
     """An ORAS client for the registry, after one quick request to it: ORAS retries a refused connection for
     over two minutes (3 + 5 + 11 + 29 + 83 s), which is right for a flaky network, not for a wrong address."""
     import oras.client

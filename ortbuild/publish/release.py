@@ -46,7 +46,7 @@ from ortbuild.gating.gates import PASS, REPORT, SKIP
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
-from ortbuild.publish import epochs, tarball
+from ortbuild.publish import epochs, release_index, tarball
 from ortbuild.status import JobStatus
 
 FORMAT = "ortbuild-release-v1"
@@ -79,7 +79,7 @@ def iso(epoch: int) -> str:
     return manifest.iso_utc(dt.datetime.fromtimestamp(epoch, dt.UTC))
 
 
-def canonical(doc: Any) -> bytes:
+def canonical(doc: object) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
@@ -107,7 +107,7 @@ class Published:
     folder: Path
     files: dict[str, Path]       # bundle, index, provenance, sums, signature
     forced: list[str]
-    index: dict[str, Any]        # the index's content
+    index: release_index.ReleaseIndex  # the index's content
 
 
 def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | None, target: str) -> str | None:
@@ -213,7 +213,8 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
     return out
 
 
-def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) -> tuple[bytes, dict[str, Any]] | None:
+def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) \
+        -> tuple[bytes, release_index.OperatorsEntry] | None:
     """The target's required_operators.config: the union of its format = "ort" models' signed operator sections
     (`manifests`: by model name, each trusted), in ONNX Runtime's format, and its index entry; None when no model
     of the target has one."""
@@ -233,30 +234,37 @@ def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) -> tu
                   "models": sorted(ops)}
 
 
-def _verdicts(mr: ModelRelease) -> dict[str, Any]:
+def _verdicts(mr: ModelRelease) -> release_index.Verdicts:
     """What the bundle records of a model's tests: the verdicts and the rules, never the timings (those change
     from run to run; they are in the provenance), so equal inputs give equal bundles."""
     r = (mr.report or {}).get("result", {})
-    rules: dict[str, Any] = {}
+    rules: dict[str, dict[str, object]] = {}
     for o in r.get("outputs", []):
         rules.setdefault(o["output"], o["rule"])
-    budgets = [{"kind": v["kind"], "budget_ms": v.get("budget")} for v in r.get("latency", {}).get("verdicts", [])]
+    budgets: list[release_index.LatencyBudget] = [{"kind": v["kind"], "budget_ms": v.get("budget")}
+                                                  for v in r.get("latency", {}).get("verdicts", [])]
     # the cold-start and memory gates, where a budget was set (their verdicts and budgets, not their figures)
-    startup = {gate: r[f"{gate}_verdict"] for gate in ("cold_start", "memory") if r.get(f"{gate}_verdict", "-") != "-"}
-    if startup:
-        startup["startup_budgets"] = [{"kind": v["kind"], "budget": v.get("budget")}
-                                      for v in r.get("startup", {}).get("verdicts", [])]
-    return {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"), "worst": r.get("worst", "-"),
-            "latency": r.get("latency_verdict", "-"), "latency_budgets": budgets, "size": r.get("size_verdict", "-"),
-            "rules": rules, "golden_digest": r.get("golden", {}).get("digest", ""),
-            **startup, **({"forced": mr.refusal} if mr.refusal else {})}
+    out: release_index.Verdicts = {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"),
+                     "worst": r.get("worst", "-"), "latency": r.get("latency_verdict", "-"), "latency_budgets": budgets,
+                     "size": r.get("size_verdict", "-"), "rules": rules,
+                     "golden_digest": r.get("golden", {}).get("digest", "")}
+    if r.get("cold_start_verdict", "-") != "-":
+        out["cold_start"] = r["cold_start_verdict"]
+    if r.get("memory_verdict", "-") != "-":
+        out["memory"] = r["memory_verdict"]
+    if "cold_start" in out or "memory" in out:
+        out["startup_budgets"] = [{"kind": v["kind"], "budget": v.get("budget")}
+                                  for v in r.get("startup", {}).get("verdicts", [])]
+    if mr.refusal:
+        out["forced"] = mr.refusal
+    return out
 
 
 def _digest(path: Path) -> dict[str, str]:
     return {"sha256": manifest.sha256_file(path)}
 
 
-def _materials(project: Project, target: Target, models: list[ModelRelease]) -> list[dict[str, Any]]:
+def _materials(project: Project, target: Target, models: list[ModelRelease]) -> list[release_index.Material]:
     root = project.root
 
     def rel(p: Path) -> str:
@@ -265,7 +273,7 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
         except ValueError:
             return str(p)
 
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, release_index.Material] = {}
 
     def record(f: Path, role: str, digest: str | None = None, **annotations: str) -> None:
         if rel(f) not in seen:
@@ -295,14 +303,14 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
 
 
 def _provenance(project: Project, target: Target, models: list[ModelRelease], subjects: dict[str, str],
-                started: str, forced: list[str]) -> dict[str, Any]:
+                started: str, forced: list[str]) -> release_index.ProvenanceStatement:
     from google.protobuf import json_format
     from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
     from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
     from in_toto_attestation.v1.statement import Statement
 
     m0 = models[0].manifest
-    versions: dict[str, Any] = dict(m0.versions)
+    versions = m0.versions
     ci = os.environ.get("GITHUB_ACTIONS") == "true"
     run_url = (f"{os.environ.get('GITHUB_SERVER_URL', '')}/{os.environ.get('GITHUB_REPOSITORY', '')}/actions/runs/"
                f"{os.environ.get('GITHUB_RUN_ID', '')}") if ci else ""
@@ -320,7 +328,7 @@ def _provenance(project: Project, target: Target, models: list[ModelRelease], su
                             **{k: lat[k] for k in ("p50_ms", "p90_ms", "p99_ms", "samples") if k in lat},
                             "environment": (mr.report or {}).get("environment", {}),
                             **({"forced": mr.refusal} if mr.refusal else {})}})
-    predicate = {
+    predicate: dict[str, object] = {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {"target": target.name, "config": project.file.name, "models": list(target.models),
@@ -345,14 +353,15 @@ def _provenance(project: Project, target: Target, models: list[ModelRelease], su
         },
     }
     json_format.ParseDict(predicate, provenance_pb2.Provenance())  # the SLSA v1 schema: a typo'd field fails here
-    subject = [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())]
-    statement = {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE, "predicate": predicate, "subject": subject}
+    subject: list[release_index.Subject] = [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())]
+    statement: release_index.ProvenanceStatement = {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE,
+                                                    "predicate": predicate, "subject": subject}
     Statement([ResourceDescriptor(name=s["name"], digest=s["digest"]).pb for s in subject],
               PREDICATE_TYPE, predicate).validate()
     return statement
 
 
-def envelope(statement: dict[str, Any], sign_key: SigningKey) -> bytes:
+def envelope(statement: release_index.ProvenanceStatement, sign_key: SigningKey) -> bytes:
     body = canonical(statement)
     sig = sign_key.sign(pae(DSSE_PAYLOAD_TYPE, body))
     env = {"payloadType": DSSE_PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
@@ -392,7 +401,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
     if operators is not None:  # format = "ort": the one config a reduced ONNX Runtime build for the target takes
         members[f"{name}/{operator_config.CONFIG}"] = operators[0]
         digests[f"{name}/{operator_config.CONFIG}"] = operators[1]["sha256"]
-    index = {
+    index: release_index.ReleaseIndex = {
         "format": FORMAT, "name": name, "target": target.name, "description": target.description,
         "project": {"name": project.name, "version": project.version}, "runtime": target.runtime_text,
         "providers": models[0].manifest.providers, "models": [mr.name for mr in models], "created": iso(epoch),
@@ -403,8 +412,9 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         "signing": {"algorithm": "Ed25519", "public_key_id": sign_key.key_id,
                     "development_key": sign_key.development or models[0].manifest.signing.development_key},
         "ortbuild": __version__,
-        **({"operators": operators[1]} if operators is not None else {}),
     }
+    if operators is not None:
+        index["operators"] = operators[1]
     index_bytes = canonical(index)
     tmp = files_.partial_file(out / names["bundle"], root)
     try:

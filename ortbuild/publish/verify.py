@@ -34,7 +34,7 @@ from ortbuild import paths, runtime
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating import compare
-from ortbuild.publish import epochs, release, tarball
+from ortbuild.publish import epochs, release, release_index, tarball
 from ortbuild.status import Verdict
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
@@ -45,7 +45,7 @@ MAX_SMALL = 64 << 20  # SHA256SUMS, its signature, the index and the provenance 
 class Verified:
     name: str
     target: str
-    index: dict[str, Any]
+    index: release_index.ReleaseIndex
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     model_epochs: dict[str, int] = field(default_factory=dict)  # each artifact's signed epoch, by model
@@ -152,7 +152,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
                                 "fetch the release again; never use a bundle that fails verify")
     index_bytes = small[index_name]
     try:
-        index = json.loads(index_bytes)
+        index: release_index.ReleaseIndex = json.loads(index_bytes)
         if index.get("format") != release.FORMAT:
             raise ValueError
         name = index["name"]
@@ -219,7 +219,7 @@ def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None
     return Verified(name, index["target"], index, lines, warnings, found)
 
 
-def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
+def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) -> list[str]:
     how = ("run verify in an environment with that runtime (`python3 -m nox -s \"release(" + index["target"] +
            ")\"` does), or pass --no-run to check signatures and digests only")
     problem = runtime.requirements_problem(index["target"], index["runtime"].split(), how)
@@ -232,7 +232,7 @@ def _golden(index: dict[str, Any], tree: Path, key: bytes | None) -> list[str]:
     for model in index["models"]:
         folder = tree / model
         m, _ = manifest.read(folder)
-        module: Any = loaders.import_python_loader(loaders.python_loader_of(folder, m))
+        module = loaders.import_python_loader(loaders.python_loader_of(folder, m))
         try:
             loaded = module.load(key=key, folder=folder)
         except module.LoaderError as e:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import onnx
 
 from ortbuild import modelfiles
+from ortbuild.artifact import manifest
 
 MIN_CHANGED = 0.05  # a precision step must convert at least this share of the weights (Accounting.converted)
 
@@ -96,7 +96,7 @@ class Accounting:
         total = self.reduced_as_float + self.float_bytes_after
         return self.reduced_as_float / total if total else 0.0
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> manifest.Changed:
         return {"ops": self.ops, "tensors": self.tensors, "float_bytes_before": self.float_bytes_before,
                 "reduced_as_float": self.reduced_as_float,
                 "float_bytes_after": self.float_bytes_after, "bytes_before": self.bytes_before,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -23,7 +22,7 @@ class CheckResult:
     files: modelfiles.ModelFiles     # the graph file and its external-data files, hashed
     sha256: str                      # of the graph file
     size: int                        # of every file of the model
-    signature: dict[str, Any]
+    signature: modelfiles.Signature
     opsets: dict[str, int]
     ir_version: int
 
@@ -54,7 +53,7 @@ def type_string(t: onnx.TypeProto) -> str:
     return str(kind)
 
 
-def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
+def _value_info(v: onnx.ValueInfoProto) -> modelfiles.ValueInfo:
     if not v.type.HasField("tensor_type"):  # sequence, map, optional (classic-ML models return them)
         return {"name": v.name, "dtype": type_string(v.type), "shape": None,
                 "kind": (v.type.WhichOneof("value") or "unknown").removesuffix("_type")}
@@ -66,7 +65,7 @@ def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
     return {"name": v.name, "dtype": dtype, "shape": shape}
 
 
-def signature(model: onnx.ModelProto) -> dict[str, Any]:
+def signature(model: onnx.ModelProto) -> modelfiles.Signature:
     inits = {i.name for i in model.graph.initializer}
     return {
         "inputs": [_value_info(v) for v in model.graph.input if v.name not in inits],
@@ -110,7 +109,7 @@ def _node_names(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def settings_problems(model: onnx.ModelProto, sig: dict[str, Any], settings: Settings) -> list[tuple[str, str]]:
+def settings_problems(model: onnx.ModelProto, sig: modelfiles.Signature, settings: Settings) -> list[tuple[str, str]]:
     """Names inside the settings that the tools would silently ignore: (key, message) pairs.
 
     ORT's quantizers and float16 converter skip unknown op types and node names without a word, and

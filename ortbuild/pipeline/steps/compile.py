@@ -13,7 +13,6 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ortbuild import runtime
 from ortbuild.artifact import manifest
@@ -33,7 +32,7 @@ class CompileResult:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> manifest.Compiled:
         return {"provider": self.provider, "device": self.device, "ep_context_nodes": self.ep_context_nodes,
                 "other_nodes": self.other_nodes, "embedded": True, "seconds": round(self.seconds, 3)}
 
@@ -42,7 +41,7 @@ class CompileResult:
         """The provider compiled some node: the artifact is the EPContext model."""
         return self.path is not None
 
-    def manifest_section(self) -> dict[str, Any] | None:
+    def manifest_section(self) -> manifest.Compiled | None:
         return self.as_json() if self.compiled else None
 
     def amend(self, optimization: manifest.Optimization) -> manifest.Optimization:
@@ -50,7 +49,7 @@ class CompileResult:
         longer portable."""
         if not self.compiled:
             return optimization
-        tied = dict(optimization.tied_to)
+        tied = optimization.tied_to.copy()
         tied["providers"] = sorted({*tied.get("providers", []), self.provider})
         tied["compiled_for"] = {"provider": self.provider, "device": self.device, "cpu": runtime.cpu_model(),
                                 "simd_level": runtime.simd_level()}

@@ -25,7 +25,6 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -58,14 +57,11 @@ class FusionResult:
     reason: str = ""                 # why it was not applied
     notes: list[str] = field(default_factory=list)
 
-    def as_json(self) -> dict[str, Any]:
-        """The manifest's `fusion` record."""
-        return {"model_type": self.model_type, "num_heads": self.num_heads, "hidden_size": self.hidden_size,
-                "applied": self.applied, "fused_ops": dict(self.fused_ops), "nodes_before": self.nodes_before,
-                "nodes_after": self.nodes_after, "reason": self.reason}
-
     def manifest_section(self) -> manifest.Fusion:
-        return manifest.Fusion(**self.as_json())
+        """The manifest's `fusion` record."""
+        return manifest.Fusion(model_type=self.model_type, num_heads=self.num_heads, hidden_size=self.hidden_size,
+                               applied=self.applied, fused_ops=dict(self.fused_ops), nodes_before=self.nodes_before,
+                               nodes_after=self.nodes_after, reason=self.reason)
 
 
 # standard ONNX ops some fusions write (a LayerNormalization from ReduceMean/Sub/Pow/Sqrt/Div, ...)

@@ -4,7 +4,6 @@ outputs (steps/integrity.py checks every artifact, reused ones too)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ def through_loader(name: str, out_dir: Path, m: manifest.Manifest, feed: Feed, s
     the target's providers cannot run here (`portable`), the loader must refuse to load it (no silent
     fallback) after verifying it.
     """
-    module: Any = loaders.import_python_loader(loaders.python_path(out_dir, m.model))
+    module = loaders.import_python_loader(loaders.python_path(out_dir, m.model))
     if portable:
         module.verify(out_dir)
         try:

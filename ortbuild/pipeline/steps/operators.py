@@ -25,7 +25,6 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ortbuild.artifact import manifest
 
@@ -57,7 +56,7 @@ class OperatorConfig:
 
 # ------------------------------------------------------------------------------------------- ORT's format
 
-def _entries(text: str) -> Iterable[tuple[str, dict[str, Any] | None]]:
+def _entries(text: str) -> Iterable[tuple[str, manifest.OpTypes | None]]:
     """The `Op` or `Op{json}` entries of one line's operator list (JSON may hold commas)."""
     cur, end = 0, len(text)
     while cur < end:
@@ -96,40 +95,47 @@ def parse(text: str) -> list[manifest.OperatorSet]:
             for (d, o), s in sorted(sets.items())]
 
 
-def _type_entry(types: dict[str, Any] | None) -> str:
+def _type_entry(types: manifest.OpTypes | None) -> str:
     """An op's type entry as ORT writes it (`to_config_entry`: inputs then outputs by index, types sorted; or
     OneHot's sorted `custom` triples), "" for none."""
     if not types:
         return ""
     if "custom" in types:
         return json.dumps({"custom": sorted(list(t) for t in types["custom"])})
-    out = {kind: {str(i): sorted(types[kind][str(i)]) for i in sorted(int(k) for k in types[kind])
-                  if types[kind][str(i)]}
-           for kind in ("inputs", "outputs") if types.get(kind)}
+    out = {kind: {str(i): sorted(by_index[str(i)]) for i in sorted(int(k) for k in by_index) if by_index[str(i)]}
+           for kind, by_index in (("inputs", types.get("inputs")), ("outputs", types.get("outputs"))) if by_index}
     return json.dumps({k: v for k, v in out.items() if v}) if any(out.values()) else ""
 
 
-def _joined(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+def _joined(a: manifest.OpTypes | None, b: manifest.OpTypes) -> manifest.OpTypes:
     """Two type entries of one op joined, as ORT's tracker accumulates the nodes of several models."""
     if a is None:
         return b
-    out: dict[str, Any] = {}
-    for kind in ("inputs", "outputs"):
-        idx = {i: set(v) for i, v in a.get(kind, {}).items()}
-        for i, v in b.get(kind, {}).items():
-            idx.setdefault(i, set()).update(v)
-        if idx:
-            out[kind] = {i: sorted(v) for i, v in idx.items()}
+    out: manifest.OpTypes = {}
+    inputs = _union(a.get("inputs", {}), b.get("inputs", {}))
+    outputs = _union(a.get("outputs", {}), b.get("outputs", {}))
+    if inputs:
+        out["inputs"] = inputs
+    if outputs:
+        out["outputs"] = outputs
     if "custom" in a or "custom" in b:
-        out["custom"] = sorted({tuple(t) for t in [*a.get("custom", []), *b.get("custom", [])]})
+        out["custom"] = [list(t) for t in sorted({tuple(t) for t in [*a.get("custom", []), *b.get("custom", [])]})]
     return out
+
+
+def _union(a: dict[str, list[str]], b: dict[str, list[str]]) -> dict[str, list[str]]:
+    """One op's types per input (or output) index, over two type entries."""
+    idx = {i: set(v) for i, v in a.items()}
+    for i, v in b.items():
+        idx.setdefault(i, set()).update(v)
+    return {i: sorted(v) for i, v in idx.items()}
 
 
 def render(sets: Sequence[manifest.OperatorSet], names: Iterable[str], *, typed: bool = True) -> str:
     """A configuration in ORT's format: its header naming the models, then one line per (domain, opset), op
     types sorted, each op's types (joined over every opset, as ORT tracks them) where `typed`."""
     ops: dict[tuple[str, int], set[str]] = {}
-    types: dict[tuple[str, str], dict[str, Any]] = {}
+    types: dict[tuple[str, str], manifest.OpTypes] = {}
     for s in sets:
         ops.setdefault((s.domain, s.opset), set()).update(s.ops)
         for op, t in s.types.items() if typed else ():

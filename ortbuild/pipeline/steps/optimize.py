@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, assert_never
+from typing import assert_never
 
 import onnx
 
@@ -28,16 +28,16 @@ class OptimizeResult:
     applied: str
     providers: list[str]              # the providers the optimizing session ran with
     portable: bool                    # True: plain ONNX that any provider can load
-    tied_to: dict[str, Any]           # {"providers": [...], "simd_level": "..."} where not portable
+    tied_to: manifest.TiedTo          # {"providers": [...], "simd_level": "..."} where not portable
     op_domains: dict[str, int]        # node count per domain in the artifact
     notes: list[str] = field(default_factory=list)
     disabled_optimizers: list[str] = field(default_factory=list)
-    inflation: dict[str, Any] | None = None
+    inflation: manifest.Inflation | None = None
 
     def manifest_section(self) -> manifest.Optimization:
         """The manifest's `optimization` (a compile step that ran amends it: CompileResult.amend)."""
         return manifest.Optimization(requested=self.requested, applied=self.applied, portable=self.portable,
-                                     tied_to=dict(self.tied_to), optimized_with=self.providers,
+                                     tied_to=self.tied_to.copy(), optimized_with=self.providers,
                                      op_domains=self.op_domains, disabled_optimizers=self.disabled_optimizers,
                                      inflation=self.inflation)
 
@@ -47,7 +47,7 @@ COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step 
 GROWTH = 1.02  # weight bytes may grow this much (+ 4 KB: fusions add small constants) before it counts as inflation
 
 
-def inflation(before: Path, after: Path) -> dict[str, Any] | None:
+def inflation(before: Path, after: Path) -> manifest.Inflation | None:
     """What constant folding grew: initializers of `after` that `before` computed in the graph (from smaller
     stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH. Both are
     ONNX (protobuf) files."""
@@ -57,7 +57,7 @@ def inflation(before: Path, after: Path) -> dict[str, Any] | None:
     if size_b <= GROWTH * size_a + 4096:
         return None
     producers = {o: n for g in accounting.graphs(src.graph) for n in g.node for o in n.output}
-    grown = []
+    grown: list[manifest.Grown] = []
     for name, (dt, nbytes) in sorted(b.items(), key=lambda kv: -kv[1][1]):
         if name in a and a[name][1] >= nbytes:
             continue
@@ -157,7 +157,7 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
                          "constant_folding = \"on\"")
 
     domains = _domains(out) if onnx_graph else {}
-    tied: dict[str, Any] = {}
+    tied: manifest.TiedTo = {}
     match fmt.serialization:
         case Serialization.FLATBUFFER:  # onnx cannot read it: assume what the level can do
             if not options.LEVEL_RULES[level].portable:

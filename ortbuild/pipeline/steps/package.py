@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -70,7 +69,7 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         source=src.manifest_section(str(source)),
         artifact=seal.artifact_section(job.settings.format, src.size),
         precision=prec.manifest_section(),
-        providers=[p.as_json() for p in job.settings.providers],
+        providers=[manifest.ProviderEntry(name=p.name, options=dict(p.options)) for p in job.settings.providers],
         session=_session_json(prep, precompiled),
         free_dimensions=dict(job.settings.free_dimensions),
         optimization=compiled.amend(optimization) if compiled is not None else optimization,
@@ -92,7 +91,7 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
     )
 
 
-def _session_json(prep: Prepared, precompiled: bool) -> dict[str, Any]:
+def _session_json(prep: Prepared, precompiled: bool) -> dict[str, object]:
     """The session options loaders use: the target's, plus disable_model_compile for a compiled artifact."""
     out = prep.job.settings.session.as_json()
     if precompiled:

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, assert_never
 
 import onnx
 
@@ -34,6 +34,9 @@ from ortbuild.project.declare import build
 from ortbuild.project.precisions import PrecisionRule, Quantizer
 from ortbuild.project.settings import OPTIONS_TYPES
 
+if TYPE_CHECKING:
+    from onnxruntime.quantization import QuantType
+
 _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 
 
@@ -41,7 +44,7 @@ _QUANT_MIN_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear need opset 13
 class PrecisionResult:
     path: Path                       # the converted model, inside the build's private temp dir
     precision: str
-    options: dict[str, Any]
+    options: dict[str, object]       # the options as used (the manifest records them)
     notes: list[str] = field(default_factory=list)
     changed: accounting.Accounting | None = None  # what the step converted (None: fp32, nothing to convert)
 
@@ -185,13 +188,13 @@ class _Reader:
         self._it = iter(self.samples)
 
 
-def _qtype(name: str) -> Any:
+def _qtype(name: str) -> QuantType:
     from onnxruntime.quantization import QuantType
 
     return QuantType.QInt8 if name == "int8" else QuantType.QUInt8
 
 
-def _typed(rule: PrecisionRule, opts: Mapping[str, Any] | PrecisionOptions) -> PrecisionOptions:
+def _typed(rule: PrecisionRule, opts: Mapping[str, object] | PrecisionOptions) -> PrecisionOptions:
     """The precision's typed options (a plain table, as recorded in manifests, is accepted too)."""
     if opts is None or not isinstance(opts, Mapping):
         return opts
@@ -200,7 +203,7 @@ def _typed(rule: PrecisionRule, opts: Mapping[str, Any] | PrecisionOptions) -> P
 
 
 def run(source: Path, model: onnx.ModelProto, precision: str | PrecisionRule,
-        opts: Mapping[str, Any] | PrecisionOptions, work: Path, calibration: list[Feed] | None = None, *,
+        opts: Mapping[str, object] | PrecisionOptions, work: Path, calibration: list[Feed] | None = None, *,
         external: bool = False) -> PrecisionResult:
     """Convert the model at `source` (`model`: its graph as the check step read it, weights loaded or not).
     external: write the output's weights as external data (the model is, or may grow, too big for one file)."""
@@ -293,7 +296,7 @@ def _int8(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Quant
     if src.parent == work and pre != src:
         modelfiles.remove(src)
     out = work / "int8.onnx"
-    common: dict[str, Any] = {
+    common: dict[str, object] = {
         "per_channel": opts.per_channel, "reduce_range": opts.reduce_range,
         "weight_type": _qtype(opts.weight_type),
         "op_types_to_quantize": list(opts.op_types) or None,
@@ -353,7 +356,7 @@ def _int4(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Int4,
 
 
 def too_little(precision: str | PrecisionRule, changed: accounting.Accounting,
-               opts: Mapping[str, Any] | PrecisionOptions) -> tuple[str, str] | None:
+               opts: Mapping[str, object] | PrecisionOptions) -> tuple[str, str] | None:
     """(why, what to do) when the step converted less than accounting.MIN_CHANGED of the float weights: the
     artifact would carry the precision's name and hardly any of its effect."""
     if changed.converted >= accounting.MIN_CHANGED:

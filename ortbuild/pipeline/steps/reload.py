@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ortbuild import runtime
+from ortbuild import modelfiles, runtime
 from ortbuild.artifact import manifest
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
@@ -21,10 +20,10 @@ PRECOMPILED_CONFIG = "session.disable_model_compile"
 @dataclass(frozen=True)
 class ReloadResult:
     providers: list[str]             # what the session really runs on (InferenceSession.get_providers)
-    outputs: list[dict[str, Any]]    # name, dtype and shape of each output on the golden inputs
+    outputs: list[modelfiles.ValueInfo]  # name, dtype and shape of each output on the golden inputs
     load_seconds: float
     run_seconds: float
-    values: list[Any] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
+    values: list[object] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
 
     def manifest_section(self, inputs_sha256: str) -> manifest.GoldenRun:
         return manifest.GoldenRun(providers=self.providers, outputs=self.outputs, inputs_sha256=inputs_sha256)
@@ -65,7 +64,8 @@ def run(path: Path, settings: Settings, providers: list[Provider], feed: Feed,
     except Exception as e:  # ORT opened the model but cannot run it on these inputs: say which, and what they were
         raise RunFailed(" ".join(str(e).split())[:2000] or type(e).__name__, fed(feed)) from e  # every line of it
     t2 = time.perf_counter()
-    outputs = [{"name": o.name, "dtype": str(np.asarray(r).dtype), "shape": list(np.asarray(r).shape)}
-               for o, r in zip(sess.get_outputs(), results, strict=True)]
+    outputs: list[modelfiles.ValueInfo] = [
+        {"name": o.name, "dtype": str(np.asarray(r).dtype), "shape": list(np.asarray(r).shape)}
+        for o, r in zip(sess.get_outputs(), results, strict=True)]
     return ReloadResult(providers=sess.get_providers(), outputs=outputs, load_seconds=t1 - t0,
                         run_seconds=t2 - t1, values=list(results))

@@ -28,8 +28,8 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import onnx
 from onnx.external_data_helper import uses_external_data
 
@@ -72,9 +72,9 @@ def _read(t: onnx.TensorProto, base: Path) -> onnx.TensorProto:
 def weights_on_demand(base: Path) -> Iterator[None]:
     """While inside, `onnx.numpy_helper.to_array` of a weightless tensor reads its bytes from under `base`
     (the folder its locations are relative to) and leaves the tensor itself weightless."""
-    real: Callable[..., Any] = onnx.numpy_helper.to_array
+    real = onnx.numpy_helper.to_array
 
-    def to_array(tensor: onnx.TensorProto, base_dir: str = "") -> Any:
+    def to_array(tensor: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
         if _external(tensor):
             return real(_read(tensor, base))
         return real(tensor, base_dir)
@@ -208,19 +208,19 @@ def weightless(base: Path, consume: Callable[[], None] | None = None) -> Iterato
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     quantize = sys.modules["onnxruntime.quantization.quantize"]
-    real_save: Callable[..., Any] = onnx.save_model
+    real_save: Callable[..., None] = onnx.save_model
 
     def load(path: Path) -> onnx.ModelProto:
         return _shape_inferred(onnx.load(str(path), load_external_data=False))
 
-    def save_model(proto: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+    def save_model(proto: onnx.ModelProto | bytes, f: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
         if isinstance(proto, onnx.ModelProto) and any(_external(t) for t in graph_tensors(proto.graph)):
             _link_data(proto, Path(f), base)
             Path(f).write_bytes(proto.SerializeToString())
         else:
             real_save(proto, f, *args, **kwargs)
 
-    def save_result(self: Any, output_path: str, use_external_data_format: bool = False) -> None:
+    def save_result(self: ONNXModel, output_path: str, use_external_data_format: bool = False) -> None:
         self.topological_sort()
         if consume is not None:
             for t in graph_tensors(self.model.graph):
@@ -229,7 +229,7 @@ def weightless(base: Path, consume: Callable[[], None] | None = None) -> Iterato
             consume()
         save(self.model, Path(output_path), base)
 
-    patches: list[tuple[Any, str, Any]] = [
+    patches: list[tuple[object, str, object]] = [
         (quantize, "load_model_with_shape_infer", load),
         (calibrate, "load_model_with_shape_infer", load),
         (quantize, "save_and_reload_model_with_shape_infer", _shape_inferred),
