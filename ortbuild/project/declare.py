@@ -16,7 +16,10 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args, get_origin, overload
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -86,7 +89,7 @@ def derived(default: T, *, build: Build) -> T:
     return dataclasses.field(default=default, metadata={_BUILD: build})
 
 
-def _dataclass_of(hint: object) -> type[Any] | None:
+def _dataclass_of(hint: object) -> type[DataclassInstance] | None:
     """The dataclass a field's annotation holds (`Quantization`, `FasterThan | None`), if any."""
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return hint
@@ -126,7 +129,7 @@ def _toml(value: object) -> object:
     return value
 
 
-def _default(f: dataclasses.Field[Any]) -> object:
+def _default(f: dataclasses.Field[object]) -> object:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -134,7 +137,7 @@ def _default(f: dataclasses.Field[Any]) -> object:
     return dataclasses.MISSING
 
 
-def keys_of(cls: type[Any]) -> tuple[Key, ...]:
+def keys_of(cls: type[DataclassInstance]) -> tuple[Key, ...]:
     """The keys a dataclass declares (its `setting()` fields), in field order."""
     hints = typing.get_type_hints(cls)
     out = []
@@ -156,10 +159,10 @@ def keys_of(cls: type[Any]) -> tuple[Key, ...]:
     return tuple(out)
 
 
-def sub_tables(cls: type[Any]) -> dict[str, type[Any]]:
+def sub_tables(cls: type[DataclassInstance]) -> dict[str, type[DataclassInstance]]:
     """The sub-tables a dataclass declares, recursively: table name -> its dataclass."""
     hints = typing.get_type_hints(cls)
-    out: dict[str, type[Any]] = {}
+    out: dict[str, type[DataclassInstance]] = {}
     for k in keys_of(cls):
         sub = _dataclass_of(hints[k.name])
         if sub is not None and k.table is not None:
@@ -229,5 +232,5 @@ def _json(obj: object, only_build: bool) -> object:
     return obj
 
 
-def _declares(cls: type[Any]) -> bool:
+def _declares(cls: type[DataclassInstance]) -> bool:
     return any(_META in f.metadata or _BUILD in f.metadata for f in dataclasses.fields(cls))
