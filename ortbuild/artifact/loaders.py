@@ -12,6 +12,7 @@ import hashlib
 import json
 import pprint
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ortbuild import __version__, paths
@@ -171,7 +172,7 @@ def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:
             for name, text in sorted(files.items())]
 
 
-def import_python_loader(path: Path) -> object:
+def import_python_loader(path: Path) -> ModuleType:
     """Import a generated Python loader by path, under a private module name (no sys.path change)."""
     import importlib.util
     import sys
