@@ -29,7 +29,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 from urllib.parse import unquote, urlparse
 
 import nox
@@ -42,6 +42,9 @@ from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, UsageError
 from ortbuild.project import config
 from ortbuild.status import ProfileStatus, Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.records import ResultDoc
 
 __all__ = ["build", "profile", "release", "test"]
 
@@ -86,13 +89,22 @@ def _checkout() -> Path | None:
         else None
 
 
-def _origin() -> dict[str, Any]:
+class DirectUrl(TypedDict, total=False):
+    """The keys read of PEP 610's direct_url.json (each checked: the file is another tool's)."""
+
+    url: str
+    vcs_info: dict[str, object]
+    dir_info: dict[str, object]
+
+
+def _origin() -> DirectUrl:
     """Where pip or uv installed ortbuild from (PEP 610's direct_url.json), or {}."""
     try:
         origin = json.loads(md.distribution("ortbuild").read_text("direct_url.json") or "{}")
     except (md.PackageNotFoundError, ValueError, OSError):
         return {}
-    return origin if isinstance(origin, dict) and isinstance(origin.get("url"), str) else {}
+    usable = isinstance(origin, dict) and isinstance(origin.get("url"), str)
+    return origin if usable else {}
 
 
 def ortbuild_requirement() -> tuple[list[str], str]:
@@ -224,9 +236,10 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
     return t, venv
 
 
-def _ortbuild(session: nox.Session, venv: Path, *args: str, **kwargs: Any) -> Any:
-    """`ortbuild ARGS` in the target's venv."""
-    return session.run(str(venv / "bin" / "ortbuild"), *args, external=True, **kwargs)
+def _ortbuild(session: nox.Session, venv: Path, *args: str, env: dict[str, str] | None = None,
+              silent: bool = False) -> None:
+    """`ortbuild ARGS` in the target's venv (`env`: added to the environment; `silent`: output shown on failure)."""
+    session.run(str(venv / "bin" / "ortbuild"), *args, external=True, env=env, silent=silent)
 
 
 _SUMMARIES: list[str] = []  # what the sessions of this nox run ask to summarise at its end
@@ -283,7 +296,8 @@ def _skipped_here(t: config.Target, gates: bool = False) -> str | None:
     those)."""
     assert PROJECT is not None
     dist = PROJECT.root / "dist" / t.name
-    reports = [json.loads(f.read_text())["result"] for m in t.models if (f := dist / m / "test-report.json").exists()]
+    reports: list[ResultDoc] = [json.loads(f.read_text())["result"] for m in t.models
+                                if (f := dist / m / "test-report.json").exists()]
     if reports and all(r["status"] == Verdict.SKIPPED for r in reports):
         return str(reports[0]["reason"])
     if gates and reports and all(Verdict.SKIPPED in r.get("gates", {}).values() for r in reports):

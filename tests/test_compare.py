@@ -97,3 +97,21 @@ def test_sequence_of_maps_matches_keys_exactly_and_values_by_the_float_rule() ->
 def test_an_ignored_output_is_not_compared() -> None:
     r = compare.compare("noise", "d", np.zeros(3), np.ones(3), {**FP32, "ignore": True})
     assert r.ignored and r.passed and not r.checks
+
+
+def test_as_json_holds_every_field_in_order_and_shares_nothing() -> None:
+    """OutputResult.as_json is written out (typed): it says what dataclasses.asdict would, plus `passed`, in the
+    fields' order, and a change to the result later does not change the document."""
+    import dataclasses
+
+    e = _golden()
+    a = e.copy()
+    a[0, 1] += 1.0
+    r = compare.compare("logits", "test_data_set_0", e, a, {**FP32, "cosine": 0.99, "top1": 0.9})
+    doc = r.as_json()
+    assert doc == {**dataclasses.asdict(r), "passed": False}
+    assert list(doc) == [f.name for f in dataclasses.fields(r)] + ["passed"]
+    assert list(doc["checks"][0]) == [f.name for f in dataclasses.fields(compare.Check)]
+    r.stats["worst"]["index"].append(99)
+    r.rule["atol"] = 1.0
+    assert doc["stats"]["worst"]["index"] == [0, 1] and doc["rule"]["atol"] == FP32["atol"]

@@ -156,6 +156,9 @@ def test_search_tries_op_types_then_bisects_to_nodes() -> None:
     # an op type that cannot be narrowed stays an op type
     s, best = _search({frozenset({"a1", "a2"})}, LAYERS, op_keys=True)
     assert best == ([], ["Add"]) and len(s.trials) == 5  # no candidate is built twice
+    # the report's trials: every field, in order (Trial.as_json is written out, typed), as render reads them back
+    assert [t.as_json() for t in s.trials] == [dataclasses.asdict(t) for t in s.trials]
+    assert [list(t.as_json()) for t in s.trials] == [[f.name for f in dataclasses.fields(t)] for t in s.trials]
 
 
 def test_search_combines_op_types_and_respects_its_bounds() -> None:

@@ -385,6 +385,11 @@ def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
     assert lines == [] and entry["verdict"] == "INCONCLUSIVE" and entry["load"] == 5.0
     assert "FAIL measured under load 5.0 on 2 CPUs" in entry["note"] and "rerun on a quiet machine" in entry["note"]
     assert [a["verdicts"] for a in entry["attempts"]] == [{"p90": "FAIL"}] * 2 and entry["retry"]["waited_s"] == 3.0
+    # the entry starts with the name and the series' summary, in its order (Attempt.entry writes them out, typed)
+    summary = out.final.series["a"].summary()
+    assert list(entry)[:len(summary) + 7] == ["name", *summary, "samples_ms", "unstable", "load", "looks",
+                                              "stopped_early", "verdicts"]
+    assert {k: entry[k] for k in summary} == summary and summary["session_ms"] == 9.0
     result = {"target": "cpu", "model": "m", "status": "INCONCLUSIVE", "accuracy": "PASS", "worst": "-", "outputs": [],
               "failures": [], "latency_verdict": "INCONCLUSIVE", "latency": {**entry, "threads": 1}}
     page = report.render_html({"created": "now", "counts": {}, "results": [result]})

@@ -67,6 +67,17 @@ def test_budget_at_the_percentile_is_inconclusive_with_how_many_more_samples() -
     assert too_few.verdict == latency.INCONCLUSIVE and too_few.upper is None
 
 
+def test_a_verdict_as_json_holds_every_field_in_order() -> None:
+    """PercentileVerdict.as_json is written out (typed): it says what dataclasses.asdict would, in the fields'
+    order (a field added to the verdict and left out of as_json fails here)."""
+    import dataclasses
+
+    xs = sorted(_samples(300))
+    for v in (latency.percentile_verdict(xs, 0.9, xs[275], 0.99), latency.percentile_verdict(xs[:20], 0.99, 10, 0.99)):
+        assert latency.as_json(v) == dataclasses.asdict(v)
+        assert list(latency.as_json(v)) == [f.name for f in dataclasses.fields(v)]
+
+
 def test_relative_budget_from_paired_samples() -> None:
     ref = _samples(400, median=2.0, seed=3)
     fast = [r / 1.8 * random.Random(i).uniform(0.97, 1.03) for i, r in enumerate(ref)]

@@ -381,6 +381,28 @@ def test_a_failed_build_row_says_what_a_test_result_says() -> None:
     assert report.verdict_cell(row) == "FAIL (build)"
 
 
+def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -> None:
+    """TestResult.as_json is written out (typed): it says what dataclasses.asdict would, then `gates` and
+    `failed_gates`, in the fields' order (a field added to the result and left out of as_json fails here), and a
+    later change to the result does not change the document."""
+    import dataclasses
+
+    from ortbuild.gating.gates import TestResult
+    from ortbuild.status import Verdict
+
+    r = TestResult("t", "m", "int8-dynamic", accuracy=Verdict.FAIL, worst="y: cosine 0.5", size_verdict=Verdict.PASS,
+                   golden={"made_by": "fp32 source", "warnings": ["constant"]}, size={"bytes": 10, "ratio": 0.5},
+                   latency={"p50_ms": 1.0, "verdicts": []}, explain={"status": "found", "nodes": ["a"]},
+                   platform={"emulator": "qemu"}, build={"step": "check"}, quick=True, exit_code=9)
+    r.fail(["accuracy: t/m failed"])
+    doc = r.as_json()
+    assert doc == {**dataclasses.asdict(r), "gates": r.gates(), "failed_gates": ["accuracy"]}
+    assert list(doc) == [f.name for f in dataclasses.fields(r)] + ["gates", "failed_gates"]
+    r.golden["warnings"].append("more")
+    r.failures.append("more")
+    assert doc["golden"]["warnings"] == ["constant"] and doc["failures"] == ["accuracy: t/m failed"]
+
+
 def test_a_build_that_fails_inside_test_is_a_fail_row(tmp_path: Path) -> None:
     """No artifact was ever built: the build record is the row, counted, in report.json and every summary."""
     toml = reshape_project(tmp_path)

@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
@@ -18,6 +18,7 @@ from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
 from ortbuild.gating import emulated, summary
 from ortbuild.gating.builds import record_path
+from ortbuild.gating.records import BuildRecord
 from ortbuild.gating.summary import BUILD_HEADER, build_rows
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
@@ -28,6 +29,28 @@ from ortbuild.project import config, plan
 from ortbuild.project.precisions import Quantizer
 from ortbuild.publish import epochs
 from ortbuild.status import JobStatus, final_exit
+
+if TYPE_CHECKING:
+    import onnx
+
+
+class PlanRow(TypedDict):
+    """One job of `ortbuild plan --json`."""
+
+    target: str
+    model: str
+    runtime: str
+    providers: list[str]
+    precision: str
+    optimization: str
+    format: str
+    buildable_here: bool
+    why_not: str | None          # why it cannot be built here (another runtime)
+    rebuild: bool | None         # None: unknown (another runtime, or no keys)
+    why: str | None
+    notes: list[str]
+    accuracy: str
+    platform: str
 
 
 def fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
@@ -129,7 +152,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     with built(args, project, jobs, secrets, force=args.force) as (dist, _, done):
         results = list(done.values())
 
-    rows = build_rows(project, [r.as_json() for r in results])
+    rows = build_rows(project, [cast(BuildRecord, r.as_json()) for r in results])  # the records the build wrote
     code = final_exit(job_exit_code(r, strict=args.strict, named=bool(config.matches([r.target], args.target or [])))
                       for r in results)
     if args.json:
@@ -175,7 +198,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
-    out: list[dict[str, Any]] = []
+    out: list[PlanRow] = []
     reduced: dict[str, str | None] = {}  # model -> why its source is already quantized / fp16
     for j in jobs:
         why: str | None
@@ -208,13 +231,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
 
-    def state(o: dict[str, Any]) -> str:
+    def state(o: PlanRow) -> str:
         if not o["buildable_here"]:
             return "other runtime"
         return "?" if o["rebuild"] is None else "rebuild" if o["rebuild"] else "up to date"
     print(table([[o["target"], o["model"], o["runtime"], ",".join(p.removesuffix("ExecutionProvider")
                                                                    for p in o["providers"]),
-                  o["precision"], o["optimization"], state(o), o["why"] if o["rebuild"] is not False else ""]
+                  o["precision"], o["optimization"], state(o), (o["why"] or "") if o["rebuild"] is not False else ""]
                  for o in out],
                 ["target", "model", "runtime", "providers", "precision", "level", "build", "why"]))
     for o in out:
@@ -236,7 +259,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[str, Any]:
+def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[str, onnx.ModelProto]:
     """Each selected model's graph (read without the weights of external data), its golden inputs checked against
     the graph's inputs: names, element types, ranks and fixed dimensions, as the build's check step does
     (data.check_feed), from the .npz headers alone. Every problem is a ConfigError naming targets.toml, the
@@ -246,7 +269,7 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
     from ortbuild.pipeline.steps import check
     from ortbuild.project import data
 
-    graphs: dict[str, Any] = {}
+    graphs: dict[str, onnx.ModelProto] = {}
     errors: list[tuple[str, str, str | None]] = []  # (targets.toml's key, the problem, what to do)
     for model in dict.fromkeys(j.model.name for j in jobs):
         m, key = project.models[model], f"models.{model}.path"
@@ -271,7 +294,7 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
     return graphs
 
 
-def _already_reduced(graph: Any) -> str | None:
+def _already_reduced(graph: onnx.ModelProto) -> str | None:
     """Why the model whose graph this is is already quantized or fp16 (the graph only: the weights are not read).
     The accounting step (which imports onnx) loads here: only plan's reduced-precision jobs need it."""
     from ortbuild.pipeline.steps import accounting

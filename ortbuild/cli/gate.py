@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ortbuild import logs
 from ortbuild.artifact import keys
@@ -26,6 +26,7 @@ from ortbuild.status import JobStatus, ProfileStatus, Verdict, final_exit
 
 if TYPE_CHECKING:
     from ortbuild.gating.gates import Tester, TestResult
+    from ortbuild.gating.records import ReportDoc
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -83,10 +84,11 @@ def cmd_test(args: argparse.Namespace) -> int:
     return code
 
 
-def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str, JobResult], json_path: Path,
+def _summary(results: Sequence[TestResult], doc: ReportDoc, done: dict[str, JobResult], json_path: Path,
              html_path: Path) -> None:
     """The table of this run's results (with the report's change for each), their reasons and notes, counts."""
-    header, rows = report.text_table(report.this_run(doc, [r.as_json() for r in results]), doc["comparison"])
+    mine = [r.as_json() for r in results]
+    header, rows = report.text_table(report.this_run(doc, mine), doc["comparison"])
     print()
     print(table(rows, header))
     notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in done.items() for n in b.notes
@@ -96,7 +98,7 @@ def _summary(results: Sequence[TestResult], doc: dict[str, Any], done: dict[str,
             print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
     for n in notes:
         print(f"  {n}")
-    for line in summary.warning_lines([{"target": r.target, "model": r.model, "golden": r.golden} for r in results]):
+    for line in summary.warning_lines(mine):
         print(line)
     print("\n" + summary.verdict_counts([r.status for r in results], json_path, html_path))
 

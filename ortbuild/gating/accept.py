@@ -19,7 +19,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
 
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating import compare
@@ -96,9 +95,9 @@ def needs(results: Sequence[compare.OutputResult]) -> dict[str, dict[str, float]
             want["mismatch_fraction"] = max(want.get("mismatch_fraction", 0.0), round_up(s["mismatch_fraction"]))
         if "cosine" in failed:
             want["cosine"] = min(want.get("cosine", 1.0), round_down_similarity(s["cosine"]))
-        for k in ("top1", "top5"):
+        for _, k, stat in compare.TOP_K:
             if k in failed:
-                want[k] = min(want.get(k, 1.0), round_down_similarity(s[f"{k}_agreement"]))
+                want[k] = min(want.get(k, 1.0), round_down_similarity(s[stat]))
     return out or None
 
 
@@ -157,7 +156,7 @@ def table(job: Job, accuracy: str, alternatives: Sequence[str], max_abs: float =
 
 
 def passes(project: config.Project, job: Job, text: str,
-           compared: Sequence[tuple[compare.OutputResult, Any, Any]]) -> bool:
+           compared: Sequence[tuple[compare.OutputResult, object, object]]) -> bool:
     """Whether targets.toml with `text` appended loads and gives the job a rule under which each compared output
     (its result, expected, actual) passes, and the job's other settings and budgets unchanged."""
     try:
@@ -173,7 +172,7 @@ def passes(project: config.Project, job: Job, text: str,
 
 
 def pasteable(project: config.Project, job: Job, outputs: Sequence[str],
-              compared: Sequence[tuple[compare.OutputResult, Any, Any]]) -> Pasteable | None:
+              compared: Sequence[tuple[compare.OutputResult, object, object]]) -> Pasteable | None:
     """The table that accepts the failed outputs among `compared` (each output's result, expected and actual
     values; `outputs`: the model's compared output names), checked; None where no tolerance accepts them or the
     job's precision has a precision search (its own override)."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from ortbuild import errors, files, logs
+from ortbuild.gating.records import BuildFailure, BuildRecord
 from ortbuild.status import JobStatus, Verdict
 
 
@@ -18,27 +18,28 @@ def record_path(dist: Path, target: str, model: str) -> Path:
     return logs.log_path(dist, target, model, "build").with_suffix(".json")
 
 
-def _record(f: Path) -> dict[str, Any] | None:
+def _record(f: Path) -> BuildRecord | None:
     try:
         doc = json.loads(files.read_document(f))
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and f.name == f"{doc.get('model')}.build.json" and \
-        f.parent.name == doc.get("target") else None
+    is_record = isinstance(doc, dict) and f.name == f"{doc.get('model')}.build.json" and \
+        f.parent.name == doc.get("target")
+    return doc if is_record else None
 
 
-def last_build(dist: Path, target: str, model: str) -> dict[str, Any] | None:
+def last_build(dist: Path, target: str, model: str) -> BuildRecord | None:
     """The record of a job's last build (None: none recorded, or unreadable)."""
     return _record(record_path(dist, target, model))
 
 
-def failed(dist: Path) -> dict[str, dict[str, Any]]:
+def failed(dist: Path) -> dict[str, BuildRecord]:
     """The record of every job whose last build failed (`target/model` -> it), whichever environment built it."""
     found = (_record(f) for f in sorted((dist / logs.LOG_DIR).glob("*/*.build.json")))
     return {f"{r['target']}/{r['model']}": r for r in found if r is not None and r.get("status") == JobStatus.FAILED}
 
 
-def failure(record: dict[str, Any]) -> dict[str, Any]:
+def failure(record: BuildRecord) -> BuildFailure:
     """What a test result says of a job whose build failed, from the build's record (JobResult.as_json()): FAIL,
     the reason (the step's error), the failure lines (with the error's hint and the build log), the error's exit
     code, and `build` (the step that failed and its log). `ortbuild test`'s result and the report's row both say

@@ -11,11 +11,14 @@ allowed, how many elements broke it, the worst element, and the smallest toleran
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+
+from ortbuild.gating.records import CheckDoc, OutputDoc, OutputStats, Rule
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,17 @@ class Check:
     observed: str
     allowed: str
 
+    def as_json(self) -> CheckDoc:
+        return {"metric": self.metric, "passed": self.passed, "observed": self.observed, "allowed": self.allowed}
+
 
 @dataclass
 class OutputResult:
     output: str
     dataset: str
-    rule: dict[str, Any]             # the rule applied (after precision defaults and overrides)
+    rule: Rule                       # the rule applied (after precision defaults and overrides)
     checks: list[Check] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)   # error statistics, mismatches, worst element
+    stats: OutputStats = field(default_factory=OutputStats)   # error statistics, mismatches, worst element
     ignored: bool = False
 
     @property
@@ -43,18 +49,25 @@ class OutputResult:
     def failed_checks(self) -> list[Check]:
         return [c for c in self.checks if not c.passed]
 
-    def as_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["passed"] = self.passed
-        return out
+    def as_json(self) -> OutputDoc:
+        doc: OutputDoc = {"output": self.output, "dataset": self.dataset, "rule": self.rule,
+                          "checks": [c.as_json() for c in self.checks], "stats": self.stats, "ignored": self.ignored,
+                          "passed": self.passed}
+        return copy.deepcopy(doc)  # as dataclasses.asdict did: nothing shared with this result
 
 
-def _item(x: Any) -> Any:
+def _item(x: object) -> object:
+    """A numpy scalar as the Python value it holds."""
     return x.item() if hasattr(x, "item") else x
 
 
 def _fmt(x: float) -> str:
     return f"{x:.6g}"
+
+
+# top-k agreement: k, the rule's key, the statistic
+TOP_K: tuple[tuple[int, str, Literal["top1_agreement", "top5_agreement"]], ...] = (
+    (1, "top1", "top1_agreement"), (5, "top5", "top5_agreement"))
 
 
 def _float_checks(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
@@ -88,7 +101,7 @@ def _float_rule(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
         tol = atol + rtol * np.abs(e64)
         excess = np.where(both, full_diff - tol, -np.inf)
         mism = int((excess > 0).sum())
-        frac, allowed_frac = mism / n, float(rule.get("mismatch_fraction", 0.0))
+        frac, allowed_frac = mism / n, float(rule.get("mismatch_fraction") or 0.0)
         worst = np.unravel_index(int(np.argmax(excess)), a.shape) if a.ndim else ()
         keep = 1.0 - allowed_frac  # the fraction of elements that must hold
         d, m = full_diff[both], np.abs(e64)[both]
@@ -111,7 +124,7 @@ def _float_rule(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
         cos = 1.0 if na == ne == 0 else (float(va @ ve) / (na * ne) if na and ne else 0.0)
         res.stats["cosine"] = cos
         res.checks.append(Check("cosine", cos >= cos_min, _fmt(cos), f">= {_fmt(cos_min)}"))
-    for k, key in ((1, "top1"), (5, "top5")):
+    for k, key, stat in TOP_K:
         limit = rule.get(key)
         if limit is None or a.ndim < 1 or a.shape[-1] <= k:
             continue
@@ -119,12 +132,12 @@ def _float_rule(res: OutputResult, a: np.ndarray, e: np.ndarray) -> None:
         want = rows_e.argmax(axis=1)
         top = np.argsort(-rows_a, axis=1, kind="stable")[:, :k]
         agree = float((top == want[:, None]).any(axis=1).mean()) if len(rows_a) else 1.0
-        res.stats[f"{key}_agreement"] = agree
+        res.stats[stat] = agree
         res.checks.append(Check(key, agree >= limit, f"{agree:.2%} of {len(rows_a)} row(s) agree",
                                 f">= {limit:.2%}"))
 
 
-def _flatten(value: Any, path: str, floats: list[float], exact: list[tuple[str, Any]]) -> Any:
+def _flatten(value: object, path: str, floats: list[float], exact: list[tuple[str, object]]) -> object:
     """The structure of a sequence/map value (keys, lengths, types), collecting float leaves and others."""
     if isinstance(value, dict):
         return {"map": sorted((repr(k), _flatten(value[k], f"{path}[{k!r}]", floats, exact))
@@ -139,7 +152,7 @@ def _flatten(value: Any, path: str, floats: list[float], exact: list[tuple[str, 
     return (str(arr.dtype.kind), arr.shape)
 
 
-def compare(output: str, dataset: str, expected: Any, actual: Any, rule: dict[str, Any]) -> OutputResult:
+def compare(output: str, dataset: str, expected: object, actual: object, rule: Rule) -> OutputResult:
     """One output of one data set under `rule` (rtol, atol, mismatch_fraction, cosine, top1, top5, ignore)."""
     res = OutputResult(output, dataset, {k: v for k, v in rule.items() if v is not None})
     if rule.get("ignore"):
@@ -148,8 +161,8 @@ def compare(output: str, dataset: str, expected: Any, actual: Any, rule: dict[st
     if isinstance(expected, list | dict) or isinstance(actual, list | dict):
         fe: list[float] = []
         fa: list[float] = []
-        xe: list[tuple[str, Any]] = []
-        xa: list[tuple[str, Any]] = []
+        xe: list[tuple[str, object]] = []
+        xa: list[tuple[str, object]] = []
         se, sa = _flatten(expected, output, fe, xe), _flatten(actual, output, fa, xa)
         same = se == sa
         res.checks.append(Check("structure", same, "same keys, lengths and types" if same else

@@ -4,10 +4,9 @@ there (`timing_note` says why)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 from ortbuild import emulation
 from ortbuild.artifact import golden, loaders
@@ -31,14 +30,15 @@ def cannot_run(target: Target) -> str:
     return emulation.unavailable(target.platform, requirements(target)) if emulated(target) else ""
 
 
-def timing_note(target: Target, info: dict[str, Any]) -> str:
+def timing_note(target: Target, info: Mapping[str, object]) -> str:
     return (f"emulated {target.platform} ({info.get('emulator', 'qemu-user')}): emulation says nothing about the "
             f"device's speed; `ortbuild matrix` runs this target on {', '.join(target.runner)}, where every gate runs")
 
 
 def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golden,
-                   progress: Callable[[str, Event | str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Each golden data set's outputs from the artifact in `folder`, run under emulation, and what ran them."""
+                   progress: Callable[[str, Event | str], None]) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """Each golden data set's outputs from the artifact in `folder` (by output name), run under emulation, and what
+    ran them."""
     plat, reqs = job.target.platform, requirements(job.target)
     if not emulation.ready(plat, reqs):  # said on every stream (PhaseStarted): it downloads, once
         progress(job.name, PhaseStarted(f"setting up the emulated {plat} environment (first time only; each step "

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -56,6 +55,7 @@ from ortbuild.gating.layerwise import (
     ranked,
     session_of,
 )
+from ortbuild.gating.records import ExplainDoc, PredictionsDoc
 from ortbuild.gating.search import Search, Trial, check_override, override_toml, settings_with
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.progress import Progress
@@ -85,8 +85,8 @@ class Analysis:
     reduced: onnx.ModelProto
     feed: data.Feed
     digest: str                      # graph_digest of the precision step's output
-    src: Any                         # the check step's result for the source model
-    expected: dict[str, Any]         # the source model's outputs on `feed`
+    src: check.CheckResult           # the check step's result for the source model
+    expected: dict[str, object]      # the source model's outputs on `feed`
     renamed: list[str]               # changed nodes the source has no name for (renamed by pre-processing)
 
 
@@ -102,7 +102,7 @@ class Explainer:
         self.progress = progress
         self.logs: list[tuple[str, logs.Captured]] = []  # (job, what the converters and ORT said in its search)
 
-    def explain(self, job: Job, res: TestResult) -> dict[str, Any]:
+    def explain(self, job: Job, res: TestResult) -> ExplainDoc:
         """The search for one job, what the converters and ONNX Runtime say in it kept in its log,
         dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the gates' capture)."""
         dist = self.builder.dist
@@ -115,7 +115,7 @@ class Explainer:
             if cap is not None and log is not None:
                 self.logs.append((job.name, cap))
 
-    def _explain(self, job: Job, res: TestResult) -> dict[str, Any]:
+    def _explain(self, job: Job, res: TestResult) -> ExplainDoc:
         knob = job.settings.rule.knob
         if knob is None:
             return {"status": "not applicable", "reason": f"precision {job.settings.precision}: nothing to keep in "
@@ -130,17 +130,17 @@ class Explainer:
         self.progress(job.name, PhaseStarted("explain: layer-wise error against fp32 on the golden inputs"))
         an = analyse(job)
         layers = an.layers
-        doc: dict[str, Any] = {"precision": job.settings.precision, "table": knob.table,
-                               "layers": layers_doc(layers), "baseline": {"accuracy": res.accuracy,
-                                                                           "worst": res.worst}}
+        doc: ExplainDoc = {"precision": job.settings.precision, "table": knob.table,
+                           "layers": layers_doc(layers), "baseline": {"accuracy": res.accuracy, "worst": res.worst}}
         if an.renamed:
             doc["renamed"] = an.renamed
         if res.accuracy == PASS:
-            doc.update(status="passes", reason="the accuracy gate passes: nothing to keep in float")
+            doc["status"], doc["reason"] = "passes", "the accuracy gate passes: nothing to keep in float"
             return doc
         if not layers:
-            doc.update(status="not found", reason="the precision step changed no node that could be kept in float"
-                       + (" by a name the source model has" if an.renamed else "") + _in_subgraphs(an.reduced))
+            doc["status"] = "not found"
+            doc["reason"] = ("the precision step changed no node that could be kept in float"
+                             + (" by a name the source model has" if an.renamed else "") + _in_subgraphs(an.reduced))
             return doc
         predict: Callable[[list[str]], Prediction | None] | None = None
         if job.settings.rule.quantizer is not Quantizer.FP16:  # the quantizers' output can be patched
@@ -174,12 +174,12 @@ class Explainer:
             search = Search(trial, self.max_rebuilds, self.max_seconds, lambda m: self.progress(job.name, m),
                             graph=graph, predict=predict, graphs={an.digest: -1}, start=start)
             best = search.search(layers, knob.op_types is not None)
-            doc["trials"] = [dataclasses.asdict(t) for t in search.trials]
+            doc["trials"] = [t.as_json() for t in search.trials]
             doc["rebuilds"] = len(search.trials)
             doc["skipped"] = search.skipped
             if best is None:
-                doc.update(status="not found", reason=search.stopped or "no candidate set made the gate pass",
-                           seconds=round(time.monotonic() - start, 1))
+                doc["status"], doc["reason"] = "not found", search.stopped or "no candidate set made the gate pass"
+                doc["seconds"] = round(time.monotonic() - start, 1)
                 return doc
             nodes, op_types = best
             settings = settings_with(job.settings, knob, nodes, op_types)
@@ -193,16 +193,16 @@ class Explainer:
                 tester.gate(final_job, final, {})
             except OrtbuildError as e:
                 final.fail([e.message])
-            doc.update(status="found", nodes=nodes, op_types=op_types, override=text,
-                       result={"accuracy": final.accuracy, "worst": final.worst, "size": final.size,
-                               "size_verdict": final.size_verdict, "latency_verdict": final.latency_verdict,
-                               "p50_ms": final.latency.get("p50_ms"), "p90_ms": final.latency.get("p90_ms"),
-                               "failures": final.failures},
-                       seconds=round(time.monotonic() - start, 1), stopped=search.stopped)
+            doc["status"], doc["nodes"], doc["op_types"], doc["override"] = "found", nodes, op_types, text
+            doc["result"] = {"accuracy": final.accuracy, "worst": final.worst, "size": final.size,
+                             "size_verdict": final.size_verdict, "latency_verdict": final.latency_verdict,
+                             "p50_ms": final.latency.get("p50_ms"), "p90_ms": final.latency.get("p90_ms"),
+                             "failures": final.failures}
+            doc["seconds"], doc["stopped"] = round(time.monotonic() - start, 1), search.stopped
             return doc
 
     def _predict(self, job: Job, an: Analysis, start: float) \
-            -> tuple[list[Layer], Callable[[list[str]], Prediction | None] | None, dict[str, Any]]:
+            -> tuple[list[Layer], Callable[[list[str]], Prediction | None] | None, PredictionsDoc]:
         """Each candidate kept in float alone, predicted (at most a third of --explain-seconds, the layer-wise
         ranking deciding which go first): the layers in the search's order, the predictor (None where predictions
         cannot be trusted) and what the report says about them."""
@@ -232,7 +232,8 @@ class Explainer:
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-def reduce_model(job: Job, settings: config.Settings, src: Any, *, converter_input: bool = False) -> onnx.ModelProto:
+def reduce_model(job: Job, settings: config.Settings, src: check.CheckResult, *,
+                 converter_input: bool = False) -> onnx.ModelProto:
     """The precision step's output for `settings`, as the build writes it (`src`: the check step's result for
     the model; the fusion step first where it is on). converter_input: the float graph the converter reads
     instead (int8: after the quantizers' pre-processing and opset upgrade, the names `exclude_nodes` means)."""

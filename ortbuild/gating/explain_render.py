@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from ortbuild.gating.layerwise import Layer
+from ortbuild.gating.records import ExplainDoc, LayerDoc
 from ortbuild.gating.search import Trial, describe_set
 from ortbuild.status import Verdict
 
@@ -16,14 +15,14 @@ def _num(x: float) -> float | str:
     return "inf" if math.isinf(x) else float(f"{x:.4g}")
 
 
-def layers_doc(layers: Sequence[Layer]) -> list[dict[str, Any]]:
+def layers_doc(layers: Sequence[Layer]) -> list[LayerDoc]:
     out = []
     for x in layers[:20]:
-        d: dict[str, Any] = {"node": x.node, "op_type": x.op_type,
-                             "error": (x.note or "n/a") if x.error is None else _num(x.error), "added": _num(x.added),
-                             "weights": x.weights}
+        d: LayerDoc = {"node": x.node, "op_type": x.op_type,
+                       "error": (x.note or "n/a") if x.error is None else _num(x.error), "added": _num(x.added),
+                       "weights": x.weights}
         if x.alone is not None:
-            d["alone"] = dataclasses.asdict(x.alone) | {"error": _num(x.alone.error)}
+            d["alone"] = {"passed": x.alone.passed, "error": _num(x.alone.error), "worst": x.alone.worst}
         out.append(d)
     return out
 
@@ -32,12 +31,12 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MB" if n >= 1 << 20 else f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} B"
 
 
-def _shown(v: Any) -> str:
+def _shown(v: object) -> str:
     """A value in a table: never `None`."""
     return "-" if v is None else str(v)
 
 
-def render(job_name: str, doc: dict[str, Any]) -> list[str]:
+def render(job_name: str, doc: ExplainDoc) -> list[str]:
     """What `ortbuild test` prints for one explained job."""
     lines = [f"explain {job_name}: {doc['status']}" + (f": {doc['reason']}" if doc.get("reason") else "")]
     p = doc.get("predictions") or {}

@@ -8,21 +8,21 @@ or SKIPPED (the target cannot run here; with `require` that is a failure).
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
-import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import ModuleType
+from typing import Literal, cast
 
-from ortbuild import __version__, files, logs, machine, paths, runtime
+from ortbuild import files, logs, paths
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import accept, builds, compare, emulated, latency, report, size, startup
-from ortbuild.modelfiles import Signature
+from ortbuild.gating import accept, builds, compare, emulated, latency, records, report, size, startup, timing_records
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -45,24 +45,24 @@ class TestResult:
     reason: str = ""
     accuracy: Verdict | Literal["-"] = NOT_RUN
     worst: str = "-"
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    golden: dict[str, Any] = field(default_factory=dict)
-    latency: dict[str, Any] = field(default_factory=dict)
+    outputs: list[records.OutputDoc] = field(default_factory=list)
+    golden: records.GoldenDoc = field(default_factory=records.GoldenDoc)
+    latency: timing_records.LatencyDoc = field(default_factory=timing_records.LatencyDoc)
     latency_verdict: Verdict | Literal["-"] = NOT_RUN
-    size: dict[str, Any] = field(default_factory=dict)
+    size: records.SizeDoc = field(default_factory=records.SizeDoc)
     size_verdict: Verdict | Literal["-"] = NOT_RUN
     # cold start and peak memory, measured in fresh processes through the loader (ortbuild.gating.startup)
-    startup: dict[str, Any] = field(default_factory=dict)
+    startup: timing_records.StartupDoc = field(default_factory=timing_records.StartupDoc)
     cold_start_verdict: Verdict | Literal["-"] = NOT_RUN
     memory_verdict: Verdict | Literal["-"] = NOT_RUN
     failures: list[str] = field(default_factory=list)   # the failure report's lines
     reproduce: str = ""
-    explain: dict[str, Any] = field(default_factory=dict)  # `--explain`: the precision search (ortbuild.gating.explain)
+    explain: records.ExplainDoc = field(default_factory=records.ExplainDoc)  # `--explain`: the precision search
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
-    platform: dict[str, Any] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
-    build: dict[str, Any] = field(default_factory=dict)  # a failed build: the step and its log (builds.failure)
+    platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
+    build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
@@ -74,7 +74,7 @@ class TestResult:
         decide about those)."""
         return bool(self.status)
 
-    def gates(self) -> dict[str, Verdict | Literal["-"]]:
+    def gates(self) -> dict[str, str]:
         """Each gate's verdict, by name ("-": it did not run)."""
         return {name: getattr(self, f) for name, f in report.GATE_FIELDS.items()}
 
@@ -83,20 +83,18 @@ class TestResult:
         them: `reason` says why)."""
         return [name for name, v in self.gates().items() if v == Verdict.FAIL]
 
-    def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "gates": self.gates(), "failed_gates": self.failed_gates()}
-
-
-def environment() -> dict[str, Any]:
-    """What the latency numbers depend on, recorded with them."""
-    ort = runtime.import_ort()
-
-    fp = machine.fingerprint()
-    flavor = runtime.installed_flavor()
-    return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
-            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "onnxruntime": flavor.as_json() if flavor else {"version": ort.__version__},
-            "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
+    def as_json(self) -> records.ResultDoc:
+        """Every field in order, then `gates` and `failed_gates` (a deep copy: nothing shared with this result)."""
+        doc: records.ResultDoc = {
+            "target": self.target, "model": self.model, "precision": self.precision, "status": self.status,
+            "reason": self.reason, "accuracy": self.accuracy, "worst": self.worst, "outputs": self.outputs,
+            "golden": self.golden, "latency": self.latency, "latency_verdict": self.latency_verdict, "size": self.size,
+            "size_verdict": self.size_verdict, "startup": self.startup, "cold_start_verdict": self.cold_start_verdict,
+            "memory_verdict": self.memory_verdict, "failures": self.failures, "reproduce": self.reproduce,
+            "explain": self.explain, "build_key": self.build_key, "artifact_sha256": self.artifact_sha256,
+            "quick": self.quick, "platform": self.platform, "build": self.build, "exit_code": self.exit_code,
+            "gates": self.gates(), "failed_gates": self.failed_gates()}
+        return copy.deepcopy(doc)
 
 
 class Tester:
@@ -125,7 +123,7 @@ class Tester:
                              quick=self.quick)
             b = built[job.name]
             if b.status == JobStatus.FAILED:  # what the report's row of its build record says (report.collect)
-                failed = builds.failure(b.as_json())
+                failed = builds.failure(cast(records.BuildRecord, b.as_json()))  # the record it wrote
                 res.reason, res.build, res.quick = failed["reason"], failed["build"], False  # nothing was timed
                 res.fail(failed["failures"], failed["exit_code"])
             elif b.status in (JobStatus.SKIPPED, JobStatus.PORTABLE):
@@ -171,7 +169,7 @@ class Tester:
     def write_report(self, job: Job, res: TestResult) -> None:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         if folder.is_dir():
-            doc = {"result": res.as_json(), "environment": environment()}
+            doc = {"result": res.as_json(), "environment": latency.environment()}
             text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
             if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
                 files.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n",
@@ -231,15 +229,15 @@ class Tester:
         if skipped:
             res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
 
-    def accuracy_gate(self, job: Job, res: TestResult) -> tuple[Any, golden.Golden, manifest.Manifest]:
+    def accuracy_gate(self, job: Job, res: TestResult) -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
         """The golden-output gate of the published artifact, through its generated Python loader (under
         emulation for another platform's target): fills `res` and returns the loader module (None when
         emulated), the golden data and the manifest."""
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
-        g = self._golden_of(job, m.io)
-        module: Any = None
+        g = self._golden_of(job, m)
+        module: ModuleType | None = None
         if emulated.emulated(job.target):  # the loader verifies the artifact there, before the golden data is signed
             outputs, res.platform = emulated.golden_outputs(job, folder, self.secret, g, self.progress)
         else:
@@ -258,7 +256,7 @@ class Tester:
         warnings = golden.constant_warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
-        self._accuracy(job, res, outputs, g, m.io)
+        self._accuracy(job, res, outputs, g, m)
         return module, g, m
 
     def _target_outputs(self, job: Job) -> list[str]:
@@ -273,23 +271,23 @@ class Tester:
             self._outputs[job.target.name] = names
         return self._outputs[job.target.name]
 
-    def _golden_of(self, job: Job, io: Signature) -> golden.Golden:
+    def _golden_of(self, job: Job, m: manifest.Manifest) -> golden.Golden:
         if job.model.name not in self.golden_cache:
-            self.golden_cache[job.model.name] = golden.golden_for(job.model, io, job.settings.custom_ops)
+            self.golden_cache[job.model.name] = golden.golden_for(job.model, m.io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]
 
-    def _accuracy(self, job: Job, res: TestResult, outputs: list[dict[str, Any]], g: golden.Golden,
-                  io: Signature) -> None:
+    def _accuracy(self, job: Job, res: TestResult, outputs: list[dict[str, object]], g: golden.Golden,
+                  m: manifest.Manifest) -> None:
         gates = job.settings.gates
         assert gates is not None
-        names = [o["name"] for o in io["outputs"]]
+        names: list[str] = [o["name"] for o in m.io["outputs"]]
         known = self._target_outputs(job)
         for name in gates.accuracy.get("outputs", {}):  # a table may name another model's output, not a typo
             if name not in known:
                 raise ConfigError(str(self.project.file), f"targets.{job.target.name}.accuracy.outputs.{name}",
                                   f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
                                   f"the outputs are: {', '.join(known)}")
-        compared: list[tuple[compare.OutputResult, Any, Any]] = []  # each result, with expected and actual
+        compared: list[tuple[compare.OutputResult, object, object]] = []  # each result, with expected and actual
         for ds, got in zip(g.sets, outputs, strict=True):
             for name in names:
                 rule = gates.accuracy_rule(job.settings.precision, name)
@@ -324,7 +322,8 @@ class Tester:
             names += [n for n in found if n not in names]
         return names
 
-    def _latency(self, job: Job, res: TestResult, module: Any, g: golden.Golden, built: dict[str, JobResult]) -> None:
+    def _latency(self, job: Job, res: TestResult, module: ModuleType, g: golden.Golden,
+                 built: dict[str, JobResult]) -> None:
         """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
         own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
         it), with `data_sets` listing each."""
@@ -339,7 +338,7 @@ class Tester:
                                   f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
                                   "inputs directory holds one test_data_set_N/ per shape)")
         folder = paths.inside(self.dist, job.target.name, job.model.name)
-        opens: dict[str, tuple[Any, Path]] = {job.target.name: (module, folder)}
+        opens: dict[str, tuple[ModuleType, Path]] = {job.target.name: (module, folder)}
         ft = lat.faster_than
         ref_problem = None
         if ft is not None:
@@ -353,7 +352,7 @@ class Tester:
                 rfolder = paths.inside(self.dist, ft.target, job.model.name)
                 opens[ft.target] = (loaders.import_python_loader(loaders.python_path(rfolder, job.model.name)),
                                     rfolder)
-        sessions: dict[str, Any] = {}
+        sessions = {}
         session_ms: dict[str, float] = {}
         for name, (mod, where) in opens.items():  # verify + decrypt + InferenceSession, timed apart
             t0 = time.perf_counter()
@@ -362,9 +361,9 @@ class Tester:
         plan = latency.plan_of(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds, self.quick)
         mine = job.target.name
         threads = job.settings.session.intra_op_num_threads
-        entries: list[dict[str, Any]] = []
+        entries: list[timing_records.DataSetLatency] = []
         lines: list[str] = []
-        verdicts: list[Verdict] = []  # of every budget of every data set
+        verdicts: list[str] = []  # of every budget of every data set
         for ds in g.sets:
             relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
             budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
@@ -383,9 +382,9 @@ class Tester:
                 verdicts.append(entry["relative"]["verdict"])
             entries.append(entry)
         notes = [(f"{e['name']}: " if len(entries) > 1 else "") + e["note"] for e in entries if e.get("note")]
-        out: dict[str, Any] = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
-                               "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
-                               "confidence": plan.confidence, "quick": self.quick}
+        out: timing_records.LatencyDoc = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
+                                   "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
+                                   "confidence": plan.confidence, "quick": self.quick}
         del out["name"]
         out.pop("note", None)
         if notes:
@@ -398,16 +397,14 @@ class Tester:
 
 
 def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, budgets: list[latency.Budget],
-                   session_ms: dict[str, float], first_ms: dict[str, float], lines: list[str]) -> dict[str, Any]:
+                   session_ms: dict[str, float], first_ms: dict[str, float],
+                   lines: list[str]) -> timing_records.DataSetLatency:
     """The report of one data set's timings and verdicts (`mine`: the tested artifact's series, `job`: how
     failure lines name it); its failure lines go to `lines`."""
     final = outcome.final
     series = final.series[mine]
     series.session_ms, series.first_run_ms = session_ms[mine], first_ms[mine]
-    entry: dict[str, Any] = {"name": name, **series.summary(), "samples_ms": [round(x, 4) for x in series.samples],
-                             "unstable": series.instability(),
-                             "load": None if series.load is None else round(series.load, 2),
-                             "looks": final.looks, "stopped_early": final.early, "verdicts": []}
+    entry = final.entry(mine, name)
     if outcome.retry:
         entry["retry"] = outcome.retry
         entry["attempts"] = [a.as_json(mine) for a in outcome.attempts]

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
+from ortbuild import __version__, machine, runtime
 from ortbuild.gating.percentiles import Budget as Budget
 from ortbuild.gating.percentiles import PercentileVerdict as PercentileVerdict
 from ortbuild.gating.percentiles import Spending as Spending
@@ -45,6 +46,14 @@ from ortbuild.gating.percentiles import planned_samples as planned_samples
 from ortbuild.gating.percentiles import sequential_verdict as sequential_verdict
 from ortbuild.gating.percentiles import upper_rank as upper_rank
 from ortbuild.gating.percentiles import with_estimate as with_estimate
+from ortbuild.gating.timing_records import (
+    AttemptDoc,
+    DataSetLatency,
+    PercentileVerdictDoc,
+    RetryDoc,
+    SeriesSummary,
+    WaitDoc,
+)
 from ortbuild.status import Verdict
 
 PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE  # as this module always named them
@@ -94,7 +103,7 @@ class LoadMeter:
 
 def wait_for_quiet(max_seconds: float, cpus: int, read: Callable[[], float | None] = runnable,
                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                   window: float = 1.0, poll: float = 0.1) -> dict[str, Any]:
+                   window: float = 1.0, poll: float = 0.1) -> WaitDoc:
     """Poll the load until its average over `window` seconds is at most `cpus`, for at most `max_seconds`:
     {"quiet": whether it fell, "load": the last average, "waited_s": seconds waited}."""
     start = clock()
@@ -112,6 +121,18 @@ def wait_for_quiet(max_seconds: float, cpus: int, read: Callable[[], float | Non
         sleep(poll)
 
 
+def environment() -> dict[str, object]:
+    """What the latency numbers depend on, recorded with them (test-report.json's `environment`)."""
+    ort = runtime.import_ort()
+
+    fp = machine.fingerprint()
+    flavor = runtime.installed_flavor()
+    return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
+            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "onnxruntime": flavor.as_json() if flavor else {"version": ort.__version__},
+            "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
+
+
 # ------------------------------------------------------------------------------------------ measurement
 
 @dataclass
@@ -125,7 +146,7 @@ class Series:
     load: float | None = None        # runnable threads on the machine while sampling (None: the load average)
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SeriesSummary:
         xs = sorted(self.samples)
         mean = sum(xs) / len(xs)
         sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / max(1, len(xs) - 1))
@@ -203,7 +224,19 @@ class Attempt:
     early: bool                      # stopped before the plan's end: every budget was decided
     seconds: float
 
-    def as_json(self, mine: str) -> dict[str, Any]:
+    def entry(self, mine: str, name: str) -> DataSetLatency:
+        """The start of data set `name`'s report (gates.data_set_entry): the timings of the series `mine`, its samples,
+        instability and load, the looks, and no verdicts yet."""
+        series = self.series[mine]
+        s = series.summary()
+        return {"name": name, "samples": s["samples"], "min_ms": s["min_ms"], "p50_ms": s["p50_ms"],
+                "p90_ms": s["p90_ms"], "p99_ms": s["p99_ms"], "max_ms": s["max_ms"], "mean_ms": s["mean_ms"],
+                "cov": s["cov"], "session_ms": s["session_ms"], "first_run_ms": s["first_run_ms"],
+                "samples_ms": [round(x, 4) for x in series.samples], "unstable": series.instability(),
+                "load": None if series.load is None else round(series.load, 2), "looks": self.looks,
+                "stopped_early": self.early, "verdicts": []}
+
+    def as_json(self, mine: str) -> AttemptDoc:
         s = self.series[mine]
         return {"samples": len(s.samples), "seconds": round(self.seconds, 3), "looks": self.looks,
                 "stopped_early": self.early, "load": None if s.load is None else round(s.load, 2),
@@ -274,7 +307,7 @@ class Outcome:
 
     attempts: list[Attempt]
     verdicts: dict[str, PercentileVerdict]
-    retry: dict[str, Any] = field(default_factory=dict)  # why it was measured again, how long it waited
+    retry: RetryDoc | None = None    # why it was measured again, how long it waited
 
     @property
     def final(self) -> Attempt:
@@ -291,7 +324,7 @@ def _suspects(attempt: Attempt, budgets: list[Budget], mine: str, cpus: int) -> 
 
 def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan, *,
          clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = runnable,
-         wait: Callable[[float, int], dict[str, Any]] | None = None, cpus: int | None = None) -> Outcome:
+         wait: Callable[[float, int], WaitDoc] | None = None, cpus: int | None = None) -> Outcome:
     """Sample and decide; a FAIL the load or drift could explain is measured again after waiting (at most
     plan.retry_wait_seconds) for the load to fall, the looks of both attempts sharing one error budget. A FAIL
     that persists under load is INCONCLUSIVE ("measured under load N; rerun on a quiet machine")."""
@@ -318,5 +351,5 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
     return out
 
 
-def as_json(v: PercentileVerdict) -> dict[str, Any]:
-    return asdict(v)
+def as_json(v: PercentileVerdict) -> PercentileVerdictDoc:
+    return v.as_json()

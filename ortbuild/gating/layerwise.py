@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from ortbuild.gating import compare
+from ortbuild.gating.records import Rule
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import config, data, precisions
 from ortbuild.project.precisions import PrecisionRule, Quantizer
+
+if TYPE_CHECKING:
+    import onnxruntime
 
 # The operators ORT's quantizers write (QOperator, QDQ, dynamic, int4): a source node whose outputs the reduced
 # graph computes through one of them, or through a weight they made integer, was quantized.
@@ -53,7 +57,7 @@ class Layer:
     alone: Prediction | None = None  # predicted with only this node kept in float
 
 
-def _rel(got: Any, ref: Any) -> float:
+def _rel(got: object, ref: object) -> float:
     a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     if a.shape != b.shape or (np.isfinite(b).all() and not np.isfinite(a).all()):
         return math.inf
@@ -62,7 +66,7 @@ def _rel(got: Any, ref: Any) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -> Any:
+def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -> onnxruntime.InferenceSession:
     """A session on `model`: CPU provider, no optimization (the graph as written)."""
     from ortbuild import runtime
 
@@ -75,7 +79,7 @@ def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -
 
 
 def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
-                custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, Any]:
+                custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, np.ndarray]:
     """The values of the tensors `names` (those the graph computes) on `feed`: CPU provider, no optimization."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -152,14 +156,16 @@ class Rewrites:
 
 
 def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: str | PrecisionRule,
-                  opts: Any) -> list[onnx.NodeProto]:
-    """The source nodes the precision step changed (and may be kept in float)."""
+                  opts: config.PrecisionOptions) -> list[onnx.NodeProto]:
+    """The source nodes the precision step changed (and may be kept in float; `opts`: the precision's options)."""
     if precisions.rule(precision).quantizer is Quantizer.FP16:
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
+        assert isinstance(opts, config.Fp16)
         blocked = set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list)
         return [n for n in source.graph.node
                 if n.name and n.op_type not in blocked and n.name not in opts.node_block_list and n.op_type != "Cast"]
+    assert isinstance(opts, config.Quantization | config.Int4)
     rw = Rewrites(source, reduced)
     return [n for n in source.graph.node if n.name and n.name not in opts.exclude_nodes and rw.quantized(n)]
 
@@ -219,8 +225,9 @@ class Proxy:
     no optimization) and judged by the gate's rule against `expected` (the source model's outputs). No prediction
     (None) where a node cannot be put back (its inputs are gone from the reduced graph) or ORT refuses the graph."""
 
-    def __init__(self, source: onnx.ModelProto, reduced: onnx.ModelProto, feed: data.Feed, expected: dict[str, Any],
-                 rule: Callable[[str], dict[str, Any]], custom_ops: Sequence[config.CustomOps] = ()) -> None:
+    def __init__(self, source: onnx.ModelProto, reduced: onnx.ModelProto, feed: data.Feed,
+                 expected: Mapping[str, object], rule: Callable[[str], Rule],
+                 custom_ops: Sequence[config.CustomOps] = ()) -> None:
         self.reduced, self.feed, self.expected, self.rule, self.custom_ops = reduced, feed, expected, rule, custom_ops
         self.source_nodes = {n.name: n for n in source.graph.node if n.name}
         self.source_inits = {i.name: i for i in source.graph.initializer}
@@ -319,8 +326,8 @@ class Proxy:
         got = dict(zip(self.outputs, values, strict=True))
         results = [compare.compare(o, "predicted", self.expected[o], got[o], self.rule(o)) for o in self.outputs]
         errors = [_rel(got[o], self.expected[o]) for o in self.outputs
-                  if not self.rule(o).get("ignore") and isinstance(self.expected[o], np.ndarray)
-                  and self.expected[o].dtype.kind == "f"]
+                  if not self.rule(o).get("ignore") and isinstance(e := self.expected[o], np.ndarray)
+                  and e.dtype.kind == "f"]
         return Prediction(all(r.passed for r in results), max(errors, default=0.0), compare.worst_metric(results))
 
 

@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
+from ortbuild.gating.timing_records import PercentileVerdictDoc
 from ortbuild.status import Verdict
 
 MAX_SAMPLES_ASKED = 200_000  # "more samples" beyond this cannot decide: the budget sits on the percentile
@@ -97,6 +98,14 @@ class PercentileVerdict:
     note: str = ""
     upper_confidence: float | None = None  # what each bound was computed at: its look's share of the error
     lower_confidence: float | None = None
+
+    def as_json(self) -> PercentileVerdictDoc:
+        """Every field, in order (as dataclasses.asdict gives them)."""
+        return {"percentile": self.percentile, "budget": self.budget, "observed": self.observed, "upper": self.upper,
+                "lower": self.lower, "exceeding": self.exceeding, "samples": self.samples,
+                "confidence": self.confidence, "verdict": self.verdict, "more_samples": self.more_samples,
+                "note": self.note, "upper_confidence": self.upper_confidence,
+                "lower_confidence": self.lower_confidence}
 
 
 def _decided(n: int, exceeding: int, p: float, c_up: float, c_lo: float | None = None) -> Verdict | None:

@@ -17,12 +17,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from ortbuild import files, paths, workspace
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.errors import ArtifactError, OrtbuildError, StepError, from_loader
 from ortbuild.gating import emulated
+from ortbuild.gating.timing_records import FallbackDoc, NodesTime, OperatorDoc, ProfileDoc, TraceEvent
+from ortbuild.pipeline.job import JobResult
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, ProfileStatus
 
@@ -38,19 +40,19 @@ class ProfileResult:
     model: str
     status: ProfileStatus
     reason: str = ""
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: ProfileDoc = field(default_factory=ProfileDoc)
     exit_code: int = 0
 
     def __bool__(self) -> bool:
         """Whether profiling did not fail (a SKIPPED target is no failure)."""
         return bool(self.status)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> ProfileDoc:
         return {"target": self.target, "model": self.model, "status": self.status, "reason": self.reason,
                 **self.summary}
 
 
-def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1) -> dict[str, Any]:
+def summarize(events: list[TraceEvent], planned: list[str], warmup: int = 1) -> ProfileDoc:
     """The operators of a trace by total time, leaving out the first `warmup` runs.
 
     planned: the target's providers, in order. Where the first is not the CPU provider, every node that ran
@@ -64,7 +66,7 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
         raise ValueError("the trace holds no model_run event")
     start = counted[0]["ts"]
     run_us = sum(int(e["dur"]) for e in counted)
-    nodes: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, OperatorDoc] = {}
     for e in events:
         name = str(e.get("name", ""))
         if e.get("cat") != "Node" or not name.endswith("_kernel_time") or e["ts"] < start:
@@ -78,8 +80,8 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
     ops = sorted(nodes.values(), key=lambda r: (-r["total_us"], r["node"]))
     for r in ops:
         r["share"] = round(r["total_us"] / run_us, 4) if run_us else 0.0
-    providers: dict[str, dict[str, Any]] = {}
-    op_types: dict[str, dict[str, Any]] = {}
+    providers: dict[str, NodesTime] = {}
+    op_types: dict[str, NodesTime] = {}
     for r in ops:
         p = providers.setdefault(r["provider"], {"nodes": 0, "total_us": 0})
         p["nodes"] += 1
@@ -87,7 +89,7 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
         o = op_types.setdefault(r["op_type"], {"nodes": 0, "total_us": 0})
         o["nodes"] += 1
         o["total_us"] += r["total_us"]
-    fallback = [] if not planned or planned[0] == CPU else [
+    fallback: list[FallbackDoc] = [] if not planned or planned[0] == CPU else [
         {"node": r["node"], "op_type": r["op_type"], "share": r["share"]} for r in ops if r["provider"] == CPU]
     return {"runs": len(counted), "warmup_runs": len(runs) - len(counted),
             "run_ms": round(run_us / len(counted) / 1e3, 4),
@@ -97,10 +99,10 @@ def summarize(events: list[dict[str, Any]], planned: list[str], warmup: int = 1)
             "operators": ops, "cpu_fallback": fallback}
 
 
-def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, runs: int) -> dict[str, Any]:
+def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, runs: int) -> ProfileDoc:
     """Profile the published artifact in `folder` through its Python loader; write TRACE and SUMMARY there."""
     m, _ = manifest.read(folder)
-    module: Any = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
+    module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
     feeds = [feed for _, feed, _ in golden.load(job.model, m.io)]
     with workspace.private_dir(64 << 20) as work:
         try:
@@ -116,7 +118,7 @@ def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, r
         events = json.loads(blob)
     except ValueError as e:
         raise ArtifactError(f"{folder}: ONNX Runtime wrote an unreadable profile ({e})") from None
-    summary = {"build_key": m.build_key, "artifact_sha256": m.artifact.sha256, "trace": TRACE,
+    summary: ProfileDoc = {"build_key": m.build_key, "artifact_sha256": m.artifact.sha256, "trace": TRACE,
                "created": manifest.iso_utc(), "data_sets": len(feeds),
                **summarize(events, [p["name"] for p in m.providers])}
     files.atomic_write(folder / TRACE, blob, root=dist)
@@ -130,18 +132,19 @@ def write_skipped(dist: Path, job: Job, reason: str) -> None:
     if (folder / manifest.MANIFEST).exists():
         m, _ = manifest.read(folder)
         (folder / TRACE).unlink(missing_ok=True)
-        doc = {"build_key": m.build_key, "status": ProfileStatus.SKIPPED, "reason": reason,
-               "created": manifest.iso_utc()}
+        doc: ProfileDoc = {"build_key": m.build_key, "status": ProfileStatus.SKIPPED, "reason": reason,
+                           "created": manifest.iso_utc()}
         files.atomic_write(folder / SUMMARY, (json.dumps(doc, indent=2) + "\n").encode(), root=dist)
 
 
-def collect(dist: Path) -> list[dict[str, Any]]:
+def collect(dist: Path) -> list[ProfileDoc]:
     """Every dist/<target>/<model>/profile.json whose artifact is still the one profiled."""
-    return [{"target": m.target, "model": m.model, **doc} for doc, m in manifest.reports(dist, SUMMARY)
+    return [{"target": m.target, "model": m.model, **cast(ProfileDoc, doc)}  # as profile_artifact wrote it
+            for doc, m in manifest.reports(dist, SUMMARY)
             if doc.get("build_key") == m.build_key and doc.get("operators") is not None]
 
 
-def table(summary: dict[str, Any], top: int) -> list[list[str]]:
+def table(summary: ProfileDoc, top: int) -> list[list[str]]:
     """The top operators as table rows: op type, node, provider, calls, total and mean time, share."""
     return [[r["op_type"], r["node"], r["provider"].removesuffix("ExecutionProvider"), str(r["calls"]),
              f"{r['total_us'] / 1e3:.3f}", f"{r['total_us'] / r['calls']:.1f}", f"{r['share']:.1%}"]
@@ -151,7 +154,7 @@ def table(summary: dict[str, Any], top: int) -> list[list[str]]:
 HEADER = ["op type", "node", "provider", "calls", "total ms", "mean us", "share"]
 
 
-def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, built: dict[str, Any],
+def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, built: dict[str, JobResult],
                  progress: Callable[[str, str], None]) -> list[ProfileResult]:
     out = []
     for job in jobs:

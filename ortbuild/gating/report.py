@@ -17,11 +17,11 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from ortbuild import errors, files, paths
 from ortbuild.artifact import manifest
-from ortbuild.gating import builds, report_html
+from ortbuild.gating import builds, records, report_html, timing_records
 from ortbuild.status import Verdict
 from ortbuild.units import human_size, signed_percent, signed_size
 
@@ -36,21 +36,21 @@ FAILED_BY_CODE = {errors.ConfigError.exit_code: "config", errors.RuntimeMismatch
                   errors.ArtifactError.exit_code: "artifact", errors.KeyMissing.exit_code: "key"}
 
 
-def key(r: dict[str, Any]) -> str:
+def key(r: records.ResultDoc) -> str:
     return f"{r.get('target')}/{r.get('model')}"
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
-def _ms(x: Any) -> str:
+def _ms(x: object) -> str:
     return f"{x:.3f}" if _num(x) is not None else "-"
 
 
 # ------------------------------------------------------------------------------------------- why: the gates
 
-def gate_verdicts(r: dict[str, Any]) -> dict[str, str]:
+def gate_verdicts(r: records.ResultDoc) -> dict[str, str]:
     """Each gate's verdict by name ("-": it did not run), from `gates`, else from the older per-gate fields."""
     g = r.get("gates")
     if isinstance(g, dict):
@@ -58,14 +58,14 @@ def gate_verdicts(r: dict[str, Any]) -> dict[str, str]:
     return {name: str(r.get(f, "-")) for name, f in GATE_FIELDS.items() if f in r}
 
 
-def failed_gates(r: dict[str, Any]) -> list[str]:
+def failed_gates(r: records.ResultDoc) -> list[str]:
     f = r.get("failed_gates")
     if isinstance(f, list):
         return [str(x) for x in f]
     return [name for name, v in gate_verdicts(r).items() if v == Verdict.FAIL]
 
 
-def failure_kind(r: dict[str, Any]) -> str:
+def failure_kind(r: records.ResultDoc) -> str:
     """Why a FAIL failed when no gate did: a required target that cannot run here, the error's kind (`artifact`:
     a TAMPERED artifact, whether its build or its test found it), else its build, else an error."""
     if any(str(x).startswith("required, but cannot run here") for x in r.get("failures") or []):
@@ -74,7 +74,7 @@ def failure_kind(r: dict[str, Any]) -> str:
     return FAILED_BY_CODE.get(r.get("exit_code", 0), fallback)
 
 
-def verdict_cell(r: dict[str, Any]) -> str:
+def verdict_cell(r: records.ResultDoc) -> str:
     """`FAIL (size)`, `FAIL (accuracy, cold_start)`, `FAIL (build)`, `INCONCLUSIVE (latency)`, `PASS`."""
     status = str(r.get("status", "-"))
     why: list[str] = []
@@ -85,7 +85,7 @@ def verdict_cell(r: dict[str, Any]) -> str:
     return status + (f" ({', '.join(why)})" if why else "")
 
 
-def ordered(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered(results: list[records.RowDoc]) -> list[records.RowDoc]:
     """FAIL first, then INCONCLUSIVE, PASS, SKIPPED (stable: path order within each)."""
     rank = {str(v): i for i, v in enumerate(ORDER)}
     return sorted(results, key=lambda r: rank.get(str(r.get("status")), len(ORDER)))
@@ -93,7 +93,7 @@ def ordered(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------- table cells
 
-def _latency_cell(r: dict[str, Any], name: str) -> str:
+def _latency_cell(r: records.ResultDoc, name: Literal["p50_ms", "p90_ms", "p99_ms"]) -> str:
     lat = r.get("latency") or {}
     if name not in lat:  # a gate SKIPPED on its own (an emulated platform's timing) says so
         return Verdict.SKIPPED.lower() if r.get("latency_verdict") == Verdict.SKIPPED and name == "p50_ms" else "-"
@@ -106,10 +106,11 @@ def _short(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
 
 
-STARTUP = (("cold_start", "cold_start_ms", "ms"), ("memory", "peak_rss_mb", "MB"))
+STARTUP: tuple[tuple[str, Literal["cold_start_ms", "peak_rss_mb"], str], ...] = (
+    ("cold_start", "cold_start_ms", "ms"), ("memory", "peak_rss_mb", "MB"))
 
 
-def startup_cell(r: dict[str, Any]) -> str:
+def startup_cell(r: records.ResultDoc) -> str:
     """Cold start and peak memory against their budgets: `812 ms/1000, 95 MB/256`, or `-`."""
     st = r.get("startup")
     if not isinstance(st, dict) or not st:
@@ -128,11 +129,12 @@ def startup_cell(r: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _pct(c: dict[str, Any]) -> str:
-    return "" if _num(c.get("percent")) is None else signed_percent(c["percent"])
+def _pct(c: records.Change) -> str:
+    percent = c.get("percent")
+    return "" if percent is None or _num(percent) is None else signed_percent(percent)
 
 
-def delta_cell(d: dict[str, Any] | None, full: bool = False, comparison: dict[str, Any] | None = None) -> str:
+def delta_cell(d: records.DeltaDoc | None, full: bool = False, comparison: records.Comparison | None = None) -> str:
     """A row's change against the comparison: compact (`PASS->FAIL, p90 +12%`: the verdict when it changed, p90
     (else p50), the size when it changed) or full (the HTML's: both percentiles and the size, absolute and %, and
     the report compared with when it is not the report's `comparison`: a row not measured again keeps its own)."""
@@ -141,10 +143,11 @@ def delta_cell(d: dict[str, Any] | None, full: bool = False, comparison: dict[st
     if d.get("new"):
         return "new (not in the comparison)" if full else "new"
     parts = []
-    v = d.get("verdict") or {}
-    if v.get("before") != v.get("after"):
+    v = d.get("verdict")
+    if v is not None and v.get("before") != v.get("after"):
         parts.append(f"{v.get('before')} -> {v.get('after')}" if full else f"{v.get('before')}->{v.get('after')}")
-    shown = ["p50_ms", "p90_ms"] if full else ["p90_ms" if d.get("p90_ms") else "p50_ms"]
+    shown: list[Literal["p50_ms", "p90_ms"]] = ["p50_ms", "p90_ms"] if full else [
+        "p90_ms" if d.get("p90_ms") else "p50_ms"]
     for name in shown:
         c = d.get(name)
         if c:
@@ -158,14 +161,14 @@ def delta_cell(d: dict[str, Any] | None, full: bool = False, comparison: dict[st
     elif s and s.get("change"):
         parts.append(f"size {_pct(s) or signed_size(s['change'])}")
     text = ("; " if full else ", ").join(parts) or "="
-    against = d.get("against") or {}
-    if full and against.get("created") and against != comparison:
+    against = d.get("against")
+    if full and against and against.get("created") and against != comparison:
         text += f" (vs the {against.get('kind', 'previous')} report of {against['created']})"
     return text
 
 
-def rows(results: list[dict[str, Any]], full: bool = False,
-         comparison: dict[str, Any] | None = None) -> list[list[str]]:
+def rows(results: list[records.RowDoc], full: bool = False,
+         comparison: records.Comparison | None = None) -> list[list[str]]:
     """One row per result, HEADER's columns (the verdict last: the HTML colours it)."""
     out = []
     for r in results:
@@ -188,17 +191,19 @@ HEADER = ["target", "model", "size (vs src/max)", "accuracy (worst)", "p50 ms/bu
 OPTIONAL = ("startup", "vs previous")  # left out of the text table when no row has anything in it
 
 
-def header(comparison: dict[str, Any] | None) -> list[str]:
-    kind = (comparison or {}).get("kind", "previous")
+def header(comparison: records.Comparison | None) -> list[str]:
+    kind = comparison.get("kind", "previous") if comparison else "previous"
     return [f"vs {kind}" if h == "vs previous" else h for h in HEADER]
 
 
-def text_table(results: list[dict[str, Any]], comparison: dict[str, Any] | None) -> tuple[list[str], list[list[str]]]:
+def text_table(results: list[records.RowDoc],
+               comparison: records.Comparison | None) -> tuple[list[str], list[list[str]]]:
     """The `ortbuild test` summary: HEADER's columns, less the optional ones no row has anything in."""
     body = rows(results)
     # nothing to compare: no previous run, or every row new since it (the first `nox -s test`: each target's
     # session finds only the targets before it); a baseline given on the command line is always shown
-    empty = {"-", "new"} if (comparison or {}).get("kind", "previous") == "previous" else {"-"}
+    kind = comparison.get("kind", "previous") if comparison else "previous"
+    empty = {"-", "new"} if kind == "previous" else {"-"}
     keep = [i for i, h in enumerate(HEADER) if h not in OPTIONAL or any(r[i] not in empty for r in body)]
     head = header(comparison)
     return [head[i] for i in keep], [[r[i] for i in keep] for r in body]
@@ -213,45 +218,53 @@ def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
 
 
 # what TestResult.as_json() holds for a job no gate ran on (tests/test_report.py keeps the two alike)
-NOT_TESTED: dict[str, Any] = {
+NOT_TESTED: records.GatesPart = {
     "accuracy": "-", "worst": "-", "outputs": [], "golden": {}, "latency": {}, "latency_verdict": "-", "size": {},
     "size_verdict": "-", "startup": {}, "cold_start_verdict": "-", "memory_verdict": "-", "explain": {},
     "build_key": "", "artifact_sha256": "", "quick": False, "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"),
     "failed_gates": []}
 
 
-def build_failure_row(record: dict[str, Any]) -> dict[str, Any]:
+def build_failure_row(record: records.BuildRecord) -> records.ResultDoc:
     """The report's row of a job whose last build failed: its build record's, as `ortbuild test` says it."""
     target, model = str(record.get("target")), str(record.get("model"))
-    row = {"target": target, "model": model, "precision": record.get("precision", ""), **NOT_TESTED,
-           **builds.failure(record), "reproduce": reproduce(target, model)}
-    return dict(json.loads(json.dumps(row)))  # as read back from report.json (the enums as their strings)
+    row: records.ResultDoc = {"target": target, "model": model, "precision": record.get("precision", ""),
+                              **NOT_TESTED, **builds.failure(record), "reproduce": reproduce(target, model)}
+    back: records.ResultDoc = json.loads(json.dumps(row))  # as read back from report.json (the enums as their strings)
+    return back
 
 
-def collect(dist: Path) -> list[dict[str, Any]]:
+def collect(dist: Path) -> list[records.ResultFile]:
     """Every dist/<target>/<model>/test-report.json whose artifact is still the one it tested, and a FAIL (build)
     row for every job whose last build failed (in place of its test report: its old verdict no longer applies)."""
     failed = builds.failed(dist)
-    docs = [{"result": build_failure_row(r), "environment": None} for r in failed.values()]
+    docs: list[records.ResultFile] = [{"result": build_failure_row(r), "environment": None} for r in failed.values()]
     for doc, m in manifest.reports(dist, "test-report.json"):
-        r = doc.get("result", {})
+        r: records.ResultDoc = doc.get("result", {})
         # a report whose artifact was rebuilt since is left out: its old verdict no longer applies; so is the
         # report of a failed build (its record is the row while the build still fails; once a build succeeds, the
         # new artifact is untested)
         if key(r) not in failed and not r.get("build") and r.get("build_key") in ("", m.build_key):
-            docs.append(doc)
+            docs.append({"result": r, "environment": doc.get("environment")})
     return sorted(docs, key=lambda d: (str(d["result"].get("target")), str(d["result"].get("model"))))  # path order
 
 
 PROFILE_TOP = 10  # operators per artifact in the report (the trace and profile.json have them all)
 
 
-def profiles(dist: Path) -> list[dict[str, Any]]:
-    """The current profiles of dist/'s artifacts (`ortbuild profile`), with their top operators only."""
+def profiles(dist: Path) -> list[timing_records.ProfileDoc]:
+    """The current profiles of dist/'s artifacts (`ortbuild profile`), with their top operators only (last) and
+    the trace's path under dist/."""
     from ortbuild.gating import profile
 
-    return [{**{k: v for k, v in doc.items() if k != "operators"}, "operators": doc["operators"][:PROFILE_TOP],
-             "trace": f"{doc['target']}/{doc['model']}/{profile.TRACE}"} for doc in profile.collect(dist)]
+    out = []
+    for doc in profile.collect(dist):
+        p = doc.copy()
+        del p["operators"]
+        p["operators"] = doc["operators"][:PROFILE_TOP]
+        p["trace"] = f"{doc['target']}/{doc['model']}/{profile.TRACE}"
+        out.append(p)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- comparison
@@ -261,10 +274,10 @@ class Baseline:
     """A report.json to compare against (`ortbuild test --baseline FILE`)."""
 
     file: str
-    doc: dict[str, Any]
+    doc: records.ReportDoc
 
 
-def not_a_report(doc: Any) -> str | None:
+def not_a_report(doc: object) -> str | None:
     """Why a parsed JSON document is not a dist/report.json, or None."""
     if not isinstance(doc, dict):
         return f"a JSON {type(doc).__name__}, not an object"
@@ -304,7 +317,7 @@ def read_baseline(file: str) -> Baseline:
     return Baseline(file, doc)
 
 
-def _change(before: Any, after: Any, digits: int) -> dict[str, Any] | None:
+def _change(before: object, after: object, digits: int) -> records.Change | None:
     a, b = _num(before), _num(after)
     if a is None or b is None:
         return None
@@ -312,17 +325,19 @@ def _change(before: Any, after: Any, digits: int) -> dict[str, Any] | None:
             "percent": round((b - a) / a * 100, 2) if a else None}
 
 
-def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, Any]) -> dict[str, Any] | None:
+def delta(cur: records.ResultDoc, old: records.ResultDoc | None,
+          against: records.Comparison) -> records.DeltaDoc | None:
     """One row's change against the comparison's row (`old` None: the comparison has no such row); None for a
     SKIPPED row that was SKIPPED (or absent) there too: nothing was measured, nothing changed."""
     if cur.get("status") == Verdict.SKIPPED and (old is None or old.get("status") == Verdict.SKIPPED):
         return None
     if old is None:
         return {"against": against, "new": True}
-    out: dict[str, Any] = {"against": against, "verdict": {"before": old.get("status"), "after": cur.get("status"),
-                                                          "changed": old.get("status") != cur.get("status")}}
+    out: records.DeltaDoc = {"against": against, "verdict": {
+        "before": old.get("status"), "after": cur.get("status"), "changed": old.get("status") != cur.get("status")}}
     lat_a, lat_b = old.get("latency") or {}, cur.get("latency") or {}
-    for name in ("p50_ms", "p90_ms"):
+    names: tuple[Literal["p50_ms", "p90_ms"], ...] = ("p50_ms", "p90_ms")
+    for name in names:
         c = _change(lat_a.get(name), lat_b.get(name), 4)
         if c:
             out[name] = c
@@ -332,7 +347,7 @@ def delta(cur: dict[str, Any], old: dict[str, Any] | None, against: dict[str, An
     return out
 
 
-def _same(report_row: dict[str, Any], result: dict[str, Any]) -> bool:
+def _same(report_row: records.ResultDoc, result: records.ResultDoc) -> bool:
     """Whether a report's row is this very result (not measured again since)."""
     # (`reproduce` names the -c the run was given: a failed build's row, from its record, says it without one)
     same = {k: v for k, v in report_row.items() if k not in ("delta", "reproduce")}
@@ -341,11 +356,11 @@ def _same(report_row: dict[str, Any], result: dict[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Report:
-    doc: dict[str, Any]          # what report.json holds
+    doc: records.ReportDoc       # what report.json holds
     previous: bytes | None       # the report.json it replaces (kept as report.previous.json)
 
 
-def _previous(dist: Path) -> tuple[bytes, dict[str, Any]] | None:
+def _previous(dist: Path) -> tuple[bytes, records.ReportDoc] | None:
     try:
         data = files.read_document(dist / REPORT_JSON)
         doc = json.loads(data)
@@ -354,27 +369,29 @@ def _previous(dist: Path) -> tuple[bytes, dict[str, Any]] | None:
     return (data, doc) if not_a_report(doc) is None else None
 
 
-def compose(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = None) -> Report:
+def compose(dist: Path, docs: list[records.ResultFile], baseline: Baseline | None = None) -> Report:
     """The report of `docs` (collect's), each row with its change against `baseline`, else the previous report."""
-    results = [d["result"] for d in docs]
+    found = [d["result"] for d in docs]
     previous = _previous(dist)
-    comparison: dict[str, Any] | None = None
+    comparison: records.Comparison | None = None
+    results: list[records.RowDoc]
     if baseline is not None:
         comparison = {"kind": "baseline", "file": baseline.file, "created": baseline.doc.get("created")}
         ref = {key(r): r for r in baseline.doc["results"]}
-        results = [{**r, "delta": delta(r, ref.get(key(r)), comparison)} for r in results]
+        results = [{**r, "delta": delta(r, ref.get(key(r)), comparison)} for r in found]
     elif previous is not None:
         comparison = {"kind": "previous", "file": REPORT_PREVIOUS, "created": previous[1].get("created")}
         ref = {key(r): r for r in previous[1]["results"]}
         results = [{**r, "delta": ref[key(r)].get("delta")
                     if key(r) in ref and _same(ref[key(r)], r) and r.get("status") != Verdict.SKIPPED
-                    else delta(r, ref.get(key(r)), comparison)} for r in results]
+                    else delta(r, ref.get(key(r)), comparison)} for r in found]
     else:
-        results = [{**r, "delta": None} for r in results]
-    counts = {s: sum(r["status"] == s for r in results) for s in Verdict}  # PASS, FAIL, INCONCLUSIVE, SKIPPED
-    doc = {"created": manifest.iso_utc(), "counts": counts, "comparison": comparison, "results": results,
-           "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs},
-           "profiles": profiles(dist)}
+        results = [{**r, "delta": None} for r in found]
+    counts: dict[str, int] = {s: sum(r["status"] == s for r in results) for s in Verdict}  # PASS, FAIL, ...
+    doc: records.ReportDoc = {
+        "created": manifest.iso_utc(), "counts": counts, "comparison": comparison, "results": results,
+        "environments": {f"{d['result']['target']}/{d['result']['model']}": d.get("environment") for d in docs},
+        "profiles": profiles(dist)}
     return Report(json.loads(json.dumps(doc, default=str)), None if previous is None else previous[0])
 
 
@@ -388,11 +405,11 @@ def save(dist: Path, rep: Report) -> tuple[Path, Path]:
     return jpath, hpath
 
 
-def write(dist: Path, docs: list[dict[str, Any]], baseline: Baseline | None = None) -> tuple[Path, Path]:
+def write(dist: Path, docs: list[records.ResultFile], baseline: Baseline | None = None) -> tuple[Path, Path]:
     return save(dist, compose(dist, docs, baseline))
 
 
-def latest(results: list[dict[str, Any]], dist: Path) -> list[dict[str, Any]]:
+def latest(results: list[records.RowDoc], dist: Path) -> list[records.RowDoc]:
     """A report's rows as dist/ stands now: a job whose last build failed since the report was written (`ortbuild
     build`) is its FAIL (build) row, not the verdict of the older artifact (`ortbuild summary test`)."""
     failed = builds.failed(dist)
@@ -404,19 +421,19 @@ def latest(results: list[dict[str, Any]], dist: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (str(r.get("target")), str(r.get("model"))))
 
 
-def this_run(doc: dict[str, Any], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def this_run(doc: records.ReportDoc, results: list[records.ResultDoc]) -> list[records.RowDoc]:
     """This run's results (as_json), each with the report's change for it when the report's row is this very
     result (a target another environment tests shows its own there, not this run's SKIPPED)."""
     rows_by = {key(r): r for r in doc["results"]}
-    out = []
+    out: list[records.RowDoc] = []
     for r in results:
-        mine = json.loads(json.dumps(r, default=str))
+        mine: records.ResultDoc = json.loads(json.dumps(r, default=str))
         row = rows_by.get(key(mine))
         out.append({**mine, "delta": row.get("delta") if row is not None and _same(row, mine) else None})
     return out
 
 
-def render_html(doc: dict[str, Any]) -> str:
+def render_html(doc: records.ReportDoc) -> str:
     """The self-contained page (report_html), failures first."""
     results = ordered(doc["results"])
     return report_html.render({**doc, "results": results}, header(doc.get("comparison")),

@@ -9,8 +9,10 @@ imports nothing of it.
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Literal
 
+from ortbuild.gating.records import Comparison, ExplainDoc, ReportDoc, RowDoc
+from ortbuild.gating.timing_records import DataSetLatency, ProfileDoc
 from ortbuild.status import Verdict
 from ortbuild.units import human_size
 
@@ -28,16 +30,19 @@ def _verdict(passed: bool) -> Verdict:
     return Verdict.PASS if passed else Verdict.FAIL
 
 
-def _ms(x: Any) -> str:
+def _ms(x: object) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "-"
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
 # ------------------------------------------------------------------------------------------- the histogram
 
+# the percentiles marked on the histogram, and their colours
+PERCENTILES: tuple[tuple[Literal["p50_ms", "p90_ms", "p99_ms"], str], ...] = (
+    ("p50_ms", "#222"), ("p90_ms", "#555"), ("p99_ms", "#888"))
 CHAR_W, GAP, LINE = 6.2, 6.0, 12  # px per character of a 10px label (generous), between labels, per label line
 
 
@@ -74,7 +79,7 @@ def _text(left: float, right: float, text: str, anchor: str, y: float, cls: str,
             f'data-w="{right - left:.1f}">{e(text)}</text>')
 
 
-def histogram(lat: dict[str, Any]) -> str:
+def histogram(lat: DataSetLatency) -> str:
     """The samples' distribution on an axis from their min to their max (5% margin), the percentiles, and each
     budget: a line where it falls inside, else a marker at the edge it lies beyond, labelled with its value."""
     xs = [float(x) for x in lat.get("samples_ms") or [] if _num(x) is not None]
@@ -93,8 +98,7 @@ def histogram(lat: dict[str, Any]) -> str:
     def xpos(v: float) -> float:
         return float(pad + (v - lo) / (hi - lo) * (w - 2 * pad))
 
-    marks = [(key[:-3], float(lat[key]), color) for key, color in (("p50_ms", "#222"), ("p90_ms", "#555"),
-                                                                  ("p99_ms", "#888")) if _num(lat.get(key)) is not None]
+    marks = [(key[:-3], float(lat[key]), color) for key, color in PERCENTILES if _num(lat.get(key)) is not None]
     top_labels = _lanes([(xpos(v) + 2, name, "start") for name, v, _ in marks], w)
     budget_labels = []
     for kind, b in budgets.items():
@@ -146,7 +150,7 @@ def histogram(lat: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------- sections
 
-def _explain_html(x: dict[str, Any]) -> list[str]:
+def _explain_html(x: ExplainDoc) -> list[str]:
     """The precision search of one artifact (`ortbuild test --explain`): layers, rebuilds, the override."""
     out = [f"<h3>explain: {e(x['status'])}</h3>" + (f"<p>{e(x['reason'])}</p>" if x.get("reason") else "")]
     if x.get("layers"):
@@ -165,7 +169,7 @@ def _explain_html(x: dict[str, Any]) -> list[str]:
     return out
 
 
-def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
+def _profiles_html(profs: list[ProfileDoc]) -> list[str]:
     """`ortbuild profile`'s top operators per target and model, each linking its trace."""
     if not profs:
         return []
@@ -192,7 +196,7 @@ def _profiles_html(profs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _latency_html(lat: dict[str, Any]) -> list[str]:
+def _latency_html(lat: DataSetLatency) -> list[str]:
     """One data set's timings, verdicts (with their bounds), relative budget, notes and histogram."""
     stop = ""
     if lat.get("stopped_early"):
@@ -222,10 +226,11 @@ def _latency_html(lat: dict[str, Any]) -> list[str]:
     return out
 
 
-STARTUP = (("cold_start", "cold start", "cold_start_ms", "ms"), ("memory", "peak RSS", "peak_rss_mb", "MB"))
+STARTUP: tuple[tuple[str, str, Literal["cold_start_ms", "peak_rss_mb"], str], ...] = (
+    ("cold_start", "cold start", "cold_start_ms", "ms"), ("memory", "peak RSS", "peak_rss_mb", "MB"))
 
 
-def _startup_html(r: dict[str, Any]) -> list[str]:
+def _startup_html(r: RowDoc) -> list[str]:
     """Cold start and peak memory in fresh processes, each against its budget (the keys read defensively)."""
     st = r.get("startup")
     if not isinstance(st, dict) or not st:
@@ -250,7 +255,7 @@ def _startup_html(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def _section(r: dict[str, Any], verdict: str, profiled: dict[str, str]) -> list[str]:
+def _section(r: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
     key = f"{r['target']}/{r['model']}"
     status = str(r.get("status", "-"))
     out = [f"<section id=\"{e(key)}\"><h2>{e(key)} <span class={e(status)}>{e(verdict)}</span></h2>"]
@@ -299,7 +304,7 @@ def _section(r: dict[str, Any], verdict: str, profiled: dict[str, str]) -> list[
     return out
 
 
-def _comparison(c: dict[str, Any] | None) -> str:
+def _comparison(c: Comparison | None) -> str:
     if not c:
         return "<p class=comparison>no earlier report to compare with: the next run compares with this one</p>"
     if c.get("kind") == "baseline":
@@ -309,7 +314,7 @@ def _comparison(c: dict[str, Any] | None) -> str:
             f"{e(str(c.get('created')))}; a row not measured again since keeps the change it had</p>")
 
 
-def render(doc: dict[str, Any], header: list[str], rows: list[list[str]]) -> str:
+def render(doc: ReportDoc, header: list[str], rows: list[list[str]]) -> str:
     """The page of a report.json document whose results are in the order shown, `rows` their summary cells
     (the verdict last)."""
     results = doc["results"]

@@ -9,9 +9,9 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ortbuild.gating.layerwise import Layer, Prediction
+from ortbuild.gating.records import SkippedSet, TrialDoc
 from ortbuild.project import config
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import SearchKnob
@@ -22,7 +22,7 @@ def settings_with(settings: config.Settings, knob: SearchKnob, nodes: Sequence[s
         -> config.Settings:
     """The settings with `nodes` (and `op_types`) kept in float, added to the target's own lists."""
     opts = getattr(settings, knob.table)
-    changes: dict[str, Any] = {knob.nodes: tuple(dict.fromkeys([*getattr(opts, knob.nodes), *nodes]))}
+    changes: dict[str, tuple[str, ...]] = {knob.nodes: tuple(dict.fromkeys([*getattr(opts, knob.nodes), *nodes]))}
     if knob.op_types is not None and op_types:
         changes[knob.op_types] = tuple(dict.fromkeys([*getattr(opts, knob.op_types), *op_types]))
     return dataclasses.replace(settings, **{knob.table: dataclasses.replace(opts, **changes)})
@@ -59,6 +59,10 @@ class Trial:
     worst: str
     seconds: float
 
+    def as_json(self) -> TrialDoc:
+        return {"nodes": list(self.nodes), "op_types": list(self.op_types), "passed": self.passed,
+                "worst": self.worst, "seconds": self.seconds}
+
     def describe(self) -> str:
         verdict = Verdict.PASS if self.passed else Verdict.FAIL
         return f"{describe_set(self.nodes, self.op_types)}: {verdict} ({self.worst})"
@@ -80,7 +84,7 @@ class Search:
     graph: Callable[[list[str], list[str]], str] | None = None
     predict: Callable[[list[str]], Prediction | None] | None = None
     trials: list[Trial] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)   # sets not rebuilt: the same graph as `same_as`
+    skipped: list[SkippedSet] = field(default_factory=list)   # sets not rebuilt: the same graph as `same_as`
     graphs: dict[str, int] = field(default_factory=dict)          # digest -> index of its trial (-1: the artifact)
     predicted: dict[frozenset[str], bool] = field(default_factory=dict)
     start: float = field(default_factory=time.monotonic)

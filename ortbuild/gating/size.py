@@ -3,9 +3,8 @@ targets.toml option that would make it smaller when it fails."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ortbuild.artifact import manifest
+from ortbuild.gating.records import SizeDoc
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import fp16_upcast_hint
 
@@ -46,15 +45,15 @@ def fix(job: Job, m: manifest.Manifest) -> str:
     return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
 
 
-def judge(job: Job, m: manifest.Manifest) -> tuple[dict[str, Any], list[str]]:
+def judge(job: Job, m: manifest.Manifest) -> tuple[SizeDoc, list[str]]:
     """The size record of the job's artifact, and the failure report's lines (none when it passes)."""
     gates = job.settings.gates
     assert gates is not None
     size, src = m.artifact.size, m.source.size
     ratio = size / src
     max_ratio, max_mb = gates.max_ratio(job.settings.precision), gates.size.max_mb
-    record = {"bytes": size, "source_bytes": src, "ratio": ratio, "max_ratio": max_ratio, "max_mb": max_mb,
-              "inflation": m.optimization.inflation}
+    record: SizeDoc = {"bytes": size, "source_bytes": src, "ratio": ratio, "max_ratio": max_ratio,
+                       "max_mb": max_mb, "inflation": m.optimization.inflation}
     problems = []
     if size > max_ratio * src + SIZE_SLACK:
         problems.append(f"artifact {size / 1024:.1f} KB is {ratio:.2f}x its source ({src / 1024:.1f} KB), "

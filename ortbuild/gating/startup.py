@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ortbuild.gating.percentiles import (
     sequential_verdict,
     with_estimate,
 )
+from ortbuild.gating.timing_records import StartupDoc, StartupStats
 from ortbuild.status import Verdict
 
 FIRST_LOOK = 8            # processes before the first look (at 0.99, 8 is the fewest that can decide a median)
@@ -178,13 +179,14 @@ def measure_once(loader: Path, folder: Path, inputs: Path, secret: bytes | None,
                   float(doc["first_run_ms"]), None if doc["peak_rss_bytes"] is None else int(doc["peak_rss_bytes"]))
 
 
-def measure(loader: Path, folder: Path, feed: Mapping[str, Any], secret: bytes | None, budgets: Mapping[str, float],
+def measure(loader: Path, folder: Path, feed: Mapping[str, object], secret: bytes | None, budgets: Mapping[str, float],
             confidence: float) -> Outcome:
     """The sequential plan over fresh processes, on `feed` (the first golden data set). A process that fails
     makes every budget FAIL (Outcome.error says why)."""
     with tempfile.TemporaryDirectory(prefix="ortbuild-startup-") as tmp:
         work = Path(tmp)
         inputs = work / "inputs.npz"
+        # (numpy's stubs check savez's **kwds against its allow_pickle flag too: the arrays go untyped)
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in feed.items()}
         np.savez(inputs, **arrays)
 
@@ -201,9 +203,9 @@ def measure(loader: Path, folder: Path, feed: Mapping[str, Any], secret: bytes |
             return Outcome([], {}, error=e.message)
 
 
-def _stats(xs: list[float], full: bool) -> dict[str, float]:
+def _stats(xs: list[float], full: bool) -> StartupStats:
     ys = sorted(xs)
-    out = {"p50": round(nearest_rank(ys, 0.5), 3)}
+    out: StartupStats = {"p50": round(nearest_rank(ys, 0.5), 3)}
     return {**out, "min": round(ys[0], 3), "max": round(ys[-1], 3)} if full else out
 
 
@@ -211,13 +213,13 @@ def verdict_of(outcome: Outcome, kind: str) -> Verdict:
     return Verdict.FAIL if outcome.error else outcome.verdicts[kind].verdict
 
 
-def summary(outcome: Outcome, budgets: Mapping[str, float]) -> dict[str, Any]:
+def summary(outcome: Outcome, budgets: Mapping[str, float]) -> StartupDoc:
     """TestResult.startup: the figures over the processes, each budget's verdict, and a note when undecided."""
     xs = outcome.samples
-    out: dict[str, Any] = {"processes": len(xs), "looks": outcome.looks, "stopped": outcome.stopped,
-                           "seconds": round(outcome.seconds, 3),
-                           "plan": {"first_look": FIRST_LOOK, "max_processes": MAX_PROCESSES,
-                                    "max_seconds": MAX_SECONDS, "runs_after_first": RUNS_AFTER}}
+    out: StartupDoc = {"processes": len(xs), "looks": outcome.looks, "stopped": outcome.stopped,
+                       "seconds": round(outcome.seconds, 3),
+                       "plan": {"first_look": FIRST_LOOK, "max_processes": MAX_PROCESSES,
+                                "max_seconds": MAX_SECONDS, "runs_after_first": RUNS_AFTER}}
     if xs:
         out.update({"cold_start_ms": _stats([s.cold_start_ms for s in xs], True),
                     "import_ms": _stats([s.import_ms for s in xs], False),
@@ -227,7 +229,7 @@ def summary(outcome: Outcome, budgets: Mapping[str, float]) -> dict[str, Any]:
             out["peak_rss_mb"] = _stats([s.peak_rss_mb for s in xs], True)
     out["verdicts"] = [
         {"kind": kind, "unit": KINDS[kind][1], "budget": budget, "verdict": Verdict.FAIL, "note": outcome.error}
-        if outcome.error else {"kind": kind, "unit": KINDS[kind][1], **asdict(outcome.verdicts[kind])}
+        if outcome.error else {"kind": kind, "unit": KINDS[kind][1], **outcome.verdicts[kind].as_json()}
         for kind, budget in budgets.items()]
     if outcome.error:
         out["error"] = outcome.error

@@ -12,12 +12,13 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from ortbuild import files, logs
 from ortbuild.errors import SUMMARY_FAILED, GateFailed
 from ortbuild.gating import report
 from ortbuild.gating.builds import record_path
+from ortbuild.gating.records import BuildRecord, ResultDoc
 from ortbuild.project import config
 from ortbuild.status import JobStatus, Verdict
 from ortbuild.units import human_size
@@ -31,11 +32,12 @@ def table(rows: list[list[str]], header: list[str]) -> str:
                       *(fmt.format(*r) for r in rows)])
 
 
-def build_rows(project: config.Project, docs: Sequence[dict[str, Any]]) -> list[list[str]]:
+def build_rows(project: config.Project, docs: Sequence[BuildRecord]) -> list[list[str]]:
     """The build table's rows, from JobResult.as_json() documents; time: the job's, and its slowest step's."""
     rows = []
     for r in docs:
-        ratio = f"{r['size'] / r['source_size']:.2f}x" if r.get("size") and r.get("source_size") else "-"
+        size, source = r.get("size"), r.get("source_size")
+        ratio = f"{size / source:.2f}x" if size and source else "-"
         level = r.get("level") or "-"
         t = project.targets.get(r["target"])
         requested = t.settings[r["model"]].optimization if t is not None and r["model"] in t.settings else ""
@@ -68,7 +70,7 @@ BUILD_HEADER = ["target", "model", "status", "precision", "converted", "level", 
                 "time (slowest step)"]
 
 
-def _records(project: config.Project, dist: Path) -> list[dict[str, Any]]:
+def _records(project: config.Project, dist: Path) -> list[BuildRecord]:
     out = []
     for t in project.targets.values():
         for m in t.models:
@@ -77,7 +79,8 @@ def _records(project: config.Project, dist: Path) -> list[dict[str, Any]]:
                 doc = json.loads(files.read_document(path))
             except (OSError, ValueError):
                 continue
-            if isinstance(doc, dict) and doc.get("target") == t.name and doc.get("model") == m:
+            is_record = isinstance(doc, dict) and doc.get("target") == t.name and doc.get("model") == m
+            if is_record:
                 out.append(doc)
     return out
 
@@ -97,8 +100,8 @@ def print_build(project: config.Project, dist: Path, out: TextIO) -> int:
         print(line, file=out)
     counts = {s: sum(d["status"] == s for d in docs) for s in JobStatus}
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n), file=out)
-    logged = [(f"{d['target']}/{d['model']}", logs.Captured(Path(d["log"]["path"]), d["log"]["lines"],
-                                                            d["log"]["warnings"])) for d in docs if d.get("log")]
+    logged = [(f"{d['target']}/{d['model']}", logs.Captured(Path(log["path"]), log["lines"], log["warnings"]))
+              for d in docs if (log := d.get("log"))]
     for line in logs.footer(logged):
         print(line, file=out)
     return SUMMARY_FAILED if counts[JobStatus.FAILED] else 0
@@ -110,7 +113,7 @@ def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) ->
     return ", ".join(f"{n[s]} {s}" for s in Verdict) + f"  ->  {json_path}, {html_path}"
 
 
-def warning_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+def warning_lines(results: Sequence[ResultDoc]) -> list[str]:
     """The warnings of test results (golden outputs that test almost nothing), one line each."""
     return [f"  [{r['target']}/{r['model']}] warning: {w}" for r in results
             for w in (r.get("golden") or {}).get("warnings", [])]

@@ -43,6 +43,7 @@ from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
+from ortbuild.gating.records import Rule
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
@@ -238,7 +239,7 @@ def _verdicts(mr: ModelRelease) -> release_index.Verdicts:
     """What the bundle records of a model's tests: the verdicts and the rules, never the timings (those change
     from run to run; they are in the provenance), so equal inputs give equal bundles."""
     r = (mr.report or {}).get("result", {})
-    rules: dict[str, dict[str, object]] = {}
+    rules: dict[str, Rule] = {}
     for o in r.get("outputs", []):
         rules.setdefault(o["output"], o["rule"])
     budgets: list[release_index.LatencyBudget] = [{"kind": v["kind"], "budget_ms": v.get("budget")}

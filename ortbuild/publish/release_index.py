@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict
 
 from ortbuild.artifact.manifest import ProviderEntry
+from ortbuild.gating.records import Rule
 
 
 class FileEntry(TypedDict):
@@ -52,7 +53,7 @@ class Verdicts(TypedDict):
     latency: str
     latency_budgets: list[LatencyBudget]
     size: str
-    rules: dict[str, dict[str, object]]  # output -> the accuracy rule it was judged by (verify judges by it)
+    rules: dict[str, Rule]           # output -> the accuracy rule it was judged by (verify judges by it)
     golden_digest: str
     cold_start: NotRequired[str]     # the cold-start and memory gates, where a budget was set
     memory: NotRequired[str]
