@@ -8,7 +8,8 @@
 - no module uses another module's private names (`from m import _x`, `m._x`);
 - exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py;
 - import purity: each module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
-  an interpreter where nothing else can be imported.
+  an interpreter where nothing else can be imported;
+- typed hand-offs: at most MAX_ANY uses of `typing.Any` per 1,000 lines (nox's own density; issue 37).
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -30,6 +31,7 @@ from tests.conftest import REPO
 
 PACKAGE = "ortbuild"
 MAX_LINES = 450
+MAX_ANY = 12.5                        # `Any` per 1,000 lines of the package (nox: 12.5, cibuildwheel: 3.0)
 # The status strings (ortbuild/status.py's enum values): JobStatus, Verdict, ProfileStatus.
 STATUS_WORDS = frozenset({"PASS", "FAIL", "INCONCLUSIVE", "SKIPPED", "PROFILED", "FAILED",
                           "built", "up-to-date", "portable", "skipped", "failed", "complete"})
@@ -593,6 +595,36 @@ def test_exit_code_reductions_are_found_in_a_synthetic_package(tmp_path: Path) -
 def test_no_import_cycles() -> None:
     cycles = import_cycles(REPO, PACKAGE)
     assert not cycles, "import cycles among ortbuild's modules:\n" + "\n".join(cycles)
+
+
+def any_density(root: Path, package: str) -> tuple[int, int]:
+    """(uses of the name `Any` in annotations and expressions, lines) over a package's modules: imports of the
+    name are not uses."""
+    uses = lines = 0
+    for path in sorted((root / package).rglob("*.py")):
+        text = path.read_text()
+        lines += text.count("\n")
+        uses += sum(1 for node in ast.walk(ast.parse(text))
+                    if (isinstance(node, ast.Name) and node.id == "Any")
+                    or (isinstance(node, ast.Attribute) and node.attr == "Any"))
+        uses += sum(len(re.findall(r"\bAny\b", n.value)) for n in ast.walk(ast.parse(text))
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and "[" in n.value)  # string hints
+    return uses, lines
+
+
+def test_the_any_count_sees_names_attributes_and_string_hints(tmp_path: Path) -> None:
+    root = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": (
+        "from typing import Any\nimport typing\nx: Any = 1\ny: typing.Any = 2\nz: 'dict[str, Any]' = {}\n"
+        "doc = 'Any text'\n")})
+    assert any_density(root, "pkg") == (3, 6)
+
+
+def test_few_any() -> None:
+    uses, lines = any_density(REPO, PACKAGE)
+    assert uses * 1000 / lines <= MAX_ANY, (f"{uses} uses of typing.Any in {lines} lines of ortbuild "
+                                            f"({uses * 1000 / lines:.1f} per 1,000, at most {MAX_ANY}): give values "
+                                            "that cross modules a type (TypedDict, dataclass), `object` where a "
+                                            "value is only passed on")
 
 
 def test_no_module_over_450_lines() -> None:
