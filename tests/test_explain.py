@@ -171,7 +171,7 @@ def test_search_combines_op_types_and_respects_its_bounds() -> None:
 
 
 def test_override_repeats_the_targets_own_list_entries() -> None:
-    model = config.Model("m", Path("m.onnx"), Path("m.npz"), None)
+    model = config.Model(name="m", path=Path("m.onnx"), inputs=Path("m.npz"), calibration=None)
     t = config.load(Path(__file__).parent.parent / "targets.toml", check_files=False).targets["cpu-int8"]
     job = Job(t, model, explain.settings_with(t.settings["tiny_transformer"], explain.KNOBS["int8-dynamic"],
                                               ["MatMul_1"], []))  # the target's own exclude_nodes
