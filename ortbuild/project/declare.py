@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 # always: part of the build key; when-set: part of it unless at its default (a key added later leaves the build
 # keys of the targets that do not use it as they were); never: the artifact does not depend on it (budgets,
@@ -137,9 +139,16 @@ def _default(f: dataclasses.Field[object]) -> object:
     return dataclasses.MISSING
 
 
+@functools.cache
+def _hints(cls: type[object]) -> dict[str, object]:
+    """A dataclass's resolved annotations, evaluated once per class (loading a project builds many)."""
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
 def keys_of(cls: type[DataclassInstance]) -> tuple[Key, ...]:
     """The keys a dataclass declares (its `setting()` fields), in field order."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         spec = f.metadata.get(_META)
@@ -161,7 +170,7 @@ def keys_of(cls: type[DataclassInstance]) -> tuple[Key, ...]:
 
 def sub_tables(cls: type[DataclassInstance]) -> dict[str, type[DataclassInstance]]:
     """The sub-tables a dataclass declares, recursively: table name -> its dataclass."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out: dict[str, type[DataclassInstance]] = {}
     for k in keys_of(cls):
         sub = _dataclass_of(hints[k.name])
@@ -171,12 +180,12 @@ def sub_tables(cls: type[DataclassInstance]) -> dict[str, type[DataclassInstance
     return out
 
 
-def build(cls: type[T], table: Mapping[str, object], **given: object) -> T:
+def build(cls: type[D], table: Mapping[str, object], **given: object) -> D:
     """The dataclass of a validated table: each declared key from the table (else its default), sub-tables built
     the same way, arrays as tuples; `given` sets the fields made another way (providers, derived fields)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values: dict[str, object] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.name in given:
             values[f.name] = given[f.name]
         elif _META in f.metadata and f.name in table:
@@ -232,5 +241,6 @@ def _json(obj: object, only_build: bool) -> object:
     return obj
 
 
+@functools.cache
 def _declares(cls: type[DataclassInstance]) -> bool:
     return any(_META in f.metadata or _BUILD in f.metadata for f in dataclasses.fields(cls))
