@@ -28,7 +28,7 @@ def test_format_rules() -> None:
     assert precisions.find_format("tflite") is None and precisions.find_format(None) is None
     with pytest.raises(KeyError):
         precisions.format_rule("tflite")  # a validated name only
-    assert tuple(precisions.FORMAT_RULES) == precisions.FORMATS == (precisions.ONNX, precisions.ORT)
+    assert tuple(precisions.FORMAT_RULES) == precisions.FORMATS == ("onnx", "ort")
     assert options.keys("target")["format"].choices == precisions.FORMATS
 
 

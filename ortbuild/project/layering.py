@@ -37,6 +37,7 @@ def resolve_extends(chk: Checker, raw: dict[str, Any], name: str,
     merged = done.get(top) or {k: v for k, v in raw[top].items() if k != "extends"}
     done[top] = merged
     parent = top
+    not_passed_on = options.not_inherited()
     for child in reversed(chain):  # each child over what it inherits
         inherited = copy.deepcopy(merged)
         # the parent's own overrides (not yet marked) become inherited ones; they may name models the child does
@@ -44,7 +45,7 @@ def resolve_extends(chk: Checker, raw: dict[str, Any], name: str,
         for i, o in enumerate([o for o in inherited.get("overrides", []) if not o.get(INHERITED)]):
             o[INHERITED] = f"{parent}.overrides[{i}]"
         for part in [inherited, *inherited.get("overrides", [])]:
-            _drop(part, options.not_inherited())  # e.g. a relative budget: it names a pair of targets
+            _drop(part, not_passed_on)  # e.g. a relative budget: it names a pair of targets
         was = inherited.get("precision", options.defaults("target")["precision"])
         if rule_family(raw[child].get("precision", was)) != rule_family(was):  # accuracy rules follow precision
             drop_accuracy(inherited, was, parent)
