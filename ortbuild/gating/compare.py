@@ -11,10 +11,9 @@ allowed, how many elements broke it, the worst element, and the smallest toleran
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Literal, cast
 
 import numpy as np
 
@@ -50,10 +49,8 @@ class OutputResult:
         return [c for c in self.checks if not c.passed]
 
     def as_json(self) -> OutputDoc:
-        doc: OutputDoc = {"output": self.output, "dataset": self.dataset, "rule": self.rule,
-                          "checks": [c.as_json() for c in self.checks], "stats": self.stats, "ignored": self.ignored,
-                          "passed": self.passed}
-        return copy.deepcopy(doc)  # as dataclasses.asdict did: nothing shared with this result
+        # asdict: every field in order, a deep copy (nothing shared with this result); OutputDoc names the same
+        return cast(OutputDoc, {**asdict(self), "passed": self.passed})
 
 
 def _item(x: object) -> object:

@@ -8,12 +8,11 @@ or SKIPPED (the target cannot run here; with `require` that is a failure).
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Literal, cast
@@ -84,17 +83,9 @@ class TestResult:
         return [name for name, v in self.gates().items() if v == Verdict.FAIL]
 
     def as_json(self) -> records.ResultDoc:
-        """Every field in order, then `gates` and `failed_gates` (a deep copy: nothing shared with this result)."""
-        doc: records.ResultDoc = {
-            "target": self.target, "model": self.model, "precision": self.precision, "status": self.status,
-            "reason": self.reason, "accuracy": self.accuracy, "worst": self.worst, "outputs": self.outputs,
-            "golden": self.golden, "latency": self.latency, "latency_verdict": self.latency_verdict, "size": self.size,
-            "size_verdict": self.size_verdict, "startup": self.startup, "cold_start_verdict": self.cold_start_verdict,
-            "memory_verdict": self.memory_verdict, "failures": self.failures, "reproduce": self.reproduce,
-            "explain": self.explain, "build_key": self.build_key, "artifact_sha256": self.artifact_sha256,
-            "quick": self.quick, "platform": self.platform, "build": self.build, "exit_code": self.exit_code,
-            "gates": self.gates(), "failed_gates": self.failed_gates()}
-        return copy.deepcopy(doc)
+        """Every field in order (asdict: a deep copy, nothing shared with this result), then `gates` and
+        `failed_gates`; records.ResultDoc names the same fields (tests/test_report.py)."""
+        return cast(records.ResultDoc, {**asdict(self), "gates": self.gates(), "failed_gates": self.failed_gates()})
 
 
 class Tester:

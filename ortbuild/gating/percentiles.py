@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import cast
 
 from ortbuild.gating.timing_records import PercentileVerdictDoc
 from ortbuild.status import Verdict
@@ -100,12 +101,8 @@ class PercentileVerdict:
     lower_confidence: float | None = None
 
     def as_json(self) -> PercentileVerdictDoc:
-        """Every field, in order (as dataclasses.asdict gives them)."""
-        return {"percentile": self.percentile, "budget": self.budget, "observed": self.observed, "upper": self.upper,
-                "lower": self.lower, "exceeding": self.exceeding, "samples": self.samples,
-                "confidence": self.confidence, "verdict": self.verdict, "more_samples": self.more_samples,
-                "note": self.note, "upper_confidence": self.upper_confidence,
-                "lower_confidence": self.lower_confidence}
+        """Every field, in order; PercentileVerdictDoc names the same (tests/test_latency.py)."""
+        return cast(PercentileVerdictDoc, asdict(self))
 
 
 def _decided(n: int, exceeding: int, p: float, c_up: float, c_lo: float | None = None) -> Verdict | None:
