@@ -36,6 +36,11 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ortbuild", *args]
 
 
+def _isolated(root: Path) -> dict[str, str]:
+    """The environment of a command whose temp dir is `root` (ortbuild looks for leftovers there too)."""
+    return {**os.environ, "TMPDIR": str(root)}
+
+
 def _artifacts(dist: Path) -> list[Path]:
     return sorted(p.parent for p in dist.glob("*/*/manifest.json"))
 
@@ -101,21 +106,26 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
     assert ("leftover(s) of interrupted builds" in proc.stderr) == bool(left)
 
 
-def _dead_private_dir() -> Path:
-    """A private dir as a kill -9'd build leaves it: named for a process that is gone, holding plaintext."""
+def _dead_private_dir(root: Path) -> Path:
+    """A private dir as a kill -9'd build leaves it: named for a process that is gone, holding plaintext. In
+    `root`, the test's own TMPDIR (`_isolated`): any ortbuild command on the machine removes the dead dirs it
+    sees in /dev/shm, so another test run's command would race this test there."""
     dead = subprocess.Popen(["sleep", "0"])
     dead.wait()
-    private = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / f"ortbuild-{dead.pid}-12345-test"
+    private = root / f"ortbuild-{dead.pid}-12345-test"
     private.mkdir()
     (private / "source.onnx").write_bytes(b"plaintext weights")
     return private
 
 
 @pytest.mark.serial  # its dead build's dir would be removed by any other test's command first
-def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path]) -> None:
+def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path],
+                                                                           tmp_path: Path) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
     dist = path.parent / "dist"
-    private = _dead_private_dir()
+    root = tmp_path / "tmpdir"
+    root.mkdir()
+    private = _dead_private_dir(root)
     (dist / "fp32" / "tiny_cnn").mkdir(parents=True)
     partial = dist / "fp32" / "tiny_cnn" / ".model.onnx.enc.x1.partial"
     partial.write_bytes(b"half")
@@ -124,12 +134,14 @@ def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_
     try:
         # every command removes a dead process's private dir as it starts; partial files in dist/ wait for a
         # command that holds dist's lock, and inspect names them
-        shown = subprocess.run(_cli("inspect", str(dist / "fp32" / "tiny_cnn")), capture_output=True, text=True)
+        shown = subprocess.run(_cli("inspect", str(dist / "fp32" / "tiny_cnn")), capture_output=True, text=True,
+                               env=_isolated(root))
         assert not private.exists() and live.exists()
         assert "removed 1 leftover(s) of interrupted builds" in shown.stderr and str(private) in shown.stderr
         assert "LEFTOVER" in shown.stderr and str(partial) in shown.stderr
-        private = _dead_private_dir()
-        proc = subprocess.run(_cli("clean", "--stale", "-c", str(path)), capture_output=True, text=True)
+        private = _dead_private_dir(root)
+        proc = subprocess.run(_cli("clean", "--stale", "-c", str(path)), capture_output=True, text=True,
+                              env=_isolated(root))
         assert proc.returncode == 0, proc.stderr
         assert not private.exists() and not partial.exists() and live.exists()
         assert f"removed {partial}" in proc.stdout and str(private) in proc.stderr
@@ -141,20 +153,22 @@ def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_
 @pytest.mark.serial  # its dead process's dir would be removed by any other test's command first
 @pytest.mark.parametrize("command", [["targets"], ["matrix", "--compact"], ["plan"], ["schema", "--check"]])
 def test_every_command_removes_dead_processes_private_dirs_as_it_starts(make_project: Callable[..., Path],
-                                                                         command: list[str]) -> None:
+                                                                         command: list[str], tmp_path: Path) -> None:
     """kill -9 leaves a build's plaintext in /dev/shm: the next ortbuild command of any kind removes it, not
     only the next build (`schema` takes no -c: run in the project's directory)."""
     path = make_project(TARGETS.split("[targets.int8]")[0])
-    private = _dead_private_dir()
+    root = tmp_path / "tmpdir"
+    root.mkdir()
+    private = _dead_private_dir(root)
     live = Path(private.parent) / f"ortbuild-{os.getpid()}-{workspace._start_time(os.getpid())}-live"
     live.mkdir()
     try:
         args = command if command[0] == "schema" else [*command, "-c", str(path)]
-        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent)
+        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent, env=_isolated(root))
         assert not private.exists(), proc.stderr
         assert live.exists()
         assert f"removed 1 leftover(s) of interrupted builds: {private}" in proc.stderr
-        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent)
+        proc = subprocess.run(_cli(*args), capture_output=True, text=True, cwd=path.parent, env=_isolated(root))
         assert "leftover" not in proc.stderr  # nothing left, nothing said
     finally:
         live.rmdir()
