@@ -20,11 +20,12 @@ from pathlib import Path
 
 from ortbuild import logs, modelfiles, paths, runtime, workspace
 from ortbuild.artifact import keys, manifest
-from ortbuild.errors import KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
+from ortbuild.errors import ConfigError, KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
 from ortbuild.pipeline import buildkey, parallel, stages
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import compile
+from ortbuild.project import lockfile
 from ortbuild.project.config import Project, Provider, Target
 from ortbuild.project.plan import Job
 from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, StepStarted
@@ -79,6 +80,43 @@ class Builder:
         files = modelfiles.of(path, where="models")
         self._models[key] = (files, [modelfiles.stat_key(f.path) for f in files.external])
         return files
+
+    def fingerprint(self, job: Job) -> tuple[str, str]:
+        """The job's targets.lock digests (source, settings), of its declared settings (lockfile.py)."""
+        calibration = self._digest(job.model.calibration) if job.settings.rule.needs_calibration else None
+        source = lockfile.source_digest(self.model_files(job.model.path).digests(), self._digest(job.model.inputs),
+                                        calibration)
+        return source, lockfile.settings_digest(job)
+
+    def lock_jobs(self, jobs: Sequence[Job], lock: lockfile.Lock, *, locked: bool = False) \
+            -> tuple[list[Job], list[str]]:
+        """The jobs with their targets.lock entries laid over their settings, where an entry is up to date, and
+        what to say of the others. `locked` (--locked, for CI): an out-of-date entry, or a job that asks for a
+        search or tuning (precision_search = "auto", tune = true) with none in the lock, is a config error."""
+        out, notes, problems = [], [], []
+        for job in jobs:
+            entry = lock.get(job)
+            wants = [why for why, asks in (("precision_search = \"auto\"", job.settings.precision_search == "auto"
+                                            and job.settings.rule.knob is not None),
+                                           ("tune = true", job.settings.tune)) if asks]
+            if entry is None:
+                if wants:
+                    problems.append(f"{job.name} ({' and '.join(wants)}) has no entry")
+                out.append(job)
+                continue
+            why = entry.stale(*self.fingerprint(job))
+            if why:
+                notes.append(f"{lock.file.name}: the entry of {job.name} is out of date ({why}): "
+                             + ("the build searches again" if wants else "it is not applied"))
+                problems.append(f"the entry of {job.name} is out of date ({why})")
+                out.append(job)
+                continue
+            out.append(lockfile.apply(self.project, job, entry))
+        if locked and problems:
+            raise ConfigError(str(lock.file), "", "--locked: " + "; ".join(problems),
+                              "run the build without --locked (it searches and tunes again and updates "
+                              f"{lock.file.name}), review and commit {lock.file.name}")
+        return out, notes
 
     def _probe(self, p: Provider, target: Target) -> str | None:
         if p.name != "CPUExecutionProvider" and (standin := runtime.stand_in(target)) is not None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ortbuild.errors import ConfigError
 from ortbuild.project import options
 from ortbuild.project.config import Model, Project, Settings, Target, did_you_mean, matches
+
+if TYPE_CHECKING:
+    from ortbuild.project.lockfile import Entry
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,7 @@ class Job:
     target: Target
     model: Model
     settings: Settings
+    locked: Entry | None = field(default=None, compare=False)  # the targets.lock entry laid over its settings
 
     @property
     def name(self) -> str:

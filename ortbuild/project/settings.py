@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
@@ -194,6 +194,18 @@ class Settings:
     disabled_optimizers: tuple[str, ...] = setting(
         (), doc="ORT graph optimizers to disable during offline optimization (`disabled_optimizers` of "
                 "InferenceSession), e.g. [\"ConstantFolding\"].")
+    precision_search: Literal["off", "auto"] = setting(
+        "off", build="never",
+        doc="`auto`: the precision is a goal, not an order. When the converted artifact fails its accuracy gate "
+            "(or gives non-finite or constant outputs), the build runs the precision search (`ortbuild test "
+            "--explain`'s) and ships the smallest set kept in float that passes, recorded in `targets.lock` "
+            "beside targets.toml; later builds apply the lock without searching. `off`: build as written. See "
+            "docs/build-to-the-gates.md.")
+    tune: bool = setting(
+        False, build="never",
+        doc="The build tunes the session options (`ortbuild tune`) when `targets.lock` has no tuning for the "
+            "job: the fastest setting that passes every gate is recorded in the lock and shipped. See "
+            "docs/build-to-the-gates.md.")
     # the target's and the model's custom-operator libraries (keys of [targets.X] and [models.X])
     custom_ops: tuple[CustomOps, ...] = derived((), build="when-set")
     fusion: Fusion = setting(  # only when on: the build keys of targets without fusion stay what they were
