@@ -89,6 +89,10 @@ class StepError(OrtbuildError):
         self.step = step
 
 
+class OutputsBroken(StepError):
+    """The reload step: the artifact's outputs are non-finite or constant where the source model's are not."""
+
+
 class ArtifactError(OrtbuildError):
     exit_code = 7
     label = "artifact error"

@@ -63,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
                         help="jobs built at once, in worker processes (default: cores, as memory allows)")
         sp.add_argument("--lock-timeout", type=seconds, default=600.0,
                         help="seconds to wait for another ortbuild writing the same dist/ (default: %(default)s)")
+        sp.add_argument("--locked", action="store_true",
+                        help="targets.lock must be up to date: a job whose entry is missing or out of date while its "
+                             "target asks for a search or tuning (precision_search = \"auto\", tune = true) fails "
+                             "instead of searching (for CI; docs/build-to-the-gates.md)")
 
     def selection(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
@@ -74,6 +78,13 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("-v", "--verbose", action="store_true",
                         help="every step as it starts, and what ONNX Runtime and the quantizers say (by default "
                              "kept in dist/logs/, one line per job on the terminal)")
+
+    def search_budget(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--explain-rebuilds", type=int, default=16,
+                        help="rebuilds per precision search (--explain, precision_search = \"auto\") "
+                             "(default: %(default)s)")
+        sp.add_argument("--explain-seconds", type=float, default=300.0,
+                        help="seconds per precision search (default: %(default)s)")
 
     def epoch_decrease(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--allow-epoch-decrease", action="store_true",
@@ -92,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     b.add_argument("--signing-key-file",
                    help="signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
+    search_budget(b)
     writer(b)
     epoch_decrease(b)
     b.set_defaults(func=cmd_build)
@@ -116,10 +128,7 @@ def parser() -> argparse.ArgumentParser:
                          "accuracy gate pass, and the [[targets.X.overrides]] table to paste (docs/diagnose.md). "
                          "Default: for the artifacts whose accuracy gate failed; --explain: for every one; "
                          "--no-explain: never")
-    te.add_argument("--explain-rebuilds", type=int, default=16, help="rebuilds per explained artifact (default: "
-                                                                      "%(default)s)")
-    te.add_argument("--explain-seconds", type=float, default=300.0,
-                    help="seconds per explained artifact (default: %(default)s)")
+    search_budget(te)
     te.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     te.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
     writer(te)
@@ -134,6 +143,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--top", type=int, default=10, help="operators shown per artifact (default: %(default)s)")
     pr.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
     pr.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale")
+    search_budget(pr)
     writer(pr)
     epoch_decrease(pr)
     pr.set_defaults(func=cmd_profile)

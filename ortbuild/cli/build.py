@@ -9,6 +9,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -25,7 +26,7 @@ from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, plan
+from ortbuild.project import config, lockfile, plan
 from ortbuild.project.precisions import Quantizer
 from ortbuild.publish import epochs
 from ortbuild.status import JobStatus, final_exit
@@ -98,18 +99,32 @@ def say_removed(removed: Sequence[Path]) -> None:
         print(f"ortbuild: removed {len(removed)} leftover(s) of interrupted builds: {shown}", file=sys.stderr)
 
 
+@dataclass(frozen=True)
+class Built:
+    """What `built()` gives the command running under dist/'s lock."""
+
+    dist: Path
+    builder: Builder
+    done: dict[str, JobResult]     # each job's build result, by job name, in the jobs' order
+    jobs: list[plan.Job]           # the jobs as built: their targets.lock entries laid over their settings
+
+
 @contextlib.contextmanager
 def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan.Job], secrets: keys.Secrets, *,
-          force: bool = False, command: str = "build") -> Iterator[tuple[Path, Builder, dict[str, JobResult]]]:
+          force: bool = False, command: str = "build") -> Iterator[Built]:
     """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
-    them with `force`), and give (dist, the builder, its results by job name, in the jobs' order) to what runs
-    on them (`test`, `profile`) under the lock."""
+    them with `force`) with their targets.lock entries, search where a target asks (precision_search = "auto":
+    gating/autobuild.py), and give what was built to what runs on it (`test`, `profile`) under the lock."""
     fit = fitting(jobs)
     dist = dist_dir(args, project)
     verbose = getattr(args, "verbose", False)
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
                       capture=not verbose, command=command)
     builder.check_keys(fit)  # before dist/ is touched
+    lock = lockfile.read(project)
+    jobs, notes = builder.lock_jobs(jobs, lock, locked=getattr(args, "locked", False))
+    for n in notes:
+        print(f"ortbuild: {n}", file=sys.stderr)
     with workspace.Lock(dist, timeout=args.lock_timeout):
         _clean_leftovers(dist)
         # a lowered [project] epoch: a config error unless --allow-epoch-decrease (the artifacts in dist/ are the
@@ -120,10 +135,30 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
         with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(args, fit))}
+            searched = _to_the_gates(args, builder, lock, jobs, done, progress)
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
-        yield dist, builder, done
+        yield Built(dist, builder, done, [searched.get(j.name, j) for j in jobs])
+
+
+def _to_the_gates(args: argparse.Namespace, builder: Builder, lock: lockfile.Lock, jobs: Sequence[plan.Job],
+                  done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
+    """The precision search of the jobs that ask for it (gating/autobuild.py; numpy, onnx and ONNX Runtime load
+    only when one does): the jobs it rebuilt with an answer, by name."""
+    from ortbuild.gating import autobuild
+
+    todo = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
+    if not todo:
+        return {}
+    from ortbuild.gating.gates import Tester
+
+    tester = Tester(builder.project, builder.dist, builder.secrets.secret, args.config, progress,
+                    builder.secrets.signing, capture=builder.capture)
+    auto = autobuild.AutoSearch(builder, tester, lock, max_rebuilds=getattr(args, "explain_rebuilds", 16),
+                                max_seconds=getattr(args, "explain_seconds", 300.0), progress=progress)
+    auto.run(todo, done)
+    return auto.locked
 
 
 def record(dist: Path, r: JobResult) -> None:
@@ -149,8 +184,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     fitting(jobs, "build")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets, force=args.force) as (dist, _, done):
-        results = list(done.values())
+    with built(args, project, jobs, secrets, force=args.force) as b:
+        dist, results = b.dist, list(b.done.values())
 
     rows = build_rows(project, [cast(BuildRecord, r.as_json()) for r in results])  # the records the build wrote
     code = final_exit(job_exit_code(r, strict=args.strict, named=bool(config.matches([r.target], args.target or [])))

@@ -46,10 +46,11 @@ def cmd_test(args: argparse.Namespace) -> int:
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, [*jobs, *refs], secrets, command="test") as (dist, builder, done), \
+    with built(args, project, [*jobs, *refs], secrets, command="test") as b, \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="testing") as progress:
         # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
         # line is due)
+        dist, builder, done, jobs = b.dist, b.builder, b.done, b.jobs[:len(jobs)]  # as built: targets.lock laid over
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
                               capture=not args.verbose, quick=args.quick)
         results = tester.run(jobs, done, args.require)
@@ -145,9 +146,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     jobs = plan.jobs(project, args.target, args.model)
     fitting(jobs, "profile")
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets, command="profile") as (dist, _, done), \
+    with built(args, project, jobs, secrets, command="profile") as b, \
             Progress(quiet=args.json, live=False, verbose=args.verbose, what="profiling") as progress:
-        results = profile.profile_jobs(jobs, dist, secrets.secret, args.runs, done, progress)
+        dist, done = b.dist, b.done
+        results = profile.profile_jobs(b.jobs, dist, secrets.secret, args.runs, done, progress)
         _, html_path = report.write(dist, report.collect(dist))
     code = final_exit(r.exit_code for r in results)
     if args.json:

@@ -94,8 +94,9 @@ class Explainer:
     """Runs the search for failing jobs of one `ortbuild test`: scratch builds, re-tests, the final gate."""
 
     def __init__(self, builder: Builder, tester: Tester, *, max_rebuilds: int, max_seconds: float,
-                 progress: Callable[[str, Event | str], None]) -> None:
+                 progress: Callable[[str, Event | str], None], final_gate: bool = True) -> None:
         self.builder = builder
+        self.final_gate = final_gate  # the answer's full gate (accuracy, size, latency) in the search's scratch
         self.tester = tester
         self.max_rebuilds = max_rebuilds
         self.max_seconds = max_seconds
@@ -185,6 +186,10 @@ class Explainer:
             settings = settings_with(job.settings, knob, nodes, op_types)
             text = override_toml(job, knob, settings)
             check_override(self.builder.project, job, text, settings)
+            doc["status"], doc["nodes"], doc["op_types"], doc["override"] = "found", nodes, op_types, text
+            doc["seconds"], doc["stopped"] = round(time.monotonic() - start, 1), search.stopped
+            if not self.final_gate:
+                return doc
             final_job = Job(job.target, job.model, settings)
             self.progress(job.name, PhaseStarted("explain: the full gate (accuracy, size, latency) of the answer"))
             builder.run_job(final_job)
@@ -193,7 +198,6 @@ class Explainer:
                 tester.gate(final_job, final, {})
             except OrtbuildError as e:
                 final.fail([e.message])
-            doc["status"], doc["nodes"], doc["op_types"], doc["override"] = "found", nodes, op_types, text
             doc["result"] = {"accuracy": final.accuracy, "worst": final.worst, "size": final.size,
                              "size_verdict": final.size_verdict, "latency_verdict": final.latency_verdict,
                              "p50_ms": final.latency.get("p50_ms"), "p90_ms": final.latency.get("p90_ms"),

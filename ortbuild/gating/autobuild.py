@@ -1,0 +1,178 @@
+"""Build to the gates: after a build, the jobs whose target says `precision_search = "auto"` and whose lock entry is
+missing or out of date are judged by their accuracy gate; a failing one (or one whose outputs broke: NaN, constant)
+gets the precision search (gating/explain.py), its answer is written to targets.lock and the job is rebuilt with it,
+so what the build ships passes. One search per root cause: jobs of the same model whose precision step is the same
+(precision, its options, fusion, calibration, rule) try the first search's answer before searching themselves.
+A job that passes as declared gets an entry too (nothing laid over), so the next build does not judge it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+
+from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
+from ortbuild.gating import explain
+from ortbuild.gating.gates import PASS, Tester, TestResult
+from ortbuild.gating.records import ExplainDoc
+from ortbuild.gating.search import describe_set
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import JobResult
+from ortbuild.project import lockfile
+from ortbuild.project.declare import plain
+from ortbuild.project.plan import Job
+from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
+
+
+def wants_search(job: Job) -> bool:
+    """`auto` on a precision the search applies to, and no up-to-date search in the lock (a tuning alone is not one)."""
+    return (job.settings.precision_search == "auto" and job.settings.rule.knob is not None
+            and (job.locked is None or not job.locked.search))
+
+
+def root_cause(job: Job) -> str:
+    """What decides the precision step's output and its judgement: jobs that share it share a search."""
+    s = job.settings
+    opts = s.typed_precision_options()
+    gates = s.gates
+    return json.dumps({"model": job.model.name, "precision": s.precision,
+                       "options": plain(opts) if opts is not None else None, "fusion": plain(s.fusion),
+                       "accuracy": plain(gates.accuracy) if gates is not None else None}, sort_keys=True,
+                      default=str)
+
+
+class AutoSearch:
+    """The search of one build run (the builder's dist, under its lock)."""
+
+    def __init__(self, builder: Builder, tester: Tester, lock: lockfile.Lock, *, max_rebuilds: int,
+                 max_seconds: float, progress: Callable[[str, Event | str], None]) -> None:
+        self.builder = builder
+        self.tester = tester
+        self.lock = lock
+        self.max_rebuilds = max_rebuilds
+        self.max_seconds = max_seconds
+        self.progress = progress
+        self.answers: dict[str, tuple[str, list[str], list[str]]] = {}  # root cause -> (job, nodes, op types)
+        self.locked: dict[str, Job] = {}  # the jobs rebuilt with an answer (or recorded as passing), by name
+
+    def run(self, jobs: Sequence[Job], done: dict[str, JobResult]) -> None:
+        """Judge, search and rebuild the jobs that want it; `done` gets their final results."""
+        for job in jobs:
+            r = done.get(job.name)
+            if r is None or not wants_search(job):
+                continue
+            if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+                res = TestResult(job.target.name, job.model.name, job.settings.precision)
+                self.progress(job.name, PhaseStarted("precision_search = \"auto\": the accuracy gate of the build"))
+                try:
+                    self.tester.accuracy_gate(job, res)
+                except OrtbuildError as e:
+                    res.fail([e.message])
+                    res.accuracy, res.worst = Verdict.FAIL, first_line(e)
+                if res.accuracy == PASS:
+                    self._record(job, {}, {"result": f"passes as declared ({res.worst})"})
+                    r.notes.append(f"precision_search: passes as declared ({res.worst}); recorded in "
+                                   f"{self.lock.file.name}")
+                    continue
+                why = f"accuracy gate FAIL ({res.worst})"
+            elif r.status == JobStatus.FAILED and isinstance(r.error, OutputsBroken):
+                res = TestResult(job.target.name, job.model.name, job.settings.precision, accuracy=Verdict.FAIL,
+                                 worst=r.error.message)
+                why = f"broken outputs ({r.error.message})"
+            else:
+                continue
+            done[job.name] = self._repair(job, r, res, why)
+
+    def _repair(self, job: Job, failed: JobResult, res: TestResult, why: str) -> JobResult:
+        t0 = time.monotonic()
+        key = root_cause(job)
+        if key in self.answers:  # the same root cause: try that search's answer first (one rebuild)
+            other, nodes, op_types = self.answers[key]
+            self.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the answer of {other}'s search"))
+            built = self._rebuild(job, nodes, op_types, {"reused_from": other})
+            if built is not None:
+                return built
+        self.progress(job.name, PhaseStarted(f"precision_search: {why}; searching"))
+        ex = explain.Explainer(self.builder, self.tester, max_rebuilds=self.max_rebuilds,
+                               max_seconds=self.max_seconds, progress=self.progress, final_gate=False)
+        try:
+            doc = ex.explain(job, res)
+        except OrtbuildError as e:
+            doc = {"status": "failed", "reason": e.message}
+        if doc.get("status") != "found":
+            return self._failed(job, failed, doc, why)
+        nodes, op_types = list(doc.get("nodes", [])), list(doc.get("op_types", []))
+        self.answers[key] = (job.name, nodes, op_types)
+        evidence: dict[str, object] = {"rebuilds": int(doc.get("rebuilds", 0)),
+                                       "seconds": round(time.monotonic() - t0, 1), "failed_with": why}
+        trials = doc.get("trials", [])
+        passing = [t for t in trials if t["passed"] and (t["nodes"], t["op_types"]) == (nodes, op_types)]
+        if passing:
+            evidence["worst"] = passing[-1]["worst"]
+        built = self._rebuild(job, nodes, op_types, evidence)
+        if built is None:  # it passed in the search's scratch build and fails here: say so, ship nothing
+            return self._failed(job, failed, {"status": "not found", "reason": "the search's answer did not pass "
+                                              "when rebuilt into dist/"}, why)
+        return built
+
+    def _rebuild(self, job: Job, nodes: list[str], op_types: list[str], evidence: dict[str, object]) \
+            -> JobResult | None:
+        """Build the job with the answer into dist/ (through the lock, as later builds will) and judge it: its
+        result when it passes (the lock written), else None (the lock left as it was)."""
+        knob = job.settings.rule.knob
+        assert knob is not None
+        settings = explain.settings_with(job.settings, knob, nodes, op_types)
+        opts, declared = getattr(settings, knob.table), getattr(job.settings, knob.table)
+        applies: dict[str, dict[str, object]] = {knob.table: {
+            k: list(getattr(opts, k)) for k in (knob.op_types, knob.nodes)
+            if k is not None and getattr(opts, k) != getattr(declared, k)}}
+        kept = describe_set(nodes, op_types)
+        entry = self._entry(job).merged(applies, search={"kept": kept, **evidence})
+        locked = lockfile.apply(self.builder.project, job, entry)
+        result = self.builder.run_job(locked)
+        self.locked[job.name] = locked
+        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE):
+            return None
+        res = TestResult(job.target.name, job.model.name, job.settings.precision)
+        try:
+            self.tester.accuracy_gate(locked, res)
+        except OrtbuildError as e:
+            res.accuracy, res.worst = Verdict.FAIL, first_line(e)
+        if res.accuracy != PASS:
+            return None
+        entry = entry.merged({}, search={**entry.search, "worst": res.worst})
+        self.lock = self.lock.with_entry(entry)
+        self.lock.write()
+        source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
+        result.notes.append(f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst}); "
+                            f"recorded in {self.lock.file.name}")
+        self.progress(job.name, f"precision_search: kept {kept} in float{source}: PASS ({res.worst})")
+        return result
+
+    def _entry(self, job: Job) -> lockfile.Entry:
+        """A fresh entry for the declared job (its digests), keeping a tuning part that is still up to date."""
+        source, settings = self.builder.fingerprint(job)
+        old = self.lock.get(job)
+        tune = old.tune if old is not None and not old.stale(source, settings) else {}
+        session = {"session": dict(old.applies["session"])} if tune and old and "session" in old.applies else {}
+        return lockfile.Entry(job.name, source, settings, session, {}, tune)
+
+    def _record(self, job: Job, applies: dict[str, dict[str, object]], search: dict[str, object]) -> None:
+        entry = self._entry(job).merged(applies, search=search)
+        self.lock = self.lock.with_entry(entry)
+        self.lock.write()
+        self.locked[job.name] = dataclasses.replace(job, locked=entry)
+
+    def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:
+        """The job fails with the search's table: nothing that fails its gate is shipped as passing."""
+        lines = explain.render(job.name, doc)
+        out = dataclasses.replace(failed, status=JobStatus.FAILED, notes=list(failed.notes))
+        out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no set kept in float that passes "
+                               f"({why}): {doc.get('reason', '')}\n" + "\n".join(lines),
+                               "raise --explain-rebuilds/--explain-seconds, loosen the accuracy rule, or pick another "
+                               "precision for this target")
+        out.reason = out.error.message.split("\n", 1)[0]
+        self.progress(job.name, f"precision_search: no passing set: {doc.get('reason', '')}")
+        return out
