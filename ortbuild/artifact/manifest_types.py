@@ -266,6 +266,7 @@ class Manifest:
     golden: list[SignedFile] = field(default_factory=list)  # the golden data `ortbuild test` wrote and signed
     fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
     operators: Operators | None = None  # format = "ort": ORT's reduced-build operator config (steps/operators.py)
+    locked: dict[str, object] | None = None  # the targets.lock entry laid over its settings (project/lockfile.py)
     format_version: int = FORMAT_VERSION
 
     @property

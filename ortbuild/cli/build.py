@@ -233,11 +233,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
+    jobs, lock_notes = builder.lock_jobs(jobs, lockfile.read(project))  # as a build would build them
     out: list[PlanRow] = []
     reduced: dict[str, str | None] = {}  # model -> why its source is already quantized / fp16
     for j in jobs:
         why: str | None
-        notes = []
+        notes = [n for n in lock_notes if f" {j.name} " in n]
+        if j.locked is not None:
+            notes.append(f"{lockfile.LOCK_FILE} lays over its settings: {j.locked.describe()}")
         if j.settings.rule.quantizer is not Quantizer.NONE:
             if j.model.name not in reduced:
                 reduced[j.model.name] = _already_reduced(graphs[j.model.name])

@@ -46,7 +46,10 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
     split = [f"weights written as external data (model.onnx.data): {seal.external}"] \
         if seal.external and not s.external_data and not src.files.has_external_data else []
     changed = [f"precision {prec.precision}: {prec.changed.summary()}"] if prec.changed else []
-    out = changed + prec.notes + split + opt_notes + (compiled.notes if compiled else []) + (ops.notes if ops else [])
+    locked = [f"targets.lock laid over its settings: {prep.job.locked.describe()}"] \
+        if prep.job.locked is not None and prep.job.locked.applies else []
+    out = locked + changed + prec.notes + split + opt_notes + (compiled.notes if compiled else []) \
+        + (ops.notes if ops else [])
     return (fused.notes + out) if fused is not None else out  # the fusion step ran first: its notes come first
 
 
@@ -88,6 +91,7 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         compiled=compiled.manifest_section() if compiled is not None else None,
         fusion=fused.manifest_section() if fused is not None else None,
         operators=ops.manifest_section() if ops is not None else None,
+        locked=job.locked.as_record() if job.locked is not None else None,
     )
 
 
