@@ -64,6 +64,7 @@ class ConfigError(OrtbuildError):
         super().__init__(prefix + message, hint)
         self.file = file
         self.where = where
+        self.detail = message  # without the file and key
 
 
 class RuntimeMismatch(OrtbuildError):

@@ -55,6 +55,7 @@ class AutoSearch:
         self.max_seconds = max_seconds
         self.progress = progress
         self.answers: dict[str, tuple[str, list[str], list[str]]] = {}  # root cause -> (job, nodes, op types)
+        self.failed: dict[str, tuple[str, ExplainDoc]] = {}  # root cause -> (job, its search) that found none
         self.locked: dict[str, Job] = {}  # the jobs rebuilt with an answer (or recorded as passing), by name
 
     def run(self, jobs: Sequence[Job], done: dict[str, JobResult]) -> None:
@@ -88,6 +89,12 @@ class AutoSearch:
     def _repair(self, job: Job, failed: JobResult, res: TestResult, why: str) -> JobResult:
         t0 = time.monotonic()
         key = root_cause(job)
+        if key in self.failed:  # the same root cause found nothing within the budget: it is not searched again
+            other, doc = self.failed[key]
+            self.progress(job.name, f"precision_search: {why}; not searched: {other}'s search, of the same model and "
+                                    "precision step, found no passing set")
+            return self._failed(job, failed, {"status": "not found", "reason": f"the search of {other} (the same "
+                                              f"model and precision step) found none: {doc.get('reason', '')}"}, why)
         if key in self.answers:  # the same root cause: try that search's answer first (one rebuild)
             other, nodes, op_types = self.answers[key]
             self.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the answer of {other}'s search"))
@@ -102,6 +109,7 @@ class AutoSearch:
         except OrtbuildError as e:
             doc = {"status": "failed", "reason": e.message}
         if doc.get("status") != "found":
+            self.failed[key] = (job.name, doc)
             return self._failed(job, failed, doc, why)
         nodes, op_types = list(doc.get("nodes", [])), list(doc.get("op_types", []))
         self.answers[key] = (job.name, nodes, op_types)

@@ -54,7 +54,7 @@ __all__ = [
 DEFAULT_FILE = "targets.toml"
 
 
-def load_appended(file: Path, text: str) -> Project:
+def load_appended(file: Path, text: str, *, check_files: bool = True) -> Project:
     """The project of `file` with `text` (TOML tables) appended, read from a private temp file beside it (the paths
     it names are relative to its folder) and removed at once: a printed override, checked before it is shown.
     OSError where that folder is read-only; a ConfigError where the result does not load."""
@@ -63,7 +63,7 @@ def load_appended(file: Path, text: str) -> Project:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(original.rstrip("\n") + "\n\n" + text)
-        return load(tmp)
+        return load(tmp, check_files=check_files)
     finally:
         os.unlink(tmp)
 

@@ -203,9 +203,9 @@ def apply(project: config.Project, job: Job, entry: Entry) -> Job:
     if not entry.applies:
         return dataclasses.replace(job, locked=entry)
     try:
-        settings = config.load_appended(project.file, entry.override_toml()).targets[job.target.name] \
-            .settings[job.model.name]
+        settings = config.load_appended(project.file, entry.override_toml(), check_files=False) \
+            .targets[job.target.name].settings[job.model.name]
     except ConfigError as e:
         raise ConfigError(str(path_of(project)), f"jobs.{json.dumps(entry.job)}.applies",
-                          f"does not apply to targets.toml: {e.message}", _FIX) from None
+                          f"does not apply to {project.file.name}: [{e.where}] {e.detail}", _FIX) from None
     return dataclasses.replace(job, settings=settings, locked=entry)

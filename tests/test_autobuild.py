@@ -1,0 +1,115 @@
+"""Build to the gates (ortbuild/gating/autobuild.py): `precision_search = "auto"` on real builds of a small model
+whose int8 fails its accuracy rule until one MatMul stays in float (tests/test_explain.py's `emb_model`)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from ortbuild.errors import ConfigError, GateFailed
+from tests.conftest import run_cli
+from tests.test_explain import _emb_project
+
+AUTO = 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n\n[targets.int8-b]\nextends = "int8"\n'
+
+
+def _project(tmp_path: Path, extra: str = AUTO) -> Path:
+    path = _emb_project(tmp_path)
+    path.write_text(path.read_text().replace("accuracy = { cosine = 0.999 }\n", extra))
+    return path
+
+
+def _build(path: Path, *args: str) -> tuple[int, dict[str, dict[str, object]], str]:
+    proc = run_cli("build", "-c", str(path), "--json", *args)
+    jobs = {f"{j['target']}/{j['model']}": j for j in json.loads(proc.stdout)["jobs"]} if proc.stdout else {}
+    return proc.returncode, jobs, proc.stderr
+
+
+def test_auto_ships_the_passing_set_locks_it_and_one_root_cause_searches_once(tmp_path: Path) -> None:
+    path = _project(tmp_path)
+    code, jobs, err = _build(path)
+    assert code == 0, err[-3000:]
+    assert {j: r["status"] for j, r in jobs.items()} == {"int8/emb": "built", "int8-b/emb": "built"}
+    lock = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]
+    for job in ("int8/emb", "int8-b/emb"):
+        assert lock[job]["applies"] == {"quantization": {"exclude_nodes": ["fc"]}}
+        manifest = json.loads((tmp_path / "dist" / job / "manifest.json").read_text())
+        assert manifest["locked"]["applies"] == lock[job]["applies"]
+    assert lock["int8/emb"]["search"]["rebuilds"] == 1  # the search ran once, for the first job
+    assert lock["int8/emb"]["search"]["failed_with"].startswith("accuracy gate FAIL (y: cosine 0.99")
+    assert lock["int8-b/emb"]["search"]["reused_from"] == "int8/emb"  # the second tried that answer, no search
+    assert "rebuilds" not in lock["int8-b/emb"]["search"]
+    assert any("the answer of int8/emb's search" in n for n in jobs["int8-b/emb"]["notes"])  # type: ignore[attr-defined]
+    # what was shipped passes the gates, with no override written by hand
+    proc = run_cli("test", "-c", str(path), "--no-explain")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the lock makes the next build a no-op that ships the same artifact; --locked agrees
+    before = (tmp_path / "targets.lock").read_bytes()
+    artifact = (tmp_path / "dist" / "int8" / "emb" / "model.onnx.enc").read_bytes()
+    code, jobs, err = _build(path, "--locked")
+    assert code == 0, err
+    assert {r["status"] for r in jobs.values()} == {"up-to-date"}
+    assert (tmp_path / "targets.lock").read_bytes() == before
+    assert (tmp_path / "dist" / "int8" / "emb" / "model.onnx.enc").read_bytes() == artifact
+    plan = run_cli("plan", "-c", str(path))
+    assert 'targets.lock lays over its settings: quantization.exclude_nodes = ["fc"]' in plan.stdout
+
+
+def test_a_changed_model_invalidates_its_entry_locked_fails_and_a_build_searches_again(tmp_path: Path) -> None:
+    path = _project(tmp_path, 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n')
+    assert _build(path)[0] == 0
+    ids = np.load(tmp_path / "emb.inputs.npz")["ids"]
+    np.savez(tmp_path / "emb.inputs.npz", ids=(ids + 1) % 50)  # other golden inputs: the judgement changes
+    code, _, err = _build(path, "--locked")
+    assert code == ConfigError.exit_code
+    assert "targets.lock: --locked: the entry of int8/emb is out of date (the model or its data changed" in err
+    assert "run the build without --locked" in err
+    code, jobs, err = _build(path)
+    assert code == 0, err[-2000:]
+    assert "the entry of int8/emb is out of date (the model or its data changed since it was written): the " \
+           "build searches again" in err
+    lock = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]["int8/emb"]
+    assert lock["applies"] == {"quantization": {"exclude_nodes": ["fc"]}} and lock["search"]["rebuilds"] >= 1
+
+
+def test_a_job_that_passes_as_declared_is_recorded_and_not_judged_again(tmp_path: Path) -> None:
+    path = _project(tmp_path, 'accuracy = { cosine = 0.9 }\nprecision_search = "auto"\n')
+    code, jobs, err = _build(path)
+    assert code == 0, err
+    lock = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]["int8/emb"]
+    assert lock["applies"] == {} and lock["search"]["result"].startswith("passes as declared (y: cosine 0.99")
+    code, jobs, err = _build(path, "--locked")
+    assert code == 0 and jobs["int8/emb"]["status"] == "up-to-date"
+    assert "accuracy gate" not in err
+
+
+def test_no_passing_set_within_the_budget_fails_the_job_with_the_search_table(tmp_path: Path) -> None:
+    path = _project(tmp_path, AUTO.replace("0.999 }", "0.9999999 }"))
+    code, jobs, err = _build(path, "--explain-rebuilds", "1")
+    assert code == GateFailed.exit_code, err[-2000:]
+    assert jobs["int8/emb"]["status"] == "failed"
+    error = jobs["int8/emb"]["error"]
+    assert isinstance(error, dict) and error["class"] == "GateFailed"
+    assert 'precision_search = "auto" found no set kept in float that passes (accuracy gate FAIL (y: cosine' \
+        in error["message"]
+    assert "explain int8/emb" in error["message"]  # the search's table
+    proc = run_cli("build", "-c", str(path), "--explain-rebuilds", "1")  # as the terminal shows it
+    assert proc.returncode == GateFailed.exit_code and "Traceback" not in proc.stderr
+    assert "release gate failed: int8/emb: precision_search" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "targets.lock").exists()
+    other = jobs["int8-b/emb"]["error"]  # the same root cause: not searched again
+    assert isinstance(other, dict) and "the search of int8/emb (the same model and precision step) found none" \
+        in other["message"] and "rebuild:" not in other["message"]
+    code, _, err = _build(path, "--locked")
+    assert code == ConfigError.exit_code and "int8/emb (precision_search = \"auto\") has no entry" in err
+
+
+def test_off_is_todays_behaviour(tmp_path: Path) -> None:
+    path = _project(tmp_path, "accuracy = { cosine = 0.999 }\n")
+    code, jobs, err = _build(path, "--locked")  # nothing asks for the lock: --locked has nothing to check
+    assert code == 0, err
+    assert not (tmp_path / "targets.lock").exists()
+    assert not any("precision_search" in n for n in jobs["int8/emb"]["notes"])  # type: ignore[attr-defined]

@@ -1,0 +1,92 @@
+"""targets.lock (ortbuild/project/lockfile.py): written, read back, applied as an override, refused when malformed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ortbuild.errors import ConfigError
+from ortbuild.project import config, lockfile, plan
+from tests.conftest import here_runtime
+
+TOML = f"""[project]
+name = "p"
+version = "1"
+
+[models.m]
+path = "m.onnx"
+inputs = "m.npz"
+
+[targets.int8]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+quantization = {{ exclude_nodes = ["a"] }}
+precision_search = "auto"
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> config.Project:
+    (tmp_path / "targets.toml").write_text(TOML)
+    return config.load(tmp_path / "targets.toml", check_files=False)
+
+
+def _entry(**applies: dict[str, object]) -> lockfile.Entry:
+    return lockfile.Entry("int8/m", "sha256:s", "sha256:t", applies, {"kept": 'node "b"', "rebuilds": 2},
+                          {"speedup": 1.25})
+
+
+def test_an_entry_round_trips_through_the_file(project: config.Project) -> None:
+    entry = _entry(quantization={"exclude_nodes": ["a", 'b "quoted" ü']},
+                   session={"intra_op_num_threads": 1, "config": {"session.intra_op.allow_spinning": "0"}})
+    lock = lockfile.read(project).with_entry(entry)
+    lock.write()
+    text = lockfile.path_of(project).read_text()
+    assert text.startswith("# targets.lock") and tomllib.loads(text)["version"] == 1
+    assert lockfile.read(project).entries == {"int8/m": entry}
+
+
+def test_apply_lays_the_entry_over_the_declared_settings(project: config.Project) -> None:
+    job = plan.jobs(project)[0]
+    locked = lockfile.apply(project, job, _entry(quantization={"exclude_nodes": ["a", "b"]},
+                                                 session={"intra_op_num_threads": 1}))
+    assert locked.settings.quantization.exclude_nodes == ("a", "b")
+    assert locked.settings.session.intra_op_num_threads == 1
+    assert locked.settings.quantization.per_channel == job.settings.quantization.per_channel
+    assert locked.settings.gates == job.settings.gates and locked.locked is not None
+    assert lockfile.settings_digest(job) != lockfile.settings_digest(locked)
+
+
+def test_an_entry_is_stale_when_its_source_or_settings_digest_differs() -> None:
+    e = _entry()
+    assert e.stale("sha256:s", "sha256:t") == ""
+    assert e.stale("sha256:x", "sha256:t") == "the model or its data changed since it was written"
+    assert e.stale("sha256:x", "sha256:y") == "the model or its data and the settings changed since it was written"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("version = [", "not valid TOML"),
+    ("version = 2", "[version] version 2, this ortbuild reads 1"),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"', '[jobs."int8/m"] needs `source` and `settings` digests'),
+    ('version = 1\n[jobs.int8]\nsource = "x"\nsettings = "y"', '[jobs."int8"] an entry is a table named'),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { quantization = 1 }',
+     '[jobs."int8/m".applies] must be a table of tables'),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\nextra = 1', "unknown key(s) extra"),
+])
+def test_a_malformed_lock_is_a_config_error_naming_it(project: config.Project, text: str, where: str) -> None:
+    lockfile.path_of(project).write_text(text)
+    with pytest.raises(ConfigError) as e:
+        lockfile.read(project)
+    assert str(lockfile.path_of(project)) in e.value.message and where in e.value.message
+    assert e.value.hint is not None and "delete the entry" in e.value.hint
+
+
+def test_an_entry_that_does_not_fit_targets_toml_names_the_entry(project: config.Project) -> None:
+    job = plan.jobs(project)[0]
+    with pytest.raises(ConfigError) as e:
+        lockfile.apply(project, job, _entry(quantization={"exclude_nodez": ["b"]}))
+    assert e.value.message.startswith(f"{lockfile.path_of(project)}: [jobs.\"int8/m\".applies] does not apply")
+    assert "exclude_nodez" in e.value.message
