@@ -90,3 +90,15 @@ def test_an_entry_that_does_not_fit_targets_toml_names_the_entry(project: config
         lockfile.apply(project, job, _entry(quantization={"exclude_nodez": ["b"]}))
     assert e.value.message.startswith(f"{lockfile.path_of(project)}: [jobs.\"int8/m\".applies] does not apply")
     assert "exclude_nodez" in e.value.message
+
+
+def test_the_docs_example_is_a_lock_ortbuild_reads(project: config.Project) -> None:
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "build-to-the-gates.md").read_text()
+    (block,) = re.findall(r"^```toml targets.lock\n(.*?)^```", text, flags=re.S | re.M)
+    lockfile.path_of(project).write_text(block)
+    (entry,) = lockfile.read(project).entries.values()
+    assert entry.target == "cpu-int8" and entry.applies["quantization"]["exclude_nodes"]

@@ -107,7 +107,7 @@ class AutoSearch:
         try:
             doc = ex.explain(job, res)
         except OrtbuildError as e:
-            doc = {"status": "failed", "reason": e.message}
+            doc = {"status": JobStatus.FAILED.value, "reason": e.message}
         if doc.get("status") != "found":
             self.failed[key] = (job.name, doc)
             return self._failed(job, failed, doc, why)
