@@ -6,6 +6,9 @@ The nox `tests` session installs silero-vad==6.2.3 with --no-deps, only for its 
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +107,28 @@ def test_the_share_converted_is_not_skewed_by_folded_weights(project: Path) -> N
     changed = _manifest(project, "int8-conv").precision.changed
     assert changed is not None and changed["ops"]["ConvInteger"] == 12 and "DynamicQuantizeLSTM" not in changed["ops"]
     assert 0.2 < changed["converted"] < 0.6, changed
+
+
+def test_the_search_keeps_nodes_inside_the_branches_in_float_and_the_override_passes(project: Path,
+                                                                                      tmp_path: Path) -> None:
+    """int8-dynamic fails the default rule (cosine 0.99) on the state output; every node it changed sits inside
+    the If branches. The search (default bounds) finds nodes there to keep in float, the branch the golden inputs
+    do not run (8 kHz) left out, and the pasted override passes with most weights still int8."""
+    for name in ("targets.toml", "vad.inputs.npz"):
+        shutil.copy(project / name, tmp_path / name)
+    cfg = tmp_path / "targets.toml"
+    r = run_cli("test", "-c", str(cfg), "-t", "int8")
+    assert r.returncode == 9, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "explain int8/vad: found" in r.stdout, r.stdout[-3000:]
+    doc = json.loads((tmp_path / "dist" / "int8" / "vad" / "test-report.json").read_text())["result"]["explain"]
+    assert doc["rebuilds"] <= 16 and doc["result"]["accuracy"] == "PASS", doc
+    kept = doc["nodes"]
+    assert kept and all(n.startswith("If_0_then_branch__") for n in kept), kept  # 16 kHz: the then branch runs
+    block = re.search(r"paste into targets.toml:\n\n(\[\[targets\.int8\.overrides\]\]\n.*?\n)\n", r.stdout, re.S)
+    assert block is not None, r.stdout[-3000:]
+    cfg.write_text(cfg.read_text() + "\n" + block.group(1))
+    r = run_cli("test", "-c", str(cfg), "-t", "int8", "--no-explain")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest.MANIFEST).read_bytes())
+    changed = m.precision.changed
+    assert changed is not None and changed["converted"] > 0.5, changed  # most weights stay int8

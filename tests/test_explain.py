@@ -506,3 +506,88 @@ def test_the_search_announces_each_rebuild_and_keeps_what_ort_says_in_its_log(tm
     loud = run_cli("test", "-c", str(path), "-v")
     assert loud.returncode == 9 and "Removing initializer 'b'" in loud.stderr
     assert not log.exists() or log.read_text() == text  # -v writes no log
+
+
+def if_model(folder: Path) -> None:
+    """z = x @ Wp (`pre`, benign weights); y = If on sr == 16000, each branch a MatMul of x (`then_fc`,
+    `else_fc`) whose weight, a Constant node inside the branch (as in Silero's VAD; 4 KB: a weight to the build),
+    has one outlier: per-tensor int8 breaks cosine 0.999 there. The golden inputs run the then branch only."""
+    rng = np.random.default_rng(0)
+
+    def branch(name: str) -> onnx.GraphProto:
+        w = (rng.standard_normal((32, 32)) / 4).astype(np.float32)
+        w[0, 0] = 40.0
+        nodes = [h.make_node("Constant", [], [f"{name}_w"], name=f"{name}_const",
+                             value=numpy_helper.from_array(w, f"{name}_w")),
+                 h.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_y"], name=f"{name}_fc")]
+        return h.make_graph(nodes, name, [], [h.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)])
+
+    pre = numpy_helper.from_array((rng.standard_normal((32, 32)) / 4).astype(np.float32), "Wp")
+    nodes = [h.make_node("MatMul", ["x", "Wp"], ["z"], name="pre"),
+             h.make_node("Constant", [], ["k"], name="k", value=numpy_helper.from_array(np.array(16000, np.int64))),
+             h.make_node("Equal", ["sr", "k"], ["c"], name="is_16k"),
+             h.make_node("If", ["c"], ["y"], name="by_rate", then_branch=branch("then"), else_branch=branch("else"))]
+    graph = h.make_graph(nodes, "if", [h.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32]),
+                                       h.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32]),
+                          h.make_tensor_value_info("z", TensorProto.FLOAT, [4, 32])], [pre])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(folder / "branches.onnx"))
+    np.savez(folder / "branches.inputs.npz", x=rng.standard_normal((4, 32)).astype(np.float32),
+             sr=np.array(16000, np.int64))
+
+
+def _if_project(tmp_path: Path) -> Path:
+    if_model(tmp_path)
+    path = tmp_path / "targets.toml"
+    path.write_text(f"""[project]
+name = "branches"
+version = "1"
+
+[models.branches]
+path = "branches.onnx"
+inputs = "branches.inputs.npz"
+
+[targets.int8]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+quantization = {{ per_channel = false, reduce_range = true }}
+accuracy = {{ cosine = 0.999 }}
+""")
+    return path
+
+
+def test_candidates_inside_if_branches_are_found_ranked_and_those_not_run_set_aside(tmp_path: Path) -> None:
+    an = explain.analyse(_job(_if_project(tmp_path)))
+    layers = {x.node: x for x in an.layers}
+    assert sorted(layers) == ["else_fc", "pre", "then_fc"] and not an.renamed
+    assert layers["pre"].error is not None and layers["pre"].ran  # the main graph: measured
+    then, other = layers["then_fc"], layers["else_fc"]
+    assert then.error is None and then.ran and then.note == "n/a (inside by_rate then_branch: not measured)"
+    assert not other.ran and "not run on the golden inputs" in other.note
+    assert then.weights == other.weights == 32 * 32 * 4  # the Constant's weight, made an initializer of its branch
+    assert [x.node for x in an.layers] == ["pre", "then_fc", "else_fc"]  # measured, unmeasured, not run
+    # the predictor puts back main-graph nodes only
+    proxy = explain.Proxy(an.source, an.reduced, an.feed, an.expected, lambda o: {"cosine": 0.999})
+    assert proxy.patchable("pre") and not proxy.patchable("then_fc")
+    assert proxy.predict(["pre"]) is not None and proxy.predict(["then_fc"]) is None
+
+
+def test_the_search_keeps_a_node_inside_an_if_branch_in_float_and_the_pasted_override_passes(tmp_path: Path) -> None:
+    path = _if_project(tmp_path)
+    proc = run_cli("test", "-c", str(path))
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "explain int8/branches: found" in out, out
+    assert "layer-wise: then_fc (MatMul) error n/a (inside by_rate then_branch: not measured)" in out, out
+    block = re.search(r"paste into targets.toml:\n\n(\[\[targets\.int8\.overrides\]\]\n.*?\n)\n", out, re.S)
+    assert block is not None, out
+    assert block.group(1).endswith('quantization = { exclude_nodes = ["then_fc"] }\n'), block.group(1)
+    doc = json.loads((tmp_path / "dist" / "int8" / "branches" / "test-report.json").read_text())["result"]["explain"]
+    assert all("else_fc" not in t["nodes"] for t in doc["trials"])  # the branch the inputs do not run: not searched
+    path.write_text(path.read_text() + "\n" + block.group(1))  # the build accepts a node name inside a branch
+    proc = run_cli("test", "-c", str(path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

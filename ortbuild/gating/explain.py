@@ -1,25 +1,33 @@
 """Precision bisection (`ortbuild test --explain`): which nodes break the accuracy of an fp16, int8 or int4
 artifact, and the `[[targets.X.overrides]]` table that fixes it.
 
-1. Candidates: the nodes the precision step actually changed. int8/int4: the nodes of the float graph the
-   quantizer reads (int8: after its pre-processing) whose outputs the reduced graph now computes through
-   quantized operators or quantized weights (MatMul -> MatMulInteger or MatMulNBits, a Gather over a quantized
-   embedding table, QDQ pairs); nodes the pre-processing only folded away (Constant, Shape, Unsqueeze ...) are
-   not candidates, and those it renamed (no name in the source, so no `exclude_nodes` entry) are reported, not
-   searched. fp16: the nodes outside the block lists.
+1. Candidates: the nodes the precision step actually changed, in the main graph and inside If/Loop/Scan bodies
+   (ORT's quantizers and fp16 converter match `exclude_nodes` / `node_block_list` by plain node name in every
+   body; int8-static leaves bodies in float). int8/int4: the nodes of the float graph the quantizer reads (int8:
+   after its pre-processing) whose outputs the reduced graph now computes through quantized operators or
+   quantized weights (MatMul -> MatMulInteger or MatMulNBits, a Gather over a quantized embedding table, QDQ
+   pairs; a body compared with the same body of the output); nodes the pre-processing only folded away
+   (Constant, Shape, Unsqueeze ...) are not candidates, and those it renamed (no name in the source, so no
+   `exclude_nodes` entry) are reported, not searched. fp16: the nodes outside the block lists.
 2. Layer-wise error: that float graph (fp32) and the precision step's output run side by side on the golden
-   inputs with every node output exposed (CPU provider, no optimization). Each candidate gets the relative L2
-   error of its outputs against fp32 and the error it adds to its inputs' error.
-3. Prediction (int8, int4): each candidate is put back in float in the reduced graph (the source node in place
-   of what the quantizer wrote for it), the model run on the golden inputs and judged by the gate's rule against
-   fp32, without a rebuild. Candidates are ranked by the outputs' error so predicted; the fewest top-ranked ones
-   predicted to pass, made smaller one node at a time on predictions, are the first set rebuilt.
+   inputs with every node output of the main graph exposed (CPU provider, no optimization). Each main-graph
+   candidate gets the relative L2 error of its outputs against fp32 and the error it adds to its inputs' error.
+   A body's tensors cannot be made outputs of the model: candidates inside bodies get no error ("n/a (inside
+   If_0 then_branch: not measured)") and are ranked after the measured ones, by the weights they keep in float.
+   Those the golden inputs do not run (ORT's profile of one run of the float graph: an If's other branch) cannot
+   change what the gate sees: they are listed last and not searched.
+3. Prediction (int8, int4): each main-graph candidate is put back in float in the reduced graph (the source node
+   in place of what the quantizer wrote for it), the model run on the golden inputs and judged by the gate's rule
+   against fp32, without a rebuild. Candidates are ranked by the outputs' error so predicted; the fewest
+   top-ranked ones predicted to pass, made smaller one node at a time on predictions, are the first set rebuilt.
+   The predictor does not patch bodies: candidates inside them are not predicted (the search goes on by
+   rebuilds), and a model whose every candidate sits in a body has predictions off.
 4. The search rebuilds and re-tests: each candidate set runs the real build pipeline into a scratch directory
    and the real accuracy gate through the generated loader. A set whose precision step gives a graph already
    tried (the failing artifact's included) is not rebuilt. Without a passing prediction (fp16 always): op types
-   first, ranked, one at a time (fp16: `op_block_list`; int8/int4: their nodes in `exclude_nodes`); if none
-   passes alone, the top-ranked op types together. A passing set is then bisected to fewer nodes
-   (`node_block_list` / `exclude_nodes`): halves, then one node at a time.
+   first, ranked, one at a time, bodies' nodes included (fp16: `op_block_list`; int8/int4: their nodes, of every
+   graph, in `exclude_nodes`); if none passes alone, the top-ranked op types together. A passing set is then
+   bisected to fewer nodes (`node_block_list` / `exclude_nodes`): halves, then one node at a time.
 5. The smallest passing candidate gets the full gate (accuracy, size, latency). Its override is printed,
    checked by parsing targets.toml with it appended (the printed table yields the settings tested), and
    recorded in the test report.
@@ -143,6 +151,12 @@ class Explainer:
             doc["reason"] = ("the precision step changed no node that could be kept in float"
                              + (" by a name the source model has" if an.renamed else "") + _in_subgraphs(an.reduced))
             return doc
+        if not any(x.ran for x in layers):
+            doc["status"] = "not found"
+            doc["reason"] = (f"the {len(layers)} node(s) the precision step changed sit inside If/Loop/Scan bodies "
+                             "that the golden inputs do not run: keeping them in float cannot change what the gate "
+                             "sees; add golden inputs that run them (`inputs`)")
+            return doc
         predict: Callable[[list[str]], Prediction | None] | None = None
         if job.settings.rule.quantizer is not Quantizer.FP16:  # the quantizers' output can be patched
             layers, predict, doc["predictions"] = self._predict(job, an, start)
@@ -216,6 +230,9 @@ class Explainer:
         t0 = time.monotonic()
         proxy = Proxy(an.source, an.reduced, an.feed, an.expected, lambda o: gates.accuracy_rule(s.precision, o),
                       s.custom_ops)
+        if not any(proxy.patchable(x.node) for x in an.layers):
+            return an.layers, None, {"status": "off", "reason": f"all {len(an.layers)} candidate(s) sit inside "
+                                     "If/Loop/Scan bodies, which the predictor does not patch"}
         base = proxy.predict([])
         if base is None:
             return an.layers, None, {"status": "off", "reason": "the precision step's output cannot be patched here"
@@ -267,7 +284,8 @@ def analyse(job: Job) -> Analysis:
     """The failing artifact's precision step: its candidates and their layer-wise errors."""
     s = job.settings
     src = check.run(job.model.path)
-    known = {n.name for n in src.model.graph.node}  # the names the build accepts in exclude_nodes
+    # the names the build accepts in exclude_nodes (check.settings_problems: every graph's, bodies included)
+    known = {n.name for g in accounting.graphs(src.model.graph) for n in g.node}
     names = [i["name"] for i in src.signature["inputs"]]
     feed = data.load_feed(job.model.inputs, names)
     reduced = reduce_model(job, s, src)
@@ -285,7 +303,7 @@ def analyse(job: Job) -> Analysis:
 
 
 def _in_subgraphs(reduced: onnx.ModelProto) -> str:
-    """What the precision step changed inside If/Loop/Scan bodies, which the layer-wise search does not enter."""
+    """What the precision step changed inside If/Loop/Scan bodies, when no candidate there has a name to keep."""
     inside: dict[str, int] = {}
     for g in list(accounting.graphs(reduced.graph))[1:]:  # the bodies, not the main graph
         for n in g.node:
@@ -294,6 +312,6 @@ def _in_subgraphs(reduced: onnx.ModelProto) -> str:
     if not inside:
         return ""
     ops = ", ".join(f"{k} {v}" for k, v in sorted(inside.items(), key=lambda kv: -kv[1]))
-    return (f"; what it changed sits inside If/Loop/Scan bodies ({ops}), which the layer-wise search does not "
-            "enter: keep an op type there in float by naming only the others in quantization.op_types (e.g. "
+    return (f"; what it changed inside If/Loop/Scan bodies ({ops}) has no node name to keep in float either: "
+            "keep an op type in float by naming only the others in quantization.op_types (e.g. "
             "op_types = [\"Conv\"] leaves LSTM in float), and rebuild")

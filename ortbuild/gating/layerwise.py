@@ -1,14 +1,17 @@
 """Layer-wise analysis of a precision step (`ortbuild test --explain`, steps 1 to 3): which source nodes it
-changed, the error each adds against fp32 on the golden inputs, and predictions of a candidate set kept in float
-without a rebuild.
+changed, If/Loop/Scan bodies included, the error each adds against fp32 on the golden inputs (main graph), and
+predictions of a candidate set kept in float without a rebuild (main graph).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -55,6 +58,7 @@ class Layer:
     weights: int = 0                 # bytes of the float weights it reads that the precision step converted
     note: str = ""                   # why `error` is None: "n/a (...)"
     alone: Prediction | None = None  # predicted with only this node kept in float
+    ran: bool = True                 # False: inside an If/Loop/Scan body the golden inputs do not run (not searched)
 
 
 def _rel(got: object, ref: object) -> float:
@@ -76,6 +80,26 @@ def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     runtime.register_custom_ops(so, custom_ops)
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def executed(model: onnx.ModelProto, feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> set[str]:
+    """The names of the nodes, bodies' included, that run on `feed` (ORT's profile of one run: CPU provider, no
+    optimization): an If runs one branch, the other's nodes cannot change the outputs."""
+    from ortbuild import runtime
+
+    ort = runtime.import_ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runtime.register_custom_ops(so, custom_ops)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-profile-") as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "run")
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess.run(None, dict(feed))
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    suffix = "_kernel_time"
+    return {e["name"][:-len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)}
 
 
 def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
@@ -100,17 +124,70 @@ def _np_itemsize(data_type: int) -> int:
     return int(onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
 
 
+@dataclass(frozen=True)
+class Scope:
+    """One graph of a model: the main graph, or an If/Loop/Scan body with the graphs that enclose it."""
+
+    # () for the main graph; per level: the owner node's name, its rank among the owners so named, the attribute
+    # and the index in it (-1: a single graph), which ORT's converters keep
+    key: tuple[tuple[str, int, str, int], ...]
+    graph: onnx.GraphProto
+    outer: tuple[onnx.GraphProto, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """The body in words: `If_0 then_branch`, nested levels joined by ` > `."""
+        return " > ".join(f"{name} {attr}" + (f" {k}" if k >= 0 else "") for name, _, attr, k in self.key)
+
+    def visible_inits(self) -> dict[str, onnx.TensorProto]:
+        """The initializers a node of this graph reads by name: its own, else the nearest enclosing graph's."""
+        out: dict[str, onnx.TensorProto] = {}
+        for g in (*self.outer, self.graph):
+            out.update({i.name: i for i in g.initializer})
+        return out
+
+
+def scopes(graph: onnx.GraphProto, key: tuple[tuple[str, int, str, int], ...] = (),
+           outer: tuple[onnx.GraphProto, ...] = ()) -> Iterator[Scope]:
+    """`graph` and every body inside it, depth first, each keyed so that a body of the source and the same body
+    of the precision step's output share the key."""
+    yield Scope(key, graph, outer)
+    seen: dict[str, int] = {}
+    for n in graph.node:
+        bodies = [(a, [a.g] if a.HasField("g") else list(a.graphs)) for a in n.attribute]
+        if not any(gs for _, gs in bodies):
+            continue
+        name = n.name or n.op_type
+        rank = seen.get(name, 0)
+        seen[name] = rank + 1
+        for a, gs in bodies:
+            for k, g in enumerate(gs):
+                yield from scopes(g, (*key, (name, rank, a.name, -1 if a.HasField("g") else k)), (*outer, graph))
+
+
+def scope_pairs(source: onnx.ModelProto, reduced: onnx.ModelProto) -> Iterator[tuple[Scope, Scope]]:
+    """The graphs of `source` with the same graph of `reduced` (bodies the precision step dropped: none)."""
+    red = {s.key: s for s in scopes(reduced.graph)}
+    for s in scopes(source.graph):
+        if s.key in red:
+            yield s, red[s.key]
+
+
 class Rewrites:
     """How the precision step rewrote the source graph: for each source node, the nodes of the reduced graph that
     now compute its outputs, found by walking back from them through the tensors the source does not have (a
-    quantizer's own tensors: `x_quantized`, scales, `MatMul_output_0_output_quantized`)."""
+    quantizer's own tensors: `x_quantized`, scales, `MatMul_output_0_output_quantized`). For an If/Loop/Scan
+    body: that body in both models (`scope_pairs`), with the names the enclosing graphs give it."""
 
-    def __init__(self, source: onnx.ModelProto, reduced: onnx.ModelProto) -> None:
-        g, r = source.graph, reduced.graph
-        self.source_tensors = ({i.name for i in g.input} | {i.name for i in g.initializer}
-                               | {o for n in g.node for o in n.output})
-        self.source_inits = {i.name: i for i in g.initializer}
-        self.reduced_inits = {i.name: i for i in r.initializer}
+    def __init__(self, source: onnx.ModelProto | Scope, reduced: onnx.ModelProto | Scope) -> None:
+        src = source if isinstance(source, Scope) else Scope((), source.graph)
+        red = reduced if isinstance(reduced, Scope) else Scope((), reduced.graph)
+        r = red.graph
+        self.source_inits = src.visible_inits()
+        self.source_tensors = set(self.source_inits)
+        for g in (*src.outer, src.graph):
+            self.source_tensors |= {i.name for i in g.input} | {o for n in g.node for o in n.output}
+        self.reduced_inits = red.visible_inits()
         self.nodes = list(r.node)
         self.writer = {o: k for k, n in enumerate(self.nodes) for o in n.output if o}
         self.named = {n.name: k for k, n in enumerate(self.nodes) if n.name}
@@ -163,16 +240,21 @@ def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: 
 
         assert isinstance(opts, config.Fp16)
         blocked = set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list)
-        return [n for n in source.graph.node
+        return [n for s in scopes(source.graph) for n in s.graph.node  # its block lists hold inside bodies too
                 if n.name and n.op_type not in blocked and n.name not in opts.node_block_list and n.op_type != "Cast"]
     assert isinstance(opts, config.Quantization | config.Int4)
-    rw = Rewrites(source, reduced)
-    return [n for n in source.graph.node if n.name and n.name not in opts.exclude_nodes and rw.quantized(n)]
+    out = []
+    for src, red in scope_pairs(source, reduced):  # ORT's quantizers honour exclude_nodes inside bodies too
+        rw = Rewrites(src, red)
+        out += [n for n in src.graph.node if n.name and n.name not in opts.exclude_nodes and rw.quantized(n)]
+    return out
 
 
 def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
               feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> list[Layer]:
-    """The changed nodes' errors against fp32, most harmful first (by error added, then by error)."""
+    """The changed nodes' errors against fp32, most harmful first (by error added, then by error). A node inside
+    an If/Loop/Scan body has no measured error (a body's tensors cannot be made outputs of the model): those come
+    after the measured ones, by the weights they keep in float."""
     names = [o for n in source.graph.node for o in n.output if o]
     ref = _outputs_of(source, names, feed, custom_ops)
     got = _outputs_of(reduced, names, feed, custom_ops)
@@ -182,8 +264,20 @@ def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence
     source_names = {n.name for n in source.graph.node}
     writer = {o: n.name for n in reduced.graph.node for o in n.output}
     rw = Rewrites(source, reduced)
+    inside = {n.name: (s, r) for s, r in scope_pairs(source, reduced) if s.key for n in s.graph.node if n.name}
+    ran = executed(source, feed, custom_ops) if any(n.name in inside for n in nodes) else set()
+    if not ran & (source_names - {""}):  # a profile that names no node of the main graph is no guide: all of them run
+        ran = {n.name for s, _ in scope_pairs(source, reduced) for n in s.graph.node}
     layers = []
     for n in nodes:
+        if n.name in inside:
+            s, r = inside[n.name]
+            runs = n.name in ran
+            layers.append(Layer(n.name, n.op_type, None, 0.0, Rewrites(s, r).weights(n),
+                                f"n/a (inside {s.where}: " + ("not measured)" if runs else
+                                                              "not run on the golden inputs, not searched)"),
+                                ran=runs))
+            continue
         handed = [o for o in n.output if o in writer and writer[o] in source_names and writer[o] != n.name]
         outs = [err[o] for o in n.output if o in err and o not in handed]
         e_out = max(outs) if outs else None
@@ -206,8 +300,11 @@ def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence
     return sorted(layers, key=_layerwise_rank)
 
 
-def _layerwise_rank(x: Layer) -> tuple[float, float, str]:
-    return -x.added, -(x.error if x.error is not None else -1.0), x.node
+def _layerwise_rank(x: Layer) -> tuple[bool, float, float, int, str]:
+    """Measured: by the error added, then the error; unmeasured, after them: by the weights kept in float; nodes
+    the golden inputs do not run last."""
+    return (not x.ran, -x.added, -(x.error if x.error is not None else -1.0), -x.weights if x.error is None else 0,
+            x.node)
 
 
 def ranked(layers: Sequence[Layer]) -> list[Layer]:
@@ -223,7 +320,8 @@ class Proxy:
     float (each node of `source`, the float graph the converter reads, in place of what the quantizer wrote for
     it, with its float weights; what no longer feeds an output is removed), run on the golden inputs (CPU provider,
     no optimization) and judged by the gate's rule against `expected` (the source model's outputs). No prediction
-    (None) where a node cannot be put back (its inputs are gone from the reduced graph) or ORT refuses the graph."""
+    (None) where a node cannot be put back (its inputs are gone from the reduced graph, or it sits inside an
+    If/Loop/Scan body, which it does not patch) or ORT refuses the graph."""
 
     def __init__(self, source: onnx.ModelProto, reduced: onnx.ModelProto, feed: data.Feed,
                  expected: Mapping[str, object], rule: Callable[[str], Rule],
@@ -239,8 +337,14 @@ class Proxy:
         # a node put back runs under the reduced graph's opset: where the quantizer upgraded it, no prediction
         self.usable = all(opset.get(o.domain or "ai.onnx", o.version) == o.version for o in source.opset_import)
 
+    def patchable(self, node: str) -> bool:
+        """Whether `node` is one the predictor can put back at all: a node of the main graph (not of an
+        If/Loop/Scan body)."""
+        return node in self.source_nodes
+
     def model(self, keep: Sequence[str]) -> onnx.ModelProto | None:
-        """The reduced graph with the nodes `keep` in float, or None where they cannot be put back."""
+        """The reduced graph with the nodes `keep` in float, or None where they cannot be put back (a node inside
+        an If/Loop/Scan body among them)."""
         if not self.usable:
             return None
         m = onnx.ModelProto()

@@ -169,7 +169,9 @@ class Search:
         return best
 
     def search(self, layers: list[Layer], op_keys: bool) -> tuple[list[str], list[str]] | None:
-        """The smallest passing (nodes, op types) found, or None. `layers` in the order of the ranking."""
+        """The smallest passing (nodes, op types) found, or None. `layers` in the order of the ranking; those the
+        golden inputs do not run (inside an If branch not taken) are not searched."""
+        layers = [x for x in layers if x.ran]
         if self.predict is not None:
             guess = self.guess([x.node for x in layers if x.alone is not None])
             if guess is not None and self.budget_left() and self.run(guess, []):
