@@ -67,7 +67,7 @@ def test_a_changed_model_invalidates_its_entry_locked_fails_and_a_build_searches
     assert code == ConfigError.exit_code
     assert "targets.lock: --locked: the entry of int8/emb is out of date (the model or its data changed" in err
     assert "run the build without --locked" in err
-    code, jobs, err = _build(path)
+    code, _, err = _build(path)
     assert code == 0, err[-2000:]
     assert "the entry of int8/emb is out of date (the model or its data changed since it was written): the " \
            "build searches again" in err
