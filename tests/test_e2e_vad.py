@@ -132,3 +132,19 @@ def test_the_search_keeps_nodes_inside_the_branches_in_float_and_the_override_pa
     m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest.MANIFEST).read_bytes())
     changed = m.precision.changed
     assert changed is not None and changed["converted"] > 0.5, changed  # most weights stay int8
+
+
+def test_precision_search_auto_ships_an_int8_that_passes_the_default_rule(project: Path, tmp_path: Path) -> None:
+    """The same search in the build: `precision_search = "auto"` on int8-dynamic, nothing written by hand."""
+    text = (project / "targets.toml").read_text().replace(
+        '[targets.int8]\nextends = "fp32"\nprecision = "int8-dynamic"\n',
+        '[targets.int8]\nextends = "fp32"\nprecision = "int8-dynamic"\nprecision_search = "auto"\n')
+    config = tmp_path / "targets.toml"
+    config.write_text(text.replace('inputs = "vad.inputs.npz"', f'inputs = "{project / "vad.inputs.npz"}"'))
+    r = run_cli("build", "-c", str(config), "-t", "int8")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "precision_search: kept" in r.stdout and "accuracy PASS" in r.stdout, r.stdout
+    r = run_cli("test", "-c", str(config), "-t", "int8", "--no-explain", "--locked")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest.MANIFEST).read_bytes())
+    assert m.locked is not None and m.precision.changed is not None and m.precision.changed["converted"] > 0.5
