@@ -41,6 +41,9 @@ extends = "cpu-fp32"
 precision = "int8-dynamic"
 # reduce_range: 7-bit weights, ORT's advice for x86 CPUs without VNNI; accuracy default: cosine >= 0.99
 quantization = { per_channel = true, reduce_range = true }
+# the precision is a goal: where int8 fails its accuracy rule, the build keeps the layers that break it in float
+# and records them in targets.lock (commit it); docs/build-to-the-gates.md
+precision_search = "auto"
 '''),
     "cpu-int4": ("cpu-fp32", '''description = "memory-bound CPU devices: block-wise int4 weights of MatMul nodes"
 extends = "cpu-fp32"
