@@ -192,6 +192,26 @@ def test_an_int8_artifact_whose_output_is_nan_fails_at_reload_and_publishes_noth
     assert "Traceback" not in text.stdout + text.stderr
 
 
+def test_the_job_result_carries_outputs_broken_and_a_repaired_candidate_builds(tmp_path: Path) -> None:
+    """What the precision search's trial builds (gating/explain.py) and `precision_search = "auto"` see: the job's
+    result FAILED with an OutputsBroken error (a broken candidate is a failed trial); `embed` kept in float
+    builds."""
+    from ortbuild.artifact import keys
+    from ortbuild.gating.search import settings_with
+    from ortbuild.pipeline.build import Builder
+    from ortbuild.project import config, plan
+
+    project = config.load(_project(tmp_path))
+    (job,) = plan.jobs(project, ["cpu-int8"])
+    builder = Builder(project, tmp_path / "dist", secrets=keys.read_secrets(), progress=lambda job, msg: None)
+    res = builder.run_job(job)
+    assert res.status == JobStatus.FAILED and isinstance(res.error, OutputsBroken) and res.step == "reload"
+    knob = job.settings.rule.knob
+    assert knob is not None
+    fixed = plan.Job(job.target, job.model, settings_with(job.settings, knob, ["embed"], []))
+    assert builder.run_job(fixed).status == JobStatus.BUILT
+
+
 def test_a_constant_output_of_a_constant_source_still_builds(tmp_path: Path) -> None:
     path = _project(tmp_path, models=("flat",))
     proc = run_cli("build", "-c", str(path), "--json")
