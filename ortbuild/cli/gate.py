@@ -104,7 +104,7 @@ def _summary(results: Sequence[TestResult], doc: ReportDoc, done: dict[str, JobR
 
 
 def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],
-             results: Sequence[TestResult], built: dict[str, JobResult], progress: Progress) \
+             results: Sequence[TestResult], builds: dict[str, JobResult], progress: Progress) \
         -> tuple[list[TestResult], list[tuple[str, logs.Captured]]]:
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed, or whose build failed with
     broken outputs (OutputsBroken: the precision step's accuracy failure, caught at reload) (with --explain: of
@@ -117,7 +117,7 @@ def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: S
                            progress=progress)
     done = []
     for job, r in zip(jobs, results, strict=True):
-        broken = isinstance(built[job.name].error, OutputsBroken)
+        broken = isinstance(builds[job.name].error, OutputsBroken)
         if r.precision not in explain.KNOBS or r.status == Verdict.SKIPPED or (r.accuracy == "-" and not broken):
             continue
         if args.explain is None and r.accuracy != Verdict.FAIL and not broken:
