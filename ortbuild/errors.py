@@ -7,7 +7,7 @@ Exit codes (documented in README.md and docs/design.md):
     3  configuration error (targets.toml, its models and data files)
     4  runtime mismatch (this environment's ONNX Runtime flavor is not the target's)
     5  missing execution provider (with --strict, or a provider a step needs)
-    6  a build step failed (check, precision, optimize, reload)
+    6  a build step failed (check, precision, optimize, reload; the reload step's broken outputs included)
     7  an artifact or manifest is unreadable, tampered or does not fit this machine
     8  no key: the encryption or signing key is missing or unreadable
     9  a release gate failed (accuracy, latency or size; INCONCLUSIVE latency with --strict)
@@ -91,7 +91,10 @@ class StepError(OrtbuildError):
 
 
 class OutputsBroken(StepError):
-    """The reload step: the artifact's outputs are non-finite or constant where the source model's are not."""
+    """The reload step: the artifact's outputs on the golden inputs are broken where the source model's are not
+    (non-finite values where the source's are finite, or a constant where the source's varies). A precision step
+    that broke them is repaired by keeping layers in float (`precision_search = "auto"`, `ortbuild test
+    --explain`), which is how the search recognizes this failure."""
 
 
 class ArtifactError(OrtbuildError):

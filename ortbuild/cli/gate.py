@@ -16,7 +16,7 @@ from ortbuild import logs
 from ortbuild.artifact import keys
 from ortbuild.cli.build import built, fitting
 from ortbuild.cli.common import table
-from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
+from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, UsageError, first_line
 from ortbuild.gating import report, summary
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
@@ -54,7 +54,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
                               capture=not args.verbose, quick=args.quick)
         results = tester.run(jobs, done, args.require)
-        explained, searched = _explain(args, builder, tester, jobs, results, progress)
+        explained, searched = _explain(args, builder, tester, jobs, results, done, progress)
         written = report.compose(dist, report.collect(dist), baseline)
         json_path, html_path = report.save(dist, written)
 
@@ -105,10 +105,11 @@ def _summary(results: Sequence[TestResult], doc: ReportDoc, done: dict[str, JobR
 
 
 def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: Sequence[plan.Job],
-             results: Sequence[TestResult], progress: Progress) \
+             results: Sequence[TestResult], builds: dict[str, JobResult], progress: Progress) \
         -> tuple[list[TestResult], list[tuple[str, logs.Captured]]]:
-    """The precision search of every fp16/int8/int4 job whose accuracy gate failed (with --explain: of every
-    one; --no-explain: none), recorded in its test report; and the searches' logs."""
+    """The precision search of every fp16/int8/int4 job whose accuracy gate failed, or whose build failed with
+    broken outputs (OutputsBroken: the precision step's accuracy failure, caught at reload) (with --explain: of
+    every one; --no-explain: none), recorded in its test report; and the searches' logs."""
     from ortbuild.gating import explain
 
     if args.explain is False:
@@ -117,9 +118,10 @@ def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: S
                            progress=progress)
     done = []
     for job, r in zip(jobs, results, strict=True):
-        if r.precision not in explain.KNOBS or r.status == Verdict.SKIPPED or r.accuracy == "-":
+        broken = isinstance(builds[job.name].error, OutputsBroken)
+        if r.precision not in explain.KNOBS or r.status == Verdict.SKIPPED or (r.accuracy == "-" and not broken):
             continue
-        if args.explain is None and r.accuracy != Verdict.FAIL:
+        if args.explain is None and r.accuracy != Verdict.FAIL and not broken:
             continue
         try:
             r.explain = ex.explain(job, r)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ortbuild import modelfiles
 from ortbuild.artifact import manifest
-from ortbuild.errors import ConfigError, StepError
+from ortbuild.errors import ConfigError, OutputsBroken, StepError
 from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.steps import compile, integrity
@@ -180,13 +180,19 @@ def _artifact_model(done: Done) -> Path:
 def _reload(prep: Prepared, done: Done) -> reload.ReloadResult:
     from ortbuild.pipeline.steps import reload
 
-    job = prep.job
+    job, feed = prep.job, done[Inputs].feed
     try:
-        return reload.run(_artifact_model(done), job.settings, prep.run_on, done[Inputs].feed, prep.plugin_eps,
-                          precompiled=_compiled_model(done) is not None)
+        result = reload.run(_artifact_model(done), job.settings, prep.run_on, feed, prep.plugin_eps,
+                            precompiled=_compiled_model(done) is not None)
     except reload.RunFailed as e:
         message, hint = e.explained(job.model.name, str(job.model.inputs))
         raise StepError(job.target.name, job.model.name, "reload", message, hint) from e
+    # NaN/inf where the source's outputs are finite, a constant where they vary: never BUILT
+    broken = reload.broken_outputs(result, job.model.path, feed, job.settings.custom_ops)
+    if broken:
+        raise OutputsBroken(job.target.name, job.model.name, "reload",
+                            *reload.explained_broken(broken, job.target.name, job.model.name, job.settings))
+    return result
 
 
 def _operators(prep: Prepared, done: Done) -> operators.OperatorConfig:
