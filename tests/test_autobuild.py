@@ -113,3 +113,23 @@ def test_off_is_todays_behaviour(tmp_path: Path) -> None:
     assert code == 0, err
     assert not (tmp_path / "targets.lock").exists()
     assert not any("precision_search" in n for n in jobs["int8/emb"]["notes"])  # type: ignore[attr-defined]
+
+
+def test_a_nan_int8_is_never_built_and_auto_repairs_it_once_for_the_targets_sharing_the_cause(
+        tmp_path: Path) -> None:
+    """An embedding whose padding row int8 rounds to zero gives NaN (tests/test_reload.py): under "auto" the
+    failed reload starts the search; the second target of the same model and precision step reuses its answer."""
+    from tests.test_reload import _project as nan_project
+
+    path = nan_project(tmp_path, extra='precision_search = "auto"\n\n[targets.arm-int8]\nextends = "cpu-int8"\n')
+    code, jobs, err = _build(path)
+    assert code == 0, err[-3000:]
+    assert {j: r["status"] for j, r in jobs.items()} == {
+        "cpu-fp32/nanemb": "built", "cpu-int8/nanemb": "built", "arm-int8/nanemb": "built"}
+    lock = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]
+    assert lock["cpu-int8/nanemb"]["search"]["failed_with"].startswith("broken outputs (cpu-int8/nanemb: step "
+                                                                        "'reload': output 'emb' is NaN")
+    assert lock["cpu-int8/nanemb"]["applies"] == {"quantization": {"exclude_nodes": ["embed"]}}
+    assert lock["arm-int8/nanemb"]["search"]["reused_from"] == "cpu-int8/nanemb"
+    proc = run_cli("test", "-c", str(path), "--no-explain", "--locked")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
