@@ -17,7 +17,7 @@ from ortbuild.artifact import keys
 from ortbuild.cli.build import built, fitting
 from ortbuild.cli.common import table
 from ortbuild.errors import GateFailed, OrtbuildError, UsageError, first_line
-from ortbuild.gating import report, summary
+from ortbuild.gating import report, selection, summary
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
@@ -42,7 +42,8 @@ def cmd_test(args: argparse.Namespace) -> int:
     refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
     for j in jobs:
         ft = j.settings.gates.latency.faster_than if j.settings.gates else None
-        if ft is not None and not any(x.name == f"{ft.target}/{j.model.name}" for x in [*jobs, *refs]):
+        if ft is not None and "latency" in args.gates and \
+                not any(x.name == f"{ft.target}/{j.model.name}" for x in [*jobs, *refs]):
             other = project.targets[ft.target]
             refs.append(plan.Job(other, j.model, other.settings[j.model.name]))
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
@@ -51,7 +52,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
         # line is due)
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
-                              capture=not args.verbose, quick=args.quick)
+                              capture=not args.verbose, quick=args.quick, judged=args.gates)
         results = tester.run(jobs, done, args.require)
         explained, searched = _explain(args, builder, tester, jobs, results, progress)
         written = report.compose(dist, report.collect(dist), baseline)
@@ -78,6 +79,8 @@ def cmd_test(args: argparse.Namespace) -> int:
             print(f"  reproduce: {r.reproduce}", file=sys.stderr)
     if code == 0 and inconclusive:
         print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
+    if left := selection.not_judged({"judged": list(args.gates)}):
+        print(f"{left}; `ortbuild release` needs every gate: test again without --gates", file=sys.stderr)
     for r in explained:
         print()
         print("\n".join(explain.render(f"{r.target}/{r.model}", r.explain)))

@@ -252,6 +252,7 @@ class GatesPart(TypedDict):
     build_key: str
     artifact_sha256: str
     quick: bool
+    judged: list[str]                # the gates this test judged (`--gates`; older reports: none, all of them)
     platform: dict[str, object]      # an emulated platform's run (ortbuild.emulation)
     gates: dict[str, str]            # each gate's verdict by name (older reports: none)
     failed_gates: list[str]
