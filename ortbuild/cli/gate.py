@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
-    from ortbuild.gating import explain, gates
+    from ortbuild.gating import explain, gates, speed
 
     if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
@@ -54,6 +54,11 @@ def cmd_test(args: argparse.Namespace) -> int:
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
                               capture=not args.verbose, quick=args.quick, judged=args.gates)
         results = tester.run(jobs, done, args.require)
+        measured = speed.check([(j, r.latency) for j, r in zip(jobs, results, strict=True)])
+        for job, r, found in zip(jobs, results, measured, strict=True):
+            if found:  # in its test report too
+                r.speed = found
+                tester.write_report(job, r)
         explained, searched = _explain(args, builder, tester, jobs, results, progress)
         written = report.compose(dist, report.collect(dist), baseline)
         json_path, html_path = report.save(dist, written)

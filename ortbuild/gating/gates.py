@@ -62,6 +62,7 @@ class TestResult:
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
     judged: list[str] = field(default_factory=lambda: list(GATES))  # --gates: release needs them all
+    speed: list[timing_records.SpeedDoc] = field(default_factory=list)  # slower than what it derives from (speed)
     platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
     build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0

@@ -225,7 +225,7 @@ def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
 NOT_TESTED: records.GatesPart = {
     "accuracy": "-", "worst": "-", "outputs": [], "golden": {}, "latency": {}, "latency_verdict": "-", "size": {},
     "size_verdict": "-", "startup": {}, "cold_start_verdict": "-", "memory_verdict": "-", "explain": {},
-    "build_key": "", "artifact_sha256": "", "quick": False, "judged": list(selection.GATES),
+    "build_key": "", "artifact_sha256": "", "quick": False, "judged": list(selection.GATES), "speed": [],
     "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"), "failed_gates": []}
 
 

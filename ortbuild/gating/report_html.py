@@ -262,7 +262,7 @@ def _section(r: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
     out = [f"<section id=\"{e(key)}\"><h2>{e(key)} <span class={e(status)}>{e(verdict)}</span></h2>"]
     if r.get("reason"):
         out.append(f"<p>{e(r['reason'])}</p>")
-    for w in (r.get("golden") or {}).get("warnings", []):
+    for w in [*(r.get("golden") or {}).get("warnings", []), *(x["message"] for x in r.get("speed") or [])]:
         out.append(f"<p class=warning>warning: {e(w)}</p>")
     if selection.not_judged(r):
         out.append(f"<p>{e(selection.not_judged(r))}: `ortbuild release` needs every gate</p>")
