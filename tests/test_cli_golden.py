@@ -63,7 +63,9 @@ def _mask_text(s: str, root: str) -> str:
 
 
 KEPT = {"exit_code"}  # numbers that are decisions, not measurements
-DROPPED = {"unstable", "note"}  # what the machine's load did to a latency measurement
+DROPPED = {"unstable", "note", "speed"}  # what the machine's load did to a latency measurement; whether an
+# artifact was measured slower than the one it derives from (ortbuild.gating.speed: tests/test_speed.py)
+_SPEED_WARNING = re.compile(r"^\s*\[[^\]]+\] warning: .* is [\d.]+x the speed of ")  # that warning, said
 
 
 def mask(doc: Any, root: str) -> Any:
@@ -89,7 +91,7 @@ def _run(results: dict[str, Any], name: str, root: Path, *args: str) -> Any:
     try:
         doc: Any = json.loads(proc.stdout) if proc.stdout.strip() else None
     except json.JSONDecodeError:
-        doc = proc.stdout.splitlines()
+        doc = [line for line in proc.stdout.splitlines() if not _SPEED_WARNING.match(line)]
     err = [line for line in proc.stderr.splitlines() if line.startswith(("ortbuild:", "  hint:"))]
     results[name] = {"exit": proc.returncode, "stdout": mask(doc, str(root)), "stderr": mask(err, str(root))}
     return doc

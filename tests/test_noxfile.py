@@ -120,6 +120,24 @@ def test_the_release_session_allows_development_keys_only_with_its_own(
     assert any("keygen" in r and "--dev" in r for r in session.runs) is not configured  # its own DEV_KEYS made
 
 
+def test_the_test_session_passes_its_arguments_to_ortbuild_test(noxfile: Any, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nox -s test -- --gates accuracy`: what follows `--` reaches `ortbuild test` in the target's venv."""
+    target = "cpu-fp32"
+    venv = tmp_path / "envs" / "target-cpu-fp32"
+    monkeypatch.setattr(noxfile, "_target_env", lambda session, t, required_fails=False: (
+        noxfile.PROJECT.targets[t], venv))
+    monkeypatch.setattr(noxfile, "keys_env", lambda session, v: {})
+    monkeypatch.setattr(noxfile, "_skipped_here", lambda t, gates=False: None)
+    monkeypatch.setattr(noxfile, "_SUMMARIES", ["test"])  # no summary registered at exit
+    session = _Session(tmp_path / "envs")
+    session.posargs = ["--gates", "accuracy"]
+    noxfile.test.func(session, target)
+    (run,) = session.runs
+    assert run[0] == str(venv / "bin" / "ortbuild") and run[1] == "test"
+    assert run[-2:] == ("--gates", "accuracy") and ("-t", target) == run[4:6], run
+
+
 def test_a_broken_targets_toml_fails_the_target_sessions(tmp_path: Path) -> None:
     """Not 'skipped: no parameters' with exit 0: a script's `nox -s test && nox -s release` must stop here."""
     broken = tmp_path / "targets.toml"

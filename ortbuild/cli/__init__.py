@@ -23,6 +23,7 @@ from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
 from ortbuild.errors import OrtbuildError
+from ortbuild.gating import selection as gate_selection
 from ortbuild.gating import summary
 from ortbuild.project import config
 
@@ -50,6 +51,14 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text}: a finite number of seconds, 0 or more (0: do not wait)")
     return value
+
+
+def gate_names(text: str) -> tuple[str, ...]:
+    """--gates: a comma-separated list of gate names (argparse turns the error into a usage error, exit 2)."""
+    try:
+        return gate_selection.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
     te.add_argument("--quick", action="store_true",
                     help="quick latency and cold-start verdicts while iterating: 90%% confidence, shorter sampling, "
                          "no wait for the load to fall; `ortbuild release` refuses them (test again without it)")
+    te.add_argument("--gates", type=gate_names, default=gate_selection.GATES, metavar="NAMES",
+                    help=f"judge only these gates, a comma-separated list of: {gate_selection.CHOICES} (default: all); "
+                         "the others are not measured (e.g. --gates accuracy while iterating on accuracy); "
+                         "`ortbuild release` refuses a test that left a gate out")
     te.add_argument("--repair", action="store_true",
                     help="rebuild TAMPERED artifacts (saying what was replaced) instead of failing")
     te.add_argument("--require", action="store_true",

@@ -11,7 +11,7 @@ import base64
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +22,7 @@ from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import accept, builds, compare, emulated, latency, records, report, size, startup, timing_records
+from ortbuild.gating.selection import GATES
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -60,6 +61,8 @@ class TestResult:
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
+    judged: list[str] = field(default_factory=lambda: list(GATES))  # --gates: release needs them all
+    speed: list[timing_records.SpeedDoc] = field(default_factory=list)  # slower than what it derives from (speed)
     platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
     build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0
@@ -91,8 +94,9 @@ class TestResult:
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
                  progress: Callable[[str, Event | str], None], sign_key: SigningKey | None = None,
-                 capture: bool = True, quick: bool = False) -> None:
+                 capture: bool = True, quick: bool = False, judged: Sequence[str] = GATES) -> None:
         self.project = project
+        self.judged = tuple(judged)  # --gates: the others are not measured
         self.quick = quick  # --quick: latency.plan_of's quick plan
         self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v
         self.logs: list[tuple[str, logs.Captured]] = []  # (job, what its test's tools said)
@@ -111,7 +115,7 @@ class Tester:
         results = []
         for job in jobs:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job),
-                             quick=self.quick)
+                             quick=self.quick, judged=list(self.judged))
             b = built[job.name]
             if b.status == JobStatus.FAILED:  # what the report's row of its build record says (report.collect)
                 failed = builds.failure(cast(records.BuildRecord, b.as_json()))  # the record it wrote
@@ -174,11 +178,13 @@ class Tester:
     def gate(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
         """Every gate of one built job: accuracy, size, latency (`built`: the references of relative budgets)."""
         module, g, m = self.accuracy_gate(job, res)
-        self._size(job, res, m)
+        if "size" in self.judged:
+            self._size(job, res, m)
         if module is None:  # emulated: the timing gates say nothing about the device
             self._skip_timing(job, res)
         else:
-            self._latency(job, res, module, g, built)
+            if "latency" in self.judged:
+                self._latency(job, res, module, g, built)
             self._startup(job, res, g)
         undecided = [res.latency.get("note", "latency inconclusive")] if res.latency_verdict == INCONCLUSIVE else []
         if INCONCLUSIVE in (res.cold_start_verdict, res.memory_verdict):
@@ -191,7 +197,7 @@ class Tester:
         """Cold start and peak memory in fresh processes through the loader (only with a budget for either)."""
         gates = job.settings.gates
         assert gates is not None
-        budgets = gates.startup_budgets
+        budgets = {k: b for k, b in gates.startup_budgets.items() if k in self.judged}
         if not budgets:
             return
         folder = paths.inside(self.dist, job.target.name, job.model.name)
@@ -214,7 +220,8 @@ class Tester:
         assert gates is not None
         skipped = [name for name, has in (("latency", gates.latency.budgets() or gates.latency.faster_than),
                                           ("cold_start", "cold_start" in gates.startup_budgets),
-                                          ("memory", "memory" in gates.startup_budgets)) if has]
+                                          ("memory", "memory" in gates.startup_budgets))
+                   if has and name in self.judged]
         for name in skipped:
             setattr(res, report.GATE_FIELDS[name], SKIP)
         if skipped:
@@ -247,7 +254,8 @@ class Tester:
         warnings = golden.constant_warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
-        self._accuracy(job, res, outputs, g, m)
+        if "accuracy" in self.judged:
+            self._accuracy(job, res, outputs, g, m)
         return module, g, m
 
     def _target_outputs(self, job: Job) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
-from ortbuild.gating.timing_records import LatencyDoc, ProfileDoc, StartupDoc
+from ortbuild.gating.timing_records import LatencyDoc, ProfileDoc, SpeedDoc, StartupDoc
 
 # ------------------------------------------------------------------------------------------- accuracy
 
@@ -252,6 +252,8 @@ class GatesPart(TypedDict):
     build_key: str
     artifact_sha256: str
     quick: bool
+    judged: list[str]                # the gates this test judged (`--gates`; older reports: none, all of them)
+    speed: list[SpeedDoc]            # measured slower than the artifact it derives from (ortbuild.gating.speed)
     platform: dict[str, object]      # an emulated platform's run (ortbuild.emulation)
     gates: dict[str, str]            # each gate's verdict by name (older reports: none)
     failed_gates: list[str]

@@ -21,7 +21,7 @@ from typing import Literal
 
 from ortbuild import errors, files, paths
 from ortbuild.artifact import manifest
-from ortbuild.gating import builds, records, report_html, timing_records
+from ortbuild.gating import builds, records, report_html, selection, timing_records
 from ortbuild.status import Verdict
 from ortbuild.units import human_size, signed_percent, signed_size
 
@@ -75,14 +75,18 @@ def failure_kind(r: records.ResultDoc) -> str:
 
 
 def verdict_cell(r: records.ResultDoc) -> str:
-    """`FAIL (size)`, `FAIL (accuracy, cold_start)`, `FAIL (build)`, `INCONCLUSIVE (latency)`, `PASS`."""
+    """`FAIL (size)`, `FAIL (accuracy, cold_start)`, `FAIL (build)`, `INCONCLUSIVE (latency)`, `PASS`; a test
+    that judged some gates only says which: `PASS (--gates accuracy)`."""
     status = str(r.get("status", "-"))
     why: list[str] = []
     if status == Verdict.FAIL:
         why = failed_gates(r) or [failure_kind(r)]
     elif status == Verdict.INCONCLUSIVE:
         why = [name for name, v in gate_verdicts(r).items() if v == Verdict.INCONCLUSIVE]
-    return status + (f" ({', '.join(why)})" if why else "")
+    said = [", ".join(why)] if why else []
+    if selection.left_out(r) and status != Verdict.SKIPPED:
+        said.append(selection.flag(r.get("judged") or []))
+    return status + (f" ({'; '.join(said)})" if said else "")
 
 
 def ordered(results: list[records.RowDoc]) -> list[records.RowDoc]:
@@ -221,8 +225,8 @@ def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
 NOT_TESTED: records.GatesPart = {
     "accuracy": "-", "worst": "-", "outputs": [], "golden": {}, "latency": {}, "latency_verdict": "-", "size": {},
     "size_verdict": "-", "startup": {}, "cold_start_verdict": "-", "memory_verdict": "-", "explain": {},
-    "build_key": "", "artifact_sha256": "", "quick": False, "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"),
-    "failed_gates": []}
+    "build_key": "", "artifact_sha256": "", "quick": False, "judged": list(selection.GATES), "speed": [],
+    "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"), "failed_gates": []}
 
 
 def build_failure_row(record: records.BuildRecord) -> records.ResultDoc:

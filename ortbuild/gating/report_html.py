@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Literal
 
+from ortbuild.gating import selection
 from ortbuild.gating.records import Comparison, ExplainDoc, ReportDoc, RowDoc
 from ortbuild.gating.timing_records import DataSetLatency, ProfileDoc
 from ortbuild.status import Verdict
@@ -261,8 +262,10 @@ def _section(r: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
     out = [f"<section id=\"{e(key)}\"><h2>{e(key)} <span class={e(status)}>{e(verdict)}</span></h2>"]
     if r.get("reason"):
         out.append(f"<p>{e(r['reason'])}</p>")
-    for w in (r.get("golden") or {}).get("warnings", []):
+    for w in [*(r.get("golden") or {}).get("warnings", []), *(x["message"] for x in r.get("speed") or [])]:
         out.append(f"<p class=warning>warning: {e(w)}</p>")
+    if selection.not_judged(r):
+        out.append(f"<p>{e(selection.not_judged(r))}: `ortbuild release` needs every gate</p>")
     if key in profiled:
         out.append(f"<p>profile: <a href='#profile-{e(key)}'>top operators</a>, "
                    f"<a href='{e(profiled[key])}'>trace</a></p>")

@@ -114,9 +114,10 @@ def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) ->
 
 
 def warning_lines(results: Sequence[ResultDoc]) -> list[str]:
-    """The warnings of test results (golden outputs that test almost nothing), one line each."""
+    """The warnings of test results (golden outputs that test almost nothing; an artifact measured slower than
+    the one it derives from, ortbuild.gating.speed), one line each."""
     return [f"  [{r['target']}/{r['model']}] warning: {w}" for r in results
-            for w in (r.get("golden") or {}).get("warnings", [])]
+            for w in [*(r.get("golden") or {}).get("warnings", []), *(x["message"] for x in r.get("speed") or [])]]
 
 
 def print_test(dist: Path, out: TextIO) -> int:

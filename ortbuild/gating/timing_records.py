@@ -129,6 +129,26 @@ class LatencyDoc(DataSetLatency, total=False):
     quick: bool
 
 
+class SpeedDoc(TypedDict):
+    """One speed claim found false (ortbuild.gating.speed): this artifact measured slower than `than`, the
+    artifact of the same model it derives from (fp32 for a reduced precision; fusion off for a fusion), in the
+    same run; a result's `speed` lists them."""
+
+    kind: str                        # "precision" or "fusion"
+    what: str                        # what should have made it faster: "int8-static", "fusion bert"
+    than: str                        # target/model of the artifact it was measured against
+    data_set: str
+    speed_ratio: float               # than's p50 / this p50 (below 1: slower)
+    p50_ms: float
+    than_p50_ms: float
+    lower_ms: float                  # this p50's lower confidence bound (above than_upper_ms: slower)
+    than_upper_ms: float             # than's p50 upper confidence bound
+    confidence: float
+    faster_than: str                 # this target's latency.faster_than verdict against `than` ("": none asked)
+    unstable: list[str]              # "target/model: why" for either measured under load or drift
+    message: str                     # the summary's warning, after "[target/model] warning: "
+
+
 # ------------------------------------------------------------------------------------------- startup
 
 class StartupStats(TypedDict, total=False):

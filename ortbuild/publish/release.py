@@ -41,6 +41,7 @@ from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
+from ortbuild.gating import selection
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
 from ortbuild.gating.records import Rule
@@ -122,6 +123,8 @@ def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | N
     if r.get("quick"):
         confidence = r.get("latency", {}).get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
+    if left := selection.left_out(r):  # `ortbuild test --gates`: release needs every gate
+        return f"tested with {selection.flag(r['judged'])}, its {', '.join(left)} gate(s) not judged: run {test}"
     untimed = [g for g, v in (r.get("gates") or {}).items() if v == SKIP]
     if untimed:  # an emulated platform: its budgets were never measured
         return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.get('reason', '')[:300]}): release it from a "
