@@ -168,7 +168,7 @@ class Explainer:
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, secrets=self.builder.secrets,
                               capture=False)
             tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet,
-                            self.tester.sign_key)
+                            self.tester.sign_key, judged=self.tester.judged)  # --gates: the answer's gates too
             tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
 
             def trial(nodes: list[str], op_types: list[str]) -> tuple[bool, str]:
