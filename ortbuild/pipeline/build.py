@@ -92,7 +92,8 @@ class Builder:
             -> tuple[list[Job], list[str]]:
         """The jobs with their targets.lock entries laid over their settings, where an entry is up to date, and
         what to say of the others. `locked` (--locked, for CI): an out-of-date entry, or a job that asks for a
-        search or tuning (precision_search = "auto", tune = true) with none in the lock, is a config error."""
+        search or tuning (precision_search = "auto", tune = true) with none in the lock, is a config error (an
+        out-of-date entry of a job that asks for neither is only said: it is not applied)."""
         out, notes, problems = [], [], []
         for job in jobs:
             entry = lock.get(job)
@@ -107,8 +108,9 @@ class Builder:
             why = entry.stale(*self.fingerprint(job))
             if why:
                 notes.append(f"{lock.file.name}: the entry of {job.name} is out of date ({why}): "
-                             + ("the build searches again" if wants else "it is not applied"))
-                problems.append(f"the entry of {job.name} is out of date ({why})")
+                             + ("the build searches again" if wants else "it is not applied; delete it"))
+                if wants:
+                    problems.append(f"the entry of {job.name} is out of date ({why})")
                 out.append(job)
                 continue
             out.append(lockfile.apply(self.project, job, entry))
