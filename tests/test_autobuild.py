@@ -65,12 +65,13 @@ def test_a_changed_model_invalidates_its_entry_locked_fails_and_a_build_searches
     np.savez(tmp_path / "emb.inputs.npz", ids=(ids + 1) % 50)  # other golden inputs: the judgement changes
     code, _, err = _build(path, "--locked")
     assert code == ConfigError.exit_code
-    assert "targets.lock: --locked: the entry of int8/emb is out of date (the model or its data changed" in err
+    assert 'targets.lock: --locked: int8/emb (precision_search = "auto"): its entry is out of date (the model or ' \
+        "its data changed since it was written)" in err
     assert "run the build without --locked" in err
     code, _, err = _build(path)
     assert code == 0, err[-2000:]
     assert "the entry of int8/emb is out of date (the model or its data changed since it was written): the " \
-           "build searches again" in err
+           "build does its search again" in err
     lock = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]["int8/emb"]
     assert lock["applies"] == {"quantization": {"exclude_nodes": ["fc"]}} and lock["search"]["rebuilds"] >= 1
 
@@ -104,7 +105,7 @@ def test_no_passing_set_within_the_budget_fails_the_job_with_the_search_table(tm
     assert isinstance(other, dict) and "the search of int8/emb (the same model and precision step) found none" \
         in other["message"] and "rebuild:" not in other["message"]
     code, _, err = _build(path, "--locked")
-    assert code == ConfigError.exit_code and "int8/emb (precision_search = \"auto\") has no entry" in err
+    assert code == ConfigError.exit_code and 'int8/emb (precision_search = "auto"): no entry' in err
 
 
 def test_off_is_todays_behaviour(tmp_path: Path) -> None:
@@ -133,3 +134,39 @@ def test_a_nan_int8_is_never_built_and_auto_repairs_it_once_for_the_targets_shar
     assert lock["arm-int8/nanemb"]["search"]["reused_from"] == "cpu-int8/nanemb"
     proc = run_cli("test", "-c", str(path), "--no-explain", "--locked")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_an_entry_without_a_search_is_kept_and_locked_does_not_search(tmp_path: Path) -> None:
+    """An up-to-date entry that holds no search (a tuning, or written by hand): --locked refuses to search in its
+    place; a build judges the job with what the entry lays over it, keeps that, and the entry is then settled."""
+    path = _project(tmp_path, 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n')
+    assert _build(path)[0] == 0
+    lock = tmp_path / "targets.lock"
+    lock.write_text(lock.read_text().split('\n[jobs."int8/emb".search]')[0])  # the search part dropped
+    code, _, err = _build(path, "--locked")
+    assert code == ConfigError.exit_code and "int8/emb (precision_search = \"auto\"): its entry holds no search" in err
+    code, jobs, err = _build(path)
+    assert code == 0 and jobs["int8/emb"]["status"] == "up-to-date", err  # the artifact it lays over stands
+    entry = tomllib.loads(lock.read_text())["jobs"]["int8/emb"]
+    assert entry["applies"] == {"quantization": {"exclude_nodes": ["fc"]}}
+    assert entry["search"]["result"].startswith("passes with what targets.lock lays over it (y: cosine 0.9999")
+    assert _build(path, "--locked")[0] == 0
+
+
+def test_inline_overrides_and_an_entry_the_model_cannot_take(tmp_path: Path) -> None:
+    """targets.toml writing its overrides as an inline array takes the lock's entry as one more (merged as data);
+    an entry naming a node the model lacks is blamed on targets.lock, not targets.toml."""
+    path = _project(tmp_path, 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n'
+                              'overrides = [ { models = ["emb"], latency = { p50_ms = 150 } } ]\n')
+    code, jobs, err = _build(path)
+    assert code == 0, err[-2000:]
+    lock = tmp_path / "targets.lock"
+    assert 'applies = { quantization = { exclude_nodes = ["fc"] } }' in lock.read_text()
+    assert _build(path, "--locked")[1]["int8/emb"]["status"] == "up-to-date"
+    lock.write_text(lock.read_text().replace('exclude_nodes = ["fc"]', 'exclude_nodes = ["nosuch"]'))
+    code, jobs, err = _build(path, "--force")
+    error = jobs["int8/emb"]["error"]
+    assert code == ConfigError.exit_code and isinstance(error, dict), err
+    assert error["message"].startswith(f'{lock}: [jobs."int8/emb".applies.quantization.exclude_nodes] the model '
+                                       "has no node named 'nosuch'"), error
+    assert "delete the entry" in error["hint"]

@@ -42,17 +42,18 @@ def _entry(**applies: dict[str, object]) -> lockfile.Entry:
 def test_an_entry_round_trips_through_the_file(project: config.Project) -> None:
     entry = _entry(quantization={"exclude_nodes": ["a", 'b "quoted" ü']},
                    session={"intra_op_num_threads": 1, "config": {"session.intra_op.allow_spinning": "0"}})
-    lock = lockfile.read(project).with_entry(entry)
-    lock.write()
+    other = lockfile.Entry("int8/other", "sha256:a", "sha256:b")
+    lockfile.record(project, other)
+    lockfile.record(project, entry)  # read again and added to: the other entry stays
     text = lockfile.path_of(project).read_text()
     assert text.startswith("# targets.lock") and tomllib.loads(text)["version"] == 1
-    assert lockfile.read(project).entries == {"int8/m": entry}
+    assert lockfile.read(project).entries == {"int8/m": entry, "int8/other": other}
 
 
 def test_apply_lays_the_entry_over_the_declared_settings(project: config.Project) -> None:
     job = plan.jobs(project)[0]
-    locked = lockfile.apply(project, job, _entry(quantization={"exclude_nodes": ["a", "b"]},
-                                                 session={"intra_op_num_threads": 1}))
+    (locked,) = lockfile.apply(project, [(job, _entry(quantization={"exclude_nodes": ["a", "b"]},
+                                                      session={"intra_op_num_threads": 1}))])
     assert locked.settings.quantization.exclude_nodes == ("a", "b")
     assert locked.settings.session.intra_op_num_threads == 1
     assert locked.settings.quantization.per_channel == job.settings.quantization.per_channel
@@ -75,6 +76,15 @@ def test_an_entry_is_stale_when_its_source_or_settings_digest_differs() -> None:
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { quantization = 1 }',
      '[jobs."int8/m".applies] must be a table of tables'),
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\nextra = 1', "unknown key(s) extra"),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { quantization = { exclude_nodez = [] } }',
+     "[jobs.\"int8/m\".applies.quantization] exclude_nodez: a lock entry lays only"),
+    # the lock never loosens what is judged
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { accuracy = { cosine = 0.5 } }',
+     "[jobs.\"int8/m\".applies.accuracy] cosine: a lock entry lays only"),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n[jobs."int8/m".search]\nwhen = 2024-01-01',
+     "[jobs.\"int8/m\".search.when] holds date"),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n[jobs."int8/m".tune]\nspeedup = nan',
+     "[jobs.\"int8/m\".tune.speedup] holds float nan"),
 ])
 def test_a_malformed_lock_is_a_config_error_naming_it(project: config.Project, text: str, where: str) -> None:
     lockfile.path_of(project).write_text(text)
@@ -87,9 +97,9 @@ def test_a_malformed_lock_is_a_config_error_naming_it(project: config.Project, t
 def test_an_entry_that_does_not_fit_targets_toml_names_the_entry(project: config.Project) -> None:
     job = plan.jobs(project)[0]
     with pytest.raises(ConfigError) as e:
-        lockfile.apply(project, job, _entry(quantization={"exclude_nodez": ["b"]}))
-    assert e.value.message.startswith(f"{lockfile.path_of(project)}: [jobs.\"int8/m\".applies] does not apply")
-    assert "exclude_nodez" in e.value.message
+        lockfile.apply(project, [(job, _entry(quantization={"exclude_nodes": [1]}))])
+    assert e.value.message.startswith(f"{lockfile.path_of(project)}: [jobs.\"int8/m\".applies] does not apply "
+                                      "to targets.toml: [quantization.exclude_nodes]"), e.value.message
 
 
 def test_the_docs_example_is_a_lock_ortbuild_reads(project: config.Project) -> None:

@@ -121,11 +121,11 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
                       capture=not verbose, command=command)
     builder.check_keys(fit)  # before dist/ is touched
-    lock = lockfile.read(project)
-    jobs, notes = builder.lock_jobs(jobs, lock, locked=getattr(args, "locked", False))
-    for n in notes:
-        print(f"ortbuild: {n}", file=sys.stderr)
     with workspace.Lock(dist, timeout=args.lock_timeout):
+        declared = list(jobs)
+        jobs, notes = builder.lock_jobs(jobs, lockfile.read(project), locked=getattr(args, "locked", False))
+        for n in notes:
+            print(f"ortbuild: {n}", file=sys.stderr)
         _clean_leftovers(dist)
         # a lowered [project] epoch: a config error unless --allow-epoch-decrease (the artifacts in dist/ are the
         # record of the epoch they were built at)
@@ -135,14 +135,14 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
         with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(args, fit))}
-            searched = _to_the_gates(args, builder, lock, jobs, done, progress)
+            searched = _to_the_gates(args, builder, declared, jobs, done, progress)
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
         yield Built(dist, builder, done, [searched.get(j.name, j) for j in jobs])
 
 
-def _to_the_gates(args: argparse.Namespace, builder: Builder, lock: lockfile.Lock, jobs: Sequence[plan.Job],
+def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence[plan.Job], jobs: Sequence[plan.Job],
                   done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
     """The precision search of the jobs that ask for it (gating/autobuild.py; numpy, onnx and ONNX Runtime load
     only when one does): the jobs it rebuilt with an answer, by name."""
@@ -155,7 +155,7 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, lock: lockfile.Loc
 
     tester = Tester(builder.project, builder.dist, builder.secrets.secret, args.config, progress,
                     builder.secrets.signing, capture=builder.capture)
-    auto = autobuild.AutoSearch(builder, tester, lock, max_rebuilds=getattr(args, "explain_rebuilds", 16),
+    auto = autobuild.AutoSearch(builder, tester, declared, max_rebuilds=getattr(args, "explain_rebuilds", 16),
                                 max_seconds=getattr(args, "explain_seconds", 300.0), progress=progress)
     auto.run(todo, done)
     return auto.locked
@@ -233,7 +233,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(args.key_file, args.signing_key_file)
     builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
-    jobs, lock_notes = builder.lock_jobs(jobs, lockfile.read(project))  # as a build would build them
+    lock = lockfile.read(project)
+    jobs, lock_notes = builder.lock_jobs(jobs, lock)  # as a build would build them
+    orphans = [name for name, e in lock.entries.items()
+               if e.target not in project.targets or e.model not in project.targets[e.target].models]
     out: list[PlanRow] = []
     reduced: dict[str, str | None] = {}  # model -> why its source is already quantized / fp16
     for j in jobs:
@@ -241,6 +244,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         notes = [n for n in lock_notes if f" {j.name} " in n]
         if j.locked is not None:
             notes.append(f"{lockfile.LOCK_FILE} lays over its settings: {j.locked.describe()}")
+        for part in lockfile.missing(j, j.locked):
+            notes.append('precision_search = "auto" and no search in targets.lock: the build judges its accuracy and '
+                         "searches where it fails" if part == "search" else
+                         "tune = true and no tuning in targets.lock: the build tunes its session options")
         if j.settings.rule.quantizer is not Quantizer.NONE:
             if j.model.name not in reduced:
                 reduced[j.model.name] = _already_reduced(graphs[j.model.name])
@@ -281,6 +288,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for o in out:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
+    for name in orphans:
+        print(f"  note: {lockfile.LOCK_FILE}: the entry of {name} matches no job of {project.file.name}: delete it")
     platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
     if platforms:
         print("\nplatforms (docs/targets.md#platforms):")

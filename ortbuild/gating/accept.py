@@ -160,7 +160,7 @@ def passes(project: config.Project, job: Job, text: str,
     """Whether targets.toml with `text` appended loads and gives the job a rule under which each compared output
     (its result, expected, actual) passes, and the job's other settings and budgets unchanged."""
     try:
-        settings = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name]
+        settings = config.load_pasted(project.file, text).targets[job.target.name].settings[job.model.name]
     except (OSError, OrtbuildError, KeyError):  # a read-only project, or a table that does not load: not offered
         return False
     gates, was = settings.gates, job.settings.gates

@@ -28,8 +28,7 @@ from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
 
 def wants_search(job: Job) -> bool:
     """`auto` on a precision the search applies to, and no up-to-date search in the lock (a tuning alone is not one)."""
-    return (job.settings.precision_search == "auto" and job.settings.rule.knob is not None
-            and (job.locked is None or not job.locked.search))
+    return "search" in lockfile.missing(job, job.locked)
 
 
 def root_cause(job: Job) -> str:
@@ -46,11 +45,11 @@ def root_cause(job: Job) -> str:
 class AutoSearch:
     """The search of one build run (the builder's dist, under its lock)."""
 
-    def __init__(self, builder: Builder, tester: Tester, lock: lockfile.Lock, *, max_rebuilds: int,
+    def __init__(self, builder: Builder, tester: Tester, declared: Sequence[Job], *, max_rebuilds: int,
                  max_seconds: float, progress: Callable[[str, Event | str], None]) -> None:
         self.builder = builder
         self.tester = tester
-        self.lock = lock
+        self.declared = {j.name: j for j in declared}  # the jobs as targets.toml declares them (the lock's keys)
         self.max_rebuilds = max_rebuilds
         self.max_seconds = max_seconds
         self.progress = progress
@@ -74,9 +73,7 @@ class AutoSearch:
                                    f"{first_line(e)}")
                     continue
                 if res.accuracy == PASS:
-                    self._record(job, {}, {"result": f"passes as declared ({res.worst})"})
-                    r.notes.append(f"precision_search: passes as declared ({res.worst}); recorded in "
-                                   f"{self.lock.file.name}")
+                    self._record(job, r, res.worst)
                     continue
                 why = f"accuracy gate FAIL ({res.worst})"
             elif r.status == JobStatus.FAILED and isinstance(r.error, OutputsBroken):
@@ -133,15 +130,14 @@ class AutoSearch:
         knob = job.settings.rule.knob
         assert knob is not None
         settings = explain.settings_with(job.settings, knob, nodes, op_types)
-        opts, declared = getattr(settings, knob.table), getattr(job.settings, knob.table)
+        opts, declared = getattr(settings, knob.table), getattr(self.declared[job.name].settings, knob.table)
         applies: dict[str, dict[str, object]] = {knob.table: {
             k: list(getattr(opts, k)) for k in (knob.op_types, knob.nodes)
             if k is not None and getattr(opts, k) != getattr(declared, k)}}
         kept = describe_set(nodes, op_types)
         entry = self._entry(job).merged(applies, search={"kept": kept, **evidence})
-        locked = lockfile.apply(self.builder.project, job, entry)
+        (locked,) = lockfile.apply(self.builder.project, [(self.declared[job.name], entry)])
         result = self.builder.run_job(locked)
-        self.locked[job.name] = locked
         if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE):
             return None
         res = TestResult(job.target.name, job.model.name, job.settings.precision)
@@ -151,27 +147,39 @@ class AutoSearch:
             res.accuracy, res.worst = Verdict.FAIL, first_line(e)
         if res.accuracy != PASS:
             return None
-        entry = entry.merged({}, search={**entry.search, "worst": res.worst})
-        self.lock = self.lock.with_entry(entry)
-        self.lock.write()
+        self.locked[job.name] = locked
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
-        result.notes.append(f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst}); "
-                            f"recorded in {self.lock.file.name}")
+        said = self._write(entry.merged({}, search={**entry.search, "worst": res.worst}), result)
+        result.notes.append(f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst}); {said}")
         self.progress(job.name, f"precision_search: kept {kept} in float{source}: PASS ({res.worst})")
         return result
 
     def _entry(self, job: Job) -> lockfile.Entry:
-        """A fresh entry for the declared job (its digests), keeping a tuning part that is still up to date."""
-        source, settings = self.builder.fingerprint(job)
-        old = self.lock.get(job)
-        tune = old.tune if old is not None and not old.stale(source, settings) else {}
-        session = {"session": dict(old.applies["session"])} if tune and old and "session" in old.applies else {}
-        return lockfile.Entry(job.name, source, settings, session, {}, tune)
+        """The job's entry to add to: its up-to-date one (a tuning, what it lays over the settings), else a new one
+        with the declared job's digests."""
+        if job.locked is not None:
+            return job.locked
+        return lockfile.Entry(job.name, *self.builder.fingerprint(self.declared[job.name]))
 
-    def _record(self, job: Job, applies: dict[str, dict[str, object]], search: dict[str, object]) -> None:
-        entry = self._entry(job).merged(applies, search=search)
-        self.lock = self.lock.with_entry(entry)
-        self.lock.write()
+    def _write(self, entry: lockfile.Entry, result: JobResult) -> str:
+        """Record the entry in targets.lock; what to say of it (a lock that cannot be written is a warning: the
+        artifact stands, the next build searches again)."""
+        try:
+            lockfile.record(self.builder.project, entry)
+        except OSError as e:
+            where = lockfile.path_of(self.builder.project)
+            self.progress(entry.job, f"WARNING: {where} could not be written ({e.strerror}): the next build searches "
+                                     "again")
+            return f"NOT recorded: {where} could not be written ({e.strerror}); make its folder writable"
+        return f"recorded in {lockfile.LOCK_FILE}"
+
+    def _record(self, job: Job, result: JobResult, found: str) -> None:
+        """A job that passes as it is built: its entry (with what an up-to-date one already lays over it)."""
+        entry = self._entry(job)
+        how = "passes as declared" if not entry.applies else "passes with what targets.lock lays over it"
+        entry = entry.merged({}, search={"result": f"{how} ({found})"})
+        said = self._write(entry, result)
+        result.notes.append(f"precision_search: {entry.search['result']}; {said}")
         self.locked[job.name] = dataclasses.replace(job, locked=entry)
 
     def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:

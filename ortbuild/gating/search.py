@@ -41,7 +41,7 @@ def override_toml(job: Job, knob: SearchKnob, settings: config.Settings) -> str:
 def check_override(project: config.Project, job: Job, text: str, expected: config.Settings) -> None:
     """Parse targets.toml with `text` appended: the model's settings must be those that were tested, its gates
     (budgets and accuracy rule, outside the settings' equality) those it had."""
-    parsed = config.load_appended(project.file, text).targets[job.target.name].settings[job.model.name]
+    parsed = config.load_pasted(project.file, text).targets[job.target.name].settings[job.model.name]
     if parsed != expected or parsed.gates != expected.gates:
         raise AssertionError(f"the printed override does not yield the tested settings: {parsed} != {expected}")
 

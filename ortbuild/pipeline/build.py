@@ -85,40 +85,39 @@ class Builder:
         """The job's targets.lock digests (source, settings), of its declared settings (lockfile.py)."""
         calibration = self._digest(job.model.calibration) if job.settings.rule.needs_calibration else None
         source = lockfile.source_digest(self.model_files(job.model.path).digests(), self._digest(job.model.inputs),
-                                        calibration)
+                                        calibration, self._digest(job.model.expected))
         return source, lockfile.settings_digest(job)
 
     def lock_jobs(self, jobs: Sequence[Job], lock: lockfile.Lock, *, locked: bool = False) \
             -> tuple[list[Job], list[str]]:
         """The jobs with their targets.lock entries laid over their settings, where an entry is up to date, and
-        what to say of the others. `locked` (--locked, for CI): an out-of-date entry, or a job that asks for a
-        search or tuning (precision_search = "auto", tune = true) with none in the lock, is a config error (an
+        what to say of the others. `locked` (--locked, for CI): a job that asks for a search or tuning
+        (precision_search = "auto", tune = true) that its up-to-date entry does not hold is a config error (an
         out-of-date entry of a job that asks for neither is only said: it is not applied)."""
-        out, notes, problems = [], [], []
+        pairs, notes, problems = [], [], []
         for job in jobs:
             entry = lock.get(job)
-            wants = [why for why, asks in (("precision_search = \"auto\"", job.settings.precision_search == "auto"
-                                            and job.settings.rule.knob is not None),
-                                           ("tune = true", job.settings.tune)) if asks]
-            if entry is None:
-                if wants:
-                    problems.append(f"{job.name} ({' and '.join(wants)}) has no entry")
-                out.append(job)
-                continue
-            why = entry.stale(*self.fingerprint(job))
+            why = entry.stale(*self.fingerprint(job)) if entry is not None else ""
             if why:
+                wants = lockfile.wanted(job.settings)
                 notes.append(f"{lock.file.name}: the entry of {job.name} is out of date ({why}): "
-                             + ("the build searches again" if wants else "it is not applied; delete it"))
-                if wants:
-                    problems.append(f"the entry of {job.name} is out of date ({why})")
-                out.append(job)
-                continue
-            out.append(lockfile.apply(self.project, job, entry))
+                             + (f"the build does its {' and '.join(wants)} again" if wants
+                                else "it is not applied; delete it"))
+                entry = None
+            lacking = lockfile.missing(job, entry)
+            if lacking:
+                asks = {"search": 'precision_search = "auto"', "tune": "tune = true"}
+                problems.append(f"{job.name} ({' and '.join(asks[p] for p in lacking)}): "
+                                + (f"its entry is out of date ({why})" if why else "no entry" if entry is None
+                                   else f"its entry holds no {' and '.join(lacking)}"))
+            pairs.append((job, entry))
         if locked and problems:
             raise ConfigError(str(lock.file), "", "--locked: " + "; ".join(problems),
-                              "run the build without --locked (it searches and tunes again and updates "
-                              f"{lock.file.name}), review and commit {lock.file.name}")
-        return out, notes
+                              f"run the build without --locked (it updates {lock.file.name}), review and commit "
+                              f"{lock.file.name}")
+        applied = dict(zip((j.name for j, e in pairs if e is not None),
+                           lockfile.apply(self.project, [(j, e) for j, e in pairs if e is not None]), strict=True))
+        return [applied.get(j.name, j) for j, _ in pairs], notes
 
     def _probe(self, p: Provider, target: Target) -> str | None:
         if p.name != "CPUExecutionProvider" and (standin := runtime.stand_in(target)) is not None:

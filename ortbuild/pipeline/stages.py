@@ -75,6 +75,11 @@ def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:
                           "format 'ort' is one flatbuffer, limited to 2 GiB, and cannot hold external data",
                           'use format = "onnx" for this target (external data is then written for it)')
     for k, message in check.settings_problems(src.model, src.signature, s):
+        table, _, key = k.partition(".")
+        if job.locked is not None and key in job.locked.applies.get(table, {}):  # the lock set it, not targets.toml
+            raise ConfigError(str(prep.project.file.parent / job.locked.file_name), f"jobs.\"{job.name}\".applies.{k}",
+                              f"{message} (model '{job.model.name}')",
+                              "delete the entry: the next build searches again where the target asks")
         raise ConfigError(str(prep.project.file), f"targets.{job.target.name}.{k}",
                           f"{message} (model '{job.model.name}')",
                           "ONNX Runtime's tools ignore such names silently, so ortbuild refuses them")

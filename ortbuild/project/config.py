@@ -10,10 +10,9 @@ Stdlib + packaging only: the noxfile imports this module to generate one session
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +53,15 @@ __all__ = [
 DEFAULT_FILE = "targets.toml"
 
 
-def load_appended(file: Path, text: str, *, check_files: bool = True) -> Project:
-    """The project of `file` with `text` (TOML tables) appended, read from a private temp file beside it (the paths
-    it names are relative to its folder) and removed at once: a printed override, checked before it is shown.
-    OSError where that folder is read-only; a ConfigError where the result does not load."""
-    original = file.read_text(encoding="utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=".ortbuild-override-", suffix=".toml", dir=file.parent)
+def load_pasted(file: Path, text: str) -> Project:
+    """The project of `file` with `text` (printed `[[targets.X.overrides]]` tables) pasted in: its tables merged as
+    data after each target's own overrides, as load_with_overrides does (nothing is written: a read-only project
+    is fine). A ConfigError where the text is not valid TOML or the result does not load."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(original.rstrip("\n") + "\n\n" + text)
-        return load(tmp, check_files=check_files)
-    finally:
-        os.unlink(tmp)
+        extra = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(file), "", f"the printed tables are not valid TOML: {e}") from None
+    return load_with_overrides(file, {t: v.get("overrides", []) for t, v in extra.get("targets", {}).items()})
 
 
 def toml_key(name: str) -> str:
@@ -80,7 +76,6 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     """Parse and validate a targets.toml. check_files=False skips file-existence checks (nox -l)."""
     file = Path(path)
     shown = str(path)
-    chk = Checker(shown)
     too_long = paths.length_problem(file)
     if too_long:
         raise ConfigError(shown[:200], "", too_long)
@@ -102,7 +97,30 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     except RecursionError:  # tomllib recurses on nested arrays and inline tables
         raise ConfigError(shown, "", "nested too deeply to parse",
                           "targets.toml needs at most a few levels of tables and arrays") from None
+    return _project(file, shown, data, check_files)
 
+
+def load_with_overrides(file: Path, overrides: Mapping[str, Sequence[Mapping[str, object]]]) -> Project:
+    """The project of `file` (its files checked already) with more `[[targets.X.overrides]]` tables after the
+    target's own (targets.lock's entries), merged as data: nothing is written, whichever way the file writes its
+    overrides (an array of tables or an inline array)."""
+    shown = str(file)
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+        raise ConfigError(shown, "", f"cannot read: {e}") from None
+    for target, tables in overrides.items():
+        t = data.get("targets", {}).get(target)
+        if not isinstance(t, dict):
+            raise ConfigError(shown, f"targets.{target}", "no such target")
+        own = t.get("overrides", [])
+        t["overrides"] = [*(own if isinstance(own, list) else [own]), *(dict(x) for x in tables)]
+    return _project(file, shown, data, check_files=False)
+
+
+def _project(file: Path, shown: str, data: dict[str, Any], check_files: bool) -> Project:
+    """The validated project of a parsed targets.toml."""
+    chk = Checker(shown)
     for key in data:
         if key not in ("project", "models", "targets"):
             raise chk.fail(key, f"unknown top-level table '{key}'"

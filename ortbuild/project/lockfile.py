@@ -2,31 +2,39 @@
 
 Two things write it: the precision search of a target with `precision_search = "auto"` (the sets kept in float)
 and session tuning (`ortbuild tune`, or `tune = true` on a target: the session options measured fastest). One
-entry per (target, model), keyed by two digests: `source` (the model's files, its golden inputs and, for the
-precisions that read them, its calibration data) and `settings` (the job's declared settings, as the build key
-holds them, and its accuracy rule). An entry whose digests no longer match is out of date: the build says so and
-searches again, or `--locked` fails (for CI). `applies` is what the entry lays over the declared settings, as an
-`[[targets.X.overrides]]` table would (lists and tables given whole), so a locked job is exactly a job with that
-override: targets.toml's own validation checks it.
+entry per (target, model), keyed by two digests: `source` (the model's files, its golden inputs, its expected
+outputs where given and, for the precisions that read them, its calibration data) and `settings` (the job's
+declared settings, as the build key holds them, and its accuracy rule). An entry whose digests no longer match is
+out of date: the build says so and searches again, or `--locked` fails (for CI). `applies` is what the entry lays
+over the declared settings, as one more `[[targets.X.overrides]]` table would (lists and tables given whole), so a
+locked job is exactly a job with that override: targets.toml's own validation checks it. It may only hold the
+lists the search keeps in float and session options (ALLOWED): the lock never loosens a gate.
 
-The file is TOML, sorted, one table per job, written atomically; it is meant to be committed and reviewed.
-"""
+The file is TOML, sorted, one table per job, written atomically under a lock on its folder (builds of one
+project add their entries one at a time); it is meant to be committed and reviewed."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import math
+import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortbuild import files
 from ortbuild.errors import ConfigError
 from ortbuild.project import config
-from ortbuild.project.declare import plain
+from ortbuild.project.declare import keys_of, plain
 from ortbuild.project.plan import Job
+from ortbuild.project.precisions import RULES
+from ortbuild.project.sections import Session
+from ortbuild.project.settings import Settings
 
 LOCK_FILE = "targets.lock"
 VERSION = 1
@@ -35,7 +43,27 @@ HEADER = ("# targets.lock: what ortbuild found for these jobs (precision_search 
           "# an entry is out of date. An entry's `applies` is laid over targets.toml as an override would be;\n"
           "# delete an entry to drop it (the next build searches again where the target asks).\n")
 
-Value = str | int | float | bool | list[str] | dict[str, object]
+# what an entry may lay over the declared settings: the lists the precision search keeps in float, and the
+# session options tuning measures. Never a gate, a budget or the precision: the lock cannot loosen what is judged.
+ALLOWED: dict[str, frozenset[str]] = {}
+for _rule in RULES:
+    if _rule.knob is not None:
+        ALLOWED[_rule.knob.table] = ALLOWED.get(_rule.knob.table, frozenset()) | {
+            k for k in (_rule.knob.nodes, _rule.knob.op_types) if k is not None}
+ALLOWED["session"] = frozenset(k.name for k in keys_of(Session))
+
+
+def wanted(settings: Settings) -> list[str]:
+    """The parts of an entry the job's settings ask for: "search" (precision_search = "auto" on a precision the
+    search applies to) and "tune" (tune = true)."""
+    return [part for part, asks in (("search", settings.precision_search == "auto" and settings.rule.knob is not None),
+                                    ("tune", settings.tune)) if asks]
+
+
+def missing(job: Job, entry: Entry | None) -> list[str]:
+    """The parts the job asks for that `entry` (an up-to-date one, or None) does not hold."""
+    return [part for part in wanted(job.settings) if entry is None or not (entry.search if part == "search"
+                                                                            else entry.tune)]
 
 
 def path_of(project: config.Project) -> Path:
@@ -47,9 +75,12 @@ def _sha(value: object) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def source_digest(model_digests: Mapping[str, str], inputs: str | None, calibration: str | None) -> str:
-    """The `source` digest: the model's files (ModelFiles.digests()), golden inputs and calibration data."""
-    return _sha({"model": dict(model_digests), "inputs": inputs, "calibration": calibration})
+def source_digest(model_digests: Mapping[str, str], inputs: str | None, calibration: str | None,
+                  expected: str | None) -> str:
+    """The `source` digest: the model's files (ModelFiles.digests()), golden inputs, calibration data and the
+    expected outputs the accuracy gate compares with where the model gives them."""
+    return _sha({"model": dict(model_digests), "inputs": inputs, "calibration": calibration,
+                 **({"expected": expected} if expected is not None else {})})
 
 
 def settings_digest(job: Job) -> str:
@@ -69,6 +100,8 @@ class Entry:
     applies: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # table -> key -> value
     search: Mapping[str, object] = field(default_factory=dict)  # the precision search: what it kept, rebuilds...
     tune: Mapping[str, object] = field(default_factory=dict)    # session tuning: the speed-up and its confidence
+
+    file_name = LOCK_FILE
 
     @property
     def target(self) -> str:
@@ -105,10 +138,10 @@ class Entry:
         return "; ".join(parts) or "nothing (the declared settings pass)"
 
     def as_record(self) -> dict[str, object]:
-        """What the manifest records of it."""
+        """What the manifest records of it: its digests and what it lays over the settings (how each part was
+        found stays in the lock, where later runs add to it)."""
         return {"file": LOCK_FILE, "source": self.source, "settings": self.settings,
-                "applies": {t: dict(v) for t, v in self.applies.items()}, "search": dict(self.search),
-                "tune": dict(self.tune)}
+                "applies": {t: dict(v) for t, v in self.applies.items()}}
 
 
 def toml_value(v: object) -> str:
@@ -158,6 +191,28 @@ class Lock:
         files.atomic_write(self.file, "".join(out).encode(), root=self.file.parent, mode=0o644)
 
 
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the lock's folder (read-only is enough to take it): builds of one project,
+    whatever their dist/, update targets.lock one at a time."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def record(project: config.Project, entry: Entry) -> Lock:
+    """Write `entry` into targets.lock: the file read again under an exclusive lock, the entry put in, written
+    atomically (another build's entries, written meanwhile, are kept). OSError where the folder is read-only."""
+    path = path_of(project)
+    with _exclusive(path.parent):
+        lock = read(project).with_entry(entry)
+        lock.write()
+    return lock
+
+
 def read(project: config.Project) -> Lock:
     """targets.lock beside the project's targets.toml (none: an empty lock). A malformed file is a config error
     naming it and what to do."""
@@ -190,22 +245,61 @@ def read(project: config.Project) -> Lock:
         unknown = set(t) - {"source", "settings", "applies", "search", "tune"}
         if unknown:
             raise ConfigError(str(path), key, f"unknown key(s) {', '.join(sorted(unknown))}", _FIX)
+        for table, values in applies.items():
+            allowed = ALLOWED.get(table, frozenset())
+            wrong = sorted(k for k in values if k not in allowed)
+            if wrong:
+                raise ConfigError(str(path), f"{key}.applies.{table}", f"{', '.join(wrong)}: a lock entry lays only "
+                                  "the lists the precision search keeps in float and the session options tuning "
+                                  f"measures over the settings ({_allowed_text()}), never a gate, a budget or the "
+                                  "precision: write those in targets.toml", _FIX)
+        for part, values in (("search", search), ("tune", tune)):
+            for k, v in values.items():
+                if not _plain_value(v):
+                    raise ConfigError(str(path), f"{key}.{part}.{k}", f"holds {type(v).__name__} {v!r}: only "
+                                      "strings, finite numbers, booleans and lists of them", _FIX)
         entries[name] = Entry(name, t["source"], t["settings"], applies, search, tune)
     return Lock(path, entries)
+
+
+def _allowed_text() -> str:
+    return ", ".join(f"{t}.{k}" for t, keys in ALLOWED.items() for k in sorted(keys) if t != "session") \
+        + ", session.*"
+
+
+def _plain_value(v: object) -> bool:
+    if isinstance(v, list):
+        return all(_plain_value(x) for x in v)
+    return isinstance(v, str | bool | int) or (isinstance(v, float) and math.isfinite(v))
 
 
 _FIX = "delete the entry (or the file): the next build searches again where a target asks (precision_search, tune)"
 
 
-def apply(project: config.Project, job: Job, entry: Entry) -> Job:
-    """The job with the entry's settings laid over its own: targets.toml with the entry as an override appended,
-    validated as targets.toml is. A config error names the lock's entry."""
-    if not entry.applies:
-        return dataclasses.replace(job, locked=entry)
+def apply(project: config.Project, pairs: Sequence[tuple[Job, Entry]]) -> list[Job]:
+    """The jobs with their entries' settings laid over their own: targets.toml read again with each entry as one
+    more `[[targets.X.overrides]]` table of the target (merged as data, nothing written), validated as
+    targets.toml is. A config error names the lock's entry."""
+    tables: dict[str, list[dict[str, object]]] = {}
+    for job, entry in pairs:
+        if entry.applies:
+            tables.setdefault(job.target.name, []).append(
+                {"models": [job.model.name], **{t: dict(v) for t, v in entry.applies.items()}})
+    if not tables:
+        return [dataclasses.replace(job, locked=entry) for job, entry in pairs]
     try:
-        settings = config.load_appended(project.file, entry.override_toml(), check_files=False) \
-            .targets[job.target.name].settings[job.model.name]
+        locked = config.load_with_overrides(project.file, tables)
     except ConfigError as e:
-        raise ConfigError(str(path_of(project)), f"jobs.{json.dumps(entry.job)}.applies",
-                          f"does not apply to {project.file.name}: [{e.where}] {e.detail}", _FIX) from None
-    return dataclasses.replace(job, settings=settings, locked=entry)
+        for job, entry in pairs:  # which entry: each alone
+            if entry.applies:
+                try:
+                    config.load_with_overrides(project.file, {job.target.name: [
+                        {"models": [job.model.name], **{t: dict(v) for t, v in entry.applies.items()}}]})
+                except ConfigError as one:
+                    key = one.where.split("].", 1)[-1] if ".overrides[" in one.where else one.where
+                    raise ConfigError(str(path_of(project)), f"jobs.{json.dumps(entry.job)}.applies",
+                                      f"does not apply to {project.file.name}: [{key}] {one.detail}", _FIX) from None
+        raise ConfigError(str(path_of(project)), "jobs", f"does not apply to {project.file.name}: {e.detail}",
+                          _FIX) from None
+    return [dataclasses.replace(job, settings=locked.targets[job.target.name].settings[job.model.name],
+                                locked=entry) for job, entry in pairs]
