@@ -17,7 +17,7 @@ from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating import explain
 from ortbuild.gating.gates import PASS, Tester, TestResult
 from ortbuild.gating.records import ExplainDoc
-from ortbuild.gating.search import describe_set
+from ortbuild.gating.search import changed_lists, describe_set
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import lockfile
@@ -130,10 +130,8 @@ class AutoSearch:
         knob = job.settings.rule.knob
         assert knob is not None
         settings = explain.settings_with(job.settings, knob, nodes, op_types)
-        opts, declared = getattr(settings, knob.table), getattr(self.declared[job.name].settings, knob.table)
-        applies: dict[str, dict[str, object]] = {knob.table: {
-            k: list(getattr(opts, k)) for k in (knob.op_types, knob.nodes)
-            if k is not None and getattr(opts, k) != getattr(declared, k)}}
+        applies: dict[str, dict[str, object]] = {
+            knob.table: dict(changed_lists(self.declared[job.name].settings, knob, settings))}
         kept = describe_set(nodes, op_types)
         entry = self._entry(job).merged(applies, search={"kept": kept, **evidence})
         (locked,) = lockfile.apply(self.builder.project, [(self.declared[job.name], entry)])

@@ -28,12 +28,18 @@ def settings_with(settings: config.Settings, knob: SearchKnob, nodes: Sequence[s
     return dataclasses.replace(settings, **{knob.table: dataclasses.replace(opts, **changes)})
 
 
+def changed_lists(base: config.Settings, knob: SearchKnob, settings: config.Settings) -> dict[str, list[str]]:
+    """The knob's lists that `settings` changes from `base`, each whole (an override's list replaces the one below
+    it, so the entries of `base` are repeated)."""
+    opts, was = getattr(settings, knob.table), getattr(base, knob.table)
+    return {k: list(getattr(opts, k)) for k in (knob.op_types, knob.nodes)
+            if k is not None and getattr(opts, k) != getattr(was, k)}
+
+
 def override_toml(job: Job, knob: SearchKnob, settings: config.Settings) -> str:
-    """The `[[targets.X.overrides]]` table that gives the job `settings`' knob lists (an override's list replaces
-    the one below it, so the job's own entries, the target's and its earlier overrides', are repeated)."""
-    opts, base = getattr(settings, knob.table), getattr(job.settings, knob.table)
-    keys = [k for k in (knob.op_types, knob.nodes) if k is not None and getattr(opts, k) != getattr(base, k)]
-    items = ", ".join(f"{k} = {json.dumps(list(getattr(opts, k)))}" for k in keys)
+    """The `[[targets.X.overrides]]` table that gives the job `settings`' knob lists (the job's own entries, the
+    target's and its earlier overrides', repeated)."""
+    items = ", ".join(f"{k} = {json.dumps(v)}" for k, v in changed_lists(job.settings, knob, settings).items())
     return (f"[[targets.{config.toml_key(job.target.name)}.overrides]]\nmodels = {json.dumps([job.model.name])}\n"
             f"{knob.table} = {{ {items} }}\n")
 
