@@ -286,7 +286,7 @@ def search(declared: Session, cpus: int, measure: Measure, accurate: Accurate, s
                              "setting: no faster, nothing kept")
     elif current != declared:
         out.notes.append("out of time before the kept setting was measured against the declared one: nothing kept")
-    else:
+    elif clock() - start < seconds:
         progress("tune: the declared setting against itself (the measurement's own spread)")
         out.final = measure(declared, declared)
     out.seconds = clock() - start
