@@ -12,7 +12,6 @@ tune_for_build() does both for the build flow (a target with `tune = true`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -79,21 +78,16 @@ def fp32_reference(project: config.Project, job: Job) -> Job | None:
 
 
 class _Sessions:
-    """The artifact's sessions by options, two at a time (the current setting and a candidate)."""
+    """Opens the artifact through its loader with given session options (a LoaderError as ortbuild's error)."""
 
     def __init__(self, module: ModuleType, folder: Path, secret: bytes | None, where: str) -> None:
         self.module, self.folder, self.secret, self.where = module, folder, secret, where
-        self.open: dict[str, Any] = {}
 
-    def get(self, session: Session, keep: Session | None = None) -> Any:
-        key, kept = json.dumps(session, sort_keys=True), json.dumps(keep, sort_keys=True)
-        if key not in self.open:
-            self.open = {k: v for k, v in self.open.items() if k == kept}
-            try:
-                self.open[key] = self.module.load(key=self.secret, folder=self.folder, session=session)
-            except self.module.LoaderError as e:
-                raise from_loader(e, self.where) from None
-        return self.open[key]
+    def open(self, session: Session) -> Any:
+        try:
+            return self.module.load(key=self.secret, folder=self.folder, session=session)
+        except self.module.LoaderError as e:
+            raise from_loader(e, self.where) from None
 
 
 def _plan(job: Job) -> latency.Plan:
@@ -136,8 +130,9 @@ def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: floa
     plan, warmup = _plan(built_job), gates.latency.warmup_runs
 
     def measure(current: Session, candidate: Session) -> Comparison:
-        a = sessions.get(current)
-        return _measure((a, sessions.get(candidate, keep=current)), feeds, warmup, plan)
+        # two fresh sessions each time (also for the same options): a session's own placement in memory can make it
+        # faster or slower than another with the same options, and each comparison says so in its interval
+        return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan)
 
     def accurate(session: Session) -> tuple[bool, str]:
         r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
@@ -150,7 +145,6 @@ def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: floa
     progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s (paired, interleaved runs "
                                 f"at {plan.confidence:.0%} confidence)"))
     tuning = search(decl, cpus, measure, accurate, seconds, progress=lambda m: progress(name, m))
-    sessions.open.clear()
     if not waited["quiet"]:
         tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
                             "the ratios are paired, but tune again on a quiet machine to confirm")
@@ -170,8 +164,8 @@ def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, referenc
     try:
         manifest.read(ref_folder)
         ref = loaders.import_python_loader(loaders.python_path(ref_folder, reference.model.name))
-        theirs = _Sessions(ref, ref_folder, tester.secret, reference.name).get(session)
-        mine = _Sessions(module, folder, tester.secret, job.name).get(session)
+        theirs = _Sessions(ref, ref_folder, tester.secret, reference.name).open(session)
+        mine = _Sessions(module, folder, tester.secret, job.name).open(session)
         c = _measure((theirs, mine), feeds, warmup, plan)
     except (OrtbuildError, KeyError, TypeError) as e:  # another model's inputs, an artifact not built
         return f"{what}: not measured ({first_line(e) if isinstance(e, OrtbuildError) else e})"

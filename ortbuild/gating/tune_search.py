@@ -287,7 +287,7 @@ def search(declared: Session, cpus: int, measure: Measure, accurate: Accurate, s
     elif current != declared:
         out.notes.append("out of time before the kept setting was measured against the declared one: nothing kept")
     elif clock() - start < seconds:
-        progress("tune: the declared setting against itself (the measurement's own spread)")
+        progress("tune: the declared setting against itself, two sessions (the measurement's own spread)")
         out.final = measure(declared, declared)
     out.seconds = clock() - start
     return out
