@@ -59,6 +59,17 @@ class ProfileStatus(StrEnum):
         return self is not ProfileStatus.FAILED
 
 
+class TuneStatus(StrEnum):
+    """A job of `ortbuild tune`: tuned (and rebuilt with what was kept), skipped (cannot run here), failed."""
+
+    TUNED = "TUNED"
+    SKIPPED = "SKIPPED"
+    FAILED = "FAILED"
+
+    def __bool__(self) -> bool:
+        return self is not TuneStatus.FAILED
+
+
 # ---- progress: typed events from the pipeline (and its worker processes) to the display ----
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ OCI = "needs an OCI registry at localhost:5000"
 SKIPPED: dict[tuple[str, str], str] = {
     ("benchmarks.md", "nox -s benchmark"): "a benchmark: minutes of measurement in per-target virtualenvs",
     ("benchmarks.md", "python tests/benchmarks/bench_fusion.py"): "a benchmark: minutes of measurement",
+    ("benchmarks.md", "python tests/benchmarks/bench_tune.py"): "a benchmark: minutes of measurement, and a model "
+                                                                 "fetched from PyPI",
     ("diagnose.md", "python3 -m nox"): NOX,
     ("gpu-results.md", "python3 -m nox"): "needs an NVIDIA GPU with CUDA and TensorRT (and " + NOX + ")",
     ("gpu-results.md", "cat dist/report.json"): "the report of the GPU run above",

@@ -398,6 +398,31 @@ def test_signed_digest_is_what_catches_a_forged_container(dist: Path, tmp_path: 
     assert any(not np.array_equal(a, b) for a, b in zip(forged, original, strict=True))
 
 
+def test_load_session_overrides_apply_to_that_session_only(dist: Path) -> None:
+    """load(session=...) lays options over the artifact's for one session (`config` key by key: the target's own
+    entries stay); the next plain load() has the artifact's own; an unknown option is a LoaderError naming it."""
+    folder = dist / "ext-copy" / "tiny_transformer"
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
+    tuned = mod.load(session={"intra_op_num_threads": 1, "execution_mode": "parallel",
+                              "config": {"session.intra_op.allow_spinning": "0"}})
+    options = tuned.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert str(options.execution_mode).endswith("ORT_PARALLEL")
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.use_external_initializer_file_buffers_directly") == "0"
+    feed = dict(np.load(MODELS / "tiny_transformer.inputs.npz"))
+    plain = mod.load()
+    for name, value in plain.run(feed).items():
+        np.testing.assert_allclose(tuned.run(feed)[name], value, rtol=1e-5, atol=1e-6)
+    options = plain.session.get_session_options()
+    assert options.intra_op_num_threads == mod.SESSION["intra_op_num_threads"]
+    assert str(options.execution_mode).endswith("ORT_SEQUENTIAL")
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        options.get_session_config_entry("session.intra_op.allow_spinning")
+    with pytest.raises(mod.LoaderError, match=r"unknown session option.*intra_op_threads"):
+        mod.load(session={"intra_op_threads": 1})
+
+
 @pytest.mark.parametrize("target,borrowed", [("ext", True), ("ext-copy", False)])
 def test_external_data_buffers_outlive_the_session_when_borrowed(dist: Path, target: str, borrowed: bool) -> None:
     """By default ONNX Runtime reads the decrypted external data in place

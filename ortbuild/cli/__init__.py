@@ -1,7 +1,8 @@
-"""The `ortbuild` command line: build, test, profile, plan, release, verify, pull, matrix, inspect, keys, schema.
+"""The `ortbuild` command line: build, test, profile, tune, plan, release, verify, pull, matrix, inspect, keys,
+schema.
 
-One module per family of commands (build and plan: cli.build; test and profile: cli.gate; inspect, keygen,
-rekey, clean: cli.artifacts; release, verify, pull, matrix: cli.release; targets, schema: cli.info); this one
+One module per family of commands (build and plan: cli.build; test and profile: cli.gate; tune: cli.tune; inspect,
+keygen, rekey, clean: cli.artifacts; release, verify, pull, matrix: cli.release; targets, schema: cli.info); this one
 assembles their parser and runs one. Each command reads the keys it needs once (keys.read_secrets) and passes
 them down, and returns its exit code, reduced from its results' own codes by status.final_exit."""
 
@@ -22,9 +23,10 @@ from ortbuild.cli.build import cmd_build, cmd_plan, say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
 from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
+from ortbuild.cli.tune import cmd_tune
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating import selection as gate_selection
-from ortbuild.gating import summary
+from ortbuild.gating import summary, tune_search
 from ortbuild.project import config
 
 __all__ = ["SCHEMA_FILE", "main", "parser"]
@@ -160,6 +162,24 @@ def parser() -> argparse.ArgumentParser:
     writer(pr)
     epoch_decrease(pr)
     pr.set_defaults(func=cmd_profile)
+
+    tu = sub.add_parser("tune", help="build what is missing or stale, then measure session options (threads, "
+                                     "spinning, dynamic block base, execution mode) through the loader, keep the "
+                                     "fastest that passes every gate in targets.lock and rebuild with it")
+    selection(tu)
+    tu.add_argument("--dist", help="output directory (default: dist/ beside targets.toml)")
+    tu.add_argument("--seconds", type=float, default=tune_search.DEFAULT_SECONDS,
+                    help="time for each job's search, in seconds (default: %(default)s)")
+    tu.add_argument("--key-file", help="encryption key file (else $ORTBUILD_KEY, else $ORTBUILD_KEY_FILE)")
+    tu.add_argument("--signing-key-file", help="signing key file, to build what is missing or stale and rebuild "
+                                               "what is tuned")
+    search_budget(tu)
+    tu.add_argument("-j", "--jobs", type=jobs_count, default=None,
+                    help="jobs built at once, in worker processes (default: cores, as memory allows)")
+    tu.add_argument("--lock-timeout", type=seconds, default=600.0,
+                    help="seconds to wait for another ortbuild writing the same dist/ (default: %(default)s)")
+    epoch_decrease(tu)
+    tu.set_defaults(func=cmd_tune)
 
     pl = sub.add_parser("plan", help="show what would be built, with which runtime, and why each job rebuilds")
     selection(pl)

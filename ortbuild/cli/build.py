@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
-from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, first_line
 from ortbuild.gating import emulated, summary
 from ortbuild.gating.builds import record_path
 from ortbuild.gating.records import BuildRecord
@@ -144,12 +144,14 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
 
 def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence[plan.Job], jobs: Sequence[plan.Job],
                   done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
-    """The precision search of the jobs that ask for it (gating/autobuild.py; numpy, onnx and ONNX Runtime load
-    only when one does): the jobs it rebuilt with an answer, by name."""
-    from ortbuild.gating import autobuild
+    """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
+    gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
+    tune` tunes its jobs itself."""
+    from ortbuild.gating import autobuild, tune
 
-    todo = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
-    if not todo:
+    searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
+    tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
+    if not searching and not tuning:
         return {}
     from ortbuild.gating.gates import Tester
 
@@ -157,8 +159,18 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence
                     builder.secrets.signing, capture=builder.capture)
     auto = autobuild.AutoSearch(builder, tester, declared, max_rebuilds=getattr(args, "explain_rebuilds", 16),
                                 max_seconds=getattr(args, "explain_seconds", 300.0), progress=progress)
-    auto.run(todo, done)
-    return auto.locked
+    auto.run(searching, done)
+    rebuilt = dict(auto.locked)
+    lock = lockfile.read(builder.project)
+    for j in tuning:
+        job = rebuilt.get(j.name, j)
+        if done[j.name].status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE) or tune.cannot_tune(job, done[j.name]):
+            continue
+        try:
+            lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(builder, tester, lock, job, progress)
+        except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
+            done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
+    return rebuilt
 
 
 def record(dist: Path, r: JobResult) -> None:

@@ -227,10 +227,12 @@ class Tester:
         if skipped:
             res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
 
-    def accuracy_gate(self, job: Job, res: TestResult) -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
+    def accuracy_gate(self, job: Job, res: TestResult, session: dict[str, object] | None = None) \
+            -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
         """The golden-output gate of the published artifact, through its generated Python loader (under
         emulation for another platform's target): fills `res` and returns the loader module (None when
-        emulated), the golden data and the manifest."""
+        emulated), the golden data and the manifest. `session`: options over the artifact's, handed to the
+        loader's load(session=...) (session tuning judges a candidate setting by this gate)."""
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
@@ -242,7 +244,7 @@ class Tester:
             module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
             self.progress(job.name, "golden outputs through the generated Python loader")
             try:
-                model = module.load(key=self.secret, folder=folder)
+                model = module.load(key=self.secret, folder=folder, **({"session": session} if session else {}))
             except module.LoaderError as e:
                 raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
             outputs = [model.run(ds.inputs) for ds in g.sets]
