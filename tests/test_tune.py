@@ -283,6 +283,21 @@ def test_tune_for_build_tunes_a_tune_true_target(make_project: Callable[..., Pat
     assert not any("fp32" in n for n in lock.entries[job.name].tune.get("notes", []))  # type: ignore[union-attr]
 
 
+def test_the_build_tunes_a_tune_true_target_and_locked_needs_its_tuning(make_project: Callable[..., Path]) -> None:
+    path = make_project(TARGETS)
+    refused = run_cli("build", "-c", str(path), "-t", "cpu-int8", "--locked")
+    assert refused.returncode == 3 and "cpu-int8/tiny_cnn (tune = true): no entry" in refused.stderr
+    proc = run_cli("build", "-c", str(path), "-t", "cpu-int8", "--tune-seconds", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (job,) = json.loads(proc.stdout)["jobs"]
+    assert any(n.startswith("tune: kept") for n in job["notes"]), job["notes"]
+    entry = tomllib.loads((path.parent / "targets.lock").read_text())["jobs"]["cpu-int8/tiny_cnn"]
+    assert entry["tune"]["kept"] and entry["tune"]["tried"]
+    again = run_cli("build", "-c", str(path), "-t", "cpu-int8", "--locked", "--json")
+    assert again.returncode == 0, again.stderr
+    assert [r["status"] for r in json.loads(again.stdout)["jobs"]] == [JobStatus.UP_TO_DATE]
+
+
 def test_tune_user_errors(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS)
     nope = run_cli("tune", "-c", str(path), "-t", "nope")

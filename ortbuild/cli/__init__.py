@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
                              "(default: %(default)s)")
         sp.add_argument("--explain-seconds", type=float, default=300.0,
                         help="seconds per precision search (default: %(default)s)")
+        sp.add_argument("--tune-seconds", type=float, default=tune_search.DEFAULT_SECONDS,
+                        help="seconds of session tuning per job whose target says tune = true (default: "
+                             "%(default)s)")
 
     def epoch_decrease(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--allow-epoch-decrease", action="store_true",

@@ -167,7 +167,8 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence
         if done[j.name].status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE) or tune.cannot_tune(job, done[j.name]):
             continue
         try:
-            lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(builder, tester, lock, job, progress)
+            lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(
+                builder, tester, lock, job, progress, seconds=getattr(args, "tune_seconds", 120.0))
         except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
             done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
     return rebuilt
