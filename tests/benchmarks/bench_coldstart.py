@@ -49,8 +49,9 @@ from tests.bigmodels import dev_keys_env, transformer_like  # noqa: E402
 MODEL = "tlike48"
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 mode, where, inputs = sys.argv[1:4]
+profile = sys.argv[4] if len(sys.argv) > 4 else None  # ORT's profiler on: its session phases, not the time
 import numpy as np
 import onnxruntime as ort
 feed = dict(np.load(inputs))
@@ -77,20 +78,30 @@ if mode.startswith("loader"):
         wrap(loader, name, label)
     wrap(ort, "InferenceSession", "session_ms")
     c0, t0 = time.process_time(), time.perf_counter()
-    model = loader.load(folder=where)
+    model = loader.load(folder=where, profile=profile)
     t1 = time.perf_counter()
     model.run(feed)
+    session = model.session
 else:
     c0, t0 = time.process_time(), time.perf_counter()
     so = ort.SessionOptions()
     if mode == "offline":
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if profile:
+        so.enable_profiling, so.profile_file_prefix = True, profile
     session = ort.InferenceSession(where, so, providers=["CPUExecutionProvider"])
     t1 = time.perf_counter()
     T["session_ms"] = (t1 - t0) * 1e3
     session.run(None, feed)
 t2, c2 = time.perf_counter(), time.process_time()
 T.update(total_ms=(t2 - t0) * 1e3, cpu_ms=(c2 - c0) * 1e3, load_ms=(t1 - t0) * 1e3, first_run_ms=(t2 - t1) * 1e3)
+if profile:
+    trace = session.end_profiling()
+    for e in json.load(open(trace)):
+        if e.get("cat") == "Session":  # model_loading_uri/_array, session_initialization, model_run
+            name = "model_loading" if e["name"].startswith("model_loading") else e["name"]
+            T["ort_" + name + "_ms"] = T.get("ort_" + name + "_ms", 0.0) + e["dur"] / 1e3
+    os.remove(trace)
 print(json.dumps(T))
 """
 
@@ -159,20 +170,32 @@ def prepare(root: Path, baseline: Path | None) -> tuple[dict[str, Path], dict[st
     return where, env
 
 
-def child(mode: str, where: Path, inputs: Path, env: dict[str, str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(where), str(inputs)], env=env, check=True,
-                         capture_output=True, text=True, timeout=300).stdout
+def child(mode: str, where: Path, inputs: Path, env: dict[str, str], profile: str = "") -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(where), str(inputs)] + ([profile] if profile else []),
+                         env=env, check=True, capture_output=True, text=True, timeout=300).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
-def measure(where: dict[str, Path], inputs: Path, env: dict[str, str], runs: int) -> dict[str, list[dict[str, float]]]:
+def measure(where: dict[str, Path], inputs: Path, env: dict[str, str], runs: int,
+            profile: str = "") -> dict[str, list[dict[str, float]]]:
     modes = ["plain", "offline", "loader"] + (["loader (baseline)"] if "loader (baseline)" in where else [])
     got: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(runs):  # alternating; the order rotates so no mode always runs first
         for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
-            got[mode].append(child(mode.split(" ")[0], where[mode], inputs, env))
+            got[mode].append(child(mode.split(" ")[0], where[mode], inputs, env, profile))
     return got
+
+
+def phases(got: dict[str, list[dict[str, float]]]) -> str:
+    """ORT's own profiler's session phases (medians): model loading (parse, graph, resolve) and initialization."""
+    lines = ["| mode | ORT model loading | ORT session initialization | ORT first run (model_run) |",
+             "|---|---|---|---|"]
+    for mode, rs in got.items():
+        med = [statistics.median(r.get(k, 0.0) for r in rs)
+               for k in ("ort_model_loading_ms", "ort_session_initialization_ms", "ort_model_run_ms")]
+        lines.append(f"| {mode} | " + " | ".join(f"{v:.1f}" for v in med) + " |")
+    return "\n".join(lines)
 
 
 def imports(loader: Path, env: dict[str, str], runs: int) -> tuple[float, float]:
@@ -222,14 +245,18 @@ def main() -> int:
             env = {**env, "OPENBLAS_NUM_THREADS": "1"}
         got = measure(where, root / MODEL / "inputs.npz", env, a.runs)
         ort_import, loader_import = imports(where["loader"], env, max(5, a.runs // 3))
+        profiled = measure(where, root / MODEL / "inputs.npz", env, max(5, a.runs // 3), str(root / "profile"))
     blas = "as set" if a.openblas_default else "1"
     print(f"# {os.cpu_count()} CPUs; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; medians of "
           f"{a.runs} fresh processes per mode, alternating; OPENBLAS_NUM_THREADS {blas}; ms, ratios to plain")
     print(table(got))
     print(f"\nimports (excluded above), medians: numpy + onnxruntime {ort_import:.1f} ms; then the loader module "
           f"{loader_import:.1f} ms")
+    print(f"\nInside session creation, ORT's profiler (separate runs with it on), medians of {max(5, a.runs // 3)}, "
+          "ms:")
+    print(phases(profiled))
     if a.json:
-        Path(a.json).write_text(json.dumps({"samples": got, "import_onnxruntime_ms": ort_import,
+        Path(a.json).write_text(json.dumps({"samples": got, "profiled": profiled, "import_onnxruntime_ms": ort_import,
                                             "import_loader_ms": loader_import}, indent=2))
     return 0
 
