@@ -115,6 +115,8 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_build.py", "--nox", env=env)
     session.run("python", "tests/benchmarks/bench_artifacts.py", *session.posargs, env=env)
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
+    # the cold start of a 48-layer 9.7 MB model: loader vs plain ORT vs the offline graph without crypto, step by step
+    session.run("python", "tests/benchmarks/bench_coldstart.py")
     # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency
     session.run("python", "tests/benchmarks/bench_openvino.py", *session.posargs, env=env)
     # the same artifacts on x86-64 and on the aarch64 wheel under emulation, per precision (docs/targets.md)

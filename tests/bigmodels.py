@@ -63,6 +63,68 @@ def mlp(out_dir: Path, *, layers: int, width: int = 4096, batch: int | str = "ba
     return out_dir / "model.onnx"
 
 
+def transformer_like(out_dir: Path, *, layers: int = 48, hidden: int = 64, ffn: int = 256, seq: int = 64,
+                     seed: int = 0) -> Path:
+    """Write out_dir/model.onnx (weights embedded) and inputs.npz: a stack of single-head self-attention + FFN
+    blocks whose LayerNorm and GELU are written out as primitive ops (ReduceMean/Sub/Pow/Sqrt/Div, Erf), so ORT's
+    optimizer has real fusion work to do. 48 layers (the default): 2,017 nodes, 9.7 MB, the cold-start model of
+    ../shared/research/ort.md (`tlike48`); its session creation is dominated by the graph, not the weights."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[TensorProto] = []
+
+    def init(name: str, value: object) -> str:
+        inits.append(onnx.numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        return name
+
+    for name, value in (("two", 2.0), ("eps", 1e-5), ("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5),
+                        ("scale", np.sqrt(hidden))):
+        init(name, value)
+
+    def node(op: str, inputs: list[str], out: str, **attrs: object) -> str:
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def layernorm(x: str, p: str) -> str:
+        g, b = init(p + "_g", np.ones(hidden)), init(p + "_b", np.zeros(hidden))
+        mean = node("ReduceMean", [x], p + "_mean", axes=[-1])
+        d = node("Sub", [x, mean], p + "_d")
+        var = node("ReduceMean", [node("Pow", [d, "two"], p + "_sq")], p + "_var", axes=[-1])
+        std = node("Sqrt", [node("Add", [var, "eps"], p + "_ve")], p + "_std")
+        return node("Add", [node("Mul", [node("Div", [d, std], p + "_n"), g], p + "_ng"), b], p + "_out")
+
+    def linear(x: str, p: str, din: int, dout: int) -> str:
+        w = init(p + "_w", rng.standard_normal((din, dout)) / np.sqrt(din))
+        b = init(p + "_b", rng.standard_normal(dout) * 0.01)
+        return node("Add", [node("MatMul", [x, w], p + "_mm"), b], p + "_out")
+
+    x = "input"
+    for i in range(layers):
+        p = f"l{i}"
+        ln1 = layernorm(x, p + "_ln1")
+        q, k, v = (linear(ln1, f"{p}_{n}", hidden, hidden) for n in "qkv")
+        kt = node("Transpose", [k], p + "_kt", perm=[0, 2, 1])
+        att = node("Softmax", [node("Div", [node("MatMul", [q, kt], p + "_qk"), "scale"], p + "_qks")], p + "_att",
+                   axis=-1)
+        res1 = node("Add", [x, linear(node("MatMul", [att, v], p + "_ctx"), p + "_o", hidden, hidden)], p + "_res1")
+        f1 = linear(layernorm(res1, p + "_ln2"), p + "_f1", hidden, ffn)
+        erf = node("Erf", [node("Div", [f1, "sqrt2"], p + "_gd")], p + "_ge")
+        gelu = node("Mul", [node("Mul", [f1, node("Add", [erf, "one"], p + "_ga")], p + "_gm"), "half"], p + "_gelu")
+        x = node("Add", [res1, linear(gelu, p + "_f2", ffn, hidden)], p + "_res2")
+    node("Identity", [x], "output")
+    graph = helper.make_graph(nodes, "transformer_like",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", seq, hidden])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", seq, hidden])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ortbuild-tests")
+    model.ir_version = 8
+    onnx.save_model(model, str(out_dir / "model.onnx"))
+    np.savez(out_dir / "inputs.npz",
+             input=np.random.default_rng(seed + 1).standard_normal((1, seq, hidden), dtype=np.float32))
+    return out_dir / "model.onnx"
+
+
 def dev_keys_env(project: Path) -> dict[str, str]:
     """Make a DEVELOPMENT key pair in project/keys and return the environment that builds with it (and nothing
     else: keys from the caller's environment are dropped) in fresh `python -m ortbuild` processes."""

@@ -266,12 +266,13 @@ def test_external_data_artifact_has_both_files_encrypted(dist: Path) -> None:
 
 @pytest.mark.parametrize("size,chunk_log2", [(0, 20), (1, 20), (1 << 20, 20), ((1 << 20) + 1, 20),
                                              ((9 << 20) + 12345, 20), ((3 << 20) - 7, 12), (5000, 24)])
-@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("graph", ["buffer", "bytes", "memfile"])
 def test_one_pass_reads_what_ortbuild_writes(dist: Path, tmp_path: Path, size: int, chunk_log2: int,
-                                             graph: bool) -> None:
+                                             graph: str) -> None:
     """Empty, one-byte, exact-chunk and multi-piece files, 4 KiB to 16 MiB chunks: the loader's one pass (pieces
-    of several chunks hashed on a second thread, decrypted straight into the result) gives back the plaintext;
-    the graph comes back as `bytes` (what InferenceSession takes)."""
+    of one or several chunks hashed on a second thread, decrypted straight into the result) gives back the
+    plaintext; the graph comes back as `bytes` (what InferenceSession takes) or, on Linux, as an anonymous memory
+    file (memfd) that ONNX Runtime opens by its /proc/self/fd path."""
     import hashlib
 
     mod: Any = loaders.import_python_loader(loaders.python_path(dist / "ext" / "tiny_transformer",
@@ -281,15 +282,104 @@ def test_one_pass_reads_what_ortbuild_writes(dist: Path, tmp_path: Path, size: i
     with open(path, "wb") as out:
         (tmp_path / "p").write_bytes(plain)
         digest, n = container.encrypt_file(tmp_path / "p", out, TEST_KEY, chunk_log2=chunk_log2)
-    entry = {"size": n, "sha256": digest}
-    got, err = mod._open_file(path, entry, True, TEST_KEY, None, graph=graph)
-    assert err is None and bytes(got) == plain and len(got) == size
-    assert isinstance(got, bytes) if graph else not isinstance(got, bytes)
+    plain_entry = {"size": size, "sha256": hashlib.sha256(plain).hexdigest()}
+    # the container, and an unencrypted artifact file, hashed the same way
+    for encrypted, where, signed in ((True, path, {"size": n, "sha256": digest}), (False, tmp_path / "p", plain_entry)):
+        got, err = mod._open_file(where, signed, encrypted, TEST_KEY if encrypted else None, None,
+                                  graph=graph != "buffer", memfile=graph == "memfile")
+        assert err is None
+        if graph == "memfile" and sys.platform.startswith("linux"):
+            assert isinstance(got, mod._Memfile)
+            with open(got.path, "rb") as f:  # what ONNX Runtime reads
+                assert f.read() == plain
+            got.close()
+        else:
+            assert bytes(got) == plain and len(got) == size
+            assert isinstance(got, bytes) if graph != "buffer" else not isinstance(got, bytes)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-    # an unencrypted artifact file: read in place, hashed the same way
-    got, err = mod._open_file(tmp_path / "p", {"size": size, "sha256": hashlib.sha256(plain).hexdigest()}, False,
-                              None, None, graph=graph)
-    assert err is None and bytes(got) == plain
+
+
+def _open_fds() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd_create and /proc/self/fd are Linux's")
+def test_a_graph_memory_file_is_dropped_on_every_error(dist: Path, tmp_path: Path) -> None:
+    """The memory file a graph is decrypted into is closed when its digest is not the signed one, when a chunk
+    does not authenticate and when the key is wrong: no plaintext is left behind, not even in memory."""
+    import hashlib
+
+    mod: Any = loaders.import_python_loader(loaders.python_path(dist / "ext" / "tiny_transformer",
+                                                                     "tiny_transformer"))
+    ct = bytearray(container.encrypt(os.urandom((3 << 20) + 5), TEST_KEY))
+    ct[container.HEADER + (2 << 20) + 40] ^= 1  # in chunk 2 of 4
+    path = tmp_path / "c.enc"
+    path.write_bytes(ct)
+    signed = {"size": len(ct), "sha256": hashlib.sha256(ct).hexdigest()}
+    before = _open_fds()
+    got, err = mod._open_file(path, signed, True, TEST_KEY, None, graph=True, memfile=True)
+    assert got is None and isinstance(err, mod.CorruptContainerError) and "chunk 2 of 4" in str(err)
+    got, err = mod._open_file(path, signed, True, bytes(32), None, graph=True, memfile=True)
+    assert got is None and isinstance(err, mod.WrongKeyError)
+    with pytest.raises(mod.TamperedError):
+        mod._open_file(path, {**signed, "sha256": "0" * 64}, True, TEST_KEY, None, graph=True, memfile=True)
+    assert not [f for f in _open_fds() - before if "memfd:" in f]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd_create and /proc/self/fd are Linux's")
+def test_load_hands_the_graph_over_as_a_sealed_memory_file_and_keeps_no_plaintext(dist: Path,
+                                                                                  tmp_path: Path) -> None:
+    """An artifact in one file reaches ONNX Runtime as a sealed memory file, opened by path: the outputs are the
+    unencrypted artifact's, the file is closed once the session exists (no descriptor, no mapping, and the
+    session keeps neither the plaintext bytes nor the path of a descriptor that a later open may reuse), and
+    the loader module imported cryptography already: load() imports none of it."""
+    folder = dist / "fp32" / "tiny_transformer"
+    script = f"""
+import json, os, sys
+sys.path.insert(0, {str(folder / "loader")!r})
+import numpy as np
+import ortbuild_tiny_transformer as loader
+seen = []
+made = loader._Memfile.create
+def create():
+    m = made()
+    seen.append(m)
+    return m
+loader._Memfile.create = create
+sealed = []
+seal = loader._Memfile.seal
+def check_seal(self):
+    seal(self)
+    import fcntl
+    sealed.append(fcntl.fcntl(self.fd, fcntl.F_GET_SEALS))
+loader._Memfile.seal = check_seal
+modules = set(sys.modules)
+m = loader.load()
+with np.load({str(MODELS / "tiny_transformer.inputs.npz")!r}) as z:
+    out = m.run({{k: z[k] for k in z.files}})
+np.savez(sys.argv[1], **out)
+fds = [os.readlink("/proc/self/fd/" + f) for f in os.listdir("/proc/self/fd") if os.path.exists("/proc/self/fd/" + f)]
+print(json.dumps({{"memfiles": len(seen), "closed": all(x.fd == -1 for x in seen), "sealed": sealed,
+                  "fds": [f for f in fds if "memfd" in f],
+                  "maps": [line for line in open("/proc/self/maps") if "memfd" in line],
+                  "model_path": m.session._model_path, "model_bytes": m.session._model_bytes is None,
+                  "crypto_imported_by_load": sorted(x for x in set(sys.modules) - modules
+                                                    if x.startswith("cryptography"))}}))
+"""
+    out = tmp_path / "out.npz"
+    proc = subprocess.run([sys.executable, "-I", "-c", script, str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    import fcntl
+
+    want = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    assert doc == {"memfiles": 1, "closed": True, "sealed": [want], "fds": [], "maps": [], "model_path": None,
+                   "model_bytes": True, "crypto_imported_by_load": []}
+    with np.load(out) as z:
+        got = [z[k] for k in z.files]
+    for a, b in zip(got, plain_outputs(folder, "tiny_transformer"), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_one_pass_checks_the_digest_before_decryption_errors(dist: Path, tmp_path: Path) -> None:
