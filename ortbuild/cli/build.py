@@ -122,7 +122,6 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
                       capture=not verbose, command=command)
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
-        declared = list(jobs)
         jobs, notes = builder.lock_jobs(jobs, lockfile.read(project), locked=getattr(args, "locked", False))
         for n in notes:
             print(f"ortbuild: {n}", file=sys.stderr)
@@ -135,15 +134,15 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
         with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(args, fit))}
-            searched = _to_the_gates(args, builder, declared, jobs, done, progress)
+            searched = _to_the_gates(args, builder, jobs, done, progress)
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
         yield Built(dist, builder, done, [searched.get(j.name, j) for j in jobs])
 
 
-def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence[plan.Job], jobs: Sequence[plan.Job],
-                  done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
+def _to_the_gates(args: argparse.Namespace, builder: Builder, jobs: Sequence[plan.Job], done: dict[str, JobResult],
+                  progress: Progress) -> dict[str, plan.Job]:
     """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
     gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
     tune` tunes its jobs itself."""
@@ -157,7 +156,7 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, declared: Sequence
 
     tester = Tester(builder.project, builder.dist, builder.secrets.secret, args.config, progress,
                     builder.secrets.signing, capture=builder.capture)
-    auto = autobuild.AutoSearch(builder, tester, declared, max_rebuilds=getattr(args, "explain_rebuilds", 16),
+    auto = autobuild.AutoSearch(builder, tester, max_rebuilds=getattr(args, "explain_rebuilds", 16),
                                 max_seconds=getattr(args, "explain_seconds", 300.0), progress=progress)
     auto.run(searching, done)
     rebuilt = dict(auto.locked)

@@ -55,7 +55,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             "status": FAILED if failed else SKIPPED, "reason": why})
                 codes.append(done.error.exit_code if failed and done and done.error else 0)
                 continue
-            plain = tune.declared(job)
+            plain = lockfile.declared(job)
             ref = refs.get(job.name)
             ref_done = b.done.get(ref.name) if ref is not None else None
             if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):

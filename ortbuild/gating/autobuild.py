@@ -45,11 +45,10 @@ def root_cause(job: Job) -> str:
 class AutoSearch:
     """The search of one build run (the builder's dist, under its lock)."""
 
-    def __init__(self, builder: Builder, tester: Tester, declared: Sequence[Job], *, max_rebuilds: int,
-                 max_seconds: float, progress: Callable[[str, Event | str], None]) -> None:
+    def __init__(self, builder: Builder, tester: Tester, *, max_rebuilds: int, max_seconds: float,
+                 progress: Callable[[str, Event | str], None]) -> None:
         self.builder = builder
         self.tester = tester
-        self.declared = {j.name: j for j in declared}  # the jobs as targets.toml declares them (the lock's keys)
         self.max_rebuilds = max_rebuilds
         self.max_seconds = max_seconds
         self.progress = progress
@@ -131,10 +130,10 @@ class AutoSearch:
         assert knob is not None
         settings = explain.settings_with(job.settings, knob, nodes, op_types)
         applies: dict[str, dict[str, object]] = {
-            knob.table: dict(changed_lists(self.declared[job.name].settings, knob, settings))}
+            knob.table: dict(changed_lists(lockfile.declared(job).settings, knob, settings))}
         kept = describe_set(nodes, op_types)
         entry = self._entry(job).merged(applies, search={"kept": kept, **evidence})
-        (locked,) = lockfile.apply(self.builder.project, [(self.declared[job.name], entry)])
+        (locked,) = lockfile.apply(self.builder.project, [(lockfile.declared(job), entry)])
         result = self.builder.run_job(locked)
         if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE):
             return None
@@ -157,7 +156,7 @@ class AutoSearch:
         with the declared job's digests."""
         if job.locked is not None:
             return job.locked
-        return lockfile.Entry(job.name, *self.builder.fingerprint(self.declared[job.name]))
+        return lockfile.Entry(job.name, *self.builder.fingerprint(lockfile.declared(job)))
 
     def _write(self, entry: lockfile.Entry, result: JobResult) -> str:
         """Record the entry in targets.lock; what to say of it (a lock that cannot be written is a warning: the

@@ -11,7 +11,6 @@ tune_for_build() does both for the build flow (a target with `tune = true`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -48,11 +47,6 @@ Progress = Callable[[str, Event | str], None]
 def wants_tune(job: Job) -> bool:
     """`tune = true`, and no up-to-date tuning in the lock (a precision search alone is not one)."""
     return "tune" in lockfile.missing(job, job.locked)
-
-
-def declared(job: Job) -> Job:
-    """The job as targets.toml declares it (no lock entry laid over): what the lock's digests are of."""
-    return dataclasses.replace(job, settings=job.target.settings[job.model.name], locked=None)
 
 
 def cannot_tune(job: Job, built: JobResult | None) -> str | None:
@@ -219,7 +213,7 @@ def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: J
     over): tune, record, rebuild. Returns the updated lock, the job as rebuilt (its entry laid over: what the gates
     then test) and the rebuild's result (its notes say what was kept). A declared setting that fails its accuracy
     gate raises GateFailed (nothing to tune); the caller decides whether that fails the job."""
-    plain = declared(job)
+    plain = lockfile.declared(job)
     reference = fp32_reference(builder.project, plain)
     if reference is not None and not (paths.inside(builder.dist, reference.target.name, reference.model.name)
                                       / manifest.MANIFEST).is_file():

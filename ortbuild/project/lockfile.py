@@ -60,6 +60,11 @@ def wanted(settings: Settings) -> list[str]:
                                     ("tune", settings.tune)) if asks]
 
 
+def declared(job: Job) -> Job:
+    """The job as targets.toml declares it (no entry laid over): what an entry's digests are of."""
+    return dataclasses.replace(job, settings=job.target.settings[job.model.name], locked=None)
+
+
 def missing(job: Job, entry: Entry | None) -> list[str]:
     """The parts the job asks for that `entry` (an up-to-date one, or None) does not hold."""
     return [part for part in wanted(job.settings) if entry is None or not (entry.search if part == "search"
