@@ -2,6 +2,7 @@
 
     nox -s build / test / profile / release   one session per target of targets.toml (ortbuild.nox: the same
                                               sessions any project gets from `from ortbuild.nox import ...`)
+    nox -s tune -- -t cpu-int8    session tuning of a target (`ortbuild tune`), kept in targets.lock
     nox -t check                  the project's own checks: lint, tests, tests-openvino (pytest in parallel)
     nox -s e2e                    the slow end-to-end tests (real models from PyPI wheels, fuzzing, kill -9)
 """
@@ -19,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # this checkout's ortbuild (its target venvs install it, editable)
 
 # one session of each per target: build(<target>), test(<target>), profile(<target>), release(<target>)
-from ortbuild.nox import build, keys_env, profile, release, test  # noqa: E402, F401
+from ortbuild.nox import build, keys_env, profile, release, test, tune  # noqa: E402, F401
 
 CPU_RUNTIME = "onnxruntime==1.31.1"
 OPENVINO_RUNTIME = "onnxruntime-openvino==1.24.1"

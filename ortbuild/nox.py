@@ -1,12 +1,13 @@
 """ortbuild's nox sessions: build, test, profile and release, one of each per target of targets.toml, each
 target in its own virtualenv holding its ONNX Runtime flavor. A project's noxfile.py imports them:
 
-    from ortbuild.nox import build, profile, release, test  # noqa: F401  (registers one session per target)
+    from ortbuild.nox import build, profile, release, test, tune  # noqa: F401  (registers one session per target)
 
     nox -s build                  build every target, each in its own virtualenv with its ORT flavor
     nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
     nox -s test                   build what is missing or stale, then the release gates of every target
     nox -s profile                profile every target's artifacts: ORT traces and the top operators
+    nox -s tune -- -t cpu-int8    tune a target's session options (`ortbuild tune`; one session, no tags)
     nox -s release                sign, publish and verify every tested target
 
 The configuration is `targets.toml` in the noxfile's directory (nox runs there), or $ORTBUILD_CONFIG. A target's
@@ -338,6 +339,26 @@ def profile(session: nox.Session, target: str) -> None:
                and not (dist / m / "profile.trace.json").exists()]
     if missing:
         session.error(f"{target}: no trace was written for {', '.join(missing)}")
+
+
+@nox.session(venv_backend="none")
+def tune(session: nox.Session) -> None:
+    """Tune the session options of the targets named by `-t` (all of them without), each in its own virtualenv:
+    `nox -s tune -- -t cpu-int8 --seconds 30` runs `ortbuild tune` there; what it keeps goes to targets.lock and is
+    shipped by a rebuild (docs/build-to-the-gates.md). One session, not one per target, and no tags: a tag or
+    keyword selection (`nox -t openvino`, `nox -k int8`) never tunes, and so never rebuilds what it just tested."""
+    assert PROJECT is not None
+    args = list(session.posargs)
+    patterns = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-t", "--target")]
+    rest = [a for i, a in enumerate(args) if a not in ("-t", "--target") and (i == 0 or args[i - 1] not in
+                                                                                ("-t", "--target"))]
+    names = [t.name for t in TARGETS]
+    chosen = config.matches(names, patterns) if patterns else names
+    if not chosen:
+        session.error(f"no target matches {', '.join(patterns)} (targets: {', '.join(names)})")
+    for target in chosen:
+        _, venv = _target_env(session, target)
+        _ortbuild(session, venv, "tune", "-c", str(PROJECT.file), "-t", target, *rest, env=keys_env(session, venv))
 
 
 @nox.session(venv_backend="none")

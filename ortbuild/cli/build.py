@@ -29,7 +29,7 @@ from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, lockfile, plan
 from ortbuild.project.precisions import Quantizer
 from ortbuild.publish import epochs
-from ortbuild.status import JobStatus, final_exit
+from ortbuild.status import JobFinished, JobStatus, final_exit
 
 if TYPE_CHECKING:
     import onnx
@@ -170,6 +170,14 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, jobs: Sequence[pla
                 builder, tester, lock, job, progress, seconds=getattr(args, "tune_seconds", 120.0))
         except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
             done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
+        said = [n for n in done[j.name].notes if n.startswith(("tune:", "tune = true:"))]
+        if said:
+            progress(j.name, JobFinished(done[j.name].status, said[-1]))
+    if builder.command != "build":  # `build` prints every failure itself; `test`, `profile`: the search's table here
+        for j in searching:
+            error = done[j.name].error
+            if done[j.name].status == JobStatus.FAILED and isinstance(error, GateFailed):
+                print(error.render(), file=sys.stderr)
     return rebuilt
 
 

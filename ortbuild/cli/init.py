@@ -52,6 +52,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"  {note}")
     print(f"\n{len(project.models)} model(s), targets {', '.join(project.targets)}. Next:\n"
           "  python -m nox -s test       # each target in its own virtualenv: build, then the release gates\n"
+          "  git add targets.lock        # what the build found (precision_search): CI builds with --locked\n"
           "  python -m nox -s release    # sign and bundle each tested target into dist/release/<target>/",
           file=sys.stdout)
     return 0

@@ -23,7 +23,7 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.project import lockfile
 from ortbuild.project.declare import plain
 from ortbuild.project.plan import Job
-from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
+from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict
 
 
 def wants_search(job: Job) -> bool:
@@ -148,7 +148,7 @@ class AutoSearch:
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
         said = self._write(entry.merged({}, search={**entry.search, "worst": res.worst}), result)
         result.notes.append(f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst}); {said}")
-        self.progress(job.name, f"precision_search: kept {kept} in float{source}: PASS ({res.worst})")
+        self.progress(job.name, JobFinished(result.status, result.notes[-1]))  # said on every stream
         return result
 
     def _entry(self, job: Job) -> lockfile.Entry:
@@ -177,6 +177,7 @@ class AutoSearch:
         entry = entry.merged({}, search={"result": f"{how} ({found})"})
         said = self._write(entry, result)
         result.notes.append(f"precision_search: {entry.search['result']}; {said}")
+        self.progress(job.name, JobFinished(result.status, result.notes[-1]))
         self.locked[job.name] = dataclasses.replace(job, locked=entry)
 
     def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:
@@ -188,5 +189,5 @@ class AutoSearch:
                                "raise --explain-rebuilds/--explain-seconds, loosen the accuracy rule, or pick another "
                                "precision for this target")
         out.reason = out.error.message.split("\n", 1)[0]
-        self.progress(job.name, f"precision_search: no passing set: {doc.get('reason', '')}")
+        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
         return out

@@ -227,10 +227,13 @@ def read(project: config.Project) -> Lock:
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(str(path), "", f"not valid TOML: {e}", _FIX) from None
+        raise ConfigError(str(path), "", f"not valid TOML: {e}",
+                          "fix the line it names (ortbuild writes this file: a merge conflict?), or delete the file: "
+                          "the next build searches again where a target asks") from None
     if doc.get("version") != VERSION:
         raise ConfigError(str(path), "version", f"version {doc.get('version')!r}, this ortbuild reads {VERSION}",
-                          _FIX)
+                          "written by another ortbuild: build with that one, or delete the file (the next build "
+                          "searches again)")
     jobs = doc.get("jobs", {})
     if not isinstance(jobs, dict):
         raise ConfigError(str(path), "jobs", "must be a table of jobs, \"target/model\" = { ... }", _FIX)
@@ -242,9 +245,15 @@ def read(project: config.Project) -> Lock:
         if not all(isinstance(t.get(k), str) for k in ("source", "settings")):
             raise ConfigError(str(path), key, "needs `source` and `settings` digests (strings)", _FIX)
         applies, search, tune = t.get("applies", {}), t.get("search", {}), t.get("tune", {})
-        if not isinstance(applies, dict) or not all(isinstance(v, dict) for v in applies.values()):
+        if not isinstance(applies, dict):
             raise ConfigError(str(path), f"{key}.applies", "must be a table of tables, e.g. "
                               "{ quantization = { exclude_nodes = [...] } }", _FIX)
+        for table, values in applies.items():
+            if table not in ALLOWED or not isinstance(values, dict):
+                raise ConfigError(str(path), f"{key}.applies.{table}", "a lock entry lays only the lists the "
+                                  "precision search keeps in float and the session options tuning measures over the "
+                                  f"settings ({_allowed_text()}), each a table, never a gate, a budget or the "
+                                  "precision: write those in targets.toml", _FIX)
         if not isinstance(search, dict) or not isinstance(tune, dict):
             raise ConfigError(str(path), key, "`search` and `tune` must be tables", _FIX)
         unknown = set(t) - {"source", "settings", "applies", "search", "tune"}
