@@ -305,6 +305,12 @@ def test_tune_user_errors(make_project: Callable[..., Path]) -> None:
     zero = run_cli("tune", "-c", str(path), "--seconds", "0")
     assert zero.returncode == 2 and "--seconds 0: give a positive number" in zero.stderr
     assert not (path.parent / "targets.lock").exists()
+    # a job whose build fails (here: its published artifact was modified) fails the command with its own code
+    assert run_cli("build", "-c", str(path), "-t", "cpu").returncode == 0
+    artifact = path.parent / "dist" / "cpu" / "tiny_cnn" / "model.onnx.enc"
+    artifact.write_bytes(artifact.read_bytes()[:-1] + b"\0")
+    tampered = run_cli("tune", "-c", str(path), "-t", "cpu", "--seconds", "1")
+    assert tampered.returncode == 7 and "TAMPERED" in tampered.stderr, tampered.stderr[-2000:]
 
 
 def test_tune_text_table_and_the_fp32_note(make_project: Callable[..., Path]) -> None:

@@ -53,7 +53,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 failed = done is not None and done.status == JobStatus.FAILED and done.error is not None
                 out.append({"target": job.target.name, "model": job.model.name,
                             "status": FAILED if failed else SKIPPED, "reason": why})
-                codes.append(done.error.exit_code if failed and done and done.error else 0)
+                codes.append(done.error.exit_code if failed and done is not None and done.error is not None else 0)
                 continue
             plain = lockfile.declared(job)
             ref = refs.get(job.name)
