@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ortbuild.errors import ConfigError, GateFailed
-from tests.conftest import run_cli
+from tests.conftest import here_runtime, run_cli
 from tests.test_explain import _emb_project
 
 AUTO = 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n\n[targets.int8-b]\nextends = "int8"\n'
@@ -170,3 +170,32 @@ def test_inline_overrides_and_an_entry_the_model_cannot_take(tmp_path: Path) -> 
     assert error["message"].startswith(f'{lock}: [jobs."int8/emb".applies.quantization.exclude_nodes] the model '
                                        "has no node named 'nosuch'"), error
     assert "delete the entry" in error["hint"]
+
+
+def test_a_search_with_every_changed_node_renamed_says_how_to_keep_the_names(tmp_path: Path) -> None:
+    """MatMul + Add: the quantizer's pre-processing fuses them under new names, which exclude_nodes cannot name."""
+    from tests.bigmodels import mlp
+
+    mlp(tmp_path / "m", layers=2, width=64, embedded=True)
+    path = tmp_path / "targets.toml"
+    path.write_text(f"""[project]
+name = "renamed"
+version = "1"
+
+[models.mlp]
+path = "m/model.onnx"
+inputs = "m/inputs.npz"
+
+[targets.int8]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+accuracy = {{ cosine = 0.9999999 }}
+precision_search = "auto"
+""")
+    code, jobs, _ = _build(path)
+    error = jobs["int8/mlp"]["error"]
+    assert code == GateFailed.exit_code and isinstance(error, dict), error
+    assert "by a name the source model has" in error["message"]
+    assert error["hint"].startswith("the nodes it changed were renamed by the quantizer's pre-processing"), error
+    assert "quantization = { preprocess = false }" in error["hint"]

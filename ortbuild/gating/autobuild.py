@@ -184,10 +184,13 @@ class AutoSearch:
         """The job fails with the search's table: nothing that fails its gate is shipped as passing."""
         lines = explain.render(job.name, doc)
         out = dataclasses.replace(failed, status=JobStatus.FAILED, notes=list(failed.notes))
+        hint = ("the nodes it changed were renamed by the quantizer's pre-processing, so none can be named: "
+                "quantization = { preprocess = false } keeps their names (the table lists them)"
+                if doc.get("renamed") and not doc.get("trials") else
+                "raise --explain-rebuilds/--explain-seconds, loosen the accuracy rule, or pick another precision for "
+                "this target")
         out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no set kept in float that passes "
-                               f"({why}): {doc.get('reason', '')}\n" + "\n".join(lines),
-                               "raise --explain-rebuilds/--explain-seconds, loosen the accuracy rule, or pick another "
-                               "precision for this target")
+                               f"({why}): {doc.get('reason', '')}\n" + "\n".join(lines), hint)
         out.reason = out.error.message.split("\n", 1)[0]
         self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
         return out
