@@ -199,12 +199,14 @@ class Settings:
         doc="`auto`: the precision is a goal, not an order. When the converted artifact fails its accuracy gate "
             "(or gives non-finite or constant outputs), the build runs the precision search (`ortbuild test "
             "--explain`'s) and ships the smallest set kept in float that passes, recorded in `targets.lock` "
-            "beside targets.toml; later builds apply the lock without searching. `off`: build as written. See "
-            "docs/build-to-the-gates.md.")
+            "beside targets.toml; later builds apply the lock without searching. `off`: build as written. It does "
+            "not rebuild by itself: what the search keeps in float enters the build key through the settings the "
+            "lock lays over. See docs/build-to-the-gates.md.")
     tune: bool = setting(
         False, build="never",
         doc="The build tunes the session options (`ortbuild tune`) when `targets.lock` has no tuning for the "
-            "job: the fastest setting that passes every gate is recorded in the lock and shipped. See "
+            "job: the fastest setting that passes every gate is recorded in the lock and shipped. It does not "
+            "rebuild by itself: the session options kept enter the build key through the lock. See "
             "docs/build-to-the-gates.md.")
     # the target's and the model's custom-operator libraries (keys of [targets.X] and [models.X])
     custom_ops: tuple[CustomOps, ...] = derived((), build="when-set")
