@@ -171,6 +171,27 @@ def vacuous(model: Model, g: Golden) -> None:
                               "compared nothing", hint)
 
 
+def _tolerance() -> tuple[float, float]:
+    """fp32's default (atol, rtol): the tightest default rule, by which values are (near) constant."""
+    default = precisions.rule(precisions.FP32).accuracy
+    return float(default["atol"]), float(default["rtol"])
+
+
+def spread(x: np.ndarray) -> tuple[float, float] | None:
+    """(mean, std) of an array's finite values; None for fewer than two."""
+    x = x.astype(np.float64).ravel()
+    x = x[np.isfinite(x)]
+    return (float(x.mean()), float(x.std())) if x.size >= 2 else None
+
+
+def varies(x: np.ndarray) -> float | None:
+    """The standard deviation of the finite values where they are not (near) constant (near_constant's rule:
+    std > atol + rtol * |mean| at fp32's defaults); None where they are, or are fewer than two."""
+    found = spread(x)
+    atol, rtol = _tolerance()
+    return found[1] if found is not None and found[1] > atol + rtol * abs(found[0]) else None
+
+
 def near_constant(g: Golden) -> dict[str, str]:
     """The float outputs whose golden values, every element of every data set together, are (near) constant, with
     what was measured.
@@ -183,8 +204,7 @@ def near_constant(g: Golden) -> dict[str, str]:
     on a target's own rule: a task rule (a loose atol beside a cosine) would call real outputs constant. An output
     of one element is never judged; integer, boolean, string, sequence and map outputs are not (they match
     exactly)."""
-    default = precisions.rule(precisions.FP32).accuracy
-    atol, rtol = float(default["atol"]), float(default["rtol"])
+    atol, rtol = _tolerance()
     values: dict[str, list[np.ndarray]] = {}
     for ds in g.sets:
         for name, value in ds.expected.items():
@@ -194,9 +214,10 @@ def near_constant(g: Golden) -> dict[str, str]:
     for name, parts in values.items():
         x = np.concatenate(parts)
         x = x[np.isfinite(x)]
-        if x.size < 2:
+        found = spread(x)
+        if found is None:
             continue
-        mean, std = float(x.mean()), float(x.std())
+        mean, std = found
         if std <= atol + rtol * abs(mean):
             lo, hi = float(x.min()), float(x.max())
             out[name] = (f"{x.size} values in [{lo:.3g}, {hi:.3g}], mean {mean:.3g}, std {std:.3g} <= the tolerance "

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ortbuild import modelfiles, runtime
-from ortbuild.artifact import manifest
-from ortbuild.project import options, precisions
+from ortbuild.artifact import golden, manifest
+from ortbuild.project import options
 from ortbuild.project.config import CustomOps, Provider, Settings
 from ortbuild.project.data import Feed
 
@@ -110,18 +110,6 @@ def suspicious(result: ReloadResult) -> list[str]:
     return out
 
 
-def _varies(b: np.ndarray) -> float | None:
-    """The standard deviation of the source's finite values where they vary by more than fp32's default tolerance
-    (std > atol + rtol * |mean|, the rule by which golden data are (near) constant); None where they do not."""
-    x = b.astype(np.float64).ravel()
-    x = x[np.isfinite(x)]
-    if x.size < 2:
-        return None
-    default = precisions.rule(precisions.FP32).accuracy
-    mean, std = float(x.mean()), float(x.std())
-    return std if std > float(default["atol"]) + float(default["rtol"]) * abs(mean) else None
-
-
 def compare(values: Mapping[str, object], source: Mapping[str, object]) -> list[Broken]:
     """The outputs in `values` (the artifact's) broken where the source's (`source`, same feed) are not: non-finite
     values where the source's are finite (element by element where the shapes match), or a constant where the
@@ -141,7 +129,7 @@ def compare(values: Mapping[str, object], source: Mapping[str, object]) -> list[
             if nan or inf:
                 kinds = " and ".join(f"{k} in {n}" for k, n in (("NaN", nan), ("inf", inf)) if n)
                 broken.append(Broken(name, f"{kinds} of {a.size} values where the source model's are finite"))
-        elif _constant(a) and (std := _varies(b)) is not None:
+        elif _constant(a) and (std := golden.varies(b)) is not None:
             broken.append(Broken(name, f"constant {float(a.flat[0]):.6g} in all {a.size} values where the source "
                                        f"model's vary (std {std:.3g})"))
     return broken
@@ -151,7 +139,6 @@ def broken_outputs(result: ReloadResult, source: Path, feed: Feed, custom_ops: S
     """The artifact's outputs broken where the source model's are not, the source run (CPU provider, no
     optimization, from its path: external data included) only when some output looks suspicious. A source that
     cannot run here is not compared: the accuracy gate, which needs it too, says why."""
-    from ortbuild.artifact import golden
 
     names = suspicious(result)
     if not names:
