@@ -146,7 +146,7 @@ class AutoSearch:
             return None
         self.locked[job.name] = locked
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
-        said = self._write(entry.merged({}, search={**entry.search, "worst": res.worst}), result)
+        said = self._write(entry.merged({}, search={**entry.search, "worst": res.worst}))
         result.notes.append(f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst}); {said}")
         self.progress(job.name, JobFinished(result.status, result.notes[-1]))  # said on every stream
         return result
@@ -158,24 +158,19 @@ class AutoSearch:
             return job.locked
         return lockfile.Entry(job.name, *self.builder.fingerprint(lockfile.declared(job)))
 
-    def _write(self, entry: lockfile.Entry, result: JobResult) -> str:
-        """Record the entry in targets.lock; what to say of it (a lock that cannot be written is a warning: the
-        artifact stands, the next build searches again)."""
-        try:
-            lockfile.record(self.builder.project, entry)
-        except OSError as e:
-            where = lockfile.path_of(self.builder.project)
-            self.progress(entry.job, f"WARNING: {where} could not be written ({e.strerror}): the next build searches "
-                                     "again")
-            return f"NOT recorded: {where} could not be written ({e.strerror}); make its folder writable"
-        return f"recorded in {lockfile.LOCK_FILE}"
+    def _write(self, entry: lockfile.Entry) -> str:
+        """Record the entry in targets.lock; what to say of it (a warning too where it cannot be written)."""
+        lock, said = lockfile.record_and_say(self.builder.project, entry)
+        if lock is None:
+            self.progress(entry.job, f"WARNING: {said}")
+        return said
 
     def _record(self, job: Job, result: JobResult, found: str) -> None:
         """A job that passes as it is built: its entry (with what an up-to-date one already lays over it)."""
         entry = self._entry(job)
         how = "passes as declared" if not entry.applies else "passes with what targets.lock lays over it"
         entry = entry.merged({}, search={"result": f"{how} ({found})"})
-        said = self._write(entry, result)
+        said = self._write(entry)
         result.notes.append(f"precision_search: {entry.search['result']}; {said}")
         self.progress(job.name, JobFinished(result.status, result.notes[-1]))
         self.locked[job.name] = dataclasses.replace(job, locked=entry)

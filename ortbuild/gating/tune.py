@@ -195,11 +195,8 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
                                   "run `ortbuild test` on it; report it if the declared options pass")
         result.reason = result.error.message
         return lock, locked, result
-    try:
-        lock = lockfile.record(builder.project, entry)
-        said = f"recorded in {lock.file.name}"
-    except OSError as e:  # the artifact stands; the next build tunes again
-        said = f"NOT recorded: {lock.file} could not be written ({e.strerror}); make its folder writable"
+    written, said = lockfile.record_and_say(builder.project, entry)
+    lock = written or lock
     result.notes.append(f"tune: kept {tuning.kept()}" + (f", {tuning.final.interval()} against the declared "
                                                          "options" if tuning.final and not tuning.rejected
                                                          and tuning.applies else "")

@@ -218,6 +218,16 @@ def record(project: config.Project, entry: Entry) -> Lock:
     return lock
 
 
+def record_and_say(project: config.Project, entry: Entry) -> tuple[Lock | None, str]:
+    """record(), and what the command says of it. A folder that cannot be written is no error: the artifact stands,
+    and the next build searches or tunes again (None, and the line that says so)."""
+    try:
+        lock = record(project, entry)
+    except OSError as e:
+        return None, f"NOT recorded: {path_of(project)} could not be written ({e.strerror}); make its folder writable"
+    return lock, f"recorded in {LOCK_FILE}"
+
+
 def read(project: config.Project) -> Lock:
     """targets.lock beside the project's targets.toml (none: an empty lock). A malformed file is a config error
     naming it and what to do."""
