@@ -30,7 +30,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 from urllib.parse import unquote, urlparse
 
 import nox
@@ -41,11 +41,9 @@ from packaging.utils import canonicalize_name
 from ortbuild import __version__, files, installed, machine
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, UsageError
+from ortbuild.gating.record import TestResult
 from ortbuild.project import config
 from ortbuild.status import ProfileStatus, Verdict
-
-if TYPE_CHECKING:
-    from ortbuild.gating.records import ResultDoc
 
 __all__ = ["build", "profile", "release", "test"]
 
@@ -297,12 +295,12 @@ def _skipped_here(t: config.Target, gates: bool = False) -> str | None:
     those)."""
     assert PROJECT is not None
     dist = PROJECT.root / "dist" / t.name
-    reports: list[ResultDoc] = [json.loads(f.read_text())["result"] for m in t.models
-                                if (f := dist / m / "test-report.json").exists()]
-    if reports and all(r["status"] == Verdict.SKIPPED for r in reports):
-        return str(reports[0]["reason"])
-    if gates and reports and all(Verdict.SKIPPED in r.get("gates", {}).values() for r in reports):
-        return f"gates SKIPPED here: {reports[0]['reason']}"
+    reports = [TestResult.from_json(json.loads(f.read_text())["result"]) for m in t.models
+               if (f := dist / m / "test-report.json").exists()]
+    if reports and all(r.status == Verdict.SKIPPED for r in reports):
+        return reports[0].reason
+    if gates and reports and all(Verdict.SKIPPED in r.gates().values() for r in reports):
+        return f"gates SKIPPED here: {reports[0].reason}"
     return None
 
 

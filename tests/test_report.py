@@ -16,6 +16,7 @@ import pytest
 from ortbuild.artifact import manifest
 from ortbuild.errors import UsageError
 from ortbuild.gating import report, report_html
+from ortbuild.gating.record import TestResult
 from ortbuild.units import human_size
 from tests.conftest import here_runtime, run_cli
 
@@ -78,7 +79,8 @@ def test_each_row_names_its_failing_gates() -> None:
                result("broken", status="FAIL", exit_code=3, failures=["config error"]),
                result("tampered", status="FAIL", exit_code=7, reason="build failed: TAMPERED: model.onnx.enc differs",
                       failures=["build failed: TAMPERED: model.onnx.enc differs"]),
-               result("slow", status="INCONCLUSIVE", gates={**dict.fromkeys(GATES, "-"), "latency": "INCONCLUSIVE"}),
+               result("slow", status="INCONCLUSIVE", latency_verdict="INCONCLUSIVE",
+                          gates={**dict.fromkeys(GATES, "-"), "latency": "INCONCLUSIVE"}),
                result("ok")]
     cells = {r[0]: r[-1] for r in report.rows(results)}
     assert cells == {"size": "FAIL (size)", "two": "FAIL (accuracy, cold_start)", "old": "FAIL (latency)",
@@ -99,9 +101,10 @@ def test_startup_is_shown_compactly_and_in_the_section() -> None:
                             {"kind": "memory", "budget": 64, "verdict": "FAIL", "observed": 95.3}]}
     r = result("cpu", status="FAIL", failed=("memory",), startup=startup, memory_verdict="FAIL",
                cold_start_verdict="PASS")
-    assert report.startup_cell(r) == "812 ms/1000, 95 MB/64"
-    assert report.startup_cell({"startup": {"cold_start_ms": {"p50": 3.25}}}) == "3.2 ms"   # no budget, no verdicts
-    assert report.startup_cell({"startup": {"processes": 3, "verdicts": "?"}}) == "-"        # defensive
+    cell = lambda doc: report.startup_cell(TestResult.from_json(doc))  # noqa: E731
+    assert cell(r) == "812 ms/1000, 95 MB/64"
+    assert cell({"startup": {"cold_start_ms": {"p50": 3.25}}}) == "3.2 ms"   # no budget, no verdicts
+    assert cell({"startup": {"processes": 3, "verdicts": "?"}}) == "-"        # defensive
     header, body = report.text_table([r, result("other")], None)
     assert body[0][header.index("startup")] == "812 ms/1000, 95 MB/64" and body[1][header.index("startup")] == "-"
     page = report.render_html({"created": "now", "counts": {}, "results": [r]})
@@ -372,13 +375,12 @@ def report_of(folder: Path) -> dict[str, Any]:
 
 def test_a_failed_build_row_says_what_a_test_result_says() -> None:
     """The report's row of a failed build (from its build record) has a test result's fields, no more."""
-    from ortbuild.gating.gates import TestResult
 
     row = report.build_failure_row({"target": "t", "model": "m", "status": "failed", "reason": "boom",
                                     "precision": "fp32", "step": "reload"})
     assert set(row) == set(TestResult("t", "m", "fp32").as_json())
     assert row["failures"] == ["build failed: boom"] and row["exit_code"] == 6 and row["build"]["log"] is None
-    assert report.verdict_cell(row) == "FAIL (build)"
+    assert report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
 
 
 def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -> None:
@@ -387,7 +389,6 @@ def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -
     later change to the result does not change the document."""
     import dataclasses
 
-    from ortbuild.gating.gates import TestResult
     from ortbuild.status import Verdict
 
     r = TestResult("t", "m", "int8-dynamic", accuracy=Verdict.FAIL, worst="y: cosine 0.5", size_verdict=Verdict.PASS,
@@ -396,8 +397,10 @@ def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -
                    platform={"emulator": "qemu"}, build={"step": "check"}, quick=True, exit_code=9)
     r.fail(["accuracy: t/m failed"])
     doc = r.as_json()
-    assert doc == {**dataclasses.asdict(r), "gates": r.gates(), "failed_gates": ["accuracy"]}
-    assert list(doc) == [f.name for f in dataclasses.fields(r)] + ["gates", "failed_gates"]
+    fields = {k: v for k, v in dataclasses.asdict(r).items() if k != "sections"}  # only when a newer gate ran
+    assert doc == {**fields, "gates": r.gates(), "failed_gates": ["accuracy"]}
+    assert list(doc) == [f.name for f in dataclasses.fields(r) if f.name != "sections"] + ["gates", "failed_gates"]
+    assert TestResult.from_json(doc) == r  # and read back as it was
     r.golden["warnings"].append("more")
     r.failures.append("more")
     assert doc["golden"]["warnings"] == ["constant"] and doc["failures"] == ["accuracy: t/m failed"]
@@ -413,7 +416,7 @@ def test_a_build_that_fails_inside_test_is_a_fail_row(tmp_path: Path) -> None:
     doc = report_of(tmp_path)
     assert doc["counts"] == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 0, "SKIPPED": 0}
     [row] = doc["results"]
-    assert row["status"] == "FAIL" and report.verdict_cell(row) == "FAIL (build)"
+    assert row["status"] == "FAIL" and report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
     assert row["reason"].startswith("build failed: cpu/m: step 'reload': ") and "Reshape" in row["reason"]
     assert row["build"]["step"] == "reload" and (tmp_path / row["build"]["log"]).is_file()
     assert f"build log: {row['build']['log']}" in row["failures"]
@@ -439,7 +442,8 @@ def test_a_failed_rebuild_is_no_longer_its_earlier_pass(tmp_path: Path) -> None:
     doc = report_of(tmp_path)
     assert doc["counts"]["PASS"] == 0 and doc["counts"]["FAIL"] == 1
     [row] = doc["results"]
-    assert report.verdict_cell(row) == "FAIL (build)" and row["delta"]["verdict"]["before"] == "PASS"
+    assert report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
+    assert row["delta"]["verdict"]["before"] == "PASS"
     refused = run_cli("release", "-c", str(toml), "-t", "cpu", cwd=tmp_path)
     assert refused.returncode == 9 and "cpu/m: its last build failed (cpu/m: step 'reload'" in refused.stderr
     inputs(tmp_path, "good")                                 # fixed: the artifact is the same, tested again

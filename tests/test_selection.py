@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.gating import report, selection
+from ortbuild.gating import catalog, report, selection
+from ortbuild.gating.record import TestResult
 from tests.conftest import run_cli
 
 
 def test_names_parse_into_the_gates_in_their_order() -> None:
-    assert tuple(report.GATE_FIELDS) == selection.GATES
+    assert catalog.NAMES == selection.GATES
     assert selection.parse("accuracy") == ("accuracy",)
     assert selection.parse(" latency , Accuracy,latency") == ("accuracy", "latency")
     assert selection.parse("startup") == ("cold_start", "memory")
@@ -41,12 +42,12 @@ def test_what_a_result_says_of_the_gates_it_left_out() -> None:
     row = {"status": "PASS", "judged": ["accuracy"], "gates": {g: "-" for g in selection.GATES}}
     assert selection.left_out(row) == ["size", "latency", "cold_start", "memory"]
     assert selection.not_judged(row) == "not judged (--gates accuracy): size, latency, cold_start, memory"
-    assert report.verdict_cell(row) == "PASS (--gates accuracy)"  # type: ignore[arg-type]
-    failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "gates": {"accuracy": "FAIL"}}
-    assert report.verdict_cell(failed) == "FAIL (accuracy; --gates accuracy,size)"  # type: ignore[arg-type]
+    assert report.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
+    failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "accuracy": "FAIL"}
+    assert report.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
     for full in ({"status": "PASS", "judged": list(selection.GATES)}, {"status": "PASS"}):  # {}: an older report
         assert selection.left_out(full) == [] and selection.not_judged(full) == ""
-        assert report.verdict_cell(full) == "PASS"  # type: ignore[arg-type]
+        assert report.verdict_cell(TestResult.from_json(full)) == "PASS"
 
 
 @pytest.mark.runtime

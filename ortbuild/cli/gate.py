@@ -25,7 +25,8 @@ from ortbuild.project import config, plan
 from ortbuild.status import JobStatus, ProfileStatus, Verdict, final_exit
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates import Tester, TestResult
+    from ortbuild.gating.gates import Tester
+    from ortbuild.gating.record import TestResult
     from ortbuild.gating.records import ReportDoc
 
 
@@ -107,7 +108,7 @@ def _summary(results: Sequence[TestResult], doc: ReportDoc, done: dict[str, JobR
             print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}")
     for n in notes:
         print(f"  {n}")
-    for line in summary.warning_lines(mine):
+    for line in summary.warning_lines(results):
         print(line)
     print("\n" + summary.verdict_counts([r.status for r in results], json_path, html_path))
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating import explain
-from ortbuild.gating.gates import PASS, Tester, TestResult
+from ortbuild.gating.gates import PASS, Tester
+from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
 from ortbuild.gating.search import changed_lists, describe_set
 from ortbuild.pipeline.build import Builder

@@ -49,7 +49,7 @@ import onnx
 from ortbuild import logs, modelfiles, workspace
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating.explain_render import layers_doc, render
-from ortbuild.gating.gates import PASS, Tester, TestResult
+from ortbuild.gating.gates import PASS, Tester
 from ortbuild.gating.layerwise import (
     NOTHING,
     QUANT_OPS,
@@ -63,6 +63,7 @@ from ortbuild.gating.layerwise import (
     ranked,
     session_of,
 )
+from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc, PredictionsDoc
 from ortbuild.gating.search import Search, Trial, check_override, override_toml, settings_with
 from ortbuild.pipeline.build import Builder

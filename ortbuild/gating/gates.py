@@ -12,90 +12,49 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Literal, cast
+from typing import cast
 
 from ortbuild import files, logs, paths
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
-from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import accept, builds, compare, emulated, latency, records, report, size, startup, timing_records
+from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
+from ortbuild.gating import (
+    accept,
+    builds,
+    catalog,
+    compare,
+    emulated,
+    latency,
+    records,
+    report,
+    size,
+    startup,
+    timing_records,
+)
+from ortbuild.gating.catalog import NOT_RUN, Context
+from ortbuild.gating.record import TestResult
 from ortbuild.gating.selection import GATES
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
 from ortbuild.project.plan import Job
-from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict, final_exit
+from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
 PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
-NOT_RUN: Literal["-"] = "-"         # a gate that did not run (the target cannot run here, or it has no budget)
 REPORT = "test-report.json"
 REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
-
-
-@dataclass
-class TestResult:
-    target: str
-    model: str
-    precision: str
-    status: Verdict = Verdict.PASS
-    reason: str = ""
-    accuracy: Verdict | Literal["-"] = NOT_RUN
-    worst: str = "-"
-    outputs: list[records.OutputDoc] = field(default_factory=list)
-    golden: records.GoldenDoc = field(default_factory=records.GoldenDoc)
-    latency: timing_records.LatencyDoc = field(default_factory=timing_records.LatencyDoc)
-    latency_verdict: Verdict | Literal["-"] = NOT_RUN
-    size: records.SizeDoc = field(default_factory=records.SizeDoc)
-    size_verdict: Verdict | Literal["-"] = NOT_RUN
-    # cold start and peak memory, measured in fresh processes through the loader (ortbuild.gating.startup)
-    startup: timing_records.StartupDoc = field(default_factory=timing_records.StartupDoc)
-    cold_start_verdict: Verdict | Literal["-"] = NOT_RUN
-    memory_verdict: Verdict | Literal["-"] = NOT_RUN
-    failures: list[str] = field(default_factory=list)   # the failure report's lines
-    reproduce: str = ""
-    explain: records.ExplainDoc = field(default_factory=records.ExplainDoc)  # `--explain`: the precision search
-    build_key: str = ""
-    artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
-    quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
-    judged: list[str] = field(default_factory=lambda: list(GATES))  # --gates: release needs them all
-    speed: list[timing_records.SpeedDoc] = field(default_factory=list)  # slower than what it derives from (speed)
-    platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
-    build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
-    exit_code: int = 0
-
-    def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
-        self.failures += lines
-        self.exit_code = final_exit((self.exit_code, code))  # the first failure's code stands
-
-    def __bool__(self) -> bool:
-        """Whether the gates passed (an INCONCLUSIVE or SKIPPED verdict is no failure: --strict and `require`
-        decide about those)."""
-        return bool(self.status)
-
-    def gates(self) -> dict[str, str]:
-        """Each gate's verdict, by name ("-": it did not run)."""
-        return {name: getattr(self, f) for name, f in report.GATE_FIELDS.items()}
-
-    def failed_gates(self) -> list[str]:
-        """The gates that failed, by name (a build failure or a required target that cannot run is none of
-        them: `reason` says why)."""
-        return [name for name, v in self.gates().items() if v == Verdict.FAIL]
-
-    def as_json(self) -> records.ResultDoc:
-        """Every field in order (asdict: a deep copy, nothing shared with this result), then `gates` and
-        `failed_gates`; records.ResultDoc names the same fields (tests/test_report.py)."""
-        return cast(records.ResultDoc, {**asdict(self), "gates": self.gates(), "failed_gates": self.failed_gates()})
 
 
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
                  progress: Callable[[str, Event | str], None], sign_key: SigningKey | None = None,
-                 capture: bool = True, quick: bool = False, judged: Sequence[str] = GATES) -> None:
+                 capture: bool = True, quick: bool = False, judged: Sequence[str] = GATES,
+                 find_peak: bool = False) -> None:
         self.project = project
+        self.find_peak = find_peak  # --find-peak: the server scenario's highest passing rate
         self.judged = tuple(judged)  # --gates: the others are not measured
         self.quick = quick  # --quick: latency.plan_of's quick plan
         self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v
@@ -176,35 +135,62 @@ class Tester:
     # ------------------------------------------------------------------------------------------ one job
 
     def gate(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
-        """Every gate of one built job: accuracy, size, latency (`built`: the references of relative budgets)."""
-        module, g, m = self.accuracy_gate(job, res)
-        if "size" in self.judged:
-            self._size(job, res, m)
-        if module is None:  # emulated: the timing gates say nothing about the device
-            self._skip_timing(job, res)
-        else:
-            if "latency" in self.judged:
-                self._latency(job, res, module, g, built)
-            self._startup(job, res, g)
-        undecided = [res.latency.get("note", "latency inconclusive")] if res.latency_verdict == INCONCLUSIVE else []
-        if INCONCLUSIVE in (res.cold_start_verdict, res.memory_verdict):
-            undecided.append(res.startup.get("note", "cold start / memory inconclusive"))
+        """Every gate of the registry (ortbuild.gating.catalog.GATES) on one built job, in its order: those judged
+        (`--gates`); a timing gate of an emulated platform's target is SKIPPED where the target has a budget for
+        it (`built`: every job's build, the references of relative budgets)."""
+        ctx = self.open(job, res, built)
+        settings = job.settings.gates
+        assert settings is not None
+        skipped = []
+        for gate in catalog.GATES:
+            if gate.name not in self.judged:
+                continue
+            if gate.timed and ctx.module is None:  # emulated: the timing gates say nothing about the device
+                if gate.declared(settings):
+                    res.set_verdict(gate.name, SKIP)
+                    skipped.append(gate.name)
+                continue
+            judged = gate.run(ctx)
+            if judged is not None:  # a newer gate: its section and failure lines
+                verdict, section, lines = judged
+                if verdict != NOT_RUN:
+                    res.sections[gate.name] = {**section, "verdict": verdict}
+                if lines:
+                    res.fail(lines)
+        if skipped:
+            res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
+        undecided: list[str] = []
+        for gate in catalog.GATES:
+            if res.verdict(gate.name) == INCONCLUSIVE and (note := self._undecided(res, gate.name)) not in undecided:
+                undecided.append(note)
         if not res.failures and undecided:
             res.status = Verdict.INCONCLUSIVE
             res.reason = "; ".join(undecided)
 
-    def _startup(self, job: Job, res: TestResult, g: golden.Golden) -> None:
-        """Cold start and peak memory in fresh processes through the loader (only with a budget for either)."""
+    @staticmethod
+    def _undecided(res: TestResult, gate: str) -> str:
+        """What an INCONCLUSIVE gate's note says (cold start and memory share theirs: one measurement)."""
+        if gate == "latency":
+            return res.latency.get("note", "latency inconclusive")
+        if gate in ("cold_start", "memory"):
+            return res.startup.get("note", "cold start / memory inconclusive")
+        return str(res.sections.get(gate, {}).get("note", f"{gate} inconclusive"))
+
+    def judge_startup(self, ctx: Context) -> None:
+        """Cold start and peak memory in fresh processes through the loader (only with a budget for either):
+        one measurement for both gates."""
+        job, res = ctx.job, ctx.result
         gates = job.settings.gates
         assert gates is not None
         budgets = {k: b for k, b in gates.startup_budgets.items() if k in self.judged}
-        if not budgets:
+        if not budgets or "startup" in ctx.done:
             return
-        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        ctx.done.add("startup")
         self.progress(job.name, f"cold start and peak memory in fresh processes (looks at {startup.FIRST_LOOK}, "
                                 f"then doubling, at most {startup.MAX_PROCESSES})")
-        outcome = startup.measure(loaders.python_path(folder, job.model.name), folder, g.sets[0].inputs,
-                                  self.secret, budgets, latency.confidence_of(gates.latency.confidence, self.quick))
+        outcome = startup.measure(loaders.python_path(ctx.folder, job.model.name), ctx.folder,
+                                  ctx.golden.sets[0].inputs, self.secret, budgets,
+                                  latency.confidence_of(gates.latency.confidence, self.quick))
         res.startup = startup.summary(outcome, budgets)
         if "cold_start" in budgets:
             res.cold_start_verdict = startup.verdict_of(outcome, "cold_start")
@@ -214,25 +200,20 @@ class Tester:
         if lines:
             res.fail(lines)
 
-    def _skip_timing(self, job: Job, res: TestResult) -> None:
-        """An emulated platform's timing gates: SKIPPED where the target has budgets, and the reason said."""
-        gates = job.settings.gates
-        assert gates is not None
-        skipped = [name for name, has in (("latency", gates.latency.budgets() or gates.latency.faster_than),
-                                          ("cold_start", "cold_start" in gates.startup_budgets),
-                                          ("memory", "memory" in gates.startup_budgets))
-                   if has and name in self.judged]
-        for name in skipped:
-            setattr(res, report.GATE_FIELDS[name], SKIP)
-        if skipped:
-            res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
-
     def accuracy_gate(self, job: Job, res: TestResult, session: dict[str, object] | None = None) \
             -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
-        """The golden-output gate of the published artifact, through its generated Python loader (under
-        emulation for another platform's target): fills `res` and returns the loader module (None when
-        emulated), the golden data and the manifest. `session`: options over the artifact's, handed to the
-        loader's load(session=...) (session tuning judges a candidate setting by this gate)."""
+        """The golden-output gate alone (the precision search and session tuning judge by it): `open`, then the
+        accuracy gate where it is judged; returns the loader module (None when emulated), the golden data and the
+        manifest. `session`: options over the artifact's, handed to the loader's load(session=...)."""
+        ctx = self.open(job, res, {}, session)
+        if "accuracy" in self.judged:
+            self.judge_accuracy(ctx)
+        return ctx.module, ctx.golden, ctx.manifest
+
+    def open(self, job: Job, res: TestResult, built: dict[str, JobResult],
+             session: dict[str, object] | None = None) -> Context:
+        """The published artifact opened through its generated Python loader (under emulation for another
+        platform's target) and run on its golden data, which is signed into its manifest: the gates' Context."""
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         m, _ = manifest.read(folder)
         res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
@@ -256,9 +237,7 @@ class Tester:
         warnings = golden.constant_warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
-        if "accuracy" in self.judged:
-            self._accuracy(job, res, outputs, g, m)
-        return module, g, m
+        return Context(self, job, res, module, g, m, outputs, built)
 
     def _target_outputs(self, job: Job) -> list[str]:
         """The output names of every model of the job's target (read once per target)."""
@@ -277,8 +256,8 @@ class Tester:
             self.golden_cache[job.model.name] = golden.golden_for(job.model, m.io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]
 
-    def _accuracy(self, job: Job, res: TestResult, outputs: list[dict[str, object]], g: golden.Golden,
-                  m: manifest.Manifest) -> None:
+    def judge_accuracy(self, ctx: Context) -> None:
+        job, res, outputs, g, m = ctx.job, ctx.result, ctx.outputs, ctx.golden, ctx.manifest
         gates = job.settings.gates
         assert gates is not None
         names: list[str] = [o["name"] for o in m.io["outputs"]]
@@ -305,8 +284,9 @@ class Tester:
         if failed and (table := accept.pasteable(self.project, job, names, compared)) is not None:
             res.fail(table.lines(self.project.file.name))
 
-    def _size(self, job: Job, res: TestResult, m: manifest.Manifest) -> None:
-        res.size, lines = size.judge(job, m)
+    def judge_size(self, ctx: Context) -> None:
+        res = ctx.result
+        res.size, lines = size.judge(ctx.job, ctx.manifest)
         res.size_verdict = Verdict.FAIL if lines else Verdict.PASS
         if lines:
             res.fail(lines)
@@ -323,11 +303,12 @@ class Tester:
             names += [n for n in found if n not in names]
         return names
 
-    def _latency(self, job: Job, res: TestResult, module: ModuleType, g: golden.Golden,
-                 built: dict[str, JobResult]) -> None:
+    def judge_latency(self, ctx: Context) -> None:
         """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
         own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
         it), with `data_sets` listing each."""
+        job, res, module, g, built = ctx.job, ctx.result, ctx.module, ctx.golden, ctx.built
+        assert module is not None
         gates = job.settings.gates
         assert gates is not None
         lat = gates.latency

@@ -22,14 +22,12 @@ from typing import Literal
 from ortbuild import errors, files, paths
 from ortbuild.artifact import manifest
 from ortbuild.gating import builds, records, report_html, selection, timing_records
+from ortbuild.gating.record import TestResult
 from ortbuild.status import Verdict
 from ortbuild.units import human_size, signed_percent, signed_size
 
 REPORT_JSON, REPORT_HTML, REPORT_PREVIOUS = "report.json", "report.html", "report.previous.json"
 ORDER = (Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.PASS, Verdict.SKIPPED)  # the HTML's: failures first
-# a gate's name -> the result field that holds its verdict (TestResult.gates; older reports have only these)
-GATE_FIELDS = {"accuracy": "accuracy", "size": "size_verdict", "latency": "latency_verdict",
-               "cold_start": "cold_start_verdict", "memory": "memory_verdict"}
 # why a FAIL that no gate decided failed, by the result's exit code (errors.py)
 FAILED_BY_CODE = {errors.ConfigError.exit_code: "config", errors.RuntimeMismatch.exit_code: "runtime",
                   errors.MissingProvider.exit_code: "provider", errors.StepError.exit_code: "build",
@@ -50,42 +48,27 @@ def _ms(x: object) -> str:
 
 # ------------------------------------------------------------------------------------------- why: the gates
 
-def gate_verdicts(r: records.ResultDoc) -> dict[str, str]:
-    """Each gate's verdict by name ("-": it did not run), from `gates`, else from the older per-gate fields."""
-    g = r.get("gates")
-    if isinstance(g, dict):
-        return {str(k): str(v) for k, v in g.items()}
-    return {name: str(r.get(f, "-")) for name, f in GATE_FIELDS.items() if f in r}
-
-
-def failed_gates(r: records.ResultDoc) -> list[str]:
-    f = r.get("failed_gates")
-    if isinstance(f, list):
-        return [str(x) for x in f]
-    return [name for name, v in gate_verdicts(r).items() if v == Verdict.FAIL]
-
-
-def failure_kind(r: records.ResultDoc) -> str:
+def failure_kind(r: TestResult) -> str:
     """Why a FAIL failed when no gate did: a required target that cannot run here, the error's kind (`artifact`:
     a TAMPERED artifact, whether its build or its test found it), else its build, else an error."""
-    if any(str(x).startswith("required, but cannot run here") for x in r.get("failures") or []):
+    if any(x.startswith("required, but cannot run here") for x in r.failures):
         return "required"
-    fallback = "build" if str(r.get("reason", "")).startswith("build failed") else "error"
-    return FAILED_BY_CODE.get(r.get("exit_code", 0), fallback)
+    fallback = "build" if r.reason.startswith("build failed") else "error"
+    return FAILED_BY_CODE.get(r.exit_code, fallback)
 
 
-def verdict_cell(r: records.ResultDoc) -> str:
+def verdict_cell(r: TestResult) -> str:
     """`FAIL (size)`, `FAIL (accuracy, cold_start)`, `FAIL (build)`, `INCONCLUSIVE (latency)`, `PASS`; a test
     that judged some gates only says which: `PASS (--gates accuracy)`."""
-    status = str(r.get("status", "-"))
+    status = str(r.status)
     why: list[str] = []
     if status == Verdict.FAIL:
-        why = failed_gates(r) or [failure_kind(r)]
+        why = r.failed_gates() or [failure_kind(r)]
     elif status == Verdict.INCONCLUSIVE:
-        why = [name for name, v in gate_verdicts(r).items() if v == Verdict.INCONCLUSIVE]
+        why = [name for name, v in r.gates().items() if v == Verdict.INCONCLUSIVE]
     said = [", ".join(why)] if why else []
-    if selection.left_out(r) and status != Verdict.SKIPPED:
-        said.append(selection.flag(r.get("judged") or []))
+    if selection.left_out({"judged": r.judged}) and status != Verdict.SKIPPED:
+        said.append(selection.flag(r.judged))
     return status + (f" ({'; '.join(said)})" if said else "")
 
 
@@ -97,10 +80,10 @@ def ordered(results: list[records.RowDoc]) -> list[records.RowDoc]:
 
 # ------------------------------------------------------------------------------------------- table cells
 
-def _latency_cell(r: records.ResultDoc, name: Literal["p50_ms", "p90_ms", "p99_ms"]) -> str:
-    lat = r.get("latency") or {}
+def _latency_cell(r: TestResult, name: Literal["p50_ms", "p90_ms", "p99_ms"]) -> str:
+    lat = r.latency
     if name not in lat:  # a gate SKIPPED on its own (an emulated platform's timing) says so
-        return Verdict.SKIPPED.lower() if r.get("latency_verdict") == Verdict.SKIPPED and name == "p50_ms" else "-"
+        return Verdict.SKIPPED.lower() if r.latency_verdict == Verdict.SKIPPED and name == "p50_ms" else "-"
     budget = next((v.get("budget") for v in lat.get("verdicts") or []
                    if v.get("kind") == name.removesuffix("_ms")), None)
     return _ms(lat[name]) + (f" / {budget:g}" if _num(budget) is not None else "")
@@ -114,10 +97,10 @@ STARTUP: tuple[tuple[str, Literal["cold_start_ms", "peak_rss_mb"], str], ...] = 
     ("cold_start", "cold_start_ms", "ms"), ("memory", "peak_rss_mb", "MB"))
 
 
-def startup_cell(r: records.ResultDoc) -> str:
+def startup_cell(r: TestResult) -> str:
     """Cold start and peak memory against their budgets: `812 ms/1000, 95 MB/256`, or `-`."""
-    st = r.get("startup")
-    if not isinstance(st, dict) or not st:
+    st = r.startup
+    if not st:
         return "-"
     verdicts = {v.get("kind"): v for v in st.get("verdicts") or [] if isinstance(v, dict)}
     parts = []
@@ -175,24 +158,31 @@ def rows(results: list[records.RowDoc], full: bool = False,
          comparison: records.Comparison | None = None) -> list[list[str]]:
     """One row per result, HEADER's columns (the verdict last: the HTML colours it)."""
     out = []
-    for r in results:
-        size = r.get("size") or {}
-        rel = (r.get("latency") or {}).get("relative")
+    for row in results:
+        r = TestResult.from_json(row)
+        size = r.size
+        rel = r.latency.get("relative")
         size_cell = (f"{human_size(size['bytes'])} {size['ratio']:.2f}x/{size['max_ratio']:g}"
                      if size.get("bytes") is not None and "ratio" in size else "-")
-        worst = r.get("worst", "-")
-        out.append([str(r.get("target")), str(r.get("model")), size_cell,
-                    str(r.get("accuracy", "-")) + (f" ({worst})" if worst not in ("-", "") else ""),
+        worst = r.worst
+        out.append([r.target, r.model, size_cell, str(r.accuracy) + (f" ({worst})" if worst not in ("-", "") else ""),
                     _latency_cell(r, "p50_ms"), _latency_cell(r, "p90_ms"), _latency_cell(r, "p99_ms"),
                     (f"{rel['observed_ratio']:.2f}x/{rel['ratio']:g} {rel['target']}" if rel and "observed_ratio" in rel
                      else ("-" if not rel else Verdict.SKIPPED)),
-                    startup_cell(r), delta_cell(r.get("delta"), full, comparison), verdict_cell(r)])
+                    startup_cell(r), gates_cell(r), delta_cell(row.get("delta"), full, comparison), verdict_cell(r)])
     return out
 
 
+def gates_cell(r: TestResult) -> str:
+    """The newer gates (ortbuild.gating.catalog), each by the summary its section carries:
+    `throughput 812/s >= 500; eval -0.4 pt`, or `-`."""
+    said = [f"{name} {s.get('summary') or s.get('verdict', '-')}" for name, s in r.sections.items()]
+    return "; ".join(said) or "-"
+
+
 HEADER = ["target", "model", "size (vs src/max)", "accuracy (worst)", "p50 ms/budget", "p90", "p99",
-          "relative", "startup", "vs previous", "verdict"]
-OPTIONAL = ("startup", "vs previous")  # left out of the text table when no row has anything in it
+          "relative", "startup", "more gates", "vs previous", "verdict"]
+OPTIONAL = ("startup", "more gates", "vs previous")  # left out of the text table when no row has anything in it
 
 
 def header(comparison: records.Comparison | None) -> list[str]:
@@ -221,20 +211,14 @@ def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
     return f"ortbuild test{cfg} -t {target} -m {model}   (or: nox -s \"test({target})\" -- -m {model})"
 
 
-# what TestResult.as_json() holds for a job no gate ran on (tests/test_report.py keeps the two alike)
-NOT_TESTED: records.GatesPart = {
-    "accuracy": "-", "worst": "-", "outputs": [], "golden": {}, "latency": {}, "latency_verdict": "-", "size": {},
-    "size_verdict": "-", "startup": {}, "cold_start_verdict": "-", "memory_verdict": "-", "explain": {},
-    "build_key": "", "artifact_sha256": "", "quick": False, "judged": list(selection.GATES), "speed": [],
-    "platform": {}, "gates": dict.fromkeys(GATE_FIELDS, "-"), "failed_gates": []}
-
-
 def build_failure_row(record: records.BuildRecord) -> records.ResultDoc:
     """The report's row of a job whose last build failed: its build record's, as `ortbuild test` says it."""
     target, model = str(record.get("target")), str(record.get("model"))
-    row: records.ResultDoc = {"target": target, "model": model, "precision": record.get("precision", ""),
-                              **NOT_TESTED, **builds.failure(record), "reproduce": reproduce(target, model)}
-    back: records.ResultDoc = json.loads(json.dumps(row))  # as read back from report.json (the enums as their strings)
+    failed = builds.failure(record)
+    row = TestResult(target, model, record.get("precision", ""), status=Verdict(failed["status"]),
+                     reason=failed["reason"], failures=failed["failures"], exit_code=failed["exit_code"],
+                     build=failed["build"], reproduce=reproduce(target, model))
+    back: records.ResultDoc = json.loads(json.dumps(row.as_json()))  # as read back from report.json (enums as str)
     return back
 
 

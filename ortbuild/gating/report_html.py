@@ -11,7 +11,8 @@ from __future__ import annotations
 import html
 from typing import Literal
 
-from ortbuild.gating import selection
+from ortbuild.gating import catalog, selection
+from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import Comparison, ExplainDoc, ReportDoc, RowDoc
 from ortbuild.gating.timing_records import DataSetLatency, ProfileDoc
 from ortbuild.status import Verdict
@@ -256,7 +257,25 @@ def _startup_html(r: RowDoc) -> list[str]:
     return out
 
 
-def _section(r: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
+def _newer_gates(r: TestResult) -> list[str]:
+    """The newer gates' parts (ortbuild.gating.catalog): each by its own renderer, else its section's scalars."""
+    out = []
+    for name, section in r.sections.items():
+        gate = catalog.BY_NAME.get(name)
+        render = catalog.html_of(gate) if gate is not None else None
+        if render is not None:
+            out += render(section)
+            continue
+        verdict = str(section.get("verdict", "-"))
+        out.append(f"<h3>{e(name)}: <span class={e(verdict)}>{e(verdict)}</span></h3><table>")
+        out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in section.items()
+                if k != "verdict" and isinstance(v, str | int | float | bool)]
+        out.append("</table>")
+    return out
+
+
+def _section(row: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
+    r = row
     key = f"{r['target']}/{r['model']}"
     status = str(r.get("status", "-"))
     out = [f"<section id=\"{e(key)}\"><h2>{e(key)} <span class={e(status)}>{e(verdict)}</span></h2>"]
@@ -303,6 +322,7 @@ def _section(r: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
         else:
             out += _latency_html(lat)
     out += _startup_html(r)
+    out += _newer_gates(TestResult.from_json(row))
     out.append("</section>")
     return out
 

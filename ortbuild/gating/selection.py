@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 
-GATES = ("accuracy", "size", "latency", "cold_start", "memory")  # report.GATE_FIELDS' names, in its order
+from ortbuild.gating import catalog
+
+GATES = catalog.NAMES  # the registry's gates, in its order
 ALIASES = {"startup": ("cold_start", "memory"), "all": GATES}    # cold start and memory: one measurement
 CHOICES = ", ".join([*GATES, *ALIASES])
 

@@ -18,7 +18,8 @@ from ortbuild import files, logs
 from ortbuild.errors import SUMMARY_FAILED, GateFailed
 from ortbuild.gating import report
 from ortbuild.gating.builds import record_path
-from ortbuild.gating.records import BuildRecord, ResultDoc
+from ortbuild.gating.record import TestResult
+from ortbuild.gating.records import BuildRecord
 from ortbuild.project import config
 from ortbuild.status import JobStatus, Verdict
 from ortbuild.units import human_size
@@ -113,11 +114,11 @@ def verdict_counts(statuses: Sequence[str], json_path: Path, html_path: Path) ->
     return ", ".join(f"{n[s]} {s}" for s in Verdict) + f"  ->  {json_path}, {html_path}"
 
 
-def warning_lines(results: Sequence[ResultDoc]) -> list[str]:
+def warning_lines(results: Sequence[TestResult]) -> list[str]:
     """The warnings of test results (golden outputs that test almost nothing; an artifact measured slower than
     the one it derives from, ortbuild.gating.speed), one line each."""
-    return [f"  [{r['target']}/{r['model']}] warning: {w}" for r in results
-            for w in [*(r.get("golden") or {}).get("warnings", []), *(x["message"] for x in r.get("speed") or [])]]
+    return [f"  [{r.target}/{r.model}] warning: {w}" for r in results
+            for w in [*r.golden.get("warnings", []), *(x["message"] for x in r.speed)]]
 
 
 def print_test(dist: Path, out: TextIO) -> int:
@@ -128,17 +129,22 @@ def print_test(dist: Path, out: TextIO) -> int:
         print(f"no test report in {dist}", file=out)
         return 0
     results = report.ordered(report.latest(doc.get("results", []), dist))
-    head, body = report.text_table(results, doc.get("comparison"))
+    try:
+        head, body = report.text_table(results, doc.get("comparison"))
+        records = [TestResult.from_json(r) for r in results]
+    except ValueError as e:
+        print(f"{path}: not a test report that ortbuild wrote ({e}): run `ortbuild test` again", file=out)
+        return GateFailed.exit_code
     print(f"\ntest summary, every target ({path}):", file=out)
     print(table(body, head), file=out)
-    for r in results:
-        if r["status"] in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.get("reason"):
-            print(f"  [{r['target']}/{r['model']}] {r['status']}: {r['reason']}", file=out)
-    for line in warning_lines(results):
+    for r in records:
+        if r.status in (Verdict.FAIL, Verdict.INCONCLUSIVE) and r.reason:
+            print(f"  [{r.target}/{r.model}] {r.status}: {r.reason}", file=out)
+    for line in warning_lines(records):
         print(line, file=out)
-    print(verdict_counts([r["status"] for r in results], path, dist / report.REPORT_HTML), file=out)
+    print(verdict_counts([r.status for r in records], path, dist / report.REPORT_HTML), file=out)
     # a failed gate: the exit code `ortbuild test` gave (9), never 1 (an internal error)
-    return GateFailed.exit_code if any(r["status"] == Verdict.FAIL for r in results) else 0
+    return GateFailed.exit_code if any(r.status == Verdict.FAIL for r in records) else 0
 
 
 def print_summary(what: str, config_file: str | Path, dist: str | Path | None = None,

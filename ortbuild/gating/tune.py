@@ -21,7 +21,8 @@ from ortbuild import paths, runtime
 from ortbuild.artifact import loaders, manifest
 from ortbuild.errors import GateFailed, OrtbuildError, first_line, from_loader
 from ortbuild.gating import emulated, latency
-from ortbuild.gating.gates import PASS, Tester, TestResult
+from ortbuild.gating.gates import PASS, Tester
+from ortbuild.gating.record import TestResult
 from ortbuild.gating.tune_search import (
     DEFAULT_SECONDS,
     MIN_SECONDS,

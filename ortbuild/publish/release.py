@@ -34,7 +34,6 @@ import platform
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ortbuild import __version__, modelfiles, paths
 from ortbuild import files as files_
@@ -44,7 +43,7 @@ from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating import selection
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
-from ortbuild.gating.records import Rule
+from ortbuild.gating.record import TestResult
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
@@ -96,8 +95,9 @@ class ModelRelease:
     name: str
     folder: Path
     manifest: manifest.Manifest
-    report: dict[str, Any] | None
+    record: TestResult | None        # its test record (None: never tested)
     refusal: str | None = None
+    environment: dict[str, object] = field(default_factory=dict)  # what its timings depended on (test report's)
     files: dict[str, Path] = field(default_factory=dict)  # name inside the model's folder -> file
     digests: dict[str, str] = field(default_factory=dict)  # name inside the model's folder -> its checked sha256
     source: modelfiles.ModelFiles | None = None  # the source model's files now, hashed once for the provenance
@@ -112,25 +112,24 @@ class Published:
     index: release_index.ReleaseIndex  # the index's content
 
 
-def _test_problem(folder: Path, m: manifest.Manifest, report: dict[str, Any] | None, target: str) -> str | None:
+def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str) -> str | None:
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)"
-    if report is None:
+    if r is None:
         return f"never tested: run {test}"
-    r = report.get("result", {})
-    if r.get("status") != PASS:
-        why = r.get("reason") or "; ".join(r.get("failures", []))
-        return f"its tests did not pass ({r.get('status')}: {why[:300]})"
-    if r.get("quick"):
-        confidence = r.get("latency", {}).get("confidence", 0.9)
+    if r.status != PASS:
+        why = r.reason or "; ".join(r.failures)
+        return f"its tests did not pass ({r.status}: {why[:300]})"
+    if r.quick:
+        confidence = r.latency.get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
-    if left := selection.left_out(r):  # `ortbuild test --gates`: release needs every gate
-        return f"tested with {selection.flag(r['judged'])}, its {', '.join(left)} gate(s) not judged: run {test}"
-    untimed = [g for g, v in (r.get("gates") or {}).items() if v == SKIP]
+    if left := selection.left_out({"judged": r.judged}):  # `ortbuild test --gates`: release needs every gate
+        return f"tested with {selection.flag(r.judged)}, its {', '.join(left)} gate(s) not judged: run {test}"
+    untimed = [g for g, v in r.gates().items() if v == SKIP]
     if untimed:  # an emulated platform: its budgets were never measured
-        return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.get('reason', '')[:300]}): release it from a "
+        return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.reason[:300]}): release it from a "
                 f"runner of its platform (`ortbuild matrix`), where they run, or with --force")
     art = folder / m.artifact.file
-    if r.get("build_key") != m.build_key or r.get("artifact_sha256") != m.artifact.sha256 or \
+    if r.build_key != m.build_key or r.artifact_sha256 != m.artifact.sha256 or \
             (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
         return f"its test report is older than its artifact (rebuilt since): run {test}"
     return None
@@ -146,29 +145,35 @@ def _build_problem(dist: Path, target: str, model: str) -> str | None:
             f"fix the build, then run `ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)")
 
 
-def _report(folder: Path, public_key: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """The test report beside an artifact (None: never tested) and why it is not trusted (None: its signature
-    verifies with the trusted key)."""
+def _report(folder: Path, public_key: bytes) -> tuple[TestResult | None, dict[str, object], str | None]:
+    """The test record beside an artifact (None: never tested), the environment its timings depended on, and why
+    it is not trusted (None: its signature verifies with the trusted key)."""
     from ortbuild.artifact.ed25519 import verify_detached
     from ortbuild.gating.gates import REPORT_SIG
 
     try:
         text = files_.read_document(folder / REPORT)
     except FileNotFoundError:
-        return None, None
+        return None, {}, None
     except OSError as e:  # a FIFO or a huge file planted there: no verdict to trust
-        return None, f"unreadable ({e.strerror or e})"
+        return None, {}, f"unreadable ({e.strerror or e})"
     try:
         verified = verify_detached(text, folder / REPORT_SIG, public_key)
     except (OSError, ValueError):
-        return None, f"no valid signature beside it ({REPORT_SIG})"
+        return None, {}, f"no valid signature beside it ({REPORT_SIG})"
     if not verified:
-        return None, f"{REPORT_SIG} does not verify it with the trusted public key"
+        return None, {}, f"{REPORT_SIG} does not verify it with the trusted public key"
     try:
         doc = json.loads(text)
     except ValueError:
-        return None, "not JSON"
-    return (doc if isinstance(doc, dict) else None), None
+        return None, {}, "not JSON"
+    if not isinstance(doc, dict) or not isinstance(doc.get("result"), dict):
+        return None, {}, None
+    env = doc.get("environment")
+    try:
+        return TestResult.from_json(doc["result"]), env if isinstance(env, dict) else {}, None
+    except ValueError as e:
+        return None, {}, f"not a test report ortbuild wrote ({e})"
 
 
 def _source_changes(m: manifest.Manifest, now: modelfiles.ModelFiles) -> list[str]:
@@ -191,9 +196,9 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         # Tampered, naming what differs (another target's or model's directory swapped in too); nothing is released
         m = manifest.trusted(folder, public_key, place=(target.name, name))
         assert m is not None
-        report, unsigned = _report(folder, public_key)
-        mr = ModelRelease(name, folder, m, report)
-        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, report, target.name)
+        record, environment, unsigned = _report(folder, public_key)
+        mr = ModelRelease(name, folder, m, record, environment=environment)
+        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, record, target.name)
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
                                                               f"{target.name}` again")
@@ -236,32 +241,6 @@ def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) \
     data = text.encode()
     return data, {"config": operator_config.CONFIG, "sha256": tarball.sha256(data), "type_reduction": typed,
                   "models": sorted(ops)}
-
-
-def _verdicts(mr: ModelRelease) -> release_index.Verdicts:
-    """What the bundle records of a model's tests: the verdicts and the rules, never the timings (those change
-    from run to run; they are in the provenance), so equal inputs give equal bundles."""
-    r = (mr.report or {}).get("result", {})
-    rules: dict[str, Rule] = {}
-    for o in r.get("outputs", []):
-        rules.setdefault(o["output"], o["rule"])
-    budgets: list[release_index.LatencyBudget] = [{"kind": v["kind"], "budget_ms": v.get("budget")}
-                                                  for v in r.get("latency", {}).get("verdicts", [])]
-    # the cold-start and memory gates, where a budget was set (their verdicts and budgets, not their figures)
-    out: release_index.Verdicts = {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"),
-                     "worst": r.get("worst", "-"), "latency": r.get("latency_verdict", "-"), "latency_budgets": budgets,
-                     "size": r.get("size_verdict", "-"), "rules": rules,
-                     "golden_digest": r.get("golden", {}).get("digest", "")}
-    if r.get("cold_start_verdict", "-") != "-":
-        out["cold_start"] = r["cold_start_verdict"]
-    if r.get("memory_verdict", "-") != "-":
-        out["memory"] = r["memory_verdict"]
-    if "cold_start" in out or "memory" in out:
-        out["startup_budgets"] = [{"kind": v["kind"], "budget": v.get("budget")}
-                                  for v in r.get("startup", {}).get("verdicts", [])]
-    if mr.refusal:
-        out["forced"] = mr.refusal
-    return out
 
 
 def _digest(path: Path) -> dict[str, str]:
@@ -320,17 +299,19 @@ def _provenance(project: Project, target: Target, models: list[ModelRelease], su
                f"{os.environ.get('GITHUB_RUN_ID', '')}") if ci else ""
     byproducts = []
     for mr in models:
-        r = (mr.report or {}).get("result", {})
-        lat = r.get("latency", {})
+        r = mr.record if mr.record is not None else TestResult(mr.name, mr.name, "")  # never tested: all "-"
+        lat = r.latency
         report_file = mr.folder / REPORT
+        annotations: dict[str, object] = {
+            "status": str(r.status) if mr.record is not None else "UNTESTED", "accuracy": str(r.accuracy),
+            "worst": r.worst, "latency": str(r.latency_verdict), "size": str(r.size_verdict),
+            **{k: lat[k] for k in ("p50_ms", "p90_ms", "p99_ms", "samples") if k in lat},
+            **{name: str(s.get("verdict", "-")) for name, s in r.sections.items()}}
         byproducts.append({
             "name": f"test-report/{mr.name}", "mediaType": "application/json",
             **({"digest": _digest(report_file)} if report_file.exists() else {}),
-            "annotations": {"status": r.get("status", "UNTESTED"), "accuracy": r.get("accuracy", "-"),
-                            "worst": r.get("worst", "-"), "latency": r.get("latency_verdict", "-"),
-                            "size": r.get("size_verdict", "-"),
-                            **{k: lat[k] for k in ("p50_ms", "p90_ms", "p99_ms", "samples") if k in lat},
-                            "environment": (mr.report or {}).get("environment", {}),
+            "annotations": {**annotations,
+                            "environment": mr.environment,
                             **({"forced": mr.refusal} if mr.refusal else {})}})
     predicate: dict[str, object] = {
         "buildDefinition": {
@@ -411,7 +392,7 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         "providers": models[0].manifest.providers, "models": [mr.name for mr in models], "created": iso(epoch),
         "files": {k: {"sha256": digests[k], "size": v.stat().st_size if isinstance(v, Path) else len(v)}
                   for k, v in sorted(members.items())},
-        "tests": {mr.name: _verdicts(mr) for mr in models},
+        "tests": {mr.name: release_index.verdicts(mr.record, mr.refusal) for mr in models},
         "forced": refused,
         "signing": {"algorithm": "Ed25519", "public_key_id": sign_key.key_id,
                     "development_key": sign_key.development or models[0].manifest.signing.development_key},
