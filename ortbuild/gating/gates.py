@@ -22,6 +22,7 @@ from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import accept, builds, compare, emulated, latency, records, report, size, startup, timing_records
+from ortbuild.gating.compliance import Checker
 from ortbuild.gating.selection import GATES
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
@@ -107,6 +108,7 @@ class Tester:
         self.progress = progress
         self.golden_cache: dict[str, golden.Golden] = {}
         self._outputs: dict[str, list[str]] = {}
+        self.ran: dict[str, dict[str, dict[str, object]]] = {}  # job: data set: its accuracy run's outputs
 
     def reproduce(self, job: Job) -> str:
         return report.reproduce(job.target.name, job.model.name, self.config_arg)
@@ -248,6 +250,7 @@ class Tester:
             except module.LoaderError as e:
                 raise from_loader(e, f"{job.target.name}/{job.model.name}") from None
             outputs = [model.run(ds.inputs) for ds in g.sets]
+            self.ran[job.name] = {ds.name: out for ds, out in zip(g.sets, outputs, strict=True)}  # compliance
         sk = self.sign_key
         golden.write(folder, g, m.io, root=self.dist, sign=None if sk is None else
                      lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=self.dist))
@@ -373,8 +376,12 @@ class Tester:
             self.progress(job.name, f"latency on {ds.name}: sampling until every budget is decided (looks at "
                                     f"{lat.min_samples or latency.FIRST_LOOK}, then doubling)"
                                     + "".join(f", interleaved with {b.reference}" for b in budgets if b.reference))
-            outcome = latency.gate(calls, mine, budgets, plan)
+            check = Checker.for_latency(self.ran[job.name][ds.name], ds.name,
+                                        lambda o: gates.accuracy_rule(job.settings.precision, o),
+                                        plan.min_samples or latency.FIRST_LOOK)
+            outcome = latency.gate(calls, mine, budgets, plan, seen={mine: check.observer()})
             entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
+            check.judge(job.name, entry, lines)
             if ft is not None and ref_problem:
                 entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": Verdict.SKIPPED,
                                      "note": ref_problem}
@@ -387,6 +394,7 @@ class Tester:
                                    "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
                                    "confidence": plan.confidence, "quick": self.quick}
         del out["name"]
+        out["compliance"] = Checker.merge([e["compliance"] for e in entries])
         out.pop("note", None)
         if notes:
             out["note"] = "; ".join(notes)
