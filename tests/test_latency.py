@@ -162,6 +162,55 @@ def test_a_clear_pass_stops_early_and_an_undecided_budget_runs_the_plan() -> Non
     assert a.verdicts["p90"].samples == 250
 
 
+def test_a_fail_stops_sampling_and_the_other_budgets_are_reported_undecided() -> None:
+    # an impossible p50 with a generous p99: the p99 would need ~530 samples to PASS, but the p50 FAILs at the
+    # first look and the gate's verdict is FAIL whatever the p99 says: sampling stops there
+    clock, runs = FakeClock(), []
+    step = clock.run(_lognormal(1.0, 8))
+
+    def call() -> None:
+        runs.append(1)
+        step()
+    a = latency.sample({"a": call}, "a", latency.budgets_of({0.5: 0.0001, 0.99: 1000.0}), latency.Plan(min_seconds=60),
+                       clock=clock, read=lambda: 1.0)
+    p50, p99 = a.verdicts["p50"], a.verdicts["p99"]
+    assert len(runs) == 20 and a.looks == 1 and a.early and a.failed_on == ["p50"]
+    assert p50.verdict == latency.FAIL and p50.samples == 20
+    assert p99.verdict == latency.INCONCLUSIVE and p99.samples == 20 and p99.lower is not None  # its bounds, so far
+    assert p99.upper is None  # 20 samples cannot bound a p99 from above
+    assert p99.note.startswith("not decided: the gate had already failed on p50; ") and p99.more_samples
+    # where no budget FAILs, sampling goes on until each is decided (the p99's PASS at its first possible look)
+    runs.clear()
+    a = latency.sample({"a": call}, "a", latency.budgets_of({0.5: 1000.0, 0.99: 1000.0}),
+                       latency.Plan(min_seconds=0), clock=clock, read=lambda: 1.0)
+    assert a.verdicts["p99"].verdict == latency.PASS and len(runs) > 500 and a.failed_on == []
+
+
+def test_a_fail_under_load_that_stopped_sampling_is_still_measured_again() -> None:
+    m = Machine(loaded_ms=3.0, quiet_ms=1.0, loaded=5.0, quiet=1.0)
+    plan = latency.Plan(retry_wait_seconds=30, min_seconds=0)
+    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
+                       read=m.read, wait=m.wait, cpus=2)
+    first, again = out.attempts
+    assert first.failed_on == ["p50"] and len(first.series["a"].samples) == 20 and m.waits == [(30, 2)]
+    assert again.failed_on == []
+    assert first.verdicts["p99"].verdict == latency.INCONCLUSIVE
+    assert {k: v.verdict for k, v in out.verdicts.items()} == {"p50": latency.PASS, "p99": latency.PASS}
+    # the FAIL persists under load: INCONCLUSIVE, and the p99 note no longer says the gate failed
+    m = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None)
+    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
+                       read=m.read, wait=m.wait, cpus=2)
+    assert [len(a.series["a"].samples) for a in out.attempts] == [20, 20]
+    assert out.verdicts["p50"].verdict == out.verdicts["p99"].verdict == latency.INCONCLUSIVE
+    assert out.verdicts["p99"].note.startswith("not decided: sampling stopped at the FAIL of p50 under load")
+    # an impossible p50 stands without a retry, and stops the p99 at the first look
+    m = Machine(loaded_ms=3.0, quiet_ms=1.0, loaded=5.0, quiet=1.0)
+    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 0.1, 0.99: 1000.0}), plan, clock=m.clock,
+                       read=m.read, wait=m.wait, cpus=2)
+    assert out.verdicts["p50"].verdict == latency.FAIL and m.waits == [] and len(out.final.series["a"].samples) == 20
+    assert "already failed on p50" in out.verdicts["p99"].note
+
+
 def _wrong_pass_rate(corrected: bool, runs: int = 300) -> float:
     """Uniform(0, 1) latencies (true p90 0.9) against a budget of 0.899: every PASS is wrong. Looks at 20, 40,
     ..., 1280 with the error split over them (corrected) or each at the full stated confidence."""

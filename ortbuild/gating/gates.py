@@ -34,6 +34,7 @@ from ortbuild.gating import (
     timing_records,
 )
 from ortbuild.gating.catalog import NOT_RUN, Context
+from ortbuild.gating.compliance import Checker
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.selection import GATES
 from ortbuild.pipeline.job import JobResult
@@ -309,6 +310,7 @@ class Tester:
         it), with `data_sets` listing each."""
         job, res, module, g, built = ctx.job, ctx.result, ctx.module, ctx.golden, ctx.built
         assert module is not None
+        ran = {ds.name: out for ds, out in zip(g.sets, ctx.outputs, strict=True)}  # compliance: the accuracy run's
         gates = job.settings.gates
         assert gates is not None
         lat = gates.latency
@@ -354,8 +356,12 @@ class Tester:
             self.progress(job.name, f"latency on {ds.name}: sampling until every budget is decided (looks at "
                                     f"{lat.min_samples or latency.FIRST_LOOK}, then doubling)"
                                     + "".join(f", interleaved with {b.reference}" for b in budgets if b.reference))
-            outcome = latency.gate(calls, mine, budgets, plan)
+            check = Checker.for_latency(ran[ds.name], ds.name,
+                                        lambda o: gates.accuracy_rule(job.settings.precision, o),
+                                        plan.min_samples or latency.FIRST_LOOK)
+            outcome = latency.gate(calls, mine, budgets, plan, seen={mine: check.observer()})
             entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
+            check.judge(job.name, entry, lines)
             if ft is not None and ref_problem:
                 entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": Verdict.SKIPPED,
                                      "note": ref_problem}
@@ -368,6 +374,7 @@ class Tester:
                                    "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
                                    "confidence": plan.confidence, "quick": self.quick}
         del out["name"]
+        out["compliance"] = Checker.merge([e["compliance"] for e in entries])
         out.pop("note", None)
         if notes:
             out["note"] = "; ".join(notes)

@@ -13,7 +13,9 @@ Looking more than once inflates the error, so the error 1 - c of each direction 
 is split over that direction's looks, 1/(k(k+1)) of it to the k-th (1/2, 1/6, 1/12, ...: the shares sum to 1
 however many looks there are), and a look spends a share only when it can decide in that direction at that
 sample count (which does not depend on the samples). Sampling stops at the first look that decides every
-budget (the union bound keeps the chance of any wrong verdict within 1 - c), or at the plan's end.
+budget (the union bound keeps the chance of any wrong verdict within 1 - c), at the first look where any budget
+FAILs (the gate's verdict is then FAIL whatever the others would say: they are reported undecided, with their
+bounds), or at the plan's end.
 
 A FAIL measured while the machine was loaded (more runnable threads than CPUs) or while the median drifted is
 measured again once the load has fallen (waiting at most `retry_wait_seconds`); a FAIL that the load could
@@ -221,8 +223,9 @@ class Attempt:
     series: dict[str, Series]
     verdicts: dict[str, PercentileVerdict]  # by budget kind
     looks: int
-    early: bool                      # stopped before the plan's end: every budget was decided
+    early: bool                      # stopped before the plan's end: every budget was decided, or one FAILed
     seconds: float
+    failed_on: list[str] = field(default_factory=list)  # the budgets whose FAIL stopped sampling (others undecided)
 
     def entry(self, mine: str, name: str) -> DataSetLatency:
         """The start of data set `name`'s report (gates.data_set_entry): the timings of the series `mine`, its samples,
@@ -244,13 +247,23 @@ class Attempt:
                 "verdicts": {k: v.verdict for k, v in self.verdicts.items()}}
 
 
+def undecided_note(failed: list[str], note: str) -> str:
+    """The note of a budget left undecided because sampling stopped at another's FAIL (`note`: its estimate)."""
+    return f"not decided: the gate had already failed on {', '.join(failed)}" + (f"; {note}" if note else "")
+
+
 def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan,
            spending: dict[str, Spending] | None = None, clock: Callable[[], float] = time.perf_counter,
-           read: Callable[[], float | None] = runnable, cpus: int | None = None) -> Attempt:
+           read: Callable[[], float | None] = runnable, cpus: int | None = None,
+           seen: Mapping[str, Callable[[object], None]] | None = None) -> Attempt:
     """Time `calls` round by round, interleaved (A B, B A, ...), looking at the checkpoints: stop at the first
-    look that decides every budget, else at the first look past the plan's end (its samples and min_seconds
-    reached). Without budgets the plan is sampled to its end exactly (the percentiles are still reported)."""
+    look that decides every budget or FAILs any (the others are then reported undecided, INCONCLUSIVE with
+    their bounds and a note saying so), else at the first look past the plan's end (its samples and
+    min_seconds reached). Without budgets the plan is sampled to its end exactly (the percentiles are still
+    reported). `seen[name]` is given each output of `calls[name]`, after its time is taken (outside the timed
+    region: ortbuild.gating.compliance keeps a sample of them)."""
     spending = spending if spending is not None else {}
+    seen = seen or {}
     end = planned_samples([b.percentile for b in budgets], plan.confidence, plan.min_samples)
     looks_at = checkpoints(plan.min_samples or FIRST_LOOK, end)
     look = next(looks_at)
@@ -260,12 +273,15 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
     meter.tick(force=True)
     start, i, looks = clock(), 0, 0
     verdicts: dict[str, PercentileVerdict] = {}
+    failed: list[str] = []
     decided = at_end = False
     while True:
         for name in (order if i % 2 == 0 else order[::-1]):
             t0 = clock()
-            calls[name]()
+            out = calls[name]()
             series[name].samples.append((clock() - t0) * 1e3)
+            if name in seen:
+                seen[name](out)
         i += 1
         meter.tick()
         if not budgets and i >= end and clock() - start >= plan.min_seconds:
@@ -281,7 +297,9 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
             values, limit = b.values(samples, mine)
             verdicts[b.kind] = sequential_verdict(values, b.percentile, limit, plan.confidence,
                                                   spending.setdefault(b.kind, Spending()))
-        decided = bool(budgets) and all(v.verdict is not Verdict.INCONCLUSIVE for v in verdicts.values())
+        failed = [k for k, v in verdicts.items() if v.verdict is Verdict.FAIL]
+        decided = bool(failed) or (bool(budgets) and all(v.verdict is not Verdict.INCONCLUSIVE
+                                                         for v in verdicts.values()))
         at_end = i >= end and clock() - start >= plan.min_seconds
         if decided or at_end:
             break
@@ -289,7 +307,11 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
     meter.tick(force=True)
     for s in series.values():
         s.load = meter.average()
-    return Attempt(series, {k: with_estimate(v) for k, v in verdicts.items()}, looks, decided and not at_end, seconds)
+    final = {k: with_estimate(v) for k, v in verdicts.items()}
+    if failed:  # the gate failed: the undecided budgets say why they were not sampled on
+        final = {k: replace(v, note=undecided_note(failed, v.note)) if v.verdict is Verdict.INCONCLUSIVE else v
+                 for k, v in final.items()}
+    return Attempt(series, final, looks, decided and not at_end, seconds, failed)
 
 
 def explained_by_load(budget: Budget, attempt: Attempt, mine: str, cpus: int) -> bool:
@@ -324,13 +346,15 @@ def _suspects(attempt: Attempt, budgets: list[Budget], mine: str, cpus: int) -> 
 
 def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan, *,
          clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = runnable,
-         wait: Callable[[float, int], WaitDoc] | None = None, cpus: int | None = None) -> Outcome:
+         wait: Callable[[float, int], WaitDoc] | None = None, cpus: int | None = None,
+         seen: Mapping[str, Callable[[object], None]] | None = None) -> Outcome:
     """Sample and decide; a FAIL the load or drift could explain is measured again after waiting (at most
     plan.retry_wait_seconds) for the load to fall, the looks of both attempts sharing one error budget. A FAIL
-    that persists under load is INCONCLUSIVE ("measured under load N; rerun on a quiet machine")."""
+    that persists under load is INCONCLUSIVE ("measured under load N; rerun on a quiet machine"). `seen`: as
+    sample's, over every attempt."""
     cpus = cpus or os.cpu_count() or 1
     spending: dict[str, Spending] = {}
-    first = sample(calls, mine, budgets, plan, spending, clock, read, cpus)
+    first = sample(calls, mine, budgets, plan, spending, clock, read, cpus, seen)
     out = Outcome([first], dict(first.verdicts))
     suspects = _suspects(first, budgets, mine, cpus)
     if not suspects:
@@ -338,7 +362,7 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
     waited = wait(plan.retry_wait_seconds, cpus) if wait else wait_for_quiet(plan.retry_wait_seconds, cpus, read)
     out.retry = {"why": f"{', '.join(suspects)} FAIL under {'; '.join(first.series[mine].instability())}",
                  **waited}
-    again = sample(calls, mine, budgets, plan, spending, clock, read, cpus)
+    again = sample(calls, mine, budgets, plan, spending, clock, read, cpus, seen)
     out.attempts.append(again)
     out.verdicts = dict(again.verdicts)
     s = again.series[mine]
@@ -348,6 +372,11 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
         out.verdicts[kind] = replace(out.verdicts[kind], verdict=Verdict.INCONCLUSIVE, more_samples=None,
                                      note=f"FAIL measured under {what}, twice (waited {waited['waited_s']:g} s for "
                                           "the load to fall); rerun on a quiet machine")
+    if again.failed_on and not any(v.verdict is Verdict.FAIL for v in out.verdicts.values()):
+        stopped = undecided_note(again.failed_on, "")  # those FAILs are now undecided too: say what stopped it
+        out.verdicts = {k: replace(v, note=v.note.replace(stopped, "not decided: sampling stopped at the "
+                                                          f"FAIL of {', '.join(again.failed_on)} under load"))
+                        for k, v in out.verdicts.items()}
     return out
 
 

@@ -91,6 +91,28 @@ class RelativeDoc(TypedDict, total=False):
     lower_confidence: float | None
 
 
+class MismatchDoc(TypedDict):
+    """One output of one timed request that differed from the accuracy run's (compliance.Checker)."""
+
+    request: int                     # the request's index in issue order, from 0, over the data set's attempts
+    data_set: str
+    output: str
+    difference: list[str]            # compare.describe_failure's lines
+
+
+class ComplianceDoc(TypedDict):
+    """Outputs under load (ortbuild.gating.compliance): a sample of the timed requests' outputs against the
+    accuracy run's."""
+
+    checked: int                     # outputs compared
+    requests: int                    # timed requests seen
+    every: int                       # 1 request in `every` is checked ...
+    seed: int                        # ... from an offset drawn from this seed
+    mismatches: list[MismatchDoc]    # the first compliance.MAX_REPORTED
+    mismatched: int                  # how many there were
+    verdict: str                     # PASS, FAIL, SKIPPED (nothing checked)
+
+
 class DataSetLatency(TypedDict, total=False):
     """One golden data set's timings and verdicts (gates.data_set_entry); the report's HTML adds `threads`."""
 
@@ -114,6 +136,7 @@ class DataSetLatency(TypedDict, total=False):
     retry: RetryDoc
     attempts: list[AttemptDoc]
     relative: RelativeDoc
+    compliance: ComplianceDoc
     note: str
     verdict: str
     threads: int | str | None
