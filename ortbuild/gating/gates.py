@@ -186,6 +186,9 @@ class Tester:
             if "latency" in self.judged:
                 self._latency(job, res, module, g, built)
             self._startup(job, res, g)
+            if "latency" in self.judged:  # TEMPORARY until the gate registry lands (ortbuild.gating.scenarios)
+                from ortbuild.gating import scenarios
+                scenarios.judge(self, job, res, module, g, m)
         undecided = [res.latency.get("note", "latency inconclusive")] if res.latency_verdict == INCONCLUSIVE else []
         if INCONCLUSIVE in (res.cold_start_verdict, res.memory_verdict):
             undecided.append(res.startup.get("note", "cold start / memory inconclusive"))

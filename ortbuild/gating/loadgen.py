@@ -1,0 +1,567 @@
+"""The load generator of the load scenarios (docs/testing.md, "Load scenarios"): one loaded session, a pool of
+concurrent `run` calls on it (ONNX Runtime's InferenceSession.run releases the GIL and is thread-safe), and the
+three ways MLPerf LoadGen drives it:
+
+- server (ortbuild.gating.server): Poisson arrivals at a rate from a fixed seed (numpy
+  default_rng(seed).exponential), each query handed at its scheduled time by a dedicated issuer thread to a
+  worker pool; a query's latency runs from its *scheduled* arrival to its completion, so time spent queued (and
+  an issuer running late) counts, as in LoadGen.
+- multi-stream (ortbuild.gating.multistream): a query is N samples run at once; the next query is issued when
+  the last completes; its latency is its slowest sample's.
+- offline (ortbuild.gating.throughput): every worker runs back to back; samples per second over the run, and
+  per fixed window (the verdict judges the windows' median rate).
+
+The verdicts are latency's (ortbuild.gating.percentiles): distribution-free binomial bounds on a percentile,
+looked at at checkpoints fixed in advance (the first at FIRST_LOOK queries, then doubling, and the plan's end),
+each direction's error split over its looks. Before the run's minimum (its `min_seconds` and `min_queries`) a look
+can FAIL (a rate far above capacity stops within seconds) but not PASS, and spends nothing of the PASS
+direction's error. The bounds treat queries as independent, as LoadGen's early stopping does; queueing
+correlates neighbouring queries, so the stated confidence is nominal, and the minimum duration is there to
+let the queue settle.
+
+Load: this process's pool keeps every CPU busy by design, so what competed is the machine's runnable threads
+(latency.runnable) less this process's own. A FAIL measured while other work competed (OTHERS_COMPETE) is
+measured again once the load has fallen (latency.wait_for_quiet); still competing, it is INCONCLUSIVE, unless
+even the fastest query, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, misses the budget (latency's rule).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ortbuild.gating import latency
+from ortbuild.gating.percentiles import (
+    Budget,
+    PercentileVerdict,
+    Spending,
+    checkpoints,
+    planned_samples,
+    sequential_verdict,
+    with_estimate,
+)
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.artifact import golden, manifest
+    from ortbuild.project.config import Project
+    from ortbuild.project.plan import Job
+
+Call = Callable[[], object]
+Read = Callable[[], float | None]
+FIRST_LOOK = 20             # queries (offline: windows FIRST_WINDOWS) before the first look
+FIRST_WINDOWS = 8           # the fewest windows whose median a first look (0.995) can bound from either side
+OTHERS_COMPETE = 1.0        # other runnable threads, on average, that make a FAIL suspect (a CPU's worth)
+POLL_S = 0.002              # how often the monitor looks at the completed queries
+QUICK_SECONDS = 2.0         # --quick: the minimum run, at most this
+MAX_PEAK_STEPS = 12         # --find-peak: server runs at most
+
+
+@dataclass
+class Context:
+    """A temporary stand-in for the gate registry's Context (the lead's registry.Context replaces it): what a gate
+    reads of the job under test. `open()` loads the artifact through its generated Python loader."""
+
+    project: Project
+    job: Job
+    dist: Path
+    folder: Path
+    secret: bytes | None
+    quick: bool
+    progress: Callable[[str, str], None]
+    module: ModuleType
+    golden: golden.Golden
+    manifest: manifest.Manifest
+    find_peak: bool = False
+
+    def open(self) -> Any:
+        return self.module.load(key=self.secret, folder=self.folder)
+
+
+# ----------------------------------------------------------------------------------------------------- load
+
+def own_running() -> int:
+    """This process's threads that are running or ready to run (state R in /proc/self/task/*/stat); 0 where the
+    system does not say."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    n = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        n += stat[stat.rfind(")") + 2:].startswith("R")
+    return n
+
+
+@dataclass
+class Load:
+    """Runnable threads while measuring, averaged: on the machine (`total`) and of other processes (`others`)."""
+
+    total: float | None = None
+    others: float | None = None
+
+    def competed(self) -> bool:
+        return self.others is not None and self.others >= OTHERS_COMPETE
+
+    def as_json(self) -> dict[str, float | None]:
+        return {"runnable": _round(self.total), "others": _round(self.others)}
+
+
+def _round(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+class Meter:
+    """The load while measuring, read at most every latency.LOAD_EVERY_S."""
+
+    def __init__(self, read: Read = latency.runnable, own: Callable[[], int] = own_running,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.read, self.own, self.clock = read, own, clock
+        self.totals: list[float] = []
+        self.others: list[float] = []
+        self.last = -math.inf
+
+    def tick(self, force: bool = False) -> None:
+        now = self.clock()
+        if force or now - self.last >= latency.LOAD_EVERY_S:
+            self.last = now
+            r = self.read()
+            if r is not None:
+                self.totals.append(r)
+                self.others.append(max(0.0, r - self.own()))
+
+    def load(self) -> Load:
+        if not self.totals:
+            return Load()
+        return Load(sum(self.totals) / len(self.totals), sum(self.others) / len(self.others))
+
+
+# ------------------------------------------------------------------------------------------------- verdicts
+
+@dataclass(frozen=True)
+class Plan:
+    """How long a scenario runs before it may PASS, at what confidence, and how long a retry waits."""
+
+    confidence: float = 0.99
+    min_seconds: float = 10.0
+    min_queries: int = 0
+    retry_wait_seconds: float = 30.0
+
+
+def plan_of(confidence: float, min_seconds: float, min_queries: int, retry_wait_seconds: float,
+            quick: bool) -> Plan:
+    """The plan of a scenario's keys; `quick`: 90% confidence, at most QUICK_SECONDS, no wait before a retry."""
+    if quick:
+        return Plan(latency.confidence_of(confidence, True), min(min_seconds, QUICK_SECONDS), 0, 0.0)
+    return Plan(confidence, min_seconds, min_queries, retry_wait_seconds)
+
+
+def look(values: list[float], budget: Budget, c: float, spent: Spending, can_pass: bool) -> PercentileVerdict:
+    """One look of the sequential plan; before the run's minimum (`can_pass` False) it can FAIL but not PASS,
+    and spends nothing of the PASS direction's error."""
+    if can_pass:
+        return sequential_verdict(values, budget.percentile, budget.limit, c, spent)
+    trial = Spending(spent.passes, spent.fails)
+    v = sequential_verdict(values, budget.percentile, budget.limit, c, trial)
+    spent.fails = trial.fails
+    return replace(v, verdict=Verdict.INCONCLUSIVE) if v.verdict is Verdict.PASS else v
+
+
+@dataclass
+class Run:
+    """One measured run: the judged values (ms: query latencies, or offline ms per sample of each window), in
+    order, and the verdicts of its last look."""
+
+    values: list[float]
+    seconds: float
+    verdicts: dict[str, PercentileVerdict]
+    looks: int
+    early: bool                          # stopped before the plan's end: every budget decided
+    load: Load
+    facts: dict[str, object] = field(default_factory=dict)  # what the scenario reports besides
+
+    def as_json(self) -> dict[str, object]:
+        return {"values": len(self.values), "seconds": round(self.seconds, 3), "looks": self.looks,
+                "stopped_early": self.early, "load": self.load.as_json(),
+                "verdicts": {k: v.verdict for k, v in self.verdicts.items()}}
+
+
+class Looks:
+    """The checkpoints of a run and the verdicts at each: `due(n)` says whether n values call for a look."""
+
+    def __init__(self, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], first: int,
+                 end: int) -> None:
+        self.budgets, self.plan, self.spending, self.end = budgets, plan, spending, end
+        self.at: Iterator[int] = checkpoints(first, end)
+        self.next = next(self.at)
+        self.count = 0
+        self.verdicts: dict[str, PercentileVerdict] = {}
+
+    def due(self, n: int) -> bool:
+        if n < self.next:
+            return False
+        while self.next <= n:
+            self.next = next(self.at)
+        return True
+
+    def judge(self, values: list[float], can_pass: bool) -> bool:
+        """Look at `values`: whether every budget is decided."""
+        self.count += 1
+        self.verdicts = {b.kind: look(values, b, self.plan.confidence, self.spending.setdefault(b.kind, Spending()),
+                                      can_pass) for b in self.budgets}
+        return bool(self.budgets) and all(v.verdict is not Verdict.INCONCLUSIVE for v in self.verdicts.values())
+
+    def final(self) -> dict[str, PercentileVerdict]:
+        return {k: with_estimate(v) for k, v in self.verdicts.items()}
+
+
+def end_of(budgets: Sequence[Budget], plan: Plan) -> int:
+    """The queries an undecided run goes on to: 1.5x the fewest that can bound the tightest percentile
+    (latency's plan), and at least min_queries."""
+    return max(plan.min_queries, planned_samples([b.percentile for b in budgets], plan.confidence, 0))
+
+
+# ---------------------------------------------------------------------------------------------- scenarios
+
+def schedule(qps: float, seed: int, queries: int, seconds: float) -> Any:
+    """The arrival times (seconds from the start) of a Poisson process at `qps` from `seed`: at least `queries`
+    of them, and the first at or past `seconds` (a longer schedule's prefix is the same: one seed, one load)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrivals = rng.exponential(1.0 / qps, max(queries, math.ceil(qps * seconds * 1.2) + 10)).cumsum()
+    while arrivals[-1] < seconds:  # a slow draw: extend the same sequence
+        arrivals = np.concatenate([arrivals, arrivals[-1] + rng.exponential(1.0 / qps, len(arrivals)).cumsum()])
+    return arrivals[:max(queries, int(np.searchsorted(arrivals, seconds)) + 1)]
+
+
+def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], *,
+           seed: int = 0, workers: int = 0, read: Read = latency.runnable, own: Callable[[], int] = own_running,
+           clock: Callable[[], float] = time.perf_counter) -> Run:
+    """MLPerf Server: Poisson arrivals at `qps` (seed `seed`) handed by an issuer thread to `workers` concurrent
+    calls; latency from scheduled arrival to completion. Looks at the longest prefix of queries (in arrival
+    order) that has completed; stops at the first look that decides every budget (a PASS only once the
+    judged queries span min_seconds and number min_queries), or at the plan's end."""
+    import numpy as np
+
+    arrivals = schedule(qps, seed, end_of(budgets, plan), plan.min_seconds)
+    end = len(arrivals)
+    done = np.full(end, np.nan)
+    issued = np.full(end, np.nan)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    workers = workers or os.cpu_count() or 1
+    pool = _pool(workers)
+    start = clock() + 0.01
+
+    def query(i: int) -> None:
+        try:
+            call()
+        except BaseException as e:
+            errors.append(e)
+            stop.set()
+        done[i] = clock()
+
+    def issuer() -> None:
+        for i in range(end):
+            wait = start + arrivals[i] - clock()
+            if (wait > 0 and stop.wait(wait)) or stop.is_set():
+                return
+            issued[i] = clock()
+            pool.submit(query, i)
+
+    thread = threading.Thread(target=issuer, name="ortbuild-issuer", daemon=True)
+    meter = Meter(read, own, clock)
+    meter.tick(force=True)
+    looks = Looks(budgets, plan, spending, FIRST_LOOK, end)
+    thread.start()
+    prefix, decided = 0, False
+    try:
+        while not errors:
+            meter.tick()
+            while prefix < end and not math.isnan(done[prefix]):
+                prefix += 1
+            if looks.due(prefix):
+                values = [float(x) for x in (done[:prefix] - (start + arrivals[:prefix])) * 1e3]
+                can_pass = prefix >= plan.min_queries and arrivals[prefix - 1] >= plan.min_seconds
+                decided = looks.judge(values, can_pass)
+                if decided or prefix >= end:
+                    break
+            time.sleep(POLL_S)
+    finally:
+        stop.set()
+        thread.join()
+        pool.shutdown(wait=True, cancel_futures=True)
+    if errors:
+        raise errors[0]
+    meter.tick(force=True)
+    n_issued = int(np.count_nonzero(~np.isnan(issued)))
+    lag = np.sort((issued[:prefix] - (start + arrivals[:prefix])) * 1e3)
+    seconds = float(np.nanmax(done) - start) if n_issued else 0.0
+    facts: dict[str, object] = {
+        "qps": qps, "issued": n_issued, "judged": prefix, "workers": workers, "seed": seed,
+        "achieved_qps": round(prefix / float(arrivals[prefix - 1]), 3) if prefix else 0.0,
+        "issue_lag_p99_ms": round(float(lag[max(0, math.ceil(0.99 * len(lag)) - 1)]), 4) if len(lag) else None}
+    values = [float(x) * 1e3 for x in done[:prefix] - (start + arrivals[:prefix])]
+    return Run(values, seconds, looks.final(), looks.count, decided and prefix < end, meter.load(), facts)
+
+
+def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], *,
+                 read: Read = latency.runnable, own: Callable[[], int] = own_running,
+                 clock: Callable[[], float] = time.perf_counter) -> Run:
+    """MLPerf MultiStream: each query runs `streams` samples at once on a pool of as many workers; the next is
+    issued when the last completes; a query's latency is its slowest sample's. Stops at the first look that
+    decides every budget (a PASS only past min_seconds and min_queries), or at the first look past the plan's
+    end and min_seconds."""
+    from concurrent.futures import wait
+
+    end = end_of(budgets, plan)
+    pool = _pool(streams)
+
+    def sample() -> float:
+        call()
+        return clock()
+
+    meter = Meter(read, own, clock)
+    meter.tick(force=True)
+    looks = Looks(budgets, plan, spending, FIRST_LOOK, end)
+    values: list[float] = []
+    start = clock()
+    decided = at_end = False
+    try:
+        while True:
+            t0 = clock()
+            futures = [pool.submit(sample) for _ in range(streams)]
+            wait(futures)
+            values.append((max(f.result() for f in futures) - t0) * 1e3)
+            meter.tick()
+            n = len(values)
+            if not budgets and n >= end and clock() - start >= plan.min_seconds:
+                break
+            if looks.due(n):
+                elapsed = clock() - start
+                decided = looks.judge(values, n >= plan.min_queries and elapsed >= plan.min_seconds)
+                at_end = n >= end and elapsed >= plan.min_seconds
+                if decided or at_end:
+                    break
+    finally:
+        pool.shutdown(wait=True)
+    meter.tick(force=True)
+    seconds = clock() - start
+    facts: dict[str, object] = {"streams": streams, "queries": len(values),
+                                "queries_per_second": round(len(values) / seconds, 3) if seconds else 0.0}
+    return Run(values, seconds, looks.final(), looks.count, decided and not at_end, meter.load(), facts)
+
+
+def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], plan: Plan, window: float,
+            spending: dict[str, Spending], *, read: Read = latency.runnable, own: Callable[[], int] = own_running,
+            clock: Callable[[], float] = time.perf_counter) -> Run:
+    """MLPerf Offline: `workers` threads run `call` (`per_call` samples each) back to back. The run is cut into
+    windows of `window` seconds, each call's samples spread over the windows its time overlaps; a window's value
+    is its milliseconds per sample (1000 / its rate), so "the median window rate is at least R" is "the median
+    of the values is at most 1000 / R ms", judged by the same binomial bounds. Windows are judged only once no
+    call that overlaps them is still running. Stops at the first look that decides (a PASS only past
+    min_seconds), or at twice min_seconds."""
+    import numpy as np
+
+    n_min = max(FIRST_WINDOWS, math.ceil(plan.min_seconds / window))
+    end = 2 * n_min
+    stop = threading.Event()
+    calls: list[list[tuple[float, float]]] = [[] for _ in range(workers)]
+    running = [math.nan] * workers
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            while not stop.is_set():
+                t0 = clock()
+                running[w] = t0
+                call()
+                calls[w].append((t0, clock()))
+                running[w] = math.nan
+        except BaseException as e:
+            errors.append(e)
+            stop.set()
+        running[w] = math.nan
+
+    meter = Meter(read, own, clock)
+    meter.tick(force=True)
+    looks = Looks(budgets, plan, spending, FIRST_WINDOWS, end)
+    start = clock()
+    threads = [threading.Thread(target=worker, args=(w,), name=f"ortbuild-offline-{w}", daemon=True)
+               for w in range(workers)]
+    for t in threads:
+        t.start()
+
+    def windows(k: int) -> list[float]:
+        spans = np.array([c for cs in calls for c in cs[:len(cs)]], dtype=float).reshape(-1, 2) - start
+        edges = np.arange(k + 1) * window
+        lo = np.maximum(spans[:, :1], edges[None, :-1])
+        hi = np.minimum(spans[:, 1:], edges[None, 1:])
+        share = np.clip(hi - lo, 0, None) / np.maximum(spans[:, 1:] - spans[:, :1], 1e-12)
+        samples = share.sum(axis=0) * per_call
+        return [window * 1e3 / max(float(s), 1e-9) for s in samples]
+
+    decided, k = False, 0
+    try:
+        while not errors:
+            meter.tick()
+            now = clock()
+            busy = [r for r in list(running) if not math.isnan(r)]
+            k = int((min([now, *busy]) - start) // window)
+            if k >= FIRST_WINDOWS and looks.due(k):
+                decided = looks.judge(windows(k), k >= n_min)
+                if decided or k >= end:
+                    break
+            time.sleep(POLL_S * 5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    meter.tick(force=True)
+    spans = [c for cs in calls for c in cs]
+    seconds = max(e for _, e in spans) - start if spans else 0.0
+    values = windows(k) if k else []
+    facts: dict[str, object] = {"calls": len(spans), "samples": len(spans) * per_call, "window_seconds": window,
+                                "windows": k, "workers": workers,
+                                "samples_per_second": round(len(spans) * per_call / seconds, 3) if seconds else 0.0}
+    return Run(values, seconds, looks.final(), looks.count, decided and k < end, meter.load(), facts)
+
+
+def cpus() -> int:
+    return os.cpu_count() or 1
+
+
+def _pool(workers: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortbuild-load")
+
+
+# ------------------------------------------------------------------------------------------ load awareness
+
+@dataclass
+class Outcome:
+    """The verdicts of one scenario on one data set, after the retry a FAIL under load gets."""
+
+    runs: list[Run]
+    verdicts: dict[str, PercentileVerdict]
+    retry: dict[str, object] | None = None
+
+    @property
+    def final(self) -> Run:
+        return self.runs[-1]
+
+    def verdict(self) -> Verdict | None:
+        found = {v.verdict for v in self.verdicts.values()}
+        return (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
+                else Verdict.PASS if found else None)
+
+
+def explained_by_load(budget: Budget, run: Run, cpus: int) -> bool:
+    """Whether the load could explain a FAIL of `budget` (latency.explained_by_load's rule): whether even the
+    run's most favourable value, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, would meet it."""
+    load = run.load.total if run.load.total is not None else os.getloadavg()[0]
+    return bool(run.values) and min(run.values) / (latency.LOAD_SLOWDOWN * max(1.0, load / cpus)) <= budget.limit
+
+
+def suspects(run: Run, budgets: Sequence[Budget], cpus: int) -> list[str]:
+    """The budgets whose FAIL other work competing could explain."""
+    if not run.load.competed():
+        return []
+    return [b.kind for b in budgets if run.verdicts[b.kind].verdict is Verdict.FAIL and explained_by_load(b, run, cpus)]
+
+
+def judged(measure: Callable[[dict[str, Spending]], Run], budgets: Sequence[Budget], plan: Plan, *,
+           read: Read = latency.runnable, cpus: int | None = None) -> Outcome:
+    """Measure and decide; a FAIL that competing work could explain is measured again after waiting (at most
+    plan.retry_wait_seconds) for the load to fall, both runs' looks sharing one error budget; a FAIL still
+    under competing load is INCONCLUSIVE."""
+    cpus = cpus or os.cpu_count() or 1
+    spending: dict[str, Spending] = {}
+    first = measure(spending)
+    out = Outcome([first], dict(first.verdicts))
+    why = suspects(first, budgets, cpus)
+    if not why:
+        return out
+    waited = latency.wait_for_quiet(plan.retry_wait_seconds, cpus, read)
+    out.retry = {"why": f"{', '.join(why)} FAIL while other work competed (runnable threads of other processes "
+                        f"{first.load.others:.1f} on {cpus} CPUs)", **waited}
+    again = measure(spending)
+    out.runs.append(again)
+    out.verdicts = dict(again.verdicts)
+    for kind in suspects(again, budgets, cpus):
+        out.verdicts[kind] = replace(out.verdicts[kind], verdict=Verdict.INCONCLUSIVE, more_samples=None,
+                                     note=f"FAIL measured while other work competed ({again.load.others:.1f} "
+                                          f"runnable threads of other processes on {cpus} CPUs), twice (waited "
+                                          f"{waited['waited_s']:g} s for the load to fall); rerun on a quiet machine")
+    return out
+
+
+def verdict_doc(v: PercentileVerdict) -> dict[str, object]:
+    """A verdict as the report writes it (latency's fields)."""
+    return dict(v.as_json())
+
+
+def gate_verdict(verdicts: Sequence[Verdict | None]) -> Verdict | None:
+    """FAIL if any data set failed, else INCONCLUSIVE if any was undecided, else PASS (None: nothing judged)."""
+    found = {v for v in verdicts if v is not None}
+    return (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
+            else Verdict.PASS if found else None)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """The percentiles of query latencies (ms) a scenario reports."""
+    from ortbuild.gating.percentiles import nearest_rank
+
+    xs = sorted(values)
+    if not xs:
+        return {}
+    return {"p50_ms": round(nearest_rank(xs, 0.5), 4), "p90_ms": round(nearest_rank(xs, 0.9), 4),
+            "p99_ms": round(nearest_rank(xs, 0.99), 4), "max_ms": round(xs[-1], 4),
+            "mean_ms": round(sum(xs) / len(xs), 4)}
+
+
+def entry(name: str, outcome: Outcome) -> dict[str, object]:
+    """The report of one data set: what the final run measured, its verdicts, the retry and the notes."""
+    run = outcome.final
+    out: dict[str, object] = {"name": name, **run.facts, "seconds": round(run.seconds, 3), "looks": run.looks,
+                              "stopped_early": run.early, "load": run.load.as_json(),
+                              "verdicts": [{"kind": k, **verdict_doc(v)} for k, v in outcome.verdicts.items()]}
+    if outcome.retry:
+        out["retry"] = outcome.retry
+        out["attempts"] = [r.as_json() for r in outcome.runs]
+    notes = [f"{k}: {v.note}" for k, v in outcome.verdicts.items() if v.verdict is Verdict.INCONCLUSIVE and v.note]
+    if run.load.competed():
+        notes.append(f"other work competed: {run.load.others:.1f} runnable threads of other processes")
+    if notes:
+        out["note"] = "; ".join(notes)
+    v = outcome.verdict()
+    out["verdict"] = v if v is not None else "-"
+    return out
+
+
+def warm(call: Call, runs: int, timed: int = 20) -> list[float]:
+    """`runs` untimed calls, then `timed` timed ones one at a time (ms): the single-stream estimate."""
+    for _ in range(runs):
+        call()
+    out = []
+    for _ in range(timed):
+        t0 = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return sorted(out)
