@@ -93,8 +93,8 @@ def gate(ctx: loadgen.Context) -> tuple[Verdict | Literal["-"], dict[str, object
             if v.verdict is Verdict.FAIL:
                 lines.append(f"throughput: {ctx.job.name} ({ds.name}) batch {off.batch} ({mode}): median window "
                              f"{1e3 / v.observed:.1f} samples/s (at most {1e3 / (v.lower or v.observed):.1f} with "
-                             f"{v.confidence:.0%} confidence) < budget {want:g} samples/s ({v.exceeding} of {v.samples} windows of "
-                             f"{off.window_seconds:g} s below it); over the run "
+                             f"{v.confidence:.0%} confidence) < budget {want:g} samples/s ({v.exceeding} of "
+                             f"{v.samples} windows of {off.window_seconds:g} s below it); over the run "
                              f"{outcome.final.facts['samples_per_second']} samples/s")
     verdict = loadgen.gate_verdict(found)
     section: dict[str, object] = {

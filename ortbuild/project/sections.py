@@ -155,8 +155,9 @@ class Server:
     (ortbuild.gating.server)."""
 
     qps: float = setting(
-        required=True, maximum=1e6, build="never",
-        doc="Queries per second: Poisson arrivals at this rate from a fixed seed, queued to a pool of concurrent "
+        0.0, maximum=1e6, build="never",
+        doc="Required (above 0; may be inherited through `extends`). Queries per second: Poisson arrivals at "
+            "this rate from a fixed seed, queued to a pool of concurrent "
             "`run` calls on one session; each query's latency is measured from its scheduled arrival (queueing "
             "counts, as in MLPerf LoadGen).")
     p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
@@ -191,8 +192,9 @@ class MultiStream:
     (ortbuild.gating.multistream)."""
 
     streams: int = setting(
-        required=True, maximum=1024, build="never",
-        doc="Samples per query, run concurrently on one session; the next query is issued when the last one "
+        0, maximum=1024, build="never",
+        doc="Required (at least 1; may be inherited through `extends`). Samples per query, run concurrently on "
+            "one session; the next query is issued when the last one "
             "completes, and a query's latency is that of its slowest sample.")
     p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
                                    doc="Budget of the 99th percentile query latency, in ms.")
