@@ -55,6 +55,10 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "target.latency.faster_than.ratio": {"target.latency.faster_than": {"target": "ref", "ratio": 0.5}},
     "target.platform": {"target.optimization": "extended"},
     "model.calibration": {"target.precision": "int8-static", "model.calibration": str(MODELS / "tiny_cnn.calib.npz")},
+    **{f"target.latency.server.{k}": {"target.latency.server": {"qps": 10}}
+       for k in ("p99_ms", "p90_ms", "min_seconds", "min_queries", "seed", "workers", "peak_precision")},
+    **{f"target.latency.multi_stream.{k}": {"target.latency.multi_stream": {"streams": 2}}
+       for k in ("p99_ms", "min_seconds", "min_queries")},
 }
 NAMED = {"output_accuracy": "logits", "latency_data_set": "test_data_set_0"}  # an entry of each named table
 

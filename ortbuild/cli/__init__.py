@@ -133,6 +133,9 @@ def parser() -> argparse.ArgumentParser:
                     help=f"judge only these gates, a comma-separated list of: {gate_selection.CHOICES} (default: all); "
                          "the others are not measured (e.g. --gates accuracy while iterating on accuracy); "
                          "`ortbuild release` refuses a test that left a gate out")
+    te.add_argument("--find-peak", action="store_true",
+                    help="for targets with a [latency.server] budget: the highest QPS that meets it, by bisection "
+                         "of server runs (docs/testing.md, Server)")
     te.add_argument("--repair", action="store_true",
                     help="rebuild TAMPERED artifacts (saying what was replaced) instead of failing")
     te.add_argument("--require", action="store_true",

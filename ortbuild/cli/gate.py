@@ -54,7 +54,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         # line is due)
         dist, builder, done, jobs = b.dist, b.builder, b.done, b.jobs[:len(jobs)]  # as built: targets.lock laid over
         tester = gates.Tester(project, dist, secrets.secret, args.config, progress, secrets.signing,
-                              capture=not args.verbose, quick=args.quick, judged=args.gates)
+                              capture=not args.verbose, quick=args.quick, judged=args.gates, find_peak=args.find_peak)
         results = tester.run(jobs, done, args.require)
         measured = speed.check([(j, r.latency) for j, r in zip(jobs, results, strict=True)])
         for job, r, found in zip(jobs, results, measured, strict=True):

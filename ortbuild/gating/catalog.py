@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild import paths
 from ortbuild.status import Verdict
@@ -83,7 +83,7 @@ class Context:
     def progress(self, job: str, text: str) -> None:
         self.tester.progress(job, text)
 
-    def open(self, **session: object) -> object:
+    def open(self, **session: object) -> Any:  # the generated loader's Model (run, inputs, outputs)
         """The artifact opened through its generated loader (verify, decrypt, session), `session` options over
         its own."""
         assert self.module is not None, "a timed gate runs only where the loader runs (not under emulation)"
@@ -127,6 +127,13 @@ GATES: tuple[Gate, ...] = (
          lambda g: "cold_start" in g.startup_budgets, timed=True, field="cold_start_verdict"),
     Gate("memory", "peak RSS of a fresh process that loads and runs the artifact", _tester("judge_startup"),
          lambda g: "memory" in g.startup_budgets, timed=True, field="memory_verdict"),
+    Gate("throughput", "samples per second at a batch (MLPerf Offline)", _lazy("ortbuild.gating.throughput", "gate"),
+         lambda g: g.latency.offline is not None, timed=True),
+    Gate("server", "latency percentiles under Poisson arrivals at a rate (MLPerf Server), --find-peak",
+         _lazy("ortbuild.gating.server", "gate"), lambda g: g.latency.server is not None, timed=True,
+         html="ortbuild.gating.server:html"),
+    Gate("multi_stream", "latency of queries of N concurrent samples (MLPerf MultiStream)",
+         _lazy("ortbuild.gating.multistream", "gate"), lambda g: g.latency.multi_stream is not None, timed=True),
 )
 NAMES = tuple(g.name for g in GATES)
 BY_NAME = {g.name: g for g in GATES}

@@ -126,6 +126,7 @@ class TestResult:
         given = doc.get("gates")
         for name, verdict in (given.items() if isinstance(given, Mapping) else ()):  # a verdict only `gates` holds
             gate = catalog.BY_NAME.get(str(name))
-            if gate is not None and (gate.field not in doc if gate.field else name not in record.sections):
+            if gate is not None and _verdict(verdict) != NOT_RUN and (
+                    gate.field not in doc if gate.field else name not in record.sections):
                 record.set_verdict(gate.name, _verdict(verdict))
         return record

@@ -134,6 +134,8 @@ _TITLES = {
     "accuracy": "[targets.NAME.accuracy]", "output_accuracy": "[targets.NAME.accuracy.outputs.OUTPUT]",
     "latency": "[targets.NAME.latency]", "faster_than": "[targets.NAME.latency] faster_than",
     "latency_data_set": "[targets.NAME.latency.data_sets.DATA_SET]",
+    "latency_offline": "[targets.NAME.latency.offline]", "latency_server": "[targets.NAME.latency.server]",
+    "latency_multi_stream": "[targets.NAME.latency.multi_stream]",
     "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]",
 }
 

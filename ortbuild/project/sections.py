@@ -124,6 +124,91 @@ class FasterThan:
 
 
 @dataclass(frozen=True)
+class Offline:
+    """[targets.X.latency.offline]: throughput at a batch, as MLPerf Offline (ortbuild.gating.throughput)."""
+
+    batch: int = setting(
+        1, maximum=65_536, build="never",
+        doc="Samples per `run` call: the golden inputs stacked along the first axis where the model's first axis "
+            "is dynamic, else this many concurrent single-sample runs (the report says which).")
+    min_samples_per_second: float | None = setting(
+        None, maximum=1e9, build="never",
+        doc="Budget: the median samples per second over fixed windows of the run is at least this. None: "
+            "measured and reported, not judged.")
+    min_seconds: float = setting(
+        10.0, maximum=3600, build="never",
+        doc="The shortest run (MLPerf asks 600 s; a CI machine cannot): 20 windows of `window_seconds`, the "
+            "fewest whose median a 0.99 bound can judge with every look of the plan accounted for. Undecided at "
+            "the minimum, sampling goes on to twice as long.")
+    window_seconds: float = setting(
+        0.5, maximum=600, build="never",
+        doc="The length of the windows whose rates the verdict judges (each run call's samples are spread over "
+            "the windows its time overlaps): long enough to hold several calls, short enough for 20 in a run.")
+    workers: int = setting(
+        0, maximum=1024, build="never",
+        doc="Concurrent `run` calls on the one session with stacked batches; 0: the number of CPUs.")
+
+
+@dataclass(frozen=True)
+class Server:
+    """[targets.X.latency.server]: a latency percentile at a query rate, as MLPerf Server
+    (ortbuild.gating.server)."""
+
+    qps: float = setting(
+        0.0, maximum=1e6, build="never",
+        doc="Required (above 0; may be inherited through `extends`). Queries per second: Poisson arrivals at "
+            "this rate from a fixed seed, queued to a pool of concurrent "
+            "`run` calls on one session; each query's latency is measured from its scheduled arrival (queueing "
+            "counts, as in MLPerf LoadGen).")
+    p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                   doc="Budget of the 99th percentile query latency at `qps`, in ms.")
+    p90_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                   doc="Budget of the 90th percentile query latency at `qps`, in ms.")
+    min_seconds: float = setting(
+        10.0, maximum=3600, build="never",
+        doc="The shortest run before a PASS (MLPerf asks 600 s and 270336 queries; a CI machine cannot): long "
+            "enough for the queue of a model of up to ~10 ms per run to settle at 90% utilisation. A FAIL may stop "
+            "earlier. Besides, a PASS needs the queries that can bound the percentile (528 for p99 at 0.99).")
+    min_queries: int = setting(
+        0, maximum=10_000_000, build="never",
+        doc="The fewest queries before a PASS (0: what min_seconds at `qps` gives, and at least what bounds the "
+            "percentile); undecided there, the run goes on to 1.5x the queries that can bound the percentile.")
+    seed: int = setting(0, maximum=2**31 - 1, build="never",
+                        doc="Seed of the arrival times (numpy default_rng(seed).exponential): the same schedule "
+                            "every run, so two artifacts meet the same load.")
+    workers: int = setting(
+        0, maximum=1024, build="never",
+        doc="Concurrent `run` calls on the one session (ONNX Runtime's run releases the GIL and is thread-safe); "
+            "0: the number of CPUs.")
+    peak_precision: float = setting(
+        0.1, maximum=1, build="never",
+        doc="`ortbuild test --find-peak`: the bisection stops when the highest passing and the lowest failing QPS "
+            "are within this fraction of each other.")
+
+
+@dataclass(frozen=True)
+class MultiStream:
+    """[targets.X.latency.multi_stream]: several streams at once, as MLPerf MultiStream
+    (ortbuild.gating.multistream)."""
+
+    streams: int = setting(
+        0, maximum=1024, build="never",
+        doc="Required (at least 1; may be inherited through `extends`). Samples per query, run concurrently on "
+            "one session; the next query is issued when the last one "
+            "completes, and a query's latency is that of its slowest sample.")
+    p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                   doc="Budget of the 99th percentile query latency, in ms.")
+    min_seconds: float = setting(
+        10.0, maximum=3600, build="never",
+        doc="The shortest run before a PASS (MLPerf asks 600 s and 270336 queries; a CI machine cannot); besides, "
+            "a PASS needs the queries that can bound p99 (528 at 0.99). A FAIL may stop earlier.")
+    min_queries: int = setting(
+        0, maximum=10_000_000, build="never",
+        doc="The fewest queries before a PASS (0: the fewest that can bound the percentile); undecided there, "
+            "the run goes on to 1.5x that.")
+
+
+@dataclass(frozen=True)
 class Latency:
     """[targets.X.latency]: budgets and the sample plan of the latency test. Budgets never rebuild."""
 
@@ -168,6 +253,16 @@ class Latency:
     warmup_runs: int = setting(
         5, maximum=100_000, build="never",
         doc="Untimed runs after the first one (session creation and the first run are reported apart).")
+    offline: Offline | None = setting(
+        None, build="never", table="latency_offline",
+        doc="Throughput at a batch (MLPerf Offline), judged on every golden data set: see docs/testing.md.")
+    server: Server | None = setting(
+        None, build="never", table="latency_server",
+        doc="A latency percentile at a Poisson query rate (MLPerf Server), judged on every golden data set; "
+            "`ortbuild test --find-peak` searches the highest rate that meets it: see docs/testing.md.")
+    multi_stream: MultiStream | None = setting(
+        None, build="never", table="latency_multi_stream",
+        doc="Several concurrent streams (MLPerf MultiStream), judged on every golden data set: see docs/testing.md.")
     retry_wait_seconds: float = setting(
         30.0, maximum=3600, build="never",
         doc="A FAIL measured under load (more runnable threads than CPUs) or drift is measured again once "

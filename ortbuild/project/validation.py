@@ -99,6 +99,11 @@ def check_relative_budgets(chk: Checker, name: str, target: Target, targets: Map
         where = f"targets.{name}.latency"
         if not 0.5 <= lat.confidence < 1:
             raise chk.fail(f"{where}.confidence", f"must be in [0.5, 1), got {lat.confidence}")
+        for key, unset in (("server.qps", lat.server is not None and lat.server.qps <= 0),
+                           ("multi_stream.streams", lat.multi_stream is not None and lat.multi_stream.streams < 1),
+                           ("offline.batch", lat.offline is not None and lat.offline.batch < 1)):
+            if unset:
+                raise chk.fail(f"{where}.{key}", "must be set, above 0", "see docs/testing.md, Load scenarios")
         ft = lat.faster_than
         if ft is None:
             continue

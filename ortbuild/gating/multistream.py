@@ -1,0 +1,64 @@
+"""The `multi_stream` gate: several concurrent streams, as MLPerf MultiStream ([targets.X.latency.multi_stream]).
+
+On every golden data set, each query runs `streams` samples at once on one session (a pool of as many workers);
+the next query is issued when the last completes, and a query's latency is its slowest sample's
+(ortbuild.gating.loadgen.multi_stream). `p99_ms` is judged by latency's distribution-free binomial bounds with
+early stopping; a FAIL under competing load is retried, then INCONCLUSIVE (loadgen.judged).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from ortbuild.gating import loadgen
+from ortbuild.gating.percentiles import Budget, Spending
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.catalog import Context
+
+
+def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
+    gates = ctx.job.settings.gates
+    ms = gates.latency.multi_stream if gates is not None else None
+    if gates is None or ms is None:
+        return "-", {}, []
+    lat = gates.latency
+    budgets = [Budget("p99", 0.99, float(ms.p99_ms))] if ms.p99_ms is not None else []
+    plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+    model = ctx.open()
+    entries: list[dict[str, object]] = []
+    lines: list[str] = []
+    found: list[Verdict | None] = []
+    for i, ds in enumerate(ctx.golden.sets):
+        def run(feed: dict[str, Any] = ds.inputs) -> object:
+            return model.run(feed)
+
+        check, call = loadgen.checked(ctx, i, run)
+
+        def measure(spending: dict[str, Spending], call: loadgen.Call = call) -> loadgen.Run:
+            return loadgen.multi_stream(call, ms.streams, budgets, plan, spending)
+
+        single = loadgen.warm(run, lat.warmup_runs)
+        ctx.progress(ctx.job.name, f"multi_stream on {ds.name}: {ms.streams} streams, at least "
+                                   f"{plan.min_seconds:g} s before a PASS")
+        outcome = loadgen.judged(measure, budgets, plan)
+        e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
+             "single_stream_p50_ms": round(single[len(single) // 2], 4)}
+        entries.append(e)
+        found.append(outcome.verdict())
+        for b in budgets:
+            v = outcome.verdicts[b.kind]
+            if v.verdict is Verdict.FAIL:
+                lines.append(f"multi_stream: {ctx.job.name} {b.kind} ({ds.name}) of {ms.streams} streams "
+                             f"{v.observed:.3f} ms (at least {v.lower:.3f} ms with {v.confidence:.0%} confidence) > "
+                             f"budget {b.limit:g} ms ({v.exceeding} of {v.samples} queries above it, a query's "
+                             "latency its slowest sample's)")
+        found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
+    limits = {b.kind + "_ms": b.limit for b in budgets}
+    said = f"p99 {entries[0].get('p99_ms', '-')}" + (f"/{ms.p99_ms:g}" if ms.p99_ms is not None else "")
+    verdict, section = loadgen.section(
+        loadgen.gate_verdict(found), entries, f"{said} ms, {ms.streams} streams", {"streams": ms.streams, **limits},
+        streams=ms.streams, budgets=limits, confidence=plan.confidence, min_seconds=plan.min_seconds,
+        min_queries=plan.min_queries, quick=ctx.quick)
+    return verdict, section, lines

@@ -1,0 +1,199 @@
+"""The `server` gate: a latency percentile at a query rate, as MLPerf Server ([targets.X.latency.server]).
+
+On every golden data set, Poisson arrivals at `qps` from a fixed seed are queued to a pool of concurrent `run`
+calls on one session (ortbuild.gating.loadgen.server); each query's latency runs from its scheduled arrival to
+its completion, so queueing counts. `p99_ms` / `p90_ms` are judged by latency's distribution-free binomial
+bounds with early stopping, and a FAIL under competing load is retried, then INCONCLUSIVE (loadgen.judged).
+
+`ortbuild test --find-peak` searches the highest rate that meets the budgets, as LoadGen's peak finder does:
+from the single-stream estimate (1000 / the median single run, in ms), doubling or halving until a PASS and a
+non-PASS bracket the peak, then bisecting until they are within `peak_precision` of each other (at most
+MAX_PEAK_STEPS server runs). Each step is a full server run with its own verdict at the target's confidence; an
+INCONCLUSIVE step counts as not passing. The report lists every step (qps, p99, p90, verdict) to plot latency
+against the rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from ortbuild.gating import loadgen
+from ortbuild.gating.percentiles import Budget, Spending
+from ortbuild.project.sections import Server
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.catalog import Context
+
+
+def budgets_of(srv: Server) -> list[Budget]:
+    pairs = (("p90", 0.9, srv.p90_ms), ("p99", 0.99, srv.p99_ms))
+    return [Budget(kind, p, float(ms)) for kind, p, ms in pairs if ms is not None]
+
+
+def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: loadgen.Plan) -> loadgen.Outcome:
+    """One server run at `qps`, judged, with the retry a FAIL under load gets."""
+
+    def measure(spending: dict[str, Spending]) -> loadgen.Run:
+        return loadgen.server(call, qps, budgets, plan, spending, seed=srv.seed, workers=srv.workers)
+
+    return loadgen.judged(measure, budgets, plan)
+
+
+def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precision: float,
+              say: Callable[[str], None] = lambda _: None) -> dict[str, object]:
+    """The highest rate whose run PASSes, by bracketing from `start` and bisecting to `precision`."""
+    tried: list[dict[str, object]] = []
+    lo: float | None = None
+    hi: float | None = None
+
+    def step(qps: float) -> bool:
+        say(f"--find-peak: server run at {qps:.3g} QPS (step {len(tried) + 1})")
+        outcome = run_at(qps)
+        s = loadgen.summary(outcome.final.values)
+        v = outcome.verdict()
+        tried.append({"qps": round(qps, 3), "achieved_qps": outcome.final.facts.get("achieved_qps"),
+                      "p90_ms": s.get("p90_ms"), "p99_ms": s.get("p99_ms"), "verdict": v if v is not None else "-"})
+        return v is Verdict.PASS
+
+    qps = start
+    while len(tried) < loadgen.MAX_PEAK_STEPS and (lo is None or hi is None):
+        if step(qps):
+            lo, qps = qps, qps * 2
+        else:
+            hi, qps = qps, qps / 2
+    while lo is not None and hi is not None and (hi - lo) / lo > precision and len(tried) < loadgen.MAX_PEAK_STEPS:
+        mid = (lo + hi) / 2
+        if step(mid):
+            lo = mid
+        else:
+            hi = mid
+    out: dict[str, object] = {"qps": None if lo is None else round(lo, 3), "lowest_not_passing": hi,
+                              "start_qps": round(start, 3), "precision": precision,
+                              "tried": sorted(tried, key=lambda t: float(str(t["qps"])))}
+    if lo is None:
+        out["note"] = f"no rate passed down to {qps * 2:.3g} QPS"
+    elif hi is None:
+        out["note"] = f"every rate passed up to {lo:.3g} QPS (the search stopped after {len(tried)} runs)"
+    elif (hi - lo) / lo > precision:
+        out["note"] = f"stopped after {len(tried)} runs, the peak between {lo:.3g} and {hi:.3g} QPS"
+    return out
+
+
+def failure_lines(job: str, name: str, qps: float, outcome: loadgen.Outcome, budgets: list[Budget]) -> list[str]:
+    out = []
+    for b in budgets:
+        v = outcome.verdicts[b.kind]
+        if v.verdict is Verdict.FAIL:
+            out.append(f"server: {job} {b.kind} ({name}) at {qps:g} QPS {v.observed:.3f} ms (at least "
+                       f"{v.lower:.3f} ms with {v.confidence:.0%} confidence) > budget {b.limit:g} ms "
+                       f"({v.exceeding} of {v.samples} queries above it, latency from scheduled arrival)")
+    return out
+
+
+def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
+    gates = ctx.job.settings.gates
+    srv = gates.latency.server if gates is not None else None
+    if gates is None or srv is None:
+        return "-", {}, []
+    lat = gates.latency
+    budgets = budgets_of(srv)
+    plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+    model = ctx.open()
+    entries: list[dict[str, object]] = []
+    lines: list[str] = []
+    found: list[Verdict | None] = []
+    for i, ds in enumerate(ctx.golden.sets):
+        def run(feed: dict[str, Any] = ds.inputs) -> object:
+            return model.run(feed)
+
+        single = loadgen.warm(run, lat.warmup_runs)
+        check, call = loadgen.checked(ctx, i, run)
+        ctx.progress(ctx.job.name, f"server on {ds.name}: Poisson arrivals at {srv.qps:g} QPS, at least "
+                                   f"{plan.min_seconds:g} s before a PASS")
+        outcome = at_rate(call, float(srv.qps), srv, budgets, plan)
+        e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
+             "single_stream_p50_ms": round(single[len(single) // 2], 4)}
+        lines += failure_lines(ctx.job.name, ds.name, float(srv.qps), outcome, budgets)
+        found += [outcome.verdict(), loadgen.judge_outputs(check, ctx.job.name, e, lines)]
+        if ctx.find_peak:
+            if budgets:
+                def at(q: float, call: loadgen.Call = call) -> loadgen.Outcome:
+                    return at_rate(call, q, srv, budgets, plan)
+
+                e["peak"] = find_peak(at, 1e3 / single[len(single) // 2], srv.peak_precision,
+                                      lambda text: ctx.progress(ctx.job.name, text))
+            else:
+                e["peak"] = {"qps": None, "note": "no p99_ms or p90_ms: nothing to search the peak against"}
+        entries.append(e)
+    limits = {b.kind + "_ms": b.limit for b in budgets}
+    first = entries[0]
+    said = ", ".join(f"{k.removesuffix('_ms')} {first.get(k, '-')}/{v:g} ms" for k, v in limits.items())
+    peak = first.get("peak")
+    if isinstance(peak, dict) and peak.get("qps") is not None:
+        said += f", peak {peak['qps']:g} QPS"
+    verdict, section = loadgen.section(
+        loadgen.gate_verdict(found), entries, f"{said or 'p99 ' + str(first.get('p99_ms'))} at {srv.qps:g} QPS",
+        {"qps": srv.qps, **limits}, qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
+        min_seconds=plan.min_seconds, min_queries=plan.min_queries, quick=ctx.quick)
+    return verdict, section, lines
+
+
+def html(section: dict[str, object]) -> list[str]:
+    """The server gate's part of report.html: each data set's percentiles at the rate, and where `--find-peak`
+    searched, the peak and a plot of p99 (and p90) latency against the offered QPS, each step coloured by its
+    verdict (the budget a dashed line)."""
+    from html import escape as e
+
+    verdict = str(section.get("verdict", "-"))
+    given = section.get("budgets")
+    budgets: dict[str, object] = given if isinstance(given, dict) else {}
+    out = [f"<h3>server: <span class={e(verdict)}>{e(verdict)}</span></h3>",
+           f"<p>{e(str(section.get('summary', '')))}; Poisson arrivals, seed {e(str(section.get('seed')))}, latency "
+           f"from scheduled arrival; confidence {e(str(section.get('confidence')))}</p>"]
+    sets = section.get("data_sets")
+    for d in sets if isinstance(sets, list) else []:
+        out.append(f"<p>{e(str(d.get('name')))}: p50 {e(str(d.get('p50_ms')))} ms, p90 {e(str(d.get('p90_ms')))} ms, "
+                   f"p99 {e(str(d.get('p99_ms')))} ms over {e(str(d.get('queries', d.get('samples', '?'))))} "
+                   f"queries ({e(str(d.get('achieved_qps', '?')))} QPS achieved) {e(str(d.get('note', '')))}</p>")
+        peak = d.get("peak")
+        if isinstance(peak, dict) and isinstance(peak.get("tried"), list) and peak["tried"]:
+            out.append(f"<p>--find-peak: highest passing rate <b>{e(str(peak.get('qps')))} QPS</b> "
+                       f"{e(str(peak.get('note', '')))}</p>")
+            out.append(_plot(peak["tried"], budgets))
+    return out
+
+
+def _plot(tried: list[dict[str, object]], budgets: dict[str, object]) -> str:
+    """An inline SVG of latency (p99 dots, p90 rings) against offered QPS, a dashed line per budget."""
+    pts = [(float(str(t["qps"])), t.get("p99_ms"), t.get("p90_ms"), str(t.get("verdict"))) for t in tried]
+    ys = [float(v) for _, a, b, _ in pts for v in (a, b) if isinstance(v, int | float)]
+    ys += [float(v) for v in budgets.values() if isinstance(v, int | float)]
+    w, h, pad = 480, 200, 40
+    xmax, ymax = max(p[0] for p in pts) * 1.05 or 1.0, (max(ys) if ys else 1.0) * 1.1 or 1.0
+
+    def x(q: float) -> float:
+        return pad + q / xmax * (w - 2 * pad)
+
+    def y(ms: float) -> float:
+        return h - pad + 10 - ms / ymax * (h - pad - 10)
+
+    colour = {str(Verdict.PASS): "#2a8a2a", str(Verdict.FAIL): "#c03030"}
+    parts = [f'<svg width="{w}" height="{h}" role="img" aria-label="latency against offered QPS">',
+             f'<line x1="{pad}" y1="{h - pad + 10}" x2="{w - pad}" y2="{h - pad + 10}" stroke="#888"/>',
+             f'<text x="{w - pad}" y="{h - 8}" text-anchor="end" font-size="11">QPS (max {xmax / 1.05:.4g})</text>',
+             f'<text x="4" y="12" font-size="11">ms (max {ymax / 1.1:.4g})</text>']
+    for kind, limit in budgets.items():
+        if isinstance(limit, int | float):
+            parts.append(f'<line x1="{pad}" x2="{w - pad}" y1="{y(limit):.1f}" y2="{y(limit):.1f}" stroke="#c03030" '
+                         f'stroke-dasharray="4 3"/><text x="{pad + 2}" y="{y(limit) - 3:.1f}" font-size="10">'
+                         f'{kind} budget {limit:g}</text>')
+    for q, p99, p90, v in pts:
+        c = colour.get(v, "#c9a000")
+        if isinstance(p99, int | float):
+            parts.append(f'<circle cx="{x(q):.1f}" cy="{y(p99):.1f}" r="4" fill="{c}"><title>{q:g} QPS: p99 {p99} ms, '
+                         f'{v}</title></circle>')
+        if isinstance(p90, int | float):
+            parts.append(f'<circle cx="{x(q):.1f}" cy="{y(p90):.1f}" r="4" fill="none" stroke="{c}"/>')
+    return "".join(parts) + "</svg>"

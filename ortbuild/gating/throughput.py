@@ -1,0 +1,108 @@
+"""The `throughput` gate: samples per second at a batch, as MLPerf Offline ([targets.X.latency.offline]).
+
+A sample is one golden data set's feed. Where every input's first axis is dynamic, `batch` of them are stacked
+along it into one `run` call ("stacked"), and a pool of `workers` such calls runs back to back on one session;
+else (a fixed first axis, a scalar input, or a stacked run the model refuses) `batch` concurrent single-sample
+runs do ("concurrent"). The report says which.
+
+Throughput is MLPerf's: the samples completed over the run's time. The verdict is distribution-free: the run is
+cut into fixed windows of `window_seconds`, each call's samples spread over the windows its time overlaps, and
+"the median window rate is at least `min_samples_per_second`" is judged by the binomial bounds latency uses on
+a percentile (on each window's milliseconds per sample, 1000 / its rate, at p50), with the same sequential looks
+(the first at 8 windows, then doubling; a PASS only after `min_seconds`) and the same load awareness. The median
+window rather than the mean: one stalled window (a page fault storm, another process) moves it by one rank.
+Confidence: with the default 20 windows (10 s of 0.5 s) a PASS at 0.99 needs the 4th slowest window at or above
+the budget; 8 windows can FAIL a rate far below it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from ortbuild.gating import loadgen
+from ortbuild.gating.percentiles import Budget, Spending
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.catalog import Context
+
+
+def stacked(model: Any, inputs: dict[str, Any], batch: int) -> dict[str, Any] | None:
+    """`batch` copies of the feed stacked along the first axis, where every input's first axis is dynamic and the
+    model runs the stacked feed; None otherwise."""
+    import numpy as np
+
+    specs = {i["name"]: i.get("shape") for i in model.inputs}
+    for name, value in inputs.items():
+        shape = specs.get(name)
+        if np.ndim(value) == 0 or not shape or (isinstance(shape[0], int) and shape[0] > 0):
+            return None
+    feed = {k: np.concatenate([np.asarray(v)] * batch, axis=0) for k, v in inputs.items()}
+    try:
+        model.run(feed)
+    except Exception:  # a dimension the session fixed (free dimensions), a graph that assumes one row
+        return None
+    return feed
+
+
+def rates(v: dict[str, object]) -> dict[str, object]:
+    """A verdict on milliseconds per sample, in samples per second too."""
+    def rate(ms: object) -> float | None:
+        return round(1e3 / ms, 3) if isinstance(ms, float) and ms > 0 else None
+
+    return {**v, "observed_rate": rate(v["observed"]), "rate_lower": rate(v["upper"]), "rate_upper": rate(v["lower"])}
+
+
+def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
+    gates = ctx.job.settings.gates
+    off = gates.latency.offline if gates is not None else None
+    if gates is None or off is None:
+        return "-", {}, []
+    lat = gates.latency
+    want = off.min_samples_per_second
+    budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
+    plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
+    model = ctx.open()
+    entries: list[dict[str, object]] = []
+    lines: list[str] = []
+    found: list[Verdict | None] = []
+    for ds in ctx.golden.sets:
+        feed = stacked(model, ds.inputs, off.batch) if off.batch > 1 else None
+        mode = "stacked" if feed is not None else "concurrent"
+        per_call, workers = (off.batch, off.workers or loadgen.cpus()) if feed is not None else (1, off.batch)
+        if feed is None and off.batch == 1:
+            per_call, workers = 1, off.workers or loadgen.cpus()
+
+        def call(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
+            return model.run(f)
+
+        def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
+                    workers: int = workers) -> loadgen.Run:
+            return loadgen.offline(call, per_call, workers, budgets, plan, off.window_seconds, spending)
+
+        loadgen.warm(call, lat.warmup_runs, timed=0)
+        ctx.progress(ctx.job.name, f"throughput on {ds.name}: batch {off.batch} ({mode}), {workers} workers, at "
+                                   f"least {plan.min_seconds:g} s before a PASS")
+        outcome = loadgen.judged(measure, budgets, plan)
+        e = loadgen.entry(ds.name, outcome)
+        e["verdicts"] = [rates({"kind": k, **loadgen.verdict_doc(v)}) for k, v in outcome.verdicts.items()]
+        window_rates = sorted(1e3 / x for x in outcome.final.values)
+        e.update({"batch": off.batch, "mode": mode, "samples_per_call": per_call,
+                  "median_window_rate": round(window_rates[len(window_rates) // 2], 3) if window_rates else None})
+        entries.append(e)
+        found.append(outcome.verdict())
+        for b in budgets:
+            v = outcome.verdicts[b.kind]
+            if v.verdict is Verdict.FAIL:
+                lines.append(f"throughput: {ctx.job.name} ({ds.name}) batch {off.batch} ({mode}): median window "
+                             f"{1e3 / v.observed:.1f} samples/s (at most {1e3 / (v.lower or v.observed):.1f} with "
+                             f"{v.confidence:.0%} confidence) < budget {want:g} samples/s ({v.exceeding} of "
+                             f"{v.samples} windows of {off.window_seconds:g} s below it); over the run "
+                             f"{outcome.final.facts['samples_per_second']} samples/s")
+    rate = entries[0].get("median_window_rate")
+    said = f"{rate if rate is not None else '-'}/s" + (f" >= {want:g}/s" if want else "") + f" at batch {off.batch}"
+    verdict, section = loadgen.section(
+        loadgen.gate_verdict(found), entries, said, {"batch": off.batch, "min_samples_per_second": want},
+        batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
+        window_seconds=off.window_seconds, quick=ctx.quick)
+    return verdict, section, lines
