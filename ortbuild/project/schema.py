@@ -134,7 +134,8 @@ _TITLES = {
     "accuracy": "[targets.NAME.accuracy]", "output_accuracy": "[targets.NAME.accuracy.outputs.OUTPUT]",
     "latency": "[targets.NAME.latency]", "faster_than": "[targets.NAME.latency] faster_than",
     "latency_data_set": "[targets.NAME.latency.data_sets.DATA_SET]",
-    "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]",
+    "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]", "eval": "[targets.NAME.eval]",
+    "model_eval": "[models.NAME.eval]",
 }
 
 
