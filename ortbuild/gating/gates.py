@@ -192,6 +192,8 @@ class Tester:
         if not res.failures and undecided:
             res.status = Verdict.INCONCLUSIVE
             res.reason = "; ".join(undecided)
+        from ortbuild.gating import task  # temporary: the gate registry (issue 39, item 1) calls task.gate
+        task.tester_hook(self, job, res, module, m)
 
     def _startup(self, job: Job, res: TestResult, g: golden.Golden) -> None:
         """Cold start and peak memory in fresh processes through the loader (only with a budget for either)."""
