@@ -191,6 +191,13 @@ def test_a_custom_metric_is_imported_from_the_project_folder(tmp_path: Path) -> 
         with pytest.raises(ConfigError, match=r"models\.m\.eval\.metric") as e:
             taskmetrics.resolve(spec, tmp_path, "targets.toml", "models.m.eval")
         assert said in str(e.value) and e.value.hint and "package.module:function" in e.value.hint
+    labels = np.arange(200) % 3
+    rows = np.eye(3)[labels]
+    assert task.judge("t/m", m, rows, rows, labels, 0.0, 0.95)[0] == Verdict.PASS  # the same rows: no drop at all
+    error = taskmetrics.resolve("mymetrics.score:error", tmp_path, "targets.toml", "models.m.eval")
+    verdict, section, lines = task.judge("t/m", error, rows, rows + 0.5, np.zeros(200), 0.1, 0.95)
+    assert verdict == Verdict.FAIL and section["drop"] == pytest.approx(0.5) and not section["higher_is_better"]
+    assert "t/m mymetrics.score:error dropped 0.5" in lines[0]  # lower is better: its increase is the drop
     broken = taskmetrics.resolve("mymetrics.score:broken", tmp_path, "targets.toml", "models.m.eval")
     with pytest.raises(ConfigError, match="raised KeyError"):
         broken.score(scores, np.array([0, 1]))
