@@ -46,6 +46,10 @@ VARIANTS: dict[str, object] = {
     "model.inputs": str(MODELS / "tiny_lstm.inputs.npz"),
     "model.calibration": str(MODELS / "tiny_lstm.calib.npz"),
     "model.expected": str(MODELS / "tiny_lstm.inputs.npz"),
+    "model.eval.inputs": str(MODELS / "tiny_cnn.calib.npz"),
+    "model.eval.labels": str(MODELS / "tiny_lstm.calib.npz"),
+    "model.eval.metric": "f1",
+    "target.eval.confidence": 0.9,
 }
 # what both projects set for a key to be changed on its own (the rest of its table, a precision that reads it)
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -59,6 +63,11 @@ CONTEXT: dict[str, dict[str, Any]] = {
        for k in ("p99_ms", "p90_ms", "min_seconds", "min_queries", "seed", "workers", "peak_precision")},
     **{f"target.latency.multi_stream.{k}": {"target.latency.multi_stream": {"streams": 2}}
        for k in ("p99_ms", "min_seconds", "min_queries")},
+    # a labelled evaluation set (only the eval gate reads it: never in the build key), and the budget that needs one
+    **{f"{table}.{k}": {"model.eval": {"inputs": str(MODELS / "tiny_cnn.inputs.npz"),
+                                       "labels": str(MODELS / "tiny_cnn.calib.npz")}}
+       for table, names in (("model.eval", ("inputs", "labels", "metric", "output", "batch", "max_samples")),
+                            ("target.eval", ("max_drop", "confidence"))) for k in names},
 }
 NAMED = {"output_accuracy": "logits", "latency_data_set": "test_data_set_0"}  # an entry of each named table
 
@@ -150,8 +159,8 @@ def test_a_key_rebuilds_exactly_when_its_declaration_says_so(path: str, key: opt
 
 def test_the_tables_are_the_declared_fields() -> None:
     """Every declared field is a key of its table, and every key of a dataclass-backed table is a field."""
-    backed = {"project": settings.Project, "model": settings.Model, **declare.sub_tables(settings.Settings),
-              **declare.sub_tables(settings.Gates)}
+    backed = {"project": settings.Project, "model": settings.Model, **declare.sub_tables(settings.Model),
+              **declare.sub_tables(settings.Settings), **declare.sub_tables(settings.Gates)}
     for table, cls in backed.items():
         declared = [f.name for f in dataclasses.fields(cls) if f.metadata.get("ortbuild.key")]
         assert [k.name for k in tables.TABLES[table]] == declared, table

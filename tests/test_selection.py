@@ -22,8 +22,10 @@ def test_names_parse_into_the_gates_in_their_order() -> None:
     assert selection.parse("startup") == ("cold_start", "memory")
     assert selection.parse("cold-start,size") == ("size", "cold_start")
     assert selection.parse("all") == selection.GATES
+    assert selection.parse("load,eval") == ("eval", "throughput", "server", "multi_stream")
     with pytest.raises(ValueError, match=r"'accurcy' is not a gate \(did you mean 'accuracy'\?\); the gates are: "
-                                         r"accuracy, size, latency, cold_start, memory, startup, all"):
+                                         r"accuracy, size, latency, cold_start, memory, eval, throughput, server, multi_stream, "
+                                         r"startup, load, all"):
         selection.parse("accurcy")
     with pytest.raises(ValueError, match="a gate name is empty"):
         selection.parse("accuracy,")
@@ -40,8 +42,9 @@ def test_an_unknown_gate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 
 def test_what_a_result_says_of_the_gates_it_left_out() -> None:
     row = {"status": "PASS", "judged": ["accuracy"], "gates": {g: "-" for g in selection.GATES}}
-    assert selection.left_out(row) == ["size", "latency", "cold_start", "memory"]
-    assert selection.not_judged(row) == "not judged (--gates accuracy): size, latency, cold_start, memory"
+    rest = ["size", "latency", "cold_start", "memory", "eval", "throughput", "server", "multi_stream"]
+    assert selection.left_out(row) == rest
+    assert selection.not_judged(row) == f"not judged (--gates accuracy): {', '.join(rest)}"
     assert report.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
     failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "accuracy": "FAIL"}
     assert report.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
@@ -72,7 +75,7 @@ def test_accuracy_only_while_iterating_and_release_needs_every_gate(make_project
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for r in json.loads(proc.stdout)["results"]:
         assert r["status"] == "PASS" and r["judged"] == ["accuracy"], r
-        assert r["gates"] == {"accuracy": "PASS", "size": "-", "latency": "-", "cold_start": "-", "memory": "-"}
+        assert r["gates"] == {**dict.fromkeys(selection.GATES, "-"), "accuracy": "PASS"}
         assert r["latency"] == {} and r["size"] == {} and r["startup"] == {} and r["outputs"]
         saved = json.loads((root / "dist" / r["target"] / "tiny_cnn" / "test-report.json").read_text())
         assert saved["result"]["judged"] == ["accuracy"]
@@ -85,15 +88,16 @@ def test_accuracy_only_while_iterating_and_release_needs_every_gate(make_project
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("tight "))
     assert row.split()[-3:] == ["PASS", "(--gates", "accuracy)"] and " - " in row
-    assert ("not judged (--gates accuracy): size, latency, cold_start, memory; `ortbuild release` needs every "
-            "gate: test again without --gates") in proc.stderr
+    assert ("not judged (--gates accuracy): size, latency, cold_start, memory, eval, throughput, server, "
+            "multi_stream; `ortbuild release` needs every gate: test again without --gates") in proc.stderr
 
     proc = run_cli("release", *c, "--json", "--allow-development-key", cwd=root)
     assert proc.returncode == 9, proc.stdout[-2000:] + proc.stderr[-2000:]
     refused = json.loads(proc.stdout)["refused"]
     for t in ("ok", "tight"):
-        assert any(f"{t}/tiny_cnn: tested with --gates accuracy, its size, latency, cold_start, memory gate(s) not "
-                   f"judged: run `ortbuild test -t {t}`" in x for x in refused), refused
+        assert any(f"{t}/tiny_cnn: tested with --gates accuracy, its size, latency, cold_start, memory, eval, "
+                   f"throughput, server, multi_stream gate(s) not judged: run `ortbuild test -t {t}`" in x
+                   for x in refused), refused
 
     proc = run_cli("test", *c, "-t", "tight", "--gates", "latency", "--json", cwd=root)  # what it left out
     (r,) = json.loads(proc.stdout)["results"]

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild import paths
+from ortbuild.errors import from_loader
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -88,7 +89,10 @@ class Context:
         its own."""
         assert self.module is not None, "a timed gate runs only where the loader runs (not under emulation)"
         kw: dict[str, object] = {"session": session} if session else {}
-        return self.module.load(key=self.secret, folder=self.folder, **kw)
+        try:
+            return self.module.load(key=self.secret, folder=self.folder, **kw)
+        except self.module.LoaderError as e:
+            raise from_loader(e, self.job.name) from None
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ GATES: tuple[Gate, ...] = (
          lambda g: "cold_start" in g.startup_budgets, timed=True, field="cold_start_verdict"),
     Gate("memory", "peak RSS of a fresh process that loads and runs the artifact", _tester("judge_startup"),
          lambda g: "memory" in g.startup_budgets, timed=True, field="memory_verdict"),
+    Gate("eval", "a task metric on labelled data against the fp32 source's, within max_drop",
+         _lazy("ortbuild.gating.task", "gate"), lambda g: g.eval.max_drop is not None, timed=True),
     Gate("throughput", "samples per second at a batch (MLPerf Offline)", _lazy("ortbuild.gating.throughput", "gate"),
          lambda g: g.latency.offline is not None, timed=True),
     Gate("server", "latency percentiles under Poisson arrivals at a rate (MLPerf Server), --find-peak",

@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from ortbuild.gating import catalog
 
 GATES = catalog.NAMES  # the registry's gates, in its order
-ALIASES = {"startup": ("cold_start", "memory"), "all": GATES}    # cold start and memory: one measurement
+ALIASES = {"startup": ("cold_start", "memory"),                  # cold start and memory: one measurement
+           "load": ("throughput", "server", "multi_stream"),      # the load scenarios
+           "all": GATES}
 CHOICES = ", ".join([*GATES, *ALIASES])
 
 

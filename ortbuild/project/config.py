@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from ortbuild import paths
 from ortbuild.errors import ConfigError
-from ortbuild.project import options, precisions
+from ortbuild.project import evalsets, options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, providers_of, short_repr, type_name
 from ortbuild.project.declare import build
 from ortbuild.project.layering import INHERITED, NOT_INHERITED, overridden, resolve_extends
@@ -189,7 +189,8 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
         models[name] = Model(name=name, path=path, inputs=inputs, calibration=found["calibration"],
                              description=table.get("description", ""), expected=found["expected"],
                              custom_ops=_custom_ops(chk, f"{where}.custom_ops", table.get("custom_ops", []), root,
-                                                    check_files))
+                                                    check_files),
+                             eval=evalsets.eval_set(chk, f"{where}.eval", table.get("eval"), root, check_files))
     _check_loader_modules(chk, models)
     return models
 
@@ -302,6 +303,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
             check_custom_ops(chk, where, m, eff, ops)
             gates = build(Gates, eff, not_inherited=tuple(dict.fromkeys(not_inherited)))
+            evalsets.check_target(chk, where, models[m], gates)
             settings[m] = build(Settings, eff, providers=providers_of(eff["providers"]), custom_ops=ops, gates=gates)
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
         check_custom_op_versions(chk, where, all_ops)

@@ -136,7 +136,8 @@ _TITLES = {
     "latency_data_set": "[targets.NAME.latency.data_sets.DATA_SET]",
     "latency_offline": "[targets.NAME.latency.offline]", "latency_server": "[targets.NAME.latency.server]",
     "latency_multi_stream": "[targets.NAME.latency.multi_stream]",
-    "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]",
+    "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]", "eval": "[targets.NAME.eval]",
+    "model_eval": "[models.NAME.eval]",
 }
 
 

@@ -1,5 +1,6 @@
 """The sub-tables of a target, each key declared once (ortbuild.project.declare): the precision options
-(`quantization`, `fp16`, `int4`), `fusion`, `session`, and the budgets `latency`, `size`, `memory`.
+(`quantization`, `fp16`, `int4`), `fusion`, `session`, and the budgets `latency`, `size`, `memory`,
+`eval`.
 Stdlib-only (the noxfile imports it through ortbuild.project.config).
 """
 
@@ -299,3 +300,28 @@ class Memory:
             "process that imports the generated loader, loads the artifact and runs the first golden data set "
             "three times. Measured in the same fresh processes as `latency.cold_start_ms`, at the target's "
             "`latency.confidence`.")
+
+
+@dataclass(frozen=True)
+class TaskEval:
+    """[targets.X.eval]: the task-accuracy budget of the models' labelled evaluation sets ([models.X.eval]), judged
+    by the `eval` gate (ortbuild.gating.task). Budgets never rebuild."""
+
+    max_drop: float | None = setting(
+        None, maximum=1e9, build="never",
+        doc="The largest allowed drop of the model's task metric (`[models.X.eval] metric`) from the fp32 source "
+            "model's on the same samples, in the metric's units: 0.01 is one point of accuracy or F1; for `mae` "
+            "(lower is better) the drop is the increase of the error. PASS when the drop's upper bound at "
+            "`confidence` is at most this, FAIL when its lower bound is above it, else INCONCLUSIVE (with how "
+            "many samples would probably decide). Unset: no eval gate. Every model of the target it applies to "
+            "needs a `[models.X.eval]` (limit it with `[[targets.X.overrides]]`). See docs/testing.md, Task "
+            "accuracy on labelled data.")
+    confidence: float = setting(
+        0.95, maximum=0.999999, build="never",
+        doc="Confidence of each one-sided bound of the drop (from 0.5): an exact paired bound from the discordant "
+            "counts for `accuracy`, a paired bootstrap (2000 resamples, fixed seed) for the other metrics.")
+
+    def __post_init__(self) -> None:
+        if self.max_drop is not None:
+            object.__setattr__(self, "max_drop", float(self.max_drop))  # TOML may write it as an integer
+        object.__setattr__(self, "confidence", float(self.confidence))

@@ -26,7 +26,7 @@ from ortbuild.project.precisions import (
     Precision,
     PrecisionRule,
 )
-from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quantization, Session, Size
+from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quantization, Session, Size, TaskEval
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,39 @@ class CustomOps:
 
     def as_json(self) -> dict[str, str]:
         return {"package": self.package, "version": self.version} if self.package else {"path": self.spec}
+
+
+EVAL_METRICS = ("accuracy", "f1", "mae")  # built in; any other `metric` is "package.module:function"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSet:
+    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.task) only: none of
+    it enters the build key (the build never reads it; the gate judges the artifact it finds)."""
+
+    inputs: Path = setting(
+        required=True, build="never",
+        doc="The evaluation inputs, relative to targets.toml: an .npz keyed by input name whose arrays' first axis "
+            "indexes the samples, or a directory of such .npz files (read one at a time, in name order). Read "
+            "lazily, a batch at a time. Not in the build key: only the `eval` gate reads it.")
+    labels: Path = setting(
+        required=True, build="never",
+        doc="One label per sample, in the order of `inputs`: an .npy, or an .npz holding one array. Class indices "
+            "for `accuracy` and `f1`, targets of the output's shape per sample for `mae`. Not in the build key.")
+    metric: str = setting(
+        "accuracy", build="never",
+        doc="`accuracy` (top-1: the arg-max over the output's last axis equals the label; an integer output of one "
+            "value per sample is the class itself), `f1` (macro F1 over the classes in the labels and predictions, "
+            "binary included), `mae` (mean absolute error of the output against the label: lower is better), or "
+            "a custom metric `\"package.module:function\"` importable from the project's folder or the "
+            "environment, called as `function(predictions, labels) -> float` with the output rows of the samples "
+            "(higher is better unless the function has `higher_is_better = False`).")
+    output: str = setting("", build="never", doc="The output the metric reads; empty: the model's first output.")
+    batch: int = setting(
+        0, maximum=1 << 20, build="never",
+        doc="Samples per run; 0: the artifact's fixed batch dimension where it has one, else 16.")
+    max_samples: int = setting(0, maximum=1 << 40, build="never",
+                               doc="Judge the first this many samples only; 0: all of them.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +120,10 @@ class Model:
             "the build and the tests open registers them; the manifest records each (name, version, sha256) "
             "and the loaders check that sha256 before registering it (a path library ships beside the "
             "artifact). See docs/diagnose.md.")
+    eval: EvalSet | None = setting(
+        None, table="model_eval", build="never",
+        doc="A labelled evaluation set `[models.NAME.eval]` for the `eval` gate, judged against each target's "
+            "`[targets.NAME.eval] max_drop` (docs/testing.md, Task accuracy on labelled data).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +146,11 @@ class Gates:
         factory=Memory, build="never",
         doc="Peak-memory budget of a fresh process that loads the artifact through its generated Python "
             "loader, checked by `ortbuild test` (docs/testing.md, cold start and peak memory).")
+    eval: TaskEval = setting(
+        factory=TaskEval, build="never",
+        doc="Task-accuracy budget on the model's labelled evaluation set (`[models.NAME.eval]`): the largest "
+            "drop from the fp32 source, checked by `ortbuild test` (docs/testing.md, Task accuracy on labelled "
+            "data).")
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
 

@@ -67,6 +67,7 @@ OUTPUT_ACCURACY = (*ACCURACY_RULE, Key(
 TABLES: dict[str, tuple[Key, ...]] = {
     "project": keys_of(Project),
     "model": keys_of(Model),
+    **{name: keys_of(cls) for name, cls in sub_tables(Model).items()},  # [models.NAME.eval]
     "target": (EXTENDS, *keys_of(Target), *_PER_MODEL, OVERRIDES),
     "override": (OVERRIDE_MODELS, *(dataclasses.replace(k, required=False) for k in _PER_MODEL)),
     "accuracy": ACCURACY,
