@@ -41,6 +41,7 @@ def test_a_gate_in_the_registry_alone_reaches_every_reader(probe: catalog.Gate) 
     page = report.render_html({"created": "now", "counts": {}, "comparison": None, "results": [row],  # type: ignore[list-item]
                                "environments": {}, "profiles": []})
     assert "<h3>probe: <span class=FAIL>FAIL</span></h3>" in page and "<th>observed</th><td>41.0</td>" in page
+    assert "<th>budget</th><td>min_per_second 50</td>" in page  # a table of scalars, shown too
     index = release_index.verdicts(TestResult.from_json(row), None)
     assert index["gates"] == {"probe": {"verdict": "FAIL", "budget": {"min_per_second": 50}}}
     assert "gates" not in release_index.verdicts(TestResult("cpu", "m", "fp32"), None)  # none ran: as before

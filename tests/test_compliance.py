@@ -155,3 +155,5 @@ def test_a_model_whose_output_changes_between_runs_fails_compliance_and_the_exam
         c = r["latency"]["compliance"]
         assert r["status"] == "PASS" and c["verdict"] == "PASS" and c["checked"] >= compliance.AT_LEAST, (model, c)
         assert c["mismatches"] == [] and c["requests"] == sum(d["samples"] for d in r["latency"]["data_sets"])
+    page = (tmp_path / "dist" / "report.html").read_text()  # the report says it where the latency section is
+    assert "timed requests checked" in page and f"request {first['request']} (test_data_set_0, output y)" in page

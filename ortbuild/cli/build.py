@@ -17,7 +17,7 @@ from ortbuild import files, logs, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, first_line
-from ortbuild.gating import emulated, summary
+from ortbuild.gating import catalog, emulated, summary
 from ortbuild.gating.builds import record_path
 from ortbuild.gating.records import BuildRecord
 from ortbuild.gating.summary import BUILD_HEADER, build_rows
@@ -313,13 +313,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
     if platforms:
         print("\nplatforms (docs/targets.md#platforms):")
+        timed = ", ".join(g.name for g in catalog.GATES if g.timed)  # the gates that measure the device
         for t in platforms.values():
             if not emulated.emulated(t):
                 print(f"  {t.name}: {t.platform}, this machine's: every gate runs here")
                 continue
             why = emulated.cannot_run(t)
             print(f"  {t.name}: {t.platform}: golden gate on its onnxruntime wheel under emulation here"
-                  + (f" (SKIPPED: {why})" if why else f"; latency, cold start and memory on {', '.join(t.runner)}"))
+                  + (f" (SKIPPED: {why})" if why else f"; {timed} on {', '.join(t.runner)}"))
     if jobs:
         print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
         print("\n".join(plan.accuracy_lines(jobs)))

@@ -56,7 +56,9 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              "latency its slowest sample's)")
         found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
     limits = {b.kind + "_ms": b.limit for b in budgets}
-    said = f"p99 {entries[0].get('p99_ms', '-')}" + (f"/{ms.p99_ms:g}" if ms.p99_ms is not None else "")
+    p99 = entries[0].get("p99_ms")
+    said = f"p99 {p99:.3g}" if isinstance(p99, int | float) else "p99 -"
+    said += f"/{ms.p99_ms:g}" if ms.p99_ms is not None else ""
     verdict, section = loadgen.section(
         loadgen.gate_verdict(found), entries, f"{said} ms, {ms.streams} streams", {"streams": ms.streams, **limits},
         streams=ms.streams, budgets=limits, confidence=plan.confidence, min_seconds=plan.min_seconds,

@@ -222,9 +222,25 @@ def _latency_html(lat: DataSetLatency) -> list[str]:
                    + e(", ".join(f"{a['samples']} samples, load {a['load']} -> "
                                  + "/".join(f"{k} {x}" for k, x in a["verdicts"].items())
                                  for a in lat.get("attempts", []))) + "</p>")
+    out += _compliance_html(lat.get("compliance"))
     if lat.get("note"):
         out.append(f"<p>note: {e(lat['note'])}</p>")
     out.append(histogram(lat))
+    return out
+
+
+def _compliance_html(c: object) -> list[str]:
+    """Outputs under load (ortbuild.gating.compliance): how many timed requests were checked, and each mismatch."""
+    if not isinstance(c, dict) or not c:
+        return []
+    verdict = str(c.get("verdict", "-"))
+    out = [f"<p>outputs under load: {e(str(c.get('checked')))} of {e(str(c.get('requests')))} timed requests "
+           f"checked (every {e(str(c.get('every')))}th) against the accuracy run's: <b class={e(verdict)}>"
+           f"{e(verdict)}</b></p>"]
+    for m in c.get("mismatches") or []:
+        if isinstance(m, dict):
+            out.append(f"<pre class=failures>request {e(str(m.get('request')))} ({e(str(m.get('data_set')))}, output "
+                       f"{e(str(m.get('output')))}): {e(chr(10).join(map(str, m.get('difference') or [])))}</pre>")
     return out
 
 
@@ -257,6 +273,18 @@ def _startup_html(r: RowDoc) -> list[str]:
     return out
 
 
+def _cell(v: object) -> str:
+    """A section's value as the generic renderer shows it: scalars, lists of scalars ("[a, b]"), tables of
+    scalars ("k v, ..."); "" for what it leaves out (nested figures: the JSON has them)."""
+    if isinstance(v, str | int | float | bool):
+        return str(v)
+    if isinstance(v, list) and all(isinstance(x, str | int | float | bool) for x in v):
+        return "[" + ", ".join(map(str, v)) + "]"
+    if isinstance(v, dict) and v and all(isinstance(x, str | int | float | bool) for x in v.values()):
+        return ", ".join(f"{k} {x}" for k, x in v.items())
+    return ""
+
+
 def _newer_gates(r: TestResult) -> list[str]:
     """The newer gates' parts (ortbuild.gating.catalog): each by its own renderer, else its section's scalars."""
     out = []
@@ -268,8 +296,8 @@ def _newer_gates(r: TestResult) -> list[str]:
             continue
         verdict = str(section.get("verdict", "-"))
         out.append(f"<h3>{e(name)}: <span class={e(verdict)}>{e(verdict)}</span></h3><table>")
-        out += [f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in section.items()
-                if k != "verdict" and isinstance(v, str | int | float | bool)]
+        out += [f"<tr><th>{e(k)}</th><td>{e(_cell(v))}</td></tr>" for k, v in section.items()
+                if k != "verdict" and _cell(v)]
         out.append("</table>")
     return out
 

@@ -81,6 +81,10 @@ def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precisio
     return out
 
 
+def _ms(x: object) -> str:
+    return f"{x:.3g}" if isinstance(x, int | float) else "-"
+
+
 def failure_lines(job: str, name: str, qps: float, outcome: loadgen.Outcome, budgets: list[Budget]) -> list[str]:
     out = []
     for b in budgets:
@@ -129,12 +133,14 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         entries.append(e)
     limits = {b.kind + "_ms": b.limit for b in budgets}
     first = entries[0]
-    said = ", ".join(f"{k.removesuffix('_ms')} {first.get(k, '-')}/{v:g} ms" for k, v in limits.items())
+    said = ", ".join(f"{k.removesuffix('_ms')} {_ms(first.get(k))}/{v:g} ms" for k, v in limits.items()) or \
+        f"p99 {_ms(first.get('p99_ms'))} ms"
+    said += f" at {srv.qps:g} QPS"
     peak = first.get("peak")
-    if isinstance(peak, dict) and peak.get("qps") is not None:
-        said += f", peak {peak['qps']:g} QPS"
+    if isinstance(peak, dict) and isinstance(peak.get("qps"), int | float):
+        said += f", peak {peak['qps']:.0f} QPS"
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, f"{said or 'p99 ' + str(first.get('p99_ms'))} at {srv.qps:g} QPS",
+        loadgen.gate_verdict(found), entries, said,
         {"qps": srv.qps, **limits}, qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
         min_seconds=plan.min_seconds, min_queries=plan.min_queries, quick=ctx.quick)
     return verdict, section, lines

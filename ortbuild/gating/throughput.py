@@ -100,7 +100,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              f"{v.samples} windows of {off.window_seconds:g} s below it); over the run "
                              f"{outcome.final.facts['samples_per_second']} samples/s")
     rate = entries[0].get("median_window_rate")
-    said = f"{rate if rate is not None else '-'}/s" + (f" >= {want:g}/s" if want else "") + f" at batch {off.batch}"
+    said = (f"{rate:.0f}/s" if isinstance(rate, float) else "-/s") + (f" >= {want:g}/s" if want else "") \
+        + f" (batch {off.batch})"
     verdict, section = loadgen.section(
         loadgen.gate_verdict(found), entries, said, {"batch": off.batch, "min_samples_per_second": want},
         batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
