@@ -59,9 +59,12 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "target.latency.faster_than.ratio": {"target.latency.faster_than": {"target": "ref", "ratio": 0.5}},
     "target.platform": {"target.optimization": "extended"},
     "model.calibration": {"target.precision": "int8-static", "model.calibration": str(MODELS / "tiny_cnn.calib.npz")},
-    **{f"target.latency.server.{k}": {"target.latency.server": {"qps": 10}}
+    # a scenario's table, the target's or a data set's own (complete where the target has none)
+    **{f"{at}.server.{k}": {f"{at}.server": {"qps": 10}}
+       for at in ("target.latency", "target.latency.data_sets.test_data_set_0")
        for k in ("p99_ms", "p90_ms", "min_seconds", "min_queries", "seed", "workers", "peak_precision")},
-    **{f"target.latency.multi_stream.{k}": {"target.latency.multi_stream": {"streams": 2}}
+    **{f"{at}.multi_stream.{k}": {f"{at}.multi_stream": {"streams": 2}}
+       for at in ("target.latency", "target.latency.data_sets.test_data_set_0")
        for k in ("p99_ms", "min_seconds", "min_queries")},
     # a labelled evaluation set (only the eval gate reads it: never in the build key), and the budget that needs one
     **{f"{table}.{k}": {"model.eval": {"inputs": str(MODELS / "tiny_cnn.inputs.npz"),

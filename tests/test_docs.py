@@ -225,7 +225,7 @@ def _toml_examples() -> list[tuple[str, int]]:
 # are loaded without the file checks; everything else about them is checked.
 NAMES_MISSING_FILES = {("diagnose.md", 0): "models/inverse.onnx, libs/libmyops.so",
                        ("testing.md", 0): "models/encoder.onnx, models/encoder.shapes/",
-                       ("testing.md", 3): "the orientation classifier, its rendered data: tests/test_task.py runs it"}
+                       ("testing.md", 4): "the orientation classifier, its rendered data: tests/test_task.py runs it"}
 
 
 @pytest.mark.parametrize(("doc", "index"), _toml_examples(), ids=lambda v: str(v))
@@ -249,6 +249,18 @@ def test_targets_layers_example_means_what_it_says(tmp_path: Path) -> None:
     cnn, lstm = strict["tiny_cnn"].gates, strict["tiny_lstm"].gates
     assert cnn is not None and lstm is not None
     assert (cnn.latency.p50_ms, cnn.accuracy.get("atol"), lstm.latency.p50_ms) == (150, 1e-3, 1000)
+
+
+def test_testing_per_data_set_scenarios_example_means_what_it_says(tmp_path: Path) -> None:
+    """docs/testing.md: a data set's own server table over the target's, and a scenario on that data set alone."""
+    (fragment,) = [b for b in _blocks("testing.md", "toml") if "data_sets.test_data_set_1.server" in b]
+    gates = config.load(_fragment_project(fragment, tmp_path)).targets["cpu-fp32"].settings["tiny_cnn"].gates
+    assert gates is not None
+    lat = gates.latency
+    assert [(s.qps, s.p99_ms) for s in (lat.scenario("server", "test_data_set_0"),
+                                        lat.scenario("server", "test_data_set_1")) if s] == [(50, 40), (10, 40)]
+    assert lat.scenario("multi_stream", "test_data_set_0") is None
+    assert lat.scenario("multi_stream", "test_data_set_1") is not None
 
 
 def test_targets_accuracy_example_means_what_it_says(tmp_path: Path) -> None:

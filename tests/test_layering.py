@@ -239,3 +239,58 @@ def test_a_three_level_chain_merges_every_levels_overrides_in_order(make_project
     assert _settings(path, "leaf-int8").precision == "fp32"
     assert back.accuracy.get("atol") is None and back.latency.p50_ms == 150
     assert back.not_inherited == ("the fp32 rule of mid.overrides[0]",)
+
+
+def test_a_data_sets_load_scenarios_layer_over_the_targets_key_by_key(make_project: Callable[..., Path]) -> None:
+    """[targets.X.latency.data_sets.NAME.server] (and .offline, .multi_stream) over the target's scenario table:
+    through `extends` and `[[overrides]]` too, read by Latency.scenario; a scenario only a data set declares
+    runs on that data set alone and must be complete there."""
+    from ortbuild.project.sections import MultiStream, Offline, Server
+
+    path = make_project("""
+        [targets.base]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        [targets.base.latency]
+        p99_ms = 100
+        [targets.base.latency.server]
+        qps = 50
+        p99_ms = 40
+        [targets.base.latency.data_sets.test_data_set_1]
+        p90_ms = 70
+        server = { p99_ms = 400 }
+        offline = { batch = 4, min_samples_per_second = 10 }
+
+        [targets.child]
+        extends = "base"
+        latency = { data_sets = { test_data_set_1 = { server = { qps = 5 } } } }
+
+        [[targets.child.overrides]]
+        models = ["tiny_cnn"]
+        latency = { data_sets = { test_data_set_2 = { multi_stream = { streams = 2, p99_ms = 9 } } } }
+    """, models=MODELS)
+    lat = _gates(path, "base").latency
+    assert lat.scenario("server") == lat.scenario("server", "test_data_set_0") == Server(qps=50, p99_ms=40)
+    assert lat.scenario("server", "test_data_set_1") == Server(qps=50, p99_ms=400)  # its own p99 over the target's
+    assert lat.scenario("offline", "test_data_set_0") is None and lat.scenario("offline") is None
+    assert lat.scenario("offline", "test_data_set_1") == Offline(batch=4, min_samples_per_second=10)
+    assert lat.budgets("test_data_set_1") == {0.9: 70.0, 0.99: 100.0}  # the flat budget keys still read
+    assert lat.declares("offline") and lat.declares("server") and not lat.declares("multi_stream")
+    child = _gates(path, "child").latency  # extends merges the data set's table key by key
+    assert child.scenario("server", "test_data_set_1") == Server(qps=5, p99_ms=400)
+    assert child.scenario("offline", "test_data_set_1") == Offline(batch=4, min_samples_per_second=10)
+    assert child.scenario("multi_stream", "test_data_set_2") == MultiStream(streams=2, p99_ms=9)  # the override's
+    assert child.scenario("multi_stream", "test_data_set_1") is None and child.declares("multi_stream")
+    lstm = _gates(path, "child", "tiny_lstm").latency  # the override is tiny_cnn's alone
+    assert not lstm.declares("multi_stream") and lstm.scenario("server", "test_data_set_1") == Server(qps=5, p99_ms=400)
+
+    # a scenario only a data set declares must be complete there: the key, and where else it may be set
+    path.write_text(path.read_text().replace("streams = 2, ", ""))
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert err.value.where == "targets.child.latency.data_sets.test_data_set_2.multi_stream.streams"
+    assert "must be set" in str(err.value) and "[targets.child.latency.multi_stream]" in str(err.value.hint)
+    path.write_text(path.read_text().replace("p99_ms = 9", "p99_ms = 9, stream = 2"))
+    with pytest.raises(ConfigError) as err:  # a data set's scenario table has the target's keys, checked as such
+        config.load(path)
+    assert "unknown key 'stream' (did you mean 'streams'?)" in str(err.value)

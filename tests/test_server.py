@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import MODELS, run_cli
 
 TARGETS = """
     [targets.cpu]
@@ -91,6 +91,80 @@ def test_an_impossible_budget_fails_every_scenario_with_exit_9(make_project: Cal
                  "server: tight/tiny_cnn p99 (test_data_set_0) at 100 QPS", "budget 0.001 ms",
                  "multi_stream: tight/tiny_cnn p99 (test_data_set_0) of 2 streams"):
         assert line in r.stderr
+
+
+PER_DATA_SET = """
+    [models.tiny_cnn]
+    path = "MODEL"
+    inputs = "SHAPES"
+
+    [targets.cpu]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+    [targets.cpu.latency]
+    retry_wait_seconds = 1
+    [targets.cpu.latency.server]
+    qps = 100
+    p90_ms = 1000
+    min_seconds = 0.5
+    [targets.cpu.latency.data_sets.test_data_set_1.server]
+    p90_ms = 0.001
+    [targets.cpu.latency.data_sets.test_data_set_1.multi_stream]
+    streams = 2
+    p99_ms = 1000
+    min_seconds = 0.5
+
+    [targets.typo]
+    runtime = "RUNTIME"
+    providers = ["CPUExecutionProvider"]
+    [targets.typo.latency.data_sets.test_data_set_7.server]
+    qps = 100
+    p90_ms = 1000
+"""
+
+
+def shapes(folder: Path) -> Path:
+    """tiny_cnn's golden inputs as two data sets: test_data_set_0/ of batch 1, test_data_set_1/ of batch 4."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    image = np.load(MODELS / "tiny_cnn.inputs.npz")["image"]
+    for i, batch in enumerate((1, 4)):
+        d = folder / f"test_data_set_{i}"
+        d.mkdir(parents=True)
+        (d / "input_0.pb").write_bytes(numpy_helper.from_array(image[:batch], "image").SerializeToString())
+    return folder
+
+
+def test_a_data_sets_own_scenario_tables_judge_it_alone(make_project: Callable[..., Path], tmp_path: Path) -> None:
+    """[targets.X.latency.data_sets.NAME.server] over the target's server table on that data set only: its
+    impossible p90 FAILs it (exit 9, the failure naming it) while the other data set PASSes the target's; a
+    scenario only that data set declares (multi_stream) runs on it alone; a data set name no model has, given
+    only for a scenario, is a config error."""
+    config = make_project(PER_DATA_SET.replace("MODEL", str(MODELS / "tiny_cnn.onnx"))
+                          .replace("SHAPES", str(shapes(tmp_path / "shapes"))), models=())
+    r = run_cli("test", "-c", str(config), "-t", "cpu")
+    assert r.returncode == 9, r.stderr
+    doc = load_report(config, "cpu")
+    srv = doc["server"]
+    sets = {d["name"]: d for d in srv["data_sets"]}
+    assert srv["verdict"] == "FAIL" and list(sets) == ["test_data_set_0", "test_data_set_1"]
+    assert sets["test_data_set_0"]["verdict"] == "PASS" and sets["test_data_set_1"]["verdict"] == "FAIL"
+    assert [(v["kind"], v["budget"]) for v in sets["test_data_set_0"]["verdicts"]] == [("p90", 1000)]
+    assert [(v["kind"], v["budget"]) for v in sets["test_data_set_1"]["verdicts"]] == [("p90", 0.001)]
+    # the release records the target's budget and the data set's own
+    own = {"test_data_set_1": {"qps": 100, "p90_ms": 0.001}}
+    assert srv["budget"] == {"qps": 100, "p90_ms": 1000, "data_sets": own}
+    assert "server: cpu/tiny_cnn p90 (test_data_set_1) at 100 QPS" in r.stderr
+    assert "(test_data_set_0) at 100 QPS" not in r.stderr
+    ms = doc["multi_stream"]
+    assert [d["name"] for d in ms["data_sets"]] == ["test_data_set_1"] and ms["verdict"] in ("PASS", "INCONCLUSIVE")
+    assert ms["budget"] == {"data_sets": {"test_data_set_1": {"streams": 2, "p99_ms": 1000}}}
+    assert "throughput" not in doc  # no table for it anywhere: not run
+    r = run_cli("test", "-c", str(config), "-t", "typo")
+    assert r.returncode == 3, r.stderr
+    assert "[targets.typo.latency.data_sets.test_data_set_7] no model of this target has a golden data set " \
+        "'test_data_set_7'" in r.stderr
 
 
 @contextmanager

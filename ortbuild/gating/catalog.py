@@ -134,12 +134,12 @@ GATES: tuple[Gate, ...] = (
     Gate("eval", "a task metric on labelled data against the fp32 source's, within max_drop",
          _lazy("ortbuild.gating.task", "gate"), lambda g: g.eval.max_drop is not None, timed=True),
     Gate("throughput", "samples per second at a batch (MLPerf Offline)", _lazy("ortbuild.gating.throughput", "gate"),
-         lambda g: g.latency.offline is not None, timed=True),
+         lambda g: g.latency.declares("offline"), timed=True),
     Gate("server", "latency percentiles under Poisson arrivals at a rate (MLPerf Server), --find-peak",
-         _lazy("ortbuild.gating.server", "gate"), lambda g: g.latency.server is not None, timed=True,
+         _lazy("ortbuild.gating.server", "gate"), lambda g: g.latency.declares("server"), timed=True,
          html="ortbuild.gating.server:html"),
     Gate("multi_stream", "latency of queries of N concurrent samples (MLPerf MultiStream)",
-         _lazy("ortbuild.gating.multistream", "gate"), lambda g: g.latency.multi_stream is not None, timed=True),
+         _lazy("ortbuild.gating.multistream", "gate"), lambda g: g.latency.declares("multi_stream"), timed=True),
 )
 NAMES = tuple(g.name for g in GATES)
 BY_NAME = {g.name: g for g in GATES}

@@ -142,6 +142,7 @@ class Tester:
         ctx = self.open(job, res, built)
         settings = job.settings.gates
         assert settings is not None
+        self.check_data_sets(ctx)
         skipped = []
         for gate in catalog.GATES:
             if gate.name not in self.judged:
@@ -304,6 +305,20 @@ class Tester:
             names += [n for n in found if n not in names]
         return names
 
+    def check_data_sets(self, ctx: Context) -> None:
+        """`latency.data_sets` names golden data sets of the target's models (its budgets and its load scenarios
+        alike): checked before any gate, since a name given only for a scenario is read by that gate alone."""
+        gates = ctx.job.settings.gates
+        if gates is None or not gates.latency.data_sets:
+            return
+        known = self._target_data_sets(ctx.job, ctx.golden)
+        for name in gates.latency.data_sets:  # a table may name another model's data set, not a typo
+            if name not in known:
+                raise ConfigError(str(self.project.file), f"targets.{ctx.job.target.name}.latency.data_sets.{name}",
+                                  f"no model of this target has a golden data set '{name}'{did_you_mean(name, known)}",
+                                  f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
+                                  "inputs directory holds one test_data_set_N/ per shape)")
+
     def judge_latency(self, ctx: Context) -> None:
         """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
         own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
@@ -314,13 +329,6 @@ class Tester:
         gates = job.settings.gates
         assert gates is not None
         lat = gates.latency
-        known = self._target_data_sets(job, g)
-        for name in lat.data_sets:  # a table may name another model's data set, not a typo
-            if name not in known:
-                raise ConfigError(str(self.project.file), f"targets.{job.target.name}.latency.data_sets.{name}",
-                                  f"no model of this target has a golden data set '{name}'{did_you_mean(name, known)}",
-                                  f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
-                                  "inputs directory holds one test_data_set_N/ per shape)")
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         opens: dict[str, tuple[ModuleType, Path]] = {job.target.name: (module, folder)}
         ft = lat.faster_than

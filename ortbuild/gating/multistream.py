@@ -1,7 +1,9 @@
 """The `multi_stream` gate: several concurrent streams, as MLPerf MultiStream ([targets.X.latency.multi_stream]).
 
-On every golden data set, each query runs `streams` samples at once on one session (a pool of as many workers);
-the next query is issued when the last completes, and a query's latency is its slowest sample's
+On every golden data set with a table for it (the target's, or the data set's own
+[targets.X.latency.data_sets.NAME.multi_stream] over it: Latency.scenario), each query runs `streams` samples at
+once on one session (a pool of as many workers); the next query is issued when the last completes, and a query's
+latency is its slowest sample's
 (ortbuild.gating.loadgen.multi_stream). `p99_ms` is judged by latency's distribution-free binomial bounds with
 early stopping; a FAIL under competing load is retried, then INCONCLUSIVE (loadgen.judged).
 """
@@ -12,32 +14,42 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.gating import loadgen
 from ortbuild.gating.percentiles import Budget, Spending
+from ortbuild.project.sections import MultiStream
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
     from ortbuild.gating.catalog import Context
 
 
+def budget_of(ms: MultiStream) -> dict[str, object]:
+    return {"streams": ms.streams, **({"p99_ms": float(ms.p99_ms)} if ms.p99_ms is not None else {})}
+
+
 def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
     gates = ctx.job.settings.gates
-    ms = gates.latency.multi_stream if gates is not None else None
-    if gates is None or ms is None:
+    if gates is None:
         return "-", {}, []
     lat = gates.latency
-    budgets = [Budget("p99", 0.99, float(ms.p99_ms))] if ms.p99_ms is not None else []
-    plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+    runs = [(i, ds, ms) for i, ds in enumerate(ctx.golden.sets)
+            if (ms := lat.scenario("multi_stream", ds.name)) is not None]
+    if not runs:  # no table for this scenario, the target's or this model's data sets'
+        return "-", {}, []
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []
     found: list[Verdict | None] = []
-    for i, ds in enumerate(ctx.golden.sets):
+    for i, ds, ms in runs:
+        budgets = [Budget("p99", 0.99, float(ms.p99_ms))] if ms.p99_ms is not None else []
+        plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+
         def run(feed: dict[str, Any] = ds.inputs) -> object:
             return model.run(feed)
 
         check, call = loadgen.checked(ctx, i, run)
 
-        def measure(spending: dict[str, Spending], call: loadgen.Call = call) -> loadgen.Run:
-            return loadgen.multi_stream(call, ms.streams, budgets, plan, spending)
+        def measure(spending: dict[str, Spending], call: loadgen.Call = call, streams: int = ms.streams,
+                    budgets: list[Budget] = budgets, plan: loadgen.Plan = plan) -> loadgen.Run:
+            return loadgen.multi_stream(call, streams, budgets, plan, spending)
 
         single = loadgen.warm(run, lat.warmup_runs)
         ctx.progress(ctx.job.name, f"multi_stream on {ds.name}: {ms.streams} streams, at least "
@@ -55,12 +67,16 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              f"budget {b.limit:g} ms ({v.exceeding} of {v.samples} queries above it, a query's "
                              "latency its slowest sample's)")
         found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
-    limits = {b.kind + "_ms": b.limit for b in budgets}
+    ms = runs[0][2]  # the summary and the figures: the first judged data set's
+    plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+    limits = {"p99_ms": float(ms.p99_ms)} if ms.p99_ms is not None else {}
     p99 = entries[0].get("p99_ms")
     said = f"p99 {p99:.3g}" if isinstance(p99, int | float) else "p99 -"
     said += f"/{ms.p99_ms:g}" if ms.p99_ms is not None else ""
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, f"{said} ms, {ms.streams} streams", {"streams": ms.streams, **limits},
+        loadgen.gate_verdict(found), entries, f"{said} ms, {ms.streams} streams",
+        budget_of(lat.multi_stream) if lat.multi_stream is not None else {},
+        per_data_set={ds.name: budget_of(m) for _, ds, m in runs},
         streams=ms.streams, budgets=limits, confidence=plan.confidence, min_seconds=plan.min_seconds,
         min_queries=plan.min_queries, quick=ctx.quick)
     return verdict, section, lines

@@ -1,9 +1,11 @@
 """The `server` gate: a latency percentile at a query rate, as MLPerf Server ([targets.X.latency.server]).
 
-On every golden data set, Poisson arrivals at `qps` from a fixed seed are queued to a pool of concurrent `run`
-calls on one session (ortbuild.gating.loadgen.server); each query's latency runs from its scheduled arrival to
-its completion, so queueing counts. `p99_ms` / `p90_ms` are judged by latency's distribution-free binomial
-bounds with early stopping, and a FAIL under competing load is retried, then INCONCLUSIVE (loadgen.judged).
+On every golden data set with a table for it (the target's, or the data set's own
+[targets.X.latency.data_sets.NAME.server] over it: Latency.scenario), Poisson arrivals at `qps` from a fixed seed
+are queued to a pool of concurrent `run` calls on one session (ortbuild.gating.loadgen.server); each query's
+latency runs from its scheduled arrival to its completion, so queueing counts. `p99_ms` / `p90_ms` are judged by
+latency's distribution-free binomial bounds with early stopping, and a FAIL under competing load is retried, then
+INCONCLUSIVE (loadgen.judged).
 
 `ortbuild test --find-peak` searches the highest rate that meets the budgets, as LoadGen's peak finder does:
 from the single-stream estimate (1000 / the median single run, in ms), doubling or halving until a PASS and a
@@ -96,19 +98,27 @@ def failure_lines(job: str, name: str, qps: float, outcome: loadgen.Outcome, bud
     return out
 
 
+def budget_of(srv: Server) -> dict[str, object]:
+    return {"qps": srv.qps, **{b.kind + "_ms": b.limit for b in budgets_of(srv)}}
+
+
 def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
     gates = ctx.job.settings.gates
-    srv = gates.latency.server if gates is not None else None
-    if gates is None or srv is None:
+    if gates is None:
         return "-", {}, []
     lat = gates.latency
-    budgets = budgets_of(srv)
-    plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+    runs = [(i, ds, srv) for i, ds in enumerate(ctx.golden.sets)
+            if (srv := lat.scenario("server", ds.name)) is not None]
+    if not runs:  # no table for this scenario, the target's or this model's data sets'
+        return "-", {}, []
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []
     found: list[Verdict | None] = []
-    for i, ds in enumerate(ctx.golden.sets):
+    for i, ds, srv in runs:
+        budgets = budgets_of(srv)
+        plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+
         def run(feed: dict[str, Any] = ds.inputs) -> object:
             return model.run(feed)
 
@@ -123,7 +133,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         found += [outcome.verdict(), loadgen.judge_outputs(check, ctx.job.name, e, lines)]
         if ctx.find_peak:
             if budgets:
-                def at(q: float, call: loadgen.Call = call) -> loadgen.Outcome:
+                def at(q: float, call: loadgen.Call = call, srv: Server = srv, budgets: list[Budget] = budgets,
+                       plan: loadgen.Plan = plan) -> loadgen.Outcome:
                     return at_rate(call, q, srv, budgets, plan)
 
                 e["peak"] = find_peak(at, 1e3 / single[len(single) // 2], srv.peak_precision,
@@ -131,7 +142,9 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             else:
                 e["peak"] = {"qps": None, "note": "no p99_ms or p90_ms: nothing to search the peak against"}
         entries.append(e)
-    limits = {b.kind + "_ms": b.limit for b in budgets}
+    srv = runs[0][2]  # the summary and the figures: the first judged data set's
+    plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+    limits = {b.kind + "_ms": b.limit for b in budgets_of(srv)}
     first = entries[0]
     said = ", ".join(f"{k.removesuffix('_ms')} {_ms(first.get(k))}/{v:g} ms" for k, v in limits.items()) or \
         f"p99 {_ms(first.get('p99_ms'))} ms"
@@ -141,7 +154,9 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         said += f", peak {peak['qps']:.0f} QPS"
     verdict, section = loadgen.section(
         loadgen.gate_verdict(found), entries, said,
-        {"qps": srv.qps, **limits}, qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
+        budget_of(lat.server) if lat.server is not None else {},
+        per_data_set={ds.name: budget_of(s) for _, ds, s in runs},
+        qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
         min_seconds=plan.min_seconds, min_queries=plan.min_queries, quick=ctx.quick)
     return verdict, section, lines
 
@@ -153,8 +168,10 @@ def html(section: dict[str, object]) -> list[str]:
     from html import escape as e
 
     verdict = str(section.get("verdict", "-"))
-    given = section.get("budgets")
-    budgets: dict[str, object] = given if isinstance(given, dict) else {}
+    given = section.get("budget")
+    target: dict[str, object] = given if isinstance(given, dict) else {}
+    own = target.get("data_sets")
+    per_data_set: dict[str, object] = own if isinstance(own, dict) else {}
     out = [f"<h3>server: <span class={e(verdict)}>{e(verdict)}</span></h3>",
            f"<p>{e(str(section.get('summary', '')))}; Poisson arrivals, seed {e(str(section.get('seed')))}, latency "
            f"from scheduled arrival; confidence {e(str(section.get('confidence')))}</p>"]
@@ -167,7 +184,9 @@ def html(section: dict[str, object]) -> list[str]:
         if isinstance(peak, dict) and isinstance(peak.get("tried"), list) and peak["tried"]:
             out.append(f"<p>--find-peak: highest passing rate <b>{e(str(peak.get('qps')))} QPS</b> "
                        f"{e(str(peak.get('note', '')))}</p>")
-            out.append(_plot(peak["tried"], budgets))
+            mine = per_data_set.get(str(d.get("name")), target)  # its own budget, else the target's
+            limits = {k: v for k, v in mine.items() if k.endswith("_ms")} if isinstance(mine, dict) else {}
+            out.append(_plot(peak["tried"], limits))
     return out
 
 

@@ -1,4 +1,5 @@
-"""The `throughput` gate: samples per second at a batch, as MLPerf Offline ([targets.X.latency.offline]).
+"""The `throughput` gate: samples per second at a batch, as MLPerf Offline ([targets.X.latency.offline], and a
+golden data set's own [targets.X.latency.data_sets.NAME.offline] over it: Latency.scenario).
 
 A sample is one golden data set's feed. Where every input's first axis is dynamic, `batch` of them are stacked
 along it into one `run` call ("stacked"), and a pool of `workers` such calls runs back to back on one session;
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.gating import loadgen
 from ortbuild.gating.percentiles import Budget, Spending
+from ortbuild.project.sections import Offline
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -53,20 +55,26 @@ def rates(v: dict[str, object]) -> dict[str, object]:
     return {**v, "observed_rate": rate(v["observed"]), "rate_lower": rate(v["upper"]), "rate_upper": rate(v["lower"])}
 
 
+def budget_of(off: Offline) -> dict[str, object]:
+    return {"batch": off.batch, "min_samples_per_second": off.min_samples_per_second}
+
+
 def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[str]]:
     gates = ctx.job.settings.gates
-    off = gates.latency.offline if gates is not None else None
-    if gates is None or off is None:
+    if gates is None:
         return "-", {}, []
     lat = gates.latency
-    want = off.min_samples_per_second
-    budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
-    plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
+    runs = [(ds, off) for ds in ctx.golden.sets if (off := lat.scenario("offline", ds.name)) is not None]
+    if not runs:  # no table for this scenario, the target's or this model's data sets'
+        return "-", {}, []
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []
     found: list[Verdict | None] = []
-    for ds in ctx.golden.sets:
+    for ds, off in runs:
+        want = off.min_samples_per_second
+        budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
+        plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
         feed = stacked(model, ds.inputs, off.batch) if off.batch > 1 else None
         mode = "stacked" if feed is not None else "concurrent"
         per_call, workers = (off.batch, off.workers or loadgen.cpus()) if feed is not None else (1, off.batch)
@@ -77,8 +85,9 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             return model.run(f)
 
         def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
-                    workers: int = workers) -> loadgen.Run:
-            return loadgen.offline(call, per_call, workers, budgets, plan, off.window_seconds, spending)
+                    workers: int = workers, budgets: list[Budget] = budgets, plan: loadgen.Plan = plan,
+                    window: float = off.window_seconds) -> loadgen.Run:
+            return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
 
         loadgen.warm(call, lat.warmup_runs, timed=0)
         ctx.progress(ctx.job.name, f"throughput on {ds.name}: batch {off.batch} ({mode}), {workers} workers, at "
@@ -99,11 +108,15 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              f"{v.confidence:.0%} confidence) < budget {want:g} samples/s ({v.exceeding} of "
                              f"{v.samples} windows of {off.window_seconds:g} s below it); over the run "
                              f"{outcome.final.facts['samples_per_second']} samples/s")
+    off = runs[0][1]  # the summary and the figures: the first judged data set's
+    want = off.min_samples_per_second
+    plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
     rate = entries[0].get("median_window_rate")
     said = (f"{rate:.0f}/s" if isinstance(rate, float) else "-/s") + (f" >= {want:g}/s" if want else "") \
         + f" (batch {off.batch})"
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, said, {"batch": off.batch, "min_samples_per_second": want},
+        loadgen.gate_verdict(found), entries, said, budget_of(lat.offline) if lat.offline is not None else {},
+        per_data_set={ds.name: budget_of(o) for ds, o in runs},
         batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
         window_seconds=off.window_seconds, quick=ctx.quick)
     return verdict, section, lines

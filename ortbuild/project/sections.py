@@ -6,11 +6,12 @@ Stdlib-only (the noxfile imports it through ortbuild.project.config).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, overload
 
-from ortbuild.project.declare import plain, setting
+from ortbuild.project.declare import build, plain, setting
 
 # The model types of ONNX Runtime's transformer optimizer (`fusion.model_type`): the keys of
 # onnxruntime.transformers.optimizer.MODEL_TYPES in onnxruntime 1.31.1 (tests/test_fusion.py compares them with
@@ -209,6 +210,12 @@ class MultiStream:
             "the run goes on to 1.5x that.")
 
 
+ScenarioKind = Literal["offline", "server", "multi_stream"]
+# the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (ortbuild.gating.catalog)
+SCENARIOS: dict[str, type[Offline | Server | MultiStream]] = {
+    "offline": Offline, "server": Server, "multi_stream": MultiStream}
+
+
 @dataclass(frozen=True)
 class Latency:
     """[targets.X.latency]: budgets and the sample plan of the latency test. Budgets never rebuild."""
@@ -231,11 +238,13 @@ class Latency:
             "1.5 }` means this target's median latency times 1.5 is at most that target's (same model). "
             "Holds across machines of different speed. The other target must run in this runtime. "
             "Not inherited through `extends`.")
-    # golden data set name -> its budgets, over the ones above
-    data_sets: Mapping[str, Mapping[str, float]] = setting(
+    # golden data set name -> its budgets (p50_ms, ...) over the ones above, and its scenario tables (offline, ...)
+    # over the target's: the tables as written, read through budgets() and scenario()
+    data_sets: Mapping[str, Mapping[str, Any]] = setting(
         factory=dict, kind="named", table="latency_data_set", build="never",
         doc="Budgets of one golden data set `[targets.X.latency.data_sets.test_data_set_N]` (the model's "
-            "`inputs` directory holds one `test_data_set_N/` per shape), over the budgets above key by key. "
+            "`inputs` directory holds one `test_data_set_N/` per shape), over the budgets above key by key, and "
+            "its load scenarios (`[targets.X.latency.data_sets.test_data_set_N.server]`, ...) over the target's. "
             "Every data set is timed; a name no model of the target has is an error.")
     confidence: float = setting(
         0.99, maximum=0.999999, build="never",
@@ -256,14 +265,17 @@ class Latency:
         doc="Untimed runs after the first one (session creation and the first run are reported apart).")
     offline: Offline | None = setting(
         None, build="never", table="latency_offline",
-        doc="Throughput at a batch (MLPerf Offline), judged on every golden data set: see docs/testing.md.")
+        doc="Throughput at a batch (MLPerf Offline), judged on every golden data set (a data set's own "
+            "`data_sets.NAME.offline` over it key by key): see docs/testing.md.")
     server: Server | None = setting(
         None, build="never", table="latency_server",
-        doc="A latency percentile at a Poisson query rate (MLPerf Server), judged on every golden data set; "
+        doc="A latency percentile at a Poisson query rate (MLPerf Server), judged on every golden data set (a "
+            "data set's own `data_sets.NAME.server` over it key by key); "
             "`ortbuild test --find-peak` searches the highest rate that meets it: see docs/testing.md.")
     multi_stream: MultiStream | None = setting(
         None, build="never", table="latency_multi_stream",
-        doc="Several concurrent streams (MLPerf MultiStream), judged on every golden data set: see docs/testing.md.")
+        doc="Several concurrent streams (MLPerf MultiStream), judged on every golden data set (a data set's own "
+            "`data_sets.NAME.multi_stream` over it key by key): see docs/testing.md.")
     retry_wait_seconds: float = setting(
         30.0, maximum=3600, build="never",
         doc="A FAIL measured under load (more runnable threads than CPUs) or drift is measured again once "
@@ -277,6 +289,29 @@ class Latency:
         pairs = ((0.5, own.get("p50_ms", self.p50_ms)), (0.9, own.get("p90_ms", self.p90_ms)),
                  (0.99, own.get("p99_ms", self.p99_ms)))
         return {p: float(b) for p, b in pairs if b is not None}
+
+    @overload
+    def scenario(self, kind: Literal["offline"], data_set: str | None = None) -> Offline | None: ...
+    @overload
+    def scenario(self, kind: Literal["server"], data_set: str | None = None) -> Server | None: ...
+    @overload
+    def scenario(self, kind: Literal["multi_stream"], data_set: str | None = None) -> MultiStream | None: ...
+
+    def scenario(self, kind: ScenarioKind, data_set: str | None = None) -> Offline | Server | MultiStream | None:
+        """The load scenario `kind` on `data_set`: its own `data_sets.NAME.KIND` table over the target's, key by key
+        (its own alone where the target has none); the target's where the data set has none; None where neither
+        declares it (the scenario does not run on that data set)."""
+        base: Offline | Server | MultiStream | None = getattr(self, kind)
+        own = self.data_sets.get(data_set, {}).get(kind) if data_set is not None else None
+        if own is None:
+            return base
+        if base is None:
+            return build(SCENARIOS[kind], own)
+        return dataclasses.replace(base, **own)
+
+    def declares(self, kind: ScenarioKind) -> bool:
+        """Whether the load scenario `kind` runs on any data set: the target's table, or a data set's."""
+        return getattr(self, kind) is not None or any(kind in own for own in self.data_sets.values())
 
 
 @dataclass(frozen=True)

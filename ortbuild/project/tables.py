@@ -1,7 +1,7 @@
 """The key tables of targets.toml, derived from the settings dataclasses that declare each key once
 (ortbuild.project.declare): validation (ortbuild.project.checker), the JSON Schema and the reference docs
 (ortbuild.project.schema) read them. The few keys no dataclass holds (`extends`, `overrides`, the accuracy rule,
-a data set's budgets) are declared here. Stdlib + packaging only (the noxfile imports it through
+a data set's budgets and scenarios) are declared here. Stdlib + packaging only (the noxfile imports it through
 ortbuild.project.config).
 """
 
@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ortbuild.project.declare import KINDS, Key, keys_of, sub_tables
-from ortbuild.project.sections import FUSION_INFERS_SIZES, FUSION_MODEL_TYPES, FUSION_OFF, MS_MAX
+from ortbuild.project.sections import FUSION_INFERS_SIZES, FUSION_MODEL_TYPES, FUSION_OFF, MS_MAX, SCENARIOS
 from ortbuild.project.settings import Gates, Model, Project, Settings, Target
 
 __all__ = ["ACCURACY_RULE", "FUSION_INFERS_SIZES", "FUSION_MODEL_TYPES", "FUSION_OFF", "KINDS", "OVERRIDABLE", "TABLES",
@@ -37,9 +37,14 @@ OVERRIDES = Key(name="overrides", kind="tables", table="override", default=[], b
                     "See docs/targets.md, Layers.")
 OVERRIDE_MODELS = Key(name="models", kind="strings", required=True, build="never",
                       doc="Glob patterns of the models it applies to.")
-DATA_SET = tuple(Key(name=f"p{p}_ms", kind="number", default=None, maximum=MS_MAX, build="never",
-                     doc=f"Budget of the {what} latency on this data set, in ms.")
-                 for p, what in (("50", "median"), ("90", "90th percentile"), ("99", "99th percentile")))
+DATA_SET = (*(Key(name=f"p{p}_ms", kind="number", default=None, maximum=MS_MAX, build="never",
+                   doc=f"Budget of the {what} latency on this data set, in ms.")
+               for p, what in (("50", "median"), ("90", "90th percentile"), ("99", "99th percentile"))),
+            *(Key(name=kind, kind="table", table=f"latency_{kind}", default=None, build="never",
+                  doc=f"The `{kind}` load scenario on this data set: its keys over the target's "
+                      f"`[targets.X.latency.{kind}]` key by key (where the target has none, a complete table of its "
+                      "own: the scenario then runs on this data set alone). See docs/testing.md, Load scenarios.")
+              for kind in SCENARIOS))
 
 ACCURACY_RULE = (
     Key(name="rtol", kind="number", default=None, maximum=1e6, build="never",

@@ -10,6 +10,7 @@ from typing import Any
 from ortbuild.project import options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, providers_of
 from ortbuild.project.providers import MOBILE_PROVIDERS
+from ortbuild.project.sections import Latency
 from ortbuild.project.settings import CustomOps, Model, Target
 
 
@@ -99,11 +100,7 @@ def check_relative_budgets(chk: Checker, name: str, target: Target, targets: Map
         where = f"targets.{name}.latency"
         if not 0.5 <= lat.confidence < 1:
             raise chk.fail(f"{where}.confidence", f"must be in [0.5, 1), got {lat.confidence}")
-        for key, unset in (("server.qps", lat.server is not None and lat.server.qps <= 0),
-                           ("multi_stream.streams", lat.multi_stream is not None and lat.multi_stream.streams < 1),
-                           ("offline.batch", lat.offline is not None and lat.offline.batch < 1)):
-            if unset:
-                raise chk.fail(f"{where}.{key}", "must be set, above 0", "see docs/testing.md, Load scenarios")
+        check_scenarios(chk, where, lat)
         ft = lat.faster_than
         if ft is None:
             continue
@@ -123,3 +120,20 @@ def check_relative_budgets(chk: Checker, name: str, target: Target, targets: Map
                            f"target '{ft.target}' is for platform {targets[ft.target].platform}, this one for "
                            f"{target.platform}: a ratio between two platforms' artifacts, timed on one machine, "
                            "means nothing", "compare with a target of the same platform")
+
+
+def check_scenarios(chk: Checker, where: str, lat: Latency) -> None:
+    """The load scenarios' required keys, in the target's tables and in each data set's (its own over the
+    target's): a data set that declares a scenario the target does not must complete it."""
+    for data_set in (None, *lat.data_sets):
+        at = where if data_set is None else f"{where}.data_sets.{data_set}"
+        srv, ms, off = (lat.scenario("server", data_set), lat.scenario("multi_stream", data_set),
+                        lat.scenario("offline", data_set))
+        for key, unset in (("server.qps", srv is not None and srv.qps <= 0),
+                           ("multi_stream.streams", ms is not None and ms.streams < 1),
+                           ("offline.batch", off is not None and off.batch < 1)):
+            if unset:
+                hint = "see docs/testing.md, Load scenarios"
+                if data_set is not None:
+                    hint = f"set it there or in [{where}.{key.split('.')[0]}]; {hint}"
+                raise chk.fail(f"{at}.{key}", "must be set, above 0", hint)
