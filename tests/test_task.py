@@ -141,6 +141,29 @@ def test_a_bootstrap_on_too_few_samples_is_inconclusive() -> None:
     assert verdict == Verdict.PASS and section["interval"] == [0.0, 0.0]
 
 
+def test_an_artifact_whose_outputs_are_not_finite_fails_naming_the_samples() -> None:
+    labels = np.zeros((200, 3))
+    src = np.abs(np.random.default_rng(0).normal(size=(200, 3)))
+    art = src.copy()
+    art[[5, 17]] = np.nan
+    mae = taskmetrics.Metric("mae", False)
+    verdict, section, lines = task.judge("t/m", mae, mae.keep(src, labels, "y"), mae.keep(art, labels, "y"), labels,
+                                         0.1, 0.95)
+    assert verdict == Verdict.FAIL and section["non_finite"] == {"samples": 2, "first": [5, 17]}
+    assert "t/m: the artifact's output is NaN or infinite on 2 of 200 samples (5, 17)" in lines[0]
+    json.dumps(section, allow_nan=False, default=str)  # no NaN in the report
+    custom = taskmetrics.Metric("pkg.mod:f", True, lambda p, lab: 1.0)
+    assert task.judge("t/m", custom, src, art, labels, 0.1, 0.95)[0] == Verdict.FAIL
+    bad_labels = labels.copy()
+    bad_labels[3, 1] = np.inf
+    for source, lab, key, said in [(art, labels, "inputs", "source's output 'y' is NaN or infinite on 2 of 200 "
+                                    "samples (5, 17)"), (src, bad_labels, "labels", "on 1 of 200 samples (3)")]:
+        with pytest.raises(ConfigError) as e:  # the evaluation set's fault, not the artifact's
+            task.check_source(mae, mae.keep(source, lab, "y"), lab, "targets.toml", "models.m.eval", "y")
+        assert e.value.where == f"models.m.eval.{key}" and said in e.value.detail, str(e.value)
+    task.check_source(mae, mae.keep(src, labels, "y"), labels, "targets.toml", "models.m.eval", "y")
+
+
 # ---------------------------------------------------------------------------------------------- metrics
 
 def test_metrics_equal_scikit_learns() -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 NAME = "eval"
 DEFAULT_BATCH = 16
 PROGRESS_EVERY = 50                  # batches between progress lines
+MAX_LISTED = 8                       # samples named where the artifact's output is NaN or infinite
 Result = tuple[Verdict | Literal["-"], dict[str, object], list[str]]
 
 
@@ -69,6 +70,7 @@ def gate(ctx: Context) -> Result:
         if i and i % PROGRESS_EVERY == 0:
             ctx.progress(job.name, f"eval: {b.start + b.count} of {evalset.samples} samples")
     src, art = (np.concatenate(kept[w]) for w in ("source", "artifact"))
+    check_source(metric, src, labels, config, where, output)
     return judge(job.name, metric, src, art, labels, budget.max_drop, budget.confidence,
                  {"output": output, "batch": batch, "inputs": str(ev.inputs), "labels": str(ev.labels)})
 
@@ -77,6 +79,8 @@ def judge(job: str, metric: taskmetrics.Metric, src: np.ndarray, art: np.ndarray
           max_drop: float, confidence: float, extra: dict[str, object] | None = None) -> Result:
     """The verdict, section and failure lines of what was kept per sample for the source and the artifact."""
     n = len(labels)
+    if (broken := non_finite(art) & ~non_finite(src)).any():
+        return _broken(job, metric, np.flatnonzero(broken), n, max_drop, confidence, extra)
     score_src, score_art = metric.score(src, labels), metric.score(art, labels)
     counts: tuple[int, int] | None = None
     if metric.name == "accuracy" and metric.custom is None:
@@ -122,6 +126,48 @@ def judge(job: str, metric: taskmetrics.Metric, src: np.ndarray, art: np.ndarray
                  "  the artifact loses task accuracy: keep the sensitive nodes in float (`ortbuild test --explain`), "
                  "calibrate on realistic data, or use a higher precision"]
     return verdict, section, lines
+
+
+def check_source(metric: taskmetrics.Metric, src: np.ndarray, labels: np.ndarray, config: str, where: str,
+                 output: str) -> None:
+    """mae: a NaN or infinite label, or fp32 source error, is the evaluation set's fault (no drop can be measured
+    from it): a ConfigError naming the key and the samples."""
+    if metric.name != "mae" or metric.custom is not None:
+        return
+    for key, bad, said in (("labels", np.flatnonzero(~np.isfinite(labels.reshape(len(labels), -1)).all(axis=1)),
+                            "labels are NaN or infinite"),
+                           ("inputs", np.flatnonzero(non_finite(src)),
+                            f"the fp32 source's output '{output}' is NaN or infinite")):
+        if len(bad):
+            shown = ", ".join(str(int(i)) for i in bad[:MAX_LISTED]) + (", ..." if len(bad) > MAX_LISTED else "")
+            raise ConfigError(config, f"{where}.{key}", f"{said} on {len(bad)} of {len(labels)} samples ({shown})",
+                              "mae needs finite labels and samples the source model computes a finite output for: "
+                              "leave those samples out")
+
+
+def non_finite(kept: np.ndarray) -> np.ndarray:
+    """Per sample, whether what was kept of it (an error, or a custom metric's output rows) holds a NaN or an
+    infinity (never for a predicted class)."""
+    if kept.dtype.kind not in "fc":
+        return np.zeros(len(kept), dtype=bool)
+    return np.asarray(~np.isfinite(kept.reshape(len(kept), -1)).all(axis=1))
+
+
+def _broken(job: str, metric: taskmetrics.Metric, bad: np.ndarray, n: int, max_drop: float, confidence: float,
+            extra: dict[str, object] | None) -> Result:
+    """FAIL: the artifact's output is NaN or infinite where the source's is finite (no score, no interval)."""
+    first = [int(i) for i in bad[:MAX_LISTED]]
+    shown = ", ".join(map(str, first)) + (", ..." if len(bad) > MAX_LISTED else "")
+    said = f"the artifact's output is NaN or infinite on {len(bad)} of {n} samples ({shown})"
+    section: dict[str, object] = {
+        "summary": f"{metric.name}: {len(bad)} of {n} outputs NaN/inf", "budget": {
+            "metric": metric.name, "max_drop": max_drop, "confidence": confidence},
+        "metric": metric.name, "higher_is_better": metric.higher_is_better, "samples": n, "confidence": confidence,
+        "max_drop": max_drop, "non_finite": {"samples": len(bad), "first": first}, **(extra or {}),
+        "verdict": Verdict.FAIL}
+    return Verdict.FAIL, section, [f"eval: {job}: {said}, where the fp32 source's is finite",
+                                   "  the artifact is numerically broken there: an overflow in a reduced precision "
+                                   "(keep the node in float: `ortbuild test --explain`), or a wrong calibration"]
 
 
 def _undecided(bounds: taskstats.Bounds, n: int, max_drop: float, counts: tuple[int, int] | None) -> str:
