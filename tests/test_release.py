@@ -11,9 +11,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -189,6 +191,44 @@ def test_untested_and_stale_tests_are_refused(tested: Path, tmp_path: Path) -> N
     finally:
         report.write_bytes(saved)
         sig.write_bytes(saved_sig)
+
+
+def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_path: Path) -> None:
+    from ortbuild.gating.record import TestResult
+    from ortbuild.project import config
+    from ortbuild.status import Verdict
+
+    np.save(tmp_path / "labels.npy", np.arange(4))
+    path = tmp_path / "targets.toml"
+    path.write_text(textwrap.dedent(f"""
+        [project]
+        name = "rel"
+        version = "1.0"
+        [models.tiny_cnn]
+        path = "{MODELS / 'tiny_cnn.onnx'}"
+        inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
+        eval = {{ inputs = "{MODELS / 'tiny_cnn.inputs.npz'}", labels = "labels.npy" }}
+        [targets.cpu]
+        runtime = "{here_runtime()}"
+        providers = ["CPUExecutionProvider"]
+        latency = {{ p90_ms = 1000 }}
+        [targets.loaded]
+        extends = "cpu"
+        eval = {{ max_drop = 0.01 }}
+        [targets.loaded.latency.server]
+        qps = 5
+        p99_ms = 100
+    """))
+    project = config.load(path)
+    # a PASS of every gate the target declared when it was tested; then eval and server budgets were set
+    tested_before = TestResult("loaded", "tiny_cnn", "fp32", accuracy=Verdict.PASS, size_verdict=Verdict.PASS,
+                               latency_verdict=Verdict.PASS)
+    gates = project.targets["loaded"].settings["tiny_cnn"].gates
+    assert release.unjudged(tested_before, gates) == ["eval", "server"]
+    assert release.unjudged(tested_before, project.targets["cpu"].settings["tiny_cnn"].gates) == []
+    tested_before.set_verdict("eval", Verdict.PASS)
+    tested_before.set_verdict("server", Verdict.PASS)
+    assert release.unjudged(tested_before, gates) == []
 
 
 def _check(folder: Path) -> None:

@@ -40,13 +40,14 @@ from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
-from ortbuild.gating import selection
+from ortbuild.gating import catalog, selection
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP
-from ortbuild.gating.record import TestResult
+from ortbuild.gating.record import NOT_RUN, TestResult
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
+from ortbuild.project.settings import Gates
 from ortbuild.publish import epochs, release_index, tarball
 from ortbuild.status import JobStatus
 
@@ -112,7 +113,16 @@ class Published:
     index: release_index.ReleaseIndex  # the index's content
 
 
-def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str) -> str | None:
+def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
+    """The gates the configuration declares now (a budget is set) whose verdict the test record does not hold: the
+    budget was set after the test (budgets never change the build key, so the artifact is not rebuilt)."""
+    if gates is None:
+        return []
+    return [g.name for g in catalog.GATES if g.declared(gates) and r.verdict(g.name) == NOT_RUN]
+
+
+def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
+                  gates: Gates | None = None) -> str | None:
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)"
     if r is None:
         return f"never tested: run {test}"
@@ -128,6 +138,9 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     if untimed:  # an emulated platform: its budgets were never measured
         return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.reason[:300]}): release it from a "
                 f"runner of its platform (`ortbuild matrix`), where they run, or with --force")
+    if missing := unjudged(r, gates):
+        return (f"its {', '.join(missing)} gate(s) have a budget that its last test did not judge (set since): "
+                f"run {test}")
     art = folder / m.artifact.file
     if r.build_key != m.build_key or r.artifact_sha256 != m.artifact.sha256 or \
             (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
@@ -198,7 +211,8 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         assert m is not None
         record, environment, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, record, environment=environment)
-        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, record, target.name)
+        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, record, target.name,
+                                                                            target.settings[name].gates)
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
                                                               f"{target.name}` again")
