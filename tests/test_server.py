@@ -93,6 +93,26 @@ def test_an_impossible_budget_fails_every_scenario_with_exit_9(make_project: Cal
         assert line in r.stderr
 
 
+def test_a_scenario_without_a_budget_is_measured_and_reported_and_find_peak_needs_a_server_table(
+        make_project: Callable[..., Path]) -> None:
+    config = make_project("""
+        [targets.cpu]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        [targets.cpu.latency.offline]
+        batch = 2
+        min_seconds = 1
+    """)
+    for flags, said in [(("--find-peak",), "no selected target has a [latency.server] table"),
+                        (("--find-peak", "--gates", "throughput"), "the server gate is not judged")]:
+        r = run_cli("test", "-c", str(config), *flags)
+        assert r.returncode == 2 and said in r.stderr and "--find-peak searches" in r.stderr, r.stderr
+    r = run_cli("test", "-c", str(config), "--gates", "throughput")
+    assert r.returncode == 0, r.stderr
+    doc = load_report(config, "cpu")  # "None: measured and reported, not judged"
+    assert doc["throughput"]["verdict"] == "-" and doc["throughput"]["data_sets"][0]["samples_per_second"] > 0
+
+
 PER_DATA_SET = """
     [models.tiny_cnn]
     path = "MODEL"

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from ortbuild.gating.records import ReportDoc
 
 
+def _peak_searchable(args: argparse.Namespace, jobs: Sequence[plan.Job]) -> None:
+    """--find-peak searches a server budget: a UsageError where the run judges none (not silently nothing)."""
+    from ortbuild.gating import catalog
+
+    server = catalog.BY_NAME["server"]
+    hint = ("--find-peak searches the highest QPS that meets a [targets.X.latency.server] budget (p99_ms or "
+            "p90_ms): declare one, or drop --find-peak")
+    if "server" not in args.gates:
+        raise UsageError(f"--find-peak with {selection.flag(args.gates)}: the server gate is not judged", hint)
+    if not any(j.settings.gates is not None and server.declared(j.settings.gates) for j in jobs):
+        raise UsageError("--find-peak: no selected target has a [latency.server] table", hint)
+
+
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
     from ortbuild.gating import explain, gates, speed
@@ -40,6 +53,8 @@ def cmd_test(args: argparse.Namespace) -> int:
     project = config.load(args.config)
     jobs = plan.jobs(project, args.target, args.model)
     fitting(jobs, "test")
+    if args.find_peak:
+        _peak_searchable(args, jobs)
     refs: list[plan.Job] = []  # the other side of relative latency budgets: built, not tested
     for j in jobs:
         ft = j.settings.gates.latency.faster_than if j.settings.gates else None

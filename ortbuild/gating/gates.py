@@ -155,7 +155,7 @@ class Tester:
             judged = gate.run(ctx)
             if judged is not None:  # a newer gate: its section and failure lines
                 verdict, section, lines = judged
-                if verdict != NOT_RUN:
+                if verdict != NOT_RUN or section:  # measured without a budget: reported, verdict "-"
                     res.sections[gate.name] = {**section, "verdict": verdict}
                 if lines:
                     res.fail(lines)

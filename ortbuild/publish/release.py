@@ -118,7 +118,8 @@ def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
     budget was set after the test (budgets never change the build key, so the artifact is not rebuilt)."""
     if gates is None:
         return []
-    return [g.name for g in catalog.GATES if g.declared(gates) and r.verdict(g.name) == NOT_RUN]
+    return [g.name for g in catalog.GATES if g.declared(gates) and r.verdict(g.name) == NOT_RUN and
+            g.name not in r.sections]  # (a section with verdict "-": measured, with no budget to judge)
 
 
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
