@@ -75,6 +75,7 @@ def test_scenarios_are_measured_judged_and_the_peak_found(make_project: Callable
     for gate in ("server", "multi_stream"):
         assert doc[gate]["data_sets"][0]["compliance"]["verdict"] == "PASS"
         assert doc[gate]["data_sets"][0]["compliance"]["checked"] > 0
+    assert srv["compliance"]["requests"] > srv["issued"]  # the peak search's runs are checked too
     assert "server p99" in r.stdout and "more gates" in r.stdout  # the summary table shows them
     page = (config.parent / "dist" / "report.html").read_text()
     assert f"highest passing rate <b>{peak['qps']} QPS</b>" in page
@@ -111,6 +112,10 @@ def test_a_scenario_without_a_budget_is_measured_and_reported_and_find_peak_need
     assert r.returncode == 0, r.stderr
     doc = load_report(config, "cpu")  # "None: measured and reported, not judged"
     assert doc["throughput"]["verdict"] == "-" and doc["throughput"]["data_sets"][0]["samples_per_second"] > 0
+    config.write_text(config.read_text().replace("min_seconds = 1", "window_seconds = 0"))
+    r = run_cli("plan", "-c", str(config))  # not a ZeroDivisionError when the gate runs
+    assert r.returncode == 3 and "[targets.cpu.latency.offline.window_seconds] must be set, above 0" in r.stderr, \
+        r.stderr
 
 
 PER_DATA_SET = """

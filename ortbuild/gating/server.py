@@ -130,7 +130,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
         lines += failure_lines(ctx.job.name, ds.name, float(srv.qps), outcome, budgets)
-        found += [outcome.verdict(), loadgen.judge_outputs(check, ctx.job.name, e, lines)]
+        found.append(outcome.verdict())
         if ctx.find_peak:
             if budgets:
                 def at(q: float, call: loadgen.Call = call, srv: Server = srv, budgets: list[Budget] = budgets,
@@ -141,6 +141,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                                       lambda text: ctx.progress(ctx.job.name, text))
             else:
                 e["peak"] = {"qps": None, "note": "no p99_ms or p90_ms: nothing to search the peak against"}
+        # outputs under load: the peak search's runs (the highest loads) are checked too, after them
+        found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
         entries.append(e)
     srv = runs[0][2]  # the summary and the figures: the first judged data set's
     plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)

@@ -131,7 +131,8 @@ def check_scenarios(chk: Checker, where: str, lat: Latency) -> None:
                         lat.scenario("offline", data_set))
         for key, unset in (("server.qps", srv is not None and srv.qps <= 0),
                            ("multi_stream.streams", ms is not None and ms.streams < 1),
-                           ("offline.batch", off is not None and off.batch < 1)):
+                           ("offline.batch", off is not None and off.batch < 1),
+                           ("offline.window_seconds", off is not None and off.window_seconds <= 0)):
             if unset:
                 hint = "see docs/testing.md, Load scenarios"
                 if data_set is not None:
