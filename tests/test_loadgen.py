@@ -118,3 +118,14 @@ def test_find_peak_brackets_and_bisects_to_the_precision(peak: float) -> None:
 def test_find_peak_says_when_nothing_passes() -> None:
     found = server.find_peak(lambda q: _outcome(Verdict.INCONCLUSIVE), 20.0, 0.05)
     assert found["qps"] is None and "no rate passed" in str(found["note"])
+
+
+def test_a_scenario_only_another_models_data_set_declares_leaves_a_section_saying_so() -> None:
+    from ortbuild.project.sections import Latency, Server
+
+    assert loadgen.no_data_set(Latency(), "server") == ("-", {}, [])  # not asked for: nothing in the record
+    other = Latency(data_sets={"test_data_set_1": {"server": {"qps": 5, "p99_ms": 10}}})
+    verdict, section, lines = loadgen.no_data_set(other, "server")
+    assert verdict == "-" and not lines and "no golden data set of this model has a server table" in \
+        str(section["summary"])  # kept in the record: the gate ran (release.unjudged does not refuse it)
+    assert loadgen.no_data_set(Latency(server=Server(qps=5)), "multi_stream") == ("-", {}, [])

@@ -54,6 +54,7 @@ from ortbuild.status import Verdict
 if TYPE_CHECKING:
     from ortbuild.gating.catalog import Context
     from ortbuild.gating.compliance import Checker
+    from ortbuild.project.sections import Latency, ScenarioKind
 
 Call = Callable[[], object]
 FIRST_LOOK = 20             # queries (offline: windows FIRST_WINDOWS) before the first look
@@ -84,6 +85,15 @@ def judge_outputs(check: Checker, job: str, entry: dict[str, object], lines: lis
         lines += failed
         return Verdict.FAIL
     return None
+
+
+def no_data_set(lat: Latency, kind: ScenarioKind) -> tuple[Literal["-"], dict[str, object], list[str]]:
+    """A scenario that runs on none of this model's golden data sets: nothing, unless a data set of another model
+    of the target declares it (then a section says so: the gate was asked and ran, on nothing here)."""
+    if not lat.declares(kind):
+        return "-", {}, []
+    said = f"no golden data set of this model has a {kind} table"
+    return "-", {"summary": said, "note": f"{said} (only another model's data sets declare one)"}, []
 
 
 def section(verdict: Verdict | None, entries: list[dict[str, object]], summary: str, budget: dict[str, object],

@@ -33,7 +33,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     runs = [(i, ds, ms) for i, ds in enumerate(ctx.golden.sets)
             if (ms := lat.scenario("multi_stream", ds.name)) is not None]
     if not runs:  # no table for this scenario, the target's or this model's data sets'
-        return "-", {}, []
+        return loadgen.no_data_set(lat, "multi_stream")
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []

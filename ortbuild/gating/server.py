@@ -110,7 +110,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     runs = [(i, ds, srv) for i, ds in enumerate(ctx.golden.sets)
             if (srv := lat.scenario("server", ds.name)) is not None]
     if not runs:  # no table for this scenario, the target's or this model's data sets'
-        return "-", {}, []
+        return loadgen.no_data_set(lat, "server")
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []

@@ -66,7 +66,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     lat = gates.latency
     runs = [(ds, off) for ds in ctx.golden.sets if (off := lat.scenario("offline", ds.name)) is not None]
     if not runs:  # no table for this scenario, the target's or this model's data sets'
-        return "-", {}, []
+        return loadgen.no_data_set(lat, "offline")
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []
