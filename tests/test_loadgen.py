@@ -99,20 +99,31 @@ def test_a_fail_under_competing_load_is_retried_then_inconclusive_but_an_impossi
     assert impossible.retry is None and impossible.verdicts["p99"].verdict is Verdict.FAIL
 
 
-def _outcome(verdict: Verdict) -> loadgen.Outcome:
+def _outcome(verdict: Verdict, completed_qps: float = 1e9) -> loadgen.Outcome:
     v = PercentileVerdict(0.99, 10.0, 5.0, None, None, 0, 600, 0.99, verdict)
-    return loadgen.Outcome([loadgen.Run([1.0, 5.0], 1.0, {"p99": v}, 1, True, loadgen.Load())], {"p99": v})
+    run = loadgen.Run([1.0, 5.0], 1.0, {"p99": v}, 1, True, loadgen.Load(), {"completed_qps": completed_qps})
+    return loadgen.Outcome([run], {"p99": v})
 
 
 @pytest.mark.parametrize("peak", [37.0, 300.0, 2.5])
 def test_find_peak_brackets_and_bisects_to_the_precision(peak: float) -> None:
-    found = server.find_peak(lambda q: _outcome(Verdict.PASS if q <= peak else Verdict.FAIL), 20.0, 0.05)
+    found = server.find_peak(lambda q: _outcome(Verdict.PASS if q <= peak else Verdict.FAIL, q), 20.0, 0.05)
     qps, worst = found["qps"], found["lowest_not_passing"]
     assert isinstance(qps, float) and isinstance(worst, float)
     assert qps <= peak < worst and (worst - qps) / qps <= 0.05
     tried = found["tried"]
     assert isinstance(tried, list) and len(tried) <= loadgen.MAX_PEAK_STEPS
     assert [t["qps"] for t in tried] == sorted(t["qps"] for t in tried)
+
+
+def test_a_rate_whose_queries_complete_slower_than_offered_is_not_held() -> None:
+    """A budget far above the run's length passes any rate (the queue grows unseen): the peak is the highest rate
+    whose queries also complete at >= 90% of it (a capacity of 100/s here), not a doubling without end."""
+    found = server.find_peak(lambda q: _outcome(Verdict.PASS, min(q, 100.0)), 20.0, 0.05)
+    qps = found["qps"]
+    assert isinstance(qps, float) and 100.0 / server.HOLD / 1.05 <= qps <= 100.0 / server.HOLD  # 111/s held
+    tried = found["tried"]
+    assert isinstance(tried, list) and any(t["verdict"] == "PASS" and not t["held"] for t in tried)
 
 
 def test_find_peak_says_when_nothing_passes() -> None:

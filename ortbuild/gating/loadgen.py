@@ -193,6 +193,9 @@ def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spendi
     facts: dict[str, object] = {
         "qps": qps, "issued": n_issued, "judged": prefix, "workers": workers, "seed": seed,
         "achieved_qps": round(prefix / float(arrivals[prefix - 1]), 3) if prefix else 0.0,
+        # completions per second from the start to the last judged completion: below the offered rate when
+        # the artifact cannot hold it (the queue grows); --find-peak needs it within HOLD of the offered rate
+        "completed_qps": round(prefix / float(np.nanmax(done[:prefix]) - start), 3) if prefix else 0.0,
         "issue_lag_p99_ms": round(float(lag[max(0, math.ceil(0.99 * len(lag)) - 1)]), 4) if len(lag) else None}
     values = [float(x) * 1e3 for x in done[:prefix] - (start + arrivals[:prefix])]
     return Run(values, seconds, looks.final(), looks.count, decided and prefix < end, meter.load(), facts)

@@ -34,6 +34,9 @@ def budgets_of(srv: Server) -> list[Budget]:
     return [Budget(kind, p, float(ms)) for kind, p, ms in pairs if ms is not None]
 
 
+HOLD = 0.9  # --find-peak: a rate is held when its queries complete at >= 90% of it
+
+
 def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: loadgen.Plan) -> loadgen.Outcome:
     """One server run at `qps`, judged, with the retry a FAIL under load gets."""
 
@@ -45,7 +48,9 @@ def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], 
 
 def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precision: float,
               say: Callable[[str], None] = lambda _: None) -> dict[str, object]:
-    """The highest rate whose run PASSes, by bracketing from `start` and bisecting to `precision`."""
+    """The highest rate whose run PASSes and is held (its queries completed at no less than HOLD of the offered
+    rate: a budget far above the run's length would otherwise pass any rate, the queue growing unseen), by
+    bracketing from `start` and bisecting to `precision`."""
     tried: list[dict[str, object]] = []
     lo: float | None = None
     hi: float | None = None
@@ -55,9 +60,12 @@ def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precisio
         outcome = run_at(qps)
         s = loadgen.summary(outcome.final.values)
         v = outcome.verdict()
+        completed = outcome.final.facts.get("completed_qps")
+        held = isinstance(completed, int | float) and completed >= HOLD * qps
         tried.append({"qps": round(qps, 3), "achieved_qps": outcome.final.facts.get("achieved_qps"),
-                      "p90_ms": s.get("p90_ms"), "p99_ms": s.get("p99_ms"), "verdict": v if v is not None else "-"})
-        return v is Verdict.PASS
+                      "completed_qps": completed, "held": held, "p90_ms": s.get("p90_ms"), "p99_ms": s.get("p99_ms"),
+                      "verdict": v if v is not None else "-"})
+        return v is Verdict.PASS and held
 
     qps = start
     while len(tried) < loadgen.MAX_PEAK_STEPS and (lo is None or hi is None):

@@ -117,7 +117,7 @@ def main() -> int:
     from ortbuild import runtime
 
     flavor = runtime.installed_flavor()
-    rt = f"{flavor.name}=={flavor.version}"
+    rt = f"{flavor.distribution}=={flavor.version}"
     results = [measure(m, q, rt, args.seconds) for m, q in MODELS.items()]
     wrong = []
     print(f"load gates, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {rt}")
