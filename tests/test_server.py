@@ -72,7 +72,7 @@ def test_scenarios_are_measured_judged_and_the_peak_found(make_project: Callable
     assert doc["multi_stream"]["verdict"] == "PASS" and ms["streams"] == 2 and ms["p99_ms"] >= ms["p50_ms"] > 0
     for gate in ("throughput", "server", "multi_stream"):  # outputs under load checked, and the readers' keys
         assert doc[gate]["summary"] and doc[gate]["budget"]
-    for gate in ("server", "multi_stream"):
+    for gate in ("throughput", "server", "multi_stream"):
         assert doc[gate]["data_sets"][0]["compliance"]["verdict"] == "PASS"
         assert doc[gate]["data_sets"][0]["compliance"]["checked"] > 0
     assert srv["compliance"]["requests"] > srv["issued"]  # the peak search's runs are checked too

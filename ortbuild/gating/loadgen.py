@@ -63,15 +63,16 @@ POLL_S = 0.002              # how often the monitor looks at the completed queri
 MAX_PEAK_STEPS = 12         # --find-peak: server runs at most
 
 
-def checked(ctx: Context, i: int, call: Call) -> tuple[Checker, Call]:
+def checked(ctx: Context, i: int, call: Call, expected: object = None) -> tuple[Checker, Call]:
     """Outputs under load (MLPerf TEST01, ortbuild.gating.compliance): golden data set `i`'s requests numbered as
-    they are issued, a sample of their outputs kept to be compared with the accuracy run's after the run."""
+    they are issued, a sample of their outputs kept to be compared after the run with the accuracy run's (or
+    `expected`: what one run of a feed the accuracy run did not see returned on its own, before the load)."""
     from ortbuild.gating.compliance import Checker
 
     gates = ctx.job.settings.gates
     assert gates is not None
     ds = ctx.golden.sets[i]
-    check = Checker({ds.name: cast(Mapping[str, object], ctx.outputs[i])},
+    check = Checker({ds.name: cast(Mapping[str, object], ctx.outputs[i] if expected is None else expected)},
                     lambda o: gates.accuracy_rule(ctx.job.settings.precision, o))
     return check, check.wrap(cast(Callable[[], Mapping[str, object]], call), ds.name)
 

@@ -64,14 +64,15 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     if gates is None:
         return "-", {}, []
     lat = gates.latency
-    runs = [(ds, off) for ds in ctx.golden.sets if (off := lat.scenario("offline", ds.name)) is not None]
+    runs = [(i, ds, off) for i, ds in enumerate(ctx.golden.sets)
+            if (off := lat.scenario("offline", ds.name)) is not None]
     if not runs:  # no table for this scenario, the target's or this model's data sets'
         return loadgen.no_data_set(lat, "offline")
     model = ctx.open()
     entries: list[dict[str, object]] = []
     lines: list[str] = []
     found: list[Verdict | None] = []
-    for ds, off in runs:
+    for i, ds, off in runs:
         want = off.min_samples_per_second
         budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
         plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
@@ -81,15 +82,19 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         if feed is None and off.batch == 1:
             per_call, workers = 1, off.workers or loadgen.cpus()
 
-        def call(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
+        def run(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
             return model.run(f)
+
+        # outputs under load: a stacked batch against one run of it on its own, a single feed against the
+        # accuracy run's outputs
+        check, call = loadgen.checked(ctx, i, run, run() if feed is not None else None)
 
         def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
                     workers: int = workers, budgets: list[Budget] = budgets, plan: loadgen.Plan = plan,
                     window: float = off.window_seconds) -> loadgen.Run:
             return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
 
-        loadgen.warm(call, lat.warmup_runs, timed=0)
+        loadgen.warm(run, lat.warmup_runs, timed=0)
         ctx.progress(ctx.job.name, f"throughput on {ds.name}: batch {off.batch} ({mode}), {workers} workers, at "
                                    f"least {plan.min_seconds:g} s before a PASS")
         outcome = loadgen.judged(measure, budgets, plan)
@@ -99,7 +104,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         e.update({"batch": off.batch, "mode": mode, "samples_per_call": per_call,
                   "median_window_rate": round(window_rates[len(window_rates) // 2], 3) if window_rates else None})
         entries.append(e)
-        found.append(outcome.verdict())
+        found += [outcome.verdict(), loadgen.judge_outputs(check, ctx.job.name, e, lines)]
         for b in budgets:
             v = outcome.verdicts[b.kind]
             if v.verdict is Verdict.FAIL:
@@ -108,7 +113,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              f"{v.confidence:.0%} confidence) < budget {want:g} samples/s ({v.exceeding} of "
                              f"{v.samples} windows of {off.window_seconds:g} s below it); over the run "
                              f"{outcome.final.facts['samples_per_second']} samples/s")
-    off = runs[0][1]  # the summary and the figures: the first judged data set's
+    off = runs[0][2]  # the summary and the figures: the first judged data set's
     want = off.min_samples_per_second
     plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
     rate = entries[0].get("median_window_rate")
@@ -116,7 +121,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         + f" (batch {off.batch})"
     verdict, section = loadgen.section(
         loadgen.gate_verdict(found), entries, said, budget_of(lat.offline) if lat.offline is not None else {},
-        per_data_set={ds.name: budget_of(o) for ds, o in runs},
+        per_data_set={ds.name: budget_of(o) for _, ds, o in runs},
         batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
         window_seconds=off.window_seconds, quick=ctx.quick)
     return verdict, section, lines
