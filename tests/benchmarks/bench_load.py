@@ -2,9 +2,11 @@
 and paraphrase-MiniLM-L3-v2 (32 tokens), fp32, through `ortbuild test` in fresh processes.
 
 Per model, on one artifact:
-1. `--find-peak` with generous budgets: offline samples per second at batch 8, the server's p50/p99 at the stated
-   rate (Poisson arrivals, latency from arrival), the multi-stream p99 of 2 streams, the peak QPS;
-2. the server budget set just above the p99 measured in 1 (x ABOVE): expected PASS on a quiet machine;
+1. `--find-peak`: offline samples per second at batch 8, the server's p50/p99 at the stated rate (Poisson
+   arrivals, latency from arrival), the multi-stream p99 of 2 streams, the peak QPS (the highest rate held with
+   p99 within about 20x a single run);
+2. the server budget set just above what 1 measured (x ABOVE the p99's upper confidence bound, which a PASS needs
+   within the budget): expected PASS on a quiet machine;
 3. the server budget far below it (/ BELOW): expected FAIL;
 4. the budget of 2 again under a CPU burner (`yes > /dev/null` on every CPU, the whole run): expected PASS or
    INCONCLUSIVE (a FAIL measured under load is retried and, still under load, undecided), never FAIL.
@@ -36,8 +38,9 @@ sys.path.insert(0, str(REPO))
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import minilm  # noqa: E402
 
-ABOVE, BELOW = 1.5, 20.0
-MODELS = {"tiny_cnn": 200.0, "minilm": 20.0}   # the stated rate (QPS) of each model's server scenario
+ABOVE, BELOW = 1.25, 20.0
+# each model's stated rate (QPS) and the p99 budget (ms) the peak is searched against (about 20x a single run)
+MODELS = {"tiny_cnn": (200.0, 20.0), "minilm": (20.0, 200.0)}
 
 
 def _project(folder: Path, runtime: str, model: str, qps: float, p99: float, seconds: float) -> Path:
@@ -79,19 +82,23 @@ def _server(doc: dict[str, Any]) -> dict[str, Any]:
             "note": s.get("note", "")}
 
 
-def measure(model: str, qps: float, runtime: str, seconds: float) -> dict[str, Any]:
+def measure(model: str, qps: float, peak_budget: float, runtime: str, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         folder = Path(tmp)
         env = {**dev_keys_env(folder), "PYTHONPATH": str(REPO)}
-        config = _project(folder, runtime, model, qps, 100000, seconds)
+        config = _project(folder, runtime, model, qps, peak_budget, seconds)
         first = _test(config, env, "--find-peak")
         s = first["server"]["data_sets"][0]
-        measured = float(s["p99_ms"])
+        # what a PASS needs is the p99's upper confidence bound within the budget (at ~700 queries, about the
+        # 3rd slowest): "just above" is above that bound, which for a heavy-tailed sub-millisecond model lies
+        # well above the observed p99
+        upper = next(float(v["upper"]) for v in s["verdicts"] if v["kind"] == "p99" and v["upper"] is not None)
+        measured = max(float(s["p99_ms"]), upper)
         out: dict[str, Any] = {
             "model": model, "qps": qps,
             "offline_samples_per_second": first["throughput"]["data_sets"][0]["samples_per_second"],
             "offline_mode": first["throughput"]["data_sets"][0]["mode"],
-            "server": _server(first), "peak_qps": s["peak"]["qps"],
+            "server": _server(first), "p99_upper_ms": upper, "peak_qps": s["peak"]["qps"],
             "peak_tried": [(t["qps"], t["p99_ms"], t["verdict"]) for t in s["peak"]["tried"]],
             "multi_stream_p99_ms": first["multi_stream"]["data_sets"][0]["p99_ms"]}
         runs = {"above": measured * ABOVE, "below": measured / BELOW}
@@ -118,13 +125,14 @@ def main() -> int:
 
     flavor = runtime.installed_flavor()
     rt = f"{flavor.distribution}=={flavor.version}"
-    results = [measure(m, q, rt, args.seconds) for m, q in MODELS.items()]
+    results = [measure(m, q, b, rt, args.seconds) for m, (q, b) in MODELS.items()]
     wrong = []
     print(f"load gates, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {rt}")
     for r in results:
         print(f"\n{r['model']}: offline batch 8 ({r['offline_mode']}) {r['offline_samples_per_second']} samples/s; "
               f"server at {r['qps']:g} QPS p50 {r['server']['p50_ms']} ms p99 {r['server']['p99_ms']} ms over "
-              f"{r['server']['queries']} queries; multi-stream (2) p99 {r['multi_stream_p99_ms']} ms; "
+              f"{r['server']['queries']} queries (p99 upper bound {r['p99_upper_ms']} ms); multi-stream (2) p99 "
+              f"{r['multi_stream_p99_ms']} ms; "
               f"peak {r['peak_qps']} QPS (tried {r['peak_tried']})")
         for name, want in (("above", {"PASS"}), ("below", {"FAIL"}), ("burner", {"PASS", "INCONCLUSIVE"})):
             v = r[name]
