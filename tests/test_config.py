@@ -499,3 +499,14 @@ def test_plan_says_which_rule_applies_and_what_was_not_inherited(make_project: C
             "not inherited across precisions)") in lines, proc.stdout
     assert ("  fp32-child/tiny_cnn: rtol 0.001, atol 0.0001, mismatch_fraction 0.01; outputs.logits: rtol 0.001; "
             "outputs.seed: ignored (targets.toml over the fp32 default)") in lines, proc.stdout
+
+
+def test_a_table_written_inline_and_extended_by_a_header_gets_a_hint(tmp_path: Path) -> None:
+    """TOML forbids `latency = { ... }` followed by `[targets.X.latency.server]` (docs show both forms): the error
+    says what to write instead."""
+    path = tmp_path / "targets.toml"
+    path.write_text('[project]\nname = "a"\nversion = "1"\n[targets.x]\nlatency = { p90_ms = 50 }\n'
+                    "[targets.x.latency.server]\nqps = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML: Cannot declare") as e:
+        config.load(path)
+    assert e.value.hint is not None and "[targets.X.latency.server]" in e.value.hint

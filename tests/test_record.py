@@ -41,7 +41,7 @@ def test_a_verdict_only_the_gates_map_holds_is_read_from_it() -> None:
 @pytest.mark.parametrize(("key", "value", "kind"), [("failures", "boom", "str"), ("quick", 1, "int"),
                                                     ("exit_code", True, "bool"), ("latency", [], "list")])
 def test_a_value_of_the_wrong_kind_is_refused_naming_its_key(key: str, value: object, kind: str) -> None:
-    with pytest.raises(ValueError, match=f"'{key}' is a {kind}"):
+    with pytest.raises(ValueError, match=f"'{key}' is of type {kind}"):
         TestResult.from_json({"target": "t", key: value})
 
 

@@ -231,6 +231,47 @@ def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_
     assert release.unjudged(tested_before, gates) == []
 
 
+def test_a_budget_changed_after_the_test_refuses_the_release(tmp_path: Path) -> None:
+    """Budgets never rebuild: the record keeps what it judged by (gates_key), and a budget, rule or evaluation set
+    changed since is refused, each kind of change seen."""
+    from ortbuild.gating.gates import gates_key
+    from ortbuild.gating.record import TestResult
+    from ortbuild.project import config
+
+    np.save(tmp_path / "labels.npy", np.arange(4))
+
+    def key(extra: str, metric: str = "accuracy") -> str:
+        path = tmp_path / "targets.toml"
+        path.write_text(textwrap.dedent(f"""
+            [project]
+            name = "rel"
+            version = "1.0"
+            [models.tiny_cnn]
+            path = "{MODELS / 'tiny_cnn.onnx'}"
+            inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
+            eval = {{ inputs = "{MODELS / 'tiny_cnn.inputs.npz'}", labels = "labels.npy", metric = "{metric}" }}
+            [targets.cpu]
+            runtime = "{here_runtime()}"
+            providers = ["CPUExecutionProvider"]
+            eval = {{ max_drop = 0.05 }}
+            [targets.cpu.latency]
+            p90_ms = 50
+            {extra}
+        """))
+        project = config.load(path)
+        return gates_key(project.targets["cpu"].settings["tiny_cnn"].gates, project.models["tiny_cnn"].eval)
+
+    tested = key("server = { qps = 50, p99_ms = 40 }")
+    assert key("server = { qps = 50, p99_ms = 40 }") == tested  # the same configuration: the same key
+    changed = [key("server = { qps = 5000, p99_ms = 40 }"), key("server = { qps = 50, p99_ms = 40, p90_ms = 1 }"),
+               key("server = { qps = 50, p99_ms = 40 }", metric="f1"), key("p99_ms = 80\nserver = { qps = 50, "
+                                                                           "p99_ms = 40 }")]
+    assert tested not in changed and len(set(changed)) == len(changed)
+    record = TestResult("cpu", "tiny_cnn", "fp32", gates_key=tested)  # a PASS of every gate, judged by `tested`
+    said = release._test_problem(tmp_path, None, record, "cpu", None, changed[0])  # type: ignore[arg-type]
+    assert said is not None and "changed since its last test" in said and "ortbuild test -t cpu" in said
+
+
 def _check(folder: Path) -> None:
     verify.verify(folder, SIGNER.public_raw, run=False)
 

@@ -80,6 +80,8 @@ def test_scenarios_are_measured_judged_and_the_peak_found(make_project: Callable
     page = (config.parent / "dist" / "report.html").read_text()
     assert f"highest passing rate <b>{peak['qps']} QPS</b>" in page
     assert 'aria-label="latency against offered QPS"' in page
+    assert "over ? queries" not in page and f"over {srv['judged']} queries" in page
+    assert "<th>samples_per_second</th>" in page  # the throughput's figures per data set (the generic part)
 
 
 def test_an_impossible_budget_fails_every_scenario_with_exit_9(make_project: Callable[..., Path]) -> None:

@@ -100,7 +100,7 @@ def cmd_test(args: argparse.Namespace) -> int:
                 print(f"  {line}", file=sys.stderr)
             print(f"  reproduce: {r.reproduce}", file=sys.stderr)
     if code == 0 and inconclusive:
-        print("INCONCLUSIVE latency verdicts pass without --strict", file=sys.stderr)
+        print("INCONCLUSIVE verdicts pass without --strict", file=sys.stderr)
     if left := selection.not_judged({"judged": list(args.gates)}):
         print(f"{left}; `ortbuild release` needs every gate: test again without --gates", file=sys.stderr)
     for r in explained:

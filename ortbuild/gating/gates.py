@@ -8,6 +8,7 @@ or SKIPPED (the target cannot run here; with `require` that is a failure).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import time
@@ -40,13 +41,23 @@ from ortbuild.gating.selection import GATES
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
+from ortbuild.project.declare import plain
 from ortbuild.project.plan import Job
+from ortbuild.project.settings import Gates
 from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict
 
 # the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
 PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
 REPORT = "test-report.json"
 REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
+
+
+def gates_key(gates: Gates | None, eval_set: object) -> str:
+    """What a test judged by, as a digest: the job's gate settings (budgets, accuracy rules, sample plans) and its
+    model's evaluation set as declared. Budgets never rebuild, so `ortbuild release` compares this with the
+    configuration's now: a budget changed since the test is not what the record's verdicts judged."""
+    doc = json.dumps({"gates": plain(gates), "eval": plain(eval_set)}, sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
 class Tester:
@@ -94,6 +105,7 @@ class Tester:
                 if require or job.target.require:
                     res.fail([f"required, but cannot run here: {why}"], MissingProvider.exit_code)
             else:
+                res.gates_key = gates_key(job.settings.gates, job.model.eval)  # what the gates judge by
                 log = logs.log_path(self.dist, job.target.name, job.model.name, "test") if self.capture else None
                 where = f" on {job.target.platform} (emulated)" if emulated.emulated(job.target) else ""
                 self.progress(job.name, PhaseStarted(f"testing{where}"))  # a long phase: said on every stream

@@ -38,10 +38,11 @@ from ortbuild.gating import latency
 from ortbuild.gating.load_verdicts import OTHERS_COMPETE as OTHERS_COMPETE
 from ortbuild.gating.load_verdicts import QUICK_SECONDS as QUICK_SECONDS
 from ortbuild.gating.load_verdicts import Load as Load
-from ortbuild.gating.load_verdicts import Looks, Meter, Read, end_of, own_running
+from ortbuild.gating.load_verdicts import Looks, Meter, Read, own_running
 from ortbuild.gating.load_verdicts import Outcome as Outcome
 from ortbuild.gating.load_verdicts import Plan as Plan
 from ortbuild.gating.load_verdicts import Run as Run
+from ortbuild.gating.load_verdicts import end_of as end_of
 from ortbuild.gating.load_verdicts import entry as entry
 from ortbuild.gating.load_verdicts import gate_verdict as gate_verdict
 from ortbuild.gating.load_verdicts import judged as judged

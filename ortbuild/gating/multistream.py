@@ -52,8 +52,9 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             return loadgen.multi_stream(call, streams, budgets, plan, spending)
 
         single = loadgen.warm(run, lat.warmup_runs)
-        ctx.progress(ctx.job.name, f"multi_stream on {ds.name}: {ms.streams} streams, at least "
-                                   f"{plan.min_seconds:g} s before a PASS")
+        ctx.progress(ctx.job.name, f"multi_stream on {ds.name}: {ms.streams} streams until every budget is decided: "
+                                   f"a PASS after at least {plan.min_seconds:g} s, at most "
+                                   f"{loadgen.end_of(budgets, plan)} queries")
         outcome = loadgen.judged(measure, budgets, plan)
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}

@@ -61,6 +61,7 @@ class TestResult:
     platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
     build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0
+    gates_key: str = ""              # what it judged by (gates.gates_key): release refuses budgets changed since
     # the newer gates' sections by gate name, each with its `verdict` (ortbuild.gating.catalog); in the document
     # only when one ran
     sections: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -120,7 +121,7 @@ class TestResult:
             if f.name in VERDICT_FIELDS:
                 value = _verdict(value)
             elif not isinstance(value, type(default)) or (isinstance(value, bool) and not isinstance(default, bool)):
-                raise ValueError(f"'{f.name}' is a {type(value).__name__}, not a {type(default).__name__}")
+                raise ValueError(f"'{f.name}' is of type {type(value).__name__}, not {type(default).__name__}")
             kw[f.name] = copy.deepcopy(value)
         record = dataclasses.replace(defaults, **kw)  # type: ignore[arg-type]  # each value's kind checked above
         given = doc.get("gates")

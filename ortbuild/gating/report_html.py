@@ -299,6 +299,13 @@ def _newer_gates(r: TestResult) -> list[str]:
         out += [f"<tr><th>{e(k)}</th><td>{e(_cell(v))}</td></tr>" for k, v in section.items()
                 if k != "verdict" and _cell(v)]
         out.append("</table>")
+        given = section.get("data_sets")
+        rows = [d for d in given if isinstance(d, dict)] if isinstance(given, list) else []
+        columns = [k for k in dict.fromkeys(k for d in rows for k in d) if any(_cell(d.get(k)) for d in rows)]
+        if rows and columns:  # each data set's figures (their scalars; the JSON has the rest)
+            out.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in columns) + "</tr>")
+            out += ["<tr>" + "".join(f"<td>{e(_cell(d.get(c)))}</td>" for c in columns) + "</tr>" for d in rows]
+            out.append("</table>")
     return out
 
 

@@ -56,7 +56,9 @@ def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precisio
     hi: float | None = None
 
     def step(qps: float) -> bool:
-        say(f"--find-peak: server run at {qps:.3g} QPS (step {len(tried) + 1})")
+        say(f"--find-peak: step {len(tried) + 1} of at most {loadgen.MAX_PEAK_STEPS}: a server run at {qps:.0f} QPS"
+            + (f" (the last, {tried[-1]['qps']:.0f} QPS: {tried[-1]['verdict']}"
+               f"{'' if tried[-1]['held'] else ', not held'})" if tried else ""))
         outcome = run_at(qps)
         s = loadgen.summary(outcome.final.values)
         v = outcome.verdict()
@@ -132,8 +134,11 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
 
         single = loadgen.warm(run, lat.warmup_runs)
         check, call = loadgen.checked(ctx, i, run)
-        ctx.progress(ctx.job.name, f"server on {ds.name}: Poisson arrivals at {srv.qps:g} QPS, at least "
-                                   f"{plan.min_seconds:g} s before a PASS")
+        most = loadgen.end_of(budgets, plan)
+        ctx.progress(ctx.job.name, f"server on {ds.name}: Poisson arrivals at {srv.qps:g} QPS until every budget is "
+                                   f"decided: a PASS after at least {plan.min_seconds:g} s, at most {most} queries "
+                                   f"(about {max(plan.min_seconds, most / float(srv.qps)):.0f} s) and a retry if "
+                                   "other work competed")
         outcome = at_rate(call, float(srv.qps), srv, budgets, plan)
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
@@ -188,7 +193,7 @@ def html(section: dict[str, object]) -> list[str]:
     sets = section.get("data_sets")
     for d in sets if isinstance(sets, list) else []:
         out.append(f"<p>{e(str(d.get('name')))}: p50 {e(str(d.get('p50_ms')))} ms, p90 {e(str(d.get('p90_ms')))} ms, "
-                   f"p99 {e(str(d.get('p99_ms')))} ms over {e(str(d.get('queries', d.get('samples', '?'))))} "
+                   f"p99 {e(str(d.get('p99_ms')))} ms over {e(str(d.get('judged', '?')))} "
                    f"queries ({e(str(d.get('achieved_qps', '?')))} QPS achieved) {e(str(d.get('note', '')))}</p>")
         peak = d.get("peak")
         if isinstance(peak, dict) and isinstance(peak.get("tried"), list) and peak["tried"]:
@@ -231,4 +236,6 @@ def _plot(tried: list[dict[str, object]], budgets: dict[str, object]) -> str:
                          f'{v}</title></circle>')
         if isinstance(p90, int | float):
             parts.append(f'<circle cx="{x(q):.1f}" cy="{y(p90):.1f}" r="4" fill="none" stroke="{c}"/>')
+    parts.append(f'<text x="{w - pad}" y="12" text-anchor="end" font-size="10">filled: p99, ring: p90; green PASS, '
+                 'red FAIL, amber undecided or not held</text>')
     return "".join(parts) + "</svg>"

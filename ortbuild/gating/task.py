@@ -107,8 +107,8 @@ def judge(job: str, metric: taskmetrics.Metric, src: np.ndarray, art: np.ndarray
     elif verdict == Verdict.INCONCLUSIVE:
         note = _undecided(bounds, n, max_drop, counts)
     section: dict[str, object] = {
-        "summary": f"{metric.name} {score_src:.4g} -> {score_art:.4g}, drop {bounds.drop:.3g} "
-                   f"[{bounds.lo:.3g}, {bounds.hi:.3g}] / {max_drop:g} on {n}",
+        "summary": f"{metric.name} {score_src:.4g} -> {score_art:.4g}, drop {bounds.drop + 0.0:.3g} "
+                   f"[{bounds.lo + 0.0:.3g}, {bounds.hi + 0.0:.3g}] / {max_drop:g} on {n}",  # (+ 0.0: no "-0")
         "budget": {"metric": metric.name, "max_drop": max_drop, "confidence": confidence},
         "metric": metric.name, "higher_is_better": metric.higher_is_better, "samples": n,
         "source": score_src, "artifact": score_art, "drop": bounds.drop, "interval": [bounds.lo, bounds.hi],

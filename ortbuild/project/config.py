@@ -72,6 +72,16 @@ def toml_key(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ loading
 
+def _toml_hint(error: str) -> str | None:
+    """What to do about TOML's "Cannot declare ... twice": most often a table written inline (`latency = { p90_ms =
+    50 }`) and then extended by a header (`[targets.X.latency.server]`), which TOML forbids."""
+    if "Cannot declare" not in error:
+        return None
+    return ("a table written inline (`latency = { ... }`) cannot get more keys from a `[...]` header below it, nor a "
+            "header twice: write the table once, either inline with all its keys or as a header "
+            "(`[targets.X.latency]`) with its sub-tables as further headers (`[targets.X.latency.server]`)")
+
+
 def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Project:
     """Parse and validate a targets.toml. check_files=False skips file-existence checks (nox -l)."""
     file = Path(path)
@@ -93,7 +103,7 @@ def load(path: str | Path = DEFAULT_FILE, *, check_files: bool = True) -> Projec
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(shown, "", f"not valid TOML: {e}") from None
+        raise ConfigError(shown, "", f"not valid TOML: {e}", _toml_hint(str(e))) from None
     except RecursionError:  # tomllib recurses on nested arrays and inline tables
         raise ConfigError(shown, "", "nested too deeply to parse",
                           "targets.toml needs at most a few levels of tables and arrays") from None

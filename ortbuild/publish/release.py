@@ -42,7 +42,7 @@ from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating import catalog, selection
 from ortbuild.gating.builds import last_build
-from ortbuild.gating.gates import PASS, REPORT, SKIP
+from ortbuild.gating.gates import PASS, REPORT, SKIP, gates_key
 from ortbuild.gating.record import NOT_RUN, TestResult
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
@@ -123,7 +123,7 @@ def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
 
 
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
-                  gates: Gates | None = None) -> str | None:
+                  gates: Gates | None = None, judged_by: str | None = None) -> str | None:
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)"
     if r is None:
         return f"never tested: run {test}"
@@ -142,6 +142,9 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     if missing := unjudged(r, gates):
         return (f"its {', '.join(missing)} gate(s) have a budget that its last test did not judge (set since): "
                 f"run {test}")
+    if r.gates_key and judged_by is not None and r.gates_key != judged_by:
+        return (f"its budgets, accuracy rules or evaluation set changed since its last test (they never rebuild; "
+                f"its verdicts judged the old ones): run {test}")
     art = folder / m.artifact.file
     if r.build_key != m.build_key or r.artifact_sha256 != m.artifact.sha256 or \
             (folder / REPORT).stat().st_mtime < art.stat().st_mtime:
@@ -212,8 +215,9 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         assert m is not None
         record, environment, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, record, environment=environment)
-        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(folder, m, record, target.name,
-                                                                            target.settings[name].gates)
+        gates = target.settings[name].gates
+        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(
+            folder, m, record, target.name, gates, gates_key(gates, project.models[name].eval))
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
                                                               f"{target.name}` again")
