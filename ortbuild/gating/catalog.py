@@ -56,6 +56,7 @@ class Context:
     outputs: list[dict[str, object]]   # the accuracy run's outputs, per golden data set
     built: dict[str, JobResult]        # every job's build (the references of relative budgets)
     done: set[str] = field(default_factory=set)  # gates whose measurement already ran (cold start + memory: one)
+    opened: Any = field(default=None, repr=False)  # the artifact as open() opened it with its own options, kept
 
     @property
     def project(self) -> Project:
@@ -86,13 +87,20 @@ class Context:
 
     def open(self, **session: object) -> Any:  # the generated loader's Model (run, inputs, outputs)
         """The artifact opened through its generated loader (verify, decrypt, session), `session` options over
-        its own."""
+        its own. Opened with its own options, it is opened once for the gates that ask (eval and the load
+        scenarios share one session, as a service does; they run one after another, after the latency gate's
+        sessions are gone, so one session of a big model is held at a time)."""
         assert self.module is not None, "a timed gate runs only where the loader runs (not under emulation)"
+        if not session and self.opened is not None:
+            return self.opened
         kw: dict[str, object] = {"session": session} if session else {}
         try:
-            return self.module.load(key=self.secret, folder=self.folder, **kw)
+            model = self.module.load(key=self.secret, folder=self.folder, **kw)
         except self.module.LoaderError as e:
             raise from_loader(e, self.job.name) from None
+        if not session:
+            self.opened = model
+        return model
 
 
 @dataclass(frozen=True)
