@@ -193,33 +193,41 @@ def test_untested_and_stale_tests_are_refused(tested: Path, tmp_path: Path) -> N
         sig.write_bytes(saved_sig)
 
 
-def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_path: Path) -> None:
-    from ortbuild.gating.record import TestResult
-    from ortbuild.project import config
-    from ortbuild.status import Verdict
-
+def _eval_project(tmp_path: Path, target_cpu: str, metric: str = "accuracy") -> Path:
+    """targets.toml of tiny_cnn with a labelled evaluation set and a target `cpu`, `target_cpu` its further keys
+    and tables."""
     np.save(tmp_path / "labels.npy", np.arange(4))
     path = tmp_path / "targets.toml"
+    data = MODELS / "tiny_cnn.inputs.npz"
     path.write_text(textwrap.dedent(f"""
         [project]
         name = "rel"
         version = "1.0"
         [models.tiny_cnn]
         path = "{MODELS / 'tiny_cnn.onnx'}"
-        inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
-        eval = {{ inputs = "{MODELS / 'tiny_cnn.inputs.npz'}", labels = "labels.npy" }}
+        inputs = "{data}"
+        eval = {{ inputs = "{data}", labels = "labels.npy", metric = "{metric}" }}
         [targets.cpu]
         runtime = "{here_runtime()}"
         providers = ["CPUExecutionProvider"]
-        latency = {{ p90_ms = 1000 }}
+    """) + textwrap.dedent(target_cpu))
+    return path
+
+
+def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_path: Path) -> None:
+    from ortbuild.gating.record import TestResult
+    from ortbuild.project import config
+    from ortbuild.status import Verdict
+
+    project = config.load(_eval_project(tmp_path, """
+        latency = { p90_ms = 1000 }
         [targets.loaded]
         extends = "cpu"
-        eval = {{ max_drop = 0.01 }}
+        eval = { max_drop = 0.01 }
         [targets.loaded.latency.server]
         qps = 5
         p99_ms = 100
     """))
-    project = config.load(path)
     # a PASS of every gate the target declared when it was tested; then eval and server budgets were set
     tested_before = TestResult("loaded", "tiny_cnn", "fp32", accuracy=Verdict.PASS, size_verdict=Verdict.PASS,
                                latency_verdict=Verdict.PASS)
@@ -238,27 +246,13 @@ def test_a_budget_changed_after_the_test_refuses_the_release(tmp_path: Path) -> 
     from ortbuild.gating.record import TestResult
     from ortbuild.project import config
 
-    np.save(tmp_path / "labels.npy", np.arange(4))
-
     def key(extra: str, metric: str = "accuracy") -> str:
-        path = tmp_path / "targets.toml"
-        path.write_text(textwrap.dedent(f"""
-            [project]
-            name = "rel"
-            version = "1.0"
-            [models.tiny_cnn]
-            path = "{MODELS / 'tiny_cnn.onnx'}"
-            inputs = "{MODELS / 'tiny_cnn.inputs.npz'}"
-            eval = {{ inputs = "{MODELS / 'tiny_cnn.inputs.npz'}", labels = "labels.npy", metric = "{metric}" }}
-            [targets.cpu]
-            runtime = "{here_runtime()}"
-            providers = ["CPUExecutionProvider"]
+        project = config.load(_eval_project(tmp_path, f"""
             eval = {{ max_drop = 0.05 }}
             [targets.cpu.latency]
             p90_ms = 50
             {extra}
-        """))
-        project = config.load(path)
+        """, metric))
         return gates_key(project.targets["cpu"].settings["tiny_cnn"].gates, project.models["tiny_cnn"].eval)
 
     tested = key("server = { qps = 50, p99_ms = 40 }")
