@@ -235,7 +235,7 @@ class BuildFailure(TypedDict):
 # ------------------------------------------------------------------------------------------- results
 
 class GatesPart(TypedDict):
-    """What the gates fill in of a result (report.NOT_TESTED: a job no gate ran on)."""
+    """What the gates fill in of a result (record.TestResult's fields; a job no gate ran on has their defaults)."""
 
     accuracy: str
     worst: str
@@ -257,10 +257,12 @@ class GatesPart(TypedDict):
     platform: dict[str, object]      # an emulated platform's run (ortbuild.emulation)
     gates: dict[str, str]            # each gate's verdict by name (older reports: none)
     failed_gates: list[str]
+    gates_key: str                   # a digest of what it judged by (gates.gates_key; older reports: none)
+    sections: NotRequired[dict[str, dict[str, object]]]  # the newer gates' sections (catalog), when one ran
 
 
 class ResultDoc(GatesPart):
-    """One artifact's test result (gates.TestResult.as_json), test-report.json's `result`."""
+    """One artifact's test result (record.TestResult.as_json), test-report.json's `result`."""
 
     target: str
     model: str
