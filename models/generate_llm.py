@@ -1,0 +1,105 @@
+"""Generate the example generative model: a small Llama-architecture causal LM trained here on this repository's
+own documentation, in Hugging Face format (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
+
+    python models/generate_llm.py OUTDIR [--steps N]     (needs torch, transformers and tokenizers)
+
+Nothing is downloaded and nothing is committed: the weights are made on first use (a few minutes on 2 cores for
+the default steps) into OUTDIR. Training on real English text makes greedy output meaningful (it continues
+sentences of the docs), so a quantization setting that harms the model flips greedy tokens, as it does on real
+LLMs. Same library versions, steps and thread count in, same weights out (seeded; one intra-op thread).
+
+Also written: OUTDIR/prompts.txt (golden prompts, one per line: beginnings of sentences from the docs) and
+OUTDIR/heldout.txt (text the model never saw, for perplexity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VOCAB = 384
+CONTEXT = 256
+# the architecture: 4 layers, grouped-query attention (4 query heads share 2 key/value heads), 1.6M parameters
+CONFIG = {"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-5,
+          "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def corpus() -> tuple[str, str]:
+    """(training text, held-out text): the docs' prose, split by file so the held-out text is never seen."""
+    texts = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        prose = [line for line in path.read_text(encoding="utf-8").splitlines()
+                 if line and not line.startswith(("```", "|", "    ", "<", "#:")) and re.search(r"[a-z]{3} ", line)]
+        texts.append((path.name, "\n".join(prose)))
+    held = {"release.md"}
+    return ("\n".join(t for n, t in texts if n not in held), "\n".join(t for n, t in texts if n in held))
+
+
+def prompts(text: str, count: int = 12) -> list[str]:
+    """Beginnings of the training text's sentences (the first 4-6 words), spread over the text."""
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 10]
+    step = max(1, len(sentences) // count)
+    out = []
+    for s in sentences[::step][:count]:
+        words = s.split()
+        out.append(" ".join(words[: 4 + len(out) % 3]))
+    return out
+
+
+def generate(out: Path, steps: int = 600) -> Path:
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    torch.set_num_threads(1)  # same weights on any machine with the same libraries
+    train, held = corpus()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([train], trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    config = LlamaConfig(vocab_size=tok.get_vocab_size(), bos_token_id=1, eos_token_id=2, **CONFIG)
+    model = LlamaForCausalLM(config)
+    ids = torch.tensor(tok.encode(train).ids, dtype=torch.long)
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=3e-3, total_steps=steps)
+    gen = torch.Generator().manual_seed(0)
+    seq, batch = 128, 16
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+        x = torch.stack([ids[s: s + seq] for s in starts])
+        loss = model(input_ids=x, labels=x).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr)
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    (out / "prompts.txt").write_text("\n".join(prompts(train)) + "\n", encoding="utf-8")
+    (out / "heldout.txt").write_text(held[:6000] + "\n", encoding="utf-8")
+    (out / "generated.json").write_text(json.dumps({"steps": steps, "final_loss": round(loss.item(), 4)}) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=600)
+    args = parser.parse_args()
+    print(generate(args.out, args.steps))
