@@ -55,7 +55,7 @@ def prompts(text: str, count: int = 12) -> list[str]:
 def generate(out: Path, steps: int = 600) -> Path:
     import numpy as np
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(0)

@@ -228,6 +228,21 @@ def of(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
     return ModelFiles(graph, tuple(external))
 
 
+def of_directory(folder: Path, *, hashed: bool = True) -> ModelFiles:
+    """A generative model's Hugging Face-format directory: config.json stands for the graph, and every other file
+    directly in it (weights, tokenizer, the data files beside them) is one of its files, by name, so a changed
+    weight file is named by the plan. Hidden files and subdirectories are not part of the model."""
+    config = folder / "config.json"
+    sha, size, _ = _hash(config, None, hashed)
+    others = []
+    for file in sorted(folder.iterdir()):
+        if file.name.startswith(".") or file == config or not file.is_file():
+            continue
+        fsha, fsize, _ = _hash(file, None, hashed)
+        others.append(ModelFile(file, file.name, fsha, fsize))
+    return ModelFiles(ModelFile(config, "", sha, size), tuple(others))
+
+
 def nbytes(t: onnx.TensorProto) -> int:
     """A TensorProto's data bytes, whether stored inside the graph or as external data (not loaded)."""
     import onnx

@@ -15,7 +15,7 @@ import pytest
 from ortbuild.artifact import keys
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, declare, options, plan, sections, settings, tables
-from tests.conftest import MODELS, here_runtime
+from tests.conftest import MODELS, REPO, here_runtime
 
 # the value a key takes in the changed project where the one its kind gives would not load (or not differ)
 VARIANTS: dict[str, object] = {
@@ -46,6 +46,7 @@ VARIANTS: dict[str, object] = {
     "model.inputs": str(MODELS / "tiny_lstm.inputs.npz"),
     "model.calibration": str(MODELS / "tiny_lstm.calib.npz"),
     "model.expected": str(MODELS / "tiny_lstm.inputs.npz"),
+    "model.heldout": str(REPO / "README.md"),
     "model.eval.inputs": str(MODELS / "tiny_cnn.calib.npz"),
     "model.eval.labels": str(MODELS / "tiny_lstm.calib.npz"),
     "model.eval.metric": "f1",
@@ -71,6 +72,9 @@ CONTEXT: dict[str, dict[str, Any]] = {
                                        "labels": str(MODELS / "tiny_cnn.calib.npz")}}
        for table, names in (("model.eval", ("inputs", "labels", "metric", "output", "batch", "max_samples")),
                             ("target.eval", ("max_drop", "confidence"))) for k in names},
+    # a generative model's key: the project's model is a Hugging Face-format directory (a stub, only hashed here)
+    "model.heldout": {"model.path": str(REPO / "tests" / "fixtures" / "hf_stub"),
+                      "model.inputs": str(REPO / "tests" / "fixtures" / "hf_stub" / "prompts.txt")},
 }
 NAMED = {"output_accuracy": "logits", "latency_data_set": "test_data_set_0"}  # an entry of each named table
 
@@ -126,7 +130,8 @@ def _toml(value: object) -> str:
 
 def _key(folder: Path, changes: dict[str, object]) -> str:
     """The real build key of job t/tiny_cnn in a project with `changes` made (Builder.prepare: every digest)."""
-    cpu = {"runtime": here_runtime(), "providers": ["CPUExecutionProvider"]}
+    # the model by name: a wildcard never selects a generative model (model.heldout's context)
+    cpu = {"runtime": here_runtime(), "providers": ["CPUExecutionProvider"], "models": ["tiny_cnn"]}
     doc: dict[str, Any] = {"project": {"name": "t", "version": "1"},
                            "models": {"tiny_cnn": {"path": str(MODELS / "tiny_cnn.onnx"),
                                                    "inputs": str(MODELS / "tiny_cnn.inputs.npz")}},

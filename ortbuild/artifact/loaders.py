@@ -47,6 +47,10 @@ WEB_PROVIDER_OPTIONS: dict[str, set[str]] = {"CPUExecutionProvider": set(),
 # written for the build machine's SIMD width (the web template has the same list)
 WEB_MISSING_DOMAINS = ("com.microsoft.nchwc",)
 
+# onnxruntime-genai's short names of the providers its Config.append_provider takes (the CPU provider is its default)
+GENAI_PROVIDERS = {"CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml", "WebGpuExecutionProvider": "webgpu",
+                   "NvTensorRTRTXExecutionProvider": "NvTensorRtRtx"}
+
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -97,8 +101,15 @@ def _provider_options(m: Manifest) -> list[tuple[str, dict[str, str]]]:
             for p in m.providers]
 
 
+GENERATIVE_REFUSAL = ("a generative model (onnxruntime-genai's decoder with its KV cache and generation loop): "
+                      "onnxruntime-genai has no Node.js or browser package, and onnxruntime-node/-web run single "
+                      "graphs; open it with the Python loader")
+
+
 def node_refusal(m: Manifest) -> str:
     """Why the Node loader cannot run this target ("" when it can)."""
+    if m.generative is not None:
+        return GENERATIVE_REFUSAL
     absent = [p["name"] for p in m.providers if p["name"] not in NODE_PROVIDERS]
     if absent:
         return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
@@ -116,6 +127,8 @@ def node_refusal(m: Manifest) -> str:
 
 def web_refusal(m: Manifest) -> str:
     """Why the browser loader (onnxruntime-web) cannot run this artifact ("" when it can)."""
+    if m.generative is not None:
+        return GENERATIVE_REFUSAL
     absent = [p["name"] for p in m.providers if p["name"] not in WEB_PROVIDERS]
     if absent:
         return (f"onnxruntime-web has no {', '.join(absent)} (it runs the CPU provider's kernels as WebAssembly, and "
@@ -155,6 +168,13 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
         "inputs": m.io["inputs"], "outputs": m.io["outputs"],
     }
+    if m.generative is not None:  # onnxruntime-genai's loader in Python; the JavaScript ones refuse it, saying why
+        facts.update(genai=m.generative.runtime, runtime_only=runtime.split()[0] if runtime else "onnxruntime",
+                     genai_providers_py=pprint.pformat(GENAI_PROVIDERS, width=100, sort_dicts=True),
+                     refusal=GENERATIVE_REFUSAL)
+        return {name: _env().get_template(template).render(**facts)
+                for name, template in ((python_file(m.model), "loader_genai.py.j2"), (NODE, "loader_refused.mjs.j2"),
+                                       (WEB, "loader_refused.mjs.j2"))}
     return {name: _env().get_template(template).render(**facts)
             for name, template in ((python_file(m.model), "loader.py.j2"), (NODE, "loader.mjs.j2"),
                                    (NODE_TYPES, "loader.d.ts.j2"), (WEB, "loader.web.mjs.j2"))}

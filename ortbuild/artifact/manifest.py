@@ -30,6 +30,7 @@ from ortbuild.artifact.manifest_types import Compiled as Compiled
 from ortbuild.artifact.manifest_types import CompiledFor as CompiledFor
 from ortbuild.artifact.manifest_types import Encryption as Encryption
 from ortbuild.artifact.manifest_types import Fusion as Fusion
+from ortbuild.artifact.manifest_types import Generative as Generative
 from ortbuild.artifact.manifest_types import GoldenRun as GoldenRun
 from ortbuild.artifact.manifest_types import Grown as Grown
 from ortbuild.artifact.manifest_types import Inflation as Inflation

@@ -234,6 +234,25 @@ class GoldenRun:
 
 
 @dataclass(frozen=True)
+class Generative:
+    """A generative model built by onnxruntime-genai's model builder (ortbuild.pipeline.genai)."""
+    architecture: str                # config.json's `architectures[0]`, e.g. LlamaForCausalLM
+    model_type: str                  # genai_config.json's model.type, e.g. llama
+    builder: dict[str, str]          # the builder's packages and versions (onnxruntime-genai, torch, transformers)
+    runtime: str                     # the pip requirement the loader needs (onnxruntime-genai==...)
+    precision: str                   # the builder's `-p`
+    execution_provider: str          # the builder's `-e`
+    extra_options: dict[str, str]    # the builder's --extra_options, as passed
+    context_length: int
+    vocab_size: int
+    num_layers: int
+    eos_token_ids: list[int]
+    config: str                      # genai_config.json: beside the graph, signed, not encrypted
+    tokenizer: list[str]             # the tokenizer files, signed, not encrypted
+    golden_tokens: dict[str, list[int]]  # prompt -> the artifact's greedy tokens at build time (reload step)
+
+
+@dataclass(frozen=True)
 class Manifest:
     project: ProjectInfo
     target: str
@@ -267,6 +286,7 @@ class Manifest:
     fusion: Fusion | None = None     # [targets.X.fusion] on: what the transformer optimizer fused
     operators: Operators | None = None  # format = "ort": ORT's reduced-build operator config (steps/operators.py)
     locked: dict[str, object] | None = None  # the targets.lock entry laid over its settings (project/lockfile.py)
+    generative: Generative | None = None  # a generative model built by onnxruntime-genai's model builder
     format_version: int = FORMAT_VERSION
 
     @property

@@ -77,7 +77,7 @@ class Builder:
         known = self._models.get(key)
         if known is not None and all(modelfiles.stat_key(Path(f[0])) == f for f in known[1]):
             return known[0]
-        files = modelfiles.of(path, where="models")
+        files = modelfiles.of_directory(path) if path.is_dir() else modelfiles.of(path, where="models")
         self._models[key] = (files, [modelfiles.stat_key(f.path) for f in files.external])
         return files
 
@@ -166,7 +166,7 @@ class Builder:
                    reused: bool = False) -> None:
         """Run the phase's steps in order: announce each, remember it (a failure names it), time it, hand its
         result on."""
-        for step in stages.PIPELINE:
+        for step in _pipeline_of(prep):
             if step.phase != phase or (reused and not step.on_reuse) or (step.applies and not step.applies(prep)):
                 continue
             self.progress(prep.job.name, StepStarted(step.describe(prep)))
@@ -290,6 +290,15 @@ class Builder:
         if res.status is JobStatus.FAILED:
             self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {res.reason}"))
         return res
+
+
+def _pipeline_of(prep: Prepared) -> tuple[stages.Step, ...]:
+    """The steps of a job: a generative model's (ortbuild.pipeline.genai), else stages.PIPELINE."""
+    if prep.job.model.generative:
+        from ortbuild.pipeline import genai
+
+        return genai.GENERATIVE
+    return stages.PIPELINE
 
 
 def up_to_date(job: Job, command: str) -> str:

@@ -50,7 +50,20 @@ def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
+    if job.model.generative:  # the model builder's output depends on its packages' versions
+        parts["builder"] = builder_versions()
     return parts
+
+
+def builder_versions() -> dict[str, str]:
+    """The installed versions of onnxruntime-genai's model builder and of what it imports ("" where absent)."""
+    out = {}
+    for name in ("onnxruntime-genai", "torch", "transformers", "onnx_ir"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = ""
+    return out
 
 
 

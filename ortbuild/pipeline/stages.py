@@ -249,9 +249,9 @@ def _loader(prep: Prepared, done: Done) -> None:
 def record(res: JobResult, result: object) -> None:
     """What the command reports from a step's result, as soon as the step returns (a job that fails later
     still reports it)."""
-    from ortbuild.pipeline.steps import check, optimize, package, precision
+    from ortbuild.pipeline.steps import check, genbuild, optimize, package, precision
 
-    if isinstance(result, check.CheckResult):
+    if isinstance(result, check.CheckResult | genbuild.GenSource):
         res.source_size = result.size
     elif isinstance(result, precision.PrecisionResult) and result.changed is not None:
         res.converted = result.changed.converted
@@ -285,3 +285,4 @@ PIPELINE: tuple[Step, ...] = (
     Step("loader", "verify", _loader, lambda p: "open it through the generated Python loader",
          on_reuse=False),  # a reused artifact passed it when built; its integrity is checked every time
 )
+

@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from ortbuild import paths
 from ortbuild.errors import ConfigError
-from ortbuild.project import evalsets, options, precisions
+from ortbuild.project import evalsets, generation, options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, providers_of, short_repr, type_name
 from ortbuild.project.declare import build
 from ortbuild.project.layering import INHERITED, NOT_INHERITED, overridden, resolve_extends
@@ -175,7 +175,8 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
             if k not in table:
                 raise chk.fail(where, f"missing required key '{k}'")
         found: dict[str, Path | None] = {}
-        for k in ("path", "inputs", "calibration", "expected"):
+        generative = generation.is_generative(root / table["path"]) if isinstance(table.get("path"), str) else False
+        for k in ("path", "inputs", "calibration", "expected", "heldout"):
             rel = table.get(k)
             if rel is not None and (bad := _path_problem(rel)):
                 raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {bad}", "paths are relative to the directory of "
@@ -183,7 +184,12 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
             p = (root / rel) if rel is not None else None
             if p is not None and not check_files and (too_long := paths.length_problem(p)):
                 raise chk.fail(f"{where}.{k}", too_long)  # with check_files, input_problem() says it
-            if check_files and p is not None:
+            if check_files and p is not None and generative and k == "path":
+                if (problem := generation.directory_problem(p)) is not None:
+                    raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}",
+                                   "name an ONNX model file, or a Hugging Face-format directory of a generative model "
+                                   "(docs/generative.md)")
+            elif check_files and p is not None:
                 problem = paths.input_problem(p, limit=paths.MAX_MODEL_BYTES) if k == "path" else \
                     paths.input_problem(p, limit=paths.MAX_DATA_BYTES, directory_ok=True)
                 if problem == "does not exist":
@@ -196,13 +202,54 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
             found[k] = p
         path, inputs = found["path"], found["inputs"]
         assert path is not None and inputs is not None
+        if generative:
+            _check_generative_model(chk, where, table, inputs, check_files)
+        elif found["heldout"] is not None:
+            raise chk.fail(f"{where}.heldout", "is a generative model's key, and this model is an ONNX file",
+                           "remove it (a generative model's `path` is a Hugging Face-format directory)")
         models[name] = Model(name=name, path=path, inputs=inputs, calibration=found["calibration"],
+                             heldout=found["heldout"], generative=generative,
                              description=table.get("description", ""), expected=found["expected"],
                              custom_ops=_custom_ops(chk, f"{where}.custom_ops", table.get("custom_ops", []), root,
                                                     check_files),
                              eval=evalsets.eval_set(chk, f"{where}.eval", table.get("eval"), root, check_files))
     _check_loader_modules(chk, models)
     return models
+
+
+def _check_generative_model(chk: Checker, where: str, table: dict[str, Any], inputs: Path, check_files: bool) -> None:
+    """A generative model's keys: the ONNX-graph ones have no meaning for it; its prompts are a text file."""
+    for k in ("calibration", "eval", "custom_ops"):
+        if table.get(k):
+            raise chk.fail(f"{where}.{k}", "has no meaning for a generative model (its `path` is a Hugging "
+                                           "Face-format directory, built by onnxruntime-genai's model builder)",
+                           "remove it; a generative model is judged by `[targets.X.tokens]` (docs/generative.md)")
+    if check_files and not inputs.is_file():
+        raise chk.fail(f"{where}.inputs", f"{short_repr(table['inputs'])} is not a file: a generative model's golden "
+                                          "inputs are a UTF-8 text file of prompts, one per line",
+                       "e.g. inputs = \"models/tiny_llama/prompts.txt\"")
+
+
+def _check_generative_settings(chk: Checker, where: str, model: str, eff: dict[str, Any]) -> None:
+    """A generative model's target: what onnxruntime-genai's model builder can make."""
+    if eff["precision"] not in generation.BUILDER_PRECISION:
+        raise chk.fail(f"{where}.precision", f"'{eff['precision']}' cannot be built for generative model '{model}': "
+                                             "onnxruntime-genai's model builder makes "
+                                             f"{', '.join(generation.BUILDER_PRECISION)}",
+                       "int4-weight (with [targets.X.int4] block_size and accuracy_level) is the usual LLM precision")
+    first = eff["providers"][0]
+    name = first if isinstance(first, str) else first.get("name", "")
+    if name not in generation.BUILDER_PROVIDER:
+        raise chk.fail(f"{where}.providers", f"'{name}' is not a provider onnxruntime-genai's model builder builds "
+                                             f"for (generative model '{model}')",
+                       f"use one of {', '.join(generation.BUILDER_PROVIDER)}")
+    for k, default in (("format", "onnx"), ("fusion", None)):
+        if k == "fusion" and eff.get("fusion", {}).get("model_type", "off") != "off":
+            raise chk.fail(f"{where}.fusion", f"generative model '{model}': the model builder writes fused "
+                                              "attention itself", "remove the fusion table for this model")
+        if k == "format" and eff.get("format", default) != default:
+            raise chk.fail(f"{where}.format", f"generative model '{model}' is built as onnx only (onnxruntime-genai "
+                                              "opens ONNX files)", 'use format = "onnx" for this target')
 
 
 def _check_loader_modules(chk: Checker, models: dict[str, Model]) -> None:
@@ -289,7 +336,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
                 raise chk.fail(f"{where}.models", f"pattern '{pat}' matches no model"
                                                   f"{did_you_mean(pat, list(models))}",
                                f"the models are: {', '.join(models)}")
-        selected = matches(list(models), t["models"])
+        selected = _selected(chk, f"{where}.models", models, t["models"])
         target_ops = _custom_ops(chk, f"{where}.custom_ops", t["custom_ops"], root, check_files)
         for i, ov in enumerate([o for o in t["overrides"] if not o.get(INHERITED)]):  # its own, after inherited
             if "models" not in ov:
@@ -303,6 +350,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         for m in selected:
             eff, not_inherited = overridden(t, name, m)
             check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
+            if models[m].generative:
+                _check_generative_settings(chk, where, m, eff)
             check_settings(chk, where, models[m], eff)
             if not plat.nchwc and precisions.LEVEL_RULES[eff["optimization"]].nchwc:
                 raise chk.fail(f"{where}.optimization", f"'{eff['optimization']}' ties the artifact to the build "
@@ -318,11 +367,29 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
         check_custom_op_versions(chk, where, all_ops)
         targets[name] = build(Target, t, name=name, runtime=rt.flavor, models=tuple(selected), settings=settings,
-                              plugins=rt.plugins, custom_ops=all_ops)
+                              plugins=rt.plugins, custom_ops=all_ops,
+                              generative=bool(selected) and models[selected[0]].generative)
     for name, target in targets.items():
         check_relative_budgets(chk, name, target, targets)
     return targets
 
+
+
+def _selected(chk: Checker, where: str, models: dict[str, Model], patterns: list[str]) -> list[str]:
+    """The models a target's patterns select. A wildcard never selects a generative model (a target of ONNX models
+    with `models = ["*"]` does not grow an LLM when one is added): name it. A target builds one kind of model."""
+    named = set(patterns)
+    selected = [m for m in matches(list(models), patterns) if not models[m].generative or m in named]
+    kinds = {models[m].generative for m in selected}
+    if not selected:
+        raise chk.fail(where, f"selects only generative models through wildcards ({', '.join(patterns)})",
+                       "name a generative model to build it: wildcards never select one")
+    if len(kinds) > 1:
+        gen = [m for m in selected if models[m].generative]
+        raise chk.fail(where, f"selects generative model(s) ({', '.join(gen)}) and ONNX models "
+                              f"({', '.join(m for m in selected if m not in gen)}): a target builds one kind",
+                       "put the generative models in a target of their own (their builds and gates differ)")
+    return selected
 
 
 def _runner_platform(raw: dict[str, Any], name: str,

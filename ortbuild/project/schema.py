@@ -137,7 +137,8 @@ _TITLES = {
     "latency_offline": "[targets.NAME.latency.offline]", "latency_server": "[targets.NAME.latency.server]",
     "latency_multi_stream": "[targets.NAME.latency.multi_stream]",
     "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]", "eval": "[targets.NAME.eval]",
-    "model_eval": "[models.NAME.eval]",
+    "model_eval": "[models.NAME.eval]", "tokens": "[targets.NAME.tokens]",
+    "generation": "[targets.NAME.generation]",
 }
 
 

@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 
 from ortbuild.project import precisions, providers
 from ortbuild.project.declare import build_json, derived, plain, setting
+from ortbuild.project.generation import BUILDER_REQUIREMENTS, Generation, Tokens
 from ortbuild.project.precisions import (
     Format,
     FormatRule,
@@ -95,11 +96,14 @@ class Model:
 
     name: str
     path: Path = setting(required=True, build="never", rebuilds="the build key holds the model's digests",
-                         doc="The source ONNX model, relative to targets.toml.")
+                         doc="The source ONNX model, relative to targets.toml; or a Hugging Face-format directory "
+                             "(config.json, weights, tokenizer.json) of a generative model, built with "
+                             "onnxruntime-genai's model builder (docs/generative.md).")
     inputs: Path = setting(
         required=True, build="never", rebuilds="the build key holds their digest",
         doc="Golden inputs, relative to targets.toml: an .npz keyed by input name (one feed), or a "
-            "directory in the ONNX layout `test_data_set_N/input_K.pb`. Every artifact must run on them.")
+            "directory in the ONNX layout `test_data_set_N/input_K.pb`. Every artifact must run on them. "
+            "For a generative model: a UTF-8 text file of golden prompts, one per line.")
     calibration: Path | None = setting(
         None, build="never", rebuilds="the build key holds their digest where the precision calibrates",
         doc="Calibration data for int8-static, same formats as `inputs`; in an .npz the first axis of "
@@ -120,6 +124,11 @@ class Model:
             "the build and the tests open registers them; the manifest records each (name, version, sha256) "
             "and the loaders check that sha256 before registering it (a path library ships beside the "
             "artifact). See docs/diagnose.md.")
+    heldout: Path | None = setting(
+        None, build="never",
+        doc="A generative model's held-out text (UTF-8, relative to targets.toml) for the token gate's perplexity "
+            "(`[targets.X.tokens] max_ppl_increase`); unset: perplexity is not judged.")
+    generative: bool = derived(False, build="never")  # `path` is a Hugging Face-format directory
     eval: EvalSet | None = setting(
         None, table="model_eval", build="never",
         doc="A labelled evaluation set `[models.NAME.eval]` for the `eval` gate, judged against each target's "
@@ -151,6 +160,14 @@ class Gates:
         doc="Task-accuracy budget on the model's labelled evaluation set (`[models.NAME.eval]`): the largest "
             "drop from the fp32 source, checked by `ortbuild test` (docs/testing.md, Task accuracy on labelled "
             "data).")
+    tokens: Tokens = setting(
+        factory=Tokens, build="never",
+        doc="The token gate of a generative model: greedy agreement with the fp32 source, next-token logits "
+            "along its continuation, perplexity (docs/generative.md).")
+    generation: Generation = setting(
+        factory=Generation, build="never",
+        doc="Generation budgets of a generative model: time to first token, time per output token, tokens per "
+            "second and peak memory with the KV cache (docs/generative.md).")
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
 
@@ -321,10 +338,14 @@ class Target:
     settings: Mapping[str, Settings]  # per model name
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (providers.PLUGINS)
 
+    generative: bool = False         # its models are generative (Hugging Face-format directories)
+
     @property
     def requirements(self) -> tuple[str, ...]:
-        """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages."""
-        return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package))
+        """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages, and for
+        generative models the model builder and onnxruntime-genai."""
+        return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package),
+                *(BUILDER_REQUIREMENTS if self.generative else ()))
 
     @property
     def runtime_text(self) -> str:
@@ -351,7 +372,8 @@ class Target:
         ep = self.providers[0].name.removesuffix("ExecutionProvider").lower()
         precs = {s.precision for s in self.settings.values()}
         emulated = [] if self.platform_rule.native else [self.platform]
-        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *emulated]
+        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *emulated,
+                *(["generative"] if self.generative else [])]
 
     @property
     def platform_rule(self) -> PlatformRule:

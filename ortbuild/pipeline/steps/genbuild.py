@@ -1,0 +1,210 @@
+"""Steps of a generative model (ortbuild.pipeline.genai): check its Hugging Face-format directory, run
+onnxruntime-genai's model builder for the target's provider and precision, fold the weights into the one graph
+file the loaders hand to onnxruntime-genai from memory, and open the plaintext build once (greedy tokens on the
+golden prompts: never NaN, and what the sealed artifact must reproduce through its loader)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortbuild.errors import ConfigError, OutputsBroken, StepError
+from ortbuild.project import generation
+from ortbuild.project.config import Settings
+from ortbuild.project.sections import Int4, Quantization
+
+PROTOBUF_LIMIT = (2 << 30) - (64 << 20)  # a single ONNX file is a protobuf: under 2 GiB, with room for the graph
+RELOAD_TOKENS = 8                        # greedy tokens per golden prompt at build time
+CONFIG_FILE = "genai_config.json"
+
+
+@dataclass(frozen=True)
+class GenSource:
+    """The checked source directory and the golden prompts."""
+
+    architecture: str
+    prompts: tuple[str, ...]
+    size: int                         # every file of the directory
+
+
+@dataclass(frozen=True)
+class GenBuilt:
+    """The builder's output in the build's private temp dir, its graph folded into one file."""
+
+    folder: Path
+    graph: Path                       # the decoder (model.onnx), weights inside
+    config: dict[str, Any]            # genai_config.json
+    side_files: tuple[str, ...]       # genai_config.json and the tokenizer files, in folder
+    precision: str                    # the builder's -p
+    execution_provider: str           # the builder's -e
+    extra_options: dict[str, str]
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenReloaded:
+    """Greedy tokens of the plaintext build on each golden prompt (prompt -> token ids)."""
+
+    tokens: dict[str, list[int]] = field(hash=False)
+
+
+def read_prompts(path: Path, config: str, key: str) -> tuple[str, ...]:
+    """The golden prompts: one per non-empty line of a UTF-8 text file."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(config, key, f"cannot read the prompts file {path}: {e}",
+                          "a UTF-8 text file of golden prompts, one per line") from None
+    prompts = tuple(line.strip() for line in lines if line.strip())
+    if not prompts:
+        raise ConfigError(config, key, f"{path} holds no prompt", "write one golden prompt per line")
+    return prompts
+
+
+def check(folder: Path, prompts: Path, config: str, model: str, size: int) -> GenSource:
+    problem = generation.directory_problem(folder)
+    if problem:
+        raise ConfigError(config, f"models.{model}.path", f"{folder} {problem}",
+                          "a Hugging Face-format directory: config.json, model.safetensors, tokenizer.json")
+    try:
+        hf = json.loads((folder / generation.HF_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(config, f"models.{model}.path", f"{folder / generation.HF_CONFIG} is unreadable: {e}",
+                          "write the model with transformers' save_pretrained()") from None
+    archs = hf.get("architectures") if isinstance(hf, dict) else None
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise ConfigError(config, f"models.{model}.path", f"{folder / generation.HF_CONFIG} names no `architectures`",
+                          "write the model with transformers' save_pretrained() (it records the architecture)")
+    return GenSource(archs[0], read_prompts(prompts, config, f"models.{model}.inputs"), size)
+
+
+def extra_options(settings: Settings) -> dict[str, str]:
+    """The builder's --extra_options from the target's precision options (docs/generative.md)."""
+    opts = settings.typed_precision_options()
+    out: dict[str, str] = {}
+    if isinstance(opts, Int4):
+        out["block_size"] = str(opts.block_size)
+        out["is_symmetric"] = "true" if opts.symmetric else "false"
+        out["accuracy_level"] = str(opts.accuracy_level)
+    excluded = opts.exclude_nodes if isinstance(opts, Int4 | Quantization) else ()
+    if excluded:
+        out["nodes_to_exclude"] = ",".join(excluded)
+    return out
+
+
+def missing_builder() -> list[str]:
+    """The builder's packages this environment lacks."""
+    return [name for name in ("onnxruntime_genai", "torch", "transformers") if importlib.util.find_spec(name) is None]
+
+
+def build(source: Path, work: Path, settings: Settings, provider: str, target: str, model: str) -> GenBuilt:
+    missing = missing_builder()
+    if missing:
+        raise StepError(target, model, "genai-build", f"this environment lacks {', '.join(missing)}: "
+                        "onnxruntime-genai's model builder needs them to read a Hugging Face-format directory",
+                        f"pip install {' '.join(generation.BUILDER_REQUIREMENTS)} (nox installs them into a generative "
+                        "target's venv)")
+    out, cache = work / "genai", work / "genai-cache"
+    precision = generation.BUILDER_PRECISION[settings.precision]
+    ep = generation.BUILDER_PROVIDER[provider]
+    extra = extra_options(settings)
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(out),
+               "-p", precision, "-e", ep, "-c", str(cache)]
+    if extra:
+        command += ["--extra_options", *(f"{k}={v}" for k, v in extra.items())]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    seconds = time.perf_counter() - start
+    for line in (done.stdout + done.stderr).splitlines():
+        print(line, file=sys.stderr)  # the build's log (dist/logs/) keeps what the builder said
+    if done.returncode != 0 or not (out / CONFIG_FILE).is_file():
+        said = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        raise StepError(target, model, "genai-build", f"onnxruntime-genai's model builder failed (exit "
+                        f"{done.returncode}): {said[-1][:300] if said else 'no output'}",
+                        f"its full output is in the build log; the command was: {' '.join(command)}")
+    config = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
+    graph = out / config["model"]["decoder"]["filename"]
+    notes = fold(graph, target, model)
+    side = tuple(sorted(f.name for f in out.iterdir() if f.is_file() and f != graph))
+    return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, notes)
+
+
+def fold(graph: Path, target: str, model: str) -> tuple[str, ...]:
+    """The builder writes its weights beside the graph (model.onnx.data); onnxruntime-genai takes only the graph
+    from memory (Config.add_model_data) and would read the data file from disk, so the weights go into the graph."""
+    import onnx
+
+    data = [f for f in graph.parent.iterdir() if f.name.startswith(graph.name + ".") or f.suffix == ".data"]
+    if not data:
+        return ()
+    size = sum(f.stat().st_size for f in data) + graph.stat().st_size
+    if size > PROTOBUF_LIMIT:
+        raise StepError(target, model, "genai-build", f"the built model holds {size / (1 << 30):.2f} GiB: "
+                        "onnxruntime-genai 0.18 opens a model from memory as one ONNX file (Config.add_model_data "
+                        "ignores external data), which protobuf limits to 2 GiB",
+                        "use a smaller precision (int4-weight) or a smaller model; writing the plaintext weights to a "
+                        "file for onnxruntime-genai to read is what ortbuild never does")
+    proto = onnx.load(str(graph), load_external_data=True)
+    tmp = graph.with_name(graph.name + ".folded")
+    onnx.save_model(proto, str(tmp), save_as_external_data=False)
+    del proto
+    for f in data:
+        f.unlink()
+    tmp.replace(graph)
+    return (f"weights folded into the graph ({', '.join(f.name for f in data)}): onnxruntime-genai opens it from "
+            "memory as one file",)
+
+
+def facts(built: GenBuilt) -> Mapping[str, Any]:
+    """What the manifest records of genai_config.json."""
+    m = built.config["model"]
+    eos = m.get("eos_token_id", [])
+    return {"model_type": str(m.get("type", "")), "context_length": int(m.get("context_length", 0)),
+            "vocab_size": int(m.get("vocab_size", 0)), "num_layers": int(m["decoder"].get("num_hidden_layers", 0)),
+            "eos_token_ids": [int(e) for e in (eos if isinstance(eos, list) else [eos])]}
+
+
+def reload(built: GenBuilt, prompts: tuple[str, ...], target: str, model: str, cpu: bool) -> GenReloaded:
+    """Open the plaintext build with onnxruntime-genai and generate RELOAD_TOKENS greedy tokens per prompt; logits
+    that are not finite fail the build (an int4/int8 that gives NaN is never BUILT). `cpu`: on the CPU provider
+    (a portable build: the target's providers cannot run here), else on the providers the builder configured."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    config = og.Config(str(built.folder))
+    if cpu:
+        config.clear_providers()
+    m = og.Model(config)
+    tok = og.Tokenizer(m)
+    out: dict[str, list[int]] = {}
+    for prompt in prompts:
+        ids = [int(t) for t in tok.encode(prompt)]
+        params = og.GeneratorParams(m)
+        params.set_search_options(max_length=min(len(ids) + RELOAD_TOKENS, facts(built)["context_length"] or 1 << 30),
+                                  do_sample=False)
+        gen = og.Generator(m, params)
+        gen.append_tokens(ids)
+        tokens: list[int] = []
+        while not gen.is_done() and len(tokens) < RELOAD_TOKENS:
+            logits = np.asarray(gen.get_logits(), dtype=np.float32)
+            if not np.isfinite(logits).all():
+                bad = int((~np.isfinite(logits)).sum())
+                raise OutputsBroken(target, model, "genai-reload",
+                                    f"the built model's next-token logits hold {bad} NaN/inf values of "
+                                    f"{logits.size} after {len(tokens)} generated token(s) of prompt {prompt[:60]!r}",
+                                    "a lower-precision setting broke the model: try int8 / a smaller int4 block_size / "
+                                    "accuracy_level 0, or keep layers in float (docs/generative.md)")
+            gen.generate_next_token()
+            tokens.append(int(gen.get_next_tokens()[0]))
+        out[prompt] = tokens
+    return GenReloaded(out)

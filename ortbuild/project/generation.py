@@ -1,0 +1,119 @@
+"""The keys of generative (decoder language) models: what makes a `[models.X]` one, which requirements its targets'
+virtualenvs get, and the budgets `[targets.X.tokens]` (token-level accuracy) and `[targets.X.generation]` (time to
+first token, time per output token, tokens per second, peak memory with the KV cache).
+Stdlib-only (the noxfile imports it through ortbuild.project.config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ortbuild.project.declare import setting
+from ortbuild.project.sections import MS_MAX
+
+# What a generative target's virtualenv holds besides its ONNX Runtime flavor: the model builder and what it
+# imports (torch's CPU wheel: pip takes the one kept on disk where there is one; uv does not, see README), and the
+# runtime the loaders open the model with. Pinned: the builder's output is part of the build key.
+GENAI = "onnxruntime-genai==0.18.0"
+BUILDER_REQUIREMENTS = (GENAI, "torch==2.13.0", "transformers==5.24.0", "onnx_ir==1.1.0")
+# The files of a Hugging Face-format directory the builder reads (weights: any of WEIGHTS)
+HF_CONFIG = "config.json"
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+TOKENIZER = "tokenizer.json"
+# precision -> the builder's `-p`; the others (int8-static: calibrated QDQ) have no builder equivalent
+BUILDER_PRECISION = {"fp32": "fp32", "fp16": "fp16", "int8-dynamic": "int8", "int4-weight": "int4"}
+# provider -> the builder's `-e`
+BUILDER_PROVIDER = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda", "DmlExecutionProvider": "dml",
+                    "WebGpuExecutionProvider": "webgpu", "NvTensorRTRTXExecutionProvider": "NvTensorRtRtx"}
+
+
+def is_generative(path: Path) -> bool:
+    """A model path names a generative model when it is a directory (a Hugging Face-format one), or, not made
+    yet, has no file suffix (`models/tiny_llama`, made on first use)."""
+    return path.is_dir() or (not path.exists() and path.suffix == "")
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why `path` is not a Hugging Face-format directory the builder can read (None: it is)."""
+    if not path.is_dir():
+        return "is not a directory"
+    if not (path / HF_CONFIG).is_file():
+        return f"has no {HF_CONFIG} (a Hugging Face-format model directory holds config.json, the weights and " \
+               "tokenizer.json)"
+    if not any((path / w).is_file() for w in WEIGHTS):
+        return f"has no weights ({', '.join(WEIGHTS)})"
+    if not (path / TOKENIZER).is_file():
+        return f"has no {TOKENIZER}"
+    return None
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """[targets.X.tokens]: the token gate of a generative model, over its precision's defaults (docs/generative.md)."""
+
+    max_tokens: int = setting(
+        32, maximum=4096, build="never",
+        doc="Tokens generated greedily per golden prompt, by the fp32 source (the reference) and by the artifact.")
+    match_tokens: int | None = setting(
+        None, maximum=4096, build="never",
+        doc="Every prompt's greedy continuation must equal the reference's on its first N tokens. Default per "
+            "precision (docs/generative.md).")
+    min_agreement: float | None = setting(
+        None, maximum=1.0, build="never",
+        doc="Least token agreement rate over all prompts (positions before each prompt's first divergence, over "
+            "all positions). Default per precision.")
+    min_cosine: float | None = setting(
+        None, maximum=1.0, build="never",
+        doc="Least cosine similarity of the next-token logits with the reference's, at every step of every prompt "
+            "along the reference's continuation (teacher forcing). Default per precision.")
+    min_top5: float | None = setting(
+        None, maximum=1.0, build="never",
+        doc="Least mean overlap of the top-5 next tokens with the reference's, along the reference's "
+            "continuation. Default per precision.")
+    max_ppl_increase: float | None = setting(
+        None, maximum=1e6, build="never",
+        doc="Largest relative increase of the perplexity on the model's `heldout` text over the reference's "
+            "(0.05: 5%). Default per precision; without `heldout` text it is not judged.")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """[targets.X.generation]: generation latency and memory budgets of a generative model (docs/generative.md)."""
+
+    prompt_tokens: int = setting(
+        64, maximum=1 << 20, build="never",
+        doc="Prompt length the time to first token is measured at (token ids drawn with a fixed seed).")
+    new_tokens: int = setting(
+        32, maximum=1 << 20, build="never", doc="Tokens generated per timed generation (EOS ignored).")
+    ttft_p50_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the median time to first token (prefill + first token), ms.")
+    ttft_p90_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the 90th percentile time to first token, ms.")
+    ttft_p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the 99th percentile time to first token, ms.")
+    tpot_p50_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the median time per output token (each decode step), ms.")
+    tpot_p90_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the 90th percentile time per output token, ms.")
+    tpot_p99_ms: float | None = setting(None, maximum=MS_MAX, build="never",
+                                        doc="Budget of the 99th percentile time per output token, ms.")
+    min_tokens_per_second: float | None = setting(
+        None, maximum=1e9, build="never", doc="Least decode throughput: new tokens per second of decoding.")
+    max_memory_mb: float | None = setting(
+        None, maximum=1 << 20, build="never",
+        doc="Budget of the peak resident memory (MiB) of a fresh process that opens the artifact through its "
+            "generated loader and generates up to the model's context length (the KV cache at its largest).")
+    confidence: float = setting(0.95, maximum=0.999999, build="never", doc="Confidence of every verdict.")
+    min_seconds: float = setting(1.0, maximum=3600, build="never",
+                                 doc="With a budget undecided, timed generations go on at least this long.")
+    max_seconds: float = setting(60.0, maximum=86400, build="never",
+                                 doc="Timed generations stop after this long; a budget still undecided is "
+                                     "INCONCLUSIVE.")
+
+    @property
+    def declared(self) -> bool:
+        """Whether any budget is set (the gate runs only then)."""
+        return any(v is not None for v in (self.ttft_p50_ms, self.ttft_p90_ms, self.ttft_p99_ms, self.tpot_p50_ms,
+                                           self.tpot_p90_ms, self.tpot_p99_ms, self.min_tokens_per_second,
+                                           self.max_memory_mb))
