@@ -69,19 +69,21 @@ def verdict_doc(kind: str, v: PercentileVerdict) -> dict[str, object]:
 
 def fail_lines(name: str, kind: str, v: PercentileVerdict, budget: GenerationBudget, where: str) -> list[str]:
     """A FAILed budget's lines: the percentile, the measured estimate and its bound, the budget, the lengths."""
-    over = f"({v.exceeding} of {v.samples} generations above it; {budget.prompt_tokens} prompt + " \
-           f"{budget.new_tokens} new tokens)"
+    at = f"{budget.prompt_tokens} prompt + {budget.new_tokens} new tokens"
+    there = f" in {where}" if where else ""
     if kind == "min_tokens_per_second":
         bound = f" (at most {1e3 / v.lower:.1f} with {v.confidence:.0%} confidence)" if v.lower else ""
-        head = (f"generation: {name} decode {1e3 / v.observed:.1f} tokens/s on the median generation{bound} < "
-                f"budget min_tokens_per_second = {budget.min_tokens_per_second:g} {over}")
-    else:
-        what = "TTFT" if kind.startswith("ttft") else "TPOT"
-        bound = f" (at least {v.lower:.3f} ms with {v.confidence:.0%} confidence)" if v.lower is not None else ""
-        head = (f"generation: {name} {what} p{round(v.percentile * 100)} {v.observed:.3f} ms{bound} > budget "
-                f"{kind} = {v.budget:g} ms {over}")
-    return [head, f"  hint: raise {kind}{' in ' + where if where else ''} if this is expected on this machine; a "
-                  "lower precision (int8, int4) or a shorter prompt lowers it"]
+        return [f"generation: {name} decode {1e3 / v.observed:.1f} tokens/s on the median generation{bound} < "
+                f"budget min_tokens_per_second = {budget.min_tokens_per_second:g} ({v.exceeding} of {v.samples} "
+                f"generations slower; {at})",
+                f"  hint: lower min_tokens_per_second{there} if this rate is expected on this machine; a lower "
+                "precision (int8, int4) raises it"]
+    what = "TTFT" if kind.startswith("ttft") else "TPOT"
+    bound = f" (at least {v.lower:.3f} ms with {v.confidence:.0%} confidence)" if v.lower is not None else ""
+    return [f"generation: {name} {what} p{round(v.percentile * 100)} {v.observed:.3f} ms{bound} > budget {kind} = "
+            f"{v.budget:g} ms ({v.exceeding} of {v.samples} generations above it; {at})",
+            f"  hint: raise {kind}{there} if this is expected on this machine; a lower precision (int8, int4)"
+            + (" or a shorter prompt lowers it" if what == "TTFT" else " lowers it")]
 
 
 def summary(section: Mapping[str, Any]) -> str:
