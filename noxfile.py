@@ -5,6 +5,7 @@
     nox -s tune -- -t cpu-int8    session tuning of a target (`ortbuild tune`), kept in targets.lock
     nox -t check                  the project's own checks: lint, tests, tests-openvino (pytest in parallel)
     nox -s e2e                    the slow end-to-end tests (real models from PyPI wheels, fuzzing, kill -9)
+    nox -t generative             the example LLM (trained on first use) built, tested and released per llm-* target
 """
 
 from __future__ import annotations
@@ -19,7 +20,29 @@ import nox
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # this checkout's ortbuild (its target venvs install it, editable)
 
-# one session of each per target: build(<target>), test(<target>), profile(<target>), release(<target>)
+# The example generative model (models/tiny_llama, never committed), made on first use by the project's own
+# generator in a generative target's venv (it holds torch and transformers). Registered before the sessions below
+# so that `nox -t generative` runs it first.
+EXAMPLE_LLM = HERE / "models" / "tiny_llama"
+
+
+@nox.session(name="example-llm", venv_backend="none", tags=["generative"])
+def example_llm(session: nox.Session) -> None:
+    """models/tiny_llama: a 4-layer Llama trained here on the repository's docs (about 2 minutes on 2 cores) when
+    it is missing; `nox -t generative` builds, tests and releases it for the llm-* targets."""
+    from ortbuild.nox import target_python
+
+    if (EXAMPLE_LLM / "config.json").is_file():
+        session.log(f"{EXAMPLE_LLM} exists: not retrained (delete it to train it again)")
+        return
+    partial = EXAMPLE_LLM.with_name(EXAMPLE_LLM.name + ".partial")
+    python = target_python(session, "llm-cpu-fp32")
+    session.run(str(python), str(HERE / "models" / "generate_llm.py"), str(partial), external=True)
+    partial.replace(EXAMPLE_LLM)  # whole or absent: a killed run leaves only the .partial directory
+
+
+# one session of each per target: build(<target>), test(<target>), profile(<target>), release(<target>); the
+# generative targets' build-generative(<target>), test-generative(<target>), release-generative(<target>)
 from ortbuild.nox import build, keys_env, profile, release, test, tune  # noqa: E402, F401
 
 CPU_RUNTIME = "onnxruntime==1.31.1"

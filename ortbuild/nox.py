@@ -75,7 +75,11 @@ except ConfigError as err:  # a broken targets.toml must not hide the project's 
 TARGETS = list(PROJECT.targets.values()) if PROJECT else []
 # One parameter per target; with a broken targets.toml, one that fails (`nox -s test` must not pass, skipped for
 # want of parameters, with nothing built): build(invalid-config), test(invalid-config), ...
-PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS] or [nox.param("", id="invalid-config")]
+PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if not t.generative] \
+    or [nox.param("", id="invalid-config")]
+# Generative targets (decoder LLMs, built by onnxruntime-genai's model builder, whose venv holds torch: a big
+# download) have their own sessions, tagged `generative`, out of `nox -s build/test/release`: `nox -t generative`.
+GENERATIVE = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if t.generative]
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
@@ -166,7 +170,8 @@ def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, .
         return
     stamp.unlink(missing_ok=True)
     python = str(venv / "bin" / "python")
-    uv = _uv()
+    # uv never sees the CPU torch wheel pip finds (it would fetch PyPI's multi-GB CUDA build): pip for torch
+    uv = None if any(canonicalize_name(Requirement(r).name) == "torch" for r in requirements) else _uv()
     if not Path(python).exists():
         if uv:
             session.run(uv, "venv", "--quiet", "--python", sys.executable, str(venv), external=True, silent=True)
@@ -235,6 +240,13 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
     return t, venv
 
 
+def target_python(session: nox.Session, target: str) -> Path:
+    """The python of a target's virtualenv, made and installed as the target's sessions make it: a project's
+    noxfile runs its own model generators there (a generative target's venv holds torch and transformers)."""
+    _, venv = _target_env(session, target)
+    return venv / "bin" / "python"
+
+
 def _ortbuild(session: nox.Session, venv: Path, *args: str, env: dict[str, str] | None = None,
               silent: bool = False) -> None:
     """`ortbuild ARGS` in the target's venv (`env`: added to the environment; `silent`: output shown on failure)."""
@@ -276,6 +288,10 @@ def _summary(session: nox.Session, what: str) -> None:
 @nox.parametrize("target", PARAMS)
 def build(session: nox.Session, target: str) -> None:
     """Build one target's artifacts in the target's virtualenv, which holds its ONNX Runtime flavor."""
+    _build(session, target)
+
+
+def _build(session: nox.Session, target: str) -> None:
     _summary(session, "build")
     t, venv = _target_env(session, target)
     assert PROJECT is not None
@@ -310,6 +326,10 @@ def test(session: nox.Session, target: str) -> None:
     """Build (if missing or stale) and test one target's artifacts in the target's virtualenv: golden outputs,
     latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}; the
     nox run ends with one summary of every target."""
+    _test(session, target)
+
+
+def _test(session: nox.Session, target: str) -> None:
     _summary(session, "test")
     t, venv = _target_env(session, target, required_fails=True)
     assert PROJECT is not None
@@ -350,7 +370,7 @@ def tune(session: nox.Session) -> None:
     patterns = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-t", "--target")]
     rest = [a for i, a in enumerate(args) if a not in ("-t", "--target") and (i == 0 or args[i - 1] not in
                                                                                 ("-t", "--target"))]
-    names = [t.name for t in TARGETS]
+    names = [t.name for t in TARGETS if not t.generative]  # a generative model's session is onnxruntime-genai's
     chosen = config.matches(names, patterns) if patterns else names
     if not chosen:
         session.error(f"no target matches {', '.join(patterns)} (targets: {', '.join(names)})")
@@ -365,6 +385,10 @@ def release(session: nox.Session, target: str) -> None:
     """Bundle, sign, publish and verify one tested target, with the ortbuild and runtime of the target's
     virtualenv (release what was tested, as it was tested). Arguments go to `ortbuild release`, e.g.
     `nox -s "release(cpu-fp32)" -- --to oci://localhost:5000/models`. Default: dist/release/<target>/."""
+    _release(session, target)
+
+
+def _release(session: nox.Session, target: str) -> None:
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     _summary(session, "release")
@@ -403,3 +427,24 @@ def release(session: nox.Session, target: str) -> None:
         session.run(str(ortbuild), "verify", where, env=env, external=True, silent=True)
         _RELEASES[-1][-1] = "released, verified"
         session.log(f"verified {where}")
+
+
+if GENERATIVE:  # registered only where targets.toml has generative targets
+    @nox.session(name="build-generative", venv_backend="none", tags=["generative"])
+    @nox.parametrize("target", GENERATIVE)
+    def build_generative(session: nox.Session, target: str) -> None:
+        """Build one generative target (onnxruntime-genai's model builder, in a venv holding torch)."""
+        _build(session, target)
+
+    @nox.session(name="test-generative", venv_backend="none", tags=["generative"])
+    @nox.parametrize("target", GENERATIVE)
+    def test_generative(session: nox.Session, target: str) -> None:
+        """Build (if missing or stale) and test one generative target: the tokens gate, generation latency and
+        memory, size."""
+        _test(session, target)
+
+    @nox.session(name="release-generative", venv_backend="none", tags=["generative"])
+    @nox.parametrize("target", GENERATIVE)
+    def release_generative(session: nox.Session, target: str) -> None:
+        """Bundle, sign, publish and verify one tested generative target."""
+        _release(session, target)

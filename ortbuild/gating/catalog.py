@@ -112,6 +112,11 @@ class Gate:
     timed: bool = False                            # measures the device: SKIPPED under emulation
     field: str | None = None                       # a first gate: the record's field holding its verdict
     html: str | None = None                        # "module:function" rendering its part of report.html
+    kinds: frozenset[str] = frozenset({"onnx"})    # the kinds of model it judges: "onnx", "generative"
+
+    def judges(self, generative: bool) -> bool:
+        """Whether it judges a model of that kind (a generative model's gates are its own, and size)."""
+        return ("generative" if generative else "onnx") in self.kinds
 
 
 def _lazy(module: str, function: str) -> Callable[[Context], Judged | None]:
@@ -128,11 +133,12 @@ def _tester(method: str) -> Callable[[Context], Judged | None]:
     return run
 
 
+BOTH, GENERATIVE = frozenset({"onnx", "generative"}), frozenset({"generative"})
 GATES: tuple[Gate, ...] = (
     Gate("accuracy", "golden outputs against the source's, by the precision's rule", _tester("judge_accuracy"),
          lambda g: True, field="accuracy"),
     Gate("size", "the artifact's size against the source's and a cap", _tester("judge_size"),
-         lambda g: True, field="size_verdict"),
+         lambda g: True, field="size_verdict", kinds=BOTH),
     Gate("latency", "single-stream latency percentiles, absolute and relative", _tester("judge_latency"),
          lambda g: bool(g.latency.budgets() or g.latency.faster_than), timed=True, field="latency_verdict"),
     Gate("cold_start", "import + load + first run in fresh processes", _tester("judge_startup"),
@@ -148,6 +154,11 @@ GATES: tuple[Gate, ...] = (
          html="ortbuild.gating.server:html"),
     Gate("multi_stream", "latency of queries of N concurrent samples (MLPerf MultiStream)",
          _lazy("ortbuild.gating.multistream", "gate"), lambda g: g.latency.declares("multi_stream"), timed=True),
+    Gate("tokens", "a generative model's greedy tokens, next-token logits and perplexity against the fp32 source's",
+         _lazy("ortbuild.gating.genai_gates", "tokens"), lambda g: True, kinds=GENERATIVE),
+    Gate("generation", "time to first token, time per output token, tokens/s and peak memory with the KV cache",
+         _lazy("ortbuild.gating.genai_gates", "generation"), lambda g: g.generation.declared, timed=True,
+         kinds=GENERATIVE),
 )
 NAMES = tuple(g.name for g in GATES)
 BY_NAME = {g.name: g for g in GATES}

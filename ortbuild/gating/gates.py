@@ -27,6 +27,7 @@ from ortbuild.gating import (
     catalog,
     compare,
     emulated,
+    genai_gates,
     latency,
     records,
     report,
@@ -151,13 +152,14 @@ class Tester:
         """Every gate of the registry (ortbuild.gating.catalog.GATES) on one built job, in its order: those judged
         (`--gates`); a timing gate of an emulated platform's target is SKIPPED where the target has a budget for
         it (`built`: every job's build, the references of relative budgets)."""
-        ctx = self.open(job, res, built)
+        generative = job.model.generative  # its own gates (ortbuild.gating.genai_gates), and size
+        ctx = genai_gates.open_context(self, job, res, built) if generative else self.open(job, res, built)
         settings = job.settings.gates
         assert settings is not None
         self.check_data_sets(ctx)
         skipped = []
         for gate in catalog.GATES:
-            if gate.name not in self.judged:
+            if gate.name not in self.judged or not gate.judges(generative):
                 continue
             if gate.timed and ctx.module is None:  # emulated: the timing gates say nothing about the device
                 if gate.declared(settings):

@@ -176,6 +176,9 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
                 raise chk.fail(where, f"missing required key '{k}'")
         found: dict[str, Path | None] = {}
         generative = generation.is_generative(root / table["path"]) if isinstance(table.get("path"), str) else False
+        # a generative model not made yet (made on first use by the project's generator): its files are checked
+        # when a job builds it (Builder.prepare says how to make it), not for every command on other models
+        unmade = generative and not (root / table["path"]).exists()
         for k in ("path", "inputs", "calibration", "expected", "heldout"):
             rel = table.get(k)
             if rel is not None and (bad := _path_problem(rel)):
@@ -184,7 +187,9 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
             p = (root / rel) if rel is not None else None
             if p is not None and not check_files and (too_long := paths.length_problem(p)):
                 raise chk.fail(f"{where}.{k}", too_long)  # with check_files, input_problem() says it
-            if check_files and p is not None and generative and k == "path":
+            if unmade:
+                pass
+            elif check_files and p is not None and generative and k == "path":
                 if (problem := generation.directory_problem(p)) is not None:
                     raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}",
                                    "name an ONNX model file, or a Hugging Face-format directory of a generative model "
@@ -203,7 +208,7 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
         path, inputs = found["path"], found["inputs"]
         assert path is not None and inputs is not None
         if generative:
-            _check_generative_model(chk, where, table, inputs, check_files)
+            _check_generative_model(chk, where, table, inputs, check_files and not unmade)
         elif found["heldout"] is not None:
             raise chk.fail(f"{where}.heldout", "is a generative model's key, and this model is an ONNX file",
                            "remove it (a generative model's `path` is a Hugging Face-format directory)")

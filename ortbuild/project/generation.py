@@ -105,8 +105,13 @@ class Generation:
         doc="Budget of the peak resident memory (MiB) of a fresh process that opens the artifact through its "
             "generated loader and generates up to the model's context length (the KV cache at its largest).")
     confidence: float = setting(0.95, maximum=0.999999, build="never", doc="Confidence of every verdict.")
-    min_seconds: float = setting(1.0, maximum=3600, build="never",
-                                 doc="With a budget undecided, timed generations go on at least this long.")
+    context_length: int | None = setting(
+        None, maximum=1 << 24, build="never",
+        doc="The context peak memory is measured at (prompt + new tokens filling it); default: the model's "
+            "context length (genai_config.json), where onnxruntime-genai's KV cache is largest.")
+    min_samples: int = setting(
+        0, maximum=1_000_000, build="never",
+        doc="Timed generations before the first look; 0: the latency gate's plan (first look at 20).")
     max_seconds: float = setting(60.0, maximum=86400, build="never",
                                  doc="Timed generations stop after this long; a budget still undecided is "
                                      "INCONCLUSIVE.")

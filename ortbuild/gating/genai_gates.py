@@ -1,0 +1,123 @@
+"""The gates of a generative model (`kinds` generative in ortbuild.gating.catalog): `tokens`, its greedy tokens,
+next-token logits and perplexity against the fp32 source's (ortbuild.gating.tokens), and `generation`, time to
+first token, time per output token, tokens per second and peak memory with the KV cache
+(ortbuild.gating.generation). Each is given the job's Context, opened here instead of by the golden-output run
+of an ONNX model (a generative model has no golden feeds: its golden data are prompts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from ortbuild import paths
+from ortbuild.artifact import golden, loaders, manifest
+from ortbuild.errors import ConfigError
+from ortbuild.gating.catalog import Context, Judged
+from ortbuild.project.generation import Tokens
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.tokens import TokenRule
+    from ortbuild.generative.reference import Reference
+    from ortbuild.gating.gates import Tester
+    from ortbuild.gating.record import TestResult
+    from ortbuild.pipeline.job import JobResult
+    from ortbuild.project.plan import Job
+
+
+def open_context(tester: Tester, job: Job, res: TestResult, built: dict[str, JobResult]) -> Context:
+    """The Context of a generative artifact: its manifest and generated loader (opened by each gate that asks)."""
+    folder = paths.inside(tester.dist, job.target.name, job.model.name)
+    m, _ = manifest.read(folder)
+    if m.generative is None:
+        raise ConfigError(str(tester.project.file), f"models.{job.model.name}.path",
+                          f"{folder} holds an ONNX model's artifact, and the model is now a generative one",
+                          "rebuild it: `ortbuild build`")
+    res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
+    module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
+    none = golden.Golden([], "none: a generative model's golden data are its prompts (the tokens gate)", "computed")
+    return Context(tester, job, res, module, none, m, [], built)
+
+
+def generation(ctx: Context) -> Judged:
+    """[targets.X.generation]: TTFT, TPOT, tokens/s (timed in this process through the loader) and peak memory
+    with the KV cache (fresh processes, each opening the artifact through its loader)."""
+    from ortbuild.gating import generation as gen
+    from ortbuild.gating import generation_memory as memory
+
+    gates = ctx.job.settings.gates
+    assert gates is not None
+    g, where = gates.generation, f"targets.{ctx.job.target.name}.generation"
+    budget = gen.GenerationBudget(
+        prompt_tokens=g.prompt_tokens, new_tokens=g.new_tokens, ttft_p50_ms=g.ttft_p50_ms, ttft_p90_ms=g.ttft_p90_ms,
+        ttft_p99_ms=g.ttft_p99_ms, tpot_p50_ms=g.tpot_p50_ms, tpot_p90_ms=g.tpot_p90_ms, tpot_p99_ms=g.tpot_p99_ms,
+        min_tokens_per_second=g.min_tokens_per_second, max_memory_mb=g.max_memory_mb,
+        context_length=g.context_length, confidence=g.confidence, min_samples=g.min_samples,
+        max_seconds=g.max_seconds)
+    config = gen.read_config(ctx.folder / "genai_config.json")
+    problem = gen.shape_problem(budget, config)
+    if problem:
+        raise ConfigError(str(ctx.project.file), where, f"{problem} (model '{ctx.job.model.name}')",
+                          "state lengths the model's context holds")
+    opened = ctx.open()
+    child = memory.Opener(str(loaders.python_path(ctx.folder, ctx.job.model.name)), "load",
+                          {"folder": str(ctx.folder)}, ctx.secret, "model")
+    return gen.judge(lambda: opened.model, config, budget, child=child, name=ctx.job.name, where=f"[{where}]",
+                     quick=ctx.quick, progress=lambda text: ctx.progress(ctx.job.name, text))
+
+
+# the fp32 reference of a model, per (source, prompts, tokens, held-out text): once per `ortbuild test` run
+_REFERENCES: dict[tuple[str, tuple[str, ...], int, str | None], Reference] = {}
+
+
+def rule_of(precision: str, given: Tokens) -> TokenRule:
+    """The tokens gate's rule: the precision's defaults (ortbuild.gating.tokens.DEFAULTS), the target's keys over
+    them."""
+    from ortbuild.gating.tokens import DEFAULTS
+
+    base = DEFAULTS[precision.split("-")[0]]
+    overrides = {k: v for k, v in dataclasses.asdict(given).items() if k != "max_tokens" and v is not None}
+    return dataclasses.replace(base, **overrides)
+
+
+def tokens(ctx: Context) -> Judged:
+    """The fp32 source (Hugging Face weights, run with transformers) and the artifact (through its generated
+    loader, onnxruntime-genai) on the same prompt ids: greedy tokens, next-token logits along the source's
+    continuation, held-out perplexity (ortbuild.gating.tokens)."""
+    from ortbuild.gating import tokens as judgement
+    from ortbuild.generative import reference, run
+    from ortbuild.pipeline.steps import genbuild
+
+    job, gates = ctx.job, ctx.job.settings.gates
+    assert gates is not None
+    config = str(ctx.project.file)
+    prompts = genbuild.read_prompts(job.model.inputs, config, f"models.{job.model.name}.inputs")
+    heldout = None
+    if job.model.heldout is not None:
+        try:
+            heldout = job.model.heldout.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(config, f"models.{job.model.name}.heldout", f"cannot read {job.model.heldout}: {e}",
+                              "a UTF-8 text file the model never saw") from None
+    key = (str(job.model.path), prompts, gates.tokens.max_tokens, heldout)
+    if key not in _REFERENCES:
+        ctx.progress(job.name, f"tokens: the fp32 source on {len(prompts)} prompts x {gates.tokens.max_tokens} "
+                               "tokens (transformers)")
+        try:
+            _REFERENCES[key] = reference.reference(job.model.path, list(prompts), gates.tokens.max_tokens, heldout)
+        except ImportError as e:
+            return Verdict.SKIPPED, {"summary": "SKIPPED", "note": f"the fp32 reference needs torch and transformers "
+                                     f"({e}): nox installs them into a generative target's venv"}, []
+        except ValueError as e:
+            raise ConfigError(config, f"models.{job.model.name}.inputs", str(e),
+                              "shorten the prompt, or lower [targets.X.tokens] max_tokens") from None
+    ref = _REFERENCES[key]
+    rule = rule_of(job.settings.precision, gates.tokens)
+    opened = ctx.open()
+    ctx.progress(job.name, "tokens: the artifact through its loader (greedy, teacher-forced, held-out)")
+    verdict, doc, lines = judgement.judge(ref, run.observe(opened.model, ref), rule, opened.decode)
+    section: dict[str, object] = {**doc, "summary": lines[0].removeprefix("tokens: "),
+                                  "budget": dataclasses.asdict(rule)}
+    failures = [f"tokens: {job.name}: {lines[0].removeprefix('tokens: ')}", *lines[1:]] \
+        if verdict is Verdict.FAIL else []
+    return verdict, section, failures
