@@ -64,7 +64,7 @@ def test_identical_passes_the_strictest_rule_with_exact_numbers() -> None:
     assert doc["agreement"] == 1.0 and doc["exact_prompts"] == 2 and doc["top5"] == 1.0
     assert doc["min_cosine"] == pytest.approx(1.0, abs=1e-12) and doc["ppl_increase"] == pytest.approx(0.0)
     assert [p["first_divergence"] for p in doc["prompts"]] == [None, None]
-    assert doc["rule"] == {"match_tokens": 32, "min_agreement": 1.0, "min_cosine": 0.9999, "min_top5": 0.99,
+    assert doc["rule"] == {"match_tokens": 32, "min_agreement": 0.95, "min_cosine": 0.9999, "min_top5": 0.99,
                            "max_ppl_increase": 0.001}
     assert len(lines) == 1 and lines[0].startswith("tokens: PASS: 2/2 prompts exact")
     json.dumps(doc)
@@ -116,6 +116,18 @@ def test_cosine_is_the_minimum_over_steps_and_names_the_step() -> None:
     verdict, _, lines = judge(REF, cand, replace(LENIENT, min_cosine=expected + 1e-6), decode)
     assert verdict is Verdict.FAIL
     assert "'Second prompt', step 8: expected 'c' (id 2), the artifact's top token 'd' (id 3)" in lines[1]
+
+
+def test_a_failure_without_an_early_divergence_names_the_earliest_one() -> None:
+    cand = with_tokens(same(REF), 1, [5, 4, 3, 2, 1, 0, 1, 2, 8, 4])    # diverges at step 9
+    scaled = cand.logits[0].copy()
+    scaled[4, 4] *= 0.5                                # step 5: lower, still the top token
+    cand = replace(cand, logits=(scaled, cand.logits[1]))
+    verdict, doc, lines = judge(REF, cand, replace(LENIENT, min_cosine=0.9999), decode)
+    assert verdict is Verdict.FAIL and doc["prompts"][0]["min_cosine_step"] == 5
+    assert "step 5: expected 'e' (id 4), the artifact still ranks it first" in lines[1]
+    assert lines[2] == "  earliest divergence: prompt 'Second prompt' at step 9: expected 'd' (id 3), got 'i' (id 8)"
+    assert len(judge(REF, cand, LENIENT, decode)[2]) == 1           # passing: no divergence line
 
 
 def test_top5_is_the_mean_overlap_over_all_steps() -> None:

@@ -14,8 +14,31 @@ The measures, per golden prompt (step = 1-based position in the continuation):
 - perplexity: exp(-mean log p) of the held-out ids; the rule bounds the artifact's relative increase.
 
 DEFAULTS, from the example model (models/generate_llm.py, 600 steps; 12 golden prompts x 32 tokens, 256 held-out
-tokens; onnxruntime-genai 0.18.0 CPU):
-{measurements}
+tokens, reference perplexity 14.29; onnxruntime-genai 0.18.0 builder, CPU; "div" = the earliest first divergence):
+
+    build                      exact  agreement  div  min cosine  top-5   perplexity
+    fp32                       12/12  1.000      -    1.000000    1.000   +0.00%
+    int8                        7/12  0.833      12   0.99965     0.990   +0.45%
+    int4 (block 32, level 4)    0/12  0.258      1    0.9827      0.905   -2.25%   the builder's CPU default
+    int4 block 16               0/12  0.305      1    0.9867      0.906   -0.01%
+    int4 block 32, level 1      0/12  0.258      1    0.9834      0.904   -2.45%
+    int4 asymmetric             0/12  0.292      3    0.9834      0.909   +2.90%
+    int4 lm_head in int8        2/12  0.398      1    0.9849      0.918   -2.05%
+    int4 Gather quantized too   1/12  0.344      1    0.9646      0.899   -2.08%
+    int4 block 64               0/12  0.331      1    0.9628      0.892   +0.94%
+    int4 block 128              0/12  0.229      1    0.9470      0.888   +6.96%   harmful
+    int4 block 256, level 1     0/12  0.289      2    0.9293      0.885   +6.23%   harmful
+
+fp32 is exact (the ONNX graph computes what torch does): its rule only leaves room for a near-tie flip late in a
+long continuation. int8 flips some greedy tokens on this small, uncertain model but late (step 12 at the
+earliest): it must match 2 tokens and 70% agreement, cosine 0.999, perplexity +2%. int4 flips tokens from the
+first step even at the builder's defaults (as ORT issue 29849 reports on real models), so exact tokens are not
+asked of it (match_tokens 0, agreement 0.1: a floor for a broken model); the logits are: a cosine of 0.96 and
+perplexity +5% pass the defaults with a margin and fail block sizes 128 and 256 on both counts. Top-5 hardly
+separates settings here (0.885-0.918); its bounds are floors. fp16 is not measured: the builder's fp16 CPU graph
+fails in onnxruntime 1.31.1 ("Shape mismatch attempting to re-use buffer" in a Cast node), so its rule sits
+between fp32's and int8's. With 200 training steps the model is too uncertain for int4 settings to differ (every
+one: cosine 0.992-0.997, perplexity +0.5% to +1.8%): gate checks of int4 settings need the 600-step model.
 """
 
 from __future__ import annotations
@@ -41,10 +64,10 @@ class TokenRule:
 
 
 DEFAULTS: dict[str, TokenRule] = {
-    "fp32": TokenRule(match_tokens=32, min_agreement=1.0, min_cosine=0.9999, min_top5=0.99, max_ppl_increase=0.001),
-    "fp16": TokenRule(match_tokens=8, min_agreement=0.9, min_cosine=0.999, min_top5=0.97, max_ppl_increase=0.005),
-    "int8": TokenRule(match_tokens=4, min_agreement=0.8, min_cosine=0.999, min_top5=0.95, max_ppl_increase=0.01),
-    "int4": TokenRule(match_tokens=1, min_agreement=0.3, min_cosine=0.99, min_top5=0.85, max_ppl_increase=0.05),
+    "fp32": TokenRule(match_tokens=32, min_agreement=0.95, min_cosine=0.9999, min_top5=0.99, max_ppl_increase=0.001),
+    "fp16": TokenRule(match_tokens=8, min_agreement=0.8, min_cosine=0.9995, min_top5=0.98, max_ppl_increase=0.01),
+    "int8": TokenRule(match_tokens=2, min_agreement=0.7, min_cosine=0.999, min_top5=0.97, max_ppl_increase=0.02),
+    "int4": TokenRule(match_tokens=0, min_agreement=0.1, min_cosine=0.96, min_top5=0.85, max_ppl_increase=0.05),
 }
 
 
@@ -165,11 +188,11 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if min_cos < rule.min_cosine:
         at = min(range(len(docs)), key=lambda j: docs[j]["min_cosine"])
         step = docs[at]["min_cosine_step"]
-        top = int(np.argmax(cand.logits[at][step - 1]))
+        expected, top = ref.prompts[at].tokens[step - 1], int(np.argmax(cand.logits[at][step - 1]))
         problems.append(f"next-token logits cosine {min_cos:.6f} < {rule.min_cosine}: prompt "
-                        f"{_short(docs[at]['prompt'])}, step {step}: expected "
-                        f"{_token(decode, ref.prompts[at].tokens[step - 1])}, the artifact's top token "
-                        f"{_token(decode, top)}")
+                        f"{_short(docs[at]['prompt'])}, step {step}: expected {_token(decode, expected)}, "
+                        + ("the artifact still ranks it first" if top == expected
+                           else f"the artifact's top token {_token(decode, top)}"))
     if top5 < rule.min_top5:
         worst = min(docs, key=lambda d: d["top5"])
         problems.append(f"top-5 overlap {top5:.4f} < {rule.min_top5} (mean over all steps); lowest: prompt "
@@ -177,6 +200,11 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if increase is not None and increase > rule.max_ppl_increase:
         problems.append(f"held-out perplexity {ppl:.4f} is {increase:+.2%} vs the reference's {ref_ppl:.4f} "
                         f"(max_ppl_increase {rule.max_ppl_increase:.2%})")
+    diverged = [d for d in docs if d["first_divergence"] is not None]
+    if problems and not early and diverged:
+        first = min(diverged, key=lambda d: d["first_divergence"] or 0)
+        problems.append(f"earliest divergence: prompt {_short(first['prompt'])} at step {first['first_divergence']}: "
+                        f"expected {_token(decode, first['expected'])}, got {_token(decode, first['got'])}")
     verdict = Verdict.FAIL if problems else Verdict.PASS
     summary = (f"tokens: {verdict}: {doc['exact_prompts']}/{len(docs)} prompts exact, agreement {agreement:.3f}, "
                f"min cosine {min_cos:.6f}, top-5 {top5:.4f}"

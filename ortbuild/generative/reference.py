@@ -13,6 +13,7 @@ classes hold only numpy arrays, lists and strings, so the gate that judges them 
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ def _eos_ids(model: Any) -> set[int]:
 
 def _greedy(torch: Any, model: Any, prompt_ids: list[int], max_tokens: int, eos: set[int]) -> list[int]:
     """Greedy with the KV cache; stops after max_tokens tokens or after EOS (kept)."""
+    # transformers 5.2x names the KV cache `cache`; earlier versions `past_key_values`
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
     tokens: list[int] = []
     while len(tokens) < max_tokens:
@@ -54,7 +57,7 @@ def _greedy(torch: Any, model: Any, prompt_ids: list[int], max_tokens: int, eos:
         tokens.append(token)
         if token in eos or len(tokens) == max_tokens:
             break
-        out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{name: getattr(out, name)})
     return tokens
 
 
