@@ -79,8 +79,9 @@ def _default_max_length(model: Model) -> int:
 
 def greedy(model: Model, prompt_ids: Sequence[int], max_tokens: int) -> Trace:
     """Greedy search from `prompt_ids`: `max_tokens` new tokens, fewer when the model produces EOS (the EOS
-    token is included, as the last one). The prompt plus `max_tokens` must fit the model's context length (a
-    ValueError from onnxruntime-genai says so otherwise)."""
+    token is included, as the last one). The prompt plus `max_tokens` must fit the model's context length
+    (otherwise onnxruntime-genai raises RuntimeError "max_length (N) cannot be greater than model
+    context_length (M)")."""
     if not prompt_ids:
         raise ValueError("greedy: the prompt has no tokens")
     generator = _generator(model, len(prompt_ids) + max_tokens)
