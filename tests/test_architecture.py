@@ -390,7 +390,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("ortbuild", "ortbuild.errors", "ortbuild.status", "ortbuild.files", "ortbuild.paths",
               "ortbuild.machine", "ortbuild.modelfiles", "ortbuild.workspace")),
     ("project", ("ortbuild.project",)),
-    ("environment", ("ortbuild.installed", "ortbuild.runtime", "ortbuild.emulation")),
+    ("environment", ("ortbuild.installed", "ortbuild.runtime", "ortbuild.emulation", "ortbuild.generative")),
     ("artifact", ("ortbuild.artifact",)),
     ("pipeline", ("ortbuild.pipeline",)),
     ("gating", ("ortbuild.gating",)),

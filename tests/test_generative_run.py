@@ -1,0 +1,146 @@
+"""The artifact side (ortbuild/generative/run.py) and the fp32 reference (ortbuild/generative/reference.py) on
+the example generative model, built with onnxruntime-genai's model builder, and the token gate's judgement
+(ortbuild/gating/tokens.py) of real builds: fp32 agrees with the reference exactly, int4 with the builder's
+CPU defaults passes the int4 rule, and a harmful int4 setting (block size 256, accuracy level 1) fails it.
+
+The model is models/generate_llm.py with its default 600 training steps (made once, ~2 minutes on 2 cores,
+into the tests' cache; keyed by the generator's digest). With 200 steps the model is too uncertain for int4
+settings to differ: every block size and accuracy level gives the same cosine and perplexity there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ortbuild.gating.tokens import DEFAULTS, judge
+from ortbuild.generative import run
+from ortbuild.generative.reference import Reference, log_probs_of, reference
+from ortbuild.status import Verdict
+from tests.conftest import MODELS
+from tests.realmodels import CACHE
+
+pytestmark = pytest.mark.generative
+og = pytest.importorskip("onnxruntime_genai")
+
+STEPS = 600
+MAX_TOKENS = 32
+HARMFUL = ["block_size=256", "accuracy_level=1"]
+
+
+@pytest.fixture(scope="session")
+def llm() -> Path:
+    """The example model (HF format), generated once into the cache."""
+    script = MODELS / "generate_llm.py"
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
+    out = CACHE / f"llm-{STEPS}-{digest}"
+    if not (out / "generated.json").exists():
+        partial = CACHE / f"{out.name}.partial-{os.getpid()}"
+        subprocess.run([sys.executable, str(script), str(partial), "--steps", str(STEPS)], check=True,
+                       capture_output=True)
+        if not (out / "generated.json").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            partial.rename(out)
+        else:
+            shutil.rmtree(partial)
+    return out
+
+
+def _build(src: Path, out: Path, precision: str, extra: list[str]) -> Path:
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out),
+           "-p", precision, "-e", "cpu", *(["--extra_options", *extra] if extra else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def builds(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("genai")
+    return {"fp32": _build(llm, root / "fp32", "fp32", []), "int4": _build(llm, root / "int4", "int4", []),
+            "int4-harmful": _build(llm, root / "int4-harmful", "int4", HARMFUL)}
+
+
+@pytest.fixture(scope="session")
+def ref(llm: Path) -> Reference:
+    prompts = (llm / "prompts.txt").read_text(encoding="utf-8").splitlines()
+    return reference(llm, prompts, MAX_TOKENS, (llm / "heldout.txt").read_text(encoding="utf-8"))
+
+
+def _decoder(model: object) -> Callable[[list[int]], str]:
+    tokenizer = og.Tokenizer(model)
+    return lambda ids: str(tokenizer.decode(np.asarray(ids, dtype=np.int32)))
+
+
+@pytest.mark.parametrize("name", ["fp32", "int4"])
+def test_greedy_is_the_argmax_of_its_own_teacher_forcing(builds: dict[str, Path], ref: Reference,
+                                                         name: str) -> None:
+    model = og.Model(str(builds[name]))
+    for p in ref.prompts:
+        trace = run.greedy(model, p.prompt_ids, MAX_TOKENS)
+        assert len(trace.tokens) == MAX_TOKENS or trace.tokens[-1] == 2          # EOS (id 2) ends it early
+        assert len(trace.step_s) == len(trace.tokens) - 1 and trace.ttft_s > 0
+        logits = run.teacher_forced(model, p.prompt_ids, trace.tokens)
+        assert logits.shape == (len(trace.tokens), 384) and logits.dtype == np.float32
+        assert logits.argmax(axis=1).tolist() == trace.tokens, p.text
+
+
+def test_log_probs_are_the_teacher_forced_log_softmax(builds: dict[str, Path], ref: Reference) -> None:
+    model = og.Model(str(builds["fp32"]))
+    p = ref.prompts[0]
+    ids = [*p.prompt_ids, *p.tokens]
+    lp = run.log_probs(model, ids)
+    assert lp.shape == (len(ids) - 1,) and lp.dtype == np.float64 and (lp < 0).all()
+    tf = run.teacher_forced(model, p.prompt_ids, p.tokens)
+    along = log_probs_of(np.concatenate([np.zeros((len(p.prompt_ids) - 1, tf.shape[1])), tf]), ids)
+    np.testing.assert_allclose(lp[len(p.prompt_ids) - 1:], along[len(p.prompt_ids) - 1:], atol=1e-4)
+    # the greedy token is the most likely one: its log-prob is at least log(1/vocab)
+    assert (lp[len(p.prompt_ids) - 1:] > np.log(1 / 384)).all()
+    held = ref.heldout_ids
+    assert len(held) == run.context_length(builds["fp32"]) == 256                # cut to the context
+    assert run.log_probs(model, [*held, *held]).shape == (255,)                  # the artifact cuts too
+    assert 1 < np.exp(-run.log_probs(model, held).mean()) < 384                  # better than uniform
+
+
+def test_reference_is_self_consistent_and_tokenizes_like_genai(builds: dict[str, Path], ref: Reference) -> None:
+    tokenizer = og.Tokenizer(og.Model(str(builds["fp32"])))
+    assert len(ref.prompts) == 12 and ref.heldout_logprobs is not None
+    for p in ref.prompts:
+        assert list(tokenizer.encode(p.text)) == p.prompt_ids
+        assert len(p.tokens) == MAX_TOKENS and p.logits.shape == (MAX_TOKENS, 384)
+        assert p.logits.argmax(axis=1).tolist() == p.tokens
+
+
+def test_fp32_artifact_agrees_with_the_reference(builds: dict[str, Path], ref: Reference) -> None:
+    model = og.Model(str(builds["fp32"]))
+    verdict, doc, lines = judge(ref, run.observe(model, ref), DEFAULTS["fp32"], _decoder(model))
+    assert verdict is Verdict.PASS, lines
+    assert doc["agreement"] == 1.0 and doc["exact_prompts"] == 12
+    assert doc["min_cosine"] > 0.99999 and doc["top5"] == 1.0
+    assert doc["ppl_increase"] is not None and abs(doc["ppl_increase"]) < 1e-4
+
+
+def test_int4_default_passes_and_a_harmful_setting_fails(builds: dict[str, Path], ref: Reference) -> None:
+    model = og.Model(str(builds["int4"]))
+    verdict, default, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
+    assert verdict is Verdict.PASS, lines
+    assert default["exact_prompts"] < 12                  # int4 flips greedy tokens even at the defaults
+    model = og.Model(str(builds["int4-harmful"]))
+    verdict, harmful, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
+    assert verdict is Verdict.FAIL
+    assert harmful["min_cosine"] < default["min_cosine"] and harmful["ppl_increase"] > default["ppl_increase"]
+    failure = next(line for line in lines if "cosine" in line and "<" in line)
+    worst = min(harmful["prompts"], key=lambda d: d["min_cosine"])
+    assert repr(worst["prompt"][:20]).rstrip("'") in failure
+    assert f"step {worst['min_cosine_step']}: expected '" in failure
+    first = min((d for d in harmful["prompts"] if d["first_divergence"]), key=lambda d: d["first_divergence"] or 0)
+    assert lines[-1].startswith(f"  earliest divergence: prompt {repr(first['prompt'][:20]).rstrip(chr(39))}")
+    assert f"at step {first['first_divergence']}: expected '" in lines[-1] and "), got '" in lines[-1]
