@@ -243,6 +243,11 @@ def of_directory(folder: Path, *, hashed: bool = True) -> ModelFiles:
     return ModelFiles(ModelFile(config, "", sha, size), tuple(others))
 
 
+def of_source(path: Path, *, where: str = "", hashed: bool = True) -> ModelFiles:
+    """A source model's files: an ONNX file's (of) or a generative model's directory's (of_directory)."""
+    return of_directory(path, hashed=hashed) if path.is_dir() else of(path, where=where, hashed=hashed)
+
+
 def nbytes(t: onnx.TensorProto) -> int:
     """A TensorProto's data bytes, whether stored inside the graph or as external data (not loaded)."""
     import onnx

@@ -396,7 +396,8 @@ def _release(session: nox.Session, target: str) -> None:
     ortbuild = venv / "bin" / "ortbuild"
     if not ortbuild.exists():
         _RELEASES.append([target, "-", "-", "FAILED: not tested here"])
-        session.error(f"{target} was not tested here: run `python3 -m nox -s \"test({target})\"` first")
+        test = PROJECT.targets[target].session("test")
+        session.error(f"{target} was not tested here: run `python3 -m nox -s \"{test}\"` first")
     skipped = _skipped_here(PROJECT.targets[target], gates=True)
     if skipped and not PROJECT.targets[target].require:
         _RELEASES.append([target, "-", "-", "SKIPPED: cannot run here"])

@@ -239,27 +239,39 @@ def write(folder: Path, golden: Golden, signature: Signature, *, root: Path,
     """Store the golden data in the ONNX layout under folder/golden/, replacing it as a whole. `sign` gets every
     file's name (relative to `folder`), sha256 and size once they are written, before they replace the old ones
     (the signed manifest lists them: equal golden data, the common case, leaves no window where they differ)."""
+    blobs: dict[str, bytes] = {}
+    for ds in golden.sets:
+        pairs: list[tuple[str, str, object]] = [(f"input_{k}.pb", name, ds.inputs[name]) for k, name in
+                 enumerate(i["name"] for i in signature["inputs"])]
+        pairs += [(f"output_{k}.pb", o["name"], ds.expected[o["name"]]) for k, o in enumerate(signature["outputs"])]
+        for file, name, value in pairs:
+            blobs[f"{ds.name}/{file}"] = _to_proto(value, name).SerializeToString()
+    meta = {"made_by": golden.made_by, "source": golden.source,
+            "inputs": [i["name"] for i in signature["inputs"]], "outputs": [o["name"] for o in signature["outputs"]]}
+    return write_files(folder, blobs, meta, root=root, sign=sign)
+
+
+TOKENS_JSON = "tokens.json"  # a generative model's golden data: prompts, the source's and the artifact's tokens
+
+
+def write_files(folder: Path, blobs: Mapping[str, bytes], meta: Mapping[str, object], *, root: Path,
+                sign: Callable[[dict[str, tuple[str, int]]], object] | None = None) -> Path:
+    """folder/golden/ replaced as a whole by `blobs` (names relative to it) and golden.json (`meta` with every
+    file's sha256), each signed through `sign` before it replaces the old ones (see write)."""
     target = folder / GOLDEN_DIR
     files_.safe_mkdir(folder, root)  # below the output directory, no symlink followed (files.py)
     tmp = Path(tempfile.mkdtemp(prefix=".golden.", dir=folder))
     files: dict[str, str] = {}
     sizes: dict[str, tuple[str, int]] = {}
     try:
-        for ds in golden.sets:
-            d = tmp / ds.name
-            d.mkdir()
-            pairs: list[tuple[str, str, object]] = [(f"input_{k}.pb", name, ds.inputs[name]) for k, name in
-                     enumerate(i["name"] for i in signature["inputs"])]
-            pairs += [(f"output_{k}.pb", o["name"], ds.expected[o["name"]]) for k, o in enumerate(signature["outputs"])]
-            for file, name, value in pairs:
-                blob = _to_proto(value, name).SerializeToString()
-                (d / file).write_bytes(blob)
-                files[f"{ds.name}/{file}"] = hashlib.sha256(blob).hexdigest()
-                sizes[f"{GOLDEN_DIR}/{ds.name}/{file}"] = (files[f"{ds.name}/{file}"], len(blob))
-        meta = {"made_by": golden.made_by, "source": golden.source, "files": files,
-                "inputs": [i["name"] for i in signature["inputs"]],
-                "outputs": [o["name"] for o in signature["outputs"]]}
-        text = (json.dumps(meta, indent=2) + "\n").encode()
+        for name, blob in blobs.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_bytes(blob)
+            files[name] = hashlib.sha256(blob).hexdigest()
+            sizes[f"{GOLDEN_DIR}/{name}"] = (files[name], len(blob))
+        doc = {"made_by": meta["made_by"], "source": meta["source"], "files": files,
+               **{k: v for k, v in meta.items() if k not in ("made_by", "source")}}
+        text = (json.dumps(doc, indent=2) + "\n").encode()
         (tmp / GOLDEN_JSON).write_bytes(text)
         sizes[f"{GOLDEN_DIR}/{GOLDEN_JSON}"] = (hashlib.sha256(text).hexdigest(), len(text))
         if sign is not None:

@@ -81,7 +81,7 @@ class Tester:
         self._outputs: dict[str, list[str]] = {}
 
     def reproduce(self, job: Job) -> str:
-        return report.reproduce(job.target.name, job.model.name, self.config_arg)
+        return report.reproduce(job.target.name, job.model.name, self.config_arg, job.target.session("test"))
 
     def run(self, jobs: list[Job], built: dict[str, JobResult], require: bool) -> list[TestResult]:
         results = []
@@ -97,7 +97,7 @@ class Tester:
                 res.status, res.reason = Verdict.SKIPPED, b.reason
                 if b.status == JobStatus.SKIPPED:  # another runtime: say which session tests it
                     res.reason = (f"runs in {job.target.runtime_text}, not in this environment: "
-                                  f"nox -s \"test({job.target.name})\" tests it in its own virtualenv")
+                                  f"nox -s \"{job.target.session('test')}\" tests it in its own virtualenv")
                 if require or job.target.require:
                     code = RuntimeMismatch.exit_code if b.status == JobStatus.SKIPPED else MissingProvider.exit_code
                     res.fail([f"required, but cannot run here: {res.reason}"], code)

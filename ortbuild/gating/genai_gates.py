@@ -7,6 +7,7 @@ of an ONNX model (a generative model has no golden feeds: its golden data are pr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import TYPE_CHECKING
 
 from ortbuild import paths
@@ -17,10 +18,10 @@ from ortbuild.project.generation import Tokens
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.tokens import TokenRule
-    from ortbuild.generative.reference import Reference
     from ortbuild.gating.gates import Tester
     from ortbuild.gating.record import TestResult
+    from ortbuild.gating.tokens import TokenRule
+    from ortbuild.generative.reference import Reference
     from ortbuild.pipeline.job import JobResult
     from ortbuild.project.plan import Job
 
@@ -115,9 +116,29 @@ def tokens(ctx: Context) -> Judged:
     rule = rule_of(job.settings.precision, gates.tokens)
     opened = ctx.open()
     ctx.progress(job.name, "tokens: the artifact through its loader (greedy, teacher-forced, held-out)")
-    verdict, doc, lines = judgement.judge(ref, run.observe(opened.model, ref), rule, opened.decode)
+    observed = run.observe(opened.model, ref)
+    verdict, doc, lines = judgement.judge(ref, observed, rule, opened.decode)
+    _write_golden(ctx, ref, [t.tokens for t in observed.traces])
     section: dict[str, object] = {**doc, "summary": lines[0].removeprefix("tokens: "),
                                   "budget": dataclasses.asdict(rule)}
     failures = [f"tokens: {job.name}: {lines[0].removeprefix('tokens: ')}", *lines[1:]] \
         if verdict is Verdict.FAIL else []
     return verdict, section, failures
+
+
+def _write_golden(ctx: Context, ref: Reference, artifact: list[list[int]]) -> None:
+    """golden/tokens.json, signed into the manifest: each prompt's ids, the fp32 source's greedy tokens and the
+    artifact's, which `ortbuild verify` has the released artifact reproduce through its loader."""
+    import json
+
+    prompts = [{"prompt": p.text, "prompt_ids": p.prompt_ids, "source_tokens": p.tokens, "tokens": got}
+               for p, got in zip(ref.prompts, artifact, strict=True)]
+    blob = (json.dumps({"max_tokens": ref.max_tokens, "prompts": prompts}, indent=1) + "\n").encode()
+    meta = {"made_by": "greedy tokens of the fp32 source (transformers) and of the artifact (onnxruntime-genai) on "
+                       "the model's prompts", "source": "computed"}
+    sk, folder, dist = ctx.tester.sign_key, ctx.folder, ctx.dist
+    golden.write_files(folder, {golden.TOKENS_JSON: blob}, meta, root=dist, sign=None if sk is None else
+                       lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=dist))
+    ctx.result.golden = {"made_by": meta["made_by"], "source": "computed",
+                         "digest": hashlib.sha256(blob).hexdigest(), "data_sets": [golden.TOKENS_JSON],
+                         "dir": str(folder / golden.GOLDEN_DIR)}

@@ -205,10 +205,11 @@ def text_table(results: list[records.RowDoc],
 
 # ------------------------------------------------------------------------------------------- gathering
 
-def reproduce(target: str, model: str, config_arg: str = "targets.toml") -> str:
-    """The command that tests one artifact again (a failure's `reproduce`)."""
+def reproduce(target: str, model: str, config_arg: str = "targets.toml", session: str = "") -> str:
+    """The command that tests one artifact again (a failure's `reproduce`); `session`: the target's nox test
+    session (default test(<target>))."""
     cfg = "" if config_arg == "targets.toml" else f" -c {shlex.quote(config_arg)}"
-    return f"ortbuild test{cfg} -t {target} -m {model}   (or: nox -s \"test({target})\" -- -m {model})"
+    return f"ortbuild test{cfg} -t {target} -m {model}   (or: nox -s \"{session or f'test({target})'}\" -- -m {model})"
 
 
 def build_failure_row(record: records.BuildRecord) -> records.ResultDoc:

@@ -77,7 +77,7 @@ class Builder:
         known = self._models.get(key)
         if known is not None and all(modelfiles.stat_key(Path(f[0])) == f for f in known[1]):
             return known[0]
-        files = modelfiles.of_directory(path) if path.is_dir() else modelfiles.of(path, where="models")
+        files = modelfiles.of_source(path, where="models")
         self._models[key] = (files, [modelfiles.stat_key(f.path) for f in files.external])
         return files
 

@@ -48,7 +48,7 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     for j in jobs:
         if j.model.name not in sizes:
             try:
-                sizes[j.model.name] = modelfiles.of(j.model.path, hashed=False).size
+                sizes[j.model.name] = modelfiles.of_source(j.model.path, hashed=False).size
             except Exception:  # the build reports a broken model; here it only sizes workers
                 sizes[j.model.name] = j.model.path.stat().st_size if j.model.path.exists() else 0
     name, biggest = max(sizes.items(), key=lambda kv: kv[1])

@@ -366,7 +366,8 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             eff["providers"] = effective_providers(chk, f"{where}.providers", eff, rt)
             ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
             check_custom_ops(chk, where, m, eff, ops)
-            gates = build(Gates, eff, not_inherited=tuple(dict.fromkeys(not_inherited)))
+            gates = build(Gates, eff, not_inherited=tuple(dict.fromkeys(not_inherited)),
+                          generative=models[m].generative)
             evalsets.check_target(chk, where, models[m], gates)
             settings[m] = build(Settings, eff, providers=providers_of(eff["providers"]), custom_ops=ops, gates=gates)
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))

@@ -168,6 +168,7 @@ class Gates:
         factory=Generation, build="never",
         doc="Generation budgets of a generative model: time to first token, time per output token, tokens per "
             "second and peak memory with the KV cache (docs/generative.md).")
+    generative: bool = derived(False, build="never")  # the model is generative: its gates are its own (catalog)
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
 
@@ -346,6 +347,10 @@ class Target:
         generative models the model builder and onnxruntime-genai."""
         return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package),
                 *(BUILDER_REQUIREMENTS if self.generative else ()))
+
+    def session(self, kind: str) -> str:
+        """The nox session of this target for `kind` (build, test, release): a generative target's are its own."""
+        return f"{kind}-generative({self.name})" if self.generative else f"{kind}({self.name})"
 
     @property
     def runtime_text(self) -> str:

@@ -118,8 +118,9 @@ def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
     budget was set after the test (budgets never change the build key, so the artifact is not rebuilt)."""
     if gates is None:
         return []
-    return [g.name for g in catalog.GATES if g.declared(gates) and r.verdict(g.name) == NOT_RUN and
-            g.name not in r.sections]  # (a section with verdict "-": measured, with no budget to judge)
+    # (a section with verdict "-": measured, with no budget to judge)
+    return [g.name for g in catalog.GATES if g.judges(gates.generative) and g.declared(gates)
+            and r.verdict(g.name) == NOT_RUN and g.name not in r.sections]
 
 
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
@@ -221,7 +222,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "
                                                               f"{target.name}` again")
-        mr.source = modelfiles.of(project.models[name].path, where=f"models.{name}")
+        mr.source = modelfiles.of_source(project.models[name].path, where=f"models.{name}")
         changed = _source_changes(m, mr.source)
         if changed and mr.refusal is None:  # the provenance must name what the artifact was built from
             mr.refusal = (f"its source changed since it was built ({', '.join(changed)}): rebuild and test it: "
@@ -291,7 +292,7 @@ def _materials(project: Project, target: Target, models: list[ModelRelease]) -> 
     for mr in models:
         model = project.models[mr.name]
         # the graph file and every external-data (weights) file it names, each hashed once, streaming
-        source = mr.source or modelfiles.of(model.path, where=f"models.{mr.name}")
+        source = mr.source or modelfiles.of_source(model.path, where=f"models.{mr.name}")
         record(source.graph.path, "source model", source.graph.sha256)
         for data in source.external:
             record(data.path, "source model external data", data.sha256, location=data.location,

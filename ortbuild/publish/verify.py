@@ -228,7 +228,8 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
     if key is None:
         raise KeyMissing("the golden test needs the artifacts' decryption key (ORTBUILD_KEY or ORTBUILD_KEY_FILE, "
                          "or --key-file)", "give the key, or pass --no-run to check signatures and digests only")
-    lines, failures = [], []
+    lines: list[str] = []
+    failures: list[str] = []
     for model in index["models"]:
         folder = tree / model
         m, _ = manifest.read(folder)
@@ -237,6 +238,9 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
             loaded = module.load(key=key, folder=folder)
         except module.LoaderError as e:
             raise from_loader(e, f"{index['name']}/{model}") from None
+        if m.generative is not None:  # its golden data: the artifact's greedy tokens on each prompt's ids
+            lines.append(_golden_tokens(index["name"], model, folder, loaded, failures))
+            continue
         rules = index["tests"][model]["rules"]
         results = []
         for ds in golden.read(folder, m.io):
@@ -257,3 +261,22 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
         raise GateFailed(f"{index['name']}: the golden test failed:\n  " + "\n  ".join(failures),
                          "the artifact does not reproduce its golden outputs on this machine")
     return lines
+
+
+def _golden_tokens(name: str, model: str, folder: Path, loaded: Any, failures: list[str]) -> str:
+    """A generative artifact's golden test: through the bundle's loader, each prompt's greedy tokens equal the
+    ones its test recorded (golden/tokens.json); a failure names the prompt and the step."""
+    doc = json.loads((folder / golden.GOLDEN_DIR / golden.TOKENS_JSON).read_text(encoding="utf-8"))
+    bad = 0
+    for p in doc["prompts"]:
+        got = loaded.generate_ids(p["prompt_ids"], len(p["tokens"]))
+        if got != p["tokens"]:
+            bad += 1
+            step = next((i for i, (a, b) in enumerate(zip(got, p["tokens"], strict=False)) if a != b),
+                        min(len(got), len(p["tokens"])))
+            failures.append(f"{model}: prompt {p['prompt'][:60]!r}: greedy token {step + 1} is "
+                            f"{got[step] if step < len(got) else 'the end'}, the test recorded "
+                            f"{p['tokens'][step] if step < len(p['tokens']) else 'the end'}")
+    verdict = Verdict.FAIL if bad else Verdict.PASS
+    return (f"golden       {model}: {verdict} ({len(doc['prompts'])} prompts' greedy tokens through the bundle's "
+            f"Python loader{f', {bad} differ' if bad else ''})")
