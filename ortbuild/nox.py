@@ -25,6 +25,7 @@ Imports stdlib, packaging, nox and ortbuild's stdlib-only modules: nox's interpr
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -79,7 +80,8 @@ PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if not t.ge
     or [nox.param("", id="invalid-config")]
 # Generative targets (decoder LLMs, built by onnxruntime-genai's model builder, whose venv holds torch: a big
 # download) have their own sessions, tagged `generative`, out of `nox -s build/test/release`: `nox -t generative`.
-GENERATIVE = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if t.generative]
+GENERATIVE = [nox.param(t.name, id=t.name, tags=[x for x in t.tags if x != "generative"])
+              for t in TARGETS if t.generative]
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
@@ -152,9 +154,24 @@ def _uv() -> str | None:
 
 
 def target_venv(session: nox.Session, target: str) -> Path:
-    """The virtualenv a target's build, test, profile and release sessions share."""
+    """The virtualenv a target's build, test, profile and release sessions share. Generative targets that install
+    the same requirements share one (each would hold its own 1.3 GB of torch otherwise)."""
     envdir = str(getattr(session._runner.global_config, "envdir", ROOT / ".nox"))
-    return Path(nox.sessions._normalize_path(envdir, f"target-{target}"))
+    t = PROJECT.targets.get(target) if PROJECT is not None else None
+    name = f"target-{target}"
+    if t is not None and t.generative:
+        name = "generative-" + hashlib.sha256(" ".join(_requirements(session, t)[0]).encode()).hexdigest()[:12]
+    return Path(nox.sessions._normalize_path(envdir, name))
+
+
+def _requirements(session: nox.Session, t: config.Target) -> tuple[tuple[str, ...], machine.StandIn | None]:
+    """What the target's venv holds: its requirements, or where its hardware is absent (and it is not required
+    here) the CPU stand-in's, and that stand-in (None: its own)."""
+    required = t.require or "--require" in session.posargs
+    standin = machine.stand_in(t.requirements)
+    if standin is not None and not required and os.environ.get(INSTALL_VAR, "") != "all":
+        return standin.requirements, standin
+    return tuple(t.requirements), None
 
 
 def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, ...]) -> None:
@@ -220,12 +237,10 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
         session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     t = PROJECT.targets[target]
     venv = target_venv(session, target)
-    requirements = tuple(t.requirements)
     session.env.pop(installed.STAND_IN_VAR, None)
     required = t.require or "--require" in session.posargs
-    standin = machine.stand_in(t.requirements)
-    if standin is not None and not required and os.environ.get(INSTALL_VAR, "") != "all":
-        requirements = standin.requirements
+    requirements, standin = _requirements(session, t)
+    if standin is not None:
         session.env[installed.STAND_IN_VAR] = "1"
         session.log(f"{target}: {standin.reason}: its venv gets {' '.join(standin.requirements)} in place of "
                     f"{' '.join(standin.left_out)}, to build its portable artifacts (`-- --require` or "

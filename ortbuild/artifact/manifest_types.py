@@ -250,6 +250,7 @@ class Generative:
     config: str                      # genai_config.json: beside the graph, signed, not encrypted
     tokenizer: list[str]             # the tokenizer files, signed, not encrypted
     golden_tokens: dict[str, list[int]]  # prompt -> the artifact's greedy tokens at build time (reload step)
+    matmuls: list[str] = field(default_factory=list)  # the graph's MatMul nodes, as nodes_to_exclude names them
 
 
 @dataclass(frozen=True)

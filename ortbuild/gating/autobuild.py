@@ -63,6 +63,10 @@ class AutoSearch:
             r = done.get(job.name)
             if r is None or not wants_search(job):
                 continue
+            if job.model.generative:  # judged by its tokens gate, repaired with the builder's knobs
+                if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+                    done[job.name] = self._generative(job, r)
+                continue
             if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
                 res = TestResult(job.target.name, job.model.name, job.settings.precision)
                 self.progress(job.name, PhaseStarted("precision_search = \"auto\": the accuracy gate of the build"))
@@ -83,6 +87,21 @@ class AutoSearch:
             else:
                 continue
             done[job.name] = self._repair(job, r, res, why)
+
+    def _generative(self, job: Job, r: JobResult) -> JobResult:
+        from ortbuild.gating import genai_gates, gensearch
+
+        self.progress(job.name, PhaseStarted("precision_search = \"auto\": the tokens gate of the build"))
+        res = TestResult(job.target.name, job.model.name, job.settings.precision)
+        try:
+            verdict, summary = genai_gates.judge_tokens(self.tester, job, res)
+        except OrtbuildError as e:
+            r.notes.append(f"precision_search: the tokens gate could not run here, nothing searched: {first_line(e)}")
+            return r
+        if verdict == PASS:
+            self._record(job, r, summary)
+            return r
+        return gensearch.repair(self, job, r, f"tokens gate {verdict} ({summary})")
 
     def _repair(self, job: Job, failed: JobResult, res: TestResult, why: str) -> JobResult:
         t0 = time.monotonic()

@@ -142,3 +142,9 @@ def _write_golden(ctx: Context, ref: Reference, artifact: list[list[int]]) -> No
     ctx.result.golden = {"made_by": meta["made_by"], "source": "computed",
                          "digest": hashlib.sha256(blob).hexdigest(), "data_sets": [golden.TOKENS_JSON],
                          "dir": str(folder / golden.GOLDEN_DIR)}
+
+
+def judge_tokens(tester: Tester, job: Job, res: TestResult) -> tuple[Verdict, str]:
+    """The tokens gate alone (the search judges by it): its verdict and summary."""
+    verdict, section, _ = tokens(open_context(tester, job, res, {}))
+    return Verdict(verdict), str(section.get("summary", ""))

@@ -89,10 +89,13 @@ def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
         context_length=fact["context_length"], vocab_size=fact["vocab_size"], num_layers=fact["num_layers"],
         eos_token_ids=fact["eos_token_ids"], config=genbuild.CONFIG_FILE,
         tokenizer=[n for n in built.side_files if n != genbuild.CONFIG_FILE],
-        golden_tokens=done[genbuild.GenReloaded].tokens)
+        golden_tokens=done[genbuild.GenReloaded].tokens, matmuls=list(built.matmuls))
     extra = " ".join(f"{k}={v}" for k, v in built.extra_options.items())
-    notes = [f"built by onnxruntime-genai's model builder (-p {built.precision} -e {built.execution_provider}"
-             + (f" --extra_options {extra}" if extra else "") + f") in {built.seconds:.1f} s", *built.notes,
+    locked = [f"targets.lock laid over its settings: {job.locked.describe()}"] \
+        if job.locked is not None and job.locked.applies else []
+    notes = [*locked, f"built by onnxruntime-genai's model builder (-p {built.precision} -e "
+             f"{built.execution_provider}" + (f" --extra_options {extra}" if extra else "")
+             + f") in {built.seconds:.1f} s", *built.notes,
              "graph optimizations: ONNX Runtime applies them when onnxruntime-genai opens the model"]
     return manifest.Manifest(
         project=manifest.ProjectInfo(prep.project.name, prep.project.version), epoch=prep.project.epoch,

@@ -51,6 +51,8 @@ for _rule in RULES:
         ALLOWED[_rule.knob.table] = ALLOWED.get(_rule.knob.table, frozenset()) | {
             k for k in (_rule.knob.nodes, _rule.knob.op_types) if k is not None}
 ALLOWED["session"] = frozenset(k.name for k in keys_of(Session))
+# a generative model's search (gating/gensearch.py) also moves the model builder's int4 knobs
+ALLOWED["int4"] = ALLOWED["int4"] | {"block_size", "accuracy_level"}
 
 
 def wanted(settings: Settings) -> list[str]:
@@ -92,7 +94,8 @@ def settings_digest(job: Job) -> str:
     """The `settings` digest: the job's declared settings (the build key's part) and its accuracy rule."""
     gates = job.settings.gates
     accuracy = plain(gates.accuracy) if gates is not None else None
-    return _sha({"settings": job.settings.as_json(), "accuracy": accuracy})
+    tokens = {"tokens": plain(gates.tokens)} if gates is not None and gates.generative else {}  # its rule
+    return _sha({"settings": job.settings.as_json(), "accuracy": accuracy, **tokens})
 
 
 @dataclass(frozen=True)

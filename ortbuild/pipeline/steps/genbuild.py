@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ class GenBuilt:
     extra_options: dict[str, str]
     seconds: float
     notes: tuple[str, ...] = ()
+    matmuls: tuple[str, ...] = ()     # matmul_names(graph)
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,25 @@ def build(source: Path, work: Path, settings: Settings, provider: str, target: s
     config = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
     graph = out / config["model"]["decoder"]["filename"]
     notes = fold(graph, target, model)
+    matmuls = matmul_names(graph)
+    kept = [n for n in extra.get("nodes_to_exclude", "").split(",") if n]
+    unknown = [n for n in kept if n not in matmuls]
+    if unknown:  # the builder ignores a name it does not know without a word
+        more = " ..." if len(matmuls) > 8 else ""
+        raise StepError(target, model, "genai-build", f"exclude_nodes names {', '.join(unknown)}, which the built "
+                        "graph has no MatMul of", f"its MatMul nodes: {', '.join(matmuls[:8])}{more} (the "
+                        "manifest's generative.matmuls lists them all)")
     side = tuple(sorted(f.name for f in out.iterdir() if f.is_file() and f != graph))
-    return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, notes)
+    return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, notes, tuple(matmuls))
+
+
+def matmul_names(graph: Path) -> list[str]:
+    """The graph's MatMul nodes, quantized or not, by the name the builder's nodes_to_exclude takes (a quantized
+    one's name less its _Q4/_Q8 suffix)."""
+    import onnx
+
+    proto = onnx.load(str(graph), load_external_data=False)
+    return [re.sub(r"_Q\d+$", "", n.name) for n in proto.graph.node if n.op_type in ("MatMul", "MatMulNBits")]
 
 
 def fold(graph: Path, target: str, model: str) -> tuple[str, ...]:
