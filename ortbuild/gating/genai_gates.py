@@ -68,7 +68,7 @@ def generation(ctx: Context) -> Judged:
 
 
 # the fp32 reference of a model, per (source, prompts, tokens, held-out text): once per `ortbuild test` run
-_REFERENCES: dict[tuple[str, tuple[str, ...], int, str | None], Reference] = {}
+_REFERENCES: dict[tuple[str, tuple[str, ...], int, str | None, tuple[str, ...]], Reference] = {}
 
 
 def rule_of(precision: str, given: Tokens) -> TokenRule:
@@ -100,12 +100,21 @@ def tokens(ctx: Context) -> Judged:
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(config, f"models.{job.model.name}.heldout", f"cannot read {job.model.heldout}: {e}",
                               "a UTF-8 text file the model never saw") from None
-    key = (str(job.model.path), prompts, gates.tokens.max_tokens, heldout)
+    given = None
+    if job.model.expected is not None:  # the expected continuations, one per prompt
+        given = list(genbuild.read_prompts(job.model.expected, config, f"models.{job.model.name}.expected",
+                                              strip=False))
+        if len(given) != len(prompts):
+            raise ConfigError(config, f"models.{job.model.name}.expected",
+                              f"{job.model.expected} holds {len(given)} continuations for {len(prompts)} prompts",
+                              "one expected continuation per line, in the order of the prompts in `inputs`")
+    key = (str(job.model.path), prompts, gates.tokens.max_tokens, heldout, tuple(given or ()))
     if key not in _REFERENCES:
         ctx.progress(job.name, f"tokens: the fp32 source on {len(prompts)} prompts x {gates.tokens.max_tokens} "
                                "tokens (transformers)")
         try:
-            _REFERENCES[key] = reference.reference(job.model.path, list(prompts), gates.tokens.max_tokens, heldout)
+            _REFERENCES[key] = reference.reference(job.model.path, list(prompts), gates.tokens.max_tokens, heldout,
+                                                   given)
         except ImportError as e:
             return Verdict.SKIPPED, {"summary": "SKIPPED", "note": f"the fp32 reference needs torch and transformers "
                                      f"({e}): nox installs them into a generative target's venv"}, []

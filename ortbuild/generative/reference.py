@@ -66,8 +66,11 @@ def _logits(torch: Any, model: Any, ids: list[int]) -> np.ndarray:
     return np.asarray(model(input_ids=torch.tensor([ids])).logits[0].float().numpy(), dtype=np.float32)
 
 
-def reference(hf_dir: Path, prompts: list[str], max_tokens: int, heldout: str | None) -> Reference:
+def reference(hf_dir: Path, prompts: list[str], max_tokens: int, heldout: str | None,
+              given: list[str] | None = None) -> Reference:
     """Run the fp32 source on the golden prompts (greedy, `max_tokens` each) and the held-out text.
+    `given`: the expected continuation of each prompt (its text, tokenized without special tokens and cut to
+    max_tokens) in place of the source's greedy one; the logits are still the source's along it.
     A prompt whose ids plus `max_tokens` exceed max_position_embeddings is a ValueError naming it."""
     torch = importlib.import_module("torch")
     transformers = importlib.import_module("transformers")
@@ -78,14 +81,19 @@ def reference(hf_dir: Path, prompts: list[str], max_tokens: int, heldout: str | 
     eos = _eos_ids(model)
     refs = []
     with torch.no_grad():
-        for text in prompts:
+        for n, text in enumerate(prompts):
             ids = [int(i) for i in tokenizer(text)["input_ids"]]
             if not ids:
                 raise ValueError(f"prompt {text!r} has no tokens")
             if len(ids) + max_tokens > context:
                 raise ValueError(f"prompt {text[:40]!r}: {len(ids)} tokens + {max_tokens} to generate exceed "
                                  f"the model's context of {context} tokens")
-            tokens = _greedy(torch, model, ids, max_tokens, eos)
+            if given is not None:
+                tokens = [int(i) for i in tokenizer(given[n], add_special_tokens=False)["input_ids"]][:max_tokens]
+                if not tokens:
+                    raise ValueError(f"the expected continuation of prompt {text[:40]!r} has no tokens")
+            else:
+                tokens = _greedy(torch, model, ids, max_tokens, eos)
             logits = _logits(torch, model, [*ids, *tokens[:-1]])[len(ids) - 1:]
             refs.append(PromptReference(text=text, prompt_ids=ids, tokens=tokens, logits=logits))
         heldout_ids: list[int] = []

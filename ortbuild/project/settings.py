@@ -114,7 +114,9 @@ class Model:
         doc="Expected (golden) outputs, relative to targets.toml: an .npz keyed by output name (for one "
             "feed), or the ONNX layout `test_data_set_N/output_K.pb` (e.g. from the training framework). "
             "Without it they are computed from the source model in fp32 on the CPU provider with "
-            "optimizations disabled, and stored beside each artifact (`golden/`).")
+            "optimizations disabled, and stored beside each artifact (`golden/`). For a generative model: a UTF-8 "
+            "text file of the expected continuation of each prompt, one per line (else the fp32 source's greedy "
+            "continuation).")
     custom_ops: tuple[CustomOps, ...] = setting(
         (), kind="strings", build="never", rebuilds="each of its jobs' settings hold the libraries",
         doc="Custom-operator libraries the model needs (its ops outside ONNX's domains): each a pip requirement "

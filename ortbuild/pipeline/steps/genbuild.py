@@ -59,14 +59,15 @@ class GenReloaded:
     tokens: dict[str, list[int]] = field(hash=False)
 
 
-def read_prompts(path: Path, config: str, key: str) -> tuple[str, ...]:
-    """The golden prompts: one per non-empty line of a UTF-8 text file."""
+def read_prompts(path: Path, config: str, key: str, *, strip: bool = True) -> tuple[str, ...]:
+    """The golden prompts: one per non-empty line of a UTF-8 text file (`strip`: without the spaces around it;
+    an expected continuation keeps its leading space, which a tokenizer reads as part of its first token)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(config, key, f"cannot read the prompts file {path}: {e}",
                           "a UTF-8 text file of golden prompts, one per line") from None
-    prompts = tuple(line.strip() for line in lines if line.strip())
+    prompts = tuple(line.strip() if strip else line.rstrip("\r") for line in lines if line.strip())
     if not prompts:
         raise ConfigError(config, key, f"{path} holds no prompt", "write one golden prompt per line")
     return prompts
