@@ -25,7 +25,8 @@ def _sessions(*args: str) -> list[dict[str, object]]:
 
 
 def test_one_build_and_one_test_session_per_target_with_tags() -> None:
-    targets = config.load(REPO / "targets.toml").targets
+    every = config.load(REPO / "targets.toml").targets
+    targets = [t for t in every if not every[t].generative]  # the generative ones have their own sessions
     assert {s["name"] for s in _sessions()} == {"test"}  # the default: `nox` alone builds and tests
     sessions = _sessions("-s", "build", "test")  # --json lists the selected sessions only
     builds = [s for s in sessions if s["name"] == "build"]
@@ -36,12 +37,18 @@ def test_one_build_and_one_test_session_per_target_with_tags() -> None:
     tags = {s["session"]: s["tags"] for s in builds}
     assert tags["build(openvino-cpu)"] == ["openvino", "fp32"]
     assert "int8" in tags["build(cpu-int8)"] and "tensorrt" in tags["build(tensorrt-fp16)"]
+    # generative targets: out of `nox -s build/test/profile/release`, in their own sessions under the generative tag
+    llms = [t for t in every if every[t].generative]
+    assert llms, "the committed targets.toml has generative targets"
+    generative = [s["session"] for s in _sessions("-t", "generative")]
+    assert generative == ["example-llm", *(f"{kind}-generative({t})" for kind in ("build", "test", "release")
+                                           for t in llms), "tests-generative"]
 
 
 def test_tag_and_keyword_selection() -> None:
     selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
     assert selected == ["build(openvino-cpu)", "test(openvino-cpu)", "profile(openvino-cpu)", "release(openvino-cpu)"]
-    selected = [s["session"] for s in _sessions("-k", "int8 and not arm64 and not mobile")]
+    selected = [s["session"] for s in _sessions("-k", "int8 and not arm64 and not mobile and not llm")]
     assert selected == ["build(cpu-int8)", "test(cpu-int8)", "profile(cpu-int8)", "release(cpu-int8)"]
     selected = [s["session"] for s in _sessions("-t", "linux-aarch64")]  # a platform is a tag
     assert selected == ["build(arm64-int8)", "test(arm64-int8)", "profile(arm64-int8)", "release(arm64-int8)"]

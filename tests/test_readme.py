@@ -82,7 +82,8 @@ def _samples() -> ModuleType:
 
 
 samples = _samples()
-JOBS = [(j.target.name, j.model.name) for j in plan.jobs(config.load(REPO / "targets.toml"))]
+# the jobs of `nox -s test`: the generative targets have their own sessions (`nox -t generative`)
+JOBS = [(j.target.name, j.model.name) for j in plan.jobs(config.load(REPO / "targets.toml")) if not j.target.generative]
 
 
 def _sample(name: str) -> tuple[str, list[str]]:

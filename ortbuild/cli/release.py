@@ -250,7 +250,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     project = config.load(args.config, check_files=False)
     names = plan.select(list(project.targets), args.target, "targets", str(project.file))
     include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
-                "required": project.targets[n].require, "session": f"test({n})",
+                "required": project.targets[n].require, "session": project.targets[n].session("test"),
+                "release_session": project.targets[n].session("release"),
                 "platform": project.targets[n].platform,
                 "models": list(project.targets[n].models)} for n in names]
     print(json.dumps({"include": include}, indent=None if args.compact else 2))
