@@ -10,9 +10,6 @@ settings to differ: every block size and accuracy level gives the same cosine an
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,33 +22,12 @@ from ortbuild.gating.tokens import DEFAULTS, judge
 from ortbuild.generative import run
 from ortbuild.generative.reference import Reference, log_probs_of, reference
 from ortbuild.status import Verdict
-from tests.conftest import MODELS
-from tests.realmodels import CACHE
 
 pytestmark = pytest.mark.generative
 og = pytest.importorskip("onnxruntime_genai")
 
-STEPS = 600
 MAX_TOKENS = 32
 HARMFUL = ["block_size=256", "accuracy_level=1"]
-
-
-@pytest.fixture(scope="session")
-def llm() -> Path:
-    """The example model (HF format), generated once into the cache."""
-    script = MODELS / "generate_llm.py"
-    digest = hashlib.sha256(script.read_bytes()).hexdigest()[:12]
-    out = CACHE / f"llm-{STEPS}-{digest}"
-    if not (out / "generated.json").exists():
-        partial = CACHE / f"{out.name}.partial-{os.getpid()}"
-        subprocess.run([sys.executable, str(script), str(partial), "--steps", str(STEPS)], check=True,
-                       capture_output=True)
-        if not (out / "generated.json").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            partial.rename(out)
-        else:
-            shutil.rmtree(partial)
-    return out
 
 
 def _build(src: Path, out: Path, precision: str, extra: list[str]) -> Path:
