@@ -38,6 +38,7 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("benchmarks.md", "ortbuild build --force -t llm-"): "a benchmark of generative targets: " + GENERATIVE,
     ("benchmarks.md", "ortbuild test -t llm-"): "a benchmark of generative targets: " + GENERATIVE,
     ("benchmarks.md", "python tests/benchmarks/bench_genai_load.py"): "a benchmark: " + GENERATIVE,
+    ("benchmarks.md", "python -m onnxruntime_genai.models.builder"): "a benchmark: " + GENERATIVE,
     ("diagnose.md", "python3 -m nox"): NOX,
     ("generative.md", "python3 -m nox -t generative"): GENERATIVE + "; " + NOX,
     ("gpu-results.md", "python3 -m nox"): "needs an NVIDIA GPU with CUDA and TensorRT (and " + NOX + ")",
