@@ -29,12 +29,18 @@ DOCS = REPO / "docs"
 
 NOX = "makes a virtualenv per target and installs its runtime from the package index (nox + uv)"
 OCI = "needs an OCI registry at localhost:5000"
+GENERATIVE = "needs torch, transformers and onnxruntime-genai (a generative target's venv) and the example LLM"
 SKIPPED: dict[tuple[str, str], str] = {
     ("benchmarks.md", "nox -s benchmark"): "a benchmark: minutes of measurement in per-target virtualenvs",
     ("benchmarks.md", "python tests/benchmarks/bench_fusion.py"): "a benchmark: minutes of measurement",
     ("benchmarks.md", "python tests/benchmarks/bench_tune.py"): "a benchmark: minutes of measurement, and a model "
                                                                  "fetched from PyPI",
+    ("benchmarks.md", "ortbuild build --force -t llm-"): "a benchmark of generative targets: " + GENERATIVE,
+    ("benchmarks.md", "ortbuild test -t llm-"): "a benchmark of generative targets: " + GENERATIVE,
+    ("benchmarks.md", "python tests/benchmarks/bench_genai_load.py"): "a benchmark: " + GENERATIVE,
+    ("benchmarks.md", "python -m onnxruntime_genai.models.builder"): "a benchmark: " + GENERATIVE,
     ("diagnose.md", "python3 -m nox"): NOX,
+    ("generative.md", "python3 -m nox -t generative"): GENERATIVE + "; " + NOX,
     ("gpu-results.md", "python3 -m nox"): "needs an NVIDIA GPU with CUDA and TensorRT (and " + NOX + ")",
     ("gpu-results.md", "cat dist/report.json"): "the report of the GPU run above",
     ("release.md", "python3 -m nox"): NOX,
