@@ -74,6 +74,8 @@ def reference(hf_dir: Path, prompts: list[str], max_tokens: int, heldout: str | 
     A prompt whose ids plus `max_tokens` exceed max_position_embeddings is a ValueError naming it."""
     torch = importlib.import_module("torch")
     transformers = importlib.import_module("transformers")
+    transformers.logging.set_verbosity_error()  # no progress bars or notices on the gate's output
+    transformers.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     model.eval()

@@ -201,6 +201,21 @@ def reload(built: GenBuilt, prompts: tuple[str, ...], target: str, model: str, c
     import numpy as np
     import onnxruntime_genai as og
 
+    try:
+        return _greedy_prompts(og, np, built, prompts, target, model, cpu)
+    except OutputsBroken:
+        raise
+    except Exception as e:  # onnxruntime-genai's own exception types
+        fp16_cpu = built.precision == "fp16" and (cpu or built.execution_provider == "cpu")
+        raise StepError(target, model, "reload", f"onnxruntime-genai could not run the built model: "
+                        f"{str(e).strip()[:300]}",
+                        "the builder's fp16 graph for the CPU provider fails in onnxruntime 1.31 (docs/generative.md): "
+                        "use fp32, int8-dynamic or int4-weight on CPU" if fp16_cpu else
+                        "rerun with --debug; the builder's output is in the build log") from e
+
+
+def _greedy_prompts(og: Any, np: Any, built: GenBuilt, prompts: tuple[str, ...], target: str, model: str,
+                    cpu: bool) -> GenReloaded:
     config = og.Config(str(built.folder))
     if cpu:
         config.clear_providers()
