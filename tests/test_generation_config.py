@@ -5,6 +5,7 @@ test session (the builds themselves are tests/test_genai.py's, marked `generativ
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, generation, plan
-from tests.conftest import MODELS, REPO
+from tests.conftest import MODELS, REPO, run_cli
 
 STUB = REPO / "tests" / "fixtures" / "hf_stub"
 CPU = 'runtime = "onnxruntime==1.31.1"\nproviders = ["CPUExecutionProvider"]\n'
@@ -75,7 +76,8 @@ def test_any_weights_file_the_builder_reads_will_do(tmp_path: Path) -> None:
     hf = tmp_path / "hf"
     shutil.copytree(STUB, hf)
     (hf / "model.safetensors").rename(hf / "pytorch_model.bin")
-    assert config.load(_project(tmp_path, "[targets.t]\n" + CPU + 'models = ["llm"]\n', llm=hf)).models["llm"].generative
+    path = _project(tmp_path, "[targets.t]\n" + CPU + 'models = ["llm"]\n', llm=hf)
+    assert config.load(path).models["llm"].generative
     assert generation.directory_problem(hf) is None
     assert generation.directory_problem(hf / "config.json") == "is not a directory"
 
@@ -171,7 +173,8 @@ def test_tokens_and_generation_keys_are_checked(tmp_path: Path) -> None:
     assert g is not None
     assert (g.tokens.max_tokens, g.tokens.match_tokens, g.tokens.min_cosine) == (16, 8, 0.9)
     assert g.generation.ttft_p90_ms == 50 and g.generation.max_memory_mb == 300 and g.generation.declared
-    assert not config.load(_project(tmp_path, body)).targets["t"].settings["llm"].gates.generation.declared  # type: ignore[union-attr]
+    unset = config.load(_project(tmp_path, body)).targets["t"].settings["llm"].gates
+    assert unset is not None and not unset.generation.declared
     e = _error(_project(tmp_path, body + "tokens = { max_token = 16 }\n"))
     assert "max_token" in e.message and "did you mean 'max_tokens'" in e.message, e.message
     e = _error(_project(tmp_path, body + "generation = { ttft_p90 = 50 }\n"))
@@ -233,3 +236,15 @@ def test_building_a_generative_target_where_its_builder_is_missing_names_its_own
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
     assert "onnxruntime-genai==" in proc.stderr and "build-generative(llm)" in proc.stderr, proc.stderr
+
+
+def test_plan_lists_a_generative_target(tmp_path: Path) -> None:
+    """plan checks each ONNX model's golden inputs against its graph; a generative model's directory is no graph
+    (its build's check step reads it)."""
+    path = _project(tmp_path, "[targets.llm]\n" + CPU + 'models = ["llm"]\n' + "[targets.cnn]\n" + CPU
+                    + 'models = ["cnn"]\n', onnx=True)
+    proc = run_cli("plan", "-c", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["target"]: r for r in json.loads(proc.stdout)}
+    assert rows["llm"]["model"] == "llm" and "onnxruntime-genai==" in rows["llm"]["runtime"]
+    assert rows["cnn"]["model"] == "cnn"
