@@ -268,7 +268,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             notes.append('precision_search = "auto" and no search in targets.lock: the build judges its accuracy and '
                          "searches where it fails" if part == "search" else
                          "tune = true and no tuning in targets.lock: the build tunes its session options")
-        if j.settings.rule.quantizer is not Quantizer.NONE:
+        if j.settings.rule.quantizer is not Quantizer.NONE and j.model.name in graphs:
             if j.model.name not in reduced:
                 reduced[j.model.name] = _already_reduced(graphs[j.model.name])
             if reduced[j.model.name]:
@@ -341,6 +341,8 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
     errors: list[tuple[str, str, str | None]] = []  # (targets.toml's key, the problem, what to do)
     for model in dict.fromkeys(j.model.name for j in jobs):
         m, key = project.models[model], f"models.{model}.path"
+        if m.generative:  # a Hugging Face-format directory: its build's check step reads it (no ONNX graph yet)
+            continue
         try:
             problem = paths.input_problem(m.path, limit=paths.MAX_MODEL_BYTES)
             if problem:
