@@ -1,19 +1,24 @@
-"""What is installed here: the ONNX Runtime flavor (the pip distribution that provides `onnxruntime`), and
-whether this environment holds a target's requirements (its flavor, plugin EPs and custom-op packages at their
-pinned versions). Reads package metadata only: never imports ONNX Runtime."""
+"""What is installed here: the ONNX Runtime flavor (the pip distribution that provides `onnxruntime`), whether this
+environment holds a target's requirements (its flavor, plugin EPs and custom-op packages at their pinned versions),
+and where this ortbuild was installed from (what installs the same one into a target's venv). Reads package
+metadata only: never imports ONNX Runtime."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+from urllib.parse import unquote, urlparse
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from ortbuild import machine
-from ortbuild.errors import RuntimeMismatch
+from ortbuild import __version__, files, machine
+from ortbuild.errors import RuntimeMismatch, UsageError
 from ortbuild.project import options
 from ortbuild.project.config import Target
 
@@ -97,3 +102,62 @@ def package_problem(name: str, requirement: str, how: str) -> str | None:
     if not req.specifier.contains(Version(version), prereleases=True):
         return f"{name} needs {requirement}, this environment has {req.name} {version}; {how}"
     return None
+
+
+REQUIREMENT_VAR = "ORTBUILD_REQUIREMENT"
+
+
+def _checkout() -> Path | None:
+    """The source checkout this ortbuild is imported from, if it is one."""
+    source = Path(__file__).resolve().parent.parent
+    return source if (source / "pyproject.toml").is_file() and (source / "ortbuild" / "__init__.py").is_file() \
+        else None
+
+
+class DirectUrl(TypedDict, total=False):
+    """The keys read of PEP 610's direct_url.json (each checked: the file is another tool's)."""
+
+    url: str
+    vcs_info: dict[str, object]
+    dir_info: dict[str, object]
+
+
+def _origin() -> DirectUrl:
+    """Where pip or uv installed ortbuild from (PEP 610's direct_url.json), or {}."""
+    try:
+        origin = json.loads(md.distribution("ortbuild").read_text("direct_url.json") or "{}")
+    except (md.PackageNotFoundError, ValueError, OSError):
+        return {}
+    usable = isinstance(origin, dict) and isinstance(origin.get("url"), str)
+    return origin if usable else {}
+
+
+def ortbuild_requirement() -> tuple[list[str], str]:
+    """What installs this very ortbuild into a target's venv (pip arguments), and what identifies it (the stamp
+    part that reinstalls it when it changes): $ORTBUILD_REQUIREMENT; else a source checkout (editable); else where
+    pip or uv installed it from (PEP 610: a local wheel, sdist or folder, a VCS commit); else ortbuild==<version>.
+    A path in $ORTBUILD_REQUIREMENT that does not exist is a UsageError naming the variable."""
+    given = os.environ.get(REQUIREMENT_VAR, "").strip()
+    if given:
+        path = Path(given)
+        if path.exists():
+            return [given], f"{given} {files.sha256_file(path)}" if path.is_file() else given
+        if os.sep in given or given.endswith((".whl", ".tar.gz", ".zip")):
+            raise UsageError(f"{REQUIREMENT_VAR}={given}: no such file",
+                             f"point {REQUIREMENT_VAR} at the ortbuild wheel or sdist, or unset it")
+        return [given], given
+    source = _checkout()
+    if source is not None:
+        return ["-e", str(source)], f"-e {source} {files.sha256_file(source / 'pyproject.toml')}"
+    origin = _origin()
+    url, vcs, folder = urlparse(origin.get("url", "")), origin.get("vcs_info"), origin.get("dir_info")
+    if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
+        pinned = f"ortbuild @ {origin['url']}@{vcs['commit_id']}"
+        return [pinned], pinned
+    if url.scheme == "file":
+        path = Path(unquote(url.path))
+        if isinstance(folder, dict) and path.is_dir():
+            return (["-e", str(path)] if folder.get("editable") else [str(path)]), f"{path}"
+        if path.is_file():
+            return [str(path)], f"{path} {files.sha256_file(path)}"
+    return [f"ortbuild=={__version__}"], f"ortbuild=={__version__}"

@@ -26,20 +26,18 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import importlib.metadata as md
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
-from urllib.parse import unquote, urlparse
 
 import nox
 import nox.virtualenv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from ortbuild import __version__, files, installed, machine
+from ortbuild import installed, machine
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, UsageError
 from ortbuild.gating.record import TestResult
@@ -61,7 +59,7 @@ if nox.options.reuse_venv in (None, "no"):
     nox.options.reuse_venv = "yes"
 
 CONFIG_VAR = "ORTBUILD_CONFIG"
-REQUIREMENT_VAR = "ORTBUILD_REQUIREMENT"
+REQUIREMENT_VAR = installed.REQUIREMENT_VAR
 CONFIG = os.environ.get(CONFIG_VAR, config.DEFAULT_FILE)
 ROOT = Path.cwd()  # nox runs in the noxfile's directory
 
@@ -85,62 +83,6 @@ GENERATIVE = [nox.param(t.name, id=t.name, tags=[x for x in t.tags if x != "gene
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
-
-
-def _checkout() -> Path | None:
-    """The source checkout this ortbuild is imported from, if it is one."""
-    source = Path(__file__).resolve().parent.parent
-    return source if (source / "pyproject.toml").is_file() and (source / "ortbuild" / "__init__.py").is_file() \
-        else None
-
-
-class DirectUrl(TypedDict, total=False):
-    """The keys read of PEP 610's direct_url.json (each checked: the file is another tool's)."""
-
-    url: str
-    vcs_info: dict[str, object]
-    dir_info: dict[str, object]
-
-
-def _origin() -> DirectUrl:
-    """Where pip or uv installed ortbuild from (PEP 610's direct_url.json), or {}."""
-    try:
-        origin = json.loads(md.distribution("ortbuild").read_text("direct_url.json") or "{}")
-    except (md.PackageNotFoundError, ValueError, OSError):
-        return {}
-    usable = isinstance(origin, dict) and isinstance(origin.get("url"), str)
-    return origin if usable else {}
-
-
-def ortbuild_requirement() -> tuple[list[str], str]:
-    """What installs this very ortbuild into a target's venv (pip arguments), and what identifies it (the stamp
-    part that reinstalls it when it changes): $ORTBUILD_REQUIREMENT; else a source checkout (editable); else where
-    pip or uv installed it from (PEP 610: a local wheel, sdist or folder, a VCS commit); else ortbuild==<version>.
-    A path in $ORTBUILD_REQUIREMENT that does not exist is a UsageError naming the variable."""
-    given = os.environ.get(REQUIREMENT_VAR, "").strip()
-    if given:
-        path = Path(given)
-        if path.exists():
-            return [given], f"{given} {files.sha256_file(path)}" if path.is_file() else given
-        if os.sep in given or given.endswith((".whl", ".tar.gz", ".zip")):
-            raise UsageError(f"{REQUIREMENT_VAR}={given}: no such file",
-                             f"point {REQUIREMENT_VAR} at the ortbuild wheel or sdist, or unset it")
-        return [given], given
-    source = _checkout()
-    if source is not None:
-        return ["-e", str(source)], f"-e {source} {files.sha256_file(source / 'pyproject.toml')}"
-    origin = _origin()
-    url, vcs, folder = urlparse(origin.get("url", "")), origin.get("vcs_info"), origin.get("dir_info")
-    if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str):
-        pinned = f"ortbuild @ {origin['url']}@{vcs['commit_id']}"
-        return [pinned], pinned
-    if url.scheme == "file":
-        path = Path(unquote(url.path))
-        if isinstance(folder, dict) and path.is_dir():
-            return (["-e", str(path)] if folder.get("editable") else [str(path)]), f"{path}"
-        if path.is_file():
-            return [str(path)], f"{path} {files.sha256_file(path)}"
-    return [f"ortbuild=={__version__}"], f"ortbuild=={__version__}"
 
 
 RUNTIME_FLAVORS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml",
@@ -178,7 +120,7 @@ def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, .
     """Make `venv` hold ortbuild and exactly `requirements` (one ONNX Runtime flavor: a changed flavor first
     removes the others); nothing is installed when a stamp file says it already does."""
     try:
-        tool, identity = ortbuild_requirement()
+        tool, identity = installed.ortbuild_requirement()
     except UsageError as err:
         session.error(err.render())
     want = json.dumps({"requirements": requirements, "ortbuild": identity})
@@ -445,22 +387,16 @@ def _release(session: nox.Session, target: str) -> None:
         session.log(f"verified {where}")
 
 
-if GENERATIVE:  # registered only where targets.toml has generative targets
-    @nox.session(name="build-generative", venv_backend="none", tags=["generative"])
-    @nox.parametrize("target", GENERATIVE)
-    def build_generative(session: nox.Session, target: str) -> None:
-        """Build one generative target (onnxruntime-genai's model builder, in a venv holding torch)."""
-        _build(session, target)
+def _generative(kind: str, run: Callable[[nox.Session, str], None], doc: str) -> None:
+    """Register `<kind>-generative(<target>)`, one per generative target, tagged `generative`."""
+    def session(session: nox.Session, target: str) -> None:
+        run(session, target)
+    session.__doc__ = doc
+    nox.session(name=f"{kind}-generative", venv_backend="none", tags=["generative"])(
+        nox.parametrize("target", GENERATIVE)(session))
 
-    @nox.session(name="test-generative", venv_backend="none", tags=["generative"])
-    @nox.parametrize("target", GENERATIVE)
-    def test_generative(session: nox.Session, target: str) -> None:
-        """Build (if missing or stale) and test one generative target: the tokens gate, generation latency and
-        memory, size."""
-        _test(session, target)
 
-    @nox.session(name="release-generative", venv_backend="none", tags=["generative"])
-    @nox.parametrize("target", GENERATIVE)
-    def release_generative(session: nox.Session, target: str) -> None:
-        """Bundle, sign, publish and verify one tested generative target."""
-        _release(session, target)
+if GENERATIVE:  # only where targets.toml has generative targets
+    _generative("build", _build, "Build one generative target (onnxruntime-genai's model builder, venv with torch).")
+    _generative("test", _test, "Build (if missing or stale) and test one generative target: tokens, generation, size.")
+    _generative("release", _release, "Bundle, sign, publish and verify one tested generative target.")

@@ -15,7 +15,13 @@ BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 def test_committed_targets_file_resolves_layers() -> None:
     p = config.load(REPO / "targets.toml")
     assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "mobile-int8",
-                              "openvino-cpu", "cuda-fp16", "tensorrt-fp16"]
+                              "openvino-cpu", "cuda-fp16", "tensorrt-fp16", "llm-cpu-fp32", "llm-cpu-int8",
+                              "llm-cpu-int4", "llm-cuda-int4"]
+    # the generative model: only the targets that name it, and no wildcard (tiny_*) selects it
+    assert [t for t in p.targets if "tiny_llama" in p.targets[t].models] == [t for t in p.targets if "llm" in t]
+    llm = p.targets["llm-cuda-int4"]  # extends llm-cpu-int4: its int4 table, another runtime
+    assert llm.generative and llm.settings["tiny_llama"].int4.accuracy_level == 0
+    assert llm.session("test") == "test-generative(llm-cuda-int4)"
     mobile = p.targets["mobile-int8"].settings["tiny_cnn"]
     assert (mobile.format, mobile.optimization, mobile.precision) == ("ort", "basic", "int8-static")
     arm = p.targets["arm64-int8"]  # the platform's default runner; int8 without x86's reduce_range

@@ -171,17 +171,17 @@ def test_a_broken_targets_toml_fails_the_target_sessions(tmp_path: Path) -> None
 ])
 def test_target_venvs_get_the_ortbuild_nox_runs_with(noxfile: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                     origin: dict[str, Any], wanted: list[str] | None) -> None:
-    from ortbuild import __version__
+    from ortbuild import __version__, installed
 
     wheel, folder = tmp_path / "ortbuild-0.1.0-py3-none-any.whl", tmp_path / "src"
     wheel.write_bytes(b"zip")
     folder.mkdir()
     origin = json.loads(json.dumps(origin).replace("/WHEEL", str(wheel)).replace("/DIR", str(folder)))
     monkeypatch.delenv("ORTBUILD_REQUIREMENT", raising=False)
-    monkeypatch.setattr(noxfile, "_checkout", lambda: None)
-    monkeypatch.setattr(noxfile, "_origin", lambda: origin)
+    monkeypatch.setattr(installed, "_checkout", lambda: None)
+    monkeypatch.setattr(installed, "_origin", lambda: origin)
     expected = [a.replace("WHEEL", str(wheel)).replace("DIR", str(folder)) for a in wanted or []]
-    assert noxfile.ortbuild_requirement()[0] == (expected or [f"ortbuild=={__version__}"])
+    assert installed.ortbuild_requirement()[0] == (expected or [f"ortbuild=={__version__}"])
 
 
 def test_a_missing_ortbuild_requirement_fails_the_session_naming_it(tmp_path: Path, make_project: Any) -> None:

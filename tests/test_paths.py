@@ -80,7 +80,8 @@ def test_input_paths_must_be_regular_files_of_sane_size(tmp_path: Path) -> None:
     cases = {
         "/dev/zero": "is a character device, not a regular file",
         str(fifo): "is a FIFO (named pipe), not a regular file",
-        str(tmp_path): "is a directory, not a regular file",
+        # a directory is a generative model's (Hugging Face format): this one is no such directory
+        str(tmp_path): "has no config.json (a Hugging Face-format model directory",
         str(tmp_path / "empty.onnx"): "is empty",
         "x" * 300 + ".onnx": "a path component is 305 bytes long",
         "/" + "d/" * 2100 + "m.onnx": "characters long (at most 4096)",

@@ -141,8 +141,8 @@ def test_the_scaffold_has_one_nox_session_of_each_kind_per_target_and_a_workflow
     workflow = yaml.safe_load((root / scaffold.WORKFLOW).read_text())
     steps = [s.get("run", "") for job in workflow["jobs"].values() for s in job["steps"]]
     assert "ortbuild matrix --compact" in " ".join(steps)
-    assert any('nox -s "test(${{ matrix.target }})"' in s for s in steps)
-    assert any('nox -s "release(${{ matrix.target }})"' in s for s in steps)
+    assert any('nox -s "${{ matrix.session }}"' in s for s in steps)  # test(T), test-generative(T) for an LLM
+    assert any('nox -s "${{ matrix.release_session }}"' in s for s in steps)
     assert workflow["env"]["ORTBUILD_REQUIREMENT"].startswith("ortbuild==")
 
 

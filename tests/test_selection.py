@@ -25,7 +25,7 @@ def test_names_parse_into_the_gates_in_their_order() -> None:
     assert selection.parse("load,eval") == ("eval", "throughput", "server", "multi_stream")
     with pytest.raises(ValueError, match=r"'accurcy' is not a gate \(did you mean 'accuracy'\?\); the gates are: "
                                          r"accuracy, size, latency, cold_start, memory, eval, throughput, server, "
-                                         r"multi_stream, startup, load, all"):
+                                         r"multi_stream, tokens, generation, startup, load, all"):
         selection.parse("accurcy")
     with pytest.raises(ValueError, match="a gate name is empty"):
         selection.parse("accuracy,")
@@ -48,6 +48,10 @@ def test_what_a_result_says_of_the_gates_it_left_out() -> None:
     assert report.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
     failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "accuracy": "FAIL"}
     assert report.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
+    # a generative model's record: its own gates (and size) only
+    llm = {"status": "PASS", "judged": ["accuracy"], "generative": True}
+    assert selection.left_out(llm) == ["size", "tokens", "generation"]
+    assert TestResult.from_json(llm).generative and "generative" not in TestResult.from_json(row).as_json()
     for full in ({"status": "PASS", "judged": list(selection.GATES)}, {"status": "PASS"}):  # {}: an older report
         assert selection.left_out(full) == [] and selection.not_judged(full) == ""
         assert report.verdict_cell(TestResult.from_json(full)) == "PASS"

@@ -87,7 +87,7 @@ class Tester:
         results = []
         for job in jobs:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job),
-                             quick=self.quick, judged=list(self.judged))
+                             quick=self.quick, judged=list(self.judged), generative=job.model.generative)
             b = built[job.name]
             if b.status == JobStatus.FAILED:  # what the report's row of its build record says (report.collect)
                 failed = builds.failure(cast(records.BuildRecord, b.as_json()))  # the record it wrote

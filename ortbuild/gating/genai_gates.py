@@ -116,8 +116,9 @@ def tokens(ctx: Context) -> Judged:
             _REFERENCES[key] = reference.reference(job.model.path, list(prompts), gates.tokens.max_tokens, heldout,
                                                    given)
         except ImportError as e:
-            return Verdict.SKIPPED, {"summary": "SKIPPED", "note": f"the fp32 reference needs torch and transformers "
-                                     f"({e}): nox installs them into a generative target's venv"}, []
+            why = f"the fp32 reference needs torch and transformers ({e}): nox installs them into a generative " \
+                  "target's venv"
+            return Verdict.SKIPPED, {"summary": str(Verdict.SKIPPED), "note": why}, []
         except ValueError as e:
             raise ConfigError(config, f"models.{job.model.name}.inputs", str(e),
                               "shorten the prompt, or lower [targets.X.tokens] max_tokens") from None

@@ -65,6 +65,8 @@ class TestResult:
     # the newer gates' sections by gate name, each with its `verdict` (ortbuild.gating.catalog); in the document
     # only when one ran
     sections: dict[str, dict[str, object]] = field(default_factory=dict)
+    generative: bool = False         # a generative model: its gates are its own (catalog's kinds); in the document
+                                     # only when true
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
         self.failures += lines
@@ -103,8 +105,9 @@ class TestResult:
         newer gate filled one), then `gates` and `failed_gates`; records.ResultDoc names the same fields
         (tests/test_report.py)."""
         doc = asdict(self)
-        if not doc["sections"]:
-            del doc["sections"]
+        for key in ("sections", "generative"):
+            if not doc[key]:
+                del doc[key]
         return cast(records.ResultDoc, {**doc, "gates": self.gates(), "failed_gates": self.failed_gates()})
 
     @classmethod

@@ -259,6 +259,7 @@ class GatesPart(TypedDict):
     failed_gates: list[str]
     gates_key: str                   # a digest of what it judged by (gates.gates_key; older reports: none)
     sections: NotRequired[dict[str, dict[str, object]]]  # the newer gates' sections (catalog), when one ran
+    generative: NotRequired[bool]    # a generative model's record (its gates are its own): only when true
 
 
 class ResultDoc(GatesPart):

@@ -48,7 +48,8 @@ def left_out(result: Mapping[str, object]) -> list[str]:
     judged = result.get("judged")
     if not isinstance(judged, list):
         return []
-    return [g for g in GATES if g not in judged]
+    generative = bool(result.get("generative"))  # only the gates of its kind of model
+    return [g for g in GATES if g not in judged and catalog.BY_NAME[g].judges(generative)]
 
 
 def not_judged(result: Mapping[str, object]) -> str:

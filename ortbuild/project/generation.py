@@ -31,7 +31,12 @@ BUILDER_PROVIDER = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cud
 def is_generative(path: Path) -> bool:
     """A model path names a generative model when it is a directory (a Hugging Face-format one), or, not made
     yet, has no file suffix (`models/tiny_llama`, made on first use)."""
-    return path.is_dir() or (not path.exists() and path.suffix == "")
+    if path.suffix in (".onnx", ".ort"):
+        return False
+    try:
+        return path.is_dir() or (not path.exists() and path.suffix == "")
+    except OSError:  # a name no file can have: its own check says why
+        return False
 
 
 def directory_problem(path: Path) -> str | None:

@@ -135,9 +135,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     if r.quick:
         confidence = r.latency.get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
-    # `ortbuild test --gates`: release needs every gate that judges this kind of model
-    if left := [g for g in selection.left_out({"judged": r.judged})
-                if catalog.BY_NAME[g].judges(m.generative is not None)]:
+    if left := selection.left_out({"judged": r.judged, "generative": m.generative is not None}):  # test --gates
         return f"tested with {selection.flag(r.judged)}, its {', '.join(left)} gate(s) not judged: run {test}"
     untimed = [g for g, v in r.gates().items() if v == SKIP]
     if untimed:  # an emulated platform: its budgets were never measured
