@@ -65,7 +65,7 @@ def stand_in(target: Target) -> machine.StandIn | None:
 def runtime_problem(target: Target) -> str | None:
     """Why this environment cannot build `target` (wrong flavor, version or plugin EP), or None if it can (its
     own runtime, or its CPU stand-in: see stand_in)."""
-    how = (f"run `nox -s 'build({target.name})'`, which installs {target.runtime_text} in the target's own "
+    how = (f"run `nox -s '{target.session('build')}'`, which installs {target.runtime_text} in the target's own "
            "virtualenv")
     if stand_in(target) is not None:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -73,7 +74,8 @@ def fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.J
         f"nothing to {command} here: this environment has {have}, and the selected targets need "
         f"{', '.join(wants)}",
         f"run `python3 -m nox -s {command}` (one virtualenv per target, each with its runtime), or "
-        f"`python3 -m nox -s \"{command}({one})\"` for one target; or `pip install {targets[one].runtime_text}` "
+        f"`python3 -m nox -s \"{targets[one].session(command)}\"` for one target; or `pip install "
+        f"{targets[one].runtime_text}` "
         "into this environment (one flavor per environment)")
 
 
@@ -321,9 +323,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
             why = emulated.cannot_run(t)
             print(f"  {t.name}: {t.platform}: golden gate on its onnxruntime wheel under emulation here"
                   + (f" (SKIPPED: {why})" if why else f"; {timed} on {', '.join(t.runner)}"))
-    if jobs:
+    onnx_jobs = [j for j in jobs if not j.model.generative]
+    if onnx_jobs:
         print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
-        print("\n".join(plan.accuracy_lines(jobs)))
+        print("\n".join(plan.accuracy_lines(onnx_jobs)))
+    llms = [j for j in jobs if j.model.generative]
+    if llms:
+        from ortbuild.gating import genai_gates
+
+        print("\ntokens (ortbuild test's rule for generative models, docs/generative.md):")
+        for j in llms:
+            assert j.settings.gates is not None
+            rule = genai_gates.rule_of(j.settings.precision, j.settings.gates.tokens)
+            print(f"  {j.name}: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(rule).items())
+                  + f" ({j.settings.gates.tokens.max_tokens} tokens per prompt)")
     return 0
 
 

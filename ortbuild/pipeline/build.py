@@ -313,7 +313,7 @@ def up_to_date(job: Job, command: str) -> str:
         return "up to date (unchanged build key; --force rebuilds)"
     t, m = job.target.name, job.model.name
     return (f"up to date (unchanged build key; to rebuild it: ortbuild build --force -t {t} -m {m}, or "
-            f"nox -s \"build({t})\" -- --force -m {m})")
+            f"nox -s \"{job.target.session('build')}\" -- --force -m {m})")
 
 
 def _worker(state: parallel.WorkerState, progress: ProgressSink) -> Callable[[Job], JobResult]:

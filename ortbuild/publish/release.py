@@ -211,7 +211,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         if not (folder / manifest.MANIFEST).exists():
             raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
                                 f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
-                                f"\"test({target.name})\"`)")
+                                f"\"{target.session('test')}\"`)")
         # Tampered, naming what differs (another target's or model's directory swapped in too); nothing is released
         m = manifest.trusted(folder, public_key, place=(target.name, name))
         assert m is not None
