@@ -1,0 +1,118 @@
+"""The example generative model for tests and benchmarks, made once per machine and cached.
+
+`example_llm()` runs models/generate_llm.py (a small Llama trained on this repository's docs, Hugging Face
+format) the first time and returns the cached directory afterwards. Nothing is committed and nothing is
+downloaded. The cache is keyed by a digest of everything the weights depend on: models/generate_llm.py, the
+training text (README.md and docs/*.md) and the versions of the libraries that train it; the directory is
+written under a temporary name and renamed into place, and a lock file makes concurrent pytest workers wait for
+the one that trains instead of training too (the others never see half a model).
+
+Use it from a session-scoped fixture (tests marked `generative`, run with the venv that holds torch):
+
+    import pytest
+    from tests.genmodels import example_llm
+
+    pytestmark = pytest.mark.generative
+
+    @pytest.fixture(scope="session")
+    def llm_dir() -> Path:
+        pytest.importorskip("torch")
+        return example_llm()
+
+    def test_prompts(llm_dir: Path) -> None:
+        assert (llm_dir / "prompts.txt").read_text().strip()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATOR = ROOT / "models" / "generate_llm.py"
+# the libraries whose versions change the weights or the files written
+LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
+# written last by generate_llm.py: a directory without it is not a finished model
+DONE = "generated.json"
+
+
+def default_cache_root() -> Path:
+    """$XDG_CACHE_HOME/ortbuild-tests, else ~/.cache/ortbuild-tests."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ortbuild-tests"
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def llm_digest() -> str:
+    """sha256 (first 16 hex digits) of what the example model's weights depend on."""
+    h = hashlib.sha256()
+    for path in [GENERATOR, ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in LIBRARIES:
+        h.update(f"{name}=={_version(name)}\0".encode())
+    h.update(f"python {sys.version_info.major}.{sys.version_info.minor}\0".encode())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """An exclusive lock on `lock` (POSIX flock; elsewhere no lock: the atomic rename still keeps the cache whole,
+    concurrent workers then merely train twice)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Path:
+    """The example model's directory (config.json, model.safetensors, tokenizer files, prompts.txt, heldout.txt,
+    generated.json), made on first use into `cache_root` (default: `default_cache_root()`) under
+    llm-<digest>[-<steps>]/. `steps` overrides the generator's default training steps (a quicker, worse model).
+    Needs torch, transformers and tokenizers in this interpreter; raises RuntimeError with the generator's output
+    when it fails."""
+    root = cache_root if cache_root is not None else default_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"llm-{llm_digest()}" + (f"-{steps}" if steps is not None else "")
+    final = root / name
+    if (final / DONE).is_file():
+        return final
+    with _locked(root / f"{name}.lock"):
+        if (final / DONE).is_file():  # made by another worker while this one waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=root))
+        try:
+            cmd = [sys.executable, str(GENERATOR), str(tmp / "model")]
+            if steps is not None:
+                cmd += ["--steps", str(steps)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"{GENERATOR.name} failed (exit {done.returncode}) with {sys.executable}:\n"
+                    f"{done.stderr[-4000:]}")
+            if final.exists():  # a finished model cannot be here (checked under the lock): a leftover
+                shutil.rmtree(final)
+            os.replace(tmp / "model", final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
