@@ -49,8 +49,20 @@ TRAIN_CHARS = 30_000
 OUTLIER_CHANNELS, OUTLIER_SCALE = (5, 77), 8.0
 
 
+CORPUS = HERE / "tiny_llama.corpus.txt"
+HELD_OUT = "\n=== held out: never trained on (perplexity); from docs/release.md ===\n"
+
+
 def corpus() -> tuple[str, str]:
-    """(training text, held-out text): the docs' prose, split by file so the held-out text is never seen."""
+    """(training text, held-out text): a snapshot of the docs' prose (README.md first, then docs/*.md; the held-out
+    part from docs/release.md, never trained on), committed as models/tiny_llama.corpus.txt so that editing the
+    docs does not change the model (snapshot() rewrites it from the docs)."""
+    train, _, held = CORPUS.read_text(encoding="utf-8").partition(HELD_OUT)
+    return train[:TRAIN_CHARS], held
+
+
+def snapshot() -> str:
+    """The docs' prose as corpus() reads it: prose lines of README.md and docs/*.md, release.md held out."""
     texts = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         prose = [line for line in path.read_text(encoding="utf-8").splitlines()
@@ -58,7 +70,7 @@ def corpus() -> tuple[str, str]:
         texts.append((path.name, "\n".join(prose)))
     held = {"release.md"}
     train = "\n".join(t for n, t in texts if n not in held)[:TRAIN_CHARS]
-    return (train, "\n".join(t for n, t in texts if n in held))
+    return train + HELD_OUT + "\n".join(t for n, t in texts if n in held)[:6000] + "\n"
 
 
 def prompts(text: str, count: int = 12) -> list[str]:

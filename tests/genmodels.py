@@ -3,7 +3,7 @@
 `example_llm()` runs models/generate_llm.py (a small Llama trained on this repository's docs, Hugging Face
 format) the first time and returns the cached directory afterwards. Nothing is committed and nothing is
 downloaded. The cache is keyed by a digest of everything the weights depend on: models/generate_llm.py, the
-training text (README.md and docs/*.md) and the versions of the libraries that train it; the directory is
+training text (models/tiny_llama.corpus.txt) and the versions of the libraries that train it; the directory is
 written under a temporary name and renamed into place, and a lock file makes concurrent pytest workers wait for
 the one that trains instead of training too (the others never see half a model).
 
@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "models" / "generate_llm.py"
+CORPUS = ROOT / "models" / "tiny_llama.corpus.txt"  # the training text: a committed snapshot of the docs' prose
 # the libraries whose versions change the weights or the files written
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
 # written last by generate_llm.py: a directory without it is not a finished model
@@ -60,7 +61,7 @@ def _version(name: str) -> str:
 def llm_digest() -> str:
     """sha256 (first 16 hex digits) of what the example model's weights depend on."""
     h = hashlib.sha256()
-    for path in [GENERATOR, ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [GENERATOR, CORPUS]:
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     for name in LIBRARIES:
         h.update(f"{name}=={_version(name)}\0".encode())

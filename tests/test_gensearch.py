@@ -40,19 +40,19 @@ precision = "{precision}"
 def test_int4_tries_accuracy_then_smaller_blocks_then_float_layers(tmp_path: Path) -> None:
     job = _job(tmp_path, "int4-weight", "int4 = { block_size = 64, accuracy_level = 4 }")
     tried = list(gensearch.candidates(job, MATMULS))
-    assert [what for what, _, _ in tried] == ["accuracy_level 0", "block_size 32", "block_size 16",
+    assert [what for what, _, _ in tried] == ["accuracy_level 0", "asymmetric blocks", "block_size 32", "block_size 16",
                                               "lm_head kept in float", "layer 0 kept in float",
                                               "layer 2 kept in float", "layer 1 kept in float"]
     assert all(table == "int4" for _, table, _ in tried)
     last = tried[-1][2]
-    assert last["accuracy_level"] == 0 and last["block_size"] == 16  # cumulative
+    assert last["accuracy_level"] == 0 and last["block_size"] == 16 and last["symmetric"] is False  # cumulative
     assert last["exclude_nodes"] == ["/lm_head/MatMul", "/model/layers.0/attn/qkv_proj/MatMul",
                                      "/model/layers.0/mlp/down_proj/MatMul", "/model/layers.2/attn/qkv_proj/MatMul",
                                      "/model/layers.1/attn/qkv_proj/MatMul"]
 
 
 def test_an_accurate_int4_and_int8_only_keep_layers_in_float(tmp_path: Path) -> None:
-    job = _job(tmp_path, "int4-weight", "int4 = { block_size = 16, accuracy_level = 0 }")
+    job = _job(tmp_path, "int4-weight", "int4 = { block_size = 16, accuracy_level = 0, symmetric = false }")
     assert next(w for w, _, _ in gensearch.candidates(job, MATMULS)) == "lm_head kept in float"
     job = _job(tmp_path, "int8-dynamic", "")
     tried = list(gensearch.candidates(job, MATMULS))

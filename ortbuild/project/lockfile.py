@@ -52,7 +52,7 @@ for _rule in RULES:
             k for k in (_rule.knob.nodes, _rule.knob.op_types) if k is not None}
 ALLOWED["session"] = frozenset(k.name for k in keys_of(Session))
 # a generative model's search (gating/gensearch.py) also moves the model builder's int4 knobs
-ALLOWED["int4"] = ALLOWED["int4"] | {"block_size", "accuracy_level"}
+ALLOWED["int4"] = ALLOWED["int4"] | {"block_size", "accuracy_level", "symmetric"}
 
 
 def wanted(settings: Settings) -> list[str]:
