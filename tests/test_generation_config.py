@@ -226,8 +226,6 @@ def test_a_generative_model_not_made_yet_loads_and_its_build_says_how_to_make_it
     assert e.where == "models.llm.path" and "does not exist" in e.detail
 
 
-@pytest.mark.xfail(strict=True, reason="ortbuild/cli/build.py fitting(): the hint names `nox -s \"build(llm)\"`, a "
-                                       "session generative targets do not have (theirs: build-generative(llm))")
 def test_building_a_generative_target_where_its_builder_is_missing_names_its_own_nox_session(tmp_path: Path) -> None:
     if all(__import__("importlib").util.find_spec(m) for m in ("onnxruntime_genai", "torch", "transformers")):
         pytest.skip("this environment holds the model builder (tests/test_genai.py builds here)")

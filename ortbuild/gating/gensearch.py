@@ -3,8 +3,8 @@ when its tokens gate fails, the builder's precision knobs are tried in order, ea
 judged by the tokens gate, and the first setting that passes is kept in targets.lock (what later builds apply):
 
   int4-weight:   accuracy_level 0 (the MatMuls computed in fp32, where levels 2-4 compute in fp16/bf16/int8)
-                 -> asymmetric blocks (symmetric = false: a zero point per block)
                  -> block_size halved, down to 16
+                 -> asymmetric blocks (symmetric = false: a zero point per block)
                  -> lm_head kept in float (nodes_to_exclude)
                  -> whole layers kept in float, the first and the last first, then inwards
   int8-dynamic:  lm_head kept in float -> whole layers, as above
@@ -66,14 +66,14 @@ def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[st
         if opts.accuracy_level not in (0, 1):
             keys = {**keys, "accuracy_level": 0}
             yield "accuracy_level 0", table, keys
-        if opts.symmetric:  # a zero point per block: a block's range fitted, not mirrored around zero
-            keys = {**keys, "symmetric": False}
-            yield "asymmetric blocks", table, keys
         block = opts.block_size
         while block > MIN_BLOCK:
             block //= 2
             keys = {**keys, "block_size": block}
             yield f"block_size {block}", table, keys
+        if opts.symmetric:  # a zero point per block: a block's range fitted, not mirrored around zero
+            keys = {**keys, "symmetric": False}
+            yield "asymmetric blocks", table, keys
     elif isinstance(opts, Quantization):
         table, keys = "quantization", {"exclude_nodes": list(opts.exclude_nodes)}
     else:

@@ -13,32 +13,34 @@ The measures, per golden prompt (step = 1-based position in the continuation):
 - top-5 overlap: |top5(reference) & top5(artifact)| / 5 per step; the rule bounds the mean over all steps.
 - perplexity: exp(-mean log p) of the held-out ids; the rule bounds the artifact's relative increase.
 
-DEFAULTS, from the example model (models/generate_llm.py, 600 steps; 12 golden prompts x 32 tokens, 256 held-out
-tokens, reference perplexity 14.29; onnxruntime-genai 0.18.0 builder, CPU; "div" = the earliest first divergence):
+DEFAULTS, from the example model (models/generate_llm.py: 600 steps on models/tiny_llama.corpus.txt, outlier
+channels as real LLMs have; 12 golden prompts x 32 tokens, 256 held-out tokens; onnxruntime-genai 0.18.0's builder,
+CPU; "divergences" = each prompt's first divergent step, "-" where none):
 
-    build                      exact  agreement  div  min cosine  top-5   perplexity
-    fp32                       12/12  1.000      -    1.000000    1.000   +0.00%
-    int8                        7/12  0.833      12   0.99965     0.990   +0.45%
-    int4 (block 32, level 4)    0/12  0.258      1    0.9827      0.905   -2.25%   the builder's CPU default
-    int4 block 16               0/12  0.305      1    0.9867      0.906   -0.01%
-    int4 block 32, level 1      0/12  0.258      1    0.9834      0.904   -2.45%
-    int4 asymmetric             0/12  0.292      3    0.9834      0.909   +2.90%
-    int4 lm_head in int8        2/12  0.398      1    0.9849      0.918   -2.05%
-    int4 Gather quantized too   1/12  0.344      1    0.9646      0.899   -2.08%
-    int4 block 64               0/12  0.331      1    0.9628      0.892   +0.94%
-    int4 block 128              0/12  0.229      1    0.9470      0.888   +6.96%   harmful
-    int4 block 256, level 1     0/12  0.289      2    0.9293      0.885   +6.23%   harmful
+    build                       exact  agreement  min cosine  top-5   perplexity  divergences
+    fp32                        12/12  1.000      1.00000     1.0000  +0.00%      all -
+    int8                        12/12  1.000      0.99865     0.9813  -0.43%      all -
+    int4 block 32, level 4       7/12  0.591      0.86877     0.7318  -8.74%      1 1 - 1 - - - - 4 1 - -  (1)
+    int4 block 32, level 0       7/12  0.591      0.86746     0.7302  -8.85%      same tokens as level 4
+    int4 block 16                9/12  0.766      0.90804     0.8000  -10.73%     1 - - - - - - - 4 4 - -
+    int4 block 32, asymmetric    6/12  0.586      0.92485     0.8161  -6.92%
+    int4 block 32, lm_head float 8/12  0.674      0.88549     0.7797  -12.81%
+    int4 block 64                5/12  0.461      0.75477     0.6615  -4.43%
+    int4 block 128               2/12  0.305      0.56239     0.5797  -15.68%     1 1 14 1 16 3 13 - 5 1 8 -  (2)
+    int4 block 256, level 4      2/12  0.307      0.57729     0.5776  -23.09%                                 (2)
+
+(1) the builder's CPU default; (2) harmful.
 
 fp32 is exact (the ONNX graph computes what torch does): its rule only leaves room for a near-tie flip late in a
-long continuation. int8 flips some greedy tokens on this small, uncertain model but late (step 12 at the
-earliest): it must match 2 tokens and 70% agreement, cosine 0.999, perplexity +2%. int4 flips tokens from the
-first step even at the builder's defaults (as ORT issue 29849 reports on real models), so exact tokens are not
-asked of it (match_tokens 0, agreement 0.1: a floor for a broken model); the logits are: a cosine of 0.96 and
-perplexity +5% pass the defaults with a margin and fail block sizes 128 and 256 on both counts. Top-5 hardly
-separates settings here (0.885-0.918); its bounds are floors. fp16 is not measured: the builder's fp16 CPU graph
-fails in onnxruntime 1.31.1 ("Shape mismatch attempting to re-use buffer" in a Cast node), so its rule sits
-between fp32's and int8's. With 200 training steps the model is too uncertain for int4 settings to differ (every
-one: cosine 0.992-0.997, perplexity +0.5% to +1.8%): gate checks of int4 settings need the 600-step model.
+long continuation. int8 keeps every greedy token here: it must match 2 tokens, 80% agreement, cosine 0.995
+(measured 0.99865), perplexity +2%. int4 flips tokens from the first step even at the builder's defaults (as ORT
+issue 29849 reports on real models), so exact tokens are not asked of it (match_tokens 0); agreement 0.7 and
+cosine 0.9 pass block 16 and fail the builder's default block 32 (agreement 0.591: the token-flip trap, which
+`precision_search = "auto"` repairs: gating/gensearch.py) and, by far, blocks of 64 and more. Perplexity on the
+held-out text falls under int4 on this model (it is fitted closely to its training text, and quantization noise
+flattens its confident mistakes elsewhere): its bound (+5%) guards real models, where perplexity rises. fp16 is not
+measured: the builder's fp16 CPU graph fails in onnxruntime 1.31.1 ("Shape mismatch attempting to re-use buffer" in
+a Cast node), so its rule sits between fp32's and int8's.
 """
 
 from __future__ import annotations
@@ -65,9 +67,9 @@ class TokenRule:
 
 DEFAULTS: dict[str, TokenRule] = {
     "fp32": TokenRule(match_tokens=32, min_agreement=0.95, min_cosine=0.9999, min_top5=0.99, max_ppl_increase=0.001),
-    "fp16": TokenRule(match_tokens=8, min_agreement=0.8, min_cosine=0.9995, min_top5=0.98, max_ppl_increase=0.01),
-    "int8": TokenRule(match_tokens=2, min_agreement=0.7, min_cosine=0.999, min_top5=0.97, max_ppl_increase=0.02),
-    "int4": TokenRule(match_tokens=0, min_agreement=0.1, min_cosine=0.96, min_top5=0.85, max_ppl_increase=0.05),
+    "fp16": TokenRule(match_tokens=8, min_agreement=0.85, min_cosine=0.998, min_top5=0.97, max_ppl_increase=0.01),
+    "int8": TokenRule(match_tokens=2, min_agreement=0.8, min_cosine=0.995, min_top5=0.95, max_ppl_increase=0.02),
+    "int4": TokenRule(match_tokens=0, min_agreement=0.7, min_cosine=0.9, min_top5=0.75, max_ppl_increase=0.05),
 }
 
 

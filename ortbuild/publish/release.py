@@ -125,7 +125,7 @@ def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
 
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
                   gates: Gates | None = None, judged_by: str | None = None) -> str | None:
-    kind = "test-generative" if m.generative is not None else "test"
+    kind = "test-generative" if m is not None and m.generative is not None else "test"
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{kind}({target})\"`)"
     if r is None:
         return f"never tested: run {test}"
@@ -135,7 +135,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     if r.quick:
         confidence = r.latency.get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
-    if left := selection.left_out({"judged": r.judged, "generative": m.generative is not None}):  # test --gates
+    if left := selection.left_out({"judged": r.judged, "generative": r.generative}):  # test --gates
         return f"tested with {selection.flag(r.judged)}, its {', '.join(left)} gate(s) not judged: run {test}"
     untimed = [g for g, v in r.gates().items() if v == SKIP]
     if untimed:  # an emulated platform: its budgets were never measured
