@@ -413,6 +413,21 @@ def test_a_noop_build_reuses_and_a_changed_source_file_rebuilds_and_is_named(pro
     assert row["rebuild"] is False, row
 
 
+def test_a_reproducible_build_gives_the_same_bytes_twice(project: Project, tmp_path: Path) -> None:
+    """SOURCE_DATE_EPOCH: the builder's output, the sealed graph and the manifest are the same bytes on a rebuild."""
+    root = project.copy(tmp_path / "p")
+    env = {**project.env, "SOURCE_DATE_EPOCH": "1700000000"}
+    digests = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "--force", "-t", "int4"], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        folder = root / "dist" / "int4" / MODEL
+        digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())
+                        if f.is_file()})
+    assert digests[0] == digests[1] and {"model.onnx.enc", manifest.MANIFEST} <= set(digests[0])
+
+
 # ------------------------------------------------------------------------------------------- CUDA, portable
 
 def test_a_cuda_target_is_portable_and_its_loader_refuses_it(project: Project, opened: list[str]) -> None:

@@ -95,7 +95,8 @@ def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
         if job.locked is not None and job.locked.applies else []
     notes = [*locked, f"built by onnxruntime-genai's model builder (-p {built.precision} -e "
              f"{built.execution_provider}" + (f" --extra_options {extra}" if extra else "")
-             + f") in {built.seconds:.1f} s", *built.notes,
+             # a reproducible build (SOURCE_DATE_EPOCH) records no time: the same inputs give the same bytes
+             + (")" if buildkey.deterministic() else f") in {built.seconds:.1f} s"), *built.notes,
              "graph optimizations: ONNX Runtime applies them when onnxruntime-genai opens the model"]
     return manifest.Manifest(
         project=manifest.ProjectInfo(prep.project.name, prep.project.version), epoch=prep.project.epoch,
