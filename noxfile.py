@@ -35,9 +35,16 @@ def example_llm(session: nox.Session) -> None:
     if (EXAMPLE_LLM / "config.json").is_file():
         session.log(f"{EXAMPLE_LLM} exists: not retrained (delete it to train it again)")
         return
-    partial = EXAMPLE_LLM.with_name(EXAMPLE_LLM.name + ".partial")
+    import shutil
+
     python = target_python(session, "llm-cpu-fp32")
-    session.run(str(python), str(HERE / "models" / "generate_llm.py"), str(partial), external=True)
+    # trained into the tests' cache (tests/genmodels.py, keyed by the generator, its corpus and the libraries), so
+    # that `tests-generative` finds the same model there instead of training it again
+    made = session.run(str(python), "-c", "from tests.genmodels import example_llm; print(example_llm())",
+                       external=True, silent=True, env={"PYTHONPATH": str(HERE)})
+    partial = EXAMPLE_LLM.with_name(EXAMPLE_LLM.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(str(made).strip().splitlines()[-1], partial)
     partial.replace(EXAMPLE_LLM)  # whole or absent: a killed run leaves only the .partial directory
 
 
