@@ -97,7 +97,8 @@ def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
              f"{built.execution_provider}" + (f" --extra_options {extra}" if extra else "")
              # a reproducible build (SOURCE_DATE_EPOCH) records no time: the same inputs give the same bytes
              + (")" if buildkey.deterministic() else f") in {built.seconds:.1f} s"), *built.notes,
-             "graph optimizations: ONNX Runtime applies them when onnxruntime-genai opens the model"]
+             f"graph optimizations: ONNX Runtime applies level '{s.optimization}' when onnxruntime-genai opens the "
+             "model (genai_config.json's session_options, with the target's session options)"]
     return manifest.Manifest(
         project=manifest.ProjectInfo(prep.project.name, prep.project.version), epoch=prep.project.epoch,
         target=job.target.name, model=job.model.name,

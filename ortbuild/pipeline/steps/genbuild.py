@@ -136,6 +136,8 @@ def build(source: Path, work: Path, settings: Settings, provider: str, target: s
                         f"{done.returncode}): {said[-1][:300] if said else 'no output'}",
                         f"its full output is in the build log; the command was: {' '.join(command)}")
     config = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
+    notes_of_session = session_options(config, settings)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
     graph = out / config["model"]["decoder"]["filename"]
     notes = fold(graph, target, model)
     matmuls = matmul_names(graph)
@@ -147,7 +149,29 @@ def build(source: Path, work: Path, settings: Settings, provider: str, target: s
                         "graph has no MatMul of", f"its MatMul nodes: {', '.join(matmuls[:8])}{more} (the "
                         "manifest's generative.matmuls lists them all)")
     side = tuple(sorted(f.name for f in out.iterdir() if f.is_file() and f != graph))
-    return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, notes, tuple(matmuls))
+    return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, (*notes_of_session, *notes),
+                    tuple(matmuls))
+
+
+# ONNX Runtime's graph optimization level by the target's `optimization` (onnxruntime-genai's names)
+GENAI_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                "layout": "ORT_ENABLE_ALL", "all": "ORT_ENABLE_ALL"}
+
+
+def session_options(config: dict[str, Any], settings: Settings) -> tuple[str, ...]:
+    """The target's session options and optimization level, written into genai_config.json's decoder
+    session_options (what onnxruntime-genai creates its session with); what it has no key for is said."""
+    so = config["model"]["decoder"].setdefault("session_options", {})
+    s = settings.session
+    so["graph_optimization_level"] = GENAI_LEVELS[settings.optimization]
+    so["enable_cpu_mem_arena"], so["enable_mem_pattern"] = s.enable_cpu_mem_arena, s.enable_mem_pattern
+    for key in ("intra_op_num_threads", "inter_op_num_threads"):
+        if getattr(s, key):
+            so[key] = getattr(s, key)
+    ignored = [k for k in s.config] + (["execution_mode"] if s.execution_mode != "sequential" else []) + \
+        (["use_deterministic_compute"] if s.use_deterministic_compute else [])
+    said = f"session options onnxruntime-genai's genai_config.json has no key for, not applied: {', '.join(ignored)}"
+    return (said,) if ignored else ()
 
 
 def matmul_names(graph: Path) -> list[str]:
