@@ -63,6 +63,8 @@ models = ["{MODEL}"]
 extends = "fp32"
 precision = "int4-weight"
 int4 = {{ block_size = 32, accuracy_level = 4 }}
+optimization = "extended"
+session = {{ intra_op_num_threads = 1, config = {{ "session.intra_op.allow_spinning" = "0" }} }}
 
 [targets.cuda]
 runtime = "onnxruntime-gpu==1.31.1"
@@ -222,6 +224,11 @@ def test_build_seals_the_graph_signs_config_and_tokenizer_and_writes_the_loaders
         doc = json.loads((folder / manifest.MANIFEST).read_text())
         files = {f["name"]: f for f in doc["artifact"]["files"]}
         assert set(files) == {"model.onnx.enc", *SIDE}
+        # the target's level and session options, where onnxruntime-genai creates its session from
+        so = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+        level, threads = ("ORT_ENABLE_EXTENDED", 1) if target == "int4" else ("ORT_ENABLE_ALL", None)
+        assert so["graph_optimization_level"] == level and so.get("intra_op_num_threads") == threads, so
+        assert any("not applied: session.intra_op.allow_spinning" in n for n in doc["notes"]) == (target == "int4")
         assert files["model.onnx.enc"]["encrypted"] and files["model.onnx.enc"]["location"] == "model.onnx"
         for name in SIDE:  # plain, and signed: their digests are in the signed manifest
             assert not files[name]["encrypted"]

@@ -101,7 +101,8 @@ def cmd_test(args: argparse.Namespace) -> int:
             print(f"  reproduce: {r.reproduce}", file=sys.stderr)
     if code == 0 and inconclusive:
         print("INCONCLUSIVE verdicts pass without --strict", file=sys.stderr)
-    if left := selection.not_judged({"judged": list(args.gates)}):
+    generative = bool(jobs) and all(j.model.generative for j in jobs)  # only the gates of its kind of model
+    if left := selection.not_judged({"judged": list(args.gates), "generative": generative}):
         print(f"{left}; `ortbuild release` needs every gate: test again without --gates", file=sys.stderr)
     for r in explained:
         print()

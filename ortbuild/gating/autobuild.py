@@ -66,6 +66,10 @@ class AutoSearch:
             if job.model.generative:  # judged by its tokens gate, repaired with the builder's knobs
                 if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
                     done[job.name] = self._generative(job, r)
+                elif r.status == JobStatus.FAILED and isinstance(r.error, OutputsBroken):  # NaN logits at reload
+                    from ortbuild.gating import gensearch
+
+                    done[job.name] = gensearch.repair(self, job, r, f"broken outputs ({r.error.message})")
                 continue
             if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
                 res = TestResult(job.target.name, job.model.name, job.settings.precision)

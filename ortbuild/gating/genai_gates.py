@@ -92,6 +92,9 @@ def tokens(ctx: Context) -> Judged:
     job, gates = ctx.job, ctx.job.settings.gates
     assert gates is not None
     config = str(ctx.project.file)
+    if gates.tokens.max_tokens < 1:
+        raise ConfigError(config, f"targets.{job.target.name}.tokens.max_tokens", "must be at least 1",
+                          "the number of tokens generated per golden prompt (default 32)")
     prompts = genbuild.read_prompts(job.model.inputs, config, f"models.{job.model.name}.inputs")
     heldout = None
     if job.model.heldout is not None:
@@ -120,8 +123,8 @@ def tokens(ctx: Context) -> Judged:
                   "target's venv"
             return Verdict.SKIPPED, {"summary": str(Verdict.SKIPPED), "note": why}, []
         except ValueError as e:
-            raise ConfigError(config, f"models.{job.model.name}.inputs", str(e),
-                              "shorten the prompt, or lower [targets.X.tokens] max_tokens") from None
+            raise ConfigError(config, f"targets.{job.target.name}.tokens.max_tokens", str(e),
+                              f"lower it, or shorten the prompt in {job.model.inputs}") from None
     ref = _REFERENCES[key]
     rule = rule_of(job.settings.precision, gates.tokens)
     opened = ctx.open()

@@ -94,13 +94,17 @@ def repair(auto: AutoSearch, job: Job, failed: JobResult, why: str) -> JobResult
     from ortbuild.gating import genai_gates
 
     t0 = time.monotonic()
-    m, _ = manifest.read(inside(auto.builder.dist, job.target.name, job.model.name))
-    matmuls = list(m.generative.matmuls) if m.generative is not None else []
+    try:  # the graph's MatMuls, from the manifest of the build that failed its gate
+        m, _ = manifest.read(inside(auto.builder.dist, job.target.name, job.model.name))
+        matmuls = list(m.generative.matmuls) if m.generative is not None else []
+    except OrtbuildError:  # its build failed (NaN logits at reload): no manifest of it, no layers to keep
+        matmuls = []
     tried: list[str] = []
     auto.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the builder's precision knobs"))
     for n, (what, table, keys) in enumerate(candidates(job, matmuls)):
         if n >= auto.max_rebuilds or time.monotonic() - t0 > auto.max_seconds:
-            tried.append(f"(stopped: {n} rebuilds, {time.monotonic() - t0:.0f} s: --explain-rebuilds/-seconds)")
+            tried.append(f"(stopped: {n} rebuilds, {time.monotonic() - t0:.0f} s: --explain-rebuilds/-seconds)"
+                         if n else "(stopped before trying a setting: --explain-rebuilds 0)")
             break
         entry = auto._entry(job).merged({table: keys}, search={"kept": what, "failed_with": why})
         (locked,) = lockfile.apply(auto.builder.project, [(lockfile.declared(job), entry)])
@@ -126,8 +130,8 @@ def repair(auto: AutoSearch, job: Job, failed: JobResult, why: str) -> JobResult
                     notes=list(failed.notes))
     out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no builder setting whose tokens pass "
                            f"({why}):\n" + "\n".join(f"  {t}" for t in tried or ["(no knob to try)"]),
-                           "raise --explain-rebuilds/--explain-seconds, loosen [targets.X.tokens], or pick int8 / "
-                           "fp32 for this target")
+                           f"raise --explain-rebuilds/--explain-seconds, loosen [targets.{job.target.name}.tokens], "
+                           "or pick int8 / fp32 for this target (same as the ONNX models' search: exit 9)")
     out.reason = out.error.message.split("\n", 1)[0]
     auto.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
     return out

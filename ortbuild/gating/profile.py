@@ -167,6 +167,10 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
             res.status, res.reason = ProfileStatus.SKIPPED, b.reason
             if b.status == JobStatus.PORTABLE:
                 write_skipped(dist, job, b.reason)
+        elif job.model.generative:  # onnxruntime-genai's session: no ORT profile through the loader
+            from ortbuild.gating.tune import GENERATIVE
+
+            res.status, res.reason = ProfileStatus.SKIPPED, GENERATIVE
         elif emulated.emulated(job.target):  # a profile of x86 kernels, or of qemu, says nothing about the device
             res.status, res.reason = ProfileStatus.SKIPPED, (
                 f"a {job.target.platform} artifact is profiled on its platform: `ortbuild matrix` runs this target "

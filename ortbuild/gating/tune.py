@@ -50,8 +50,14 @@ def wants_tune(job: Job) -> bool:
     return "tune" in lockfile.missing(job, job.locked)
 
 
+GENERATIVE = ("a generative model: onnxruntime-genai creates its session (its session options come from the target, "
+              "docs/generative.md); `ortbuild tune` and `ortbuild profile` do not cover it")
+
+
 def cannot_tune(job: Job, built: JobResult | None) -> str | None:
     """Why the job cannot be tuned here (None: it can)."""
+    if job.model.generative:
+        return GENERATIVE
     if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
         status = "not built" if built is None else f"{built.status}" + (f": {built.reason}" if built.reason else "")
         return f"its build is {status}"

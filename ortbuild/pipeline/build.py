@@ -194,8 +194,9 @@ class Builder:
         if job.model.generative and not job.model.path.is_dir():  # made on first use by the project's generator
             raise ConfigError(str(self.project.file), f"models.{job.model.name}.path",
                               f"{job.model.path} does not exist: generative model '{job.model.name}' is not made yet",
-                              "make its Hugging Face-format directory first (this repository: `nox -s example-llm`, "
-                              "which `nox -t generative` runs)")
+                              "check the path, or make the Hugging Face-format directory first (transformers' "
+                              "save_pretrained(); ortbuild's own example: `nox -s example-llm`, which "
+                              "`nox -t generative` runs)")
         inputs_sha = self._digest(job.model.inputs) or ""
         secrets = keys.Secrets(self.secrets.encryption if job.settings.encrypt else None, self.secrets.signing)
         if secrets.signing is None:

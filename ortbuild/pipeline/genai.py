@@ -41,7 +41,7 @@ def _check(prep: Prepared, done: Done) -> genbuild.GenSource:
 def _build(prep: Prepared, done: Done) -> genbuild.GenBuilt:
     provider = prep.job.settings.providers[0].name
     return genbuild.build(prep.job.model.path, prep.tmp, prep.job.settings, provider, prep.job.target.name,
-                          prep.job.model.name)
+                          prep.job.model.name, str(prep.project.file))
 
 
 def _reload(prep: Prepared, done: Done) -> genbuild.GenReloaded:

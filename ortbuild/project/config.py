@@ -203,6 +203,9 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
                 if problem:
                     raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}",
                                    "name an ONNX model file" if k == "path" else
+                                   "a UTF-8 text file (docs/generative.md): one golden prompt per line for `inputs`, "
+                                   "one expected continuation per line for `expected`, any text for `heldout`"
+                                   if generative else
                                    "name an .npz file or a directory of test_data_set_N/ (docs/targets-reference.md)")
             found[k] = p
         path, inputs = found["path"], found["inputs"]

@@ -154,14 +154,15 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     return None
 
 
-def _build_problem(dist: Path, target: str, model: str) -> str | None:
+def _build_problem(dist: Path, target: str, model: str, session: str = "") -> str | None:
     """Why the artifact in dist/ is not what the configuration builds now: its last build failed (the artifact
     there is an older build's, and so is its test report)."""
     last = last_build(dist, target, model)
     if last is None or last.get("status") != JobStatus.FAILED:
         return None
-    return (f"its last build failed ({str(last.get('reason', ''))[:300]}): the artifact in dist/ is an older build's; "
-            f"fix the build, then run `ortbuild test -t {target}` (or `python3 -m nox -s \"test({target})\"`)")
+    why = str(last.get("reason", ""))[:300].rstrip(": ")
+    return (f"its last build failed ({why}): the artifact in dist/ is an older build's; fix the build, then run "
+            f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{session or f'test({target})'}\"`)")
 
 
 def _report(folder: Path, public_key: bytes) -> tuple[TestResult | None, dict[str, object], str | None]:
@@ -218,7 +219,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         record, environment, unsigned = _report(folder, public_key)
         mr = ModelRelease(name, folder, m, record, environment=environment)
         gates = target.settings[name].gates
-        mr.refusal = _build_problem(dist, target.name, name) or _test_problem(
+        mr.refusal = _build_problem(dist, target.name, name, target.session("test")) or _test_problem(
             folder, m, record, target.name, gates, gates_key(gates, project.models[name].eval))
         if unsigned:
             raise Tampered(f"{folder / REPORT}: {unsigned}", f"the verdicts cannot be trusted: run `ortbuild test -t "

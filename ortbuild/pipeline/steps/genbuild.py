@@ -109,7 +109,8 @@ def missing_builder() -> list[str]:
     return [name for name in ("onnxruntime_genai", "torch", "transformers") if importlib.util.find_spec(name) is None]
 
 
-def build(source: Path, work: Path, settings: Settings, provider: str, target: str, model: str) -> GenBuilt:
+def build(source: Path, work: Path, settings: Settings, provider: str, target: str, model: str,
+          config_file: str = "targets.toml") -> GenBuilt:
     missing = missing_builder()
     if missing:
         raise StepError(target, model, "genai-build", f"this environment lacks {', '.join(missing)}: "
@@ -145,9 +146,10 @@ def build(source: Path, work: Path, settings: Settings, provider: str, target: s
     unknown = [n for n in kept if n not in matmuls]
     if unknown:  # the builder ignores a name it does not know without a word
         more = " ..." if len(matmuls) > 8 else ""
-        raise StepError(target, model, "genai-build", f"exclude_nodes names {', '.join(unknown)}, which the built "
-                        "graph has no MatMul of", f"its MatMul nodes: {', '.join(matmuls[:8])}{more} (the "
-                        "manifest's generative.matmuls lists them all)")
+        table = "int4" if settings.precision == "int4-weight" else "quantization"
+        raise ConfigError(config_file, f"targets.{target}.{table}.exclude_nodes", f"names {', '.join(unknown)}, which "
+                          f"the graph the builder made for model '{model}' has no MatMul of (the builder would ignore "
+                          "it without a word)", f"its MatMul nodes: {', '.join(matmuls[:8])}{more}")
     side = tuple(sorted(f.name for f in out.iterdir() if f.is_file() and f != graph))
     return GenBuilt(out, graph, config, side, precision, ep, extra, seconds, (*notes_of_session, *notes),
                     tuple(matmuls))
