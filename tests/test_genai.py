@@ -435,6 +435,18 @@ def test_a_reproducible_build_gives_the_same_bytes_twice(project: Project, tmp_p
     assert digests[0] == digests[1] and {"model.onnx.enc", manifest.MANIFEST} <= set(digests[0])
 
 
+def test_an_exclude_nodes_name_the_graph_lacks_is_a_config_error(project: Project, tmp_path: Path) -> None:
+    """The builder ignores a name it does not know: the build refuses it, naming the key and the graph's MatMuls."""
+    root = project.copy(tmp_path / "p")
+    toml = root / "targets.toml"
+    old = "int4 = { block_size = 32, accuracy_level = 4 }"
+    toml.write_text(toml.read_text().replace(old, old[:-2] + ', exclude_nodes = ["/nope/MatMul"] }'))
+    proc = project.run("build", "-t", "int4", root=root)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert "[targets.int4.int4.exclude_nodes] names /nope/MatMul" in proc.stderr, proc.stderr
+    assert "/lm_head/MatMul" in proc.stderr or "/model/layers.0/attn/qkv_proj/MatMul" in proc.stderr
+
+
 # ------------------------------------------------------------------------------------------- CUDA, portable
 
 def test_a_cuda_target_is_portable_and_its_loader_refuses_it(project: Project, opened: list[str]) -> None:
