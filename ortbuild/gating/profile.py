@@ -25,6 +25,7 @@ from ortbuild.errors import ArtifactError, OrtbuildError, StepError, from_loader
 from ortbuild.gating import emulated
 from ortbuild.gating.timing_records import FallbackDoc, NodesTime, OperatorDoc, ProfileDoc, TraceEvent
 from ortbuild.pipeline.job import JobResult
+from ortbuild.project import generation
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, ProfileStatus
 
@@ -168,9 +169,7 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
             if b.status == JobStatus.PORTABLE:
                 write_skipped(dist, job, b.reason)
         elif job.model.generative:  # onnxruntime-genai's session: no ORT profile through the loader
-            from ortbuild.gating.tune import GENERATIVE
-
-            res.status, res.reason = ProfileStatus.SKIPPED, GENERATIVE
+            res.status, res.reason = ProfileStatus.SKIPPED, generation.NOT_PROFILED
         elif emulated.emulated(job.target):  # a profile of x86 kernels, or of qemu, says nothing about the device
             res.status, res.reason = ProfileStatus.SKIPPED, (
                 f"a {job.target.platform} artifact is profiled on its platform: `ortbuild matrix` runs this target "

@@ -37,7 +37,7 @@ from ortbuild.gating.tune_search import (
 )
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import config, lockfile
+from ortbuild.project import config, generation, lockfile
 from ortbuild.project.plan import Job
 from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
 
@@ -50,14 +50,10 @@ def wants_tune(job: Job) -> bool:
     return "tune" in lockfile.missing(job, job.locked)
 
 
-GENERATIVE = ("a generative model: onnxruntime-genai creates its session (its session options come from the target, "
-              "docs/generative.md); `ortbuild tune` and `ortbuild profile` do not cover it")
-
-
 def cannot_tune(job: Job, built: JobResult | None) -> str | None:
     """Why the job cannot be tuned here (None: it can)."""
     if job.model.generative:
-        return GENERATIVE
+        return generation.NOT_PROFILED
     if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
         status = "not built" if built is None else f"{built.status}" + (f": {built.reason}" if built.reason else "")
         return f"its build is {status}"

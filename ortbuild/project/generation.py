@@ -28,6 +28,11 @@ BUILDER_PROVIDER = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cud
                     "WebGpuExecutionProvider": "webgpu", "NvTensorRTRTXExecutionProvider": "NvTensorRtRtx"}
 
 
+# why `ortbuild profile` and `ortbuild tune` skip a generative model
+NOT_PROFILED = ("a generative model: onnxruntime-genai creates its session (its session options come from the "
+                "target, docs/generative.md); `ortbuild tune` and `ortbuild profile` do not cover it")
+
+
 def is_generative(path: Path) -> bool:
     """A model path names a generative model when it is a directory (a Hugging Face-format one), or, not made
     yet, has no file suffix (`models/tiny_llama`, made on first use)."""

@@ -115,10 +115,10 @@ class Published:
 
 def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
     """The gates the configuration declares now (a budget is set) whose verdict the test record does not hold: the
-    budget was set after the test (budgets never change the build key, so the artifact is not rebuilt)."""
+    budget was set after the test (budgets never change the build key, so the artifact is not rebuilt). A section
+    with verdict "-" was measured, with no budget to judge."""
     if gates is None:
         return []
-    # (a section with verdict "-": measured, with no budget to judge)
     return [g.name for g in catalog.GATES if g.judges(gates.generative) and g.declared(gates)
             and r.verdict(g.name) == NOT_RUN and g.name not in r.sections]
 
@@ -155,8 +155,8 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
 
 
 def _build_problem(dist: Path, target: str, model: str, session: str = "") -> str | None:
-    """Why the artifact in dist/ is not what the configuration builds now: its last build failed (the artifact
-    there is an older build's, and so is its test report)."""
+    """Why the artifact in dist/ is not what the configuration builds now: its last build failed (it and its test
+    report are an older build's). `session`: the target's nox test session."""
     last = last_build(dist, target, model)
     if last is None or last.get("status") != JobStatus.FAILED:
         return None
