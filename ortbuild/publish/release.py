@@ -114,9 +114,8 @@ class Published:
 
 
 def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
-    """The gates the configuration declares now (a budget is set) whose verdict the test record does not hold: the
-    budget was set after the test (budgets never change the build key, so the artifact is not rebuilt). A section
-    with verdict "-" was measured, with no budget to judge."""
+    """The gates declared now (a budget is set) whose verdict the test record lacks: set after the test (budgets
+    never change the build key). A section with verdict "-" was measured, with no budget to judge."""
     if gates is None:
         return []
     return [g.name for g in catalog.GATES if g.judges(gates.generative) and g.declared(gates)
@@ -160,9 +159,9 @@ def _build_problem(dist: Path, target: str, model: str, session: str = "") -> st
     last = last_build(dist, target, model)
     if last is None or last.get("status") != JobStatus.FAILED:
         return None
-    why = str(last.get("reason", ""))[:300].rstrip(": ")
-    return (f"its last build failed ({why}): the artifact in dist/ is an older build's; fix the build, then run "
-            f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{session or f'test({target})'}\"`)")
+    return (f"its last build failed ({str(last.get('reason', ''))[:300].rstrip(': ')}): the artifact in dist/ is an "
+            f"older build's; fix the build, then run `ortbuild test -t {target}` (or `python3 -m nox -s \""
+            f"{session or f'test({target})'}\"`)")
 
 
 def _report(folder: Path, public_key: bytes) -> tuple[TestResult | None, dict[str, object], str | None]:
