@@ -266,14 +266,16 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
 def _golden_tokens(name: str, model: str, folder: Path, loaded: Any, failures: list[str]) -> str:
     """A generative artifact's golden test: through the bundle's loader, each prompt's greedy tokens equal the
     ones its test recorded (golden/tokens.json); a failure names the prompt and the step."""
+    from ortbuild.gating.tokens import first_divergence
+
     doc = json.loads((folder / golden.GOLDEN_DIR / golden.TOKENS_JSON).read_text(encoding="utf-8"))
     bad = 0
     for p in doc["prompts"]:
         got = loaded.generate_ids(p["prompt_ids"], len(p["tokens"]))
-        if got != p["tokens"]:
+        step = first_divergence(p["tokens"], got)  # 1-based; None: the same tokens
+        if step is not None:
             bad += 1
-            step = next((i for i, (a, b) in enumerate(zip(got, p["tokens"], strict=False)) if a != b),
-                        min(len(got), len(p["tokens"])))
+            step -= 1
             failures.append(f"{model}: prompt {p['prompt'][:60]!r}: greedy token {step + 1} is "
                             f"{got[step] if step < len(got) else 'the end'}, the test recorded "
                             f"{p['tokens'][step] if step < len(p['tokens']) else 'the end'}")
