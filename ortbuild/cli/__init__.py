@@ -237,6 +237,9 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--to", help="a directory (default: dist/release; one subdirectory per target) or "
                                  "oci://host[:port]/repo[:tag] ({target} and {version} are filled in; the default "
                                  "tag is {version}-{target})")
+    rl.add_argument("--oci-format", choices=("modelpack", "ortbuild"), default="modelpack",
+                    help="with --to oci://...: push a CNCF ModelPack model artifact (default), or ortbuild's earlier "
+                         "layout (docs/release.md); `ortbuild pull` reads both")
     rl.add_argument("--dist", help="build output directory (default: dist/ beside targets.toml)")
     rl.add_argument("--force", action="store_true",
                     help="release even where tests failed, were skipped or are stale (recorded in the provenance)")

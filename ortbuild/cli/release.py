@@ -156,7 +156,7 @@ def cmd_release(args: argparse.Namespace) -> int:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
                 where = ref.with_tag(tag)
-                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub)
+                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub, args.oci_format)
             done.append(entry)
             lines.append(f"{name}: {pub.files['bundle'].name} ({human_size(pub.files['bundle'].stat().st_size)}, "
                          f"{len(index['models'])} models) -> {pub.folder}"

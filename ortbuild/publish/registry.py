@@ -1,13 +1,20 @@
 """Releases in an OCI registry (`oci://host[:port]/repository[:tag]`), through the ORAS Python SDK.
 
-One OCI artifact per release: its config blob is the bundle's index (media type CONFIG_TYPE, so registry tools
-show what it is), and its five files are layers, each titled with its file name. Manifest annotations carry
-the target, the project, the creation time and the signing key id. Loopback registries are spoken to over
-plain HTTP; others over HTTPS unless ORTBUILD_REGISTRY_INSECURE=1. Credentials come from the Docker config
-(~/.docker/config.json, `docker login`), as with oras.
+One OCI artifact per release, in one of two layouts (`ortbuild release --oci-format`):
+- "modelpack" (the default): a CNCF ModelPack model artifact (ortbuild.publish.modelpack: its artifactType, a
+  model config made from the index, one raw layer per release file with ModelPack media types), which ModelPack
+  clients and `oras pull` fetch as the release's files;
+- "ortbuild" (the earlier one): its config blob is the bundle's index (media type CONFIG_TYPE) and its files are
+  layers with ortbuild media types (LAYER_TYPES), each titled with its file name.
+Either way, manifest annotations carry the target, the project, the providers, the precision, the epoch, the
+creation time and the signing key id. Loopback registries are spoken to over plain HTTP; others over HTTPS
+unless ORTBUILD_REGISTRY_INSECURE=1. Credentials come from the Docker config (~/.docker/config.json, `docker
+login`), as with oras.
 
-Pulling trusts nothing the registry says: each layer's title must be one of the release's plain file names,
-seen once, its size within limits, and its bytes must hash to the layer's digest; then `verify` checks
+Pulling reads either layout and trusts nothing the registry says: each layer must be one of a release's files
+(by media type; in a ModelPack artifact by its title, with the media type ortbuild gives that file), seen once,
+its size within limits, and its bytes must hash to the layer's digest; the five files a release always has must
+be there (the OpenSSF model signature, model.sig, is optional: older releases lack it); then `verify` checks
 signatures and digests as for a local release.
 """
 
@@ -17,12 +24,14 @@ import hashlib
 import ipaddress
 import os
 import re
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ortbuild.errors import ArtifactError, RegistryError
-from ortbuild.publish import release
+from ortbuild.publish import modelpack, release
 
 if TYPE_CHECKING:
     import oras.client
@@ -32,7 +41,11 @@ LAYER_TYPES = {"bundle": "application/vnd.ortbuild.bundle.v1.tar",
                "index": "application/vnd.ortbuild.release.index.v1+json",
                "provenance": "application/vnd.dsse.envelope.v1+json",
                "sums": "text/plain; charset=utf-8",
-               "signature": "application/vnd.ortbuild.minisign.v1"}
+               "signature": "application/vnd.ortbuild.minisign.v1",
+               "model_signature": "application/vnd.dev.sigstore.bundle.v0.3+json"}
+REQUIRED = ("index", "bundle", "provenance", "sums", "signature")   # pushed in this order
+OPTIONAL = ("model_signature",)                                    # the OpenSSF model signature (model.sig)
+LAYOUTS = ("modelpack", "ortbuild")
 OLD_LAYER_TYPES = {"application/vnd.ortbuild.bundle.v1.tar+gzip": "bundle"}  # the earlier format: still pulled
 MAX_BLOB = {"bundle": 64 << 30}     # others: MAX_SMALL
 MAX_SMALL = 64 << 20
@@ -99,29 +112,79 @@ def _fail(ref: Ref, action: str, e: Exception) -> RegistryError:
                                                    "(`docker login`)? Loopback registries use HTTP, others HTTPS")
 
 
-def push(ref: Ref, published: release.Published) -> str:
-    """Push a release's files as one OCI artifact; return the manifest digest."""
+def _kinds(ref: Ref, published: release.Published) -> list[str]:
+    files = published.files
+    unknown = sorted(set(files) - {*REQUIRED, *OPTIONAL})
+    if unknown:
+        raise RegistryError(f"cannot push to {ref}: the release has files of a kind this ortbuild does not know "
+                            f"({', '.join(unknown)})", "push it with the ortbuild that released it")
+    return [k for k in (*REQUIRED, *OPTIONAL) if k in files]
+
+
+def push(ref: Ref, published: release.Published, layout: str = "modelpack") -> str:
+    """Push a release's files (every kind in `published.files`) as one OCI artifact in `layout` (LAYOUTS); return
+    the manifest digest."""
     import requests
 
     files, index = published.files, published.index
-    annotations = {"org.opencontainers.image.title": index["name"],
-                   "org.opencontainers.image.version": index["project"]["version"],
-                   "org.opencontainers.image.created": index["created"],
-                   "org.opencontainers.image.description": index.get("description", ""),
-                   "dev.ortbuild.target": index["target"], "dev.ortbuild.runtime": index["runtime"],
-                   "dev.ortbuild.models": ",".join(index["models"]),
-                   "dev.ortbuild.public-key-id": index["signing"]["public_key_id"],
-                   "dev.ortbuild.forced": str(bool(index["forced"])).lower()}
+    kinds = _kinds(ref, published)
+    known = modelpack.facts(published)
+    annotations = modelpack.manifest_annotations(index, known)
+    client = _client(ref)
+    target = f"{ref.registry}/{ref.repository}:{ref.tag}"
     try:
-        resp = _client(ref).push(
-            target=f"{ref.registry}/{ref.repository}:{ref.tag}",
-            files=[f"{files[k]}:{LAYER_TYPES[k]}" for k in ("index", "bundle", "provenance", "sums", "signature")],
-            manifest_config=f"{files['index']}:{CONFIG_TYPE}", manifest_annotations=annotations,
-            disable_path_validation=True, quiet=True, do_chunked=True)  # 16 MiB pieces: never the bundle whole
+        if layout == "ortbuild":
+            resp = client.push(target=target, files=[f"{files[k]}:{LAYER_TYPES[k]}" for k in kinds],
+                               manifest_config=f"{files['index']}:{CONFIG_TYPE}", manifest_annotations=annotations,
+                               disable_path_validation=True, quiet=True, do_chunked=True)  # 16 MiB pieces
+        else:
+            resp = _push_modelpack(ref, client, target, published, kinds, known, annotations)
     except (requests.RequestException, ValueError, OSError) as e:
         raise _fail(ref, "cannot push to", e) from None
     digest = resp.headers.get("Docker-Content-Digest", "")
     return str(digest)
+
+
+def _push_modelpack(ref: Ref, client: oras.client.OrasClient, target: str, published: release.Published,
+                    kinds: list[str], known: modelpack.Facts | None, annotations: dict[str, str]) -> Any:
+    """Blobs first (each layer in 16 MiB pieces, never whole in memory), then the config, then the manifest."""
+    container = client.get_container(target)
+    created = published.index["created"]
+
+    def sent(r: Any, what: str) -> Any:
+        if r.status_code not in (200, 201, 202):
+            raise RegistryError(f"cannot push {what} to {ref}: HTTP {r.status_code} {r.text.strip()[:300]}",
+                                "is the repository writable with your login (`docker login`)?")
+        return r
+
+    layers = [modelpack.layer(k, published.files[k], created) for k in kinds]
+    for kind, desc in zip(kinds, layers, strict=True):
+        sent(client.upload_blob(str(published.files[kind]), container, desc, do_chunked=True),
+             published.files[kind].name)
+    body = modelpack.config(published.index, layers, known)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-push-") as tmp:
+        (Path(tmp) / "config.json").write_bytes(body)
+        conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+                "size": len(body)}
+        sent(client.upload_blob(str(Path(tmp) / "config.json"), container, conf), "the model config")
+    manifest = {"schemaVersion": 2, "mediaType": modelpack.MANIFEST_TYPE, "artifactType": modelpack.ARTIFACT_TYPE,
+                "config": conf, "layers": layers, "annotations": annotations}
+    return sent(client.upload_manifest(manifest, container), "the manifest")
+
+
+def _layout(ref: Ref, man: object) -> Callable[[dict[str, Any]], str | None]:
+    """How to tell a layer's kind in the manifest `man`: by its title (ModelPack) or its media type (ortbuild's
+    layout); a manifest of neither is refused."""
+    kinds = {**OLD_LAYER_TYPES, **{v: k for k, v in LAYER_TYPES.items()}}
+    conf = man.get("config") if isinstance(man, dict) else None
+    config_type = conf.get("mediaType") if isinstance(conf, dict) else None
+    artifact = man.get("artifactType") if isinstance(man, dict) else None
+    if config_type == modelpack.CONFIG_TYPE and artifact in (None, modelpack.ARTIFACT_TYPE):
+        return modelpack.kind_of
+    if config_type == CONFIG_TYPE:
+        return lambda layer: kinds.get(layer.get("mediaType", ""))
+    raise RegistryError(f"{ref}: not an ortbuild release (artifact type {artifact!r}, config media type "
+                        f"{config_type!r})", "give the reference `ortbuild release` pushed")
 
 
 def pull(ref: Ref, dest: Path) -> dict[str, Path]:
@@ -137,20 +200,21 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
         man = client.get_manifest(container)
     except (requests.RequestException, ValueError, OSError) as e:
         raise _fail(ref, "cannot read", e) from None
-    if man.get("config", {}).get("mediaType") != CONFIG_TYPE:
-        raise RegistryError(f"{ref}: not an ortbuild release (config media type "
-                            f"{man.get('config', {}).get('mediaType')!r})", "give the reference `ortbuild release` "
-                                                                            "pushed")
-    kinds = {**OLD_LAYER_TYPES, **{v: k for k, v in LAYER_TYPES.items()}}
+    kind_of = _layout(ref, man)
+    modelpack_made = kind_of is modelpack.kind_of
     got: dict[str, Path] = {}
-    for layer in man.get("layers", []):
-        kind = kinds.get(layer.get("mediaType", ""))
+    layers = man.get("layers")
+    for layer in layers if isinstance(layers, list) else []:
+        layer = layer if isinstance(layer, dict) else {}
+        kind = kind_of(layer)
         title = (layer.get("annotations") or {}).get("org.opencontainers.image.title", "")
         size, digest = layer.get("size"), str(layer.get("digest", ""))
-        if kind is None or kind in got or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}", title) or \
+        if kind is None or kind in got or not isinstance(title, str) or \
+                not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}", title) or \
                 not isinstance(size, int) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise RegistryError(f"{ref}: layer {title!r} ({layer.get('mediaType')}) is not one of a release's files, "
-                                "or is listed twice", "never use this artifact")
+                                "or is listed twice" + (" (a ModelPack artifact `ortbuild release` did not make?)"
+                                                        if modelpack_made else ""), "never use this artifact")
         if size > MAX_BLOB.get(kind, MAX_SMALL):
             raise RegistryError(f"{ref}: layer {title} declares {size} bytes, above the limit for a {kind}")
         out = dest / title
@@ -169,7 +233,9 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
         if n != size or "sha256:" + h.hexdigest() != digest:
             raise ArtifactError(f"{ref}: layer {title} does not match its digest {digest}", "pull again")
         got[kind] = out
-    missing = sorted(set(LAYER_TYPES) - set(got))
+    missing = [k for k in REQUIRED if k not in got]
     if missing:
-        raise RegistryError(f"{ref}: the artifact lacks the release's {', '.join(missing)}", "push the release again")
+        raise RegistryError(f"{ref}: the artifact lacks the release's {', '.join(missing)}"
+                            + (" (a ModelPack artifact `ortbuild release` did not make?)" if modelpack_made else ""),
+                            "push the release again with `ortbuild release --to oci://...`")
     return got
