@@ -70,7 +70,7 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
             f"http://{oci}/v2/models/rel/manifests/1.0-cpu",
             headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})) as r:
         man = json.loads(r.read())
-    assert man["config"]["mediaType"] == registry.CONFIG_TYPE
+    assert man["config"]["mediaType"] == "application/vnd.cncf.model.config.v1+json"  # ModelPack: the default
     assert man["annotations"]["dev.ortbuild.target"] == "cpu"
     assert sorted(layer["annotations"]["org.opencontainers.image.title"] for layer in man["layers"]) == [
         "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
