@@ -48,6 +48,10 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("release.md", "ortbuild verify oci://"): OCI,
     ("release.md", "ortbuild pull oci://"): OCI,
     ("release.md", "minisign "): "needs the minisign tool (not a dependency) and a release bundle",
+    ("release.md", "oras pull "): "the ORAS CLI (not packaged here): " + OCI,
+    ("release.md", "skopeo copy "): ("needs skopeo and an OCI registry at localhost:5000 "
+                                       "(tests/test_modelpack.py runs it)"),
+    ("release.md", "ortbuild verify pulled/"): "the files pulled above (tests/test_modelpack.py verifies them)",
     ("testing.md", "nox -s"): NOX,
 }
 # Commands checked by their own test below rather than in the example project.
