@@ -19,13 +19,14 @@ class JobStatus(StrEnum):
     BUILT = "built"
     PORTABLE = "portable"        # built at the portable level: its providers cannot run here
     UP_TO_DATE = "up-to-date"
+    PULLED = "pulled"            # the build cache held it: downloaded, verified, used (ortbuild.pipeline.cache)
     SKIPPED = "skipped"          # another runtime's environment builds it
     FAILED = "failed"
 
     @property
     def usable(self) -> bool:
         """An artifact is there to test, profile or release."""
-        return self in (JobStatus.BUILT, JobStatus.UP_TO_DATE)
+        return self in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED)
 
     def __bool__(self) -> bool:
         return self is not JobStatus.FAILED

@@ -34,7 +34,7 @@ MAX_LINES = 450
 MAX_ANY = 12.5                        # `Any` per 1,000 lines of the package (nox: 12.5, cibuildwheel: 3.0)
 # The status strings (ortbuild/status.py's enum values): JobStatus, Verdict, ProfileStatus.
 STATUS_WORDS = frozenset({"PASS", "FAIL", "INCONCLUSIVE", "SKIPPED", "PROFILED", "FAILED",
-                          "built", "up-to-date", "portable", "skipped", "failed", "complete"})
+                          "built", "pulled", "up-to-date", "portable", "skipped", "failed", "complete"})
 STATUS_MODULE = "ortbuild/status.py"
 
 

@@ -47,10 +47,34 @@ def test_matrix_has_one_entry_per_target_with_its_runner_labels() -> None:
 
 
 def test_the_documented_matrix_output_is_what_the_command_prints() -> None:
-    shown = re.search(r"\$ ortbuild matrix -t cuda-fp16\n(.*?)```", DOC.read_text(), re.S)
+    shown = re.search(r"\$ ortbuild matrix -t cuda-fp16 --cache (\S+)\n(.*?)```", DOC.read_text(), re.S)
     assert shown is not None
-    proc = run_cli("matrix", "-t", "cuda-fp16")
-    assert json.loads(shown.group(1)) == json.loads(proc.stdout)
+    proc = run_cli("matrix", "-t", "cuda-fp16", "--cache", shown.group(1))
+    assert json.loads(shown.group(2)) == json.loads(proc.stdout)
+
+
+def test_the_matrix_sets_the_cache_for_every_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each entry's `cache`: --cache, else $ORTBUILD_CACHE, else [project] cache, else "" (the workflow sets
+    ORTBUILD_CACHE from it on each runner); a bad one is a config error naming where it came from."""
+    from tests.conftest import model_table
+
+    toml = tmp_path / "targets.toml"
+    toml.write_text('[project]\nname = "p"\nversion = "1"\ncache = "oci://localhost:5000/team-cache"\n'
+                    + model_table("tiny_cnn") + '[targets.a]\nruntime = "onnxruntime==1.31.1"\n'
+                    'providers = ["CPUExecutionProvider"]\nprecision = "fp32"\n')
+    monkeypatch.delenv("ORTBUILD_CACHE", raising=False)
+
+    def caches(*args: str) -> set[str]:
+        proc = run_cli("matrix", "-c", str(toml), *args)
+        assert proc.returncode == 0, proc.stderr
+        return {e["cache"] for e in json.loads(proc.stdout)["include"]}
+
+    assert caches() == {"oci://localhost:5000/team-cache"}
+    assert caches("--cache", "oci://127.0.0.1:5001/other") == {"oci://127.0.0.1:5001/other"}
+    monkeypatch.setenv("ORTBUILD_CACHE", "oci://127.0.0.1:5002/env")
+    assert caches() == {"oci://127.0.0.1:5002/env"}
+    bad = run_cli("matrix", "-c", str(toml), "--cache", "oci://host/repo:tag")
+    assert bad.returncode == 3 and "--cache" in bad.stderr and "not a tag" in bad.stderr, bad.stderr
 
 
 def test_bad_runner_labels_are_config_errors(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("testing.md", "nox -s"): NOX,
 }
 # Commands checked by their own test below rather than in the example project.
-OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16"): "test_ci_matrix_example"}
+OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16 --cache oci://ghcr.io/acme/models-cache"): "test_ci_matrix_example"}
 # docs/project.md's walk from an empty directory to a release: run in order, as written, by tests/test_project.py
 OWN_TEST.update({("project.md", cmd): "tests/test_project.py" for cmd in (
     "mkdir encoder '&&' cd encoder", "cp /path/to/paraphrase-MiniLM-L3-v2.onnx .",

@@ -78,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                         help="targets.lock must be up to date: a job whose entry is missing or out of date while its "
                              "target asks for a search or tuning (precision_search = \"auto\", tune = true) fails "
                              "instead of searching (for CI; docs/build-to-the-gates.md)")
+        sp.add_argument("--cache", metavar="oci://HOST/REPO|DIR",
+                        help="shared build cache: pull a job's verified artifact by its build key instead of building "
+                             "it, push what is built (else $ORTBUILD_CACHE, else [project] cache; docs/cache.md)")
+        sp.add_argument("--no-cache", action="store_true", help="use no build cache, whatever is configured")
 
     def selection(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
@@ -279,6 +283,9 @@ def parser() -> argparse.ArgumentParser:
     mx = sub.add_parser("matrix", help="print a GitHub Actions matrix: one entry per target with its runner labels")
     mx.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
     mx.add_argument("-t", "--target", action="append", help="target name or glob (repeatable; default: all)")
+    mx.add_argument("--cache", metavar="oci://HOST/REPO|DIR",
+                    help="the build cache every runner uses (each entry's `cache`; default: $ORTBUILD_CACHE, else "
+                         "[project] cache, else none)")
     mx.add_argument("--compact", action="store_true", help="one line (for $GITHUB_OUTPUT)")
     mx.set_defaults(func=cmd_matrix)
 

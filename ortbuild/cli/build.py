@@ -22,6 +22,7 @@ from ortbuild.gating import catalog, emulated, summary
 from ortbuild.gating.builds import record_path
 from ortbuild.gating.records import BuildRecord
 from ortbuild.gating.summary import BUILD_HEADER, build_rows
+from ortbuild.pipeline import cache as cache_
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
@@ -120,8 +121,10 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     fit = fitting(jobs)
     dist = dist_dir(args, project)
     verbose = getattr(args, "verbose", False)
+    cache = cache_.configured(project.file, project.cache, getattr(args, "cache", None),
+                              getattr(args, "no_cache", False))
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
-                      capture=not verbose, command=command)
+                      capture=not verbose, command=command, cache=cache)
     builder.check_keys(fit)  # before dist/ is touched
     with workspace.Lock(dist, timeout=args.lock_timeout):
         jobs, notes = builder.lock_jobs(jobs, lockfile.read(project), locked=getattr(args, "locked", False))
@@ -165,7 +168,7 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, jobs: Sequence[pla
     lock = lockfile.read(builder.project)
     for j in tuning:
         job = rebuilt.get(j.name, j)
-        if done[j.name].status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE) or tune.cannot_tune(job, done[j.name]):
+        if not done[j.name].status.usable or tune.cannot_tune(job, done[j.name]):
             continue
         try:
             lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(
@@ -229,8 +232,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             said.setdefault(text, []).append((r.target, r.model))
     for line in summary.grouped(said, Counter(r.target for r in results)):
         print(line)
-    order = (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE, JobStatus.SKIPPED, JobStatus.FAILED)
-    counts = {s: sum(r.status == s for r in results) for s in order}
+    order = (JobStatus.BUILT, JobStatus.PULLED, JobStatus.UP_TO_DATE, JobStatus.PORTABLE, JobStatus.SKIPPED,
+             JobStatus.FAILED)
+    counts = {s: n for s in order if (n := sum(r.status == s for r in results)) or s is not JobStatus.PULLED}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for line in logs.footer([(f"{r.target}/{r.model}", r.log) for r in results if r.log is not None]):
         print(line, file=sys.stderr)

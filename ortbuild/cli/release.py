@@ -249,7 +249,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
     project = config.load(args.config, check_files=False)
     names = plan.select(list(project.targets), args.target, "targets", str(project.file))
-    include = [{"target": n, "runs-on": list(project.targets[n].runner), "runtime": project.targets[n].runtime_text,
+    from ortbuild.pipeline import cache  # not at import: the matrix is printed where little is installed
+
+    shared = cache.configured(project.file, project.cache, args.cache, False)
+    include = [{"target": n, "cache": shared.where if shared else "", "runs-on": list(project.targets[n].runner),
+                "runtime": project.targets[n].runtime_text,
                 "required": project.targets[n].require, "session": project.targets[n].session("test"),
                 "release_session": project.targets[n].session("release"),
                 "platform": project.targets[n].platform,

@@ -58,7 +58,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             plain = lockfile.declared(job)
             ref = refs.get(job.name)
             ref_done = b.done.get(ref.name) if ref is not None else None
-            if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+            if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                 ref = None
             try:
                 tuning = tune.tune_job(tester, plain, job, seconds=args.seconds, progress=progress, reference=ref)
@@ -84,7 +84,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _job_doc(job: plan.Job, tuning: Tuning, status: JobStatus, reason: str) -> dict[str, object]:
-    ok = status in (JobStatus.BUILT, JobStatus.UP_TO_DATE)
+    ok = status in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED)
     return {"target": job.target.name, "model": job.model.name, "status": TUNED if ok else FAILED,
             "reason": "" if ok else reason, "kept": tuning.kept(), "applies": {"session": tuning.applies}
             if tuning.applies else {}, "tune": tuning.record(), "tried": [t.as_json() for t in tuning.tried],

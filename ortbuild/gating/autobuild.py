@@ -64,14 +64,14 @@ class AutoSearch:
             if r is None or not wants_search(job):
                 continue
             if job.model.generative:  # judged by its tokens gate, repaired with the builder's knobs
-                if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+                if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                     done[job.name] = self._generative(job, r)
                 elif r.status == JobStatus.FAILED and isinstance(r.error, OutputsBroken):  # NaN logits at reload
                     from ortbuild.gating import gensearch
 
                     done[job.name] = gensearch.repair(self, job, r, f"broken outputs ({r.error.message})")
                 continue
-            if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+            if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                 res = TestResult(job.target.name, job.model.name, job.settings.precision)
                 self.progress(job.name, PhaseStarted("precision_search = \"auto\": the accuracy gate of the build"))
                 try:
@@ -159,7 +159,7 @@ class AutoSearch:
         entry = self._entry(job).merged(applies, search={"kept": kept, **evidence})
         (locked,) = lockfile.apply(self.builder.project, [(lockfile.declared(job), entry)])
         result = self.builder.run_job(locked)
-        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PORTABLE):
+        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED, JobStatus.PORTABLE):
             return None
         res = TestResult(job.target.name, job.model.name, job.settings.precision)
         try:

@@ -110,7 +110,7 @@ def repair(auto: AutoSearch, job: Job, failed: JobResult, why: str) -> JobResult
         (locked,) = lockfile.apply(auto.builder.project, [(lockfile.declared(job), entry)])
         auto.progress(job.name, f"precision_search: {what}: rebuilding")
         result = auto.builder.run_job(locked)
-        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
             tried.append(f"{what}: build {result.status}: {result.reason}")
             continue
         res = TestResult(job.target.name, job.model.name, job.settings.precision)

@@ -54,7 +54,7 @@ def cannot_tune(job: Job, built: JobResult | None) -> str | None:
     """Why the job cannot be tuned here (None: it can)."""
     if job.model.generative:
         return generation.NOT_PROFILED
-    if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+    if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
         status = "not built" if built is None else f"{built.status}" + (f": {built.reason}" if built.reason else "")
         return f"its build is {status}"
     if emulated.emulated(job.target):
@@ -184,7 +184,7 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
     entry = entry.merged({"session": tuning.applies} if tuning.applies else {}, tune=tuning.record())
     (locked,) = lockfile.apply(builder.project, [(declared_job, entry)])
     result = builder.run_job(locked)
-    if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE):
+    if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
         return lock, locked, result
     res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
     try:

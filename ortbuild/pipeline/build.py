@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 import traceback
 import typing
@@ -22,6 +23,7 @@ from ortbuild import logs, modelfiles, paths, runtime, workspace
 from ortbuild.artifact import keys, manifest
 from ortbuild.errors import ConfigError, KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
 from ortbuild.pipeline import buildkey, parallel, stages
+from ortbuild.pipeline import cache as cache_
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import compile
@@ -36,8 +38,10 @@ ProgressSink = Callable[[str, Event], None]
 class Builder:
     def __init__(self, project: Project, dist: Path, *, secrets: keys.Secrets, force: bool = False,
                  repair: bool = False, progress: ProgressSink | None = None, capture: bool = True,
-                 command: str = "build") -> None:
+                 command: str = "build", cache: cache_.Cache | None = None) -> None:
         self.project = project
+        self.cache = cache  # the shared build cache: entries pulled before building, pushed after
+        self.cache_where = cache.where if cache else ""
         self.command = command  # the ortbuild command building: what an up-to-date job says to rebuild it
         self.capture = capture  # third-party output into dist/logs/ (ortbuild.logs); False: -v, to the terminal
         self.dist = dist
@@ -160,7 +164,7 @@ class Builder:
     def worker_state(self) -> parallel.WorkerState:
         """What a worker process needs to build like this builder (it gets it once, at start-up)."""
         return parallel.WorkerState(self.project, self.dist, self.force, self.repair, self.secrets, self._probes,
-                                    capture=self.capture, command=self.command)
+                                    capture=self.capture, command=self.command, cache=self.cache)
 
     def _run_phase(self, prep: Prepared, done: Done, res: JobResult, phase: stages.Phase,
                    reused: bool = False) -> None:
@@ -243,13 +247,18 @@ class Builder:
                 why, reused = "--force", None
             if reuse_only and reused is None:
                 return None
+            pulled, cache_notes = False, list[str]()
+            if reused is None and self.cache is not None and not self.force:
+                reused = self._pull(prep, cache_notes)
+                pulled = reused is not None
             if reused is None:  # a build is a long phase: said on every stream
                 said = "building" if not why else f"building ({why})" if why in ("no artifact yet", "--force") \
                     else f"rebuilding: {why}"
                 self.progress(job.name, PhaseStarted(said))
             done = Done()
             if reused is not None:
-                self.progress(job.name, JobFinished(JobStatus.UP_TO_DATE, up_to_date(job, self.command)))
+                if not pulled:
+                    self.progress(job.name, JobFinished(JobStatus.UP_TO_DATE, up_to_date(job, self.command)))
                 res.notes = list(reused.notes)
                 res.source_size = reused.source.size
                 if reused.precision.changed is not None:
@@ -267,15 +276,19 @@ class Builder:
                     res.notes.append(why)
             self._run_phase(prep, done, res, "verify", reused=reused is not None)
             m = done[manifest.Manifest]
+            res.notes[:0] = cache_notes  # the build's own notes replaced the list
             # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
             res.status = JobStatus.PORTABLE if prep.missing else (
-                JobStatus.BUILT if reused is None else JobStatus.UP_TO_DATE)
+                JobStatus.BUILT if reused is None else JobStatus.PULLED if pulled else JobStatus.UP_TO_DATE)
             res.level = m.optimization.applied
             res.artifact = str(prep.out_dir / m.artifact.file)
             res.size = m.artifact.size
             res.reason = "; ".join(dict.fromkeys(prep.missing.values()))  # a stand-in's reason once
-            if reused is None:
-                self.progress(job.name, JobFinished(res.status, f"{res.status}: {res.artifact}"))
+            if reused is None and self.cache is not None:
+                self._push(prep, m, res.notes)
+            if reused is None or pulled:
+                self.progress(job.name, JobFinished(res.status, f"{res.status}: {res.artifact}"
+                                                    + (f" (from {self.cache.where})" if pulled and self.cache else "")))
         except OrtbuildError as e:  # ConfigError (bad inputs/calibration files) included
             if reuse_only:
                 return None  # the full run reports it
@@ -296,6 +309,55 @@ class Builder:
         if res.status is JobStatus.FAILED:
             self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {res.reason}"))
         return res
+
+
+    def _pull(self, prep: Prepared, notes: list[str]) -> manifest.Manifest | None:
+        """The job's artifact from the cache, verified and installed into dist/, or None (a miss, or an entry
+        refused: a warning in the job's notes names it and why; the job is then built)."""
+        assert self.cache is not None
+        self.cache_where, entry = self.cache.where, self.cache.entry(prep.key)
+        top = cache_.staging(self.dist)
+        try:
+            folder = top / prep.job.target.name / prep.job.model.name
+            folder.mkdir(parents=True, mode=0o700)
+            got = self.cache.fetch(prep.key, folder)
+            if got is None:
+                return None
+            why, m = buildkey.published(folder, prep.key, prep.secrets.signing, prep.key_parts,
+                                        prep.secrets.encryption)
+            refusal = (f"its manifest {why}" if m is None else cache_.cacheable(m)
+                       or next((f"it lacks {n}" for n in cache_.entry_names(m) if n not in got), None))
+            if refusal is None and m is not None:
+                cache_.install(folder, prep.out_dir, cache_.entry_names(m), self.dist)
+                notes.append(f"pulled from the cache ({entry})")
+                return m
+        except cache_.CacheProblem as e:
+            if "cannot reach" in e.message:  # once is enough: this builder asks it nothing more
+                self.cache = None
+            notes.append(f"WARNING: cache {self.cache_where}: {e.message}; building it")
+            self.progress(prep.job.name, PhaseStarted(notes[-1]))
+            return None
+        except OrtbuildError as e:  # Tampered, WrongKey, ArtifactError: the entry is not this build's artifact
+            refusal = f"{e.label}: {e.message}".replace(str(folder) + ": ", "").replace(str(folder), "the entry")
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+        notes.append(f"WARNING: cache entry {entry} refused ({refusal}); building it, the build replaces it")
+        self.progress(prep.job.name, PhaseStarted(notes[-1]))
+        return None
+
+    def _push(self, prep: Prepared, m: manifest.Manifest, notes: list[str]) -> None:
+        """Put a built artifact into the cache (a sealed one only); a failure is a warning."""
+        assert self.cache is not None
+        why = cache_.cacheable(m)
+        if why:
+            notes.append(f"not cached: {why}")
+            return
+        try:
+            self.cache.store(prep.key, prep.out_dir, cache_.entry_names(m),
+                             {"target": prep.job.target.name, "model": prep.job.model.name})
+        except (cache_.CacheProblem, OSError) as e:
+            text = e.message if isinstance(e, cache_.CacheProblem) else str(e)
+            notes.append(f"WARNING: cache {self.cache.where}: cannot store the artifact: {text}")
 
 
 def _pipeline_of(prep: Prepared) -> tuple[stages.Step, ...]:
@@ -320,6 +382,6 @@ def up_to_date(job: Job, command: str) -> str:
 def _worker(state: parallel.WorkerState, progress: ProgressSink) -> Callable[[Job], JobResult]:
     """A worker process's builder (parallel.run_jobs calls this in each worker, with its progress sink)."""
     builder = Builder(state.project, state.dist, secrets=state.secrets, force=state.force, repair=state.repair,
-                      progress=progress, capture=state.capture, command=state.command)
+                      progress=progress, capture=state.capture, command=state.command, cache=state.cache)
     builder._probes = dict(state.probes)
     return builder.run_job

@@ -30,6 +30,8 @@ from ortbuild.status import Event, JobStatus
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
+    from ortbuild.pipeline.cache import Cache
+
 PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, numpy, onnx, ORT
 PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
 
@@ -75,6 +77,7 @@ class WorkerState:
     parent: int = 0
     capture: bool = True             # third-party output into dist/logs/ (ortbuild.logs)
     command: str = "build"           # the ortbuild command building (Builder.command)
+    cache: Cache | None = None       # the shared build cache (ortbuild.pipeline.cache)
 
 
 WorkerFactory = Callable[[WorkerState, Callable[[str, Event], None]], Callable[[Job], JobResult]]

@@ -152,7 +152,7 @@ def _project(file: Path, shown: str, data: dict[str, Any], check_files: bool) ->
     targets = _load_targets(chk, data["targets"], models, root, check_files)
     return Project(file=file, name=proj["name"], version=proj["version"],
                    description=proj.get("description", ""), models=models, targets=targets,
-                   epoch=proj.get("epoch", 0))
+                   epoch=proj.get("epoch", 0), cache=proj.get("cache", ""))
 
 
 def _path_problem(rel: str) -> str | None:

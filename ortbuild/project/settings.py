@@ -402,6 +402,12 @@ class Project:
             "load. Each generated loader refuses an artifact whose epoch is below the one it was generated "
             "with, and `release` an artifact below it; lowering it below the epoch of the artifacts in dist/ "
             "is an error unless `--allow-epoch-decrease` (docs/container.md, rollback).")
+    cache: str = setting(
+        "", build="never",
+        doc="Shared build cache: oci://host[:port]/repository or a directory (relative to targets.toml). Before "
+            "building a job, its build key is looked up there; a hit is verified with the signing key and used, "
+            "a build is stored there after. Sealed artifacts only. --cache and $ORTBUILD_CACHE take precedence, "
+            "--no-cache turns it off (docs/cache.md).")
 
     @property
     def root(self) -> Path:

@@ -21,16 +21,19 @@ signatures and digests as for a local release.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ortbuild.errors import ArtifactError, RegistryError
+from ortbuild.oci import REF as REF
+from ortbuild.oci import Ref as Ref
+from ortbuild.oci import client as connect
+from ortbuild.oci import fail
+from ortbuild.oci import is_ref as is_ref
+from ortbuild.oci import parse as parse
 from ortbuild.publish import modelpack, release
 
 if TYPE_CHECKING:
@@ -49,69 +52,6 @@ LAYOUTS = ("modelpack", "ortbuild")
 OLD_LAYER_TYPES = {"application/vnd.ortbuild.bundle.v1.tar+gzip": "bundle"}  # the earlier format: still pulled
 MAX_BLOB = {"bundle": 64 << 30}     # others: MAX_SMALL
 MAX_SMALL = 64 << 20
-REF = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?/"
-                 r"(?P<repo>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
-                 r"(?::(?P<tag>[A-Za-z0-9_{][A-Za-z0-9_.{}-]{0,127}))?$")
-
-
-@dataclass(frozen=True)
-class Ref:
-    host: str
-    port: int | None
-    repository: str
-    tag: str | None
-
-    @property
-    def registry(self) -> str:
-        return f"{self.host}:{self.port}" if self.port else self.host
-
-    def with_tag(self, tag: str) -> Ref:
-        return Ref(self.host, self.port, self.repository, tag)
-
-    def __str__(self) -> str:
-        return f"oci://{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "")
-
-    @property
-    def insecure(self) -> bool:
-        if os.environ.get("ORTBUILD_REGISTRY_INSECURE") == "1" or self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
-        except ValueError:
-            return False
-
-
-def is_ref(text: str) -> bool:
-    return text.startswith("oci://")
-
-
-def parse(text: str) -> Ref:
-    m = REF.match(text)
-    if not m:
-        raise RegistryError(f"'{text}' is not an OCI reference", "write oci://host[:port]/repository[:tag], e.g. "
-                                                                  "oci://localhost:5000/models:0.1.0-cpu-fp32")
-    return Ref(m["host"], int(m["port"]) if m["port"] else None, m["repo"], m["tag"])
-
-
-def _client(ref: Ref) -> oras.client.OrasClient:
-    """An ORAS client for the registry, after one quick request to it: ORAS retries a refused connection for
-    over two minutes (3 + 5 + 11 + 29 + 83 s), which is right for a flaky network, not for a wrong address."""
-    import oras.client
-    import requests
-
-    try:
-        requests.get(f"{'http' if ref.insecure else 'https'}://{ref.registry}/v2/", timeout=15).close()
-    except requests.RequestException as e:
-        raise _fail(ref, "cannot reach", e) from None
-    return oras.client.OrasClient(hostname=ref.registry, insecure=ref.insecure)
-
-
-def _fail(ref: Ref, action: str, e: Exception) -> RegistryError:
-    text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-    return RegistryError(f"{action} {ref}: {text}", "is the registry running and reachable, and are you logged in "
-                                                   "(`docker login`)? Loopback registries use HTTP, others HTTPS")
-
-
 def _kinds(ref: Ref, published: release.Published) -> list[str]:
     files = published.files
     unknown = sorted(set(files) - {*REQUIRED, *OPTIONAL})
@@ -130,7 +70,7 @@ def push(ref: Ref, published: release.Published, layout: str = "modelpack") -> s
     kinds = _kinds(ref, published)
     known = modelpack.facts(published)
     annotations = modelpack.manifest_annotations(index, known)
-    client = _client(ref)
+    client = connect(ref)
     target = f"{ref.registry}/{ref.repository}:{ref.tag}"
     try:
         if layout == "ortbuild":
@@ -140,7 +80,7 @@ def push(ref: Ref, published: release.Published, layout: str = "modelpack") -> s
         else:
             resp = _push_modelpack(ref, client, target, published, kinds, known, annotations)
     except (requests.RequestException, ValueError, OSError) as e:
-        raise _fail(ref, "cannot push to", e) from None
+        raise fail(ref, "cannot push to", e) from None
     digest = resp.headers.get("Docker-Content-Digest", "")
     return str(digest)
 
@@ -192,14 +132,14 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
     above. Returns kind -> file."""
     import requests
 
-    client = _client(ref)
+    client = connect(ref)
     if not ref.tag:
         raise RegistryError(f"{ref}: no tag", "name the release, e.g. " + str(ref.with_tag("0.1.0-cpu-fp32")))
     try:
         container = client.get_container(f"{ref.registry}/{ref.repository}:{ref.tag}")
         man = client.get_manifest(container)
     except (requests.RequestException, ValueError, OSError) as e:
-        raise _fail(ref, "cannot read", e) from None
+        raise fail(ref, "cannot read", e) from None
     kind_of = _layout(ref, man)
     modelpack_made = kind_of is modelpack.kind_of
     got: dict[str, Path] = {}
@@ -229,7 +169,7 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
                     h.update(chunk)
                     f.write(chunk)
         except (requests.RequestException, OSError) as e:
-            raise _fail(ref, f"cannot download {title} from", e) from None
+            raise fail(ref, f"cannot download {title} from", e) from None
         if n != size or "sha256:" + h.hexdigest() != digest:
             raise ArtifactError(f"{ref}: layer {title} does not match its digest {digest}", "pull again")
         got[kind] = out

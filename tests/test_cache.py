@@ -1,0 +1,221 @@
+"""The shared build cache (ortbuild.pipeline.cache): a directory and a real OCI registry (Debian's docker-registry
+on loopback). Two fresh copies of a project: the second builds nothing and its artifacts are byte-identical; a
+poisoned entry (a changed byte, another key's signature under this key's name) is refused with a warning naming
+it, rebuilt and replaced; a plaintext artifact is never stored; bad cache settings are config errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ortbuild import cli
+from ortbuild.pipeline import cache
+from tests.conftest import here_runtime, model_table
+from tests.test_registry import oci  # noqa: F401  (a module fixture: docker-registry on loopback)
+
+pytestmark = pytest.mark.runtime
+
+TARGETS = """
+[targets.cpu]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+
+[targets.cpu-int8]
+runtime = "RUNTIME"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+"""
+
+
+def project(root: Path, cache_line: str = "", targets: str = TARGETS) -> Path:
+    """A fresh project (what a fresh clone is to the cache: the same sources, nothing built)."""
+    root.mkdir(parents=True)
+    (root / "targets.toml").write_text(f'[project]\nname = "t"\nversion = "1"\n{cache_line}\n'
+                                       + model_table("tiny_cnn") + targets.replace("RUNTIME", here_runtime()))
+    return root / "targets.toml"
+
+
+def build(config: Path, *args: str) -> list[dict[str, object]]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["build", "-c", str(config), "--json", *args])
+    assert code == 0, out.getvalue()
+    jobs: list[dict[str, object]] = json.loads(out.getvalue())["jobs"]
+    return jobs
+
+
+def files_of(dist: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(dist)): p.read_bytes() for p in sorted(dist.rglob("*"))
+            if p.is_file() and p.parent != dist and "logs" not in p.parts}
+
+
+def statuses(jobs: list[dict[str, object]]) -> dict[str, object]:
+    return {f"{j['target']}/{j['model']}": j["status"] for j in jobs}
+
+
+def test_a_second_fresh_project_pulls_every_job_and_ships_the_same_bytes(tmp_path: Path) -> None:
+    store = tmp_path / "cache"
+    first = build(project(tmp_path / "a"), "--cache", str(store))
+    assert set(statuses(first).values()) == {"built"}
+    assert len([p for p in store.iterdir() if not p.name.startswith(".")]) == 2  # one entry per job
+    second = build(project(tmp_path / "b"), "--cache", str(store))
+    assert set(statuses(second).values()) == {"pulled"}, second
+    assert all(any("pulled from the cache" in n for n in j["notes"]) for j in second)  # type: ignore[attr-defined]
+    a, b = files_of(tmp_path / "a" / "dist"), files_of(tmp_path / "b" / "dist")
+    assert a and a == b
+    assert not list((tmp_path / "b" / "dist").glob(".cache.*"))  # the staging directory is gone
+    # pulled artifacts are then simply up to date, and test like built ones
+    assert set(statuses(build(tmp_path / "b" / "targets.toml", "--cache", str(store))).values()) == {"up-to-date"}
+    assert cli.main(["test", "-c", str(tmp_path / "b" / "targets.toml"), "--no-explain", "-t", "cpu",
+                     "--no-summary"]) == 0
+
+
+def _entry(store: Path, jobs: list[dict[str, object]], target: str) -> Path:
+    m = json.loads((Path(str(next(j["artifact"] for j in jobs if j["target"] == target))).parent
+                    / "manifest.json").read_text())
+    return store / m["build_key"]
+
+
+def test_a_tampered_entry_is_refused_rebuilt_and_replaced(tmp_path: Path) -> None:
+    store = tmp_path / "cache"
+    first = build(project(tmp_path / "a", targets=TARGETS.split("\n[targets.cpu-int8]")[0]), "--cache", str(store))
+    entry = _entry(store, first, "cpu")
+    blob = entry / "model.onnx.enc"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 1
+    blob.write_bytes(bytes(data))
+    again = build(project(tmp_path / "b", targets=TARGETS.split("\n[targets.cpu-int8]")[0]), "--cache", str(store))
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert str(entry) in warning and "refused" in warning and "model.onnx.enc" in warning, warning
+    # the build replaced the entry: the next fresh project pulls it
+    assert (entry / "model.onnx.enc").read_bytes() == (tmp_path / "b" / "dist" / "cpu" / "tiny_cnn"
+                                                        / "model.onnx.enc").read_bytes()
+    third = build(project(tmp_path / "c", targets=TARGETS.split("\n[targets.cpu-int8]")[0]), "--cache", str(store))
+    assert statuses(third) == {"cpu/tiny_cnn": "pulled"}
+
+
+def test_an_entry_signed_by_another_key_under_this_key_is_refused(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    store, foreign_store = tmp_path / "cache", tmp_path / "foreign"
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    ours = build(project(tmp_path / "a", targets=one), "--cache", str(store))
+    with monkeypatch.context() as mp:  # an attacker's build of the same model, signed with their key
+        mp.setenv("ORTBUILD_SIGNING_KEY", base64.b64encode(os.urandom(32)).decode())
+        theirs = build(project(tmp_path / "evil", targets=one), "--cache", str(foreign_store))
+    entry = _entry(store, ours, "cpu")
+    shutil.rmtree(entry)
+    shutil.copytree(_entry(foreign_store, theirs, "cpu"), entry)  # ... planted under our build key
+    doc = json.loads((entry / cache.ENTRY).read_text())
+    doc["build_key"] = entry.name
+    (entry / cache.ENTRY).write_text(json.dumps(doc))
+    again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert str(entry) in warning and "TAMPERED" in warning and "does not verify" in warning, warning
+
+
+def test_a_plaintext_artifact_is_never_cached(tmp_path: Path) -> None:
+    store = tmp_path / "cache"
+    jobs = build(project(tmp_path / "a", targets=TARGETS.split("\n[targets.cpu-int8]")[0].replace(
+        'precision = "fp32"', 'precision = "fp32"\nencrypt = false')), "--cache", str(store))
+    assert statuses(jobs) == {"cpu/tiny_cnn": "built"}
+    assert any("not cached" in n and "plaintext" in n for n in jobs[0]["notes"])  # type: ignore[attr-defined]
+    assert not store.exists() or not [p for p in store.iterdir()]
+
+
+def test_the_cache_comes_from_the_flag_the_environment_or_targets_toml(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    cfg = project(tmp_path / "a", 'cache = "../shared-cache"', targets=one)  # relative to targets.toml
+    build(cfg)
+    assert [p.name for p in (tmp_path / "shared-cache").iterdir()]
+    assert statuses(build(project(tmp_path / "b", 'cache = "../shared-cache"', targets=one))) == {
+        "cpu/tiny_cnn": "pulled"}
+    # --no-cache: built here, nothing read
+    assert statuses(build(project(tmp_path / "c", 'cache = "../shared-cache"', targets=one), "--no-cache")) == {
+        "cpu/tiny_cnn": "built"}
+    monkeypatch.setenv("ORTBUILD_CACHE", str(tmp_path / "env-cache"))  # the environment before targets.toml
+    build(project(tmp_path / "d", 'cache = "../shared-cache"', targets=one))
+    assert (tmp_path / "env-cache").is_dir()
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ('"s3://bucket/x"', "unknown cache scheme"),
+    ('"oci://localhost:5000/cache:v1"', "a cache is a repository, not a tag"),
+    ('"oci://Bad Host/x"', "is not an OCI reference"),
+    ("3", "must be a string"),
+])
+def test_a_bad_cache_setting_is_a_config_error_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         value: str, error: str) -> None:
+    cfg = project(tmp_path / "a", f"cache = {value}", targets=TARGETS.split("\n[targets.cpu-int8]")[0])
+    assert cli.main(["build", "-c", str(cfg)]) == 3
+    err = capsys.readouterr().err
+    assert error in err and "project.cache" in err and "Traceback" not in err, err
+    assert not (tmp_path / "a" / "dist" / "cpu").exists()
+
+
+def test_a_file_where_the_cache_directory_should_be_is_a_config_error(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "afile").write_text("x")
+    cfg = project(tmp_path / "a", targets=TARGETS.split("\n[targets.cpu-int8]")[0])
+    assert cli.main(["build", "-c", str(cfg), "--cache", str(tmp_path / "afile")]) == 3
+    err = capsys.readouterr().err
+    assert "--cache" in err and "is not a directory" in err, err
+
+
+@pytest.fixture
+def registry_cache(oci: str) -> Iterator[str]:  # noqa: F811
+    yield f"oci://{oci}/cache-{os.urandom(4).hex()}"
+
+
+def test_an_oci_cache_second_fresh_project_pulls_all_and_a_poisoned_entry_is_refused(
+        tmp_path: Path, registry_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = build(project(tmp_path / "a"), "--cache", registry_cache)
+    assert set(statuses(first).values()) == {"built"}
+    second = build(project(tmp_path / "b"), "--cache", registry_cache)
+    assert set(statuses(second).values()) == {"pulled"}, second
+    assert files_of(tmp_path / "a" / "dist") == files_of(tmp_path / "b" / "dist")
+    # poison: another key's artifact of the same job stored under our build key
+    with monkeypatch.context() as mp:
+        mp.setenv("ORTBUILD_SIGNING_KEY", base64.b64encode(os.urandom(32)).decode())
+        theirs = build(project(tmp_path / "evil", targets=TARGETS.split("\n[targets.cpu-int8]")[0]), "--no-cache")
+    key = json.loads((tmp_path / "a" / "dist" / "cpu" / "tiny_cnn" / "manifest.json").read_text())["build_key"]
+    folder = Path(str(theirs[0]["artifact"])).parent
+    from ortbuild.artifact import manifest
+
+    m, _ = manifest.read(folder)
+    c = cache.configured(tmp_path / "targets.toml", "", registry_cache, False)
+    assert c is not None
+    c.store(key, folder, cache.entry_names(m), {"target": "cpu", "model": "tiny_cnn"})
+    third = build(project(tmp_path / "c"), "--cache", registry_cache)
+    assert statuses(third) == {"cpu/tiny_cnn": "built", "cpu-int8/tiny_cnn": "pulled"}
+    cpu = next(j for j in third if j["target"] == "cpu")
+    warning = next(n for n in cpu["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert f"{registry_cache}:{key}" in warning and "does not verify" in warning, warning
+    # the rebuild replaced the poisoned entry
+    assert statuses(build(project(tmp_path / "d"), "--cache", registry_cache)) == {
+        "cpu/tiny_cnn": "pulled", "cpu-int8/tiny_cnn": "pulled"}
+
+
+def test_an_unreachable_registry_is_a_warning_and_the_build_goes_on(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jobs = build(project(tmp_path / "a", targets=TARGETS.split("\n[targets.cpu-int8]")[0]), "--cache",
+                 f"oci://127.0.0.1:{port}/cache")
+    assert statuses(jobs) == {"cpu/tiny_cnn": "built"}
+    notes = " ".join(jobs[0]["notes"])  # type: ignore[arg-type]
+    assert "WARNING: cache" in notes and "cannot reach" in notes, notes
