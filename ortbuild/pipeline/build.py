@@ -251,6 +251,8 @@ class Builder:
             if reused is None and self.cache is not None and not self.force:
                 reused = self._pull(prep, cache_notes)
                 pulled = reused is not None
+                if pulled and why and why.startswith("TAMPERED"):
+                    cache_notes.append(why)
             if reused is None:  # a build is a long phase: said on every stream
                 said = "building" if not why else f"building ({why})" if why in ("no artifact yet", "--force") \
                     else f"rebuilding: {why}"
