@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import keys
+from ortbuild.artifact import keygen, keys
 from ortbuild.errors import KeyMissing
 from tests.conftest import TEST_KEY, TEST_SIGNING_SEED, run_cli
 
@@ -36,7 +36,7 @@ def no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def made(tmp_path: Path) -> dict[str, str]:
-    return keys.keygen(tmp_path / "my keys")  # a space: the printed chmod must quote the path
+    return keygen.keygen(tmp_path / "my keys")  # a space: the printed chmod must quote the path
 
 
 def _load(kind: str, how: str, path: str, monkeypatch: pytest.MonkeyPatch) -> object:
@@ -385,7 +385,7 @@ def test_a_crashed_ortbuild_command_leaves_no_core_with_its_keys(tmp_path: Path,
 def test_keygen_makes_its_directory_0700_and_refuses_an_open_one(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        made = keys.keygen(tmp_path / "a" / "keys")
+        made = keygen.keygen(tmp_path / "a" / "keys")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a" / "keys").stat().st_mode) == 0o700
@@ -394,12 +394,12 @@ def test_keygen_makes_its_directory_0700_and_refuses_an_open_one(tmp_path: Path)
     open_dir.mkdir()
     open_dir.chmod(0o755)
     with pytest.raises(KeyMissing) as err:
-        keys.keygen(open_dir)
+        keygen.keygen(open_dir)
     assert "accessible by group or others (mode 0755)" in err.value.message
     assert err.value.hint is not None and f"chmod 700 {shlex.quote(str(open_dir))}" in err.value.hint
     assert list(open_dir.iterdir()) == []  # nothing written
     open_dir.chmod(0o700)  # the fix it names works
-    assert keys.keygen(open_dir)["development"] == "false"
+    assert keygen.keygen(open_dir)["development"] == "false"
 
 
 def test_keygen_never_writes_through_a_symlink(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ def test_keygen_never_writes_through_a_symlink(tmp_path: Path) -> None:
     target.write_text("mine\n")
     (out / "signing.key").symlink_to(target)
     with pytest.raises(KeyMissing, match="is a symlink"):
-        keys.keygen(out)
+        keygen.keygen(out)
     assert target.read_text() == "mine\n"
     # --out itself a dangling symlink
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
