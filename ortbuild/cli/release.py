@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.cli.common import dist_dir
@@ -25,12 +27,13 @@ if TYPE_CHECKING:
     from ortbuild.publish.verify import Verified
 
 
-def _public_key(args: argparse.Namespace) -> bytes:
-    found = keys.public_key(args.public_key)
+def _public_key(args: argparse.Namespace) -> bytes | EllipticCurvePublicKey:
+    """signing.pub's Ed25519 key, or an EC public key (model-signing.pub: model.sig is then the trust root)."""
+    found = keys.release_public_key(args.public_key)
     if found is None:
         raise KeyMissing("verifying a release needs the publisher's public key",
-                         "pass --public-key signing.pub (what `ortbuild keygen` wrote), or set "
-                         "ORTBUILD_PUBLIC_KEY_FILE")
+                         "pass --public-key signing.pub (what `ortbuild keygen` wrote; or model-signing.pub, which "
+                         "checks the release's OpenSSF signature), or set ORTBUILD_PUBLIC_KEY_FILE")
     return found
 
 
@@ -64,6 +67,7 @@ class Released(TypedDict):
     provenance: str
     sums: str
     signature: str
+    model_signature: str             # model.sig, the OpenSSF model-signing bundle
     forced: list[str]
     pushed: NotRequired[str]         # oci://... with the tag
     digest: NotRequired[str]         # the pushed manifest's digest
@@ -151,7 +155,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             entry: Released = {"target": name, "dir": str(pub.folder), "bundle": str(pub.files["bundle"]),
                                "index": str(pub.files["index"]), "provenance": str(pub.files["provenance"]),
                                "sums": str(pub.files["sums"]), "signature": str(pub.files["signature"]),
-                               "forced": pub.forced}
+                               "model_signature": str(pub.files["model_signature"]), "forced": pub.forced}
             if ref is not None:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
