@@ -428,6 +428,42 @@ def test_keygen_never_writes_through_a_symlink(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_keygen_writes_model_signing_pub_the_derived_p256_key(made: dict[str, str]) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from ortbuild.artifact import p256
+
+    pub = Path(made["model_signing_public_key"])
+    assert pub.name == "model-signing.pub" and stat.S_IMODE(pub.stat().st_mode) == 0o644  # no secret
+    key = p256.parse_public_pem(pub.read_bytes())
+    assert isinstance(key.curve, ec.SECP256R1)
+    signing = keys.signing_key(file=made["signing_key"])
+    assert signing is not None
+    assert p256.public_pem(key) == p256.public_pem(signing.model_signing_key.public_key())
+    assert "PRIVATE" not in pub.read_text()
+
+
+def test_keygen_model_signing_pub_writes_only_that_file_for_the_configured_key(
+        made: dict[str, str], no_key_env: None, tmp_path: Path) -> None:
+    out = tmp_path / "published"
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ORTBUILD_SIGNING_KEY_FILE": made["signing_key"]})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model-signing.pub"]
+    assert (out / "model-signing.pub").read_bytes() == Path(made["model_signing_public_key"]).read_bytes()
+    assert f"wrote {out / 'model-signing.pub'}" in proc.stdout
+    again = run_cli("keygen", "--model-signing-pub", "--out", str(out), "--signing-key-file", made["signing_key"])
+    assert again.returncode == 8 and "exists: keygen never overwrites" in again.stderr, again.stderr
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out",
+                           str(tmp_path / "none")], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+    assert proc.returncode == 8 and "--model-signing-pub needs the signing key" in proc.stderr, proc.stderr
+    assert not (tmp_path / "none").exists()
+    wrong = run_cli("keygen", "--out", str(tmp_path / "k2"), "--signing-key-file", made["signing_key"])
+    assert wrong.returncode == 2 and "goes with --model-signing-pub" in wrong.stderr, wrong.stderr
+
+
 # ---------------------------------------------------------------------------------------------- release
 
 def _key_file(path: Path, header: str, secret: bytes, development: bool = False) -> Path:

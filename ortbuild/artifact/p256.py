@@ -69,8 +69,9 @@ def parse_public_pem(data: bytes) -> ec.EllipticCurvePublicKey:
     except (ValueError, UnsupportedAlgorithm) as e:
         raise ValueError(f"not a PEM public key ({e})") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
-        raise ValueError(f"a {type(key).__name__.removeprefix('_').replace('PublicKey', '')} public key, not an "
-                         "EC one (P-256, P-384 or P-521)")
+        kind = type(key).__name__.removeprefix("_").replace("PublicKey", "")
+        raise ValueError(f"{'an' if kind[:1] in 'AEIOU' else 'a'} {kind} public key, not an EC one (P-256, P-384 "
+                         "or P-521)")
     if key.curve.name not in CURVES:
         raise ValueError(f"an EC key on {key.curve.name}, not on P-256, P-384 or P-521")
     return key

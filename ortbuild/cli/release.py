@@ -91,6 +91,21 @@ def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
     return command + UNKNOWN_PUBLIC_KEY
 
 
+def _model_signing_command(where: str, sign_key: keys.SigningKey) -> str | None:
+    """The upstream `model_signing verify` command for a release directory, when the model-signing.pub beside the
+    signing key file holds this key's P-256 public key (docs/release.md, "Verifying with OpenSSF model_signing")."""
+    from ortbuild.artifact import keygen, p256
+
+    beside = Path(sign_key.path).parent / p256.PUBLIC_FILE if sign_key.path else None
+    try:
+        if beside is None or beside.read_text() != keygen.model_signing_public(sign_key):
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return (f"model_signing verify key {shlex.quote(where)} --signature {shlex.quote(where + '/model.sig')} "
+            f"--public_key {shlex.quote(str(beside.resolve()))}")
+
+
 def _writable_dir(path: Path, given: str | None) -> None:
     """A release directory `path` (or the first of its parents that exists) must be a directory: a file there (or
     a dangling symlink) is a usage error naming it, never an internal error when the release writes."""
@@ -179,6 +194,10 @@ def cmd_release(args: argparse.Namespace) -> int:
         print(err.render(), file=sys.stderr)
     if done:
         print("\nverify with: " + "\n             ".join(entry["verify"] for entry in done))
+        upstream = [c for e in done if "pushed" not in e
+                    and (c := _model_signing_command(str(Path(e["dir"]).absolute()), sign_key))]
+        if upstream:
+            print("  or with OpenSSF model_signing: " + "\n    ".join(upstream))
         if done[0]["verify"].endswith(UNKNOWN_PUBLIC_KEY):
             print(f"  {UNKNOWN_PUBLIC_KEY}: the signing.pub `ortbuild keygen` wrote beside the signing key (public key "
                   f"id {sign_key.key_id}); set ORTBUILD_PUBLIC_KEY_FILE to it and this says its path")

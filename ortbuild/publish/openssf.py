@@ -82,9 +82,12 @@ def sign(name: str, digests: dict[str, str], sign_key: SigningKey) -> bytes:
         raise ValueError(f"{SIGNATURE} cannot sign itself")
     body = (json.dumps(statement(name, digests, sign_key), indent=2, sort_keys=True) + "\n").encode()
     private = sign_key.model_signing_key
-    sig = p256.sign(private, pae(PAYLOAD_TYPE, body))
-    bundle = {"mediaType": BUNDLE_MEDIA_TYPE,
-              "verificationMaterial": {"publicKey": {"hint": key_hint(private.public_key())}, "tlogEntries": []},
+    return _bundle(body, p256.sign(private, pae(PAYLOAD_TYPE, body)), key_hint(private.public_key()))
+
+
+def _bundle(body: bytes, sig: bytes, hint: str) -> bytes:
+    """The bundle's bytes (compact JSON, in model-signing's key order) for a signed payload."""
+    bundle = {"mediaType": BUNDLE_MEDIA_TYPE, "verificationMaterial": {"publicKey": {"hint": hint}, "tlogEntries": []},
               "dsseEnvelope": {"payload": base64.b64encode(body).decode(), "payloadType": PAYLOAD_TYPE,
                                "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": ""}]}}
     return json.dumps(bundle, separators=(",", ":")).encode()
@@ -100,8 +103,8 @@ class Signed:
     hint: str
 
 
-def _payload(path: Path, data: bytes, public: EllipticCurvePublicKey) -> bytes:
-    """The signed payload of the bundle in `data`, once its signature verifies with `public`."""
+def _payload(path: Path, data: bytes, public: EllipticCurvePublicKey) -> tuple[bytes, bytes]:
+    """The signed payload of the bundle in `data` and its signature, once the signature verifies with `public`."""
     try:
         bundle = json.loads(data)
         hint = bundle["verificationMaterial"]["publicKey"].get("hint")
@@ -119,17 +122,18 @@ def _payload(path: Path, data: bytes, public: EllipticCurvePublicKey) -> bytes:
         raise Tampered(f"{path}: signed by another key (its key hint {str(hint)[:16]}… is not the sha256 of the "
                        f"public key given, {key_hint(public)[:16]}…)",
                        "give the publisher's model-signing.pub, or fetch the release again from its publisher")
-    if not any(p256.verify(public, s, pae(PAYLOAD_TYPE, body)) for s in sigs):
+    good = [s for s in sigs if p256.verify(public, s, pae(PAYLOAD_TYPE, body))]
+    if not good:
         raise Tampered(f"{path}: its signature does not verify with the public key given (modified, or signed by "
                        "another key)", FETCH)
-    return body
+    return body, good[0]
 
 
 def verify(path: Path, data: bytes, public: EllipticCurvePublicKey) -> Signed:
     """Check model.sig (its bytes `data`, read from `path`) with the EC public key `public`: the signature, then the
     statement (type, predicate type, one subject whose digest the resources give, the file serialization). Raises
     Tampered (a signature that fails) or ArtifactError (a malformed bundle), naming the file."""
-    body = _payload(path, data, public)
+    body, sig = _payload(path, data, public)
     try:
         st = json.loads(body)
         subject, pred = st["subject"], st["predicate"]
@@ -154,14 +158,19 @@ def verify(path: Path, data: bytes, public: EllipticCurvePublicKey) -> Signed:
                 raise ValueError("its ortbuild signing key is not an Ed25519 public key with its id")
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, binascii.Error) as e:
         raise ArtifactError(f"{path}: signed, but not a model-signing statement ortbuild reads: {e}", FETCH) from None
+    if key is not None and data != _bundle(body, sig, key_hint(public)):
+        # ortbuild's own bundle: no byte may change, the unsigned ones (JSON spacing, keyid, base64's spare bits)
+        # included, as with every other published file
+        raise Tampered(f"{path}: signed, but not byte for byte the bundle `ortbuild release` writes around its "
+                       "signature (an unsigned part was changed)", FETCH)
     return Signed(str(subject[0]["name"]), resources, key, key_hint(public))
 
 
 def check_files(folder: Path, signed: Signed, digests: dict[str, str]) -> None:
     """The directory holds exactly the files model.sig lists (and model.sig), each a regular file (never a
-    symlink), and each of `digests` (name -> the sha256 the caller has checked or will check the file against)
-    is the one model.sig signs; like `model_signing verify` without --ignore_unsigned_files. Tampered naming the
-    first file that differs."""
+    symlink), and each of `digests` (name -> the sha256 the caller has checked, or will check the file against)
+    is the one model.sig signs: like `model_signing verify` without --ignore_unsigned_files, where the caller
+    checks the other files' bytes. Tampered naming the first file that differs."""
     hint = f"the directory differs from what its publisher signed in {SIGNATURE}: {FETCH}"
     there = {}
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
@@ -179,6 +188,3 @@ def check_files(folder: Path, signed: Signed, digests: dict[str, str]) -> None:
             raise Tampered(f"{folder / name}: missing (signed in {folder / SIGNATURE})", hint)
         if name in digests and digests[name] != digest:
             raise Tampered(f"{folder / name}: sha256 differs from {folder / SIGNATURE} (modified or damaged)", hint)
-    if unchecked := sorted(set(signed.resources) - set(digests)):
-        raise ArtifactError(f"{folder / SIGNATURE}: signs {', '.join(unchecked)}, which is no file of a release",
-                            hint)
