@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import container, keys
+from ortbuild.artifact import container, keygen, keys
 from ortbuild.errors import KeyMissing
 from tests.conftest import TEST_KEY
 
@@ -55,10 +55,10 @@ def test_rewrap_changes_the_key_slot_only(tmp_path: Path) -> None:
 
 
 def test_keygen_sources_and_development_marker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    made = keys.keygen(tmp_path / "k", development=True)
+    made = keygen.keygen(tmp_path / "k", development=True)
     assert (tmp_path / "k" / "encryption.key").stat().st_mode & 0o777 == 0o600
     with pytest.raises(KeyMissing, match="never overwrites"):
-        keys.keygen(tmp_path / "k")
+        keygen.keygen(tmp_path / "k")
     from_file = keys.encryption_key(file=made["encryption_key"])
     assert from_file is not None and from_file.development and from_file.key_id == made["encryption_key_id"]
     assert str(from_file.secret) not in repr(from_file) and base64.b64encode(from_file.secret).decode() not in repr(

@@ -62,6 +62,13 @@ OWN_TEST.update({("project.md", cmd): "tests/test_project.py" for cmd in (
     "python3 -m venv .venv '&&' . .venv/bin/activate", "pip install /path/to/ortbuild-0.1.0-py3-none-any.whl",
     "ortbuild init", "python -m nox -s test", "python -m nox -s release",
     "ortbuild verify dist/release/cpu-int8 --public-key .ortbuild/dev-keys/signing.pub --no-run")})
+# release.md's OpenSSF verification: the real model_signing CLI (in a venv made with that pip command) and
+# `ortbuild verify` with model-signing.pub, on a real release
+OWN_TEST.update({("release.md", cmd): "tests/test_openssf.py" for cmd in (
+    "pip install model-signing==1.1.1 pyopenssl==26.4.0",
+    "model_signing verify key dist/release/cpu-fp32 --signature dist/release/cpu-fp32/model.sig --public_key "
+    "keys/model-signing.pub",
+    "ortbuild verify dist/release/cpu-fp32 --public-key keys/model-signing.pub")})
 # Languages whose blocks are examples (text and yaml blocks are output, trees and workflow files).
 RUNNABLE = ("console", "sh", "python", "js", "toml")
 

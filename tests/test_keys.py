@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import keys
+from ortbuild.artifact import keygen, keys
 from ortbuild.errors import KeyMissing
 from tests.conftest import TEST_KEY, TEST_SIGNING_SEED, run_cli
 
@@ -36,7 +36,7 @@ def no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def made(tmp_path: Path) -> dict[str, str]:
-    return keys.keygen(tmp_path / "my keys")  # a space: the printed chmod must quote the path
+    return keygen.keygen(tmp_path / "my keys")  # a space: the printed chmod must quote the path
 
 
 def _load(kind: str, how: str, path: str, monkeypatch: pytest.MonkeyPatch) -> object:
@@ -385,7 +385,7 @@ def test_a_crashed_ortbuild_command_leaves_no_core_with_its_keys(tmp_path: Path,
 def test_keygen_makes_its_directory_0700_and_refuses_an_open_one(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        made = keys.keygen(tmp_path / "a" / "keys")
+        made = keygen.keygen(tmp_path / "a" / "keys")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a" / "keys").stat().st_mode) == 0o700
@@ -394,12 +394,12 @@ def test_keygen_makes_its_directory_0700_and_refuses_an_open_one(tmp_path: Path)
     open_dir.mkdir()
     open_dir.chmod(0o755)
     with pytest.raises(KeyMissing) as err:
-        keys.keygen(open_dir)
+        keygen.keygen(open_dir)
     assert "accessible by group or others (mode 0755)" in err.value.message
     assert err.value.hint is not None and f"chmod 700 {shlex.quote(str(open_dir))}" in err.value.hint
     assert list(open_dir.iterdir()) == []  # nothing written
     open_dir.chmod(0o700)  # the fix it names works
-    assert keys.keygen(open_dir)["development"] == "false"
+    assert keygen.keygen(open_dir)["development"] == "false"
 
 
 def test_keygen_never_writes_through_a_symlink(tmp_path: Path) -> None:
@@ -419,13 +419,49 @@ def test_keygen_never_writes_through_a_symlink(tmp_path: Path) -> None:
     target.write_text("mine\n")
     (out / "signing.key").symlink_to(target)
     with pytest.raises(KeyMissing, match="is a symlink"):
-        keys.keygen(out)
+        keygen.keygen(out)
     assert target.read_text() == "mine\n"
     # --out itself a dangling symlink
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     proc = run_cli("keygen", "--out", str(tmp_path / "dangling"))
     assert proc.returncode == 8 and "dangling symlink" in proc.stderr, proc.stderr
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_keygen_writes_model_signing_pub_the_derived_p256_key(made: dict[str, str]) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from ortbuild.artifact import p256
+
+    pub = Path(made["model_signing_public_key"])
+    assert pub.name == "model-signing.pub" and stat.S_IMODE(pub.stat().st_mode) == 0o644  # no secret
+    key = p256.parse_public_pem(pub.read_bytes())
+    assert isinstance(key.curve, ec.SECP256R1)
+    signing = keys.signing_key(file=made["signing_key"])
+    assert signing is not None
+    assert p256.public_pem(key) == p256.public_pem(signing.model_signing_key.public_key())
+    assert "PRIVATE" not in pub.read_text()
+
+
+def test_keygen_model_signing_pub_writes_only_that_file_for_the_configured_key(
+        made: dict[str, str], no_key_env: None, tmp_path: Path) -> None:
+    out = tmp_path / "published"
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ORTBUILD_SIGNING_KEY_FILE": made["signing_key"]})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model-signing.pub"]
+    assert (out / "model-signing.pub").read_bytes() == Path(made["model_signing_public_key"]).read_bytes()
+    assert f"wrote {out / 'model-signing.pub'}" in proc.stdout
+    again = run_cli("keygen", "--model-signing-pub", "--out", str(out), "--signing-key-file", made["signing_key"])
+    assert again.returncode == 8 and "exists: keygen never overwrites" in again.stderr, again.stderr
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out",
+                           str(tmp_path / "none")], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+    assert proc.returncode == 8 and "--model-signing-pub needs the signing key" in proc.stderr, proc.stderr
+    assert not (tmp_path / "none").exists()
+    wrong = run_cli("keygen", "--out", str(tmp_path / "k2"), "--signing-key-file", made["signing_key"])
+    assert wrong.returncode == 2 and "goes with --model-signing-pub" in wrong.stderr, wrong.stderr
 
 
 # ---------------------------------------------------------------------------------------------- release

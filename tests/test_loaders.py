@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ortbuild.artifact import container, keys, loaders, manifest
+from ortbuild.artifact import container, keygen, keys, loaders, manifest
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus
@@ -888,7 +888,7 @@ def test_rekey_rewraps_without_reencrypting(dist: Path, tmp_path: Path) -> None:
 
     copy = tmp_path / "fp32"
     shutil.copytree(dist / "fp32", copy)
-    made = keys.keygen(tmp_path / "new")
+    made = keygen.keygen(tmp_path / "new")
     old_file = tmp_path / "old.key"
     old_file.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old_file.chmod(0o600)  # key files readable by others are refused
@@ -1382,7 +1382,7 @@ def test_both_loaders_read_key_files_as_the_cli_does(one: Path, node_app: Path, 
     key's or public key's file: refused with the reason, at once. The signing seed or its public key given as the
     encryption key (from the environment, a file or the argument) is refused: the loader's pinned public key tells
     it. A private file and a pipe from the parent (stdin) load."""
-    made = keys.keygen(tmp_path / "keys")
+    made = keygen.keygen(tmp_path / "keys")
     text = f"# ortbuild encryption key (AES-256 KEK)\n{base64.b64encode(TEST_KEY).decode()}\n"
     good = tmp_path / "keys" / "mine.key"
     good.write_text(text)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import keys, minisign
@@ -93,10 +94,10 @@ def public_key_file(tmp: Path) -> Path:
     return path
 
 
-def test_release_writes_the_five_files_and_verify_runs_the_golden_test(released: Path, tmp_path: Path) -> None:
+def test_release_writes_the_six_files_and_verify_runs_the_golden_test(released: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in released.iterdir()) == [
-        "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
-        "rel-1.0-cpu.tar"]
+        "SHA256SUMS", "SHA256SUMS.minisig", "model.sig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
+        "rel-1.0-cpu.tar"]  # model.sig: tests/test_openssf.py
     proc = cli("verify", str(released), "--public-key", str(public_key_file(tmp_path)), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -266,15 +267,22 @@ def test_a_budget_changed_after_the_test_refuses_the_release(tmp_path: Path) -> 
     assert said is not None and "changed since its last test" in said and "ortbuild test -t cpu" in said
 
 
-def _check(folder: Path) -> None:
-    verify.verify(folder, SIGNER.public_raw, run=False)
+def _check(folder: Path, public: bytes | EllipticCurvePublicKey = SIGNER.public_raw) -> None:
+    verify.verify(folder, public, run=False)
 
 
-def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["signing.pub", "model-signing.pub"])
+def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released: Path, tmp_path: Path,
+                                                                       key: str) -> None:
+    """With signing.pub, every file SHA256SUMS.minisig covers (model.sig is checked with model-signing.pub:
+    tests/test_openssf.py); with model-signing.pub, all six."""
     copy = tmp_path / "r"
     shutil.copytree(released, copy)
-    _check(copy)
+    public = SIGNER.public_raw if key == "signing.pub" else SIGNER.model_signing_key.public_key()
+    _check(copy, public)
     for f in sorted(copy.iterdir()):
+        if f.name == "model.sig" and key == "signing.pub":
+            continue
         original = f.read_bytes()
         positions = range(len(original)) if f.stat().st_size < 40000 else \
             sorted({0, 3, 4, 9, 10, *range(11, len(original), len(original) // 40), len(original) - 1})
@@ -283,11 +291,11 @@ def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released:
             data[pos] ^= 0x01
             f.write_bytes(bytes(data))
             with pytest.raises(OrtbuildError) as err:
-                _check(copy)
+                _check(copy, public)
                 pytest.fail(f"{f.name}: flipping byte {pos} went unnoticed")
             assert f.name in err.value.message, (f.name, pos, err.value.message)
         f.write_bytes(original)
-    _check(copy)
+    _check(copy, public)
 
 
 def _resign(folder: Path, bundle: bytes, name: str = "rel-1.0-cpu.tar") -> None:
@@ -412,6 +420,13 @@ def test_two_clean_builds_in_separate_directories_give_byte_identical_bundles(tm
     a, b = out
     assert (a / "rel-1.0-cpu.tar").read_bytes() == (b / "rel-1.0-cpu.tar").read_bytes()
     assert (a / "rel-1.0-cpu.release.json").read_bytes() == (b / "rel-1.0-cpu.release.json").read_bytes()
+    # model.sig signs the provenance too, which records when the release ran (not reproducible): both sign the
+    # same bundle and index
+    for d in (a, b):
+        st = json.loads(base64.b64decode(json.loads((d / "model.sig").read_bytes())["dsseEnvelope"]["payload"]))
+        signed = {r["name"]: r["digest"] for r in st["predicate"]["resources"]}
+        assert {n: signed[n] for n in ("rel-1.0-cpu.tar", "rel-1.0-cpu.release.json")} == \
+            {n: tarball.sha256((a / n).read_bytes()) for n in ("rel-1.0-cpu.tar", "rel-1.0-cpu.release.json")}
     index = json.loads((a / "rel-1.0-cpu.release.json").read_text())
     assert index["created"] == "2026-01-01T00:00:00Z"
 

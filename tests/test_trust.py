@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild import cli
-from ortbuild.artifact import keys, loaders, manifest
+from ortbuild.artifact import keygen, keys, loaders, manifest
 from ortbuild.errors import Tampered, WrongKey
 from tests.conftest import TEST_KEY
 from tests.test_loaders import install_node_app, node
@@ -175,7 +175,7 @@ def test_rekey_rotates_the_key_without_a_rebuild_and_the_old_key_gets_wrong_key(
     root = copy(pristine, tmp_path)
     folder = root / "dist" / ART
     cfg = str(root / "targets.toml")
-    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    new = keygen.keygen(tmp_path / "keys")["encryption_key"]
     old = tmp_path / "old.key"
     old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old.chmod(0o600)
@@ -262,7 +262,7 @@ def test_rekey_refuses_to_re_sign_a_swapped_directory(pair: Path, tmp_path: Path
     old = tmp_path / "old.key"
     old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old.chmod(0o600)
-    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    new = keygen.keygen(tmp_path / "keys")["encryption_key"]
     before = (folder / manifest.MANIFEST).read_bytes()
     code, text = ortbuild(capsys, "rekey", str(folder), "--old-key-file", str(old), "--new-key-file", new)
     assert code == Tampered.exit_code and "holds tiny_lstm for cpu" in text, text
@@ -297,7 +297,7 @@ def test_inspect_trusts_only_the_configured_key(pristine: Path, tmp_path: Path, 
     monkeypatch.delenv("ORTBUILD_SIGNING_KEY")
     code, text = ortbuild(capsys, "inspect", str(folder))
     assert code == 8 and "UNVERIFIED" in text and " OK " not in text, text  # no key: nothing called verified
-    made = keys.keygen(tmp_path / "k")
+    made = keygen.keygen(tmp_path / "k")
     code, text = ortbuild(capsys, "inspect", str(folder), "--public-key", made["public_key"])
     assert code == Tampered.exit_code and "does not verify with the trusted public key" in text, text
 
@@ -411,7 +411,7 @@ def test_rekey_never_writes_through_a_symlink_below_dist(pristine: Path, tmp_pat
     old = tmp_path / "old.key"
     old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old.chmod(0o600)
-    new = keys.keygen(tmp_path / "keys")["encryption_key"]
+    new = keygen.keygen(tmp_path / "keys")["encryption_key"]
     code, text = ortbuild(capsys, "rekey", str(root / "dist" / ART), "--old-key-file", str(old), "--new-key-file", new)
     assert code == 7 and "is a symlink" in text, text
     assert {p.name: p.read_bytes() for p in (elsewhere / "tiny_cnn").iterdir() if p.is_file()} == before

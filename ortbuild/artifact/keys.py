@@ -4,7 +4,8 @@ Sources, first found wins (the same for both keys):
     encryption  explicit argument (API) or --key-file  ->  ORTBUILD_KEY (base64)  ->  ORTBUILD_KEY_FILE
     signing     explicit argument or --signing-key-file ->  ORTBUILD_SIGNING_KEY   ->  ORTBUILD_SIGNING_KEY_FILE
 A key file holds comment lines (#) and one base64 line. `ortbuild keygen` writes encryption.key, signing.key
-(both 0600, in a 0700 directory) and signing.pub; with --dev their second line says DEVELOPMENT KEY, and every
+(both 0600, in a 0700 directory), signing.pub and model-signing.pub (the P-256 key derived from the signing seed
+that signs model.sig: ortbuild.artifact.p256); with --dev their second line says DEVELOPMENT KEY, and every
 manifest built with them says so. No key ever appears in an artifact, a manifest, a log, an error or --json output.
 
 Like ssh, a key file readable or writable by group or others is refused (with the chmod that fixes it), and
@@ -33,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild.artifact import container, minisign
+from ortbuild.artifact import container, minisign, p256
 from ortbuild.artifact.ed25519 import public_key_id as public_key_id
 from ortbuild.artifact.ed25519 import verify as verify
 from ortbuild.artifact.manifest_types import Signing
@@ -88,6 +90,11 @@ class SigningKey:
         """What a manifest records of this key (the public half only)."""
         return Signing(algorithm="Ed25519", public_key=base64.b64encode(self.public_raw).decode(),
                        public_key_id=self.key_id, development_key=self.development)
+
+    @property
+    def model_signing_key(self) -> EllipticCurvePrivateKey:
+        """The ECDSA P-256 key that signs model.sig, derived from the seed (never shown, like the seed)."""
+        return p256.derive(self.seed)
 
     @property
     def seed(self) -> bytes:
@@ -336,90 +343,25 @@ def read_secrets(key_file: str | Path | None = None, signing_key_file: str | Pat
     return Secrets(encryption_key(file=key_file), signing_key(file=signing_key_file))
 
 
-def _key_dir(out: Path) -> None:
-    """Make `out` private (0700) when keygen creates it; refuse an existing one that group or others may enter,
-    and anything that is not a directory (a dangling symlink included)."""
-    if out.is_symlink() and not out.exists():
-        raise KeyMissing(f"{out}: a dangling symlink (to {os.readlink(out)}): keygen never writes through a symlink",
-                         "remove it, or choose another --out directory")
-    if not out.exists():
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.mkdir(mode=0o700)
-            os.chmod(out, 0o700)  # whatever the umask
-        except (OSError, ValueError) as e:
-            raise KeyMissing(f"{out}: cannot make the key directory: {e.strerror if isinstance(e, OSError) else e}",
-                             "choose another --out directory") from None
-        return
-    if not out.is_dir():
-        raise KeyMissing(f"{out}: not a directory", "choose another --out directory")
-    mode = out.stat().st_mode
-    if private_problem(mode):
-        raise KeyMissing(f"{out}: the key directory is accessible by group or others (mode {stat.S_IMODE(mode):04o})",
-                         f"run `chmod 700 {shlex.quote(str(out))}`, or give keygen a new --out directory (it makes "
-                         "it 0700)")
+PUBLIC_HINT = "give the signing.pub that `ortbuild keygen` wrote beside the signing key (minisign's public key format)"
 
 
-def keygen(out: Path, *, development: bool = False) -> dict[str, str]:
-    """Write a new encryption key, signing key and public key into `out` (made 0700); never overwrite a key and
-    never write through a symlink."""
-    _key_dir(out)
-    paths = {name: out / name for name in (ENCRYPTION_FILE, SIGNING_FILE, PUBLIC_FILE)}
-    for p in paths.values():
-        if p.is_symlink():
-            raise KeyMissing(f"{p} is a symlink (to {os.readlink(p)}): keygen never writes through a symlink",
-                             "remove it, or choose another --out directory")
-    taken = [str(p) for p in paths.values() if p.exists()]
-    if taken:
-        raise KeyMissing(f"{taken[0]} exists: keygen never overwrites a key", "choose another --out directory")
-    mark = (f"# {DEV_MARKER}: made for local builds, never use it for a release\n" if development else "")
-    enc = os.urandom(32)
-    sign = Ed25519PrivateKey.generate()
-    seed = sign.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                              serialization.NoEncryption())
-    pub = sign.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    texts = {
-        ENCRYPTION_FILE: f"# ortbuild encryption key (AES-256 KEK), id {container.key_id(enc).hex()}\n{mark}"
-                         f"{base64.b64encode(enc).decode()}\n",
-        SIGNING_FILE: f"# ortbuild Ed25519 signing key, public key id {public_key_id(pub)}\n{mark}"
-                      f"{base64.b64encode(seed).decode()}\n",
-        # minisign's public key format, so `minisign -V -p signing.pub` checks release signatures too
-        PUBLIC_FILE: minisign.public_key_text(pub, f"ortbuild Ed25519 public key, id {public_key_id(pub)}"),
-    }
-    made: list[Path] = []
+def _public(text: str, path: str) -> bytes:
+    if p256.is_pem(text.encode()):
+        raise KeyMissing(f"{path}: a PEM public key (model-signing.pub checks a release's model.sig only: "
+                         "`ortbuild verify` and `ortbuild pull` take it), not the Ed25519 signing.pub", PUBLIC_HINT)
+    raw = minisign.parse_public_key(text, path)
+    if raw is not None:
+        return raw
     try:
-        for name, text in texts.items():
-            # O_EXCL and O_NOFOLLOW: a file or symlink that appeared since the checks above is refused, not followed
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-            try:
-                fd = os.open(paths[name], flags, 0o644 if name == PUBLIC_FILE else 0o600)
-            except OSError as e:
-                raise KeyMissing(f"{paths[name]}: cannot write the key: {e.strerror}",
-                                 "keygen never overwrites a key or writes through a symlink: choose another --out "
-                                 "directory") from None
-            made.append(paths[name])
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-    except BaseException:
-        for p in made:  # no half set of keys
-            p.unlink(missing_ok=True)
-        raise
-    return {"encryption_key": str(paths[ENCRYPTION_FILE]), "encryption_key_id": container.key_id(enc).hex(),
-            "signing_key": str(paths[SIGNING_FILE]), "public_key": str(paths[PUBLIC_FILE]),
-            "public_key_id": public_key_id(pub), "development": str(development).lower()}
+        return _decode(text, path, "public key")[0]
+    except KeyMissing as e:
+        raise KeyMissing(e.message, PUBLIC_HINT) from None
 
 
 def read_public_key(path: str | Path) -> bytes:
     """A public key file: minisign's format (what keygen writes) or a comment and one base64 line of 32 bytes."""
-    hint = "give the signing.pub that `ortbuild keygen` wrote beside the signing key (minisign's public key format)"
-    text = _read_text(str(path), "public key", hint)
-    raw = minisign.parse_public_key(text, str(path))
-    if raw is not None:
-        return raw
-    try:
-        return _decode(text, str(path), "public key")[0]
-    except KeyMissing as e:
-        raise KeyMissing(e.message, hint) from None
+    return _public(_read_text(str(path), "public key", PUBLIC_HINT), str(path))
 
 
 def public_key(path: str | Path | None = None) -> bytes | None:
@@ -431,3 +373,21 @@ def public_key(path: str | Path | None = None) -> bytes | None:
         return read_public_key(path)
     sk = signing_key()
     return sk.public_raw if sk else None
+
+
+def release_public_key(path: str | Path | None = None) -> bytes | EllipticCurvePublicKey | None:
+    """The key `verify` and `pull` check a release with, from where public_key() looks: signing.pub (Ed25519, the
+    raw key), or a PEM EC public key such as model-signing.pub (the release's model.sig is then the trust root)."""
+    path = path if path is not None else os.environ.get("ORTBUILD_PUBLIC_KEY_FILE") or None
+    if path is None:
+        return public_key()
+    text = _read_text(str(path), "public key", PUBLIC_HINT)  # read once: it may be a pipe
+    if not p256.is_pem(text.encode()):
+        return _public(text, str(path))
+    try:
+        return p256.parse_public_pem(text.encode())
+    except ValueError as e:
+        raise KeyMissing(f"{path}: {e}: model.sig is checked with an EC public key (model_signing 1.1.1 takes "
+                         "P-256, P-384 or P-521 only)", "give model-signing.pub, which `ortbuild keygen` writes "
+                         "(`ortbuild keygen --model-signing-pub --out DIR` makes it for an existing signing key), "
+                         "or signing.pub") from None

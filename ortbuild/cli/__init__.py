@@ -222,8 +222,14 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_inspect)
 
     k = sub.add_parser("keygen", help="make an encryption key and a signing key pair")
-    k.add_argument("--out", default="keys", help="directory for encryption.key, signing.key, signing.pub")
+    k.add_argument("--out", default="keys", help="directory for encryption.key, signing.key, signing.pub, "
+                                                 "model-signing.pub")
     k.add_argument("--dev", action="store_true", help="mark them as development keys (never for a release)")
+    k.add_argument("--model-signing-pub", action="store_true",
+                   help="write only model-signing.pub (the public key `model_signing verify key` checks a release's "
+                        "model.sig with) for the existing signing key")
+    k.add_argument("--signing-key-file", help="with --model-signing-pub: the signing key (else "
+                                              "$ORTBUILD_SIGNING_KEY / _FILE)")
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_keygen)
 

@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from ortbuild import files as files_
 from ortbuild import workspace
-from ortbuild.artifact import container, fit, keys, manifest
+from ortbuild.artifact import container, fit, keygen, keys, manifest
 from ortbuild.cli import owned
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.modelfiles import Signature
@@ -205,17 +205,40 @@ def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, in
 # ------------------------------------------------------------------------------------------------- keys
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    made = keys.keygen(Path(args.out), development=args.dev)
+    if args.model_signing_pub:
+        return _model_signing_pub(args)
+    if args.signing_key_file:
+        raise UsageError("--signing-key-file goes with --model-signing-pub (keygen otherwise makes a new signing "
+                         "key)", "add --model-signing-pub, or leave --signing-key-file out")
+    made = keygen.keygen(Path(args.out), development=args.dev)
     if args.json:
         print(json.dumps(made, indent=2))
         return 0
     kind = "DEVELOPMENT keys (never for a release)" if args.dev else "keys"
     print(f"wrote {kind}: {made['encryption_key']} (id {made['encryption_key_id']}), {made['signing_key']}, "
-          f"{made['public_key']} (id {made['public_key_id']})")
+          f"{made['public_key']} (id {made['public_key_id']}), {made['model_signing_public_key']}")
     print(f"use them: export ORTBUILD_KEY_FILE={Path(made['encryption_key']).resolve()} "
           f"ORTBUILD_SIGNING_KEY_FILE={Path(made['signing_key']).resolve()}")
     print("keep encryption.key and signing.key secret; apps need encryption.key at run time, only the build "
           "needs signing.key")
+    return 0
+
+
+def _model_signing_pub(args: argparse.Namespace) -> int:
+    """`keygen --model-signing-pub`: model-signing.pub for the configured signing key, nothing else."""
+    if args.dev:
+        raise UsageError("--dev makes new keys; --model-signing-pub writes a public key for an existing one",
+                         "leave one of them out")
+    sign = keys.signing_key(file=args.signing_key_file)
+    if sign is None:
+        raise KeyMissing("--model-signing-pub needs the signing key (--signing-key-file, or ORTBUILD_SIGNING_KEY or "
+                         "ORTBUILD_SIGNING_KEY_FILE)", f"make keys with `{keys.MAKE_KEYS}`")
+    path = keygen.write_model_signing_public(Path(args.out), sign)
+    if args.json:
+        print(json.dumps({"model_signing_public_key": path, "public_key_id": sign.key_id}, indent=2))
+        return 0
+    print(f"wrote {path}: the public key `model_signing verify key` checks model.sig with (ECDSA P-256, derived "
+          f"from the signing key id {sign.key_id})")
     return 0
 
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.cli.common import dist_dir
@@ -25,12 +27,13 @@ if TYPE_CHECKING:
     from ortbuild.publish.verify import Verified
 
 
-def _public_key(args: argparse.Namespace) -> bytes:
-    found = keys.public_key(args.public_key)
+def _public_key(args: argparse.Namespace) -> bytes | EllipticCurvePublicKey:
+    """signing.pub's Ed25519 key, or an EC public key (model-signing.pub: model.sig is then the trust root)."""
+    found = keys.release_public_key(args.public_key)
     if found is None:
         raise KeyMissing("verifying a release needs the publisher's public key",
-                         "pass --public-key signing.pub (what `ortbuild keygen` wrote), or set "
-                         "ORTBUILD_PUBLIC_KEY_FILE")
+                         "pass --public-key signing.pub (what `ortbuild keygen` wrote; or model-signing.pub, which "
+                         "checks the release's OpenSSF signature), or set ORTBUILD_PUBLIC_KEY_FILE")
     return found
 
 
@@ -64,6 +67,7 @@ class Released(TypedDict):
     provenance: str
     sums: str
     signature: str
+    model_signature: str             # model.sig, the OpenSSF model-signing bundle
     forced: list[str]
     pushed: NotRequired[str]         # oci://... with the tag
     digest: NotRequired[str]         # the pushed manifest's digest
@@ -85,6 +89,21 @@ def _verify_command(where: str, sign_key: keys.SigningKey) -> str:
     if env:
         return command + shlex.quote(str(Path(env).resolve()))
     return command + UNKNOWN_PUBLIC_KEY
+
+
+def _model_signing_command(where: str, sign_key: keys.SigningKey) -> str | None:
+    """The upstream `model_signing verify` command for a release directory, when the model-signing.pub beside the
+    signing key file holds this key's P-256 public key (docs/release.md, "Verifying with OpenSSF model_signing")."""
+    from ortbuild.artifact import keygen, p256
+
+    beside = Path(sign_key.path).parent / p256.PUBLIC_FILE if sign_key.path else None
+    try:
+        if beside is None or beside.read_text() != keygen.model_signing_public(sign_key):
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return (f"model_signing verify key {shlex.quote(where)} --signature {shlex.quote(where + '/model.sig')} "
+            f"--public_key {shlex.quote(str(beside.resolve()))}")
 
 
 def _writable_dir(path: Path, given: str | None) -> None:
@@ -151,7 +170,7 @@ def cmd_release(args: argparse.Namespace) -> int:
             entry: Released = {"target": name, "dir": str(pub.folder), "bundle": str(pub.files["bundle"]),
                                "index": str(pub.files["index"]), "provenance": str(pub.files["provenance"]),
                                "sums": str(pub.files["sums"]), "signature": str(pub.files["signature"]),
-                               "forced": pub.forced}
+                               "model_signature": str(pub.files["model_signature"]), "forced": pub.forced}
             if ref is not None:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
@@ -175,6 +194,10 @@ def cmd_release(args: argparse.Namespace) -> int:
         print(err.render(), file=sys.stderr)
     if done:
         print("\nverify with: " + "\n             ".join(entry["verify"] for entry in done))
+        upstream = [c for e in done if "pushed" not in e
+                    and (c := _model_signing_command(str(Path(e["dir"]).absolute()), sign_key))]
+        if upstream:
+            print("  or with OpenSSF model_signing: " + "\n    ".join(upstream))
         if done[0]["verify"].endswith(UNKNOWN_PUBLIC_KEY):
             print(f"  {UNKNOWN_PUBLIC_KEY}: the signing.pub `ortbuild keygen` wrote beside the signing key (public key "
                   f"id {sign_key.key_id}); set ORTBUILD_PUBLIC_KEY_FILE to it and this says its path")

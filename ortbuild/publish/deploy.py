@@ -8,6 +8,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+
 from ortbuild import files as files_
 from ortbuild.errors import ArtifactError, UsageError
 from ortbuild.publish import epochs, verify
@@ -29,16 +31,17 @@ def check_destination(dest: Path) -> None:
                          "replaces only its own", "choose another --to directory, or an empty one")
 
 
-def place(release_dir: Path, dest: Path, public_key: bytes, *, source: str, run: bool, key: bytes | None,
-          min_epoch: int = 0, allow_downgrade: bool = False) -> verify.Verified:
+def place(release_dir: Path, dest: Path, public_key: bytes | EllipticCurvePublicKey, *, source: str, run: bool,
+          key: bytes | None, min_epoch: int = 0, allow_downgrade: bool = False) -> verify.Verified:
     """Verify the release in `release_dir` (every check of `ortbuild verify`; below `min_epoch`, or below the
     release already deployed in `dest` unless `allow_downgrade`: RolledBack, 7) and put its bundle's tree in
     `dest`, replacing what an earlier pull put there only once the new one is complete. `source` (the reference
     it came from) is written into the marker file."""
     check_destination(dest)
     floors = epochs.floors(min_epoch)
+    publisher = verify.publisher_key(release_dir, public_key)  # the Ed25519 key (model.sig names it: step 0)
     try:
-        there = epochs.deployed(dest, public_key)
+        there = epochs.deployed(dest, publisher)
     except ArtifactError:  # a damaged deployment: its epoch is unknown
         if not allow_downgrade:
             raise

@@ -1,6 +1,6 @@
 """`ortbuild release`: one signed, reproducible bundle per target, with SLSA provenance.
 
-A release of target T is five files (docs/release.md):
+A release of target T is six files (docs/release.md):
 
     <project>-<version>-<T>.tar             the bundle: index, then per model the encrypted artifact, its
                                             signed manifest, both loaders and the golden data (deterministic,
@@ -12,6 +12,7 @@ A release of target T is five files (docs/release.md):
     <project>-<version>-<T>.intoto.jsonl    a DSSE envelope (signed) holding an in-toto statement with SLSA v1
                                             provenance: subjects, materials, builder, the test verdicts
     SHA256SUMS, SHA256SUMS.minisig          digests of the three files above, signed in minisign's format
+    model.sig                               the OpenSSF model-signing bundle over the five (ortbuild.publish.openssf)
 
 One bundle per target, not one per model across targets: an app is deployed onto one kind of hardware,
 pulls exactly that target's bundle (one OCI tag per target), and verifies it with that target's runtime.
@@ -48,7 +49,8 @@ from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.project.settings import Gates
-from ortbuild.publish import epochs, release_index, tarball
+from ortbuild.publish import epochs, openssf, release_index, tarball
+from ortbuild.publish.openssf import pae as pae
 from ortbuild.status import JobStatus
 
 FORMAT = "ortbuild-release-v1"
@@ -85,12 +87,6 @@ def canonical(doc: object) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def pae(payload_type: str, body: bytes) -> bytes:
-    """DSSE's pre-authentication encoding: what an envelope's signatures sign."""
-    t = payload_type.encode()
-    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
-
-
 @dataclass
 class ModelRelease:
     name: str
@@ -108,7 +104,7 @@ class ModelRelease:
 class Published:
     target: str
     folder: Path
-    files: dict[str, Path]       # bundle, index, provenance, sums, signature
+    files: dict[str, Path]       # bundle, index, provenance, sums, signature, model_signature
     forced: list[str]
     index: release_index.ReleaseIndex  # the index's content
 
@@ -429,12 +425,13 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         subjects = {names["bundle"]: bundle_digest, names["index"]: tarball.sha256(index_bytes)}
         statement = _provenance(project, target, models, subjects, started, refused)
         prov = envelope(statement, sign_key)
-        sums = sums_text({**subjects, names["provenance"]: tarball.sha256(prov)})
+        signed = {**subjects, names["provenance"]: tarball.sha256(prov)}
+        sums = sums_text(signed)
         sig = minisign.sign(sums, sign_key.sign, sign_key.public_raw,
                             trusted_comment=f"timestamp:{epoch}\tfile:{SUMS}\tortbuild release {name}",
                             untrusted_comment=untrusted_comment(sign_key.public_raw))
         # the bundle last-but-one, the signature last: a reader never pairs a new bundle with an old signature
-        for f in (SUMS_SIG, SUMS):
+        for f in (openssf.SIGNATURE, SUMS_SIG, SUMS):
             (out / f).unlink(missing_ok=True)
         # published files: readable by anyone (they hold no secret)
         files_.atomic_write(out / names["index"], index_bytes, root=root, mode=0o644)
@@ -443,8 +440,10 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         files_.publish(tmp, out / names["bundle"], root)
         files_.atomic_write(out / SUMS, sums, root=root, mode=0o644)
         files_.atomic_write(out / SUMS_SIG, sig.encode(), root=root, mode=0o644)
+        signed.update({SUMS: tarball.sha256(sums), SUMS_SIG: tarball.sha256(sig.encode())})  # no file read again
+        files_.atomic_write(out / openssf.SIGNATURE, openssf.sign(out.name, signed, sign_key), root=root, mode=0o644)
     finally:
         tmp.unlink(missing_ok=True)
     files = {"bundle": out / names["bundle"], "index": out / names["index"], "provenance": out / names["provenance"],
-             "sums": out / SUMS, "signature": out / SUMS_SIG}
+             "sums": out / SUMS, "signature": out / SUMS_SIG, "model_signature": out / openssf.SIGNATURE}
     return Published(target.name, out, files, refused, index)

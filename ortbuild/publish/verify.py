@@ -1,5 +1,9 @@
 """`ortbuild verify` and the checks behind `ortbuild pull`: a release is trusted only after all of these hold.
 
+    0. given an EC public key (model-signing.pub) instead of signing.pub: model.sig, the OpenSSF model-signing
+       bundle, verifies with it; the directory holds exactly the files it signs, SHA256SUMS and its signature with
+       the digests it signs (the others: through steps 2-4); the Ed25519 key its signed predicate names is the
+       publisher's public key for the steps below (ortbuild.publish.openssf)
     1. SHA256SUMS.minisig verifies SHA256SUMS with the publisher's public key (minisign format)
     2. every file SHA256SUMS lists is present with that digest (the index, the provenance, the bundle)
     3. the provenance: a DSSE envelope signed by the same key; an in-toto statement with SLSA v1 provenance
@@ -30,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+
 from ortbuild import paths, runtime
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating import compare
-from ortbuild.publish import epochs, release, release_index, tarball
+from ortbuild.publish import epochs, openssf, release, release_index, tarball
 from ortbuild.status import Verdict
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
@@ -82,10 +88,42 @@ def release_dir(path: Path) -> Path:
                                                  "reference")
 
 
-def _sums(folder: Path, public_key: bytes) -> dict[str, str]:
+def _trust(folder: Path, public_key: bytes | EllipticCurvePublicKey) -> tuple[bytes, openssf.Signed | None, str]:
+    """Step 0: the publisher's Ed25519 public key, the verified model.sig (None: signing.pub was given) and what
+    was checked."""
+    path = folder / openssf.SIGNATURE
+    if isinstance(public_key, bytes):
+        return public_key, None, (f"{openssf.SIGNATURE}    present, not checked: the OpenSSF signature, checked "
+                                  "with --public-key model-signing.pub (or `model_signing verify key`)"
+                                  if path.exists() or path.is_symlink() else "")
+    if not (path.exists() or path.is_symlink()):
+        raise ArtifactError(f"{path}: missing: the EC public key given checks a release's OpenSSF signature "
+                            f"({openssf.SIGNATURE}), and this release has none (released by an earlier ortbuild, or "
+                            "not fetched whole)", "verify it with the publisher's signing.pub (--public-key "
+                            "signing.pub), or fetch the whole release again")
+    signed = openssf.verify(path, _read(path, "the OpenSSF model-signing bundle"), public_key)
+    if signed.ed25519 is None:
+        raise ArtifactError(f"{path}: verified, but it names no ortbuild signing key (made by `model_signing sign`, "
+                            "not `ortbuild release`): the manifests inside cannot be checked with it",
+                            "verify with the publisher's signing.pub (--public-key signing.pub)")
+    return signed.ed25519, signed, (f"signature    {openssf.SIGNATURE} verified (OpenSSF model signing, EC key "
+                                    f"{signed.hint[:16]}); it signs the Ed25519 key id "
+                                    f"{ed25519.public_key_id(signed.ed25519)}")
+
+
+def publisher_key(path: Path, public_key: bytes | EllipticCurvePublicKey) -> bytes:
+    """The publisher's Ed25519 public key for the release in `path`: `public_key` itself, or for an EC key the one
+    the release's model.sig (verified with it) names."""
+    return _trust(release_dir(path), public_key)[0]
+
+
+def _sums(folder: Path, public_key: bytes, signed: openssf.Signed | None) -> dict[str, str]:
     sums_path, sig_path = folder / release.SUMS, folder / release.SUMS_SIG
     sums = _read(sums_path, "the signed list of digests")
-    minisign.verify(sums, _read(sig_path, "the signature").decode(errors="replace"), public_key,
+    sig = _read(sig_path, "the signature")
+    if signed is not None:  # the files model.sig signs, and these two's digests, before either is trusted
+        openssf.check_files(folder, signed, {release.SUMS: tarball.sha256(sums), release.SUMS_SIG: tarball.sha256(sig)})
+    minisign.verify(sums, sig.decode(errors="replace"), public_key,
                     str(sig_path), str(sums_path), release.untrusted_comment(public_key))
     listed: dict[str, str] = {}
     for n, line in enumerate(sums.decode().splitlines(), 1):
@@ -126,14 +164,22 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
     return pred
 
 
-def verify(path: Path, public_key: bytes, *, run: bool, key: bytes | None = None,
+def verify(path: Path, public_key: bytes | EllipticCurvePublicKey, *, run: bool, key: bytes | None = None,
            extract_to: Path | None = None, floors: Sequence[epochs.Floor] = ()) -> Verified:
-    """Check the release in `path` (steps 1-5 above); extract the bundle into `extract_to` (a new directory; a
-    temporary one when None, removed afterwards). A release below one of `floors` is RolledBack (7). Raises
-    ArtifactError (7), GateFailed (9), KeyMissing (8) or RuntimeMismatch (4), each naming the file and what to do."""
+    """Check the release in `path` (steps 0-5 above; 0 when `public_key` is an EC key: model-signing.pub);
+    extract the bundle into `extract_to` (a new directory; a temporary one when None, removed afterwards). A
+    release below one of `floors` is RolledBack (7). Raises ArtifactError (7), GateFailed (9), KeyMissing (8) or
+    RuntimeMismatch (4), each naming the file and what to do."""
     folder = release_dir(path)
-    listed = _sums(folder, public_key)
-    lines = [f"signature    {release.SUMS} verified ({release.SUMS_SIG}, key id {minisign.key_id(public_key).hex()})"]
+    public_key, signed, checked = _trust(folder, public_key)
+    listed = _sums(folder, public_key, signed)
+    sums_line = f"signature    {release.SUMS} verified ({release.SUMS_SIG}, key id {minisign.key_id(public_key).hex()})"
+    lines = [checked, sums_line] if signed is not None else [sums_line, *([checked] if checked else [])]
+    if signed is not None:
+        openssf.check_files(folder, signed, listed)  # the three files SHA256SUMS lists: checked below against it
+        if set(signed.resources) != {*listed, release.SUMS, release.SUMS_SIG}:
+            raise ArtifactError(f"{folder / openssf.SIGNATURE}: signs {sorted(signed.resources)}, not the five files "
+                                f"of this release", openssf.FETCH)
     kinds = {suffix: [n for n in listed if n.endswith(suffix)] for suffix in
              (release.BUNDLE_SUFFIX, release.OLD_BUNDLE_SUFFIX, f".{release.INDEX}", ".intoto.jsonl")}
     kinds = {"bundle": kinds[release.BUNDLE_SUFFIX] + kinds[release.OLD_BUNDLE_SUFFIX],
