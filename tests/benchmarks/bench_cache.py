@@ -1,7 +1,9 @@
 """The shared build cache, as CI uses it: two fresh clones of this repository, one cache in a real OCI registry
 (Debian's docker-registry, started here on loopback), the same keys.
 
-1. both clones' nox venvs are made first (`nox --install-only -s build`, not timed: a CI runner caches them too);
+1. both clones' nox venvs are made first, by a build into a throwaway directory (`nox -s build -- --no-cache --dist
+   DIR`, not timed: a CI runner caches its venvs too; the sessions install into their venvs themselves, so
+   `--install-only` makes none);
 2. clone A: `nox -R -s build` with ORTBUILD_CACHE set: builds every job and pushes it (cold cache);
 3. clone B: the same command: every job pulled, verified and used; B's dist/ must equal A's, byte for byte;
 4. clone A again: `nox -R -s build -- --force --no-cache`: the build alone, the baseline.
@@ -91,7 +93,7 @@ def main() -> None:
             for var in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY", "ORTBUILD_CACHE"):
                 env.pop(var, None)
             for c in ("A", "B"):
-                _nox(root / c, env, "--install-only", "-s", "build")
+                _nox(root / c, env, "-s", "build", "--", "--no-cache", "--dist", str(root / f"warm-{c}"))
             cached = {**env, "ORTBUILD_CACHE": f"oci://{host}/bench-cache"}
             cold, log_a = _nox(root / "A", cached, "-R", "-s", "build")
             warm, log_b = _nox(root / "B", cached, "-R", "-s", "build")
