@@ -20,11 +20,13 @@ import jsonschema
 import pytest
 import requests
 
+from ortbuild.artifact import keygen
 from ortbuild.errors import RegistryError
 from ortbuild.project import precisions
 from ortbuild.publish import modelpack, registry, release
+from tests.test_openssf import model_signing  # noqa: F401  (a session fixture: the upstream CLI)
 from tests.test_registry import oci  # noqa: F401  (a module fixture)
-from tests.test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
+from tests.test_release import SIGNER, cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
 pytestmark = pytest.mark.runtime
 
@@ -52,7 +54,7 @@ CONFIG_SCHEMA: dict[str, Any] = {  # the rules of the spec's config schema
             "precision": {"type": "string"}, "quantization": {"type": "string"}, "capabilities": {"type": "object"}}},
         "modelfs": {"type": "object", "additionalProperties": False, "required": ["type", "diffIds"], "properties": {
             "type": {"enum": ["layers"]}, "diffIds": {"type": "array", "items": {"type": "string"}, "minItems": 1}}}}}
-FILES = ["SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
+FILES = ["SHA256SUMS", "SHA256SUMS.minisig", "model.sig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
          "rel-1.0-cpu.tar"]
 
 
@@ -136,6 +138,23 @@ def test_the_oras_sdk_pull_writes_the_files_and_they_verify(oci: str, pushed: st
     proc = cli("verify", str(out), "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "golden       tiny_cnn: PASS" in proc.stdout, proc.stdout
+
+
+def test_what_oras_pulls_verifies_with_upstream_model_signing_too(oci: str, pushed: str, tmp_path: Path,  # noqa: F811
+                                                                  model_signing: Path) -> None:  # noqa: F811
+    """The ecosystem's two formats together: a ModelPack artifact pulled by another client, its files checked by
+    OpenSSF's own verifier with model-signing.pub, and by `ortbuild verify` with the same key."""
+    import oras.client
+
+    out = tmp_path / "pulled"
+    oras.client.OrasClient(hostname=oci, insecure=True).pull(target=f"{oci}/models/mp:1.0-cpu", outdir=str(out))
+    pub = tmp_path / "model-signing.pub"
+    pub.write_text(keygen.model_signing_public(SIGNER))
+    up = subprocess.run([str(model_signing), "verify", "key", str(out), "--signature", str(out / "model.sig"),
+                         "--public_key", str(pub)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0 and "Verification succeeded" in up.stdout + up.stderr, up.stdout + up.stderr
+    proc = cli("verify", str(out), "--public-key", str(pub), "--no-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_skopeo_copies_it_and_the_files_it_names_verify(oci: str, pushed: str, tmp_path: Path) -> None:  # noqa: F811

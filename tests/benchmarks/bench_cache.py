@@ -8,9 +8,11 @@
 3. clone B: the same command: every job pulled, verified and used; B's dist/ must equal A's, byte for byte;
 4. clone A again: `nox -R -s build -- --force --no-cache`: the build alone, the baseline.
 Prints the three times, the jobs each run built and pulled, and whether the artifacts are identical; exits 1 if
-B built anything or its dist/ differs.
+B built anything or its dist/ differs. `--gib G` adds the same three runs of `ortbuild build` (this Python's
+environment, no nox) on two fresh projects of a generated G GiB model (tests/bigmodels.py, external data) with an
+fp32 and an int8 target: where building costs most, quantization and optimization of real sizes.
 
-    python tests/benchmarks/bench_cache.py [--json OUT]
+    python tests/benchmarks/bench_cache.py [--json OUT] [--gib G]
 """
 
 from __future__ import annotations
@@ -76,14 +78,77 @@ def _counts(log: str) -> dict[str, int]:
     return {s: len(re.findall(rf"^\[[^\]]+\] {s}", log, re.M)) for s in ("building", "pulled")}
 
 
+BIG_TARGETS = """
+[targets.cpu-fp32]
+runtime = "onnxruntime==1.31.1"
+providers = ["CPUExecutionProvider"]
+precision = "fp32"
+
+[targets.cpu-int8]
+runtime = "onnxruntime==1.31.1"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+"""
+
+
+def _big(root: Path, host: str, gib: float) -> dict[str, object]:
+    """Two fresh projects of one generated model: cold cache, warm cache, no cache (module doc)."""
+    sys.path.insert(0, str(REPO))
+    from ortbuild import runtime
+    from tests.bigmodels import dev_keys_env, layers_for, mlp
+
+    model = mlp(root / "big-model", layers=layers_for(gib))
+    runtime_req = f"onnxruntime=={runtime.installed_flavor().version}"  # type: ignore[union-attr]
+    env: dict[str, str] = {}
+    for c in ("P", "Q"):
+        (root / c).mkdir()
+        (root / c / "targets.toml").write_text(
+            f'[project]\nname = "big"\nversion = "1"\n\n[models.mlp]\npath = "{model}"\n'
+            f'inputs = "{model.parent / "inputs.npz"}"\n' + BIG_TARGETS.replace("onnxruntime==1.31.1", runtime_req))
+    env = dev_keys_env(root / "P")
+    env["PYTHONPATH"] = str(REPO)
+
+    def run(c: str, *args: str) -> tuple[float, dict[str, int]]:
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(root / c / "targets.toml"),
+                               "--json", *args], env=env, capture_output=True, text=True)
+        took = time.perf_counter() - t
+        if proc.returncode != 0:
+            sys.exit(f"ortbuild build {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        jobs = json.loads(proc.stdout)["jobs"]
+        return took, {s: sum(j["status"] == s for j in jobs) for s in ("built", "pulled")}
+
+    ref = f"oci://{host}/bench-big"
+    cold, a = run("P", "--cache", ref)
+    warm, b = run("Q", "--cache", ref)
+    same = _digests(root / "P" / "dist") == _digests(root / "Q" / "dist")
+    alone, c = run("P", "--force", "--no-cache")
+    weights = sum(f.stat().st_size for f in model.parent.glob("model.onnx*"))
+    return {"gib": gib, "weights_bytes": weights, "cold_cache_build_and_push_s": round(cold, 1),
+            "warm_cache_pull_s": round(warm, 1), "no_cache_build_s": round(alone, 1), "identical": same,
+            "A": a, "B": b, "baseline": c}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--gib", type=float, help="also a generated model of this many GiB (module doc)")
+    ap.add_argument("--big-only", action="store_true", help="only the generated model's runs (needs --gib)")
     args = ap.parse_args()
+    big: dict[str, object] | None = None
     with tempfile.TemporaryDirectory(prefix="ortbuild-bench-cache-") as tmp:
         root = Path(tmp)
         proc, host = _registry(root)
         try:
+            if args.gib:
+                big = _big(root, host, args.gib)
+                print(f"{args.gib:g} GiB model, 2 jobs (fp32, int8): cold cache {big['cold_cache_build_and_push_s']} s "
+                      f"{big['A']}, warm cache {big['warm_cache_pull_s']} s {big['B']}, no cache "
+                      f"{big['no_cache_build_s']} s; identical: {big['identical']}")
+                if args.big_only:
+                    if args.json:
+                        Path(args.json).write_text(json.dumps({"big": big}, indent=2) + "\n")
+                    sys.exit(0 if big["identical"] else 1)
             for c in ("A", "B"):
                 subprocess.run(["git", "clone", "-q", str(REPO), str(root / c)], check=True)
             subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--out", str(root / "keys")], check=True,
@@ -105,7 +170,8 @@ def main() -> None:
             proc.wait(10)
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "cold_cache_build_and_push_s": round(cold, 1),
            "warm_cache_pull_s": round(warm, 1), "no_cache_build_s": round(alone, 1), "identical": same,
-           "artifact_files": files, "A": _counts(log_a), "B": _counts(log_b), "baseline": _counts(log_c)}
+           "artifact_files": files, "A": _counts(log_a), "B": _counts(log_b), "baseline": _counts(log_c),
+           "big": big}
     print(f"clone A, cold cache (build + push):   {cold:7.1f} s  {out['A']}")
     print(f"clone B, warm cache (pull + verify):  {warm:7.1f} s  {out['B']}")
     print(f"clone A, --force --no-cache (build):  {alone:7.1f} s  {out['baseline']}")
