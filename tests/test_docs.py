@@ -33,6 +33,8 @@ GENERATIVE = "needs torch, transformers and onnxruntime-genai (a generative targ
 SKIPPED: dict[tuple[str, str], str] = {
     ("benchmarks.md", "nox -s benchmark"): "a benchmark: minutes of measurement in per-target virtualenvs",
     ("benchmarks.md", "python tests/benchmarks/bench_fusion.py"): "a benchmark: minutes of measurement",
+    ("benchmarks.md", "python tests/benchmarks/bench_cache.py"): "a benchmark: two fresh clones with their venvs and "
+                                                                  "a registry, minutes",
     ("benchmarks.md", "python tests/benchmarks/bench_tune.py"): "a benchmark: minutes of measurement, and a model "
                                                                  "fetched from PyPI",
     ("benchmarks.md", "ortbuild build --force -t llm-"): "a benchmark of generative targets: " + GENERATIVE,
