@@ -73,7 +73,7 @@ def test_push_pull_verify_through_a_real_registry(oci: str, tested: Path, tmp_pa
     assert man["config"]["mediaType"] == "application/vnd.cncf.model.config.v1+json"  # ModelPack: the default
     assert man["annotations"]["dev.ortbuild.target"] == "cpu"
     assert sorted(layer["annotations"]["org.opencontainers.image.title"] for layer in man["layers"]) == [
-        "SHA256SUMS", "SHA256SUMS.minisig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
+        "SHA256SUMS", "SHA256SUMS.minisig", "model.sig", "rel-1.0-cpu.intoto.jsonl", "rel-1.0-cpu.release.json",
         "rel-1.0-cpu.tar"]
 
     v = cli("verify", ref, "--public-key", pub, cwd=tmp_path)
