@@ -81,9 +81,9 @@ def test_a_second_fresh_project_pulls_every_job_and_ships_the_same_bytes(tmp_pat
 
 
 def _entry(store: Path, jobs: list[dict[str, object]], target: str) -> Path:
-    m = json.loads((Path(str(next(j["artifact"] for j in jobs if j["target"] == target))).parent
-                    / "manifest.json").read_text())
-    return store / m["build_key"]
+    job = next(j for j in jobs if j["target"] == target)
+    m = json.loads((Path(str(job["artifact"])).parent / "manifest.json").read_text())
+    return store / cache.entry_id(m["build_key"], target, str(job["model"]))
 
 
 def test_a_tampered_entry_is_refused_rebuilt_and_replaced(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_an_entry_signed_by_another_key_under_this_key_is_refused(tmp_path: Path
     shutil.rmtree(entry)
     shutil.copytree(_entry(foreign_store, theirs, "cpu"), entry)  # ... planted under our build key
     doc = json.loads((entry / cache.ENTRY).read_text())
-    doc["build_key"] = entry.name
+    doc["entry"] = entry.name
     (entry / cache.ENTRY).write_text(json.dumps(doc))
     again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
     assert statuses(again) == {"cpu/tiny_cnn": "built"}
@@ -197,12 +197,14 @@ def test_an_oci_cache_second_fresh_project_pulls_all_and_a_poisoned_entry_is_ref
     m, _ = manifest.read(folder)
     c = cache.configured(tmp_path / "targets.toml", "", registry_cache, False)
     assert c is not None
-    c.store(key, folder, cache.entry_names(m), {"target": "cpu", "model": "tiny_cnn"})
+    c.store(cache.entry_id(key, "cpu", "tiny_cnn"), folder, cache.entry_names(m),
+            {"target": "cpu", "model": "tiny_cnn"})
     third = build(project(tmp_path / "c"), "--cache", registry_cache)
     assert statuses(third) == {"cpu/tiny_cnn": "built", "cpu-int8/tiny_cnn": "pulled"}
     cpu = next(j for j in third if j["target"] == "cpu")
     warning = next(n for n in cpu["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
-    assert f"{registry_cache}:{key}" in warning and "does not verify" in warning, warning
+    assert f"{registry_cache}:{cache.entry_id(key, 'cpu', 'tiny_cnn')}" in warning and "does not verify" in warning, \
+        warning
     # the rebuild replaced the poisoned entry
     assert statuses(build(project(tmp_path / "d"), "--cache", registry_cache)) == {
         "cpu/tiny_cnn": "pulled", "cpu-int8/tiny_cnn": "pulled"}
@@ -219,3 +221,91 @@ def test_an_unreachable_registry_is_a_warning_and_the_build_goes_on(tmp_path: Pa
     assert statuses(jobs) == {"cpu/tiny_cnn": "built"}
     notes = " ".join(jobs[0]["notes"])  # type: ignore[arg-type]
     assert "WARNING: cache" in notes and "cannot reach" in notes, notes
+
+
+def test_jobs_with_the_same_inputs_under_other_names_have_their_own_entries(tmp_path: Path) -> None:
+    """The build key names no target or model: two targets with equal settings (and one model under two names)
+    have equal keys, but their entries are apart, so neither evicts the other."""
+    twins = TARGETS.split("\n[targets.cpu-int8]")[0]
+    twins += twins.replace("[targets.cpu]", "[targets.server]")
+    store = tmp_path / "cache"
+
+    def make(root: Path) -> Path:
+        cfg = project(root, targets=twins)
+        text = cfg.read_text()
+        cfg.write_text(text.replace("[targets.cpu]", model_table("tiny_cnn").replace("[models.tiny_cnn]",
+                                                                                     "[models.cnn_copy]")
+                                    + "\n[targets.cpu]"))
+        return cfg
+
+    first = build(make(tmp_path / "a"), "--cache", str(store))
+    assert len(first) == 4 and set(statuses(first).values()) == {"built"}
+    assert len([p for p in store.iterdir() if not p.name.startswith(".")]) == 4
+    second = build(make(tmp_path / "b"), "--cache", str(store))
+    assert set(statuses(second).values()) == {"pulled"}, [j["notes"] for j in second]
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    (["manifest.json", "manifest.sig", "model.onnx.enc", "model.onnx.enc/inner"], "as a file and as a directory"),
+    (["manifest.json", 5], "not a list of names"),
+    (["manifest.json", "../../escape"], "is not a file name of an artifact"),
+    (["manifest.json", "manifest.json"], "listed twice"),
+])
+def test_an_entry_whose_file_list_cannot_be_an_artifacts_is_refused_and_rebuilt(tmp_path: Path, files: list[object],
+                                                                                 why: str) -> None:
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    store = tmp_path / "cache"
+    entry = _entry(store, build(project(tmp_path / "a", targets=one), "--cache", str(store)), "cpu")
+    doc = json.loads((entry / cache.ENTRY).read_text())
+    doc["files"] = files
+    (entry / cache.ENTRY).write_text(json.dumps(doc))
+    again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert str(entry) in warning and why in warning, warning
+
+
+def test_a_symlink_inside_a_directory_entry_is_refused(tmp_path: Path) -> None:
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    store = tmp_path / "cache"
+    entry = _entry(store, build(project(tmp_path / "a", targets=one), "--cache", str(store)), "cpu")
+    shutil.move(entry / "loader", tmp_path / "elsewhere")
+    (entry / "loader").symlink_to(tmp_path / "elsewhere")
+    again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    assert any("is not a plain file of the entry" in n for n in again[0]["notes"])  # type: ignore[attr-defined]
+
+
+def test_a_registry_answering_errors_is_asked_once_and_the_build_goes_on(tmp_path: Path) -> None:
+    """A registry that answers 500 (ORAS would retry each request for minutes): one warning, the cache is off for
+    the rest of the build, every job built, fast."""
+    import http.server
+    import threading
+    import time
+
+    asked: list[str] = []
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200 if self.path == "/v2/" else 500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_POST = do_PUT = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t = time.perf_counter()
+        jobs = build(project(tmp_path / "a"), "--cache", f"oci://127.0.0.1:{server.server_port}/cache", "-j", "1")
+        took = time.perf_counter() - t
+    finally:
+        server.shutdown()
+    assert set(statuses(jobs).values()) == {"built"}
+    warnings = [n for j in jobs for n in j["notes"] if "WARNING" in n]  # type: ignore[attr-defined]
+    assert len(warnings) == 1 and "answered 500" in warnings[0] and "not used for the rest" in warnings[0], warnings
+    assert len([p for p in asked if p != "/v2/"]) == 1 and took < 60, (asked, took)

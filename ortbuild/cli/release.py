@@ -275,7 +275,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from ortbuild.pipeline import cache  # not at import: the matrix is printed where little is installed
 
     shared = cache.configured(project.file, project.cache, args.cache, False)
-    include = [{"target": n, "cache": shared.where if shared else "", "runs-on": list(project.targets[n].runner),
+    # a directory as the runners' checkout reaches it: relative to the directory the matrix is made in (CI's
+    # checkout root) where it lies below it
+    where = "" if shared is None else shared.where if shared.is_oci or not Path(shared.where).is_relative_to(
+        Path.cwd()) else os.path.relpath(shared.where)
+    include = [{"target": n, "cache": where, "runs-on": list(project.targets[n].runner),
                 "runtime": project.targets[n].runtime_text,
                 "required": project.targets[n].require, "session": project.targets[n].session("test"),
                 "release_session": project.targets[n].session("release"),

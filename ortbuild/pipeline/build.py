@@ -248,7 +248,7 @@ class Builder:
             if reuse_only and reused is None:
                 return None
             pulled, cache_notes = False, list[str]()
-            if reused is None and self.cache is not None and not self.force:
+            if reused is None and self.cache is not None and not self.force:  # never read by a forced build
                 reused = self._pull(prep, cache_notes)
                 pulled = reused is not None
                 if pulled and why and why.startswith("TAMPERED"):
@@ -317,35 +317,43 @@ class Builder:
         """The job's artifact from the cache, verified and installed into dist/, or None (a miss, or an entry
         refused: a warning in the job's notes names it and why; the job is then built)."""
         assert self.cache is not None
-        self.cache_where, entry = self.cache.where, self.cache.entry(prep.key)
+        if not prep.job.settings.encrypt:
+            return None  # never stored (cache_.PLAINTEXT): _push says so
+        entry = cache_.entry_id(prep.key, prep.job.target.name, prep.job.model.name)
+        shown = self.cache.shown(entry)
         top = cache_.staging(self.dist)
+        folder = top / prep.job.target.name / prep.job.model.name
         try:
-            folder = top / prep.job.target.name / prep.job.model.name
             folder.mkdir(parents=True, mode=0o700)
-            got = self.cache.fetch(prep.key, folder)
+            got = self.cache.fetch(entry, folder)
             if got is None:
                 return None
             why, m = buildkey.published(folder, prep.key, prep.secrets.signing, prep.key_parts,
                                         prep.secrets.encryption)
-            refusal = (f"its manifest {why}" if m is None else cache_.cacheable(m)
+            refusal = (f"its manifest: {why}" if m is None else cache_.cacheable(m)
                        or next((f"it lacks {n}" for n in cache_.entry_names(m) if n not in got), None))
             if refusal is None and m is not None:
                 cache_.install(folder, prep.out_dir, cache_.entry_names(m), self.dist)
-                notes.append(f"pulled from the cache ({entry})")
+                notes.append(f"pulled from the cache ({shown})")
                 return m
         except cache_.CacheProblem as e:
-            if "cannot reach" in e.message:  # once is enough: this builder asks it nothing more
-                self.cache = None
-            notes.append(f"WARNING: cache {self.cache_where}: {e.message}; building it")
-            self.progress(prep.job.name, PhaseStarted(notes[-1]))
+            self._cache_off(prep, notes, e.message)
             return None
         except OrtbuildError as e:  # Tampered, WrongKey, ArtifactError: the entry is not this build's artifact
-            refusal = f"{e.label}: {e.message}".replace(str(folder) + ": ", "").replace(str(folder), "the entry")
+            refusal = (f"{e.label}: " + e.message.removeprefix(f"cache entry {shown}: ")
+                       .replace(f"{folder}/", "").replace(f"{folder}: ", "").replace(str(folder), "the entry"))
         finally:
             shutil.rmtree(top, ignore_errors=True)
-        notes.append(f"WARNING: cache entry {entry} refused ({refusal}); building it, the build replaces it")
+        notes.append(f"WARNING: cache entry {shown} refused ({refusal}); building it, the build replaces it")
         self.progress(prep.job.name, PhaseStarted(notes[-1]))
         return None
+
+    def _cache_off(self, prep: Prepared, notes: list[str], problem: str) -> None:
+        """A cache that cannot be read or written is asked nothing more by this builder (each request could stall
+        every job for its timeouts); the build goes on."""
+        notes.append(f"WARNING: cache {self.cache_where}: {problem}; not used for the rest of this build")
+        self.progress(prep.job.name, PhaseStarted(notes[-1]))
+        self.cache = None
 
     def _push(self, prep: Prepared, m: manifest.Manifest, notes: list[str]) -> None:
         """Put a built artifact into the cache (a sealed one only); a failure is a warning."""
@@ -354,12 +362,13 @@ class Builder:
         if why:
             notes.append(f"not cached: {why}")
             return
+        entry = cache_.entry_id(prep.key, prep.job.target.name, prep.job.model.name)
+        self.progress(prep.job.name, PhaseStarted(f"storing it in the cache ({self.cache.shown(entry)})"))
         try:
-            self.cache.store(prep.key, prep.out_dir, cache_.entry_names(m),
-                             {"target": prep.job.target.name, "model": prep.job.model.name})
-        except (cache_.CacheProblem, OSError) as e:
-            text = e.message if isinstance(e, cache_.CacheProblem) else str(e)
-            notes.append(f"WARNING: cache {self.cache.where}: cannot store the artifact: {text}")
+            self.cache.store(entry, prep.out_dir, cache_.entry_names(m),
+                             {"build_key": prep.key, "target": prep.job.target.name, "model": prep.job.model.name})
+        except cache_.CacheProblem as e:
+            self._cache_off(prep, notes, e.message)
 
 
 def _pipeline_of(prep: Prepared) -> tuple[stages.Step, ...]:

@@ -1,9 +1,10 @@
 """The shared build cache: sealed artifacts by build key, in a directory or an OCI registry (docs/cache.md).
 
 Where: `--cache oci://host[:port]/repository` or `--cache DIR`, else $ORTBUILD_CACHE, else [project] cache (a
-directory there is relative to targets.toml); `--no-cache` turns it off. One entry per build key (the key names
-everything the artifact depends on, the signing key id and the encryption's included): in a directory
-`DIR/<key>/`, in a registry the tag `<key>` of the repository, one layer per file.
+directory there is relative to targets.toml); `--no-cache` turns it off. One entry per job: its name is the
+sha256 of the build key (everything the artifact depends on, the signing key id included), the target and the
+model (two jobs with the same inputs under other names are two entries); in a directory `DIR/<entry>/`, in a
+registry the tag `<entry>` of the repository, one layer per file.
 
 An entry is what a build publishes in dist/<target>/<model>/ and nothing else: the signed manifest, its
 signature and the files it signs (the encrypted model, the loaders). A target that does not encrypt
@@ -12,13 +13,15 @@ signature and the files it signs (the encrypted model, the loaders). A target th
 Nothing the cache holds is trusted: a hit is downloaded into a private partial directory of dist/, and used only
 if its manifest verifies with the configured signing key, names this target, model and build key, every file
 matches it and the configured encryption key opens it (buildkey.published, as for dist/ itself). Anything else
-(another key's signature, a changed byte, another build key under this one's name) is refused with a warning
-naming the entry, the job is built, and the build's artifact replaces the entry. The cache is an accelerator: a
-cache that cannot be reached, or refuses a push, is a warning, never a failed build.
+(another key's signature, a changed byte, another build key under this one's name) is refused (Tampered) with a
+warning naming the entry, the job is built, and the build's artifact replaces the entry. The cache is an
+accelerator: one that cannot be reached or answers an error (CacheProblem) is a warning, it is asked nothing more
+in that build, and the build goes on. Registry requests are made once each (no retries) with timeouts.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,15 +46,16 @@ if TYPE_CHECKING:
 ENTRY_TYPE = "application/vnd.ortbuild.cache.entry.v1+json"     # the OCI config: entry.json
 FILE_TYPE = "application/vnd.ortbuild.cache.file.v1"             # every file's layer
 ENTRY = "entry.json"                                             # what the entry holds, beside its files
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 MAX_FILE = 64 << 30
 MAX_SMALL = 1 << 20
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
-KEY = re.compile(r"^[0-9a-f]{64}$")
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+TIMEOUT = (10.0, 60.0)           # seconds to connect, and between two reads, for every registry request
+REFUSED = "the entry is refused; this build replaces it"
 
 
 class CacheProblem(OrtbuildError):
-    """The cache could not be read or written (a warning: the job builds)."""
+    """The cache could not be read or written (a warning: the job builds, the cache is asked nothing more)."""
 
 
 @dataclass(frozen=True)
@@ -59,57 +63,63 @@ class Cache:
     """A configured cache: `spec` as given, `where` resolved (an absolute directory or an oci:// reference)."""
 
     spec: str
-    source: str                  # --cache, $ORTBUILD_CACHE or the targets.toml key
+    source: str                  # --cache, $ORTBUILD_CACHE or project.cache
     where: str
 
     @property
     def is_oci(self) -> bool:
         return self.where.startswith("oci://")
 
-    def entry(self, key: str) -> str:
+    def shown(self, entry: str) -> str:
         """The entry's name, for messages."""
-        return f"{self.where}:{key}" if self.is_oci else str(Path(self.where) / key)
+        return f"{self.where}:{entry}" if self.is_oci else str(Path(self.where) / entry)
 
-    def fetch(self, key: str, dest: Path) -> dict[str, Path] | None:
+    def fetch(self, entry: str, dest: Path) -> dict[str, Path] | None:
         """Download the entry into `dest` (an empty directory); its files by name, or None (no entry)."""
-        return _oci_fetch(self, key, dest) if self.is_oci else _dir_fetch(Path(self.where), key, dest)
+        return _oci_fetch(self, entry, dest) if self.is_oci else _dir_fetch(Path(self.where), entry, dest)
 
-    def store(self, key: str, folder: Path, names: list[str], info: dict[str, str]) -> None:
-        """Put the files `names` of `folder` (an artifact directory) as the entry of `key` (replacing one)."""
-        doc = json.dumps({"format": "ortbuild-cache-v1", "build_key": key, **info, "files": names,
+    def store(self, entry: str, folder: Path, names: list[str], info: dict[str, str]) -> None:
+        """Put the files `names` of `folder` (an artifact directory) as the entry (replacing one)."""
+        doc = json.dumps({"format": "ortbuild-cache-v1", "entry": entry, **info, "files": names,
                           "ortbuild": __version__}, indent=2, sort_keys=True).encode() + b"\n"
         if self.is_oci:
-            _oci_store(self, key, folder, names, doc)
+            _oci_store(self, entry, folder, names, doc)
         else:
-            _dir_store(Path(self.where), key, folder, names, doc)
+            _dir_store(Path(self.where), entry, folder, names, doc)
+
+
+def entry_id(build_key: str, target: str, model: str) -> str:
+    """A job's entry name: the build key does not name the target or the model (equal inputs, equal key)."""
+    return hashlib.sha256(f"ortbuild-cache-v1\0{build_key}\0{target}\0{model}".encode()).hexdigest()
 
 
 def configured(project_file: Path, project_cache: str, flag: str | None, off: bool) -> Cache | None:
     """The cache this command uses (module doc), or None; a malformed one is a ConfigError naming its source."""
     if off:
         return None
-    if flag:
-        spec, source, base = flag, "--cache", Path.cwd()
+    if flag is not None:
+        spec, source, file, base = flag, "--cache", "the command line", Path.cwd()
     elif os.environ.get("ORTBUILD_CACHE"):
-        spec, source, base = os.environ["ORTBUILD_CACHE"], "$ORTBUILD_CACHE", Path.cwd()
+        spec, source, file, base = os.environ["ORTBUILD_CACHE"], "$ORTBUILD_CACHE", "the environment", Path.cwd()
     elif project_cache:
-        spec, source, base = project_cache, "project.cache", project_file.parent
+        spec, source, file, base = project_cache, "project.cache", str(project_file), project_file.parent
     else:
         return None
-    file = str(project_file) if source == "project.cache" else source
 
     def fail(message: str, hint: str) -> ConfigError:
         return ConfigError(file, source, message, hint)
 
+    if not spec.strip():
+        raise fail("empty", "write oci://host[:port]/repository or a directory (--no-cache: none)")
     if spec.startswith("oci://"):
         try:
             ref = oci.parse(spec)
         except RegistryError as e:
-            raise fail(e.message, "write oci://host[:port]/repository (no tag: each entry's tag is its build key), "
+            raise fail(e.message, "write oci://host[:port]/repository (no tag: each entry's tag is its name), "
                                   "or a directory") from None
         if ref.tag:
             raise fail(f"{spec}: a cache is a repository, not a tag",
-                       f"write oci://{ref.registry}/{ref.repository} (each entry's tag is its build key)")
+                       f"write oci://{ref.registry}/{ref.repository} (each entry's tag is its name)")
         return Cache(spec, source, str(ref))
     if "://" in spec:
         raise fail(f"{spec!r}: unknown cache scheme", "write oci://host[:port]/repository or a directory")
@@ -128,17 +138,12 @@ def entry_names(m: manifest.Manifest) -> list[str]:
                                                               if what != "golden file"})]
 
 
+PLAINTEXT = "not encrypted (encrypt = false): a plaintext model never leaves this machine"
+
+
 def cacheable(m: manifest.Manifest) -> str | None:
     """Why an artifact is never cached, or None."""
-    if m.encryption is None:
-        return "not encrypted (encrypt = false): a plaintext model never leaves this machine"
-    return None
-
-
-@dataclass(frozen=True)
-class Staged:
-    folder: Path                 # dist/.cache.<hex>.partial/<target>/<model>/: the downloaded entry
-    files: dict[str, Path]
+    return PLAINTEXT if m.encryption is None else None
 
 
 def staging(dist: Path) -> Path:
@@ -167,108 +172,159 @@ def install(staged: Path, out_dir: Path, names: list[str], root: Path) -> None:
         publish(staged / name, paths.inside(out_dir, *name.split("/")), root)
 
 
+def _names_problem(names: object) -> str | None:
+    """Why an entry's list of file names cannot be an artifact's, or None: each a relative name of plain parts,
+    once, none the directory of another."""
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return "its file list is not a list of names"
+    bad = next((n for n in names if not NAME.match(n)), None)
+    if bad is not None:
+        return f"{bad[:80]!r} is not a file name of an artifact"
+    if len(set(names)) != len(names):
+        return "a file is listed twice"
+    dirs = {"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)}
+    clash = sorted(dirs & set(names))
+    return f"{clash[0]!r} is listed as a file and as a directory" if clash else None
+
+
+def _receive(dest: Path, name: str) -> Path:
+    out = dest / name
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return out
+
+
 # ----------------------------------------------------------------------------------------- a directory
 
-def _dir_fetch(root: Path, key: str, dest: Path) -> dict[str, Path] | None:
-    folder = root / key
-    if not folder.is_dir():
+def _dir_fetch(root: Path, entry: str, dest: Path) -> dict[str, Path] | None:
+    folder = root / entry
+    if not folder.exists() and not folder.is_symlink():
         return None
     try:
-        info = json.loads((folder / ENTRY).read_bytes()[:MAX_SMALL])
-        names = info["files"]
-        if info.get("build_key") != key or not isinstance(names, list):
-            raise ValueError("entry.json names another build key, or no files")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise Tampered(f"cache entry {folder}: unreadable {ENTRY} ({e})",
-                       "the entry is replaced by this build") from None
-    got: dict[str, Path] = {}
-    for name in names:
-        src = folder / name
-        if not isinstance(name, str) or not NAME.match(name) or name in got or src.is_symlink() or not src.is_file():
-            raise Tampered(f"cache entry {folder}: {name!r} is not a plain file of the entry",
-                           "the entry is replaced by this build")
-        out = dest / name
-        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        shutil.copyfile(src, out)
-        os.chmod(out, 0o600)
-        got[name] = out
-    return got
+        if folder.is_symlink() or not folder.is_dir() or (folder / ENTRY).is_symlink():
+            raise Tampered(f"cache entry {folder}: not a plain directory", REFUSED)
+        try:
+            info = json.loads((folder / ENTRY).read_bytes()[:MAX_SMALL])
+            names = info["files"] if isinstance(info, dict) and info.get("entry") == entry else None
+        except (ValueError, KeyError, FileNotFoundError) as e:
+            raise Tampered(f"cache entry {folder}: unreadable {ENTRY} ({e})", REFUSED) from None
+        problem = _names_problem(names) if names is not None else f"{ENTRY} names another entry"
+        if problem:
+            raise Tampered(f"cache entry {folder}: {problem}", REFUSED)
+        assert isinstance(names, list)
+        got: dict[str, Path] = {}
+        for name in names:
+            parts = name.split("/")
+            if any((folder.joinpath(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1)) or \
+                    not (folder / name).is_file():
+                raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
+            out = _receive(dest, name)
+            shutil.copyfile(folder / name, out)
+            os.chmod(out, 0o600)
+            got[name] = out
+        return got
+    except OSError as e:  # unreadable, or changed while read (another build storing it)
+        raise CacheProblem(f"cannot read the cache entry {folder}: {e.strerror or e}") from None
 
 
-def _dir_store(root: Path, key: str, folder: Path, names: list[str], doc: bytes) -> None:
-    """Write the entry beside its place, then rename it there (an old entry of the key is moved aside first and
-    removed): a reader sees a whole entry or none."""
-    root.mkdir(parents=True, exist_ok=True)
-    part = root / f".{key}.{secrets.token_hex(4)}.partial"
-    part.mkdir(mode=0o755)
+def _dir_store(root: Path, entry: str, folder: Path, names: list[str], doc: bytes) -> None:
+    """Write the entry beside its place, then rename it there (an old entry is moved aside first and removed):
+    a reader sees a whole entry or none."""
+    part = root / f".{entry}.{secrets.token_hex(4)}.partial"
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        part.mkdir(mode=0o755)
         for name in names:
             out = part / name
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / name, out)
         atomic_write(part / ENTRY, doc, root=part, mode=0o644)
-        final = root / key
-        old = root / f".{key}.{secrets.token_hex(4)}.old.partial"
-        if final.exists():
+        final = root / entry
+        old = root / f".{entry}.{secrets.token_hex(4)}.old.partial"
+        if final.exists() or final.is_symlink():
             os.replace(final, old)
         os.replace(part, final)
         shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise CacheProblem(f"cannot write {root}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(part, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------- an OCI registry
 
-def _oci(cache: Cache, key: str) -> tuple[Ref, oras.client.OrasClient, Any]:
-    ref = oci.parse(cache.where).with_tag(key)
+def _oci(cache: Cache, entry: str) -> tuple[Ref, oras.client.OrasClient, Any]:
+    """The entry's reference and a client that asks once per request (ORAS retries an error five times, for
+    minutes: a cache is worth less than that), with timeouts."""
+    import requests.adapters
+
+    ref = oci.parse(cache.where).with_tag(entry)
     try:
         client = oci.client(ref)
     except RegistryError as e:
         raise CacheProblem(e.message) from None
-    return ref, client, client.get_container(f"{ref.registry}/{ref.repository}:{key}")
+
+    class Timed(requests.adapters.HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            kwargs["timeout"] = kwargs.get("timeout") or TIMEOUT
+            return super().send(request, *args, **kwargs)
+
+    for scheme in ("http://", "https://"):
+        client.session.mount(scheme, Timed())
+    once = getattr(type(client).do_request, "__wrapped__", None)
+    if once is not None:
+        client.do_request = functools.partial(once, client)
+    return ref, client, client.get_container(f"{ref.registry}/{ref.repository}:{entry}")
 
 
-def _oci_fetch(cache: Cache, key: str, dest: Path) -> dict[str, Path] | None:
+def _failed(ref: Ref, action: str, e: Exception) -> CacheProblem:
+    text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+    return CacheProblem(f"cannot {action} {ref}: {text}")
+
+
+def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     import requests
 
-    ref, client, container = _oci(cache, key)
+    ref, client, container = _oci(cache, entry)
     try:
         r = client.do_request(f"{client.prefix}://{container.manifest_url()}", "GET",
                               headers={"Accept": MANIFEST_TYPE})
         if r.status_code == 404:
             return None
         if r.status_code != 200:
-            raise CacheProblem(f"{ref}: the registry answered {r.status_code} to the manifest")
+            raise CacheProblem(f"cannot read {ref}: the registry answered {r.status_code}")
         man = r.json()
     except (requests.RequestException, ValueError) as e:
-        raise CacheProblem(f"cannot read {ref}: {str(e).strip()[:300]}") from None
-    if not isinstance(man, dict) or (man.get("config") or {}).get("mediaType") != ENTRY_TYPE:
-        raise Tampered(f"cache entry {ref}: not an ortbuild cache entry", "the entry is replaced by this build")
+        raise _failed(ref, "read", e) from None
+    layers = man.get("layers") if isinstance(man, dict) else None
+    config = man.get("config") if isinstance(man, dict) else None
+    if not isinstance(config, dict) or config.get("mediaType") != ENTRY_TYPE or not isinstance(layers, list) or \
+            not all(isinstance(x, dict) for x in layers):
+        raise Tampered(f"cache entry {ref}: not an ortbuild cache entry", REFUSED)
+    names = [(x.get("annotations") or {}).get("org.opencontainers.image.title") if isinstance(
+        x.get("annotations"), dict | None) else None for x in layers]
+    problem = _names_problem(names)
+    if problem:
+        raise Tampered(f"cache entry {ref}: {problem}", REFUSED)
     got: dict[str, Path] = {}
-    for layer in man.get("layers") or []:
-        name = ((layer.get("annotations") or {}).get("org.opencontainers.image.title", "")
-                if isinstance(layer, dict) else "")
+    for name, layer in zip(names, layers, strict=True):
+        assert isinstance(name, str)
         size, digest = layer.get("size"), str(layer.get("digest", ""))
-        if layer.get("mediaType") != FILE_TYPE or not NAME.match(name) or name in got or \
-                not isinstance(size, int) or not 0 <= size <= MAX_FILE or not re.fullmatch(r"sha256:[0-9a-f]{64}",
-                                                                                          digest):
-            raise Tampered(f"cache entry {ref}: layer {name!r} is not a file of an entry, or is listed twice",
-                           "the entry is replaced by this build")
-        out = dest / name
-        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        got[name] = out
-        _download(client, container, ref, name, size, digest, out)
+        if layer.get("mediaType") != FILE_TYPE or not isinstance(size, int) or not 0 <= size <= MAX_FILE or \
+                not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise Tampered(f"cache entry {ref}: layer {name} is not a file of an entry", REFUSED)
+        got[name] = _download(client, container, ref, name, size, digest, _receive(dest, name))
     return got
 
 
 def _download(client: oras.client.OrasClient, container: Any, ref: Ref, name: str, size: int, digest: str,
-              out: Path) -> None:
+              out: Path) -> Path:
     import requests
 
     h, n = hashlib.sha256(), 0
     try:
         with client.get_blob(container, digest, stream=True) as r, open(out, "xb") as f:
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise CacheProblem(f"cannot download {name} of {ref}: the registry answered {r.status_code}")
             for chunk in r.iter_content(chunk_size=1 << 20):
                 n += len(chunk)
                 if n > size:
@@ -276,16 +332,17 @@ def _download(client: oras.client.OrasClient, container: Any, ref: Ref, name: st
                 h.update(chunk)
                 f.write(chunk)
     except (requests.RequestException, OSError) as e:
-        raise CacheProblem(f"cannot download {name} of {ref}: {str(e).strip()[:300]}") from None
+        raise _failed(ref, f"download {name} of", e) from None
     if n != size or "sha256:" + h.hexdigest() != digest:
-        raise Tampered(f"cache entry {ref}: {name} does not match its layer's digest", "the entry is replaced")
+        raise Tampered(f"cache entry {ref}: {name} does not match its layer's digest", REFUSED)
+    return out
 
 
-def _oci_store(cache: Cache, key: str, folder: Path, names: list[str], doc: bytes) -> None:
+def _oci_store(cache: Cache, entry: str, folder: Path, names: list[str], doc: bytes) -> None:
     import oras.oci
     import requests
 
-    ref, client, container = _oci(cache, key)
+    ref, client, container = _oci(cache, entry)
     try:
         with tempfile.TemporaryDirectory(prefix="ortbuild-cache-") as tmp:
             conf_path = Path(tmp) / ENTRY
@@ -299,13 +356,12 @@ def _oci_store(cache: Cache, key: str, folder: Path, names: list[str], doc: byte
                 _check(client.upload_blob(str(folder / name), container, layer, do_chunked=True), ref, name)
                 layers.append(layer)
             man = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": conf, "layers": layers,
-                   "annotations": {"dev.ortbuild.build-key": key, "dev.ortbuild.ortbuild": __version__}}
+                   "annotations": {"dev.ortbuild.cache-entry": entry, "dev.ortbuild.ortbuild": __version__}}
             _check(client.upload_manifest(man, container), ref, "the manifest")
     except (requests.RequestException, ValueError, OSError) as e:
-        raise CacheProblem(f"cannot push {ref}: {str(e).strip()[:300]}") from None
+        raise _failed(ref, "push to", e) from None
 
 
 def _check(r: Any, ref: Ref, what: str) -> None:
     if r.status_code not in (200, 201, 202):
         raise CacheProblem(f"cannot push {what} to {ref}: the registry answered {r.status_code}")
-
