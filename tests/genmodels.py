@@ -70,7 +70,7 @@ def llm_digest() -> str:
 
 
 @contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
+def locked(lock: Path) -> Iterator[None]:
     """An exclusive lock on `lock` (POSIX flock; elsewhere no lock: the atomic rename still keeps the cache whole,
     concurrent workers then merely train twice)."""
     try:
@@ -98,7 +98,7 @@ def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Pat
     final = root / name
     if (final / DONE).is_file():
         return final
-    with _locked(root / f"{name}.lock"):
+    with locked(root / f"{name}.lock"):
         if (final / DONE).is_file():  # made by another worker while this one waited
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=root))

@@ -7,7 +7,6 @@ release and refusing it after a one-byte change."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
@@ -15,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from ortbuild.artifact import keygen, keys, p256
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered
 from ortbuild.publish import deploy, openssf, verify
-from tests.genmodels import default_cache_root
+from tests.genmodels import default_cache_root, locked
 from tests.test_release import SIGNER, cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
 MODEL_SIGNING = "1.1.1"
@@ -275,18 +273,6 @@ def test_pull_places_a_release_verified_with_model_signing_pub(released: Path, t
 
 # ------------------------------------------------------------------------------------ the upstream CLI
 
-@contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    import fcntl
-
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
 def model_signing() -> Path:
     """The upstream `model_signing` command (model-signing 1.1.1), in a venv made once per machine and Python
@@ -296,7 +282,7 @@ def model_signing() -> Path:
     venv = root / f"model-signing-{MODEL_SIGNING}-py{sys.version_info.major}.{sys.version_info.minor}"
     done = venv / ".ortbuild-installed"
     if not done.is_file():
-        with _locked(root / f"{venv.name}.lock"):
+        with locked(root / f"{venv.name}.lock"):
             if not done.is_file():
                 shutil.rmtree(venv, ignore_errors=True)
                 made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
