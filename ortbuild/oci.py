@@ -1,5 +1,6 @@
-"""OCI registries: references (`oci://host[:port]/repository[:tag]`) and a client for one (the ORAS Python SDK,
-imported lazily), shared by releases (ortbuild.publish.registry) and the build cache (ortbuild.pipeline.cache).
+"""OCI registries: references (`oci://host[:port]/repository[:tag]`), a client for one (the ORAS Python SDK,
+imported lazily), and the two transfers both users make, pushing an artifact of files and streaming a checked
+blob into a file; shared by releases (ortbuild.publish.registry) and the build cache (ortbuild.pipeline.cache).
 
 Loopback registries are spoken to over plain HTTP; others over HTTPS unless ORTBUILD_REGISTRY_INSECURE=1.
 Credentials come from the Docker config (~/.docker/config.json, `docker login`), as with oras.
@@ -7,16 +8,22 @@ Credentials come from the Docker config (~/.docker/config.json, `docker login`),
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.errors import RegistryError
 
 if TYPE_CHECKING:
     import oras.client
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 
 REF = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?/"
                  r"(?P<repo>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
@@ -79,3 +86,46 @@ def fail(ref: Ref, action: str, e: Exception) -> RegistryError:
     text = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
     return RegistryError(f"{action} {ref}: {text}", "is the registry running and reachable, and are you logged in "
                                                    "(`docker login`)? Loopback registries use HTTP, others HTTPS")
+
+
+def push_artifact(ref: Ref, client: oras.client.OrasClient, container: Any,
+                  blobs: Sequence[tuple[Path, dict[str, Any]]], config: bytes, config_type: str,
+                  annotations: dict[str, str], artifact_type: str | None = None) -> Any:
+    """Push an OCI artifact: each (file, layer descriptor) blob in 16 MiB pieces (never whole in memory), then the
+    config blob (`config`, of `config_type`), then the manifest; the manifest's response. A refusal is a
+    RegistryError naming what was refused."""
+    def sent(r: Any, what: str) -> Any:
+        if r.status_code not in (200, 201, 202):
+            raise RegistryError(f"cannot push {what} to {ref}: HTTP {r.status_code} {r.text.strip()[:300]}",
+                                "is the repository writable with your login (`docker login`)?")
+        return r
+
+    for path, desc in blobs:
+        sent(client.upload_blob(str(path), container, desc, do_chunked=True), path.name)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-push-") as tmp:
+        (Path(tmp) / "config.json").write_bytes(config)
+        conf = {"mediaType": config_type, "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                "size": len(config)}
+        sent(client.upload_blob(str(Path(tmp) / "config.json"), container, conf), "the config")
+    manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": conf,
+                                "layers": [desc for _, desc in blobs], "annotations": annotations}
+    if artifact_type is not None:
+        manifest["artifactType"] = artifact_type
+    return sent(client.upload_manifest(manifest, container), "the manifest")
+
+
+def download(client: oras.client.OrasClient, container: Any, digest: str, size: int,
+             out: Path) -> Literal["longer", "digest"] | None:
+    """Stream the blob `digest` into the new file `out` (created exclusively, 1 MiB at a time, never whole in
+    memory): None when its bytes are the layer's, else why not ("longer": more than `size` bytes, read no further;
+    "digest": another size or digest). An HTTP error status, requests' and file errors are the caller's to name."""
+    h, n = hashlib.sha256(), 0
+    with client.get_blob(container, digest, stream=True) as r, open(out, "xb") as f:
+        r.raise_for_status()
+        for chunk in r.iter_content(chunk_size=1 << 20):
+            n += len(chunk)
+            if n > size:
+                return "longer"
+            h.update(chunk)
+            f.write(chunk)
+    return None if n == size and "sha256:" + h.hexdigest() == digest else "digest"

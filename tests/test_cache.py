@@ -198,7 +198,7 @@ def test_an_oci_cache_second_fresh_project_pulls_all_and_a_poisoned_entry_is_ref
     c = cache.configured(tmp_path / "targets.toml", "", registry_cache, False)
     assert c is not None
     c.store(cache.entry_id(key, "cpu", "tiny_cnn"), folder, cache.entry_names(m),
-            {"target": "cpu", "model": "tiny_cnn"})
+            {"target": "cpu", "model": "tiny_cnn"}, {n: sha for n, sha, _, _ in m.signed_files()})
     third = build(project(tmp_path / "c"), "--cache", registry_cache)
     assert statuses(third) == {"cpu/tiny_cnn": "built", "cpu-int8/tiny_cnn": "pulled"}
     cpu = next(j for j in third if j["target"] == "cpu")

@@ -366,7 +366,8 @@ class Builder:
         self.progress(prep.job.name, PhaseStarted(f"storing it in the cache ({self.cache.shown(entry)})"))
         try:
             self.cache.store(entry, prep.out_dir, cache_.entry_names(m),
-                             {"build_key": prep.key, "target": prep.job.target.name, "model": prep.job.model.name})
+                             {"build_key": prep.key, "target": prep.job.target.name, "model": prep.job.model.name},
+                             {name: sha for name, sha, _, _ in m.signed_files()})
         except cache_.CacheProblem as e:
             self._cache_off(prep, notes, e.message)
 

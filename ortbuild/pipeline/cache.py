@@ -28,7 +28,7 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ortbuild import __version__, oci, paths
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, OrtbuildError, RegistryError, Tampered
-from ortbuild.files import atomic_write, publish, safe_mkdir
+from ortbuild.files import atomic_write, publish, safe_mkdir, sha256_file
 
 if TYPE_CHECKING:
     import oras.client
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 ENTRY_TYPE = "application/vnd.ortbuild.cache.entry.v1+json"     # the OCI config: entry.json
 FILE_TYPE = "application/vnd.ortbuild.cache.file.v1"             # every file's layer
 ENTRY = "entry.json"                                             # what the entry holds, beside its files
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 MAX_FILE = 64 << 30
 MAX_SMALL = 1 << 20
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
@@ -78,12 +77,14 @@ class Cache:
         """Download the entry into `dest` (an empty directory); its files by name, or None (no entry)."""
         return _oci_fetch(self, entry, dest) if self.is_oci else _dir_fetch(Path(self.where), entry, dest)
 
-    def store(self, entry: str, folder: Path, names: list[str], info: dict[str, str]) -> None:
-        """Put the files `names` of `folder` (an artifact directory) as the entry (replacing one)."""
+    def store(self, entry: str, folder: Path, names: list[str], info: dict[str, str],
+              digests: Mapping[str, str]) -> None:
+        """Put the files `names` of `folder` (an artifact directory) as the entry (replacing one); `digests`: the
+        sha256 of those the caller knows (the manifest's: a registry is told them, nothing is hashed again)."""
         doc = json.dumps({"format": "ortbuild-cache-v1", "entry": entry, **info, "files": names,
                           "ortbuild": __version__}, indent=2, sort_keys=True).encode() + b"\n"
         if self.is_oci:
-            _oci_store(self, entry, folder, names, doc)
+            _oci_store(self, entry, folder, names, doc, digests)
         else:
             _dir_store(Path(self.where), entry, folder, names, doc)
 
@@ -287,7 +288,7 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     ref, client, container = _oci(cache, entry)
     try:
         r = client.do_request(f"{client.prefix}://{container.manifest_url()}", "GET",
-                              headers={"Accept": MANIFEST_TYPE})
+                              headers={"Accept": oci.MANIFEST_TYPE})
         if r.status_code == 404:
             return None
         if r.status_code != 200:
@@ -312,56 +313,28 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
         if layer.get("mediaType") != FILE_TYPE or not isinstance(size, int) or not 0 <= size <= MAX_FILE or \
                 not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise Tampered(f"cache entry {ref}: layer {name} is not a file of an entry", REFUSED)
-        got[name] = _download(client, container, ref, name, size, digest, _receive(dest, name))
+        out = _receive(dest, name)
+        try:
+            if oci.download(client, container, digest, size, out) is not None:
+                raise Tampered(f"cache entry {ref}: {name} does not match its layer's digest", REFUSED)
+        except (requests.RequestException, OSError) as e:
+            raise _failed(ref, f"download {name} of", e) from None
+        got[name] = out
     return got
 
 
-def _download(client: oras.client.OrasClient, container: Any, ref: Ref, name: str, size: int, digest: str,
-              out: Path) -> Path:
-    import requests
-
-    h, n = hashlib.sha256(), 0
-    try:
-        with client.get_blob(container, digest, stream=True) as r, open(out, "xb") as f:
-            if r.status_code != 200:
-                raise CacheProblem(f"cannot download {name} of {ref}: the registry answered {r.status_code}")
-            for chunk in r.iter_content(chunk_size=1 << 20):
-                n += len(chunk)
-                if n > size:
-                    break
-                h.update(chunk)
-                f.write(chunk)
-    except (requests.RequestException, OSError) as e:
-        raise _failed(ref, f"download {name} of", e) from None
-    if n != size or "sha256:" + h.hexdigest() != digest:
-        raise Tampered(f"cache entry {ref}: {name} does not match its layer's digest", REFUSED)
-    return out
-
-
-def _oci_store(cache: Cache, entry: str, folder: Path, names: list[str], doc: bytes) -> None:
-    import oras.oci
+def _oci_store(cache: Cache, entry: str, folder: Path, names: list[str], doc: bytes,
+               digests: Mapping[str, str]) -> None:
     import requests
 
     ref, client, container = _oci(cache, entry)
+    blobs = [(folder / n, {"mediaType": FILE_TYPE, "digest": "sha256:" + (digests.get(n) or sha256_file(folder / n)),
+                           "size": (folder / n).stat().st_size, "annotations": {"org.opencontainers.image.title": n}})
+             for n in names]
     try:
-        with tempfile.TemporaryDirectory(prefix="ortbuild-cache-") as tmp:
-            conf_path = Path(tmp) / ENTRY
-            conf_path.write_bytes(doc)
-            conf = {"mediaType": ENTRY_TYPE, "digest": "sha256:" + hashlib.sha256(doc).hexdigest(), "size": len(doc)}
-            _check(client.upload_blob(str(conf_path), container, conf), ref, ENTRY)
-            layers = []
-            for name in names:
-                layer = oras.oci.NewLayer(str(folder / name), FILE_TYPE)
-                layer["annotations"] = {"org.opencontainers.image.title": name}
-                _check(client.upload_blob(str(folder / name), container, layer, do_chunked=True), ref, name)
-                layers.append(layer)
-            man = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": conf, "layers": layers,
-                   "annotations": {"dev.ortbuild.cache-entry": entry, "dev.ortbuild.ortbuild": __version__}}
-            _check(client.upload_manifest(man, container), ref, "the manifest")
+        oci.push_artifact(ref, client, container, blobs, doc, ENTRY_TYPE,
+                          {"dev.ortbuild.cache-entry": entry, "dev.ortbuild.ortbuild": __version__})
+    except RegistryError as e:
+        raise CacheProblem(e.message) from None
     except (requests.RequestException, ValueError, OSError) as e:
         raise _failed(ref, "push to", e) from None
-
-
-def _check(r: Any, ref: Ref, what: str) -> None:
-    if r.status_code not in (200, 201, 202):
-        raise CacheProblem(f"cannot push {what} to {ref}: the registry answered {r.status_code}")

@@ -34,7 +34,6 @@ from ortbuild.publish import epochs, release, release_index
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 TITLE = "org.opencontainers.image.title"
 FILEPATH = "org.cncf.model.filepath"
 FILE_METADATA = "org.cncf.model.file.metadata+json"
@@ -100,8 +99,9 @@ def manifest_annotations(index: release_index.ReleaseIndex, known: Facts | None)
     return out
 
 
-def layer(kind: str, path: Path, created: str) -> dict[str, Any]:
-    """The layer descriptor of a release file (its bytes as they are: digest = diffId)."""
+def layer(kind: str, path: Path, created: str, sha256: str | None = None) -> dict[str, Any]:
+    """The layer descriptor of a release file (its bytes as they are: digest = diffId); `sha256`: the file's, where
+    the caller knows it (else the file is hashed)."""
     if kind not in LAYER_TYPES:
         raise ValueError(f"no ModelPack media type for a release's {kind}")
     size = path.stat().st_size
@@ -111,7 +111,7 @@ def layer(kind: str, path: Path, created: str) -> dict[str, Any]:
              "dev.ortbuild.file": kind}
     if kind == "bundle":
         notes |= {"dev.ortbuild.bundle": release.FORMAT, "dev.ortbuild.encrypted": "true"}
-    return {"mediaType": LAYER_TYPES[kind], "digest": "sha256:" + sha256_file(path), "size": size,
+    return {"mediaType": LAYER_TYPES[kind], "digest": "sha256:" + (sha256 or sha256_file(path)), "size": size,
             "annotations": notes}
 
 

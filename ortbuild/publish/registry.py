@@ -20,13 +20,12 @@ signatures and digests as for a local release.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ortbuild import oci
 from ortbuild.errors import ArtifactError, RegistryError
 from ortbuild.oci import REF as REF
 from ortbuild.oci import Ref as Ref
@@ -87,29 +86,14 @@ def push(ref: Ref, published: release.Published, layout: str = "modelpack") -> s
 
 def _push_modelpack(ref: Ref, client: oras.client.OrasClient, target: str, published: release.Published,
                     kinds: list[str], known: modelpack.Facts | None, annotations: dict[str, str]) -> Any:
-    """Blobs first (each layer in 16 MiB pieces, never whole in memory), then the config, then the manifest."""
-    container = client.get_container(target)
+    """The layers (each file's digest as the release wrote it: the bundle is never hashed again), the model config
+    made from them, the manifest."""
     created = published.index["created"]
-
-    def sent(r: Any, what: str) -> Any:
-        if r.status_code not in (200, 201, 202):
-            raise RegistryError(f"cannot push {what} to {ref}: HTTP {r.status_code} {r.text.strip()[:300]}",
-                                "is the repository writable with your login (`docker login`)?")
-        return r
-
-    layers = [modelpack.layer(k, published.files[k], created) for k in kinds]
-    for kind, desc in zip(kinds, layers, strict=True):
-        sent(client.upload_blob(str(published.files[kind]), container, desc, do_chunked=True),
-             published.files[kind].name)
-    body = modelpack.config(published.index, layers, known)
-    with tempfile.TemporaryDirectory(prefix="ortbuild-push-") as tmp:
-        (Path(tmp) / "config.json").write_bytes(body)
-        conf = {"mediaType": modelpack.CONFIG_TYPE, "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
-                "size": len(body)}
-        sent(client.upload_blob(str(Path(tmp) / "config.json"), container, conf), "the model config")
-    manifest = {"schemaVersion": 2, "mediaType": modelpack.MANIFEST_TYPE, "artifactType": modelpack.ARTIFACT_TYPE,
-                "config": conf, "layers": layers, "annotations": annotations}
-    return sent(client.upload_manifest(manifest, container), "the manifest")
+    blobs = [(published.files[k], modelpack.layer(k, published.files[k], created,
+                                                  published.digests.get(published.files[k].name))) for k in kinds]
+    return oci.push_artifact(ref, client, client.get_container(target), blobs,
+                             modelpack.config(published.index, [d for _, d in blobs], known), modelpack.CONFIG_TYPE,
+                             annotations, modelpack.ARTIFACT_TYPE)
 
 
 def _layout(ref: Ref, man: object) -> Callable[[dict[str, Any]], str | None]:
@@ -158,19 +142,13 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
         if size > MAX_BLOB.get(kind, MAX_SMALL):
             raise RegistryError(f"{ref}: layer {title} declares {size} bytes, above the limit for a {kind}")
         out = dest / title
-        h, n = hashlib.sha256(), 0
         try:
-            with client.get_blob(container, digest, stream=True) as r, open(out, "xb") as f:
-                r.raise_for_status()
-                for chunk in r.iter_content(chunk_size=1 << 20):
-                    n += len(chunk)
-                    if n > size:
-                        raise RegistryError(f"{ref}: layer {title} is longer than its declared {size} bytes")
-                    h.update(chunk)
-                    f.write(chunk)
+            problem = oci.download(client, container, digest, size, out)
         except (requests.RequestException, OSError) as e:
             raise fail(ref, f"cannot download {title} from", e) from None
-        if n != size or "sha256:" + h.hexdigest() != digest:
+        if problem == "longer":
+            raise RegistryError(f"{ref}: layer {title} is longer than its declared {size} bytes")
+        if problem is not None:
             raise ArtifactError(f"{ref}: layer {title} does not match its digest {digest}", "pull again")
         got[kind] = out
     missing = [k for k in REQUIRED if k not in got]

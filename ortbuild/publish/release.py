@@ -107,6 +107,7 @@ class Published:
     files: dict[str, Path]       # bundle, index, provenance, sums, signature, model_signature
     forced: list[str]
     index: release_index.ReleaseIndex  # the index's content
+    digests: dict[str, str] = field(default_factory=dict)  # sha256 by file name, as written (no file read again)
 
 
 def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
@@ -446,4 +447,4 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
         tmp.unlink(missing_ok=True)
     files = {"bundle": out / names["bundle"], "index": out / names["index"], "provenance": out / names["provenance"],
              "sums": out / SUMS, "signature": out / SUMS_SIG, "model_signature": out / openssf.SIGNATURE}
-    return Published(target.name, out, files, refused, index)
+    return Published(target.name, out, files, refused, index, signed)
