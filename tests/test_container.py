@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import container, keygen, keys
+from ortbuild.artifact import container, keygen, keys, pieces
 from ortbuild.errors import KeyMissing
 from tests.conftest import TEST_KEY
 
@@ -43,9 +43,14 @@ def test_rewrap_changes_the_key_slot_only(tmp_path: Path) -> None:
     ct = container.encrypt(data, TEST_KEY, chunk_log2=12)
     (tmp_path / "ct").write_bytes(ct)
     out = io.BytesIO()
-    sha, size = container.rewrap_file(tmp_path / "ct", out, TEST_KEY, KEK2)
+    sha, size, digests = container.rewrap_file(tmp_path / "ct", out, TEST_KEY, KEK2)
     new = out.getvalue()
     assert size == len(new) == len(ct) and sha == hashlib.sha256(new).hexdigest()
+    # its piece digests: the header alone, then pieces of 4 chunks (4 KiB + 16-byte tag each), the last shorter
+    assert (digests.head, digests.size) == (container.HEADER, 4 * (4096 + 16))
+    assert digests.sha256 == [hashlib.sha256(new[at:at + n]).hexdigest()
+                              for at, n in pieces.spans(len(new), digests.head, digests.size)]
+    assert len(digests.sha256) == 1 + 1  # 9000 bytes: 3 chunks, one piece
     assert new[container.HEADER:] == ct[container.HEADER:]
     assert new[:container.PAYLOAD_HEADER] == ct[:container.PAYLOAD_HEADER]
     assert container.decrypt(new, KEK2) == data

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ortbuild.artifact import container, keygen, keys, loaders, manifest
+from ortbuild.artifact import container, keygen, keys, loaders, manifest, pieces
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus
@@ -281,21 +282,25 @@ def test_one_pass_reads_what_ortbuild_writes(dist: Path, tmp_path: Path, size: i
     path = tmp_path / "c.enc"
     with open(path, "wb") as out:
         (tmp_path / "p").write_bytes(plain)
-        digest, n = container.encrypt_file(tmp_path / "p", out, TEST_KEY, chunk_log2=chunk_log2)
-    plain_entry = {"size": size, "sha256": hashlib.sha256(plain).hexdigest()}
-    # the container, and an unencrypted artifact file, hashed the same way
-    for encrypted, where, signed in ((True, path, {"size": n, "sha256": digest}), (False, tmp_path / "p", plain_entry)):
-        got, err = mod._open_file(where, signed, encrypted, TEST_KEY if encrypted else None, None,
-                                  graph=graph != "buffer", memfile=graph == "memfile")
-        assert err is None
-        if graph == "memfile" and sys.platform.startswith("linux"):
-            assert isinstance(got, mod._Memfile)
-            with open(got.path, "rb") as f:  # what ONNX Runtime reads
-                assert f.read() == plain
-            got.close()
-        else:
-            assert bytes(got) == plain and len(got) == size
-            assert isinstance(got, bytes) if graph != "buffer" else not isinstance(got, bytes)
+        digest, n, digests = container.encrypt_file(tmp_path / "p", out, TEST_KEY, chunk_log2=chunk_log2)
+    plain_digest, plain_pieces = pieces.of_bytes(plain)
+    # the container, and an unencrypted artifact file, hashed the same way; each as format 2 (one sha256, read
+    # sequentially) and format 3 (piece digests, read on 1 and on 3 threads)
+    for encrypted, where, signed in ((True, path, {"size": n, "sha256": digest, "pieces": asdict(digests)}),
+                                     (False, tmp_path / "p", {"size": size, "sha256": plain_digest,
+                                                              "pieces": asdict(plain_pieces)})):
+        for entry, threads in (({**signed, "pieces": None}, 0), (signed, 1), (signed, 3)):
+            got, err = mod._open_file(where, entry, encrypted, TEST_KEY if encrypted else None, None,
+                                      graph=graph != "buffer", memfile=graph == "memfile", threads=threads)
+            assert err is None
+            if graph == "memfile" and sys.platform.startswith("linux"):
+                assert isinstance(got, mod._Memfile)
+                with open(got.path, "rb") as f:  # what ONNX Runtime reads
+                    assert f.read() == plain
+                got.close()
+            else:
+                assert bytes(got) == plain and len(got) == size
+                assert isinstance(got, bytes) if graph != "buffer" else not isinstance(got, bytes)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
@@ -438,6 +443,8 @@ def _set_file(doc: dict[str, Any], folder: Path, name: str) -> None:
     for f in doc["artifact"]["files"]:
         if f["name"] == name:
             f["sha256"], f["size"] = hashlib.sha256(data).hexdigest(), len(data)
+            if f.get("pieces"):  # format 3: its piece digests too
+                f["pieces"] = asdict(pieces.of_bytes(data, f["pieces"]["head"], f["pieces"]["size"])[1])
 
 
 @pytest.mark.parametrize("case", ["bitflip", "forged-under-the-app-key", "bitflip-and-wrong-key",

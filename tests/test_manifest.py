@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import fit as artifact_fit
-from ortbuild.artifact import keys, manifest
+from ortbuild.artifact import keys, manifest, pieces
 from ortbuild.errors import ArtifactError
 
 
@@ -53,7 +53,8 @@ def _manifest(**changes: object) -> manifest.Manifest:
         project=manifest.ProjectInfo("p", "1"), target="t", model="m", status="complete", missing_providers={},
         source=manifest.Source("m.onnx", "0" * 64, 3, 8, {"ai.onnx": 13}),
         artifact=manifest.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0,
-                                   [manifest.ArtifactFile("model.onnx", "model", "model.onnx", "0" * 64, 3, False)]),
+                                   [manifest.ArtifactFile("model.onnx", "model", "model.onnx", "0" * 64, 3, False,
+                                                          manifest.Pieces(0, 4 << 20, ["1" * 64]))]),
         precision=manifest.PrecisionInfo("fp32", {}), providers=[{"name": "CPUExecutionProvider", "options": {}}],
         session={}, free_dimensions={},
         optimization=manifest.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
@@ -103,9 +104,9 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     art = tmp_path / "model.onnx"
     art.write_bytes(b"abc")
     m = _manifest()
-    sha = manifest.sha256_file(art)
-    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha,
-                                               files=[dataclasses.replace(m.artifact.files[0], sha256=sha)]),
+    sha, digests = pieces.of_bytes(art.read_bytes())
+    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha, files=[
+                      dataclasses.replace(m.artifact.files[0], sha256=sha, pieces=digests)]),
                   optimization=dataclasses.replace(m.optimization, tied_to={"simd_level": "riscv64-rvv"}),
                   providers=[{"name": "QNNExecutionProvider", "options": {}}],
                   versions={"onnxruntime": {"distribution": "onnxruntime-qnn", "version": "1.0"}})
@@ -118,7 +119,12 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
     assert "does not verify" in manifest.integrity_problems(m, tmp_path, other)[0]
     art.write_bytes(b"abd")
-    assert "sha256 differs" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
+    assert "piece 0 of 1 differs from the manifest" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
+    # format 3 checks the whole sha256 too: pieces that match with a whole digest that does not is refused
+    whole = dataclasses.replace(m, artifact=dataclasses.replace(m.artifact, files=[
+        dataclasses.replace(m.artifact.files[0], sha256="0" * 64, pieces=pieces.of_bytes(b"abd")[1])]))
+    assert ["artifact file model.onnx sha256 differs from the manifest (modified or corrupted)"] == \
+        manifest.integrity_problems(whole, tmp_path, sign.public_raw)
     art.unlink()
     assert "missing" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
     fit = artifact_fit.problems(m)
@@ -136,9 +142,9 @@ def test_a_validly_signed_manifest_in_another_artifacts_place_is_tampered(tmp_pa
     folder.mkdir(parents=True)
     (folder / "model.onnx").write_bytes(b"abc")
     m = _manifest()
-    sha = manifest.sha256_file(folder / "model.onnx")
-    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha,
-                                               files=[dataclasses.replace(m.artifact.files[0], sha256=sha)]))
+    sha, digests = pieces.of_bytes(b"abc")
+    m = _manifest(artifact=dataclasses.replace(m.artifact, sha256=sha, files=[
+                      dataclasses.replace(m.artifact.files[0], sha256=sha, pieces=digests)]))
     sign = keys.signing_key()
     assert sign is not None
     manifest.write_signed(folder, {}, m, sign.sign, root=tmp_path / "dist")

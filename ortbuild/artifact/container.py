@@ -24,6 +24,8 @@ from typing import BinaryIO
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ortbuild.artifact import pieces
+from ortbuild.artifact.manifest_types import Pieces
 from ortbuild.errors import ArtifactError
 
 MAGIC = b"ORTBENC\x00"
@@ -136,9 +138,10 @@ def _header(kek: bytes, size: int, plain_digest: bytes | None, chunk_log2: int) 
 
 
 def encrypt_file(src: Path, out: BinaryIO, kek: bytes, *, deterministic: bool = False,
-                 chunk_log2: int = DEFAULT_CHUNK_LOG2) -> tuple[str, int]:
+                 chunk_log2: int = DEFAULT_CHUNK_LOG2) -> tuple[str, int, Pieces]:
     """Stream the container for the file `src` into `out`, one chunk in memory at a time (the same bytes as
-    `encrypt(src.read_bytes(), ...)`). Returns the container's sha256 (hex) and size, hashed as written.
+    `encrypt(src.read_bytes(), ...)`). Returns the container's sha256 (hex), size and piece digests, hashed as
+    written.
 
     deterministic reads `src` twice: its digest derives the data key and nonces."""
     assert len(kek) == 32 and MIN_CHUNK_LOG2 <= chunk_log2 <= MAX_CHUNK_LOG2
@@ -151,7 +154,8 @@ def encrypt_file(src: Path, out: BinaryIO, kek: bytes, *, deterministic: bool = 
                 h.update(piece)
         digest = h.digest()
     header, dek = _header(kek, size, digest, chunk_log2)
-    aead, aad, out_hash = AESGCM(dek), header.payload_header, hashlib.sha256()
+    aead, aad = AESGCM(dek), header.payload_header
+    out_hash = pieces.Hasher(*pieces.container_layout(csize, HEADER))
     packed = header.pack()
     out.write(packed)
     out_hash.update(packed)
@@ -169,7 +173,8 @@ def encrypt_file(src: Path, out: BinaryIO, kek: bytes, *, deterministic: bool = 
             out.write(sealed)
             out_hash.update(sealed)
             done += len(sealed)
-    return out_hash.hexdigest(), HEADER + done
+    whole, digests = out_hash.result()
+    return whole, HEADER + done, digests
 
 
 def unwrap(header: Header, kek: bytes) -> bytes:
@@ -217,13 +222,16 @@ def rewrap_header(head: bytes, old_kek: bytes, new_kek: bytes) -> bytes:
     return partial.pack() + wrapped
 
 
-def rewrap_file(src: Path, dst: BinaryIO, old_kek: bytes, new_kek: bytes) -> tuple[str, int]:
-    """Stream `src` into `dst` with its header re-wrapped (one chunk in memory): (sha256, size) of what was written."""
-    h, size = hashlib.sha256(), 0
+def rewrap_file(src: Path, dst: BinaryIO, old_kek: bytes, new_kek: bytes) -> tuple[str, int, Pieces]:
+    """Stream `src` into `dst` with its header re-wrapped (one chunk in memory): (sha256, size, piece digests) of
+    what was written (a format-2 artifact's files get their piece digests here)."""
+    size = 0
     with open(src, "rb") as f:
         head = rewrap_header(f.read(HEADER), old_kek, new_kek)
+        h = pieces.Hasher(*pieces.container_layout(1 << parse_header(head).chunk_log2, HEADER))
         for piece in itertools.chain([head], iter(lambda: f.read(1 << 20), b"")):
             h.update(piece)
             dst.write(piece)
             size += len(piece)
-    return h.hexdigest(), size
+    whole, digests = h.result()
+    return whole, size, digests

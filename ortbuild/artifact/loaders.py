@@ -20,7 +20,8 @@ from ortbuild import __version__, paths
 if TYPE_CHECKING:
     import jinja2
 
-from ortbuild.artifact.manifest import FORMAT_VERSION, LoaderFile, Manifest
+from ortbuild.artifact.manifest import LoaderFile, Manifest
+from ortbuild.artifact.manifest_types import READABLE_FORMATS
 
 LOADER_DIR = "loader"
 # The Python loader is a module named per model (python_file: `import ortbuild_<model>`), so one app imports several
@@ -156,7 +157,7 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "target": m.target, "model": m.model, "version": __version__, "runtime": runtime,
         "module": paths.loader_module(m.model),
         "public_key": m.signing.public_key, "public_key_id": m.signing.public_key_id,
-        "manifest_format": FORMAT_VERSION, "min_epoch": int(m.epoch),
+        "manifest_formats": list(READABLE_FORMATS), "min_epoch": int(m.epoch),
         "first_input": m.io["inputs"][0]["name"] if m.io["inputs"] else "input",
         "providers_py": pprint.pformat(providers, width=100),
         "session_py": pprint.pformat(m.session, width=100, sort_dicts=True),

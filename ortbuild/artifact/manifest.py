@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ortbuild.artifact import pieces
 from ortbuild.artifact.manifest_types import FORMAT_VERSION as FORMAT_VERSION
 from ortbuild.artifact.manifest_types import MANIFEST as MANIFEST
 from ortbuild.artifact.manifest_types import Artifact as Artifact
@@ -37,6 +38,7 @@ from ortbuild.artifact.manifest_types import Inflation as Inflation
 from ortbuild.artifact.manifest_types import LoaderFile as LoaderFile
 from ortbuild.artifact.manifest_types import Manifest as Manifest
 from ortbuild.artifact.manifest_types import Operators as Operators
+from ortbuild.artifact.manifest_types import Pieces as Pieces
 from ortbuild.artifact.manifest_types import OperatorSet as OperatorSet
 from ortbuild.artifact.manifest_types import Optimization as Optimization
 from ortbuild.artifact.manifest_types import OpTypes as OpTypes
@@ -179,12 +181,15 @@ def golden_listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in root.rglob("*") if not p.is_dir() or p.is_symlink())
 
 
-def _file_problem(folder: Path, name: str, sha256: str, size: int | None, what: str) -> str | None:
+def _file_problem(folder: Path, name: str, sha256: str, size: int | None, what: str,
+                  entry: ArtifactFile | None = None) -> str | None:
     path = folder / name
     if path.is_symlink() or not path.is_file():
         return f"{what} {path} is missing" if not path.exists() else f"{what} {path} is not a plain file"
     if size is not None and path.stat().st_size != size:
         return f"{what} {name} is {path.stat().st_size} bytes, the manifest says {size}"
+    if entry is not None and entry.pieces is not None:  # format 3: the whole sha256 and every piece
+        return pieces.problem(path, entry)
     if sha256_file(path) != sha256:
         return f"{what} {name} sha256 differs from the manifest (modified or corrupted)"
     return None
@@ -198,8 +203,9 @@ def integrity_problems(m: Manifest, folder: Path, public_key: bytes) -> list[str
     sig = signature_problem(folder, public_key)
     if sig:
         problems.append(sig)
+    entries = {f.name: f for f in m.artifact.files}
     for name, sha, size, what in m.signed_files():
-        problem = _file_problem(folder, name, sha, size, what)
+        problem = _file_problem(folder, name, sha, size, what, entries.get(name) if what == "artifact file" else None)
         if problem:
             problems.append(problem)
     extra = sorted(set(golden_listing(folder)) - {g.name for g in m.golden})

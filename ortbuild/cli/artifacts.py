@@ -297,13 +297,14 @@ def _rekey_one(folder: Path, root: Path, place: tuple[str, str] | None, old: key
             partial = files_.partial_file(folder / f.name, root)
             partials.append(partial)
             with files_.open_partial(partial) as out:
-                sha, length = container.rewrap_file(folder / f.name, out, old.secret, new.secret)
+                sha, length, digests = container.rewrap_file(folder / f.name, out, old.secret, new.secret)
                 out.flush()
                 os.fsync(out.fileno())
-            files.append((dataclasses.replace(f, sha256=sha, size=length), partial))
+            files.append((dataclasses.replace(f, sha256=sha, size=length, pieces=digests), partial))
         main = next(f for f, _ in files if f.role == "model")
         m = dataclasses.replace(
-            m, artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
+            m, format_version=manifest.FORMAT_VERSION,  # a format-2 artifact is rewritten in the current format
+            artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
             encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development))
         manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign, root=root)
     finally:

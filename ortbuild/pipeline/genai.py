@@ -10,11 +10,10 @@ treat it as they treat the others; its `generative` section says what the loader
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 
 from ortbuild import __version__, files, runtime
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest, pieces
 from ortbuild.errors import ArtifactError
 from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, Prepared
@@ -59,9 +58,9 @@ def _encrypt(prep: Prepared, done: Done) -> Sealed:
         data = (built.folder / name).read_bytes()
         with files.open_partial(partial) as out:
             out.write(data)
+        sha, digests = pieces.of_bytes(data)
         side.append((manifest.ArtifactFile(name=name, role=ROLES.get(name, "tokenizer"), location=name,
-                                           sha256=hashlib.sha256(data).hexdigest(), size=len(data), encrypted=False),
-                     partial))
+                                           sha256=sha, size=len(data), encrypted=False, pieces=digests), partial))
     return Sealed(dataclasses.replace(sealed, files=(*sealed.files, *side)))
 
 

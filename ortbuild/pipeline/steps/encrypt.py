@@ -4,7 +4,6 @@ The package step renames the partial files into place."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ import onnx
 
 from ortbuild import files as files_
 from ortbuild import modelfiles
-from ortbuild.artifact import container, keys, manifest
+from ortbuild.artifact import container, keys, manifest, pieces
 from ortbuild.project.config import Settings
 
 
@@ -66,18 +65,19 @@ def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Pat
             if settings.encrypt:
                 if key is None:
                     raise RuntimeError("Builder.check_keys() lets no encrypting job start without a key")
-                sha, size = container.encrypt_file(f.path, out, key.secret, deterministic=deterministic)
+                sha, size, digests = container.encrypt_file(f.path, out, key.secret, deterministic=deterministic)
             else:  # encrypt = false: the plaintext, copied and hashed in one pass
-                h, size = hashlib.sha256(), 0
+                h, size = pieces.Hasher(0, pieces.PLAIN_PIECE), 0
                 with open(f.path, "rb") as src:
                     while piece := src.read(1 << 20):
                         h.update(piece)
                         out.write(piece)
                         size += len(piece)
-                sha = h.hexdigest()
+                sha, digests = h.result()
             out.flush()
             os.fsync(out.fileno())
         entry = manifest.ArtifactFile(name=name, role="external_data" if f.location else "model",
-                                      location=location, sha256=sha, size=size, encrypted=settings.encrypt)
+                                      location=location, sha256=sha, size=size, encrypted=settings.encrypt,
+                                      pieces=digests)
         sealed.append((entry, partial))
     return EncryptResult(tuple(sealed), external, deterministic)
