@@ -412,17 +412,16 @@ def test_one_pass_checks_the_digest_before_decryption_errors(dist: Path, tmp_pat
         mod._open_file(path, {**signed, "size": len(ct) + 1}, True, TEST_KEY, None, graph=False)
 
 
-def _resign(folder: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite manifest.json with `edit` and sign it with the test signing key (what a legitimate build does)."""
+def _resign(folder: Path, edit: Callable[[dict[str, Any]], None], seed: bytes = TEST_SIGNING_SEED) -> None:
+    """Rewrite manifest.json with `edit` and sign it with the signing key of `seed` (default: the test key), what
+    a legitimate build does."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from tests.conftest import TEST_SIGNING_SEED
 
     doc = json.loads((folder / "manifest.json").read_bytes())
     edit(doc)
     text = json.dumps(doc, indent=2).encode()
     (folder / "manifest.json").write_bytes(text)
-    sig = Ed25519PrivateKey.from_private_bytes(TEST_SIGNING_SEED).sign(text)
+    sig = Ed25519PrivateKey.from_private_bytes(seed).sign(text)
     (folder / "manifest.sig").write_bytes(base64.b64encode(sig))
 
 

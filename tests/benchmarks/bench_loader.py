@@ -110,8 +110,10 @@ def build(root: Path, sizes: list[int]) -> tuple[dict[str, int], dict[str, str]]
     return {n: w for n, w in weights.items() if (root / n).exists()}, env
 
 
-def child(mode: str, root: Path, name: str, env: dict[str, str]) -> dict[str, float]:
-    where = root / "dist" / "cpu" / name if mode == "loader" else root / name / "model.onnx"
+def child(mode: str, root: Path, name: str, env: dict[str, str], where: Path | None = None) -> dict[str, float]:
+    """One fresh process; `where` (default: the built artifact, or the source model for plain) is an artifact
+    folder named after its model, or a model.onnx."""
+    where = where or (root / "dist" / "cpu" / name if mode == "loader" else root / name / "model.onnx")
     out = subprocess.run([sys.executable, "-c", CHILD, mode, str(where), str(root / name / "inputs.npz")],
                          cwd=root, env=env, check=True, capture_output=True, text=True, timeout=900).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
