@@ -38,10 +38,10 @@ from ortbuild.artifact.manifest_types import Inflation as Inflation
 from ortbuild.artifact.manifest_types import LoaderFile as LoaderFile
 from ortbuild.artifact.manifest_types import Manifest as Manifest
 from ortbuild.artifact.manifest_types import Operators as Operators
-from ortbuild.artifact.manifest_types import Pieces as Pieces
 from ortbuild.artifact.manifest_types import OperatorSet as OperatorSet
 from ortbuild.artifact.manifest_types import Optimization as Optimization
 from ortbuild.artifact.manifest_types import OpTypes as OpTypes
+from ortbuild.artifact.manifest_types import Pieces as Pieces
 from ortbuild.artifact.manifest_types import PrecisionInfo as PrecisionInfo
 from ortbuild.artifact.manifest_types import ProjectInfo as ProjectInfo
 from ortbuild.artifact.manifest_types import ProviderEntry as ProviderEntry
