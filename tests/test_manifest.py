@@ -119,7 +119,8 @@ def test_integrity_and_fit_problems(tmp_path: Path) -> None:
     other = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
     assert "does not verify" in manifest.integrity_problems(m, tmp_path, other)[0]
     art.write_bytes(b"abd")
-    assert "piece 0 of 1 differs from the manifest (modified or corrupted)" in manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
+    problem = manifest.integrity_problems(m, tmp_path, sign.public_raw)[0]
+    assert "piece 0 of 1 differs from the manifest (modified or corrupted)" in problem
     # format 3 checks the whole sha256 too: pieces that match with a whole digest that does not is refused
     whole = dataclasses.replace(m, artifact=dataclasses.replace(m.artifact, files=[
         dataclasses.replace(m.artifact.files[0], sha256="0" * 64, pieces=pieces.of_bytes(b"abd")[1])]))

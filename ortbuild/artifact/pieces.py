@@ -102,7 +102,8 @@ def problem(path: Path, f: ArtifactFile) -> str | None:
         for fut in futures:
             fut.result()
     if bad:
-        return f"artifact file {f.name}: piece {min(bad)} of {len(p.sha256)} differs from the manifest (modified or corrupted)"
+        return (f"artifact file {f.name}: piece {min(bad)} of {len(p.sha256)} differs from the manifest (modified or "
+                "corrupted)")
     if whole.hexdigest() != f.sha256:
         return f"artifact file {f.name} sha256 differs from the manifest (modified or corrupted)"
     return None
