@@ -5,7 +5,10 @@ One page runs every case in one Chromium launch and POSTs the outputs (or each e
 must equal the Python loader's on the same golden inputs, and a tampered file (flipped byte, or re-encrypted under
 the app's own key), a wrong key, a signed corrupt chunk, a broken signature must give the same error codes as the
 Python loader; a provider onnxruntime-web lacks (CUDA), NCHWc operators, a rolled-back manifest, a missing key and
-bad feeds give their own codes. The browser example of docs/loaders.md runs as written.
+bad feeds give their own codes. Manifest format 3: a flipped byte in the header piece, the first, a middle or the last
+piece of a file of several pieces is refused as that piece, and piece digests that do not fit the file too; a format-2
+copy of an artifact (one sha256 per file) loads with the same outputs. The browser example of docs/loaders.md runs as
+written.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ortbuild.artifact import loaders, manifest
+from ortbuild.artifact import loaders, manifest, pieces
+from tests.bigmodels import mlp
 from tests.conftest import CHROMIUM, CHROMIUM_INSTALL, CHROMIUM_VAR, MODELS, REPO, TEST_KEY, npm_install, tool
 from tests.test_loaders import _forge_weights, _resign, _set_file, build_examples
 
@@ -62,12 +66,13 @@ optimization = "all"
 models = ["tiny_cnn"]
 """
 OK = [("web", "tiny_cnn"), ("web", "tiny_transformer"), ("web", "tiny_lstm"), ("web-int8", "tiny_transformer"),
-      ("web-int8", "tiny_cnn"), ("web-ext", "tiny_transformer"), ("web-plain", "tiny_cnn")]
+      ("web-int8", "tiny_cnn"), ("web-ext", "tiny_transformer"), ("web-plain", "tiny_cnn"), ("web", "mlp")]
 # The browser's outputs against the Python loader's (onnxruntime 1.31.1, native x86 kernels) on the golden inputs.
 # Measured max |web - python| (Chromium 156, onnxruntime-web 1.30.0 WASM, AMD EPYC with AVX-512 VNNI): fp32 3.6e-7
 # (tiny_cnn logits, |values| <= 3.4), 1.3e-6 (tiny_transformer embedding, <= 2.6; a few float32 ulps), 3.7e-8
-# (tiny_lstm); WASM's kernels sum in another order than the native AVX-512 ones, so elements near zero differ by
-# ~1e-6 absolute, not relatively: the bound is absolute, with room for other native CPUs (AVX2).
+# (tiny_lstm), 1.9e-6 (mlp y, sums of 1024 products); WASM's kernels sum in another order than the native AVX-512
+# ones, so elements near zero differ by ~1e-6 absolute, not relatively: the bound is absolute, with room for other
+# native CPUs (AVX2).
 RTOL, ATOL = 1e-5, 5e-6
 # int8-dynamic tiny_transformer: max 0.0144 on |values| <= 2.6, cosine 0.999989 (the integer kernels of WASM and
 # of the native CPU differ; each is as far from the fp32 output as the other, cosine 0.99955)
@@ -76,9 +81,18 @@ INT8_ATOL, INT8_COSINE = 0.03, 0.9999
 
 # ------------------------------------------------------------------------------------------ fixtures
 
+# A generated MLP (tests/bigmodels.py) whose external data spans several pieces of manifest format 3 (3 layers of
+# 1024 x 1024 float32: 12.6 MB, a container's header and 4 pieces of 4 whole 1 MiB chunks); built by `web` only
+BIG = "mlp"
+GENERATED: dict[str, Path] = {}  # a generated model -> its golden inputs
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_examples(tmp_path_factory.mktemp("web"), TARGETS)
+    root = tmp_path_factory.mktemp("web")
+    src = mlp(root / "src" / BIG, layers=3, width=1024)
+    GENERATED[BIG] = src.parent / "inputs.npz"
+    return build_examples(root, f'[models.{BIG}]\npath = "{src}"\ninputs = "{GENERATED[BIG]}"\n' + TARGETS)
 
 
 @pytest.fixture(scope="session")
@@ -182,7 +196,7 @@ def browse(chromium: str, url: str, server: _Server, profile: Path, timeout: flo
 
 
 def feed(model: str) -> dict[str, np.ndarray]:
-    with np.load(MODELS / f"{model}.inputs.npz") as z:
+    with np.load(GENERATED.get(model, MODELS / f"{model}.inputs.npz")) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -325,6 +339,7 @@ def test_browser_loader_in_headless_chromium(dist: Path, chromium: str, web_app:
         "tampered": "tampered", "tampered-ext": "tampered", "tampered-and-wrong-key": "tampered",
         "side-file": "tampered", "wrong-key": "wrong_key", "wrong-key-ext": "wrong_key",
         "signed-corrupt-chunk": "corrupt", "forged-under-the-app-key": "tampered", "bad-signature": "bad_signature"}
+    pieced = _piece_cases(www, variant, case, expected)
 
     # a CUDA target: its loader refuses before fetching anything (rendered from the web/tiny_cnn manifest)
     m, _ = manifest.read(dist / "web" / "tiny_cnn")
@@ -359,8 +374,9 @@ def test_browser_loader_in_headless_chromium(dist: Path, chromium: str, web_app:
     assert version is not None and int(version.group(1)) >= 137, doc["userAgent"]  # WebCrypto Ed25519
 
     codes = {name: None if r["ok"] else r["code"] for name, r in results.items()}
-    assert codes == {**{f"{t}/{mo}": None for t, mo in OK}, "key-as-bytes": None, "tampered": "tampered",
-                     "tampered-ext": "tampered", "tampered-and-wrong-key": "tampered", "side-file": "tampered",
+    assert codes == {**{f"{t}/{mo}": None for t, mo in OK}, **PIECE_CODES, "key-as-bytes": None,
+                     "tampered": "tampered", "tampered-ext": "tampered", "tampered-and-wrong-key": "tampered",
+                     "side-file": "tampered",
                      "side-file-absent": None, "wrong-key": "wrong_key", "wrong-key-ext": "wrong_key",
                      "signed-corrupt-chunk": "corrupt", "forged-under-the-app-key": "tampered",
                      "bad-signature": "bad_signature", "cuda": "provider_unavailable",
@@ -394,9 +410,93 @@ def test_browser_loader_in_headless_chromium(dist: Path, chromium: str, web_app:
                 np.testing.assert_allclose(arr, ref, rtol=RTOL, atol=ATOL, err_msg=what)
     for name in ("key-as-bytes", "side-file-absent"):
         assert results[name]["outputs"] == results["web/tiny_cnn"]["outputs"]
+    for name, words in pieced.items():  # each bad piece named, by its index and bytes
+        assert words in results[name]["message"], (name, results[name])
+    for target, model in FORMAT2:  # format 2 loads as before: the very outputs of the format-3 artifact
+        assert results[f"format-2/{target}/{model}"]["outputs"] == results[f"{target}/{model}"]["outputs"]
+    assert "does not match its signed manifest" in results["format-2-tampered"]["message"]
     print(f"\nChromium run: {took:.1f} s; {doc['userAgent']}")
     print("max |web - python| per output:", json.dumps(worst, indent=1))
     print("load ms:", {k: round(r["load_ms"]) for k, r in results.items() if r["ok"]})
+
+
+# The cases of manifest format 3 (piece digests) and of format 2 (one sha256 per file), on copies of web/mlp (an
+# encrypted file of several pieces) and of an unencrypted artifact; the Python loader gives each the same code
+FORMAT2 = [("web", BIG), ("web-plain", "tiny_cnn"), ("web-ext", "tiny_transformer")]
+PIECE_CODES = {
+    "piece-head": "tampered", "piece-first": "tampered", "piece-middle": "tampered",
+    "piece-last": "tampered", "piece-plain": "tampered", "piece-middle-and-wrong-key": "tampered",
+    "wrong-key-pieces": "wrong_key", "pieces-miscounted": "tampered", "pieces-past-the-end": "tampered",
+    "pieces-not-at-the-header": "unsupported_format", "pieces-not-whole-chunks": "unsupported_format",
+    **{f"format-2/{t}/{m}": None for t, m in FORMAT2}, "format-2-tampered": "tampered",
+    "format-2-wrong-key": "wrong_key"}
+
+
+def _format2(doc: dict[str, Any]) -> None:
+    """A manifest as a format-2 build wrote it: no piece digests, the whole file's sha256 alone."""
+    doc["format_version"] = 2
+    for f in doc["artifact"]["files"]:
+        del f["pieces"]
+
+
+def _piece_cases(www: Path, variant: Any, case: Any, expected: dict[str, Any]) -> dict[str, str]:
+    """Add the cases of PIECE_CODES (their Python outcomes in `expected`); returns, for each bad piece's case, the
+    words its message must hold (\"piece I of N (bytes A-B)\")."""
+    wrong = bytes(range(100, 132))
+    data = "model.onnx.data.enc"
+    big = www / "dist" / "web" / BIG
+    doc = json.loads((big / "manifest.json").read_bytes())
+    assert doc["format_version"] == 3
+    entry = next(f for f in doc["artifact"]["files"] if f["name"] == data)
+    p = entry["pieces"]
+    places = pieces.spans(entry["size"], p["head"], p["size"])
+    assert p["head"] == 103 and len(places) == len(p["sha256"]) >= 5, p  # a head and at least 4 pieces
+    words: dict[str, str] = {}
+    runs: list[tuple[str, Path, str, bytes]] = [("wrong-key-pieces", big, BIG, wrong)]
+    for name, i in (("piece-head", 0), ("piece-first", 1), ("piece-middle", len(places) // 2),
+                    ("piece-last", len(places) - 1)):
+        folder = variant(name, ("web", BIG))
+        at, n = places[i]
+        _flip(folder / data, at + n // 2)
+        words[name] = f"piece {i} of {len(places)} (bytes {at}-{at + n})"
+        runs.append((name, folder, BIG, TEST_KEY))
+    runs.append(("piece-middle-and-wrong-key", www / "cases" / "piece-middle", BIG, wrong))
+    words["piece-middle-and-wrong-key"] = words["piece-middle"]
+    plain = variant("piece-plain", ("web-plain", "tiny_cnn"))  # an unencrypted file: no head, pieces from 0
+    _flip(plain / "model.onnx", 700)
+    words["piece-plain"] = "piece 0 of 1 (bytes 0-"
+    runs.append(("piece-plain", plain, "tiny_cnn", TEST_KEY))
+
+    def layout(name: str, edit: Any) -> None:  # a signed manifest whose pieces do not fit the file
+        folder = variant(name, ("web", BIG))
+
+        def apply(doc: dict[str, Any]) -> None:
+            f = next(f for f in doc["artifact"]["files"] if f["name"] == data)
+            edit(f["pieces"])
+            if f["pieces"].pop("recompute", False):
+                _set_file(doc, folder, data)
+
+        _resign(folder, apply)
+        runs.append((name, folder, BIG, TEST_KEY))
+
+    layout("pieces-miscounted", lambda q: q["sha256"].pop())
+    layout("pieces-past-the-end", lambda q: q["sha256"].append(q["sha256"][-1]))
+    layout("pieces-not-at-the-header", lambda q: q.update(head=0, recompute=True))
+    layout("pieces-not-whole-chunks", lambda q: q.update(size=1 << 20, recompute=True))
+    for target, model in FORMAT2:
+        folder = variant(f"format-2/{target}/{model}", (target, model))
+        _resign(folder, _format2)
+        runs.append((f"format-2/{target}/{model}", folder, model, TEST_KEY))
+    old = variant("format-2-tampered", ("web", BIG))
+    _resign(old, _format2)
+    _flip(old / data, places[2][0] + 10)
+    runs += [("format-2-tampered", old, BIG, TEST_KEY), ("format-2-wrong-key", www / "cases" / "format-2" / "web" /
+                                                         BIG, BIG, wrong)]
+    for name, folder, model, key in runs:
+        case(name, folder, model, key)
+        expected[name] = python_outcome(folder, key, model)
+    assert {k: v if isinstance(v, str) else None for k, v in expected.items() if k in PIECE_CODES} == PIECE_CODES
+    return words
 
 
 def _docs_example() -> str:
