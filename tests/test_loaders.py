@@ -8,6 +8,7 @@ through each loader). Builds and loads must leave no plaintext model bytes on di
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import random
@@ -412,6 +413,100 @@ def test_one_pass_checks_the_digest_before_decryption_errors(dist: Path, tmp_pat
         mod._open_file(path, {**signed, "size": len(ct) + 1}, True, TEST_KEY, None, graph=False)
 
 
+def test_pieces_are_checked_on_every_thread_and_the_first_bad_one_is_refused(dist: Path, tmp_path: Path) -> None:
+    """Format 3: a changed byte in the header piece, the first, a middle or the last piece is TamperedError naming
+    that piece, on one thread and on several, with the right key or a wrong one; a chunk that does not authenticate
+    in a file whose pieces all hold is CorruptContainerError; piece digests that do not fit the file are refused."""
+    mod: Any = loaders.import_python_loader(loaders.python_path(dist / "ext" / "tiny_transformer",
+                                                                     "tiny_transformer"))
+    plain = os.urandom((13 << 20) + 5)  # 14 chunks of 1 MiB: the header piece, then 4 pieces of 4 chunks
+    good = container.encrypt(plain, TEST_KEY)
+    path = tmp_path / "c.enc"
+    whole, digests = pieces.of_bytes(good, *pieces.container_layout(1 << 20, container.HEADER))
+    signed = {"size": len(good), "sha256": whole, "pieces": asdict(digests)}
+    spans = pieces.spans(len(good), digests.head, digests.size)
+    assert len(spans) == len(digests.sha256) == 5
+    for i, at in ((0, 50), (1, spans[1][0] + 3), (2, spans[2][0] + spans[2][1] // 2), (4, len(good) - 1)):
+        bad = bytearray(good)
+        bad[at] ^= 1
+        path.write_bytes(bad)
+        for threads, key in ((1, TEST_KEY), (3, TEST_KEY), (2, bytes(32))):
+            with pytest.raises(mod.TamperedError, match=f"piece {i} of 5 \\(bytes {spans[i][0]}-"):
+                mod._open_file(path, signed, True, key, None, graph=False, threads=threads)
+    path.write_bytes(good)
+    got, err = mod._open_file(path, signed, True, bytes(32), None, graph=False, threads=2)
+    assert got is None and isinstance(err, mod.WrongKeyError)
+    bad = bytearray(good)
+    bad[spans[3][0] + (1 << 20) + 16 + 9] ^= 1  # chunk 9 (the second of piece 3), signed as it is
+    path.write_bytes(bad)
+    resigned = {**signed, "sha256": hashlib.sha256(bad).hexdigest(), "pieces": asdict(pieces.of_bytes(
+        bytes(bad), digests.head, digests.size)[1])}
+    for threads in (1, 3):
+        got, err = mod._open_file(path, resigned, True, TEST_KEY, None, graph=False, threads=threads)
+        assert got is None and isinstance(err, mod.CorruptContainerError) and "chunk 9 of 14" in str(err)
+    path.write_bytes(good)
+    with pytest.raises(mod.TamperedError):  # one digest too few for the file
+        mod._open_file(path, {**signed, "pieces": {**signed["pieces"], "sha256": digests.sha256[:-1]}}, True,
+                       TEST_KEY, None, graph=False)
+    with pytest.raises(mod.UnsupportedFormatError, match="header"):  # an encrypted file's pieces start at 103
+        mod._open_file(path, {**signed, "pieces": asdict(pieces.of_bytes(good, 0, digests.size)[1])}, True,
+                       TEST_KEY, None, graph=False)
+    odd = asdict(pieces.of_bytes(good, container.HEADER, 1 << 20)[1])  # pieces that split container chunks
+    got, err = mod._open_file(path, {**signed, "pieces": odd}, True, TEST_KEY, None, graph=False)
+    assert got is None and isinstance(err, mod.UnsupportedFormatError) and "whole container chunks" in str(err)
+
+
+def _as_format_2(folder: Path) -> None:
+    """The artifact as the previous ortbuild wrote it: manifest format 2, one sha256 per file, no piece digests."""
+    def edit(doc: dict[str, Any]) -> None:
+        doc["format_version"] = 2
+        for f in doc["artifact"]["files"]:
+            f.pop("pieces", None)
+
+    _resign(folder, edit)
+
+
+def test_an_artifact_of_the_previous_format_still_loads_and_rekey_rewrites_it(dist: Path, tmp_path: Path) -> None:
+    """A format-2 artifact (one sha256 per file) loads through the same loader with the same outputs, a changed
+    byte is still refused, ortbuild checks it as before; `ortbuild rekey` rewrites it in format 3."""
+    from ortbuild.artifact import keys as keys_
+    from tests.conftest import run_cli
+
+    folder = tmp_path / "dist" / "ext" / "tiny_transformer"
+    shutil.copytree(dist / "ext" / "tiny_transformer", folder)
+    _as_format_2(folder)
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
+    assert mod.verify(folder)["format_version"] == 2
+    out = list(mod.load(key=TEST_KEY, folder=folder).run(feed("tiny_transformer")).values())
+    for a, b in zip(out, plain_outputs(dist / "ext" / "tiny_transformer", "tiny_transformer"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    sign = keys_.signing_key()
+    assert sign is not None
+    m = manifest.trusted(folder, sign.public_raw)
+    assert m is not None and m.format_version == 2 and all(f.pieces is None for f in m.artifact.files)
+    made = keygen.keygen(tmp_path / "new")
+    old_file = tmp_path / "old.key"
+    old_file.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
+    old_file.chmod(0o600)
+    proc = run_cli("rekey", str(folder), "--old-key-file", str(old_file), "--new-key-file", made["encryption_key"])
+    assert proc.returncode == 0, proc.stderr
+    m = manifest.trusted(folder, sign.public_raw)
+    assert m is not None and m.format_version == 3 and all(f.pieces is not None for f in m.artifact.files)
+    new_key = keys_.encryption_key(file=made["encryption_key"])
+    assert new_key is not None
+    again = list(mod.load(key=new_key.secret, folder=folder).run(feed("tiny_transformer")).values())
+    for a, b in zip(again, out, strict=True):
+        np.testing.assert_array_equal(a, b)
+    copy = tmp_path / "flipped"
+    shutil.copytree(dist / "ext" / "tiny_transformer", copy)
+    _as_format_2(copy)
+    data = bytearray((copy / "model.onnx.data.enc").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.onnx.data.enc").write_bytes(data)
+    with pytest.raises(mod.TamperedError, match="size or sha256"):
+        mod.load(key=TEST_KEY, folder=copy)
+
+
 def _resign(folder: Path, edit: Callable[[dict[str, Any]], None], seed: bytes = TEST_SIGNING_SEED) -> None:
     """Rewrite manifest.json with `edit` and sign it with the signing key of `seed` (default: the test key), what
     a legitimate build does."""
@@ -446,8 +541,8 @@ def _set_file(doc: dict[str, Any], folder: Path, name: str) -> None:
                 f["pieces"] = asdict(pieces.of_bytes(data, f["pieces"]["head"], f["pieces"]["size"])[1])
 
 
-@pytest.mark.parametrize("case", ["bitflip", "forged-under-the-app-key", "bitflip-and-wrong-key",
-                                  "bitflip-and-no-key", "signed-corrupt-chunk"])
+@pytest.mark.parametrize("case", ["bitflip", "bitflip-header", "bitflip-last-byte", "forged-under-the-app-key",
+                                  "bitflip-and-wrong-key", "bitflip-and-no-key", "signed-corrupt-chunk"])
 def test_external_data_is_checked_before_onnx_runtime_sees_anything(dist: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    case: str) -> None:
@@ -463,8 +558,8 @@ def test_external_data_is_checked_before_onnx_runtime_sees_anything(dist: Path, 
     expected = mod.TamperedError
     if case == "forged-under-the-app-key":
         _forge_weights(folder)
-    else:
-        ct[len(ct) // 2] ^= 0x10
+    else:  # a byte in the middle, in the header piece or in the last piece (format 3: pieces of the file)
+        ct[{"bitflip-header": 60, "bitflip-last-byte": len(ct) - 1}.get(case, len(ct) // 2)] ^= 0x10
         data.write_bytes(ct)
     if case == "bitflip-and-wrong-key":
         key = bytes(32)
