@@ -755,7 +755,11 @@ def test_node_loader_checks_pieces_on_worker_threads(pieced: dict[str, Path], no
         cases.append([name, folder.as_posix(), base64.b64encode(TEST_KEY).decode(), app[model]])
     for name, folder in (("wrong-key", tmp_path / "intact"), ("wrong-key-and-last-piece", tmp_path / "last-piece")):
         cases.append([name, folder.as_posix(), base64.b64encode(bytes(32)).decode(), app["mlp"]])
-    got = node(node_app, NODE_PIECES, json.dumps(cases))
+    try:
+        got = node(node_app, NODE_PIECES, json.dumps(cases))
+    finally:
+        for path in app.values():
+            Path(path).unlink()
     expected = {name: want for name, (_, _, want) in edits.items()}
     expected |= {"wrong-key": "wrong_key", "wrong-key-and-last-piece": f"tampered:piece {len(spans) - 1} of"}
     for name, want in expected.items():
