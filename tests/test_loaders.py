@@ -751,6 +751,138 @@ def test_node_loader_checks_external_data_in_one_pass(dist: Path, node_app: Path
     assert node(node_app, NODE_CASES % {"loader": loader.as_posix()}, json.dumps(cases)) == expected
 
 
+# ------------------------------------------------------- Node: format 3, pieces checked on worker threads
+
+@pytest.fixture(scope="module")
+def pieced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two artifacts with enough pieces for the Node loader's worker pool: `mlp`, 24 MiB of external data (1 MiB
+    chunks: the container header, then 7 pieces of 4 chunks, the last shorter) beside a graph of 2 pieces (done on
+    the main thread), and `mlpe`, the same kind of model with its 20 MiB of weights in the graph (6 pieces)."""
+    from tests.bigmodels import mlp
+
+    root = tmp_path_factory.mktemp("pieced")
+    text = '[project]\nname = "t"\nversion = "1"\n\n'
+    for name, layers, embedded in (("mlp", 6, False), ("mlpe", 5, True)):
+        src = mlp(root / name, layers=layers, width=1024, embedded=embedded)
+        text += f'[models.{name}]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n'
+    text += f'[targets.fp32]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
+    (root / "targets.toml").write_text(text)
+    project = config.load(root / "targets.toml")
+    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
+                      progress=lambda j, m: None).run(plan.jobs(project))
+    assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
+    return {name: root / "dist" / "fp32" / name for name in ("mlp", "mlpe")}
+
+
+NODE_PIECES = """
+import ort from 'onnxruntime-node';
+let created = 0;
+const create = ort.InferenceSession.create;
+ort.InferenceSession.create = (...a) => { created++; return create.call(ort.InferenceSession, ...a); };
+const out = {};
+for (const [name, folder, key, loader] of JSON.parse(process.argv[2])) {
+  const before = created;
+  const { LoaderError, load } = await import(loader);
+  try {
+    const m = await load({ folder, key: Buffer.from(key, 'base64') });
+    const x = new ort.Tensor('float32', new Float32Array(2 * 1024).map((_, i) => Math.sin(i)), [2, 1024]);
+    const y = (await m.run({ x })).y;
+    const bytes = Buffer.from(y.data.buffer, y.data.byteOffset, y.data.byteLength);
+    out[name] = { code: 'ok', workers: m.timings.workers, y: bytes.toString('base64') };
+  } catch (e) {
+    out[name] = { code: e instanceof LoaderError ? e.code : `crash:${e}`, message: String(e.message) };
+  }
+  out[name].sessions = created - before;
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+
+
+def test_node_loader_checks_pieces_on_worker_threads(pieced: dict[str, Path], node_app: Path,
+                                                     tmp_path: Path) -> None:
+    """A format-3 artifact with many pieces: the Node loader checks and decrypts them on a pool of worker threads
+    (the external data into one shared buffer, the graph posted back to the main thread) and gives the Python
+    loader's outputs; a tampered byte in the first, a middle or the last piece, or in the header piece, is refused
+    (`tampered`, naming the piece) before any session is created; a chunk that fails after its piece checked out
+    (re-signed) is `corrupt`, a forgery under the app's key `tampered`, and the wrong key `wrong_key` only when
+    every piece checked out; the same artifact as format 2 (no pieces) still loads, with the same outputs."""
+    data_name = "model.onnx.data.enc"
+    doc = json.loads((pieced["mlp"] / "manifest.json").read_text())
+    entry = next(f for f in doc["artifact"]["files"] if f["name"] == data_name)
+    spans = pieces.spans(entry["size"], entry["pieces"]["head"], entry["pieces"]["size"])
+    assert entry["pieces"]["head"] == container.HEADER and len(spans) >= 6  # the header, then >= 5 pieces
+    graph_pieces = json.loads((pieced["mlpe"] / "manifest.json").read_text())["artifact"]["files"][0]["pieces"]
+    assert len(graph_pieces["sha256"]) >= 5
+    middle = len(spans) // 2
+    edits: dict[str, tuple[str, Callable[[Path], None], str]] = {
+        "intact": ("mlp", lambda d: None, "ok"),
+        "first-piece": ("mlp", lambda d: _flip(d / data_name, spans[1][0] + 5), "tampered:piece 1 of"),
+        "middle-piece": ("mlp", lambda d: _flip(d / data_name, spans[middle][0] + spans[middle][1] // 2),
+                         f"tampered:piece {middle} of"),
+        "last-piece": ("mlp", lambda d: _flip(d / data_name, entry["size"] - 1), f"tampered:piece {len(spans) - 1} of"),
+        "header-piece": ("mlp", lambda d: _flip(d / data_name, 60), "tampered:piece 0 of"),
+        "signed-corrupt-chunk": ("mlp", lambda d: (_flip(d / data_name, spans[middle][0] + 100), _resign(
+            d, lambda doc: _set_file(doc, d, data_name))), "corrupt"),
+        "forged-under-the-app-key": ("mlp", _forge_weights, "tampered"),
+        "graph-intact": ("mlpe", lambda d: None, "ok"),
+        "graph-middle-piece": ("mlpe", lambda d: _flip(d / "model.onnx.enc", (5 << 20) + 77), "tampered:piece"),
+        "format-2": ("mlp", lambda d: _resign(d, _format_2), "ok"),
+        "graph-format-2": ("mlpe", lambda d: _resign(d, _format_2), "ok"),
+    }
+    app = {}
+    for model, folder in pieced.items():  # apps embed the generated loader
+        app[model] = (node_app / f"loader_pieces_{model}_{os.getpid()}.mjs").as_posix()
+        shutil.copy(folder / "loader" / loaders.NODE, app[model])
+    cases = []
+    for name, (model, edit, _) in edits.items():
+        folder = tmp_path / name
+        shutil.copytree(pieced[model], folder)
+        edit(folder)
+        cases.append([name, folder.as_posix(), base64.b64encode(TEST_KEY).decode(), app[model]])
+    for name, folder in (("wrong-key", tmp_path / "intact"), ("wrong-key-and-last-piece", tmp_path / "last-piece")):
+        cases.append([name, folder.as_posix(), base64.b64encode(bytes(32)).decode(), app["mlp"]])
+    try:
+        got = node(node_app, NODE_PIECES, json.dumps(cases))
+    finally:
+        for path in app.values():
+            Path(path).unlink()
+    expected = {name: want for name, (_, _, want) in edits.items()}
+    expected |= {"wrong-key": "wrong_key", "wrong-key-and-last-piece": f"tampered:piece {len(spans) - 1} of"}
+    for name, want in expected.items():
+        code, _, text = want.partition(":")
+        assert got[name]["code"] == code, (name, got[name])
+        assert text in got[name].get("message", ""), (name, got[name])
+        assert got[name]["sessions"] == (code == "ok"), (name, got[name])  # refused before any session
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert got["intact"]["workers"] == min(cores, len(spans) - 1)
+    assert got["graph-intact"]["workers"] == min(cores, len(graph_pieces["sha256"]) - 1)
+    assert got["format-2"]["workers"] == got["graph-format-2"]["workers"] == 0  # the one-pass path
+    x = {"x": np.sin(np.arange(2 * 1024, dtype=np.float32)).reshape(2, 1024)}
+    for model, names in (("mlp", ("intact", "format-2")), ("mlpe", ("graph-intact", "graph-format-2"))):
+        mod: Any = loaders.import_python_loader(loaders.python_path(pieced[model], model))
+        want = mod.load(key=TEST_KEY, folder=pieced[model]).run(x)["y"]
+        assert want.any()
+        assert got[names[0]]["y"] == got[names[1]]["y"]  # the worker pass and the one pass: the same bytes
+        # onnxruntime-node 1.30 against the Python loader's onnxruntime: the same model, sums in another order
+        y = np.frombuffer(base64.b64decode(got[names[0]]["y"]), dtype=np.float32).reshape(want.shape)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5, err_msg=model)
+
+
+def _format_2(doc: dict[str, Any]) -> None:
+    """A format-3 manifest as the previous format wrote it: format_version 2, no piece digests."""
+    doc["format_version"] = 2
+    for f in doc["artifact"]["files"]:
+        f.pop("pieces", None)
+
+
 # --------------------------------------------------------------------------------------- tamper suite
 
 CHUNK_LOG2 = 12
