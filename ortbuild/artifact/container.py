@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ortbuild.artifact import pieces
-from ortbuild.artifact.manifest_types import Pieces
+from ortbuild.artifact.pieces import Pieces
 from ortbuild.errors import ArtifactError
 
 MAGIC = b"ORTBENC\x00"

@@ -41,7 +41,6 @@ from ortbuild.artifact.manifest_types import Operators as Operators
 from ortbuild.artifact.manifest_types import OperatorSet as OperatorSet
 from ortbuild.artifact.manifest_types import Optimization as Optimization
 from ortbuild.artifact.manifest_types import OpTypes as OpTypes
-from ortbuild.artifact.manifest_types import Pieces as Pieces
 from ortbuild.artifact.manifest_types import PrecisionInfo as PrecisionInfo
 from ortbuild.artifact.manifest_types import ProjectInfo as ProjectInfo
 from ortbuild.artifact.manifest_types import ProviderEntry as ProviderEntry
@@ -51,6 +50,7 @@ from ortbuild.artifact.manifest_types import Source as Source
 from ortbuild.artifact.manifest_types import TiedTo as TiedTo
 from ortbuild.artifact.manifest_types import Versions as Versions
 from ortbuild.artifact.manifest_types import file_name_problem as file_name_problem
+from ortbuild.artifact.pieces import Pieces as Pieces
 from ortbuild.errors import ArtifactError, Tampered
 from ortbuild.files import atomic_copy as atomic_copy
 from ortbuild.files import atomic_write as atomic_write

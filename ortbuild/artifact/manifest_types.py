@@ -13,14 +13,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict, TypeVar
 
+from ortbuild.artifact.pieces import Pieces, pieces_problem
 from ortbuild.errors import ArtifactError
 from ortbuild.modelfiles import FileRecord, Signature, ValueInfo
 from ortbuild.status import ArtifactState
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 3
-# 2: one sha256 per file; 3: each artifact file also has its piece digests (`pieces`, ortbuild.artifact.pieces),
-# which the loaders check on every core. Both are read (a format-2 artifact loads; rebuilding or `rekey` writes 3).
+FORMAT_VERSION = 3  # 3: artifact files have piece digests (ortbuild.artifact.pieces); 2 (one sha256) is still read
 READABLE_FORMATS = (2, 3)
 T = TypeVar("T")
 
@@ -118,15 +117,6 @@ class Source:
     # every file of the source model: the graph (its own name) and each external-data file (its location, as
     # the graph names it), with sha256 and size; `sha256` above is the graph file's, `size` all files'
     files: list[FileRecord] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """The sha256 of each piece of a file as stored: bytes [0, head) when head > 0 (a container's header), then
-    pieces of `size` bytes (whole container chunks; the last may be shorter), in order (ortbuild.artifact.pieces)."""
-    head: int
-    size: int
-    sha256: list[str]
 
 
 @dataclass(frozen=True)
@@ -330,8 +320,7 @@ class Manifest:
             raise ArtifactError(f"{where}: unreadable manifest: {e}",
                                 "rebuild the artifact with `ortbuild build`") from None
         if not isinstance(data, dict) or data.get("format_version") not in READABLE_FORMATS:
-            raise ArtifactError(f"{where}: not an ortbuild manifest (format version "
-                                f"{' or '.join(map(str, READABLE_FORMATS))})",
+            raise ArtifactError(f"{where}: not an ortbuild manifest (format {READABLE_FORMATS[0]}-{FORMAT_VERSION})",
                                 "rebuild the artifact with this ortbuild")
         m = _typed(cls, data, where, "")
         problem = _content_problem(m)
@@ -394,31 +383,10 @@ def _content_problem(m: Manifest) -> str | None:
         problem = _operators_problem(m.operators)
         if problem:
             return problem
-    for f in m.artifact.files:
-        problem = pieces_problem(f, m.format_version)
-        if problem:
-            return problem
+    if problem := next(filter(None, (pieces_problem(f, m.format_version) for f in m.artifact.files)), None):
+        return problem
     if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
         return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
-    return None
-
-
-def piece_count(total: int, head: int, size: int) -> int:
-    """How many pieces a file of `total` bytes has: its head (when head > 0), then `size`-byte pieces."""
-    return (1 if head else 0) + -(-max(0, total - head) // size)
-
-
-def pieces_problem(f: ArtifactFile, format_version: int) -> str | None:
-    """Why an artifact file's piece digests are not what format `format_version` requires, or None."""
-    p = f.pieces
-    if p is None:
-        return f"artifact file {f.name} has no piece digests (format {format_version})" if format_version >= 3 else None
-    if format_version < 3:
-        return f"artifact file {f.name} has piece digests, which format {format_version} does not know"
-    if not (0 <= p.head <= f.size and 4096 <= p.size <= 1 << 30) or \
-            len(p.sha256) != piece_count(f.size, p.head, p.size) or \
-            not all(isinstance(d, str) and len(d) == 64 for d in p.sha256):
-        return f"artifact file {f.name}: its piece digests do not fit its size"
     return None
 
 

@@ -9,12 +9,43 @@ from __future__ import annotations
 import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ortbuild.artifact.manifest_types import ArtifactFile, Pieces
+if TYPE_CHECKING:  # manifest_types imports this module (Pieces is part of a manifest)
+    from ortbuild.artifact.manifest_types import ArtifactFile
 
 PIECE_CHUNKS = 4          # container chunks per piece
 PLAIN_PIECE = 4 << 20     # piece size of a file stored in plaintext (encrypt = false)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The sha256 of each piece of a file as stored: bytes [0, head) when head > 0 (a container's header), then
+    pieces of `size` bytes (whole container chunks; the last may be shorter), in order (ortbuild.artifact.pieces)."""
+    head: int
+    size: int
+    sha256: list[str]
+
+
+def piece_count(total: int, head: int, size: int) -> int:
+    """How many pieces a file of `total` bytes has: its head (when head > 0), then `size`-byte pieces."""
+    return (1 if head else 0) + -(-max(0, total - head) // size)
+
+
+def pieces_problem(f: ArtifactFile, format_version: int) -> str | None:
+    """Why an artifact file's piece digests are not what format `format_version` requires, or None."""
+    p = f.pieces
+    if p is None:
+        return f"artifact file {f.name} has no piece digests (format {format_version})" if format_version >= 3 else None
+    if format_version < 3:
+        return f"artifact file {f.name} has piece digests, which format {format_version} does not know"
+    if not (0 <= p.head <= f.size and 4096 <= p.size <= 1 << 30) or \
+            len(p.sha256) != piece_count(f.size, p.head, p.size) or \
+            not all(isinstance(d, str) and len(d) == 64 for d in p.sha256):
+        return f"artifact file {f.name}: its piece digests do not fit its size"
+    return None
 
 
 def container_layout(chunk_size: int, header: int) -> tuple[int, int]:
