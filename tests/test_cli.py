@@ -48,7 +48,7 @@ def test_inspect_ok_then_tampered(built: Path) -> None:
     art = built / "model.onnx.enc"
     art.write_bytes(art.read_bytes()[:-10] + bytes(10))
     proc = run_cli("inspect", str(art))
-    assert proc.returncode == 7 and "TAMPERED   artifact file model.onnx.enc sha256 differs" in proc.stdout
+    assert proc.returncode == 7 and "TAMPERED   artifact file model.onnx.enc: piece 1 of 2 differs" in proc.stdout
 
 
 def test_inspect_warns_when_the_artifact_does_not_fit(built: Path) -> None:
