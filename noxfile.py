@@ -157,6 +157,8 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_build.py", "--nox", env=env)
     session.run("python", "tests/benchmarks/bench_artifacts.py", *session.posargs, env=env)
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
+    # both loaders against plain ORT on manifest format 3 (pieces on every core) and format 2, 67 MB and 0.5 GiB
+    session.run("python", "tests/benchmarks/bench_formats.py")
     # the cold start of a 48-layer 9.7 MB model: loader vs plain ORT vs the offline graph without crypto, step by step
     session.run("python", "tests/benchmarks/bench_coldstart.py")
     # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency
