@@ -456,6 +456,23 @@ def test_pieces_are_checked_on_every_thread_and_the_first_bad_one_is_refused(dis
     assert got is None and isinstance(err, mod.UnsupportedFormatError) and "whole container chunks" in str(err)
 
 
+def test_the_pass_runs_on_the_cores_the_target_gives_it(dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one pass uses every core this process may run on, at most intra_op_num_threads when the target (or
+    load(session=...)) sets it: a process given a share of the machine keeps to it."""
+    folder = dist / "ext-copy" / "tiny_transformer"
+    mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))
+    seen: list[int] = []
+    real = mod._open_file
+    monkeypatch.setattr(mod, "_open_file", lambda *a, **k: seen.append(k["threads"]) or real(*a, **k))
+    cores = len(os.sched_getaffinity(0))
+    mod.load()
+    mod.load(session={"intra_op_num_threads": 1})
+    mod.load(session={"intra_op_num_threads": cores + 7})
+    files = len(mod.verify(folder)["artifact"]["files"])
+    expected = [min(cores, mod.SESSION["intra_op_num_threads"] or cores)] * files + [1] * files + [cores] * files
+    assert seen == expected
+
+
 def _as_format_2(folder: Path) -> None:
     """The artifact as the previous ortbuild wrote it: manifest format 2, one sha256 per file, no piece digests."""
     def edit(doc: dict[str, Any]) -> None:
