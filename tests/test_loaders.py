@@ -782,13 +782,8 @@ def pieced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, layers, embedded in (("mlp", 6, False), ("mlpe", 5, True)):
         src = mlp(root / name, layers=layers, width=1024, embedded=embedded)
         text += f'[models.{name}]\npath = "{src}"\ninputs = "{src.parent / "inputs.npz"}"\n'
-    text += f'[targets.fp32]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
-    (root / "targets.toml").write_text(text)
-    project = config.load(root / "targets.toml")
-    results = Builder(project, root / "dist", secrets=keys.read_secrets(),
-                      progress=lambda j, m: None).run(plan.jobs(project))
-    assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
-    return {name: root / "dist" / "fp32" / name for name in ("mlp", "mlpe")}
+    built = _build_fp32(root, text)
+    return {name: built / name for name in ("mlp", "mlpe")}
 
 
 NODE_PIECES = """
@@ -1165,13 +1160,19 @@ def _build_one(root: Path, model: str = "tiny_cnn", epoch: int | None = None, mo
     text = '[project]\nname = "t"\nversion = "1"\n' + (f"epoch = {epoch}\n" if epoch is not None else "")
     text += (f'[models.{model}]\npath = "{model_path or MODELS / f"{model}.onnx"}"\n'
              f'inputs = "{inputs or MODELS / f"{model}.inputs.npz"}"\n')
+    return _build_fp32(root, text) / model
+
+
+def _build_fp32(root: Path, text: str) -> Path:
+    """Build the project whose targets.toml starts with `text` (project and models) for one fp32 target, with
+    the suite's keys; dist/fp32."""
     text += f'[targets.fp32]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
     (root / "targets.toml").write_text(text)
     project = config.load(root / "targets.toml")
     results = Builder(project, root / "dist", secrets=keys.read_secrets(),
                       progress=lambda j, m: None).run(plan.jobs(project))
     assert all(r.status == BUILT for r in results), [(r.target, r.model, r.reason) for r in results]
-    return root / "dist" / "fp32" / model
+    return root / "dist" / "fp32"
 
 
 def test_an_artifact_with_the_old_python_loader_name_is_rebuilt_whole(tmp_path: Path) -> None:
