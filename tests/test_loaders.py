@@ -501,6 +501,9 @@ def test_an_artifact_of_the_previous_format_still_loads_and_rekey_rewrites_it(di
     assert sign is not None
     m = manifest.trusted(folder, sign.public_raw)
     assert m is not None and m.format_version == 2 and all(f.pieces is None for f in m.artifact.files)
+    shown = run_cli("inspect", str(folder))
+    assert shown.returncode == 0 and "manifest   format 2: one sha256 per file (rebuild or `ortbuild rekey`" in \
+        shown.stdout, shown.stdout + shown.stderr
     made = keygen.keygen(tmp_path / "new")
     old_file = tmp_path / "old.key"
     old_file.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
@@ -509,6 +512,7 @@ def test_an_artifact_of_the_previous_format_still_loads_and_rekey_rewrites_it(di
     assert proc.returncode == 0, proc.stderr
     m = manifest.trusted(folder, sign.public_raw)
     assert m is not None and m.format_version == 3 and all(f.pieces is not None for f in m.artifact.files)
+    assert "manifest   format 3: " in run_cli("inspect", str(folder)).stdout
     new_key = keys_.encryption_key(file=made["encryption_key"])
     assert new_key is not None
     again = list(mod.load(key=new_key.secret, folder=folder).run(feed("tiny_transformer")).values())

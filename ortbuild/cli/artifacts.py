@@ -165,6 +165,10 @@ def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, in
           + (" (DEVELOPMENT KEY)" if m.signing.development_key else "")
           + (f"; checked with the trusted key id {keys.public_key_id(pinned)}" if pinned else ""))
     print(f"  epoch      {m.epoch} (rollback counter: loaders generated at a higher epoch refuse this one)")
+    counted = sum(len(f.pieces.sha256) for f in m.artifact.files if f.pieces is not None)
+    print(f"  manifest   format {m.format_version}: " + (
+        f"{counted} piece digests, checked on every core" if counted else
+        "one sha256 per file (rebuild or `ortbuild rekey` adds piece digests, checked on every core)"))
     if m.golden:
         print(f"  golden     {len(m.golden)} signed file(s) under golden/")
     for lf in m.loaders:
