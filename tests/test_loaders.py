@@ -26,6 +26,7 @@ import onnx
 import pytest
 
 from ortbuild.artifact import container, keygen, keys, loaders, manifest, pieces
+from ortbuild.errors import ArtifactError
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus
@@ -886,6 +887,62 @@ def test_node_loader_checks_pieces_on_worker_threads(pieced: dict[str, Path], no
         # onnxruntime-node 1.30 against the Python loader's onnxruntime: the same model, sums in another order
         y = np.frombuffer(base64.b64decode(got[names[0]]["y"]), dtype=np.float32).reshape(want.shape)
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5, err_msg=model)
+
+
+# A signed manifest whose piece digests do not fit the file (only a signer can write one: a bug, or a tool other
+# than ortbuild): each loader must refuse it as `tampered`, never crash, raise a raw exception or hang
+ODD_LAYOUTS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "size-zero": lambda f: f["pieces"].update(size=0),
+    "size-negative": lambda f: f["pieces"].update(size=-4096),
+    "size-text": lambda f: f["pieces"].update(size=str(f["pieces"]["size"])),
+    "size-fraction": lambda f: f["pieces"].update(size=f["pieces"]["size"] + 0.5),
+    "head-negative": lambda f: f["pieces"].update(head=-5),
+    "head-past-the-end": lambda f: f["pieces"].update(head=f["size"] + 1),
+    "head-text": lambda f: f["pieces"].update(head="103"),
+    "digests-not-a-list": lambda f: f["pieces"].update(sha256=f["pieces"]["sha256"][0]),
+    "pieces-empty-object": lambda f: f.update(pieces={}),
+    "pieces-a-list": lambda f: f.update(pieces=[]),
+    "pieces-zero": lambda f: f.update(pieces=0),
+}
+
+NODE_LAYOUTS = """
+const { LoaderError, load } = await import(process.argv[2]);
+const out = {};
+for (const folder of JSON.parse(process.argv[3])) {
+  try { await load({ folder, key: Buffer.from(process.argv[4], 'base64') }); out[folder] = 'ok'; }
+  catch (e) { out[folder] = e instanceof LoaderError ? `${e.code}:${e.message}` : `crash:${e}`; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_signed_pieces_that_do_not_fit_the_file_are_refused_by_both_loaders(dist: Path, node_app: Path,
+                                                                            tmp_path: Path) -> None:
+    """Piece digests signed with the real key but malformed (a piece size of 0, below zero or not an integer, a head
+    below zero, past the file's end or not an integer, digests that are not a list, pieces that are not an object)
+    are refused by the Python and the Node loader as `tampered` ("do not fit", what the browser loader says), as
+    ortbuild refuses the manifest: never a raw exception (ValueError, TypeError, RangeError), a hang or a crash."""
+    src = dist / "fp32" / "tiny_cnn"
+    mod: Any = loaders.import_python_loader(loaders.python_path(src, "tiny_cnn"))
+    folders = []
+    for name, edit in ODD_LAYOUTS.items():
+        folder = tmp_path / name
+        shutil.copytree(src, folder)
+        _resign(folder, lambda doc, e=edit: e(doc["artifact"]["files"][0]))
+        folders.append(folder.as_posix())
+        with pytest.raises(ArtifactError):
+            manifest.read(folder)
+        with pytest.raises(mod.TamperedError, match="do not fit"):
+            mod.load(key=TEST_KEY, folder=folder)
+    loader = node_app / f"loader_layouts_{os.getpid()}.mjs"
+    shutil.copy(src / "loader" / loaders.NODE, loader)
+    try:
+        got = node(node_app, NODE_LAYOUTS, loader.as_posix(), json.dumps(folders), base64.b64encode(TEST_KEY).decode())
+    finally:
+        loader.unlink()
+    assert {Path(k).name: v.partition(" (")[0] for k, v in got.items()} == {
+        name: f"tampered:{tmp_path / name / 'model.onnx.enc'}: its signed pieces do not fit its "
+              f"{(src / 'model.onnx.enc').stat().st_size} bytes" for name in ODD_LAYOUTS}
 
 
 def _format_2(doc: dict[str, Any]) -> None:
