@@ -457,6 +457,59 @@ def test_pieces_are_checked_on_every_thread_and_the_first_bad_one_is_refused(dis
     assert got is None and isinstance(err, mod.UnsupportedFormatError) and "whole container chunks" in str(err)
 
 
+INTERRUPTED_PASS = """
+import os, signal, sys, threading, time, _thread
+sys.path.insert(0, sys.argv[1])
+import importlib
+mod = importlib.import_module(sys.argv[2])
+main = threading.main_thread().ident
+late, calls, interrupted, returned = [], [], threading.Event(), threading.Event()
+preadv = os.preadv
+
+def spy(fd, bufs, at):
+    if _thread.get_ident() != main and not calls:  # the helper's first read: held until the main thread waits
+        calls.append(at)
+        interrupted.wait(10)
+        time.sleep(0.3)
+    if returned.is_set():
+        late.append(at)  # a helper still reading after the call returned (its descriptor closed, maybe reused)
+    return preadv(fd, bufs, at)
+
+os.preadv = spy
+
+def interrupt():
+    time.sleep(1.5)  # the main thread has done every other piece and waits for the helper
+    signal.pthread_kill(main, signal.SIGINT)
+    interrupted.set()
+
+threading.Thread(target=interrupt).start()
+try:
+    mod._open_file(sys.argv[3], {"size": int(sys.argv[4]), "sha256": "", "pieces": eval(sys.argv[5])}, True,
+                   bytes(range(32)), None, graph=False, threads=2)
+    print("no interrupt")
+except KeyboardInterrupt:
+    returned.set()
+time.sleep(1.5)
+print("helpers still running:", threading.active_count() - 1, "late reads:", late)
+"""
+
+
+def test_an_interrupted_pass_stops_its_helper_threads_before_it_returns(dist: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the Python loader's main thread waits for a helper thread of the format-3 pass: the
+    KeyboardInterrupt reaches the caller only once every helper has stopped, so no helper goes on reading through a
+    descriptor the pass has closed (which a later open() may reuse) or writing plaintext into a closed buffer."""
+    folder = dist / "ext" / "tiny_transformer"
+    ct = container.encrypt(os.urandom((13 << 20) + 5), TEST_KEY)  # the header, then 4 pieces of 4 chunks
+    path = tmp_path / "c.enc"
+    path.write_bytes(ct)
+    layout = asdict(pieces.of_bytes(ct, *pieces.container_layout(1 << 20, container.HEADER))[1])
+    proc = subprocess.run([sys.executable, "-I", "-c", INTERRUPTED_PASS, str(folder / "loader"),
+                           "ortbuild_tiny_transformer", str(path), str(len(ct)), repr(layout)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "helpers still running: 0 late reads: []"
+
+
 def test_the_pass_runs_on_the_cores_the_target_gives_it(dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one pass uses every core this process may run on, at most intra_op_num_threads when the target (or
     load(session=...)) sets it: a process given a share of the machine keeps to it."""
