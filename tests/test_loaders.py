@@ -26,6 +26,7 @@ import onnx
 import pytest
 
 from ortbuild.artifact import container, keygen, keys, loaders, manifest, pieces
+from ortbuild.errors import ArtifactError
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
 from ortbuild.status import JobStatus
@@ -454,6 +455,59 @@ def test_pieces_are_checked_on_every_thread_and_the_first_bad_one_is_refused(dis
     odd = asdict(pieces.of_bytes(good, container.HEADER, 1 << 20)[1])  # pieces that split container chunks
     got, err = mod._open_file(path, {**signed, "pieces": odd}, True, TEST_KEY, None, graph=False)
     assert got is None and isinstance(err, mod.UnsupportedFormatError) and "whole container chunks" in str(err)
+
+
+INTERRUPTED_PASS = """
+import os, signal, sys, threading, time, _thread
+sys.path.insert(0, sys.argv[1])
+import importlib
+mod = importlib.import_module(sys.argv[2])
+main = threading.main_thread().ident
+late, calls, interrupted, returned = [], [], threading.Event(), threading.Event()
+preadv = os.preadv
+
+def spy(fd, bufs, at):
+    if _thread.get_ident() != main and not calls:  # the helper's first read: held until the main thread waits
+        calls.append(at)
+        interrupted.wait(10)
+        time.sleep(0.3)
+    if returned.is_set():
+        late.append(at)  # a helper still reading after the call returned (its descriptor closed, maybe reused)
+    return preadv(fd, bufs, at)
+
+os.preadv = spy
+
+def interrupt():
+    time.sleep(1.5)  # the main thread has done every other piece and waits for the helper
+    signal.pthread_kill(main, signal.SIGINT)
+    interrupted.set()
+
+threading.Thread(target=interrupt).start()
+try:
+    mod._open_file(sys.argv[3], {"size": int(sys.argv[4]), "sha256": "", "pieces": eval(sys.argv[5])}, True,
+                   bytes(range(32)), None, graph=False, threads=2)
+    print("no interrupt")
+except KeyboardInterrupt:
+    returned.set()
+time.sleep(1.5)
+print("helpers still running:", threading.active_count() - 1, "late reads:", late)
+"""
+
+
+def test_an_interrupted_pass_stops_its_helper_threads_before_it_returns(dist: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the Python loader's main thread waits for a helper thread of the format-3 pass: the
+    KeyboardInterrupt reaches the caller only once every helper has stopped, so no helper goes on reading through a
+    descriptor the pass has closed (which a later open() may reuse) or writing plaintext into a closed buffer."""
+    folder = dist / "ext" / "tiny_transformer"
+    ct = container.encrypt(os.urandom((13 << 20) + 5), TEST_KEY)  # the header, then 4 pieces of 4 chunks
+    path = tmp_path / "c.enc"
+    path.write_bytes(ct)
+    layout = asdict(pieces.of_bytes(ct, *pieces.container_layout(1 << 20, container.HEADER))[1])
+    proc = subprocess.run([sys.executable, "-I", "-c", INTERRUPTED_PASS, str(folder / "loader"),
+                           "ortbuild_tiny_transformer", str(path), str(len(ct)), repr(layout)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "helpers still running: 0 late reads: []"
 
 
 def test_the_pass_runs_on_the_cores_the_target_gives_it(dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -890,6 +944,62 @@ def test_node_loader_checks_pieces_on_worker_threads(pieced: dict[str, Path], no
         # onnxruntime-node 1.30 against the Python loader's onnxruntime: the same model, sums in another order
         y = np.frombuffer(base64.b64decode(got[names[0]]["y"]), dtype=np.float32).reshape(want.shape)
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5, err_msg=model)
+
+
+# A signed manifest whose piece digests do not fit the file (only a signer can write one: a bug, or a tool other
+# than ortbuild): each loader must refuse it as `tampered`, never crash, raise a raw exception or hang
+ODD_LAYOUTS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "size-zero": lambda f: f["pieces"].update(size=0),
+    "size-negative": lambda f: f["pieces"].update(size=-4096),
+    "size-text": lambda f: f["pieces"].update(size=str(f["pieces"]["size"])),
+    "size-fraction": lambda f: f["pieces"].update(size=f["pieces"]["size"] + 0.5),
+    "head-negative": lambda f: f["pieces"].update(head=-5),
+    "head-past-the-end": lambda f: f["pieces"].update(head=f["size"] + 1),
+    "head-text": lambda f: f["pieces"].update(head="103"),
+    "digests-not-a-list": lambda f: f["pieces"].update(sha256=f["pieces"]["sha256"][0]),
+    "pieces-empty-object": lambda f: f.update(pieces={}),
+    "pieces-a-list": lambda f: f.update(pieces=[]),
+    "pieces-zero": lambda f: f.update(pieces=0),
+}
+
+NODE_LAYOUTS = """
+const { LoaderError, load } = await import(process.argv[2]);
+const out = {};
+for (const folder of JSON.parse(process.argv[3])) {
+  try { await load({ folder, key: Buffer.from(process.argv[4], 'base64') }); out[folder] = 'ok'; }
+  catch (e) { out[folder] = e instanceof LoaderError ? `${e.code}:${e.message}` : `crash:${e}`; }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_signed_pieces_that_do_not_fit_the_file_are_refused_by_both_loaders(dist: Path, node_app: Path,
+                                                                            tmp_path: Path) -> None:
+    """Piece digests signed with the real key but malformed (a piece size of 0, below zero or not an integer, a head
+    below zero, past the file's end or not an integer, digests that are not a list, pieces that are not an object)
+    are refused by the Python and the Node loader as `tampered` ("do not fit", what the browser loader says), as
+    ortbuild refuses the manifest: never a raw exception (ValueError, TypeError, RangeError), a hang or a crash."""
+    src = dist / "fp32" / "tiny_cnn"
+    mod: Any = loaders.import_python_loader(loaders.python_path(src, "tiny_cnn"))
+    folders = []
+    for name, edit in ODD_LAYOUTS.items():
+        folder = tmp_path / name
+        shutil.copytree(src, folder)
+        _resign(folder, lambda doc, e=edit: e(doc["artifact"]["files"][0]))
+        folders.append(folder.as_posix())
+        with pytest.raises(ArtifactError):
+            manifest.read(folder)
+        with pytest.raises(mod.TamperedError, match="do not fit"):
+            mod.load(key=TEST_KEY, folder=folder)
+    loader = node_app / f"loader_layouts_{os.getpid()}.mjs"
+    shutil.copy(src / "loader" / loaders.NODE, loader)
+    try:
+        got = node(node_app, NODE_LAYOUTS, loader.as_posix(), json.dumps(folders), base64.b64encode(TEST_KEY).decode())
+    finally:
+        loader.unlink()
+    assert {Path(k).name: v.partition(" (")[0] for k, v in got.items()} == {
+        name: f"tampered:{tmp_path / name / 'model.onnx.enc'}: its signed pieces do not fit its "
+              f"{(src / 'model.onnx.enc').stat().st_size} bytes" for name in ODD_LAYOUTS}
 
 
 def _format_2(doc: dict[str, Any]) -> None:
