@@ -72,8 +72,9 @@ def fail_lines(name: str, kind: str, v: PercentileVerdict, budget: GenerationBud
     at = f"{budget.prompt_tokens} prompt + {budget.new_tokens} new tokens"
     there = f" in {where}" if where else ""
     if kind == "min_tokens_per_second":
-        bound = f" (at most {1e3 / v.lower:.1f} with {v.confidence:.0%} confidence)" if v.lower else ""
-        return [f"generation: {name} decode {1e3 / v.observed:.1f} tokens/s on the median generation{bound} < "
+        # the rates the report records (_rate), so the line and report.json never differ in the last digit
+        bound = f" (at most {_rate(v.lower):.1f} with {v.confidence:.0%} confidence)" if v.lower else ""
+        return [f"generation: {name} decode {_rate(v.observed):.1f} tokens/s on the median generation{bound} < "
                 f"budget min_tokens_per_second = {budget.min_tokens_per_second:g} ({v.exceeding} of {v.samples} "
                 f"generations slower; {at})",
                 f"  hint: lower min_tokens_per_second{there} if this rate is expected on this machine; a lower "
