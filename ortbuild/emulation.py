@@ -7,6 +7,12 @@ binfmt_misc and no chroot needed), the target's runtime and the loader's depende
 once per (platform, requirements) under ~/.cache/ortbuild/emulation (ORTBUILD_EMULATION_CACHE), under a lock, and
 reused. ORTBUILD_EMULATION=off turns emulation off (the tests' default); the target is then SKIPPED with that reason.
 Emulation says nothing about a device's speed: the latency, cold-start and memory gates are SKIPPED there.
+
+x86-64 levels (x86-64-v2 ... x86-64-v4-vnni): ONNX Runtime picks its x86 kernels by CPUID, so an artifact gated on
+one level may fail on another (u8s8 int8 kernels without VNNI saturate). A level target runs natively on a CPU of
+that level; on a newer x86-64 CPU its golden gate runs this environment's own Python and ONNX Runtime under
+`qemu-x86_64-static -cpu <that level's CPU model>` (nothing to set up); on an older one, or a level qemu's TCG
+cannot run (AVX-512), it is SKIPPED with the reason.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ortbuild import machine
 from ortbuild.errors import MissingProvider, OrtbuildError, from_loader
 from ortbuild.project.precisions import Emulator, PlatformRule, platform_rule
 
@@ -61,9 +68,46 @@ def host() -> str:
     return f"{sys.platform.rstrip('0123456789')}-{ {'amd64': 'x86_64', 'arm64': 'aarch64'}.get(m, m)}"
 
 
+def host_level() -> str | None:
+    """This machine's x86-64 level (machine.X86_LEVELS), None on other machines."""
+    lv = machine.x86_level()
+    return lv.name if lv else None
+
+
 def emulated(name: str) -> bool:
-    """Whether a target of platform `name` runs emulated here ("native" and this machine's own run natively)."""
-    return platform_rule(name).emulated_on(host())
+    """Whether a target of platform `name` runs emulated here ("native", this machine's own platform and its own
+    x86-64 level run natively)."""
+    return platform_rule(name).emulated_on(host(), host_level())
+
+
+X86_QEMU = "qemu-x86_64-static"
+# the Haswell model's features TCG does not emulate (system ones, meaningless to user mode): off, so qemu says nothing
+_TCG_LACKS = ",-pcid,-x2apic,-tsc-deadline,-invpcid"
+
+
+def _x86_unavailable(p: PlatformRule) -> str:
+    """Why an x86-64 level target's golden gate cannot run here ("" when it can, natively or emulated)."""
+    assert p.x86_level is not None
+    want = machine.x86_level_named(p.x86_level)
+    here = machine.x86_level()
+    levels = [lv.name for lv in machine.X86_LEVELS]
+    if host() != "linux-x86_64" or here is None:
+        what = "an x86-64 CPU older than x86-64-v2" if host() == "linux-x86_64" else f"a {host()} machine"
+        return f"a {p.name} target is tested on an x86-64 CPU of that level ({want.says}); this is {what}"
+    if here.name == want.name:
+        return ""
+    if levels.index(here.name) < levels.index(want.name):
+        return (f"this machine's CPU ({machine.cpu_model()}) is {here.name} ({here.says}), older than {p.name} "
+                f"({want.says}): its gates run on a CPU of that level or newer (a runner: `ortbuild matrix`)")
+    if want.qemu_cpu is None:
+        return (f"this machine's CPU is {here.name} ({here.says}) and qemu-user cannot emulate {p.name} "
+                f"({want.says}): its gates run natively on a {p.name} CPU (a runner: `ortbuild matrix`)")
+    if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
+        return f"the emulated {p.name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
+    if shutil.which(X86_QEMU) is None:
+        return (f"testing a {p.name} target on this {here.name} CPU needs qemu-user ({X86_QEMU}; Debian/Ubuntu: "
+                "apt-get install qemu-user-static), or a runner with a CPU of that level (`ortbuild matrix`)")
+    return ""
 
 
 def cache_root() -> Path:
@@ -85,12 +129,16 @@ def _site(p: PlatformRule, requirements: Sequence[str]) -> Path:
 
 def ready(name: str, requirements: Sequence[str]) -> bool:
     p = platform_rule(name)
+    if p.x86_level is not None:
+        return True  # this environment's own Python and runtime, under qemu: nothing to set up
     return (p.emulator is not None and (_rootfs(p) / ".ready").is_file()
             and (_site(p, requirements) / ".ready").is_file())
 
 
 def unavailable(name: str, requirements: Sequence[str]) -> str:
     """Why targets of platform `name` cannot be tested here ("" when they can, setting up on first use)."""
+    if platform_rule(name).x86_level is not None:
+        return _x86_unavailable(platform_rule(name))
     e = platform_rule(name).emulator
     if e is None:
         return f"{name} is not this machine's platform ({host()}) and ortbuild cannot emulate it"
@@ -237,7 +285,8 @@ def ensure(name: str, requirements: Sequence[str], say: Callable[[str], None] = 
 # feeds in <work>/in_N.npz into <work>/out_N.npz; a loader's refusal goes to <work>/error.json with its code.
 _RUNNER = r'''
 import importlib.util, json, platform, sys
-sys.path.insert(0, sys.argv[1])
+if sys.argv[1]:  # the emulated userland's wheels (an x86-64 level: this environment's own site-packages)
+    sys.path.insert(0, sys.argv[1])
 import numpy as np
 loader, folder, work = sys.argv[2:5]
 spec = importlib.util.spec_from_file_location("_ortbuild_loader", loader)
@@ -263,6 +312,32 @@ with open(f"{work}/info.json", "w") as f:
 '''
 
 
+def _arm_command(p: PlatformRule, requirements: Sequence[str],
+                 say: Callable[[str], None]) -> tuple[dict[str, Any], list[str], str]:
+    """What it is, the command that runs the runner in the emulated userland (set up first where needed), and the
+    site directory holding its wheels."""
+    e = p.emulator
+    assert e is not None
+    env_info = ensure(p.name, requirements, say)
+    return env_info, [e.qemu, "-cpu", e.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"),
+                      "-I"], str(_site(p, requirements))
+
+
+def _x86_command(p: PlatformRule, requirements: Sequence[str]) -> tuple[dict[str, Any], list[str], str]:
+    """What it is, and the command that runs the runner with this environment's own Python and runtime under qemu's
+    model of an x86-64 level's CPU (its CPUID says that level: ONNX Runtime picks that level's kernels); no site
+    directory (the environment's own)."""
+    why = unavailable(p.name, requirements)
+    if why:
+        raise EmulationError(why)
+    level = machine.x86_level_named(p.x86_level or "")
+    assert level.qemu_cpu is not None
+    return ({"platform": p.name, "x86_level": p.name, "emulator": f"{X86_QEMU} -cpu {level.qemu_cpu}",
+             "host_x86_level": host_level(), "python": platform.python_version(),
+             "requirements": sorted(requirements), "setup_s": 0.0},
+            [X86_QEMU, "-cpu", level.qemu_cpu + _TCG_LACKS, sys.executable, "-I"], "")
+
+
 def _no_core() -> None:
     import resource
 
@@ -284,9 +359,8 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
     import numpy as np
 
     p = platform_rule(name)
-    e = p.emulator
-    assert e is not None
-    env_info = ensure(name, requirements, say)
+    env_info, prefix, site = (_x86_command(p, requirements) if p.x86_level is not None
+                              else _arm_command(p, requirements, say))
     with tempfile.TemporaryDirectory(prefix="ortbuild-emulated-") as tmp:
         work = Path(tmp)
         (work / "runner.py").write_text(_RUNNER)
@@ -297,9 +371,7 @@ def run(name: str, requirements: Sequence[str], loader: Path, folder: Path, key:
                                      f"emulated {name} golden test does not pass yet",
                                      "test this target on a runner of its platform (`ortbuild matrix`)")
             np.savez(work / f"in_{i}.npz", **f)
-        cmd = [e.qemu, "-cpu", e.cpu, "-L", str(_rootfs(p)), str(_rootfs(p) / "usr" / "bin" / "python3"), "-I",
-               str(work / "runner.py"), str(_site(p, requirements)), str(loader), str(folder), str(work),
-               str(len(feeds))]
+        cmd = [*prefix, str(work / "runner.py"), site, str(loader), str(folder), str(work), str(len(feeds))]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "ORT_DISABLE_TELEMETRY": "1"}
         began = time.monotonic()
         try:

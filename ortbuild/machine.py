@@ -54,6 +54,43 @@ def simd_level(flags: frozenset[str] | None = None) -> str:
     return arch or "unknown"
 
 
+@dataclass(frozen=True)
+class X86Level:
+    """An x86-64 microarchitecture level (the psABI's x86-64-v2/-v3/-v4; a VNNI variant, for int8): the CPU flags
+    it requires, as /proc/cpuinfo spells them, and the CPU model qemu-user emulates it with (None: qemu's TCG
+    cannot run its instructions: AVX-512)."""
+
+    name: str
+    flags: frozenset[str]
+    says: str                         # what it adds, in words
+    qemu_cpu: str | None
+
+
+_V2 = frozenset({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"})
+_V3 = _V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+# oldest first; a CPU is at the newest level whose flags it has all of
+X86_LEVELS: tuple[X86Level, ...] = (
+    X86Level("x86-64-v2", _V2, "SSE4.2, no AVX", "Nehalem-v2"),
+    X86Level("x86-64-v3", _V3, "AVX2 and FMA, no AVX-512", "Haswell-noTSX"),
+    X86Level("x86-64-v4", _V4, "AVX-512 without VNNI", None),
+    X86Level("x86-64-v4-vnni", _V4 | {"avx512_vnni"}, "AVX-512 with VNNI", None),
+)
+
+
+def x86_level(flags: frozenset[str] | None = None, arch: str | None = None) -> X86Level | None:
+    """This machine's x86-64 level (None: not an x86-64 machine, or older than x86-64-v2)."""
+    f = cpu_flags() if flags is None else flags
+    if (arch or platform.machine()).lower() not in ("x86_64", "amd64"):
+        return None
+    found = [lv for lv in X86_LEVELS if lv.flags <= f]
+    return found[-1] if found else None
+
+
+def x86_level_named(name: str) -> X86Level:
+    return next(lv for lv in X86_LEVELS if lv.name == name)
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -71,6 +108,7 @@ def fingerprint() -> dict[str, Any]:
         "machine": platform.machine(),
         "system": platform.system(),
         "simd_level": simd_level(),
+        "x86_level": (lv.name if (lv := x86_level()) else None),
         "isa_flags": sorted(cpu_flags() & set(_ISA_FLAGS)),
         "python": platform.python_version(),
     }

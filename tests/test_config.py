@@ -14,7 +14,8 @@ BAD = sorted((REPO / "tests" / "fixtures" / "bad").glob("*.toml"))
 
 def test_committed_targets_file_resolves_layers() -> None:
     p = config.load(REPO / "targets.toml")
-    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "mobile-int8",
+    assert list(p.targets) == ["cpu-fp32", "cpu-portable", "cpu-int8", "cpu-int4", "arm64-int8", "x86-v3-int8",
+                              "mobile-int8",
                               "openvino-cpu", "cuda-fp16", "tensorrt-fp16", "llm-cpu-fp32", "llm-cpu-int8",
                               "llm-cpu-int4", "llm-cuda-int4"]
     # the generative model: only the targets that name it, and no wildcard (tiny_*) selects it
@@ -24,6 +25,10 @@ def test_committed_targets_file_resolves_layers() -> None:
     assert llm.session("test") == "test-generative(llm-cuda-int4)"
     mobile = p.targets["mobile-int8"].settings["tiny_cnn"]
     assert (mobile.format, mobile.optimization, mobile.precision) == ("ort", "basic", "int8-static")
+    # phones are ARM: gated on ARM's int8 kernels (emulated), not on x86's u8s8 ones, which saturate without VNNI
+    assert p.targets["mobile-int8"].platform == "linux-aarch64" and mobile.quantization.reduce_range is False
+    v3 = p.targets["x86-v3-int8"]  # int8 gated on the AVX2 kernels: x86's 7-bit weights hold there
+    assert (v3.platform, v3.settings["tiny_lstm"].quantization.reduce_range) == ("x86-64-v3", True)
     arm = p.targets["arm64-int8"]  # the platform's default runner; int8 without x86's reduce_range
     assert (arm.platform, arm.runner) == ("linux-aarch64", ("ubuntu-24.04-arm",))
     assert p.targets["cpu-int8"].platform == "native"

@@ -30,9 +30,15 @@ def cannot_run(target: Target) -> str:
     return emulation.unavailable(target.platform, requirements(target)) if emulated(target) else ""
 
 
+def where_timed(target: Target) -> str:
+    """Where the target's timing gates run: a runner of its platform (an x86-64 level: a CPU of that level)."""
+    runner = ", ".join(target.runner)
+    return f"a {target.platform} CPU (runner: {runner})" if target.platform_rule.x86_level else runner
+
+
 def timing_note(target: Target, info: Mapping[str, object]) -> str:
     return (f"emulated {target.platform} ({info.get('emulator', 'qemu-user')}): emulation says nothing about the "
-            f"device's speed; `ortbuild matrix` runs this target on {', '.join(target.runner)}, where every gate runs")
+            f"device's speed; `ortbuild matrix` runs this target on {where_timed(target)}, where every gate runs")
 
 
 def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golden,
@@ -43,8 +49,9 @@ def golden_outputs(job: Job, folder: Path, secret: bytes | None, g: golden.Golde
     if not emulation.ready(plat, reqs):  # said on every stream (PhaseStarted): it downloads, once
         progress(job.name, PhaseStarted(f"setting up the emulated {plat} environment (first time only; each step "
                                         f"says what it downloads; cached in {emulation.cache_root()})"))
-    progress(job.name, f"golden outputs through the generated Python loader on {plat} ({job.target.runtime_text}), "
-                       "emulated")
+    how = ("its x86-64 level's CPU model" if job.target.platform_rule.x86_level
+           else f"its onnxruntime wheel ({job.target.runtime_text})")
+    progress(job.name, f"golden outputs through the generated Python loader on {plat} ({how}), emulated")
     return emulation.run(plat, reqs, loaders.python_path(folder, job.model.name), folder, secret,
                          [ds.inputs for ds in g.sets], job.name,
                          say=lambda text: progress(job.name, PhaseStarted(text)))

@@ -101,7 +101,10 @@ class Builder:
         pairs, notes, problems = [], [], []
         for job in jobs:
             entry = lock.get(job)
-            why = entry.stale(*self.fingerprint(job)) if entry is not None else ""
+            if entry is not None and not job.model.path.exists():  # e.g. a generative model made on first use
+                why = f"its source {job.model.path} does not exist (yet)"
+            else:
+                why = entry.stale(*self.fingerprint(job)) if entry is not None else ""
             if why:
                 wants = lockfile.wanted(job.settings)
                 notes.append(f"{lock.file.name}: the entry of {job.name} is out of date ({why}): "

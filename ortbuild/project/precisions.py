@@ -18,7 +18,7 @@ from typing import Literal, get_args
 Precision = Literal["fp32", "fp16", "int8-dynamic", "int8-static", "int4-weight"]
 Level = Literal["disable", "basic", "extended", "layout", "all"]
 Format = Literal["onnx", "ort"]
-Platform = Literal["native", "linux-x86_64", "linux-aarch64"]
+Platform = Literal["native", "linux-x86_64", "linux-aarch64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4-vnni"]
 OptionsTable = Literal["quantization", "fp16", "int4"]  # the target sub-tables holding a precision's options
 
 
@@ -214,14 +214,19 @@ class PlatformRule:
     runner: tuple[str, ...] | None   # its default runner labels (None: the `runner` key's default)
     nchwc: bool                      # may take the NCHWc levels (layout, all): built on the machine that runs it
     emulator: Emulator | None = None  # how another machine runs its artifacts (None: ortbuild does not emulate it)
+    x86_level: str | None = None     # an x86-64 level (machine.X86_LEVELS): run natively on a CPU of that level,
+                                     # under qemu-user's model of it on a newer one (ortbuild.emulation)
 
     @property
     def native(self) -> bool:
         """Whichever machine runs the tests (`native`), not a named platform."""
         return self.machine is None
 
-    def emulated_on(self, host: str) -> bool:
-        """Whether its artifacts run emulated on the machine of platform `host` (emulation.host())."""
+    def emulated_on(self, host: str, host_level: str | None = None) -> bool:
+        """Whether its artifacts do not run natively on the machine of platform `host` (emulation.host()) and x86-64
+        level `host_level` (machine.x86_level()): emulated there, or not run at all (emulation.unavailable)."""
+        if self.x86_level is not None:
+            return host != "linux-x86_64" or host_level != self.x86_level
         return not self.native and self.name != host
 
 
@@ -239,6 +244,10 @@ PLATFORM_RULES: dict[str, PlatformRule] = {r.name: r for r in (
     PlatformRule(name="native", machine=None, runner=None, nchwc=True),
     PlatformRule(name="linux-x86_64", machine="x86_64", runner=None, nchwc=False),
     PlatformRule(name="linux-aarch64", machine="aarch64", runner=ARM_RUNNER, nchwc=False, emulator=NEOVERSE_N1),
+    # x86-64 levels (ORT's x86 kernels are chosen by CPUID: a result on one level says little about another):
+    # each a portable artifact gated natively on a CPU of that level, under qemu-user's model of it on a newer one
+    *(PlatformRule(name=n, machine="x86_64", runner=None, nchwc=False, x86_level=n)
+      for n in ("x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4-vnni")),
 )}
 PLATFORMS: tuple[Platform, ...] = get_args(Platform)
 assert tuple(PLATFORM_RULES) == PLATFORMS, "Platform and PLATFORM_RULES name the same platforms, in one order"

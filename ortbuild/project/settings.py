@@ -330,12 +330,16 @@ class Target:
             "its own labels gets [\"ubuntu-24.04-arm\"] (GitHub's ARM runner). See docs/ci.md.")
     platform: Platform = setting(
         "native", build="never",
-        doc="The platform the artifact is for: `native` (the machine that runs the tests), `linux-x86_64` or "
-            "`linux-aarch64`. Where it is not this machine's, `ortbuild test` runs the golden gate through the "
-            "generated Python loader on that platform's ONNX Runtime wheel under emulation (qemu-user; set "
-            "up once and cached, docs/targets.md) and SKIPS the latency, cold-start and memory gates (emulation "
-            "says nothing about the device's speed); on a runner of that platform every gate runs. Such a "
-            "target's `optimization` is `basic` or `extended` (`layout`/`all` tie it to the build CPU).")
+        doc="The platform the artifact is for: `native` (the machine that runs the tests), `linux-x86_64`, "
+            "`linux-aarch64`, or an x86-64 level: `x86-64-v2` (SSE4.2), `x86-64-v3` (AVX2), `x86-64-v4` "
+            "(AVX-512), `x86-64-v4-vnni` (AVX-512 with VNNI). Where it is not this machine's, `ortbuild test` "
+            "runs the golden gate through the generated Python loader under emulation (qemu-user: aarch64 on "
+            "that platform's ONNX Runtime wheel, set up once and cached; an x86-64 level older than this CPU's "
+            "on qemu's model of that level's CPU) and SKIPS the latency, cold-start and memory gates "
+            "(emulation says nothing about the device's speed); on a CPU of that platform or level every gate "
+            "runs; on an older x86-64 CPU, or a level qemu cannot emulate (AVX-512), the target is SKIPPED "
+            "with the reason (docs/targets.md#platforms). Such a target's `optimization` is `basic` or "
+            "`extended` (`layout`/`all` tie it to the build CPU).")
     models: tuple[str, ...] = setting(  # resolved model names, in [models] order
         ("*",), build="never", doc="Glob patterns (fnmatch) of the model names this applies to.")
     settings: Mapping[str, Settings]  # per model name
