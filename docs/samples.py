@@ -271,9 +271,11 @@ def said_list(names: Sequence[str]) -> str:
 
 def this_machine() -> str:
     gpu = "no GPU" if machine.nvidia_absent() else "an NVIDIA GPU"
-    qemu = ("qemu-user present (arm64-int8 emulated)" if shutil.which("qemu-aarch64-static")
+    qemu = ("qemu-user present (arm64-int8 and mobile-int8 emulated)" if shutil.which("qemu-aarch64-static")
             and shutil.which("debootstrap") else "no qemu-user")
-    return f"{os.cpu_count()}-core {machine.cpu_model()}, {gpu}, {qemu}"
+    level = machine.x86_level()
+    cpu = f"{machine.cpu_model()} ({level.name}: {level.says})" if level else machine.cpu_model()
+    return f"{os.cpu_count()}-core {cpu}, {gpu}, {qemu}"
 
 
 def test_sample(lines: Sequence[str], jobs: int) -> tuple[str, list[str]]:
@@ -358,8 +360,10 @@ def time_checks(burners: int) -> tuple[str, str]:
     beside = f"{count} CPU burner{'s' if burners != 1 else ''}"
     node = "present" if shutil.which("node") and shutil.which("npm") else "absent"
     chromium = "present" if shutil.which("chromium") else "absent, so its tests skipped"
-    readme = (f"{total} on a fresh clone, {os.cpu_count()}-CPU {os_name} machine, with {beside} running beside it, "
-              f"Node.js {node}, Chromium {chromium.split(',')[0]}")
+    level = machine.x86_level()
+    cls = f" ({level.name}: {level.says})" if level else ""
+    readme = (f"{total} on a fresh clone, {os.cpu_count()}-CPU {os_name} machine{cls}, with {beside} running beside "
+              f"it, Node.js {node}, Chromium {chromium.split(',')[0]}")
     parts = ", ".join(f"{name} {_minutes(s)}" for name, s in took.items())
     testing = (f"a fresh clone, {os.cpu_count()}-CPU {os_name} machine ({machine.cpu_model()}), with {beside} "
                f"running beside it: {total} ({parts}; uv's download cache warm; Node.js {node}; Chromium {chromium})")
