@@ -309,3 +309,31 @@ def test_a_registry_answering_errors_is_asked_once_and_the_build_goes_on(tmp_pat
     warnings = [n for j in jobs for n in j["notes"] if "WARNING" in n]  # type: ignore[attr-defined]
     assert len(warnings) == 1 and "answered 500" in warnings[0] and "not used for the rest" in warnings[0], warnings
     assert len([p for p in asked if p != "/v2/"]) == 1 and took < 60, (asked, took)
+
+
+def test_development_keys_with_a_shared_cache_are_a_warning_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Development keys are made per checkout, and the signing key's id is part of every build key: a shared cache
+    never hits across checkouts with them. The build says so once, naming the cache and what to do; with real keys,
+    or without a cache, it says nothing of it."""
+    from ortbuild.artifact import keygen, keys
+
+    store = tmp_path / "cache"
+    config = project(tmp_path / "a", targets=TARGETS.split("[targets.cpu-int8]")[0])
+    dev = tmp_path / "dev-keys"
+    keygen.keygen(dev, development=True)
+    build(config, "--cache", str(store))  # the test keys (real ones)
+    assert "development keys" not in capsys.readouterr().err
+    for name in ("ORTBUILD_KEY", "ORTBUILD_SIGNING_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORTBUILD_KEY_FILE", str(dev / keys.ENCRYPTION_FILE))
+    monkeypatch.setenv("ORTBUILD_SIGNING_KEY_FILE", str(dev / keys.SIGNING_FILE))
+    config = project(tmp_path / "b", targets=TARGETS.split("[targets.cpu-int8]")[0])  # another checkout
+    assert set(statuses(build(config, "--cache", str(store))).values()) == {"built"}  # no hit: another key
+    err = capsys.readouterr().err
+    assert err.count("development keys") == 1, err
+    assert (f"WARNING: the shared cache {store} (--cache) is used with this checkout's development keys" in err
+            and "never hit in another checkout" in err and "`ortbuild keygen --out keys`" in err
+            and "ORTBUILD_KEY_FILE" in err), err
+    build(config)  # no cache: nothing to say
+    assert "development keys" not in capsys.readouterr().err

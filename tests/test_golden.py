@@ -131,3 +131,21 @@ def test_the_example_models_golden_outputs_are_not(name: str) -> None:
 
     g = golden.golden_for(model, check.run(model.path).signature, ())
     assert golden.near_constant(g) == {}
+
+
+def test_the_progress_line_counts_constant_outputs_and_names_expected_outputs_of_other_inputs() -> None:
+    constant = "golden output 'y' is (near) constant (4 values in [0, 0])"
+    stale = "[models.m] expected (m.expected.npz) was recorded by ortbuild init from other golden inputs"
+    assert golden.warned([constant]) == "1 golden output(s) (near) constant"
+    assert golden.warned([stale, constant]) == \
+        "1 golden output(s) (near) constant; expected outputs recorded from other inputs"
+
+
+def test_the_values_digest_is_of_the_values_not_the_files_bytes(tmp_path: Path) -> None:
+    from ortbuild.project import expected
+
+    a = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    np.savez(tmp_path / "a.npz", **a)
+    assert expected.values_digest([("s", dict(np.load(tmp_path / "a.npz")))]) == expected.values_digest([("s", a)])
+    for other in ({"x": a["x"].astype(np.float64)}, {"x": a["x"].reshape(3, 2)}, {"y": a["x"]}):
+        assert expected.values_digest([("s", other)]) != expected.values_digest([("s", a)])

@@ -152,14 +152,68 @@ def test_a_clear_pass_stops_early_and_an_undecided_budget_runs_the_plan() -> Non
     a = _sample(latency.budgets_of({0.9: 1.137}), {"a": _lognormal(1.0, 2)}, latency.Plan(min_seconds=2))
     v = a.verdicts["p90"]
     assert v.verdict == latency.INCONCLUSIVE and not a.early and v.samples == 2560 and "more samples" in v.note
-    # no budget: the whole plan, the percentiles reported
-    a = _sample([], {"a": _lognormal(1.0, 3)}, latency.Plan(min_seconds=0))
-    assert len(a.series["a"].samples) == 100 and a.verdicts == {} and not a.early
+    # no budget: a brief sample (BRIEF_RUNS runs at most), the percentiles reported, min_seconds not waited for
+    a = _sample([], {"a": _lognormal(1.0, 3)}, latency.Plan(min_seconds=60))
+    assert len(a.series["a"].samples) == latency.BRIEF_RUNS == 50 and a.verdicts == {} and not a.early
     a = _sample([], {"a": _lognormal(1.0, 3)}, latency.Plan(min_samples=5, min_seconds=0))
     assert len(a.series["a"].samples) == 5 and a.looks == 0
     # min_samples: the first look (no verdict earlier)
     a = _sample(latency.budgets_of({0.9: 0.0001}), {"a": _lognormal(0.25, 0)}, latency.Plan(min_samples=250))
     assert a.verdicts["p90"].samples == 250
+
+
+def _constant(ms: float) -> Iterator[float]:
+    while True:
+        yield ms
+
+
+def test_without_a_budget_latency_is_measured_briefly_bounded_by_runs_and_by_time() -> None:
+    """No budget, nothing to judge: at most BRIEF_RUNS runs or BRIEF_SECONDS, whichever comes first, never the
+    hundreds of samples a p99 needs (a 3 s model took 100 x 3 s here before). Counted in runs, on a fake clock."""
+    def samples(ms: float, plan: latency.Plan | None = None) -> int:
+        return len(_sample([], {"a": _constant(ms)}, plan or latency.Plan()).series["a"].samples)
+
+    assert samples(0.2) == 50                   # a fast model: the run cap
+    assert samples(300.0) == 4                  # 300 ms runs: the first past 1 s of (fake) time
+    assert samples(3000.0) == 1                 # a 3 s model: one run, never none
+    assert samples(3000.0, latency.Plan(min_samples=3)) == 3  # min_samples asks for more: taken
+    # a budget still samples to a verdict: p90 1000x the latency passes at its first PASS look, 80
+    a = _sample(latency.budgets_of({0.9: 3e6}), {"a": _constant(3000.0)}, latency.Plan())
+    assert len(a.series["a"].samples) == 80 and a.verdicts["p90"].verdict == latency.PASS
+
+
+def test_warm_up_is_bounded_by_time_and_estimates_a_run() -> None:
+    clock = FakeClock()
+    count = 0
+
+    def call() -> None:
+        nonlocal count
+        count += 1
+        clock.t += 3.0                          # a 3 s model
+
+    warmed = latency.warm_up({"a": call}, 5, latency.BRIEF_SECONDS, clock=clock)
+    assert count == 2 and warmed.first_ms == {"a": 3000.0} and warmed.run_ms == {"a": 3000.0}  # first + 1
+    count = 0
+    warmed = latency.warm_up({"a": call}, 5, clock=clock)  # with a budget: every warm-up run
+    assert count == 6 and warmed.round_seconds() == 3.0
+
+
+def test_the_line_before_sampling_says_what_each_budget_needs_and_how_long() -> None:
+    from ortbuild.gating.gates import latency_plan_said
+
+    warmed = latency.Warmed({"a": 3500.0}, {"a": 3000.0})  # the estimate: the warm-up runs' median
+    said = latency_plan_said("test_data_set_0", latency.budgets_of({0.99: 5000.0}), latency.Plan(), warmed)
+    assert said == ("latency on test_data_set_0 (3.0 s a run): p99 budget needs at least 640 samples to PASS "
+                    "(about 32 min); undecided, at most 689 (about 34 min); a FAIL can stop at 20")
+    quick = latency.plan_of(0.99, 0, 1.0, 30.0, quick=True)  # 90%: p99 from 299 samples, the look at 320
+    said = latency_plan_said("d", latency.budgets_of({0.9: 1.0, 0.99: 1.0}), quick, latency.Warmed({}, {"a": 400.0}))
+    assert "p90 budget needs at least 40 samples to PASS, p99 budget needs at least 320 samples to PASS " \
+           "(about 2 min)" in said
+    few = latency.Plan(min_samples=100)
+    assert "the plan ends at 100 samples, fewer than a PASS needs" in latency_plan_said(
+        "d", latency.budgets_of({0.99: 1.0}), few, warmed)
+    assert latency_plan_said("d", [], latency.Plan(), warmed) == \
+        "latency on d: no budget: a brief measurement (at most 50 runs or 1 s), reported, not judged"
 
 
 def test_a_fail_stops_sampling_and_the_other_budgets_are_reported_undecided() -> None:

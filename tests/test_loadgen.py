@@ -140,3 +140,19 @@ def test_a_scenario_only_another_models_data_set_declares_leaves_a_section_sayin
     assert verdict == "-" and not lines and "no golden data set of this model has a server table" in \
         str(section["summary"])  # kept in the record: the gate ran (release.unjudged does not refuse it)
     assert loadgen.no_data_set(Latency(server=Server(qps=5)), "multi_stream") == ("-", {}, [])
+
+
+def test_the_line_before_the_queries_says_what_each_budget_needs_and_how_long() -> None:
+    plan = loadgen.plan_of(0.99, 10.0, 0, 30.0, quick=False)
+    p99 = [Budget("p99", 0.99, 40.0)]
+    # 50 QPS of a fast model: the rate sets the pace (640 queries at 50 QPS: 13 s), min_seconds the least
+    said = server.said_before("test_data_set_0", 50.0, p99, plan, [1.0] * 20, 2)
+    assert said == ("server on test_data_set_0 (Poisson arrivals at 50 QPS, 1 ms a run): p99 budget needs at least "
+                    "640 queries to PASS (about 13 s); undecided, at most 689 (about 14 s); a FAIL can stop at 20; "
+                    "a PASS after at least 10 s, and a retry if other work competed")
+    # a 3 s model offered 5 QPS on 2 workers cannot keep up: its runs set the pace (640 x 3 s / 2: 16 min)
+    said = server.said_before("d", 5.0, p99, plan, [3000.0] * 20, 2)
+    assert "p99 budget needs at least 640 queries to PASS (about 16 min)" in said
+    assert server.said_before("d", 50.0, [], plan, [1.0], 2) == (
+        "server on d (Poisson arrivals at 50 QPS, 1 ms a run): no budget: 500 queries (about 10 s), reported, "
+        "not judged")

@@ -48,10 +48,13 @@ def test_one_build_and_one_test_session_per_target_with_tags() -> None:
 def test_tag_and_keyword_selection() -> None:
     selected = [s["session"] for s in _sessions("-t", "openvino")]  # --json lists the selected only
     assert selected == ["build(openvino-cpu)", "test(openvino-cpu)", "profile(openvino-cpu)", "release(openvino-cpu)"]
-    selected = [s["session"] for s in _sessions("-k", "int8 and not arm64 and not mobile and not llm")]
+    selected = [s["session"] for s in _sessions("-k", "int8 and not arm64 and not mobile and not llm and not x86")]
     assert selected == ["build(cpu-int8)", "test(cpu-int8)", "profile(cpu-int8)", "release(cpu-int8)"]
     selected = [s["session"] for s in _sessions("-t", "linux-aarch64")]  # a platform is a tag
-    assert selected == ["build(arm64-int8)", "test(arm64-int8)", "profile(arm64-int8)", "release(arm64-int8)"]
+    assert selected == [f"{kind}({t})" for kind in ("build", "test", "profile", "release")
+                        for t in ("arm64-int8", "mobile-int8")]
+    selected = [s["session"] for s in _sessions("-t", "x86-64-v3")]  # an x86-64 level too
+    assert selected == ["build(x86-v3-int8)", "test(x86-v3-int8)", "profile(x86-v3-int8)", "release(x86-v3-int8)"]
     checks = {s["session"] for s in _sessions("-t", "check")}
     assert checks == {"lint", "tests", "tests-openvino"}
     # tuning is one session that no tag or keyword of a target selects: it never rebuilds what a run just tested

@@ -98,3 +98,20 @@ def test_several_models_problems_come_in_one_error(make_project: Callable[..., P
     assert f"[models.tiny_cnn.inputs] {bad_cnn}: input 'image' is float64" in err
     assert f"[models.tiny_transformer.inputs] {bad_tf}: input 'attention_mask' (int64 [batch, seq]) is missing" in err
 
+
+
+def test_an_evaluation_set_whose_labels_do_not_match_its_samples_fails_plan(make_project: Callable[..., Path]) -> None:
+    """One label per sample, checked by `ortbuild plan` (headers and labels only) before anything is built, naming
+    targets.toml, the key and the file; the same set with the right count plans."""
+    path = _project(make_project)
+    np.savez(path.parent / "eval.npz", image=np.zeros((6, 3, 32, 32), np.float32))
+    np.save(path.parent / "labels.npy", np.zeros(5, np.int64))
+    path.write_text(path.read_text() + '\n[models.tiny_cnn.eval]\ninputs = "eval.npz"\nlabels = "labels.npy"\n')
+    code, _, err = _plan(path)
+    assert code == 3, err
+    assert (f"{path}: [models.tiny_cnn.eval.labels] labels.npy holds 5 labels, the inputs 6 samples" in err
+            and "give one label per sample" in err), err
+    assert not (path.parent / "dist").exists()  # nothing built
+    np.save(path.parent / "labels.npy", np.zeros(6, np.int64))
+    code, _, err = _plan(path)
+    assert code == 0, err

@@ -216,6 +216,7 @@ def _eval_project(tmp_path: Path, target_cpu: str, metric: str = "accuracy") -> 
 
 
 def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_path: Path) -> None:
+    from ortbuild.gating import selection
     from ortbuild.gating.record import TestResult
     from ortbuild.project import config
     from ortbuild.status import Verdict
@@ -233,11 +234,11 @@ def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_
     tested_before = TestResult("loaded", "tiny_cnn", "fp32", accuracy=Verdict.PASS, size_verdict=Verdict.PASS,
                                latency_verdict=Verdict.PASS)
     gates = project.targets["loaded"].settings["tiny_cnn"].gates
-    assert release.unjudged(tested_before, gates) == ["eval", "server"]
-    assert release.unjudged(tested_before, project.targets["cpu"].settings["tiny_cnn"].gates) == []
+    assert selection.unjudged(tested_before, gates) == ["eval", "server"]
+    assert selection.unjudged(tested_before, project.targets["cpu"].settings["tiny_cnn"].gates) == []
     tested_before.set_verdict("eval", Verdict.PASS)
     tested_before.set_verdict("server", Verdict.PASS)
-    assert release.unjudged(tested_before, gates) == []
+    assert selection.unjudged(tested_before, gates) == []
 
 
 def test_a_budget_changed_after_the_test_refuses_the_release(tmp_path: Path) -> None:
@@ -474,3 +475,36 @@ inputs = "models/ext/inputs.npz"
     proc = cli("release", "-t", "cpu", cwd=root)
     assert proc.returncode == 9, proc.stdout + proc.stderr
     assert "its source changed since it was built (model.onnx.data)" in proc.stdout + proc.stderr
+
+
+def test_an_inconclusive_test_is_refused_naming_the_command_that_judges_that_gate_alone(tmp_path: Path) -> None:
+    """An INCONCLUSIVE latency (and server) verdict: the test's reason names the command that judges only those
+    gates again, ortbuild's and nox's; release refuses it, naming that command and the full test it takes."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from ortbuild.artifact import manifest
+    from ortbuild.gating.record import TestResult
+    from ortbuild.gating.selection import undecided_reason
+    from ortbuild.status import Verdict
+
+    r = TestResult("cpu-fp32", "tiny_cnn", "fp32", status=Verdict.INCONCLUSIVE)
+    r.set_verdict("latency", Verdict.INCONCLUSIVE)
+    r.set_verdict("server", Verdict.INCONCLUSIVE)
+    r.reason = undecided_reason(r, ["p99: FAIL measured under load 4.3 on 2 CPUs, twice"], "targets.toml",
+                                "test(cpu-fp32)")
+    assert r.reason == ("p99: FAIL measured under load 4.3 on 2 CPUs, twice; judge latency, server alone again: "
+                        "ortbuild test -t cpu-fp32 -m tiny_cnn --gates latency,server   (or: nox -s \"test(cpu-fp32)\" "
+                        "-- -m tiny_cnn --gates latency,server)")
+    m = cast(manifest.Manifest, SimpleNamespace(generative=None))
+    said = release._test_problem(tmp_path, m, r, "cpu-fp32")
+    assert said == (
+        "its tests did not pass (INCONCLUSIVE: p99: FAIL measured under load 4.3 on 2 CPUs, twice): its latency, "
+        "server gate(s) could not decide (often a loaded machine); on a quiet machine, ortbuild test -t cpu-fp32 -m "
+        "tiny_cnn --gates latency,server   (or: nox -s \"test(cpu-fp32)\" -- -m tiny_cnn --gates latency,server) "
+        "judges only those gates, then `ortbuild test -t cpu-fp32 -m tiny_cnn` (or `python3 -m nox -s "
+        "\"test(cpu-fp32)\" -- -m tiny_cnn`) gives the verdict release takes (one test of every gate)")
+    r.set_verdict("server", "-")  # one gate, under a config elsewhere
+    assert "-c cfg/targets.toml -t cpu-fp32 -m tiny_cnn --gates latency   (or" in undecided_reason(
+        r, ["p99: undecided"], "cfg/targets.toml", "test(cpu-fp32)")
+    assert "judges only that gate" in str(release._test_problem(tmp_path, m, r, "cpu-fp32"))

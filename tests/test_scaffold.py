@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import yaml
 
-from ortbuild.project import config, scaffold
+from ortbuild.project import config, scaffold, speedup
 from tests.conftest import MODELS, REPO, run_cli
 
 
@@ -28,11 +30,16 @@ def _project(tmp_path: Path, *models: str) -> Path:
 
 def test_init_scaffolds_a_project_that_loads_and_plans(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_cnn", "tiny_transformer")
-    proc = run_cli("init", cwd=root)
+    proc = run_cli("init", "--no-timing", cwd=root)
     assert proc.returncode == 0, proc.stderr
     for name in ("targets.toml", "noxfile.py", ".gitignore", ".github/workflows/ortbuild.yml",
-                 "models/tiny_cnn.generated-inputs.npz", "models/tiny_transformer.generated-inputs.npz"):
+                 "models/tiny_cnn.generated-inputs.npz", "models/tiny_transformer.generated-inputs.npz",
+                 "models/tiny_cnn.expected.npz", "models/tiny_cnn.expected.json"):
         assert (root / name).is_file(), name
+    # the host named in what it prints and in the file's header
+    assert f"scaffolded on {speedup.host()}" in proc.stdout
+    assert (root / "targets.toml").read_text().startswith(f"# Written by `ortbuild init`, on {speedup.host()}.")
+    assert "not timed against fp32 on this CPU (init --no-timing)" in (root / "targets.toml").read_text()
     project = config.load(root / "targets.toml")
     assert list(project.targets) == ["cpu-fp32", "cpu-int8"]
     # int8-dynamic only where it suits: the CNN's weights are Conv weights (it wants int8-static + calibration)
@@ -53,7 +60,8 @@ def test_init_scaffolds_a_project_that_loads_and_plans(tmp_path: Path) -> None:
         assert [d.dim_value for d in dims if d.dim_value] == [s for s, d in zip(arr.shape, dims, strict=True)
                                                                if d.dim_value]
     assert "symbolic dims: batch=1, seq=16" in proc.stdout
-    assert (root / ".gitignore").read_text().splitlines()[-4:] == list(scaffold.GITIGNORE)
+    assert (root / ".gitignore").read_text().splitlines()[-6:] == list(scaffold.GITIGNORE)
+    assert {".venv/", "__pycache__/"} <= set(scaffold.GITIGNORE)  # docs/project.md makes .venv in the project
     plan = run_cli("plan", "--json", cwd=root)  # the scaffold is a valid project, its golden inputs included
     assert plan.returncode == 0, plan.stderr
 
@@ -118,18 +126,24 @@ def test_bad_init_arguments_are_usage_errors(tmp_path: Path, args: tuple[str, ..
 
 def test_dims_and_targets_are_chosen_on_the_command_line(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_transformer")
-    proc = run_cli("init", "models/tiny_transformer.onnx", "--dim", "seq=7", "--target", "arm64-int8", cwd=root)
+    proc = run_cli("init", "models/tiny_transformer.onnx", "--dim", "seq=7", "--target", "arm64-int8",
+                   "--target", "mobile-int8", "--target", "x86-v3-int8", cwd=root)
     assert proc.returncode == 0, proc.stderr
     golden = np.load(root / "models" / "tiny_transformer.generated-inputs.npz")
     assert all(golden[k].shape[1] == 7 for k in golden.files if golden[k].ndim > 1)
     targets = config.load(root / "targets.toml").targets
-    assert list(targets) == ["cpu-fp32", "cpu-int8", "arm64-int8"]  # a preset comes with the ones it extends
+    # a preset comes with the ones it extends
+    assert list(targets) == ["cpu-fp32", "cpu-int8", "arm64-int8", "mobile-int8", "x86-v3-int8"]
     assert targets["arm64-int8"].platform == "linux-aarch64"
+    # 8-bit weights for phones are gated on ARM's kernels, not on x86's (which saturate without VNNI)
+    mobile = targets["mobile-int8"]
+    assert mobile.platform == "linux-aarch64" and mobile.settings["tiny_transformer"].quantization.reduce_range is False
+    assert targets["x86-v3-int8"].platform == "x86-64-v3"
 
 
 def test_the_scaffold_has_one_nox_session_of_each_kind_per_target_and_a_workflow_over_them(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_transformer")
-    assert run_cli("init", cwd=root).returncode == 0
+    assert run_cli("init", "--no-timing", cwd=root).returncode == 0
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("ORTBUILD_CONFIG", None)
     kinds = ("build", "test", "profile", "release")
@@ -241,3 +255,131 @@ def test_a_symlinked_model_keeps_its_own_name_and_place(tmp_path: Path) -> None:
     model = config.load(root / "targets.toml").models["forecast"]
     assert 'path = "models/forecast.onnx"' in (root / "targets.toml").read_text()
     assert Path(model.inputs) == root / "models" / "forecast.inputs.npz"
+
+
+def _test(root: Path) -> dict[str, Any]:
+    """`ortbuild test -t cpu-fp32` in the project, its one result."""
+    proc = run_cli("test", "-t", "cpu-fp32", "--no-explain", "--json", cwd=root)
+    assert proc.returncode in (0, 9), proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout)["results"][0]
+    return result
+
+
+def _damage_first_conv(model: Path) -> None:
+    """Negate the first output channel of the first Conv's weights: still a valid model, other outputs."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(model))
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    weight = next(t for t in m.graph.initializer if t.name == conv.input[1])
+    w = numpy_helper.to_array(weight).copy()
+    w[0] = -w[0]
+    weight.CopyFrom(numpy_helper.from_array(w, weight.name))
+    onnx.save(m, str(model))
+
+
+def test_init_records_the_sources_outputs_and_a_damaged_source_fails_the_test(tmp_path: Path) -> None:
+    from ortbuild.artifact import golden
+
+    root = _project(tmp_path, "tiny_cnn")
+    assert run_cli("init", "--no-timing", cwd=root).returncode == 0
+    model = config.load(root / "targets.toml").models["tiny_cnn"]
+    assert model.expected == root / "models" / "tiny_cnn.expected.npz"
+    want = golden.compute(MODELS / "tiny_cnn.onnx", [dict(np.load(model.inputs))])[0][0]
+    np.testing.assert_array_equal(np.load(model.expected)["logits"], want["logits"])  # the source's, recorded
+    before = _test(root)
+    assert before["status"] == "PASS" and before["golden"]["made_by"].startswith("recorded by ortbuild init")
+    _damage_first_conv(root / "models" / "tiny_cnn.onnx")
+    after = _test(root)
+    assert after["status"] == "FAIL" and after["accuracy"] == "FAIL", after["failures"]
+    assert after["failures"][0].startswith("accuracy: cpu-fp32/tiny_cnn output 'logits'")
+    assert not after["golden"].get("warnings")  # the inputs are those recorded: a failure, no excuse
+
+
+def test_other_inputs_warn_with_how_the_outputs_moved_and_refresh_records_theirs(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_cnn")
+    assert run_cli("init", "--no-timing", cwd=root).returncode == 0
+    inputs = root / "models" / f"tiny_cnn.{scaffold.GENERATED}"
+    np.savez(inputs, **{k: v * 0.5 for k, v in np.load(inputs).items()})  # the user's new samples
+    _damage_first_conv(root / "models" / "tiny_cnn.onnx")  # changed too: the gate cannot tell, so it warns
+    result = _test(root)
+    assert result["status"] == "PASS" and result["golden"]["source"] == "computed"
+    (warning,) = result["golden"]["warnings"]
+    assert "[models.tiny_cnn] expected" in warning and "recorded by ortbuild init from other golden inputs" in warning
+    assert "'logits' max |diff| " in warning and warning.endswith("ortbuild init --refresh-expected")
+    proc = run_cli("init", "--refresh-expected", cwd=root)
+    assert proc.returncode == 0 and "refreshed models/tiny_cnn.expected.npz" in proc.stdout, proc.stderr
+    result = _test(root)
+    assert result["status"] == "PASS" and result["golden"]["source"] == "user" and not result["golden"].get("warnings")
+    _damage_first_conv(root / "models" / "tiny_cnn.onnx")  # damaged again, once the new outputs are recorded
+    assert _test(root)["accuracy"] == "FAIL"
+
+
+def test_a_record_of_other_outputs_is_refused_naming_it(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_cnn")
+    assert run_cli("init", "--no-timing", cwd=root).returncode == 0
+    outputs = root / "models" / "tiny_cnn.expected.npz"
+    np.savez(outputs, logits=np.zeros((1, 10), np.float32))  # replaced by hand, the record left
+    proc = run_cli("test", "-t", "cpu-fp32", "--no-explain", cwd=root)
+    assert proc.returncode != 0 and "tiny_cnn.expected.json" in proc.stderr + proc.stdout
+    assert "records other outputs than tiny_cnn.expected.npz holds" in proc.stderr + proc.stdout
+
+
+def _plan(root: Path, ratios: dict[str, float], *targets: str) -> tuple[scaffold.Scaffold, list[str]]:
+    """init's plan where int8 is measured at `ratios` (model file stem -> int8/fp32), what it said first."""
+    from ortbuild.artifact import golden
+
+    said: list[str] = []
+
+    def measure(path: Path, feed: object, quantization: object, threads: int) -> speedup.Measured:
+        r = ratios[path.stem]
+        return speedup.Measured(r, r * 0.9, r * 1.1, 20, r * 10, 10.0)
+
+    probe = scaffold.Probe(lambda path, feeds: golden.compute(path, feeds), measure, said.append)
+    return scaffold.plan(root, [], targets, {}, (), probe), said
+
+
+def test_int8_measured_no_faster_here_is_left_out_or_said_to_be_slower(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer", "tiny_lstm")
+    level = speedup.level()
+    made, said = _plan(root, {"tiny_transformer": 1.66, "tiny_lstm": 0.6})
+    assert said == [f"measuring int8 vs fp32 on this CPU ({level}): about 6 s"]
+    text = made.files[root / "targets.toml"]
+    assert 'models = ["tiny_lstm"]' in text
+    assert "#   tiny_transformer: int8 takes 1.66x fp32's time" in text and "slower than fp32 here, left out" in text
+    assert any(n.startswith(f"cpu-int8 leaves out tiny_transformer: int8 is no faster than fp32 on this CPU ({level}):"
+                            " tiny_transformer: int8 takes 1.66x") for n in made.notes)
+    assert "cpu-int8 keeps tiny_lstm: int8 takes 0.60x fp32's time" in " ".join(made.notes)
+    made, _ = _plan(root, {"tiny_transformer": 0.97, "tiny_lstm": 1.2})  # none faster: no cpu-int8
+    text = made.files[root / "targets.toml"]
+    assert "[targets.cpu-int8]" not in text and "not 5% faster than fp32 here, left out" in text.split("[project]")[0]
+    assert any(n.startswith(f"no cpu-int8 target: int8 is no faster than fp32 on this CPU ({level})")
+               for n in made.notes)
+    made, _ = _plan(root, {"tiny_transformer": 1.66, "tiny_lstm": 0.6}, "cpu-int8")  # asked for: kept, said
+    text = made.files[root / "targets.toml"]
+    assert "slower than fp32 here, kept: asked for" in text and "models = " not in text
+    assert any(n.startswith("warning: cpu-int8 (asked for) is no faster") for n in made.notes)
+
+
+def test_init_times_int8_against_fp32_and_decides_by_what_it_measured(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"measuring int8 vs fp32 on this CPU ({speedup.level()}): about ")
+    text = (root / "targets.toml").read_text()
+    found = re.search(r"#   tiny_transformer: int8 takes ([0-9.]+)x fp32's time \(median of (\d+) paired runs", text)
+    assert found is not None, text
+    ratio, pairs = float(found.group(1)), int(found.group(2))
+    assert ratio > 0 and speedup.MIN_PAIRS <= pairs <= speedup.MAX_PAIRS
+    targets = config.load(root / "targets.toml").targets
+    assert ("cpu-int8" in targets) == (ratio < speedup.MAX_RATIO)  # what it wrote follows what it printed
+
+
+def test_without_onnxruntime_init_says_what_it_did_not_measure_or_record(tmp_path: Path) -> None:
+    root = _project(tmp_path, "tiny_transformer")
+    made = scaffold.plan(root, [], [], {}, (), None)
+    text = made.files[root / "targets.toml"]
+    assert f"# {scaffold.UNPROBED}" in text and "expected =" not in text and scaffold.UNPROBED in made.notes
+    (root / "targets.toml").write_text(text)
+    assert list(config.load(root / "targets.toml", check_files=False).targets) == ["cpu-fp32", "cpu-int8"]

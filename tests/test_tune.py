@@ -25,6 +25,7 @@ from ortbuild.gating.tune_search import (
     NOT_TRIED,
     Comparison,
     Session,
+    Tried,
     Tuning,
     candidates,
     changes,
@@ -170,6 +171,43 @@ def test_the_search_stops_at_its_time_and_reports_errors() -> None:
     assert t.final is None and t.applies == {}
 
 
+def test_the_stated_bound_holds_the_final_confirmation_included() -> None:
+    """The candidates stop at SEARCH_SHARE of the seconds, the confirmation of what was kept starts only within
+    them (it once could start at 1.5x, past the bound it stated), and a measurement stops at its deadline. Counted
+    in measurements and samples, on fake clocks."""
+    now = [0.0]
+    calls: list[Session] = []
+
+    def measure(current: Session, candidate: Session) -> Comparison:
+        calls.append(candidate)
+        now[0] += 25
+        return _c(0.8, 0.75, 0.85)  # faster
+
+    t = search(DECLARED, 2, measure, lambda s: (True, ""), seconds=60, clock=lambda: now[0])
+    # 0, 25: measured; at 50 (past 48, 0.8 x 60) the rest is not tried; the confirmation starts at 50 < 60
+    assert [x.verdict for x in t.tried][:3] == [KEPT, NOT_BEST, NOT_TRIED] and len(calls) == 3
+    assert t.final is not None and t.seconds == 75
+    now[0], calls[:] = 0.0, []
+
+    def slow(current: Session, candidate: Session) -> Comparison:
+        calls.append(candidate)
+        now[0] += 65
+        return _c(0.8, 0.75, 0.85)
+
+    t = search(DECLARED, 2, slow, lambda s: (True, ""), seconds=60, clock=lambda: now[0])
+    assert len(calls) == 1 and t.final is None  # 65 s in: 1.5x (90 s) would have confirmed
+    assert "out of time before the kept setting was measured" in t.notes[0]
+    # a comparison of a 3 s model stops at its deadline (10 s): a look at what there is, never 20 rounds
+    clock = [0.0]
+
+    def run() -> None:
+        clock[0] += 3.0
+
+    plan = latency.Plan(0.99, 0, 0.5, 0.0, max_seconds=10.0)
+    c = compare({"current": run, "candidate": run}, plan, clock=lambda: clock[0], read=lambda: 0.0)
+    assert c.samples == 2 and not c.faster  # 2 rounds of 2 runs: 12 s
+
+
 def test_candidates_and_changes() -> None:
     knobs = dict(candidates(DECLARED, 8))
     assert [c.label for c in knobs["intra_op_num_threads"]] == [f"intra_op_num_threads = {n}" for n in (1, 4, 8)]
@@ -219,7 +257,11 @@ def test_tune_writes_a_lock_entry_the_next_build_applies(make_project: Callable[
     (job,) = out["jobs"]
     assert job["status"] == "TUNED" and job["tried"] and all(
         t["verdict"] in (KEPT, NO_FASTER, NOT_BEST, FAILS_ACCURACY, NOT_TRIED) for t in job["tried"])
-    entry = tomllib.loads((path.parent / "targets.lock").read_text())["jobs"]["cpu/tiny_cnn"]
+    lock_file = path.parent / "targets.lock"
+    if not job["applies"]:  # the declared options won: nothing to apply, no entry (this target has no tune = true)
+        assert not lock_file.exists() or "cpu/tiny_cnn" not in tomllib.loads(lock_file.read_text())["jobs"]
+        return
+    entry = tomllib.loads(lock_file.read_text())["jobs"]["cpu/tiny_cnn"]
     assert entry["applies"] == job["applies"]
     assert set(entry["tune"]) >= {"kept", "tried", "seconds"} and entry["tune"]["kept"] == job["kept"]
     if "default_p50_ms" in entry["tune"]:
@@ -321,3 +363,21 @@ def test_tune_text_table_and_the_fp32_note(make_project: Callable[..., Path]) ->
     assert "intra_op_num_threads = 1" in proc.stdout and "1 TUNED, 0 SKIPPED, 0 FAILED  ->  targets.lock" in proc.stdout
     # the fp32 target of the model was built beside it: the note on int8's speed against it
     assert "int8-dynamic is " in proc.stdout and "x cpu/tiny_cnn's (fp32) speed" in proc.stdout
+
+
+def test_a_tuning_that_keeps_nothing_writes_no_lock_entry_unless_tune_true_needs_one(
+        make_project: Callable[..., Path]) -> None:
+    """The declared options won (a search whose every candidate was no faster): `ortbuild tune` leaves targets.lock
+    alone; a `tune = true` target records it, or every build would tune again. No timing: the search is given."""
+    path = make_project(TARGETS)
+    project, builder, tester = _parts(path)
+    lost = Tuning(DECLARED, DECLARED, [Tried("intra_op_num_threads = 1", "declared", None, NO_FASTER)])
+    (job,) = plan.jobs(project, ["cpu"])
+    lock, _, result = tune.record(builder, tester, lockfile.read(project), job, lost)
+    assert result.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE) and job.name not in lock.entries
+    assert not (path.parent / "targets.lock").exists()
+    assert any("targets.lock not written (nothing to apply)" in n for n in result.notes), result.notes
+    (job,) = plan.jobs(project, ["cpu-int8"])  # tune = true: the record is what stops the next build tuning
+    lock, locked, _ = tune.record(builder, tester, lockfile.read(project), job, lost)
+    assert lock.entries[job.name].tune and not tune.wants_tune(locked)
+    assert lockfile.read(project).entries[job.name].applies == {}

@@ -2,7 +2,8 @@
 
 Inputs come from the model's `inputs` (an .npz: one feed; or ONNX-layout `test_data_set_N/` directories:
 one feed each). Expected outputs are the user's (`expected`: an .npz keyed by output name, or the
-`output_K.pb` files of the same ONNX layout), else computed from the *source* model in fp32 on the CPU
+`output_K.pb` files of the same ONNX layout; or those `ortbuild init` recorded, while the inputs are those it
+recorded them from: ortbuild.project.expected), else computed from the *source* model in fp32 on the CPU
 provider with optimizations disabled. Either way they are stored beside each artifact in the ONNX layout
 (`golden/test_data_set_N/{input_K,output_K}.pb` and `golden/golden.json`: hashes and provenance), so other
 tools (onnx's backend runner, Polygraphy) can read them.
@@ -26,7 +27,7 @@ from ortbuild import files as files_
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError
 from ortbuild.modelfiles import Signature, ValueInfo
-from ortbuild.project import data, precisions
+from ortbuild.project import data, expected, precisions
 from ortbuild.project.config import CustomOps, Model
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class Golden:
     sets: list[DataSet]
     made_by: str                       # how the expected outputs were made (provenance)
     source: str                        # "user" | "computed"
+    warnings: tuple[str, ...] = ()     # what the test result says of them (recorded outputs of other inputs)
 
 
 def _to_proto(value: object, name: str) -> onnx.TensorProto | onnx.SequenceProto | onnx.MapProto:
@@ -127,16 +129,64 @@ def compute(source: Path, feeds: list[data.Feed], custom_ops: Sequence[CustomOps
 
 def golden_for(model: Model, signature: Signature, custom_ops: Sequence[CustomOps]) -> Golden:
     """The golden data of a model; custom_ops: the libraries its sessions need (the target's and the model's).
-    Golden data that tests nothing is refused (vacuous())."""
+    Expected outputs `ortbuild init` recorded from other golden inputs than these (ortbuild.project.expected) are
+    not compared with: the source's outputs are, with a warning saying how they moved. Golden data that tests
+    nothing is refused (vacuous())."""
     loaded = load(model, signature)
-    if all(exp is not None for *_, exp in loaded):
-        g = Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None], f"user-supplied: {model.expected}",
-                   "user")
+    record = expected.read_record(model)
+    given = [(n, e) for n, _, e in loaded if e is not None]
+    moved = record is not None and expected.moved(model, record, [(n, f) for n, f, _ in loaded], given)
+    if len(given) == len(loaded) and not moved:
+        made_by = f"user-supplied: {model.expected}" if record is None else \
+            f"recorded by {expected.RECORDED_BY}: {model.expected} ({record.made_by})"
+        g = Golden([DataSet(n, f, e) for n, f, e in loaded if e is not None], made_by, "user")
     else:
         values, how = compute(model.path, [f for _, f, _ in loaded], custom_ops)
-        g = Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed")
+        said = (stale_warning(model, record.inputs_sha256, [e for _, e in given], values),) \
+            if moved and record is not None else ()
+        g = Golden([DataSet(n, f, v) for (n, f, _), v in zip(loaded, values, strict=True)], how, "computed", said)
     vacuous(model, g)
     return g
+
+
+def moved_by(old: object, new: object) -> str:
+    """How one output moved from `old` to `new`: 'unchanged', its shape, or its largest difference."""
+    if not isinstance(old, np.ndarray) or not isinstance(new, np.ndarray):
+        return "unchanged" if repr(old) == repr(new) else "changed"
+    if old.shape != new.shape:
+        return f"shape {list(old.shape)} -> {list(new.shape)}"
+    if old.dtype.kind not in "fc" or new.dtype.kind not in "fc":
+        differ = int(np.count_nonzero(old != new))
+        return "unchanged" if not differ else f"{differ} of {old.size} values differ"
+    diff = np.abs(old.astype(np.float64) - new.astype(np.float64))
+    worst = float(np.nanmax(diff)) if diff.size and not np.isnan(diff).all() else 0.0
+    scale = float(np.nanmax(np.abs(old))) if old.size and not np.isnan(old).all() else 0.0
+    return "unchanged" if worst == 0 else f"max |diff| {worst:.3g} (largest |recorded| {scale:.3g})"
+
+
+def stale_warning(model: Model, recorded_from: str, recorded: Sequence[Mapping[str, object]],
+                  now: Sequence[Mapping[str, object]]) -> str:
+    """What a test says where the golden inputs are not those the recorded expected outputs were computed on
+    (`recorded_from`: their digest), with how each output moved from the recorded ones."""
+    moved = [f"'{name}' {moved_by(old.get(name), new[name])}" for old, new in zip(recorded, now, strict=True)
+             for name in new]
+    return (f"[models.{model.name}] expected ({model.expected}) was recorded by {expected.RECORDED_BY} from other "
+            f"golden inputs (values sha256 {recorded_from[:12]}; {model.inputs.name} now holds others): tested "
+            f"against the source's outputs on these inputs instead; against the recorded ones they moved: "
+            f"{', '.join(moved)}; where the new inputs are meant, record their outputs: {expected.REFRESH}")
+
+
+def warnings(model: Model, g: Golden) -> list[str]:
+    """What a test result says of its golden data: the golden's own warnings, then its (near) constant outputs."""
+    return [*g.warnings, *constant_warnings(model, g)]
+
+
+def warned(found: Sequence[str]) -> str:
+    """The test's progress line's word on its golden data's warnings (the summary says each in full)."""
+    constant = sum(w.startswith("golden output '") for w in found)
+    parts = [f"{constant} golden output(s) (near) constant"] if constant else []
+    parts += ["expected outputs recorded from other inputs"] if len(found) > constant else []
+    return "; ".join(parts)
 
 
 def _all_nan(value: object) -> bool:

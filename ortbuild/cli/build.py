@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from ortbuild import files, logs, runtime, workspace
+from ortbuild import emulation, files, logs, machine, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, first_line
@@ -126,6 +126,9 @@ def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan
     builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
                       capture=not verbose, command=command, cache=cache)
     builder.check_keys(fit)  # before dist/ is touched
+    development = any(k is not None and k.development for k in (secrets.encryption, secrets.signing))
+    if said := cache_.development_warning(cache, development):  # once per command, before any build
+        print(f"ortbuild: WARNING: {said}", file=sys.stderr)
     with workspace.Lock(dist, timeout=args.lock_timeout):
         jobs, notes = builder.lock_jobs(jobs, lockfile.read(project), locked=getattr(args, "locked", False))
         for n in notes:
@@ -319,14 +322,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
     if platforms:
         print("\nplatforms (docs/targets.md#platforms):")
+        lv = machine.x86_level()
+        print(f"  this machine: {emulation.host()}" + (f", {lv.name} ({machine.cpu_model()}: {lv.says})" if lv else ""))
         timed = ", ".join(g.name for g in catalog.GATES if g.timed)  # the gates that measure the device
         for t in platforms.values():
             if not emulated.emulated(t):
                 print(f"  {t.name}: {t.platform}, this machine's: every gate runs here")
                 continue
             why = emulated.cannot_run(t)
-            print(f"  {t.name}: {t.platform}: golden gate on its onnxruntime wheel under emulation here"
-                  + (f" (SKIPPED: {why})" if why else f"; {timed} on {', '.join(t.runner)}"))
+            how = ("under qemu's model of that CPU level" if t.platform_rule.x86_level
+                   else "on its onnxruntime wheel under emulation")
+            print(f"  {t.name}: {t.platform}: golden gate {how} here"
+                  + (f" (SKIPPED: {why})" if why else f"; {timed} on {emulated.where_timed(t)}"))
     onnx_jobs = [j for j in jobs if not j.model.generative]
     if onnx_jobs:
         print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
@@ -348,8 +355,10 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
     """Each selected model's graph (read without the weights of external data), its golden inputs checked against
     the graph's inputs: names, element types, ranks and fixed dimensions, as the build's check step does
     (data.check_feed), from the .npz headers alone. Every problem is a ConfigError naming targets.toml, the
-    `[models.X] inputs` key, the data file and the input; several models' problems come together in one.
-    onnx (and the check step, which imports it) load here, when plan runs."""
+    `[models.X] inputs` key, the data file and the input; several models' problems come together in one. Each
+    model's labelled evaluation set is checked too (its headers and labels: one label per sample), so a wrong
+    label file fails here rather than at the eval gate, after the build. onnx (and the check step, which imports
+    it) load here, when plan runs."""
     from ortbuild import modelfiles, paths
     from ortbuild.pipeline.steps import check
     from ortbuild.project import data
@@ -371,6 +380,8 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
                 data.check_shapes(found, signature, where)
         except ConfigError as e:  # named by the file that declares it: targets.toml's key, then the file read
             errors.append((key, e.message, e.hint))
+        if eval_problem := _eval_problem(project, model):
+            errors.append(eval_problem)
     file = str(project.file)
     if len(errors) == 1:
         raise ConfigError(file, *errors[0])
@@ -379,6 +390,22 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
             f"  [{key}] {message}" + (f"\n    hint: {hint}" if hint else "") for key, message, hint in errors),
             "fix each file or key named above, then run `ortbuild plan` again")
     return graphs
+
+
+def _eval_problem(project: config.Project, model: str) -> tuple[str, str, str | None] | None:
+    """What is wrong with a model's labelled evaluation set (its files' headers and labels, as the eval gate reads
+    them: a label count that is not the sample count, files of different inputs, no samples), as
+    (targets.toml's key, the problem, what to do); None where it has none or it is sound."""
+    from ortbuild.gating.labelled import EvalData
+
+    ev = project.models[model].eval
+    if ev is None:
+        return None
+    try:
+        EvalData(ev, str(project.file), f"models.{model}.eval")
+    except ConfigError as e:
+        return e.where, e.detail, e.hint
+    return None
 
 
 def _already_reduced(graph: onnx.ModelProto) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ from ortbuild.gating import (
 from ortbuild.gating.catalog import NOT_RUN, Context
 from ortbuild.gating.compliance import Checker
 from ortbuild.gating.record import TestResult
-from ortbuild.gating.selection import GATES
+from ortbuild.gating.selection import GATES, undecided_reason
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import data
 from ortbuild.project.config import Project, did_you_mean
@@ -127,7 +128,7 @@ class Tester:
                 res.status = Verdict.FAIL
             said = f"{res.status}" + (f": {res.reason}" if res.reason else "")
             if res.golden.get("warnings"):  # the summary says each one in full
-                said += f" (warning: {len(res.golden['warnings'])} golden output(s) (near) constant)"
+                said += f" (warning: {golden.warned(res.golden['warnings'])})"
             self.progress(job.name, JobFinished(res.status, said))
             if b.status != JobStatus.SKIPPED:  # never overwrite the verdict another runtime's environment wrote
                 self.write_report(job, res)
@@ -181,7 +182,7 @@ class Tester:
                 undecided.append(note)
         if not res.failures and undecided:
             res.status = Verdict.INCONCLUSIVE
-            res.reason = "; ".join(undecided)
+            res.reason = undecided_reason(res, undecided, self.config_arg, job.target.session("test"))
 
     @staticmethod
     def _undecided(res: TestResult, gate: str) -> str:
@@ -250,7 +251,7 @@ class Tester:
                      lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=self.dist))
         res.golden = {"made_by": g.made_by, "source": g.source, "digest": golden.digest(g),
                       "data_sets": [d.name for d in g.sets], "dir": str(folder / golden.GOLDEN_DIR)}
-        warnings = golden.constant_warnings(job.model, g)
+        warnings = golden.warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
         return Context(self, job, res, module, g, m, outputs, built)
@@ -374,10 +375,9 @@ class Tester:
             relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
             budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
             calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
-            first_ms = latency.prepare(calls, lat.warmup_runs)
-            self.progress(job.name, f"latency on {ds.name}: sampling until every budget is decided (looks at "
-                                    f"{lat.min_samples or latency.FIRST_LOOK}, then doubling)"
-                                    + "".join(f", interleaved with {b.reference}" for b in budgets if b.reference))
+            warmed = latency.warm_up(calls, lat.warmup_runs, math.inf if budgets else latency.BRIEF_SECONDS)
+            first_ms = warmed.first_ms
+            self.progress(job.name, latency.said_before(ds.name, budgets, plan, warmed))
             check = Checker.for_latency(ran[ds.name], ds.name,
                                         lambda o: gates.accuracy_rule(job.settings.precision, o),
                                         plan.min_samples or latency.FIRST_LOOK)

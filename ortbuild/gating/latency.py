@@ -7,7 +7,9 @@ untimed runs follow; then samples are taken sequentially, with the runs of sever
 percentile is at most B ms" uses binomial order statistics, as MLPerf LoadGen's early stopping does: the
 k-th smallest of n samples is an upper confidence bound on the percentile when P(Binom(n, p) <= k-1) >= c.
 PASS when the upper bound is within the budget, FAIL when the lower bound is above it, else INCONCLUSIVE,
-with how many more samples (at the observed exceedance rate) would decide.
+with how many more samples (at the observed exceedance rate) would decide. Without a budget there is nothing to
+decide: the sample is brief (BRIEF_RUNS runs or BRIEF_SECONDS, whichever comes first; warm-up likewise), its
+percentiles reported, not judged.
 
 Looking more than once inflates the error, so the error 1 - c of each direction (a wrong PASS, a wrong FAIL)
 is split over that direction's looks, 1/(k(k+1)) of it to the k-th (1/2, 1/6, 1/12, ...: the shares sum to 1
@@ -39,11 +41,14 @@ from ortbuild.gating.percentiles import PercentileVerdict as PercentileVerdict
 from ortbuild.gating.percentiles import Spending as Spending
 from ortbuild.gating.percentiles import budgets_of as budgets_of
 from ortbuild.gating.percentiles import checkpoints as checkpoints
+from ortbuild.gating.percentiles import duration as duration
+from ortbuild.gating.percentiles import fewest_to_pass as fewest_to_pass
 from ortbuild.gating.percentiles import look_confidence as look_confidence
 from ortbuild.gating.percentiles import lower_rank as lower_rank
 from ortbuild.gating.percentiles import min_samples_to_bound as min_samples_to_bound
 from ortbuild.gating.percentiles import nearest_rank as nearest_rank
 from ortbuild.gating.percentiles import percentile_verdict as percentile_verdict
+from ortbuild.gating.percentiles import plan_said as plan_said
 from ortbuild.gating.percentiles import planned_samples as planned_samples
 from ortbuild.gating.percentiles import sequential_verdict as sequential_verdict
 from ortbuild.gating.percentiles import upper_rank as upper_rank
@@ -62,6 +67,8 @@ PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE  # a
 FIRST_LOOK = 20              # the first look at the samples when min_samples is 0
 LOAD_SLOWDOWN = 2.0          # a FAIL under load stands only if it stays a FAIL this much faster (x load / CPUs)
 LOAD_EVERY_S = 0.01          # how often the load is read while sampling
+BRIEF_RUNS = 50              # no budget: at most this many timed runs (min_samples, where set, instead) ...
+BRIEF_SECONDS = 1.0          # ... or this long, whichever comes first (at least one run); warm-up likewise
 
 
 # ------------------------------------------------------------------------------------------------- load
@@ -130,6 +137,7 @@ def environment() -> dict[str, object]:
     fp = machine.fingerprint()
     flavor = runtime.installed_flavor()
     return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
+            "x86_level": fp["x86_level"],
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "onnxruntime": flavor.as_json() if flavor else {"version": ort.__version__},
             "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
@@ -178,14 +186,49 @@ class Series:
 
 def prepare(calls: Mapping[str, Callable[[], object]], warmup_runs: int) -> dict[str, float]:
     """Time each artifact's first run (ms), then make `warmup_runs` untimed runs of each."""
+    return warm_up(calls, warmup_runs).first_ms
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """What warming up measured, in ms per artifact: its first run, and a typical run (the median of the warm-up
+    runs; the first run where there were none)."""
+
+    first_ms: dict[str, float]
+    run_ms: dict[str, float]
+
+    def round_seconds(self) -> float:
+        """The expected seconds of one sampling round (one run of each artifact)."""
+        return sum(self.run_ms.values()) / 1e3
+
+
+def warm_up(calls: Mapping[str, Callable[[], object]], warmup_runs: int,
+            max_seconds: float = math.inf, clock: Callable[[], float] = time.perf_counter) -> Warmed:
+    """Time each artifact's first run, then make up to `warmup_runs` runs of each (stopping once they took
+    `max_seconds`: the brief measurement of a target without budgets), timed only to estimate what sampling
+    will take."""
     first: dict[str, float] = {}
+    typical: dict[str, float] = {}
     for name, call in calls.items():
-        t0 = time.perf_counter()
+        t0 = clock()
         call()
-        first[name] = (time.perf_counter() - t0) * 1e3
-        for _ in range(warmup_runs):
+        first[name] = (clock() - t0) * 1e3
+        runs: list[float] = []
+        start = clock()
+        while len(runs) < warmup_runs and clock() - start < max_seconds:
+            t0 = clock()
             call()
-    return first
+            runs.append((clock() - t0) * 1e3)
+        typical[name] = sorted(runs)[len(runs) // 2] if runs else first[name]
+    return Warmed(first, typical)
+
+
+def brief_done(rounds: int, seconds: float, plan: Plan) -> bool:
+    """Whether a sample without budgets is complete: `min_samples` rounds where the plan sets it, else
+    BRIEF_RUNS rounds or BRIEF_SECONDS, whichever comes first (the percentiles are reported, not judged)."""
+    if plan.min_samples:
+        return rounds >= plan.min_samples
+    return rounds >= BRIEF_RUNS or seconds >= BRIEF_SECONDS
 
 
 @dataclass(frozen=True)
@@ -196,6 +239,7 @@ class Plan:
     min_samples: int = 0             # the first look (0: FIRST_LOOK); with budgets undecided, the plan's length
     min_seconds: float = 1.0         # with budgets undecided, sampling lasts at least this long
     retry_wait_seconds: float = 30.0  # a FAIL under load waits at most this long for the load to fall
+    max_seconds: float = math.inf    # a deadline (ortbuild tune's): past it, one look at what there is, and stop
 
 
 QUICK_CONFIDENCE = 0.90  # `ortbuild test --quick`: wider, stated, and never a release verdict
@@ -259,8 +303,8 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
     """Time `calls` round by round, interleaved (A B, B A, ...), looking at the checkpoints: stop at the first
     look that decides every budget or FAILs any (the others are then reported undecided, INCONCLUSIVE with
     their bounds and a note saying so), else at the first look past the plan's end (its samples and
-    min_seconds reached). Without budgets the plan is sampled to its end exactly (the percentiles are still
-    reported). `seen[name]` is given each output of `calls[name]`, after its time is taken (outside the timed
+    min_seconds reached). Without budgets the sample is brief (brief_done: the percentiles are reported, not
+    judged). `seen[name]` is given each output of `calls[name]`, after its time is taken (outside the timed
     region: ortbuild.gating.compliance keeps a sample of them)."""
     spending = spending if spending is not None else {}
     seen = seen or {}
@@ -284,9 +328,10 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
                 seen[name](out)
         i += 1
         meter.tick()
-        if not budgets and i >= end and clock() - start >= plan.min_seconds:
-            break  # nothing to decide: no look needed
-        if i < look:
+        if not budgets and brief_done(i, clock() - start, plan):
+            break  # nothing to decide: a brief sample, no look needed
+        late = clock() - start >= plan.max_seconds  # a look now, the next share of the error: then stop
+        if i < look and not late:
             continue
         while look <= i:
             look = next(looks_at)
@@ -300,7 +345,7 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
         failed = [k for k, v in verdicts.items() if v.verdict is Verdict.FAIL]
         decided = bool(failed) or (bool(budgets) and all(v.verdict is not Verdict.INCONCLUSIVE
                                                          for v in verdicts.values()))
-        at_end = i >= end and clock() - start >= plan.min_seconds
+        at_end = (i >= end and clock() - start >= plan.min_seconds) or late
         if decided or at_end:
             break
     seconds = clock() - start
@@ -382,3 +427,19 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
 
 def as_json(v: PercentileVerdict) -> PercentileVerdictDoc:
     return v.as_json()
+
+
+def said_before(name: str, budgets: list[Budget], plan: Plan, warmed: Warmed) -> str:
+    """The line said before a data set's latency sampling: with budgets, what each needs and about how long
+    (from the warm-up runs' pace); without, that the measurement is brief and not judged."""
+    run_ms = warmed.round_seconds() * 1e3
+    if not budgets:
+        most = f"{plan.min_samples} runs" if plan.min_samples else \
+            f"at most {BRIEF_RUNS} runs or {BRIEF_SECONDS:g} s"
+        return f"latency on {name}: no budget: a brief measurement ({most}), reported, not judged"
+    first = plan.min_samples or FIRST_LOOK
+    end = planned_samples([b.percentile for b in budgets], plan.confidence, plan.min_samples)
+    said = plan_said(budgets, plan.confidence, first, end, lambda n: n * run_ms / 1e3)
+    paired = "".join(f", interleaved with {b.reference}" for b in budgets if b.reference)
+    pace = f"{run_ms:.3g} ms" if run_ms < 1e3 else duration(run_ms / 1e3)
+    return f"latency on {name} ({pace} a run{paired}): {said}"

@@ -337,6 +337,18 @@ def _pool(workers: int) -> Any:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ortbuild-load")
 
 
+def plan_line(what: str, budgets: Sequence[Budget], plan: Plan, end: int,
+              seconds_for: Callable[[int], float]) -> str:
+    """The line said before a scenario's queries (as latency's before its samples): what each budget needs to PASS
+    and about how long (`seconds_for(n)` queries), the plan's end (`end`), the first look; a scenario table
+    without a budget is measured to its end and reported."""
+    if not budgets:
+        return f"{what}: no budget: {end} queries (about {latency.duration(seconds_for(end))}), reported, not judged"
+    said = latency.plan_said(list(budgets), plan.confidence, FIRST_LOOK, end, seconds_for, "queries")
+    least = f"{plan.min_seconds:g} s" + (f" and {plan.min_queries} queries" if plan.min_queries else "")
+    return f"{what}: {said}; a PASS after at least {least}, and a retry if other work competed"
+
+
 def warm(call: Call, runs: int, timed: int = 20) -> list[float]:
     """`runs` untimed calls, then `timed` timed ones one at a time (ms): the single-stream estimate."""
     for _ in range(runs):

@@ -10,6 +10,7 @@ early stopping; a FAIL under competing load is retried, then INCONCLUSIVE (loadg
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.gating import loadgen
@@ -52,9 +53,14 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             return loadgen.multi_stream(call, streams, budgets, plan, spending)
 
         single = loadgen.warm(run, lat.warmup_runs)
-        ctx.progress(ctx.job.name, f"multi_stream on {ds.name}: {ms.streams} streams until every budget is decided: "
-                                   f"a PASS after at least {plan.min_seconds:g} s, at most "
-                                   f"{loadgen.end_of(budgets, plan)} queries")
+        query_s = single[len(single) // 2] / 1e3 * math.ceil(ms.streams / loadgen.cpus())  # a query: its streams
+
+        def seconds_for(n: int, query_s: float = query_s, plan: loadgen.Plan = plan) -> float:
+            return max(plan.min_seconds, n * query_s)
+
+        ctx.progress(ctx.job.name, loadgen.plan_line(
+            f"multi_stream on {ds.name} ({ms.streams} streams, {query_s * 1e3:.3g} ms a query)", budgets, plan,
+            loadgen.end_of(budgets, plan), seconds_for))
         outcome = loadgen.judged(measure, budgets, plan)
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}

@@ -14,7 +14,7 @@ sample count (which does not depend on the samples). Measuring, and the looks a 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import cast
 
@@ -67,6 +67,14 @@ def planned_samples(budgeted: list[float], c: float, min_samples: int) -> int:
         return min_samples
     need = max((min_samples_to_bound(p, c) for p in budgeted), default=0)
     return max(100, math.ceil(1.5 * need))
+
+
+def fewest_to_pass(p: float, c: float, first: int, end: int) -> int:
+    """The fewest samples at which a budget on the p-th percentile can PASS: the first checkpoint (the first look
+    at `first`, doubling, the plan's `end` among them) with enough samples to bound the percentile at its first
+    PASS look's share of the error (p90: 80 at 0.99 from a first look at 20; p99: 640)."""
+    need = min_samples_to_bound(p, look_confidence(c, 1))
+    return next(n for n in checkpoints(first, end) if n >= need)
 
 
 def look_confidence(c: float, k: int) -> float:
@@ -215,3 +223,28 @@ def budgets_of(percentiles: Mapping[float, float], reference: str | None = None,
     """The budgets of {percentile: ms}, and a relative one when `reference` is given."""
     out = [Budget(f"p{round(p * 100)}", p, ms) for p, ms in percentiles.items()]
     return [*out, Budget("relative", 0.5, ratio, reference)] if reference is not None else out
+
+
+def duration(seconds: float) -> str:
+    """A duration as said before a phase: `0.4 s`, `34 s`, `26 min`, `1.5 h`."""
+    if seconds < 10:
+        return f"{seconds:.1g} s" if seconds < 1 else f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def plan_said(budgets: list[Budget], confidence: float, first: int, end: int,
+              seconds_for: Callable[[int], float], unit: str = "samples") -> str:
+    """What sampling to a verdict takes, said before it starts: each budget's fewest `unit` to PASS, with the
+    time they take (`seconds_for(n)`), the plan's end if undecided, and the first look, where a FAIL can stop it:
+    "p99 budget needs at least 640 samples to PASS (about 32 min); undecided: ..."."""
+    needs = {b.kind: fewest_to_pass(b.percentile, confidence, first, end) for b in budgets}
+    most = max(needs.values())
+    said = ", ".join(f"{k} budget needs at least {n} {unit} to PASS" for k, n in needs.items())
+    said += f" (about {duration(seconds_for(most))})"
+    if most > end:
+        said += f"; the plan ends at {end} {unit}, fewer than a PASS needs (set min_samples 0 or higher)"
+    else:
+        said += f"; undecided, at most {end} (about {duration(seconds_for(end))})"
+    return said + f"; a FAIL can stop at {first}"

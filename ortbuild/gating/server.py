@@ -17,6 +17,7 @@ against the rate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -134,11 +135,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
 
         single = loadgen.warm(run, lat.warmup_runs)
         check, call = loadgen.checked(ctx, i, run)
-        most = loadgen.end_of(budgets, plan)
-        ctx.progress(ctx.job.name, f"server on {ds.name}: Poisson arrivals at {srv.qps:g} QPS until every budget is "
-                                   f"decided: a PASS after at least {plan.min_seconds:g} s, at most {most} queries "
-                                   f"(about {max(plan.min_seconds, most / float(srv.qps)):.0f} s) and a retry if "
-                                   "other work competed")
+        ctx.progress(ctx.job.name, said_before(ds.name, float(srv.qps), budgets, plan, single, srv.workers))
         outcome = at_rate(call, float(srv.qps), srv, budgets, plan)
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
@@ -174,6 +171,21 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
         min_seconds=plan.min_seconds, min_queries=plan.min_queries, quick=ctx.quick)
     return verdict, section, lines
+
+
+def said_before(name: str, qps: float, budgets: list[Budget], plan: loadgen.Plan, single: list[float],
+                workers: int) -> str:
+    """The line said before the queries at `qps`: what each budget needs and about how long, at the rate or at the
+    pace of the single-stream runs (`single`, ms) over the workers, whichever is slower."""
+    run_s = single[len(single) // 2] / 1e3 if single else 0.0
+    pool = workers or loadgen.cpus()
+    end = max(loadgen.end_of(budgets, plan), math.ceil(qps * plan.min_seconds))
+
+    def seconds_for(n: int) -> float:
+        return max(plan.min_seconds, n / qps, n * run_s / pool)
+
+    return loadgen.plan_line(f"server on {name} (Poisson arrivals at {qps:g} QPS, {run_s * 1e3:.3g} ms a run)",
+                             budgets, plan, end, seconds_for)
 
 
 def html(section: dict[str, object]) -> list[str]:

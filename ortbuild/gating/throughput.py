@@ -18,9 +18,10 @@ the budget; 8 windows can FAIL a rate far below it.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from ortbuild.gating import loadgen
+from ortbuild.gating import latency, loadgen
 from ortbuild.gating.percentiles import Budget, Spending
 from ortbuild.project.sections import Offline
 from ortbuild.status import Verdict
@@ -95,8 +96,13 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
 
         loadgen.warm(run, lat.warmup_runs, timed=0)
-        ctx.progress(ctx.job.name, f"throughput on {ds.name}: batch {off.batch} ({mode}), {workers} workers, at "
-                                   f"least {plan.min_seconds:g} s before a PASS")
+        least = max(loadgen.FIRST_WINDOWS, math.ceil(plan.min_seconds / off.window_seconds))  # as loadgen.offline
+        said = (f"a budget needs at least {least} windows of {off.window_seconds:g} s to PASS (about "
+                f"{latency.duration(least * off.window_seconds)}); undecided, at most {2 * least} (about "
+                f"{latency.duration(2 * least * off.window_seconds)}); a FAIL can stop at {loadgen.FIRST_WINDOWS}"
+                if budgets else f"no budget: about {latency.duration(2 * least * off.window_seconds)}, reported, "
+                "not judged")
+        ctx.progress(ctx.job.name, f"throughput on {ds.name} (batch {off.batch} ({mode}), {workers} workers): {said}")
         outcome = loadgen.judged(measure, budgets, plan)
         e = loadgen.entry(ds.name, outcome)
         e["verdicts"] = [rates({"kind": k, **loadgen.verdict_doc(v)}) for k, v in outcome.verdicts.items()]

@@ -11,8 +11,11 @@ tune_for_build() does both for the build flow (a target with `tune = true`).
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -93,14 +96,18 @@ def _plan(job: Job) -> latency.Plan:
     return latency.Plan(gates.latency.confidence, 0, MIN_SECONDS, RETRY_WAIT_SECONDS)
 
 
-def _measure(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan) -> Comparison:
-    """Current against candidate on every data set, paired and interleaved: the worst data set's comparison."""
+def _measure(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan,
+             deadline: float = math.inf) -> Comparison:
+    """Current against candidate on every data set, paired and interleaved: the worst data set's comparison. Each
+    data set's warm-up and sampling get an equal share of the time left before `deadline` (time.monotonic())."""
     current, candidate = models
     found = []
-    for feed in feeds:
+    for i, feed in enumerate(feeds):
+        share = max(0.0, deadline - time.monotonic()) / (len(feeds) - i)
         calls = {"current": lambda f=feed: current.run(f), "candidate": lambda f=feed: candidate.run(f)}
-        latency.prepare(calls, warmup)
-        found.append(compare(calls, plan))
+        latency.warm_up(calls, warmup, share / 4)
+        found.append(compare(calls, replace(plan, max_seconds=max(0.0, deadline - time.monotonic()) /
+                                            (len(feeds) - i))))
     return worst(found)
 
 
@@ -126,10 +133,12 @@ def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: floa
     assert gates is not None
     plan, warmup = _plan(built_job), gates.latency.warmup_runs
 
+    deadline = time.monotonic() + seconds  # search() counts from here too: every measurement ends by then
+
     def measure(current: Session, candidate: Session) -> Comparison:
         # two fresh sessions each time (also for the same options): a session's own placement in memory can make it
         # faster or slower than another with the same options, and each comparison says so in its interval
-        return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan)
+        return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, deadline)
 
     def accurate(session: Session) -> tuple[bool, str]:
         r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
@@ -139,8 +148,9 @@ def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: floa
             return False, first_line(e)
         return r.accuracy == PASS, r.worst
 
-    progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s (paired, interleaved runs "
-                                f"at {plan.confidence:.0%} confidence)"))
+    progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight then "
+                                f"(paired, interleaved runs at {plan.confidence:.0%} confidence); then the fp32 note "
+                                "and a rebuild with what it keeps"))
     tuning = search(decl, cpus, measure, accurate, seconds, progress=lambda m: progress(name, m))
     if not waited["quiet"]:
         tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
@@ -178,6 +188,8 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
     (a failing rebuild leaves the lock as it was and says why in the result)."""
     source, settings = builder.fingerprint(declared_job)
     old = lock.get(declared_job)
+    if not tuning.applies and old is None and not declared_job.settings.tune:
+        return _nothing_kept(builder, lock, declared_job, tuning)
     keep = old if old is not None and not old.stale(source, settings) else None
     applies = {t: dict(v) for t, v in keep.applies.items() if t != "session"} if keep is not None else {}
     entry = lockfile.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {})
@@ -205,6 +217,15 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
                                                          and tuning.applies else "")
                         + f"; {said}")
     return lock, locked, result
+
+
+def _nothing_kept(builder: Builder, lock: lockfile.Lock, job: Job, tuning: Tuning) \
+        -> tuple[lockfile.Lock, Job, JobResult]:
+    """The declared options won and nothing asks for a record (no entry to update, no `tune = true` that would tune
+    again without one): the lock is left as it is, the artifact as built (its build, up to date, is the result)."""
+    result = builder.run_job(job)
+    result.notes.append(f"tune: kept {tuning.kept()}; {lockfile.LOCK_FILE} not written (nothing to apply)")
+    return lock, job, result
 
 
 def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: Job, progress: Progress, *,

@@ -43,6 +43,7 @@ BLOCK_BASES = ("4",)         # ORT's suggested start for dynamic block sizing
 CONFIG_DEFAULTS = {SPINNING: "1", BLOCK_BASE: "0"}
 RETRY_WAIT_SECONDS = 5.0     # a faster verdict under load waits at most this long for the load to fall
 MIN_SECONDS = 0.5            # sampling of one comparison, at least (when undecided)
+SEARCH_SHARE = 0.8           # of the seconds, the candidates' part; the rest is kept for the final confirmation
 
 KEPT, NO_FASTER, FAILS_ACCURACY, NOT_BEST, NOT_TRIED, ERROR = (
     "kept", "no faster", "fails accuracy", "faster, another value more", "not tried (out of time)", "error")
@@ -254,7 +255,7 @@ def search(declared: Session, cpus: int, measure: Measure, accurate: Accurate, s
         values = [c for c in values if c.over(current) != current]
         found: list[tuple[Candidate, Tried]] = []
         for cand in values:
-            if clock() - start >= seconds:
+            if clock() - start >= seconds * SEARCH_SHARE:  # the rest: the final confirmation
                 out.tried.append(Tried(cand.label, against, None, NOT_TRIED))
                 continue
             progress(f"tune: {cand.label} against {against}")
@@ -275,7 +276,7 @@ def search(declared: Session, cpus: int, measure: Measure, accurate: Accurate, s
             t.verdict, t.note = KEPT, f"accuracy {worst_metric}"
             current, against = cand.over(current), cand.label if against == "declared" else f"{against}, {cand.label}"
             break
-    if current != declared and clock() - start < seconds * 1.5:
+    if current != declared and clock() - start < seconds:
         progress("tune: the kept setting against the declared one")
         out.final = measure(declared, current)
         if out.final.faster:

@@ -89,6 +89,19 @@ class Cache:
             _dir_store(Path(self.where), entry, folder, names, doc)
 
 
+def development_warning(cache: Cache | None, development: bool) -> str | None:
+    """The warning a shared cache gets where the keys are development keys (`development`): the signing key's id is
+    part of every build key, and each checkout makes its own development key pair, so what this checkout stores
+    never hits in another (None: no cache, or real keys)."""
+    if cache is None or not development:
+        return None
+    return (f"the shared cache {cache.where} ({cache.source}) is used with this checkout's development keys "
+            "(.ortbuild/dev-keys/): their id is part of every build key, and every checkout makes its own, so the "
+            "entries made here never hit in another checkout; share real keys instead: `ortbuild keygen --out keys`, "
+            "then ORTBUILD_KEY_FILE and ORTBUILD_SIGNING_KEY_FILE (or the CI secrets ORTBUILD_KEY and "
+            "ORTBUILD_SIGNING_KEY) on every machine that shares the cache")
+
+
 def entry_id(build_key: str, target: str, model: str) -> str:
     """A job's entry name: the build key does not name the target or the model (equal inputs, equal key)."""
     return hashlib.sha256(f"ortbuild-cache-v1\0{build_key}\0{target}\0{model}".encode()).hexdigest()

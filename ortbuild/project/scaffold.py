@@ -8,85 +8,27 @@ import io
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+import tomllib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ortbuild import __version__, files, paths
-from ortbuild.errors import ConfigError, UsageError
-from ortbuild.project import config, signature
+from ortbuild.errors import ConfigError, UsageError, first_line
+from ortbuild.project import config, data, expected, signature, speedup
 from ortbuild.project.config import Project
+from ortbuild.project.presets import PRESETS, SUITS, with_parents
 
-RUNTIME = "onnxruntime==1.31.1"  # the CPU flavor this ortbuild is tested with
-GITIGNORE = ("dist/", ".nox/", ".ortbuild/", "keys/*.key")
+if TYPE_CHECKING:
+    import onnx
+
+GITIGNORE = ("dist/", ".nox/", ".ortbuild/", "keys/*.key", ".venv/", "__pycache__/")
 GENERATED = "generated-inputs.npz"  # golden inputs init made up: models/NAME.generated-inputs.npz
 WORKFLOW = Path(".github") / "workflows" / "ortbuild.yml"
 SKIP_DIRS = frozenset({"dist", "node_modules", "__pycache__", "site-packages"})
-
-# Targets `init --target` offers, each a TOML table body; a preset's parents come along (`extends`).
-PRESETS: dict[str, tuple[str | None, str]] = {
-    "cpu-fp32": (None, f'''description = "x86/ARM servers, full precision"
-runtime = "{RUNTIME}"
-providers = ["CPUExecutionProvider"]
-precision = "fp32"
-optimization = "all"
-# release gates (`ortbuild test`): fp32 must match the source within rtol 1e-4 / atol 1e-5 and stay under 1.1x
-# its size; add latency budgets measured on your hardware, e.g.
-# latency = {{ p90_ms = 50, p99_ms = 100 }}
-'''),
-    "cpu-int8": ("cpu-fp32", '''description = "CPU servers, int8 weights (dynamic: no calibration data needed)"
-extends = "cpu-fp32"
-precision = "int8-dynamic"
-# reduce_range: 7-bit weights, ORT's advice for x86 CPUs without VNNI; accuracy default: cosine >= 0.99
-quantization = { per_channel = true, reduce_range = true }
-# the precision is a goal: where int8 fails its accuracy rule, the build keeps the layers that break it in float
-# and records them in targets.lock (commit it); docs/build-to-the-gates.md
-precision_search = "auto"
-'''),
-    "cpu-int4": ("cpu-fp32", '''description = "memory-bound CPU devices: block-wise int4 weights of MatMul nodes"
-extends = "cpu-fp32"
-precision = "int4-weight"
-int4 = { block_size = 32, symmetric = true }
-'''),
-    "arm64-int8": ("cpu-int8", '''description = "ARM64 servers and boards, int8 (golden-tested here under emulation)"
-extends = "cpu-int8"
-platform = "linux-aarch64"
-optimization = "extended"
-quantization = { reduce_range = false }
-'''),
-    "mobile-int8": ("cpu-int8", '''description = "Android/iOS apps: an .ort artifact and its operator config"
-extends = "cpu-int8"
-format = "ort"
-optimization = "basic"
-quantization = { reduce_range = false }
-'''),
-    "openvino-cpu": (None, f'''description = "Intel CPUs through OpenVINO, compiled ahead of time"
-runtime = ["{RUNTIME}", "onnxruntime-ep-openvino==1.8.1"]
-providers = [{{ name = "OpenVINOExecutionProvider", options = {{ device_type = "CPU" }} }}, "CPUExecutionProvider"]
-optimization = "all"
-size = {{ max_ratio = 3.0 }}
-'''),
-    "cuda-fp16": (None, f'''description = "NVIDIA servers through CUDA, fp16"
-runtime = "{RUNTIME.replace("onnxruntime", "onnxruntime-gpu")}"
-providers = [
-    {{ name = "CUDAExecutionProvider", options = {{ cudnn_conv_algo_search = "EXHAUSTIVE", use_tf32 = false }} }},
-    "CPUExecutionProvider",
-]
-precision = "fp16"
-optimization = "basic"
-runner = ["self-hosted", "linux", "x64", "gpu"]
-'''),
-}
-
-# The presets whose precision suits some models only: the ops whose weights it serves well, and what the others need.
-SUITS: dict[str, tuple[frozenset[str], str]] = {
-    "cpu-int8": (signature.DYNAMIC_OPS, "most of {whose} weights are in Conv (or other) nodes, which int8-dynamic "
-                 "serves poorly; they want int8-static with `calibration` = real samples (docs/targets.md)"),
-    "cpu-int4": (signature.INT4_OPS, "most of {whose} weights are not MatMul weights, the only ones int4-weight "
-                 "converts"),
-}
 
 @dataclass(frozen=True)
 class Found:
@@ -104,6 +46,29 @@ class Scaffold:
     files: dict[Path, str] = field(default_factory=dict)
     data: dict[Path, dict[str, np.ndarray]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+Outputs = Callable[[Path, list[data.Feed]], tuple[list[Mapping[str, object]], str]]
+Measure = Callable[[Path, data.Feed, Mapping[str, object], int], "speedup.Measured | speedup.Unmeasured"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What init runs on the models where onnxruntime is importable (cli/init.py gives it: this layer does not import
+    the runtime): the source's outputs on the golden inputs (golden.compute), recorded as `expected`, and int8
+    against fp32 on this CPU (gating.int8speed.measure), which decides cpu-int8's models; `say` prints a line
+    before the measurement starts."""
+
+    outputs: Outputs
+    measure: Measure | None          # None: not timed (`init --no-timing`)
+    say: Callable[[str], None]
+
+
+NOT_TIMED = ("int8 was not timed against fp32 on this CPU (init --no-timing): `ortbuild test` warns where an int8 "
+             "artifact is slower than the fp32 one (docs/testing.md)")
+UNPROBED = ("onnxruntime is not importable where init ran: int8 was not timed against fp32 on this CPU, and the "
+            "source's outputs were not recorded as `expected`; to do both: pip install onnxruntime, then "
+            "ortbuild init --force")
 
 
 def _walk(folder: Path) -> Iterator[Path]:
@@ -186,40 +151,33 @@ def _toml_path(path: Path, root: Path) -> str:
     return json.dumps(os.path.relpath(full, top) if inside else full)
 
 
+@dataclass
+class Toml:
+    """What targets.toml says beyond the models and targets: comment lines of its header and of each target's
+    table, and lines of each model's table."""
+
+    header: list[str] = field(default_factory=list)
+    targets: dict[str, list[str]] = field(default_factory=dict)
+    models: dict[str, list[str]] = field(default_factory=dict)
+
+
 def targets_toml(project: str, models: list[tuple[Found, Path]], targets: Sequence[str], root: Path,
-                 only: dict[str, list[str]]) -> str:
-    lines = ["# Written by `ortbuild init`. Every key: ortbuild's docs/targets-reference.md; `ortbuild schema` prints",
-             "# the JSON Schema. Build and test every target, each in its own virtualenv: python -m nox -s test", "",
+                 only: dict[str, list[str]], said: Toml | None = None) -> str:
+    said = said or Toml()
+    lines = [f"# Written by `ortbuild init`, on {speedup.host()}. Every key: ortbuild's docs/targets-reference.md;",
+             "# `ortbuild schema` prints the JSON Schema. Build and test every target, each in its own virtualenv:",
+             "# python -m nox -s test", *said.header, "",
              "[project]", f"name = {json.dumps(project)}", 'version = "0.1.0"', ""]
     for found, inputs in models:
         generated = found.inputs is None
         lines += [f"[models.{config.toml_key(found.name)}]", f"path = {_toml_path(found.path, root)}",
                   f"inputs = {_toml_path(inputs, root)}" + ("  # generated by init: replace with real samples"
-                                                            if generated else ""), ""]
+                                                            if generated else ""),
+                  *said.models.get(found.name, []), ""]
     for name in targets:
-        lines += [f"[targets.{name}]", PRESETS[name][1]]
-        if name in only:
-            lines.insert(-1, f"models = {json.dumps(only[name])}")
+        lines += [f"[targets.{name}]", *said.targets.get(name, []),
+                  *([f"models = {json.dumps(only[name])}"] if name in only else []), PRESETS[name][1]]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def with_parents(names: Sequence[str]) -> list[str]:
-    """The presets named, with the presets they extend, parents first, each once."""
-    out: list[str] = []
-
-    def add(name: str) -> None:
-        if name not in PRESETS:
-            raise UsageError(f"--target {name}: not a target init knows",
-                             f"choose among {', '.join(PRESETS)} (edit targets.toml for others)")
-        parent = PRESETS[name][0]
-        if parent:
-            add(parent)
-        if name not in out:
-            out.append(name)
-
-    for n in names:
-        add(n)
-    return out
 
 
 def _pointed(models: list[Path], inputs: Sequence[str]) -> dict[Path, Path]:
@@ -244,20 +202,11 @@ def _pointed(models: list[Path], inputs: Sequence[str]) -> dict[Path, Path]:
     return out
 
 
-def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[str, int],
-         inputs: Sequence[str] = ()) -> Scaffold:
-    """Everything init would write into `root`, nothing written yet. Without `targets`: cpu-fp32 for every model,
-    and cpu-int8 (dynamic) for the models whose weights are mostly MatMul/Gemm/Gather/recurrent (ONNX Runtime's
-    advice: dynamic quantization for RNNs and transformers, static with calibration data for CNNs); cpu-int4,
-    asked for, takes the models whose weights are mostly MatMul's (SUITS)."""
-    from jinja2 import Environment, PackageLoader
-
-    scaffold = Scaffold()
+def _inputs(root: Path, models: list[Path], pointed: dict[Path, Path], graphs: dict[Path, onnx.GraphProto],
+            dims: dict[str, int], scaffold: Scaffold) -> list[tuple[Found, Path]]:
+    """Each model with its golden inputs: given (--inputs), found beside it, else generated into scaffold.data."""
     taken: set[str] = set()
     chosen: list[tuple[Found, Path]] = []
-    models = find_models(root, given)
-    pointed = _pointed(models, inputs)
-    graphs = {path: signature.graph(path) for path in models}
     for path in models:
         found = Found(model_name(path, taken), path, pointed.get(path) or golden_beside(path))
         if found.inputs is None:
@@ -273,8 +222,13 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
         else:
             scaffold.notes.append(f"{found.name}: golden inputs {found.inputs}")
             chosen.append((found, found.inputs))
-    project = re.sub(r"[^A-Za-z0-9_.-]", "-", root.resolve().name).strip("-.") or "models"
-    names = with_parents(targets or ["cpu-fp32", "cpu-int8"])
+    return chosen
+
+
+def _suited(names: list[str], chosen: list[tuple[Found, Path]], graphs: dict[Path, onnx.GraphProto],
+            asked: bool, scaffold: Scaffold) -> dict[str, list[str]]:
+    """The models each preset of SUITS takes among `names` (a default one that suits none is removed from `names`),
+    saying what it leaves out."""
     only: dict[str, list[str]] = {}
     for preset, (ops, why) in SUITS.items():
         if preset not in names:
@@ -290,12 +244,116 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
         if fit:
             only[preset] = fit
             scaffold.notes.append(f"{preset} leaves out {', '.join(left)}: {why.format(whose=whose)}")
-        elif not targets:  # the default int8 target, for no model it suits
+        elif not asked:  # the default int8 target, for no model it suits
             names.remove(preset)
             scaffold.notes.append(f"no {preset} target: for {', '.join(left)}, {why.format(whose=whose)}")
         else:
             scaffold.notes.append(f"warning: {preset} (asked for) suits none of the models: {why.format(whose=whose)}")
-    scaffold.files[root / "targets.toml"] = targets_toml(project, chosen, names, root, only)
+    return only
+
+
+def data_sets(inputs: Path, graph: onnx.GraphProto) -> list[tuple[str, data.Feed]]:
+    """Golden inputs' data sets (name, feed) as `ortbuild test` reads them (golden.load): an .npz or ONNX layout."""
+    names = [i.name for i in graph.input if i.name not in {w.name for w in graph.initializer}]
+    if inputs.is_dir():
+        return [(d.name, data.dataset_feed(d, names)) for d in data.datasets(inputs)]
+    return [("test_data_set_0", data.npz(inputs))]
+
+
+def _int8_speed(names: list[str], only: dict[str, list[str]], chosen: list[tuple[Found, Path]],
+                feeds: Mapping[str, list[tuple[str, data.Feed]]], probe: Probe, asked: bool, said: Toml,
+                scaffold: Scaffold) -> None:
+    """cpu-int8's models narrowed to those int8 is faster for on this CPU (speedup.choose), measured."""
+    if probe.measure is None:
+        said.targets["cpu-int8"] = [f"# {NOT_TIMED}"]
+        return
+    models = [(f, feeds[f.name][0][1]) for f, _ in chosen if f.name in only.get("cpu-int8", [f.name])
+              and feeds.get(f.name)]
+    settings = {**tomllib.loads(PRESETS["cpu-fp32"][1]), **tomllib.loads(PRESETS["cpu-int8"][1])}
+    threads = int(settings.get("session", {}).get("intra_op_num_threads", 0))
+    probe.say(f"measuring int8 vs fp32 on this CPU ({speedup.level()}): about "
+              f"{round(len(models) * (speedup.SECONDS + speedup.QUANTIZING))} s")
+    found = {f.name: probe.measure(f.path, feed, settings.get("quantization", {}), threads) for f, feed in models}
+    choice = speedup.choose(found, asked)
+    scaffold.notes.extend(choice.notes)
+    if choice.kept:
+        if list(choice.kept) != [f.name for f, _ in chosen]:  # not every model
+            only["cpu-int8"] = list(choice.kept)
+        said.targets["cpu-int8"] = list(choice.comments)
+    else:
+        names.remove("cpu-int8")
+        said.header.extend(choice.comments)
+
+
+def _computed(path: Path, feeds: list[tuple[str, data.Feed]], outputs: Outputs) \
+        -> tuple[dict[str, np.ndarray], str] | str:
+    """The source's outputs on its one data set and how they were computed, or why there are none."""
+    if len(feeds) != 1:
+        return f"its inputs hold {len(feeds)} data sets (an .npz holds one feed's outputs)"
+    try:
+        values, how = outputs(path, [feeds[0][1]])
+    except Exception as err:  # ONNX Runtime's errors share no base class
+        return f"the source does not run here on its golden inputs: {first_line(err)}"
+    arrays = {k: v for k, v in values[0].items() if isinstance(v, np.ndarray)}
+    if len(arrays) < len(values[0]):
+        return "an output is a sequence or map, which an .npz cannot hold"
+    return arrays, how
+
+
+def _record(root: Path, found: Found, inputs: Path, feeds: list[tuple[str, data.Feed]], outputs: Outputs,
+            said: Toml, scaffold: Scaffold) -> None:
+    """The source's outputs on its golden inputs written as its `expected` (NAME.expected.npz beside the inputs, in
+    the project, with their record: expected.record_path), or a note saying why not."""
+    computed = _computed(found.path, feeds, outputs)
+    if isinstance(computed, str):
+        scaffold.notes.append(f"{found.name}: expected outputs not recorded: {computed}")
+        return
+    arrays, how = computed
+    folder = inputs if inputs.is_dir() else inputs.parent
+    inside = os.path.commonpath([os.path.abspath(folder), os.path.abspath(root)]) == os.path.abspath(root)
+    path = (folder if inside else root / "models") / f"{found.name}{expected.SUFFIX}"
+    scaffold.data[path] = arrays
+    record = expected.Record(expected.values_digest(feeds), expected.values_digest([(feeds[0][0], arrays)]), how)
+    scaffold.files[expected.record_path(path)] = record.as_json(_toml_path(inputs, root).strip('"'),
+                                                                 _toml_path(found.path, root).strip('"'))
+    said.models[found.name] = [
+        "# the source's outputs on these inputs (fp32, CPU, no optimizations), recorded by init (from what: the .json",
+        "# beside them): a later source whose outputs differ fails `ortbuild test`; other inputs: a warning, and",
+        f"# {expected.REFRESH} records theirs", f"expected = {_toml_path(path, root)}"]
+
+
+def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[str, int],
+         inputs: Sequence[str] = (), probe: Probe | None = None) -> Scaffold:
+    """Everything init would write into `root`, nothing written yet. Without `targets`: cpu-fp32 for every model,
+    and cpu-int8 (dynamic) for the models whose weights are mostly MatMul/Gemm/Gather/recurrent (ONNX Runtime's
+    advice: dynamic quantization for RNNs and transformers, static with calibration data for CNNs) and, with a
+    `probe`, for which int8 is measured faster than fp32 here; cpu-int4, asked for, takes the models whose weights
+    are mostly MatMul's (SUITS). With a `probe`, each model's source outputs are recorded as its `expected`."""
+    from jinja2 import Environment, PackageLoader
+
+    scaffold = Scaffold(notes=[f"scaffolded on {speedup.host()}"])
+    models = find_models(root, given)
+    graphs = {path: signature.graph(path) for path in models}
+    chosen = _inputs(root, models, _pointed(models, inputs), graphs, dims, scaffold)
+    project = re.sub(r"[^A-Za-z0-9_.-]", "-", root.resolve().name).strip("-.") or "models"
+    names = with_parents(targets or ["cpu-fp32", "cpu-int8"])
+    only = _suited(names, chosen, graphs, bool(targets), scaffold)
+    said = Toml()
+    if probe is None:
+        said.header.append(f"# {UNPROBED}")
+        scaffold.notes.append(UNPROBED)
+    else:
+        feeds = {}
+        for found, path in chosen:
+            try:
+                feeds[found.name] = [("test_data_set_0", scaffold.data[path])] if path in scaffold.data else \
+                    data_sets(path, graphs[found.path])
+            except ConfigError:  # inputs that do not load: the check before writing says so, naming them
+                continue
+            _record(root, found, path, feeds[found.name], probe.outputs, said, scaffold)
+        if "cpu-int8" in names:
+            _int8_speed(names, only, chosen, feeds, probe, bool(targets), said, scaffold)
+    scaffold.files[root / "targets.toml"] = targets_toml(project, chosen, names, root, only, said)
     env = Environment(loader=PackageLoader("ortbuild.project", "templates"), keep_trailing_newline=True,
                       autoescape=False)
     scaffold.files[root / "noxfile.py"] = env.get_template("noxfile.py.j2").render()
@@ -315,7 +373,7 @@ def gitignore(root: Path) -> str | None:
     if not missing:
         return None
     head = text if not text or text.endswith("\n") else text + "\n"
-    why = "# ortbuild: build output, nox's virtualenvs, development keys, private keys\n"
+    why = "# ortbuild: build output, nox's virtualenvs, development keys, private keys, a venv, Python's caches\n"
     return head + why + "\n".join(missing) + "\n"
 
 
@@ -335,15 +393,39 @@ def _checked(root: Path, scaffold: Scaffold, check: Callable[[Project], None]) -
         partial.unlink(missing_ok=True)
 
 
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def publish(root: Path, texts: Mapping[Path, bytes]) -> None:
+    """Each file into a temp file beside its place, then all renamed into place (a failure leaves none written)."""
+    partials: dict[Path, Path] = {}
+    try:
+        for path in texts:
+            files.safe_mkdir(path.parent, root)
+        for path, blob in texts.items():
+            partials[path] = files.partial_file(path, root)
+            with files.open_partial(partials[path]) as f:
+                f.write(blob)
+            os.chmod(partials[path], 0o644)
+        for path, partial in partials.items():
+            files.publish(partial, path, root)
+    except OSError as err:
+        raise UsageError(f"init could not write into {root}: {err}", "fix what it names, then run init again") \
+            from None
+    finally:
+        for partial in partials.values():
+            partial.unlink(missing_ok=True)
+
+
 def write(root: Path, scaffold: Scaffold, force: bool, check: Callable[[Project], None]) -> list[Path]:
     """Write the scaffold, all or nothing: every check first (files to replace, folders to make, the targets.toml
     loading), then each file into a temp file beside its place, then all renamed into place."""
     ignore = gitignore(root)
-    texts: dict[Path, bytes] = {}  # the generated inputs first, then the files naming them
-    for path, arrays in scaffold.data.items():
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)  # type: ignore[arg-type]
-        texts[path] = buffer.getvalue()
+    # the generated inputs and recorded outputs first, then the files naming them
+    texts = {path: npz_bytes(arrays) for path, arrays in scaffold.data.items()}
     texts.update({path: text.encode() for path, text in scaffold.files.items()})
     present = [p for p in texts if os.path.lexists(p)]
     if present and not force:
@@ -357,21 +439,5 @@ def write(root: Path, scaffold: Scaffold, force: bool, check: Callable[[Project]
     if ignore is not None:
         texts[root / ".gitignore"] = ignore.encode()
     _checked(root, scaffold, check)
-    partials: dict[Path, Path] = {}
-    try:
-        for path in texts:
-            files.safe_mkdir(path.parent, root)
-        for path, data in texts.items():
-            partials[path] = files.partial_file(path, root)
-            with files.open_partial(partials[path]) as f:
-                f.write(data)
-            os.chmod(partials[path], 0o644)
-        for path, partial in partials.items():
-            files.publish(partial, path, root)
-    except OSError as err:
-        raise UsageError(f"init could not write into {root}: {err}", "fix what it names, then run init again") \
-            from None
-    finally:
-        for partial in partials.values():
-            partial.unlink(missing_ok=True)
+    publish(root, texts)
     return list(texts)

@@ -255,14 +255,16 @@ class Latency:
         doc="Samples taken before the first look (no verdict stops sampling earlier); with a budget still "
             "undecided, sampling goes on to at least this many. 0: the first look at 20 samples, and "
             "undecided budgets go on to at least 100 and 1.5x the fewest samples that can bound the tightest "
-            "budgeted percentile (44 for p90, 459 for p99 at 0.99).")
+            "budgeted percentile (44 for p90, 459 for p99 at 0.99). With no budget, the runs taken (0: a brief "
+            "measurement, at most 50 runs or 1 s).")
     min_seconds: float = setting(
         1.0, maximum=3600, build="never",
-        doc="With a budget still undecided (or no budget), sampling lasts at least this long; a decided "
-            "verdict stops it at the next look.")
+        doc="With a budget still undecided, sampling lasts at least this long; a decided verdict stops it at "
+            "the next look. Without a budget it is not waited for (a brief measurement: see `min_samples`).")
     warmup_runs: int = setting(
         5, maximum=100_000, build="never",
-        doc="Untimed runs after the first one (session creation and the first run are reported apart).")
+        doc="Untimed runs after the first one (session creation and the first run are reported apart); with no "
+            "budget, at most 1 s of them.")
     offline: Offline | None = setting(
         None, build="never", table="latency_offline",
         doc="Throughput at a batch (MLPerf Offline), judged on every golden data set (a data set's own "

@@ -114,7 +114,11 @@ class Model:
         doc="Expected (golden) outputs, relative to targets.toml: an .npz keyed by output name (for one "
             "feed), or the ONNX layout `test_data_set_N/output_K.pb` (e.g. from the training framework). "
             "Without it they are computed from the source model in fp32 on the CPU provider with "
-            "optimizations disabled, and stored beside each artifact (`golden/`). For a generative model: a UTF-8 "
+            "optimizations disabled, and stored beside each artifact (`golden/`). `ortbuild init` records the "
+            "source's outputs here (`NAME.expected.npz`) with `NAME.expected.json` beside them, naming the golden "
+            "inputs they were computed from: while the inputs are those, an artifact that differs fails; with other "
+            "inputs the test warns how the outputs moved and compares with the source's instead (`ortbuild init "
+            "--refresh-expected` records them again). For a generative model: a UTF-8 "
             "text file of the expected continuation of each prompt, one per line (else the fp32 source's greedy "
             "continuation).")
     custom_ops: tuple[CustomOps, ...] = setting(

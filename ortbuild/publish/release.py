@@ -41,17 +41,17 @@ from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
-from ortbuild.gating import catalog, selection
+from ortbuild.gating import selection
 from ortbuild.gating.builds import last_build
 from ortbuild.gating.gates import PASS, REPORT, SKIP, gates_key
-from ortbuild.gating.record import NOT_RUN, TestResult
+from ortbuild.gating.record import TestResult
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
 from ortbuild.project.settings import Gates
 from ortbuild.publish import epochs, openssf, release_index, tarball
 from ortbuild.publish.openssf import pae as pae
-from ortbuild.status import JobStatus
+from ortbuild.status import JobStatus, Verdict
 
 FORMAT = "ortbuild-release-v1"
 SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
@@ -110,21 +110,14 @@ class Published:
     digests: dict[str, str] = field(default_factory=dict)  # sha256 by file name, as written (no file read again)
 
 
-def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
-    """The gates declared now (a budget is set) whose verdict the test record lacks: set after the test (budgets
-    never change the build key). A section with verdict "-" was measured, with no budget to judge."""
-    if gates is None:
-        return []
-    return [g.name for g in catalog.GATES if g.judges(gates.generative) and g.declared(gates)
-            and r.verdict(g.name) == NOT_RUN and g.name not in r.sections]
-
-
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
                   gates: Gates | None = None, judged_by: str | None = None) -> str | None:
     kind = "test-generative" if m is not None and m.generative is not None else "test"
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{kind}({target})\"`)"
     if r is None:
         return f"never tested: run {test}"
+    if r.status == Verdict.INCONCLUSIVE:
+        return selection.undecided_refusal(r, target, f"{kind}({target})")
     if r.status != PASS:
         why = r.reason or "; ".join(r.failures)
         return f"its tests did not pass ({r.status}: {why[:300]})"
@@ -137,7 +130,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
     if untimed:  # an emulated platform: its budgets were never measured
         return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.reason[:300]}): release it from a "
                 f"runner of its platform (`ortbuild matrix`), where they run, or with --force")
-    if missing := unjudged(r, gates):
+    if missing := selection.unjudged(r, gates):
         return (f"its {', '.join(missing)} gate(s) have a budget that its last test did not judge (set since): "
                 f"run {test}")
     if r.gates_key and judged_by is not None and r.gates_key != judged_by:
