@@ -381,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--burners", type=int, default=2, help="CPU burners beside the timed checks (default 2)")
     args = ap.parse_args(argv)
     try:
-        jobs = len(plan.jobs(config.load(REPO / "targets.toml")))
+        # nox -s test's jobs: the generative targets have their own sessions (nox -t generative)
+        jobs = len([j for j in plan.jobs(config.load(REPO / "targets.toml")) if not j.model.generative])
         test_sentence, test_block = test_sample(test_output(rerun=not args.no_run, clean=args.clean), jobs)
         build_sentence, build_block = build_sample()
         profile_block = profile_sample()
