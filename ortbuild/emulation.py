@@ -91,9 +91,10 @@ def _x86_unavailable(p: PlatformRule) -> str:
     want = machine.x86_level_named(p.x86_level)
     here = machine.x86_level()
     levels = [lv.name for lv in machine.X86_LEVELS]
-    if host() != "linux-x86_64" or here is None:
-        what = "an x86-64 CPU older than x86-64-v2" if host() == "linux-x86_64" else f"a {host()} machine"
-        return f"a {p.name} target is tested on an x86-64 CPU of that level ({want.says}); this is {what}"
+    linux_x86 = host() == f"linux-{p.machine}"  # qemu-user is Linux's, and runs this machine's own Python
+    if not linux_x86 or here is None:
+        what = "an x86-64 CPU older than x86-64-v2" if linux_x86 else f"a {host()} machine"
+        return f"an {p.name} target is tested on an x86-64 CPU of that level ({want.says}); this is {what}"
     if here.name == want.name:
         return ""
     if levels.index(here.name) < levels.index(want.name):
@@ -105,7 +106,7 @@ def _x86_unavailable(p: PlatformRule) -> str:
     if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
         return f"the emulated {p.name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
     if shutil.which(X86_QEMU) is None:
-        return (f"testing a {p.name} target on this {here.name} CPU needs qemu-user ({X86_QEMU}; Debian/Ubuntu: "
+        return (f"testing an {p.name} target on this {here.name} CPU needs qemu-user ({X86_QEMU}; Debian/Ubuntu: "
                 "apt-get install qemu-user-static), or a runner with a CPU of that level (`ortbuild matrix`)")
     return ""
 

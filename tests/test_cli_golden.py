@@ -46,7 +46,8 @@ TARGETS = """
 
 _HEX = re.compile(r"\b[0-9a-f]{12,}\b")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z?")
-_MACHINE = re.compile(r"^machine .*|x86_64-\w+|aarch64-\w+")
+# the CPU a run was on
+_MACHINE = re.compile(r"^machine .*|^ *this machine: .*|x86_64-\w+|aarch64-\w+|x86-64-v[234](-vnni)?")
 _NUM = re.compile(r"\d+(\.\d+)?")
 _CHANGE = re.compile(r"[+-]<n>")  # the sign of a measured change is noise
 _RULE = re.compile(r"-{3,}")  # a table's rule: as wide as its widest cell

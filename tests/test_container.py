@@ -94,3 +94,14 @@ def test_build_without_keys_fails_with_its_exit_code_and_the_fix(tmp_path: Path)
     assert proc.returncode == 8, proc.stderr
     assert "no signing key" in proc.stderr and "ortbuild keygen --out keys" in proc.stderr
     assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+def test_a_missing_key_names_the_development_keys_nox_made_where_there_are_some(tmp_path: Path) -> None:
+    assert keys.make_keys_hint(tmp_path) == f"make keys: `{keys.MAKE_KEYS}`"
+    dev = tmp_path / keys.DEV_KEYS
+    dev.mkdir(parents=True)
+    (dev / keys.ENCRYPTION_FILE).write_text("made by nox\n")
+    hint = keys.make_keys_hint(tmp_path)
+    assert hint.startswith(f"make keys: `{keys.MAKE_KEYS}`; or, to try things out, the development keys nox made")
+    assert f"ORTBUILD_KEY_FILE={dev / 'encryption.key'} ORTBUILD_SIGNING_KEY_FILE={dev / 'signing.key'}" in hint
+    assert "never for a release" in hint

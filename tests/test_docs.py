@@ -61,7 +61,8 @@ OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16 --cache oci://ghcr.io/acme/m
 # docs/project.md's walk from an empty directory to a release: run in order, as written, by tests/test_project.py
 OWN_TEST.update({("project.md", cmd): "tests/test_project.py" for cmd in (
     "mkdir encoder '&&' cd encoder", "cp /path/to/paraphrase-MiniLM-L3-v2.onnx .",
-    "python3 -m venv .venv '&&' . .venv/bin/activate", "pip install /path/to/ortbuild-0.1.0-py3-none-any.whl",
+    "python3 -m venv .venv '&&' . .venv/bin/activate",
+    "pip install /path/to/ortbuild-0.1.0-py3-none-any.whl onnxruntime==1.31.1",
     "ortbuild init", "python -m nox -s test", "python -m nox -s release",
     "ortbuild verify dist/release/cpu-int8 --public-key .ortbuild/dev-keys/signing.pub --no-run")})
 # release.md's OpenSSF verification: the real model_signing CLI (in a venv made with that pip command) and

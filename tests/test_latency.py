@@ -199,7 +199,7 @@ def test_warm_up_is_bounded_by_time_and_estimates_a_run() -> None:
 
 
 def test_the_line_before_sampling_says_what_each_budget_needs_and_how_long() -> None:
-    from ortbuild.gating.gates import latency_plan_said
+    from ortbuild.gating.latency import said_before as latency_plan_said
 
     warmed = latency.Warmed({"a": 3500.0}, {"a": 3000.0})  # the estimate: the warm-up runs' median
     said = latency_plan_said("test_data_set_0", latency.budgets_of({0.99: 5000.0}), latency.Plan(), warmed)
@@ -345,9 +345,10 @@ class Machine:
         return {"quiet": self.load[False] <= cpus, "load": self.load[False], "waited_s": 3.0}
 
     def gate(self, budget_ms: float) -> latency.Outcome:
+        self.said: list[str] = []
         return latency.gate({"a": self.call}, "a", latency.budgets_of({0.9: budget_ms}),
                             latency.Plan(retry_wait_seconds=30, min_seconds=0), clock=self.clock, read=self.read,
-                            wait=self.wait, cpus=2)
+                            wait=self.wait, cpus=2, say=self.said.append)
 
 
 def test_a_fail_under_load_is_measured_again_once_the_load_falls() -> None:
@@ -356,6 +357,9 @@ def test_a_fail_under_load_is_measured_again_once_the_load_falls() -> None:
     assert m.waits == [(30, 2)] and [a.verdicts["p90"].verdict for a in out.attempts] == [latency.FAIL, latency.PASS]
     assert out.verdicts["p90"].verdict == latency.PASS and out.attempts[0].series["a"].load == 5.0
     assert out.retry["why"].startswith("p90 FAIL under load 5.0 above the 2 CPUs") and out.retry["quiet"]
+    # said before the wait, so that a terminal is not left repeating the first run's line for 30 s
+    assert m.said == ["p90 FAIL under load 5.0 above the 2 CPUs: other work competed: waiting up to 30 s for the load "
+                      "to fall, then measuring again"]
 
 
 def test_a_fail_that_persists_under_load_is_inconclusive() -> None:

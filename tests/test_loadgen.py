@@ -86,13 +86,17 @@ def test_a_fail_under_competing_load_is_retried_then_inconclusive_but_an_impossi
     plan = loadgen.Plan(0.99, 0.2, 0, 0.0)
     busy = {"read": lambda: 8.0, "own": lambda: 0}            # 8 runnable threads of other processes on the machine
 
+    said: list[str] = []
+
     def measure(budget: float) -> loadgen.Outcome:
         b = [Budget("p99", 0.99, budget)]
         return loadgen.judged(lambda s: loadgen.server(sleeper(10), 300.0, b, plan, s, workers=1, **busy), b, plan,
-                              read=busy["read"], cpus=2)
+                              read=busy["read"], cpus=2, say=said.append)
 
     explained = measure(15.0)  # missed, but the fastest query 2 x 4 times faster would meet it
     assert explained.retry is not None and len(explained.runs) == 2
+    assert said == ["p99 FAIL under competing work (8.0 runnable threads of other processes on 2 CPUs): waiting up to "
+                    "0 s for the load to fall, then measuring again"]
     assert explained.verdicts["p99"].verdict is Verdict.INCONCLUSIVE
     assert "rerun on a quiet machine" in explained.verdicts["p99"].note
     impossible = measure(0.05)  # not even 8 x faster than the fastest query

@@ -61,7 +61,7 @@ def test_platform_rules_drive_the_config(make_project: Callable[..., Path]) -> N
         platform = "PLATFORM"
         optimization = "LEVEL"
     """
-    for platform in ("linux-x86_64", "linux-aarch64"):
+    for platform in ("linux-x86_64", "linux-aarch64", "x86-64-v3"):
         for level in ("layout", "all"):
             with pytest.raises(ConfigError) as err:
                 config.load(make_project(table.replace("PLATFORM", platform).replace("LEVEL", level)))
@@ -71,8 +71,9 @@ def test_platform_rules_drive_the_config(make_project: Callable[..., Path]) -> N
         level = "all" if precisions.platform_rule(platform).nchwc else "extended"
         t = config.load(make_project(table.replace("PLATFORM", platform).replace("LEVEL", level))).targets["t"]
         got[platform] = t.runner
+    levels = ("x86-64-v2", "x86-64-v3", "x86-64-v4", "x86-64-v4-vnni")  # the key's default: name a runner of the level
     assert got == {"native": ("ubuntu-latest",), "linux-x86_64": ("ubuntu-latest",),
-                   "linux-aarch64": ("ubuntu-24.04-arm",)}
+                   "linux-aarch64": ("ubuntu-24.04-arm",), **{lv: ("ubuntu-latest",) for lv in levels}}
 
 
 def test_format_rules_drive_the_config(make_project: Callable[..., Path]) -> None:

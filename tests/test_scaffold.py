@@ -295,6 +295,10 @@ def test_init_records_the_sources_outputs_and_a_damaged_source_fails_the_test(tm
     assert after["status"] == "FAIL" and after["accuracy"] == "FAIL", after["failures"]
     assert after["failures"][0].startswith("accuracy: cpu-fp32/tiny_cnn output 'logits'")
     assert not after["golden"].get("warnings")  # the inputs are those recorded: a failure, no excuse
+    # and no tolerance offered that would accept the damaged model: the source changed, and that is said
+    assert not any("paste into" in line for line in after["failures"]), after["failures"]
+    said = next(line for line in after["failures"] if "the source model itself" in line)
+    assert "'logits' max |diff| " in said and said.endswith("ortbuild init --refresh-expected")
 
 
 def test_other_inputs_warn_with_how_the_outputs_moved_and_refresh_records_theirs(tmp_path: Path) -> None:

@@ -53,6 +53,18 @@ OPTIONS = {"encryption key": "--key-file or ORTBUILD_KEY_FILE", "signing key": "
                                                                                 "ORTBUILD_SIGNING_KEY_FILE"}
 MAKE_KEYS = ("ortbuild keygen --out keys && export ORTBUILD_KEY_FILE=$PWD/keys/encryption.key "
              "ORTBUILD_SIGNING_KEY_FILE=$PWD/keys/signing.key")
+DEV_KEYS = Path(".ortbuild") / "dev-keys"   # where ortbuild's nox sessions make development keys, in the project
+
+
+def make_keys_hint(project_root: Path) -> str:
+    """The hint of a missing key: the command that makes keys; where nox made development keys in the project, also
+    how to use those outside nox (to try things out: never for a release)."""
+    dev = project_root / DEV_KEYS
+    if not (dev / ENCRYPTION_FILE).is_file():
+        return f"make keys: `{MAKE_KEYS}`"
+    return (f"make keys: `{MAKE_KEYS}`; or, to try things out, the development keys nox made: `export "
+            f"ORTBUILD_KEY_FILE={dev / ENCRYPTION_FILE} ORTBUILD_SIGNING_KEY_FILE={dev / SIGNING_FILE}` (never "
+            "for a release)")
 
 
 @dataclass(frozen=True, repr=False)

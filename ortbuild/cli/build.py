@@ -320,10 +320,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for name in orphans:
         print(f"  note: {lockfile.LOCK_FILE}: the entry of {name} matches no job of {project.file.name}: delete it")
     platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
+    lv = machine.x86_level()  # ONNX Runtime's x86 kernels, and so a native target's verdicts, depend on it
+    print("\nplatforms (docs/targets.md#platforms):")
+    print(f"  this machine: {emulation.host()}" + (f", {lv.name} ({machine.cpu_model()}: {lv.says})" if lv else ""))
     if platforms:
-        print("\nplatforms (docs/targets.md#platforms):")
-        lv = machine.x86_level()
-        print(f"  this machine: {emulation.host()}" + (f", {lv.name} ({machine.cpu_model()}: {lv.says})" if lv else ""))
         timed = ", ".join(g.name for g in catalog.GATES if g.timed)  # the gates that measure the device
         for t in platforms.values():
             if not emulated.emulated(t):

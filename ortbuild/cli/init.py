@@ -78,10 +78,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {path.relative_to(root)}")
     for note in made.notes:
         print(f"  {note}")
+    searched = any(s.precision_search == "auto" for t in project.targets.values() for s in t.settings.values())
     print(f"\n{len(project.models)} model(s), targets {', '.join(project.targets)}. Next:\n"
           "  python -m nox -s test       # each target in its own virtualenv: build, then the release gates\n"
-          "  git add targets.lock        # what the build found (precision_search): CI builds with --locked\n"
-          "  python -m nox -s release    # sign and bundle each tested target into dist/release/<target>/",
+          + ("  git add targets.lock        # what the build found (precision_search), if it wrote one: CI builds "
+             "with --locked\n" if searched else "")
+          + "  python -m nox -s release    # sign and bundle each tested target into dist/release/<target>/",
           file=sys.stdout)
     return 0
 

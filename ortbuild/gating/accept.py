@@ -10,7 +10,9 @@ and leave its other settings and budgets as they were (pasted into a target that
 with the overrides it inherits: docs/targets.md).
 
 Precisions with a precision search (fp16, int8, int4: `ortbuild test --explain`) get no table here: the search
-prints the override that keeps nodes in float, which fixes the difference instead of accepting it.
+prints the override that keeps nodes in float, which fixes the difference instead of accepting it. Nor does a model
+whose expected outputs `ortbuild init` recorded, when its source itself no longer gives them (damaged or retrained
+weights): a tolerance would accept a broken model; the source changed, and that is said (advice).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
+from ortbuild.artifact import golden
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating import compare
-from ortbuild.project import config, precisions
+from ortbuild.gating.records import Rule
+from ortbuild.project import config, expected, precisions
 from ortbuild.project.plan import Job
 
 TOLERANCES = ("atol", "rtol", "mismatch_fraction")  # larger passes more
@@ -187,3 +191,28 @@ def pasteable(project: config.Project, job: Job, outputs: Sequence[str],
         return None
     max_abs = max(float(r.stats.get("max_abs", float("inf"))) for r, _, _ in compared if not r.passed)
     return Pasteable(table(job, kept[0], kept[1:], max_abs), tuple(kept[1:]))
+
+
+def advice(project: config.Project, job: Job, outputs: Sequence[str],
+           compared: Sequence[tuple[compare.OutputResult, object, object]], g: golden.Golden) -> list[str]:
+    """What a failed accuracy gate offers: where `ortbuild init` recorded the expected outputs and the source itself
+    no longer gives them, that the source changed (never a tolerance that would accept it); else the pasteable
+    table, if there is one."""
+    if g.made_by.startswith(f"recorded by {expected.RECORDED_BY}") and (moved := source_moved(job, g)):
+        return [f"accuracy: {job.name}: the source model itself no longer gives the expected outputs "
+                f"{expected.RECORDED_BY} recorded ({job.model.expected}): {moved}. It changed since they were "
+                f"recorded (damaged or retrained weights?): restore it, or where the change is meant, record its "
+                f"outputs again: {expected.REFRESH}"]
+    table = pasteable(project, job, outputs, compared)
+    return table.lines(project.file.name) if table is not None else []
+
+
+def source_moved(job: Job, g: golden.Golden) -> str:
+    """How the source's own fp32 outputs on the golden inputs differ from the expected ones, beyond fp32's rule
+    ("" where they do not)."""
+    values, _ = golden.compute(job.model.path, [ds.inputs for ds in g.sets], job.settings.custom_ops)
+    rule: Rule = {**precisions.rule("fp32").accuracy, "mismatch_fraction": 0.0}
+    moved = [f"'{name}' {golden.moved_by(want, got.get(name))}" for ds, got in zip(g.sets, values, strict=True)
+             for name, want in ds.expected.items()
+             if not compare.compare(name, ds.name, want, got.get(name), rule).passed]
+    return ", ".join(moved)

@@ -85,6 +85,10 @@ class Context:
     def progress(self, job: str, text: str) -> None:
         self.tester.progress(job, text)
 
+    def teller(self, what: str) -> Callable[[str], None]:
+        """Says a phase's later lines (a retry's wait) as the job's progress, after `what` ("server on NAME")."""
+        return lambda text: self.tester.progress(self.job.name, f"{what}: {text}")
+
     def open(self, **session: object) -> Any:  # the generated loader's Model (run, inputs, outputs)
         """The artifact opened through its generated loader (verify, decrypt, session), `session` options over
         its own. Opened with its own options, it is opened once for the gates that ask (eval and the load

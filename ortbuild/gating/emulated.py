@@ -33,7 +33,7 @@ def cannot_run(target: Target) -> str:
 def where_timed(target: Target) -> str:
     """Where the target's timing gates run: a runner of its platform (an x86-64 level: a CPU of that level)."""
     runner = ", ".join(target.runner)
-    return f"a {target.platform} CPU (runner: {runner})" if target.platform_rule.x86_level else runner
+    return f"an {target.platform} CPU (runner: {runner})" if target.platform_rule.x86_level else runner
 
 
 def timing_note(target: Target, info: Mapping[str, object]) -> str:

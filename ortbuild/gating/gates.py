@@ -298,8 +298,8 @@ class Tester:
         for r in failed:
             res.fail([f"accuracy: {job.name} " + line if i == 0 else line
                       for i, line in enumerate(compare.describe_failure(r))])
-        if failed and (table := accept.pasteable(self.project, job, names, compared)) is not None:
-            res.fail(table.lines(self.project.file.name))
+        if failed and (advice := accept.advice(self.project, job, names, compared, g)):
+            res.fail(advice)
 
     def judge_size(self, ctx: Context) -> None:
         res = ctx.result
@@ -376,13 +376,13 @@ class Tester:
             budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
             calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
             warmed = latency.warm_up(calls, lat.warmup_runs, math.inf if budgets else latency.BRIEF_SECONDS)
-            first_ms = warmed.first_ms
             self.progress(job.name, latency.said_before(ds.name, budgets, plan, warmed))
             check = Checker.for_latency(ran[ds.name], ds.name,
                                         lambda o: gates.accuracy_rule(job.settings.precision, o),
                                         plan.min_samples or latency.FIRST_LOOK)
-            outcome = latency.gate(calls, mine, budgets, plan, seen={mine: check.observer()})
-            entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, first_ms, lines)
+            outcome = latency.gate(calls, mine, budgets, plan, seen={mine: check.observer()},
+                                   say=ctx.teller(f"latency on {ds.name}"))
+            entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, warmed.first_ms, lines)
             check.judge(job.name, entry, lines)
             if ft is not None and ref_problem:
                 entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": Verdict.SKIPPED,

@@ -7,6 +7,7 @@ paired ratios int8/fp32 (a relative budget of ratio 1, its interval at speedup.C
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -32,8 +33,13 @@ def _session(threads: int, path: Path) -> object:
 
 
 def _quantized(source: Path, quantization: Mapping[str, object], work: Path) -> Path:
-    """The source quantized by the build's precision step as int8-dynamic with `quantization`."""
-    return precision.run(source, modelfiles.load_graph(source), "int8-dynamic", dict(quantization), work).path
+    """The source quantized by the build's precision step as int8-dynamic with `quantization` (the quantizers'
+    log warnings, e.g. symbolic shape inference's, not on init's terminal: the build keeps them in its logs)."""
+    logging.disable(logging.WARNING)
+    try:
+        return precision.run(source, modelfiles.load_graph(source), "int8-dynamic", dict(quantization), work).path
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _per_pair(calls: Mapping[str, Callable[[], object]]) -> float:

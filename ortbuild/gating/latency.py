@@ -50,6 +50,7 @@ from ortbuild.gating.percentiles import nearest_rank as nearest_rank
 from ortbuild.gating.percentiles import percentile_verdict as percentile_verdict
 from ortbuild.gating.percentiles import plan_said as plan_said
 from ortbuild.gating.percentiles import planned_samples as planned_samples
+from ortbuild.gating.percentiles import retry_said as retry_said
 from ortbuild.gating.percentiles import sequential_verdict as sequential_verdict
 from ortbuild.gating.percentiles import upper_rank as upper_rank
 from ortbuild.gating.percentiles import with_estimate as with_estimate
@@ -392,7 +393,8 @@ def _suspects(attempt: Attempt, budgets: list[Budget], mine: str, cpus: int) -> 
 def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan, *,
          clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = runnable,
          wait: Callable[[float, int], WaitDoc] | None = None, cpus: int | None = None,
-         seen: Mapping[str, Callable[[object], None]] | None = None) -> Outcome:
+         seen: Mapping[str, Callable[[object], None]] | None = None,
+         say: Callable[[str], None] = lambda _: None) -> Outcome:
     """Sample and decide; a FAIL the load or drift could explain is measured again after waiting (at most
     plan.retry_wait_seconds) for the load to fall, the looks of both attempts sharing one error budget. A FAIL
     that persists under load is INCONCLUSIVE ("measured under load N; rerun on a quiet machine"). `seen`: as
@@ -404,6 +406,7 @@ def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Bud
     suspects = _suspects(first, budgets, mine, cpus)
     if not suspects:
         return out
+    say(retry_said(suspects, "; ".join(first.series[mine].instability()), plan.retry_wait_seconds))
     waited = wait(plan.retry_wait_seconds, cpus) if wait else wait_for_quiet(plan.retry_wait_seconds, cpus, read)
     out.retry = {"why": f"{', '.join(suspects)} FAIL under {'; '.join(first.series[mine].instability())}",
                  **waited}

@@ -211,10 +211,11 @@ def suspects(run: Run, budgets: Sequence[Budget], cpus: int) -> list[str]:
 
 
 def judged(measure: Callable[[dict[str, Spending]], Run], budgets: Sequence[Budget], plan: Plan, *,
-           read: Read = latency.runnable, cpus: int | None = None) -> Outcome:
+           read: Read = latency.runnable, cpus: int | None = None,
+           say: Callable[[str], None] = lambda _: None) -> Outcome:
     """Measure and decide; a FAIL that competing work could explain is measured again after waiting (at most
     plan.retry_wait_seconds) for the load to fall, both runs' looks sharing one error budget; a FAIL still
-    under competing load is INCONCLUSIVE."""
+    under competing load is INCONCLUSIVE. `say`: the retry, said before the wait."""
     cpus = cpus or os.cpu_count() or 1
     spending: dict[str, Spending] = {}
     first = measure(spending)
@@ -222,6 +223,8 @@ def judged(measure: Callable[[dict[str, Spending]], Run], budgets: Sequence[Budg
     why = suspects(first, budgets, cpus)
     if not why:
         return out
+    competing = f"competing work ({first.load.others:.1f} runnable threads of other processes on {cpus} CPUs)"
+    say(latency.retry_said(why, competing, plan.retry_wait_seconds))
     waited = latency.wait_for_quiet(plan.retry_wait_seconds, cpus, read)
     out.retry = {"why": f"{', '.join(why)} FAIL while other work competed (runnable threads of other processes "
                         f"{first.load.others:.1f} on {cpus} CPUs)", **waited}

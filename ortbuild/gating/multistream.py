@@ -61,7 +61,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         ctx.progress(ctx.job.name, loadgen.plan_line(
             f"multi_stream on {ds.name} ({ms.streams} streams, {query_s * 1e3:.3g} ms a query)", budgets, plan,
             loadgen.end_of(budgets, plan), seconds_for))
-        outcome = loadgen.judged(measure, budgets, plan)
+        outcome = loadgen.judged(measure, budgets, plan,
+                                 say=ctx.teller(f"multi_stream on {ds.name}"))
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
         entries.append(e)

@@ -248,3 +248,9 @@ def plan_said(budgets: list[Budget], confidence: float, first: int, end: int,
     else:
         said += f"; undecided, at most {end} (about {duration(seconds_for(end))})"
     return said + f"; a FAIL can stop at {first}"
+
+
+def retry_said(failed: list[str], why: str, wait_s: float) -> str:
+    """The line said before a retry: which budgets failed under what, and the wait for the load to fall."""
+    return (f"{', '.join(failed)} FAIL under {why}: waiting up to {wait_s:g} s for the load to fall, then measuring "
+            "again")

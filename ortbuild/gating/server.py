@@ -38,13 +38,14 @@ def budgets_of(srv: Server) -> list[Budget]:
 HOLD = 0.9  # --find-peak: a rate is held when its queries complete at >= 90% of it
 
 
-def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: loadgen.Plan) -> loadgen.Outcome:
-    """One server run at `qps`, judged, with the retry a FAIL under load gets."""
+def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: loadgen.Plan,
+            say: Callable[[str], None] = lambda _: None) -> loadgen.Outcome:
+    """One server run at `qps`, judged, with the retry a FAIL under load gets (`say`: said before it)."""
 
     def measure(spending: dict[str, Spending]) -> loadgen.Run:
         return loadgen.server(call, qps, budgets, plan, spending, seed=srv.seed, workers=srv.workers)
 
-    return loadgen.judged(measure, budgets, plan)
+    return loadgen.judged(measure, budgets, plan, say=say)
 
 
 def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precision: float,
@@ -136,7 +137,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         single = loadgen.warm(run, lat.warmup_runs)
         check, call = loadgen.checked(ctx, i, run)
         ctx.progress(ctx.job.name, said_before(ds.name, float(srv.qps), budgets, plan, single, srv.workers))
-        outcome = at_rate(call, float(srv.qps), srv, budgets, plan)
+        outcome = at_rate(call, float(srv.qps), srv, budgets, plan,
+                          say=ctx.teller(f"server on {ds.name}"))
         e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
         lines += failure_lines(ctx.job.name, ds.name, float(srv.qps), outcome, budgets)

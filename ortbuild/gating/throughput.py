@@ -103,7 +103,8 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                 if budgets else f"no budget: about {latency.duration(2 * least * off.window_seconds)}, reported, "
                 "not judged")
         ctx.progress(ctx.job.name, f"throughput on {ds.name} (batch {off.batch} ({mode}), {workers} workers): {said}")
-        outcome = loadgen.judged(measure, budgets, plan)
+        outcome = loadgen.judged(measure, budgets, plan,
+                                 say=ctx.teller(f"throughput on {ds.name}"))
         e = loadgen.entry(ds.name, outcome)
         e["verdicts"] = [rates({"kind": k, **loadgen.verdict_doc(v)}) for k, v in outcome.verdicts.items()]
         window_rates = sorted(1e3 / x for x in outcome.final.values)

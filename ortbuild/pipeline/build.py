@@ -57,7 +57,7 @@ class Builder:
         """A build without the keys it needs fails before it starts, with the command that makes them."""
         if buildable and self.secrets.signing is None:
             raise KeyMissing("no signing key: every artifact is signed (ORTBUILD_SIGNING_KEY, "
-                             "ORTBUILD_SIGNING_KEY_FILE or --signing-key-file)", f"make keys: `{keys.MAKE_KEYS}`")
+                             "ORTBUILD_SIGNING_KEY_FILE or --signing-key-file)", keys.make_keys_hint(self.project.root))
         needs = sorted({j.target.name for j in buildable if j.settings.encrypt})
         if needs and self.secrets.encryption is None:
             raise KeyMissing(f"no encryption key, and {', '.join(needs)} encrypt their artifacts (ORTBUILD_KEY, "
