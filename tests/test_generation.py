@@ -185,7 +185,8 @@ def test_too_few_generations_to_bound_a_p99_is_inconclusive_with_how_many_more(f
 def test_nothing_budgeted_reports_the_figures_without_a_verdict(fp32: Path) -> None:
     verdict, section, lines = _judge(fp32, gen.GenerationBudget(prompt_tokens=8, new_tokens=4))
     assert verdict == "-" and lines == [] and section["verdicts"] == []
-    assert section["generations"] == latency.planned_samples([], 0.95, 0)
+    # no budget, nothing to decide: a brief sample (at most BRIEF_RUNS rounds or BRIEF_SECONDS), not the plan's 100
+    assert 1 <= section["generations"] <= latency.BRIEF_RUNS < latency.planned_samples([], 0.95, 0)
 
 
 @generative
