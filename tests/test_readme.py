@@ -209,7 +209,8 @@ def test_checks_timing_is_one_measurement() -> None:
     both): the same total and machine, and docs/testing.md's parts add up to about that total."""
     readme, testing = (samples.marked(p.read_text(), "timing", "checks")["body"] for p in samples.TIMINGS["checks"])
     readme, testing = " ".join(readme.split()), " ".join(testing.split())
-    total = re.match(r"(\d+) minutes on a fresh clone, (\d+)-CPU (\w+) machine, with (\w+) CPU burners?", readme)
+    total = re.match(r"(\d+) minutes on a fresh clone, (\d+)-CPU (\w+) machine(?: \([^)]*\))?, with (\w+) CPU burners?",
+                     readme)  # the CPU's x86-64 level in parentheses where it has one
     assert total is not None, readme
     m = re.match(r"a fresh clone, (\d+)-CPU (\w+) machine \(.*?\), with (\w+) CPU burners? running beside it: "
                  r"(\d+) minutes \((.*?);", testing)
