@@ -90,24 +90,30 @@ def _x86_unavailable(p: PlatformRule) -> str:
     assert p.x86_level is not None
     want = machine.x86_level_named(p.x86_level)
     here = machine.x86_level()
-    levels = [lv.name for lv in machine.X86_LEVELS]
     linux_x86 = host() == f"linux-{p.machine}"  # qemu-user is Linux's, and runs this machine's own Python
     if not linux_x86 or here is None:
         what = "an x86-64 CPU older than x86-64-v2" if linux_x86 else f"a {host()} machine"
         return f"an {p.name} target is tested on an x86-64 CPU of that level ({want.says}); this is {what}"
     if here.name == want.name:
         return ""
-    if levels.index(here.name) < levels.index(want.name):
+    if machine.X86_LEVELS.index(here) < machine.X86_LEVELS.index(want):
         return (f"this machine's CPU ({machine.cpu_model()}) is {here.name} ({here.says}), older than {p.name} "
                 f"({want.says}): its gates run on a CPU of that level or newer (a runner: `ortbuild matrix`)")
     if want.qemu_cpu is None:
         return (f"this machine's CPU is {here.name} ({here.says}) and qemu-user cannot emulate {p.name} "
                 f"({want.says}): its gates run natively on a {p.name} CPU (a runner: `ortbuild matrix`)")
-    if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
-        return f"the emulated {p.name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
+    if off := _switched_off(p.name):
+        return off
     if shutil.which(X86_QEMU) is None:
         return (f"testing an {p.name} target on this {here.name} CPU needs qemu-user ({X86_QEMU}; Debian/Ubuntu: "
                 "apt-get install qemu-user-static), or a runner with a CPU of that level (`ortbuild matrix`)")
+    return ""
+
+
+def _switched_off(name: str) -> str:
+    """Why the emulated golden test of platform `name` is not run here: turned off (ORTBUILD_EMULATION), or ""."""
+    if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
+        return f"the emulated {name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
     return ""
 
 
@@ -143,8 +149,8 @@ def unavailable(name: str, requirements: Sequence[str]) -> str:
     e = platform_rule(name).emulator
     if e is None:
         return f"{name} is not this machine's platform ({host()}) and ortbuild cannot emulate it"
-    if os.environ.get(SWITCH_VAR, "").lower() in ("off", "0", "no", "false"):
-        return f"the emulated {name} golden test is turned off here ({SWITCH_VAR}={os.environ[SWITCH_VAR]})"
+    if off := _switched_off(name):
+        return off
     if shutil.which(e.qemu) is None:
         return (f"testing a {name} target here needs qemu-user ({e.qemu}; Debian/Ubuntu: apt-get install "
                 "qemu-user-static debootstrap), or a runner of that platform (`ortbuild matrix`)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -114,11 +113,10 @@ def refresh(root: Path) -> int:
                              "an .npz of expected outputs holds one feed's: give one data set")
         values, how = golden.compute(model.path, [sets[0][1]], model.custom_ops)
         arrays = {k: v for k, v in values[0].items() if isinstance(v, np.ndarray)}
-        record = expected.Record(expected.values_digest(sets), expected.values_digest([(sets[0][0], arrays)]), how)
         texts[model.expected] = scaffold.npz_bytes(arrays)
-        texts[expected.record_path(model.expected)] = record.as_json(_shown(model.inputs, project.file),
-                                                                     _shown(model.path, project.file)).encode()
-        said.append(f"refreshed {_shown(model.expected, project.file)} ([models.{model.name}]): against the "
+        texts[expected.record_path(model.expected)] = scaffold.record_json(root, model.inputs, model.path, sets,
+                                                                           arrays, how).encode()
+        said.append(f"refreshed {scaffold.shown(model.expected, root)} ([models.{model.name}]): against the "
                     "recorded outputs: "
                     f"{_moved(data.npz(model.expected), arrays)}")
     if not texts:
@@ -128,8 +126,3 @@ def refresh(root: Path) -> int:
     for line in said:
         print(line)
     return 0
-
-
-def _shown(path: Path, config_file: Path) -> str:
-    """`path` as targets.toml would name it: relative to its folder."""
-    return os.path.relpath(path, config_file.parent)

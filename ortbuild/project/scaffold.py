@@ -144,11 +144,23 @@ def golden_beside(model: Path) -> Path | None:
     return None
 
 
-def _toml_path(path: Path, root: Path) -> str:
-    """`path` for targets.toml: relative to the project where it is inside it (symlinks kept as they are)."""
+def shown(path: Path, root: Path) -> str:
+    """`path` as targets.toml names it: relative to the project where it is inside it (symlinks kept as they are)."""
     full, top = os.path.abspath(path), os.path.abspath(root)
-    inside = os.path.commonpath([full, top]) == top
-    return json.dumps(os.path.relpath(full, top) if inside else full)
+    return os.path.relpath(full, top) if os.path.commonpath([full, top]) == top else full
+
+
+def _toml_path(path: Path, root: Path) -> str:
+    """`path` for targets.toml, quoted (shown)."""
+    return json.dumps(shown(path, root))
+
+
+def record_json(root: Path, inputs: Path, source: Path, feeds: list[tuple[str, data.Feed]],
+                arrays: dict[str, np.ndarray], how: str) -> str:
+    """The record beside expected outputs init computed (`arrays`, from `source` on the one feed of `feeds`, read
+    from `inputs`): expected.Record, its paths as targets.toml names them."""
+    record = expected.Record(expected.values_digest(feeds), expected.values_digest([(feeds[0][0], arrays)]), how)
+    return record.as_json(shown(inputs, root), shown(source, root))
 
 
 @dataclass
@@ -313,9 +325,7 @@ def _record(root: Path, found: Found, inputs: Path, feeds: list[tuple[str, data.
     inside = os.path.commonpath([os.path.abspath(folder), os.path.abspath(root)]) == os.path.abspath(root)
     path = (folder if inside else root / "models") / f"{found.name}{expected.SUFFIX}"
     scaffold.data[path] = arrays
-    record = expected.Record(expected.values_digest(feeds), expected.values_digest([(feeds[0][0], arrays)]), how)
-    scaffold.files[expected.record_path(path)] = record.as_json(_toml_path(inputs, root).strip('"'),
-                                                                 _toml_path(found.path, root).strip('"'))
+    scaffold.files[expected.record_path(path)] = record_json(root, inputs, found.path, feeds, arrays, how)
     said.models[found.name] = [
         "# the source's outputs on these inputs (fp32, CPU, no optimizations), recorded by init (from what: the .json",
         "# beside them): a later source whose outputs differ fails `ortbuild test`; other inputs: a warning, and",
