@@ -114,8 +114,8 @@ def refresh(root: Path) -> int:
         values, how = golden.compute(model.path, [sets[0][1]], model.custom_ops)
         arrays = {k: v for k, v in values[0].items() if isinstance(v, np.ndarray)}
         texts[model.expected] = scaffold.npz_bytes(arrays)
-        texts[expected.record_path(model.expected)] = scaffold.record_json(root, model.inputs, model.path, sets,
-                                                                           arrays, how).encode()
+        texts[expected.record_path(model.expected)] = expected.record_json(
+            sets, arrays, how, scaffold.shown(model.inputs, root), scaffold.shown(model.path, root)).encode()
         said.append(f"refreshed {scaffold.shown(model.expected, root)} ([models.{model.name}]): against the "
                     "recorded outputs: "
                     f"{_moved(data.npz(model.expected), arrays)}")

@@ -57,6 +57,14 @@ class Record:
         return json.dumps(doc, indent=2) + "\n"
 
 
+def record_json(feeds: Sequence[tuple[str, Mapping[str, object]]], arrays: Mapping[str, object], how: str,
+                inputs: str, source: str) -> str:
+    """The record beside expected outputs init computed (`arrays`, from the model at `source` on the one feed of
+    `feeds`, read from `inputs`; both as targets.toml names them), as written."""
+    record = Record(values_digest(feeds), values_digest([(feeds[0][0], arrays)]), how)
+    return record.as_json(inputs, source)
+
+
 def _refused(model: Model, path: Path, problem: str) -> ConfigError:
     name = model.expected.name if model.expected else "expected"
     return ConfigError(str(path), f"models.{model.name}.expected", problem,

@@ -155,14 +155,6 @@ def _toml_path(path: Path, root: Path) -> str:
     return json.dumps(shown(path, root))
 
 
-def record_json(root: Path, inputs: Path, source: Path, feeds: list[tuple[str, data.Feed]],
-                arrays: dict[str, np.ndarray], how: str) -> str:
-    """The record beside expected outputs init computed (`arrays`, from `source` on the one feed of `feeds`, read
-    from `inputs`): expected.Record, its paths as targets.toml names them."""
-    record = expected.Record(expected.values_digest(feeds), expected.values_digest([(feeds[0][0], arrays)]), how)
-    return record.as_json(shown(inputs, root), shown(source, root))
-
-
 @dataclass
 class Toml:
     """What targets.toml says beyond the models and targets: comment lines of its header and of each target's
@@ -325,7 +317,8 @@ def _record(root: Path, found: Found, inputs: Path, feeds: list[tuple[str, data.
     inside = os.path.commonpath([os.path.abspath(folder), os.path.abspath(root)]) == os.path.abspath(root)
     path = (folder if inside else root / "models") / f"{found.name}{expected.SUFFIX}"
     scaffold.data[path] = arrays
-    scaffold.files[expected.record_path(path)] = record_json(root, inputs, found.path, feeds, arrays, how)
+    scaffold.files[expected.record_path(path)] = expected.record_json(feeds, arrays, how, shown(inputs, root),
+                                                                      shown(found.path, root))
     said.models[found.name] = [
         "# the source's outputs on these inputs (fp32, CPU, no optimizations), recorded by init (from what: the .json",
         "# beside them): a later source whose outputs differ fails `ortbuild test`; other inputs: a warning, and",
