@@ -45,14 +45,16 @@ class Unreadable(OSError):
     it writes: a FIFO would block the read forever, /dev/zero or a huge file would fill the memory."""
 
 
-def read_document(path: Path, limit: int = MAX_DOCUMENT) -> bytes:
-    """The bytes of a file ortbuild wrote and reads back: a regular file (after symlinks) of at most `limit`
-    bytes, opened without blocking and judged by the file opened (fstat), else Unreadable (an OSError: callers
-    that handle an unreadable file handle it too); FileNotFoundError when it is not there."""
-    before = os.stat(path).st_mode  # a device or FIFO is not even opened
+def read_document(path: Path, limit: int = MAX_DOCUMENT, *, follow: bool = True) -> bytes:
+    """The bytes of a file ortbuild wrote and reads back: a regular file (after symlinks; with follow=False a
+    symlink is Unreadable too, and the last component is opened with O_NOFOLLOW) of at most `limit` bytes, opened
+    without blocking and judged by the file opened (fstat), else Unreadable (an OSError: callers that handle an
+    unreadable file handle it too); FileNotFoundError when it is not there."""
+    before = (os.stat if follow else os.lstat)(path).st_mode  # a device or FIFO is not even opened
     if not stat.S_ISREG(before):
         raise Unreadable(errno.EINVAL, f"{file_kind(before)}, not a regular file", str(path))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC)
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC | nofollow)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -76,7 +76,7 @@ def file_kind(mode: int) -> str:
     """What a file that is not a regular file is, in words (from its st_mode)."""
     for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
             return name
     return "not a regular file"

@@ -114,3 +114,44 @@ def test_the_docs_example_is_a_lock_ortbuild_reads(project: config.Project) -> N
     lockfile.path_of(project).write_text(block)
     (entry,) = lockfile.read(project).entries.values()
     assert entry.target == "cpu-int8" and entry.applies["quantization"]["exclude_nodes"]
+
+
+# ------------------------------------------------------------------------- what an entry may do (trust, third pass)
+
+VICTIM_KEYS = ("session.collect_node_memory_stats_to_file", "session.node_partition_config_file",
+               "ep.context_file_path", "session.debug_layout_transformation", "session.log_id")
+
+
+@pytest.mark.parametrize("key", VICTIM_KEYS)
+def test_an_entry_may_set_only_the_four_tuned_session_settings(project: config.Project, key: str) -> None:
+    """A lock entry's digests do not cover `applies`: anyone with the repository can write one that is "up to date".
+    So `applies.session` holds tuning's four settings by name and nothing else; the file is refused on read,
+    naming the entry and the key."""
+    lockfile.path_of(project).write_text(
+        f'version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n'
+        f'applies = {{ session = {{ config = {{ "{key}" = "/tmp/victim" }} }} }}\n')
+    with pytest.raises(ConfigError) as e:
+        lockfile.read(project)
+    assert f'[jobs."int8/m".applies.session] config."{key}": a lock entry lays only' in e.value.message
+    for other in ("enable_profiling = true", "enable_mem_pattern = false", "use_deterministic_compute = true"):
+        lockfile.path_of(project).write_text(f'version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n'
+                                             f'applies = {{ session = {{ {other} }} }}\n')
+        with pytest.raises(ConfigError, match="a lock entry lays only"):
+            lockfile.read(project)
+
+
+def test_the_tuned_settings_are_what_tuning_sets() -> None:
+    from ortbuild.gating import tune_search
+
+    cands = [c for _, cs in tune_search.candidates({"intra_op_num_threads": 0, "execution_mode": "sequential",
+                                                    "config": {}}, 4) for c in cs]
+    tables = {k for c in cands for k in c.patch if k != "config"} | {"config"}
+    assert tables == lockfile.ALLOWED["session"]
+    assert {k for c in cands for k in c.patch.get("config", {})} == lockfile.TUNED_CONFIG
+
+
+def test_an_entry_lays_only_the_parts_the_job_asks_for() -> None:
+    e = _entry(quantization={"exclude_nodes": ["b"]}, session={"intra_op_num_threads": 1})
+    assert e.only(["search"]).applies == {"quantization": {"exclude_nodes": ["b"]}} and not e.only(["search"]).tune
+    assert e.only(["tune"]).applies == {"session": {"intra_op_num_threads": 1}} and not e.only(["tune"]).search
+    assert e.only(["search", "tune"]) == e and e.only([]).applies == {}

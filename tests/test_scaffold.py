@@ -208,8 +208,8 @@ def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-@pytest.mark.parametrize("case", ["github-symlink", "gitignore-folder", "not-onnx", "huge-dim", "bfloat16",
-                                  "inputs-mismatch"])
+@pytest.mark.parametrize("case", ["github-symlink", "gitignore-folder", "gitignore-symlink", "not-onnx", "huge-dim",
+                                  "bfloat16", "inputs-mismatch"])
 def test_a_failed_init_writes_nothing_and_says_why(tmp_path: Path, case: str) -> None:
     import onnx
     from onnx import TensorProto, helper
@@ -221,6 +221,10 @@ def test_a_failed_init_writes_nothing_and_says_why(tmp_path: Path, case: str) ->
         (root / ".github").symlink_to(tmp_path / "elsewhere")
     elif case == "gitignore-folder":
         (root / ".gitignore").mkdir()
+    elif case == "gitignore-symlink":  # a secret outside the project: init must not copy it into a new .gitignore
+        (tmp_path / "secret").write_text("API_TOKEN=hunter2\n")
+        (tmp_path / "secret").chmod(0o600)
+        (root / ".gitignore").symlink_to(tmp_path / "secret")
     elif case == "not-onnx":
         (root / "models" / "notes.onnx").write_text("hello")
     elif case == "huge-dim":
@@ -235,12 +239,16 @@ def test_a_failed_init_writes_nothing_and_says_why(tmp_path: Path, case: str) ->
     before = _files(root)
     proc = run_cli("init", *args, cwd=root)
     assert proc.returncode in (2, 3, 7) and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
-    expected = {"github-symlink": ".github", "gitignore-folder": ".gitignore", "not-onnx": "notes.onnx",
+    expected = {"github-symlink": ".github", "gitignore-folder": ".gitignore",
+                "gitignore-symlink": ".gitignore: cannot add ortbuild's lines to it", "not-onnx": "notes.onnx",
                 "huge-dim": "set smaller dims with --dim", "bfloat16": "is BFLOAT16",
                 "inputs-mismatch": "targets.toml (as init would write it): [models.tiny_transformer.inputs]"}[case]
     assert expected in proc.stderr, proc.stderr
     assert _files(root) == before and not list((tmp_path / "elsewhere").glob("*")) if case == "github-symlink" \
         else _files(root) == before
+    if case == "gitignore-symlink":
+        assert "symbolic link" in proc.stderr and "remove it" in proc.stderr
+        assert (root / ".gitignore").is_symlink() and (tmp_path / "secret").read_text() == "API_TOKEN=hunter2\n"
 
 
 def test_a_symlinked_model_keeps_its_own_name_and_place(tmp_path: Path) -> None:

@@ -255,3 +255,39 @@ def test_minilm_offline_throughput_and_server_p99_are_measured_and_judged(tmp_pa
     assert doc["server"]["verdict"] in ("PASS", "INCONCLUSIVE")  # INCONCLUSIVE only where other work competed
     if doc["server"]["verdict"] == "INCONCLUSIVE":
         assert srv["load"]["others"] >= 1
+
+
+def test_a_huge_offline_batch_on_a_fixed_batch_model_runs_a_pools_worth_at_a_time(tmp_path: Path) -> None:
+    """[latency.offline] batch = 65536 (inside the documented range) on a model whose first axis is fixed: the
+    samples run as concurrent single-sample calls, at most a pool's worth at once (here `workers` = 3), not a thread
+    per sample ("can't start new thread", then an abort, before)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.conftest import here_runtime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                                opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "fixed.onnx")
+    np.savez(tmp_path / "fixed.npz", x=np.ones((1, 4), np.float32))
+    (tmp_path / "targets.toml").write_text(f"""[project]
+name = "t"
+version = "1"
+[models.fixed]
+path = "fixed.onnx"
+inputs = "fixed.npz"
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+[targets.cpu.latency.offline]
+batch = 65536
+workers = 3
+min_seconds = 1
+window_seconds = 0.05
+""")
+    r = run_cli("test", "-c", str(tmp_path / "targets.toml"), "--no-explain")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (entry,) = load_report(tmp_path / "targets.toml", "cpu", "fixed")["throughput"]["data_sets"]
+    assert entry["mode"] == "concurrent" and entry["samples_per_call"] == 1 and entry["workers"] == 3, entry

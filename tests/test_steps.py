@@ -311,3 +311,19 @@ def test_openvino_plugin_compiles_and_reloads_without_compiling_or_says_why(tmp_
     assert ov.name in got.providers
     ref = reload.run(src, s, CPU, feed("tiny_cnn"))
     np.testing.assert_allclose(got.values[0], ref.values[0], rtol=1e-4, atol=1e-5)
+
+
+def test_the_model_builder_is_told_never_to_trust_remote_code(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """onnxruntime-genai's builder defaults hf_remote (transformers' trust_remote_code) to False today; ortbuild says
+    so on every run, so a later pin cannot run a model directory's `auto_map` code. The builder is run for real (it
+    fails on an empty directory, or is absent here): the command it was given is in the error."""
+    from ortbuild.errors import StepError
+    from ortbuild.pipeline.steps import genbuild
+
+    monkeypatch.setattr(genbuild, "missing_builder", lambda: [])  # run it even where it is not installed
+    (tmp_path / "src").mkdir()
+    with pytest.raises(StepError) as e:
+        genbuild.build(tmp_path / "src", tmp_path, settings("cpu-fp32", "tiny_cnn"), "CPUExecutionProvider",
+                       "cpu-fp32", "m")
+    assert e.value.hint is not None and e.value.hint.endswith("hf_remote=false"), e.value.hint

@@ -415,3 +415,83 @@ def test_rekey_never_writes_through_a_symlink_below_dist(pristine: Path, tmp_pat
     code, text = ortbuild(capsys, "rekey", str(root / "dist" / ART), "--old-key-file", str(old), "--new-key-file", new)
     assert code == 7 and "is a symlink" in text, text
     assert {p.name: p.read_bytes() for p in (elsewhere / "tiny_cnn").iterdir() if p.is_file()} == before
+
+
+# ------------------------------------------------------------------ no session option writes a file (third pass)
+
+FILE_KEY = "session.collect_node_memory_stats_to_file"
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.rc"
+    victim.write_text("export SAFE=1\n")
+    victim.chmod(0o600)
+    return victim
+
+
+def test_a_session_option_that_writes_a_file_is_refused_and_the_file_untouched(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The attack as the review wrote it: a pull request sets session.collect_node_memory_stats_to_file to a file of
+    the user's; ONNX Runtime would truncate it and write a CSV on every build, test and app. Refused at config time
+    (exit 3, naming the key); the file is never touched. Likewise a provider option that names a file."""
+    from tests.conftest import here_runtime, model_table
+
+    victim = _victim(tmp_path)
+    root = tmp_path / "p"
+    root.mkdir()
+    for config in (f'session = {{ config = {{ "{FILE_KEY}" = "{victim}" }} }}',
+                   'session = { config = { "ep.context_enable" = "1" } }',
+                   f'session = {{ config = {{ "session.node_partition_config_file" = "{victim}" }} }}'):
+        (root / "targets.toml").write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
+                                           + TARGET.replace("RUNTIME", here_runtime()) + config + "\n")
+        code, out = ortbuild(capsys, "build", "-c", str(root / "targets.toml"))
+        key = config.split('"')[1]
+        assert code == 3 and f'config."{key}"' in out and "touches files" in out, out
+        assert "Traceback" not in out
+    assert victim.read_text() == "export SAFE=1\n" and not (root / "dist").exists()
+
+
+def _locked_project(tmp_path: Path, applies: str, target_extra: str = "") -> tuple[Path, Path]:
+    """A built project whose targets.lock holds an entry written by hand with the job's true digests (an "up to date"
+    entry: the digests do not cover `applies`)."""
+    from ortbuild.pipeline.build import Builder
+    from ortbuild.pipeline.progress import Progress
+    from ortbuild.project import config, lockfile, plan
+    from tests.conftest import here_runtime, model_table
+
+    root = tmp_path / "p"
+    root.mkdir(parents=True)
+    path = root / "targets.toml"
+    path.write_text('[project]\nname = "t"\nversion = "1"\n\n' + model_table("tiny_cnn")
+                    + TARGET.replace("RUNTIME", here_runtime()) + target_extra)
+    project = config.load(path)
+    (job,) = plan.jobs(project)
+    source, settings = Builder(project, root / "dist", secrets=keys.read_secrets(),
+                               progress=Progress(quiet=True)).fingerprint(job)
+    lockfile.path_of(project).write_text(f'version = 1\n[jobs."cpu/tiny_cnn"]\nsource = "{source}"\n'
+                                         f'settings = "{settings}"\napplies = {applies}\n'
+                                         f'[jobs."cpu/tiny_cnn".tune]\nkept = "by hand"\n')
+    return path, root / "dist" / ART
+
+
+def test_a_lock_entry_cannot_name_a_file_nor_change_a_job_that_asks_for_nothing(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An up-to-date lock entry with the file key in `applies`: `build --locked` refuses the lock, naming the entry,
+    and the file is untouched. An entry with a setting tuning may set, for a target that asks for no search or
+    tuning, is not applied (said so): the artifact has the declared options."""
+    victim = _victim(tmp_path)
+    path, _ = _locked_project(tmp_path / "a", f'{{ session = {{ config = {{ "{FILE_KEY}" = "{victim}" }} }} }}')
+    code, out = ortbuild(capsys, "build", "-c", str(path), "--locked")
+    assert code == 3 and f'[jobs."cpu/tiny_cnn".applies.session] config."{FILE_KEY}"' in out, out
+    assert victim.read_text() == "export SAFE=1\n"
+    path, folder = _locked_project(tmp_path / "b", '{ session = { intra_op_num_threads = 1, config = { '
+                                                   '"session.intra_op.allow_spinning" = "0" } } }')
+    code, out = ortbuild(capsys, "build", "-c", str(path), "--locked")
+    assert code == 0 and "the entry of cpu/tiny_cnn is not applied: its target asks for no search or tuning" in out
+    m, _ = manifest.read(folder)
+    assert m.session["intra_op_num_threads"] == 0 and m.session["config"] == {} and m.locked is None
+    # the same entry applies where the target asks for tuning (tune = true; no search: its quantization part would not)
+    path, folder = _locked_project(tmp_path / "c", '{ session = { intra_op_num_threads = 1 } }', "tune = true\n")
+    code, out = ortbuild(capsys, "build", "-c", str(path), "--locked")
+    assert code == 0, out
+    assert manifest.read(folder)[0].session["intra_op_num_threads"] == 1

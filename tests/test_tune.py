@@ -266,9 +266,22 @@ def test_tune_writes_a_lock_entry_the_next_build_applies(make_project: Callable[
     assert set(entry["tune"]) >= {"kept", "tried", "seconds"} and entry["tune"]["kept"] == job["kept"]
     if "default_p50_ms" in entry["tune"]:
         assert {"tuned_p50_ms", "speedup", "confidence"} <= set(entry["tune"])
+    assert any("entries change only jobs that ask for tuning: add `tune = true` to [targets.cpu]" in n
+               for n in job["notes"])
+    # [targets.cpu] asks for no tuning: a build leaves the entry alone (the declared options are built again) ...
     again = run_cli("build", "-c", str(path), "-t", "cpu", "--json")
     assert again.returncode == 0, again.stderr
-    assert [r["status"] for r in json.loads(again.stdout)["jobs"]] == [JobStatus.UP_TO_DATE]
+    assert [r["status"] for r in json.loads(again.stdout)["jobs"]] == [JobStatus.BUILT]
+    assert "the entry of cpu/tiny_cnn is not applied: its target asks for no search or tuning" in again.stderr
+    m, _ = manifest.read(path.parent / "dist" / "cpu" / "tiny_cnn")
+    declared = config.load(path).targets["cpu"].settings["tiny_cnn"].session.as_json()
+    assert m.session == declared and m.session["config"] == {"session.intra_op.spin_backoff_max": "4"}
+    # ... and once it asks (tune = true), the next build ships what was kept without tuning again
+    path.write_text(path.read_text().replace('"4" } }\n', '"4" } }\ntune = true\n', 1))
+    again = run_cli("build", "-c", str(path), "-t", "cpu", "--json")
+    assert again.returncode == 0, again.stderr
+    assert [r["status"] for r in json.loads(again.stdout)["jobs"]] == [JobStatus.BUILT]
+    assert "tune: kept" not in again.stderr + again.stdout
     m, _ = manifest.read(path.parent / "dist" / "cpu" / "tiny_cnn")
     for k, v in job["applies"].get("session", {}).items():  # what was kept ships (what the machine measured)
         assert (m.session[k] == v) if k != "config" else all(m.session["config"][c] == x for c, x in v.items())
@@ -278,7 +291,7 @@ def test_tune_writes_a_lock_entry_the_next_build_applies(make_project: Callable[
 def test_a_recorded_tuning_ships_in_the_manifest_and_the_loader(make_project: Callable[..., Path]) -> None:
     """record() on a given tuning (no measured numbers): the entry, the rebuild, the manifest and the loader's
     SESSION carry the tuned options; the next build is a no-op; an up-to-date entry's search part stays."""
-    path = make_project(TARGETS)
+    path = make_project(TARGETS.replace('"4" } }\n', '"4" } }\n    tune = true\n', 1))  # builds apply the entry
     project, builder, tester = _parts(path)
     (job,) = plan.jobs(project, ["cpu"])
     assert builder.run_job(job).status == JobStatus.BUILT

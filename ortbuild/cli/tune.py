@@ -72,6 +72,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if result.status == JobStatus.FAILED:
                 codes.append(result.error.exit_code if result.error else 1)
             out.append(_job_doc(job, tuning, result.status, result.reason))
+            if tuning.applies and not job.settings.tune:
+                out[-1]["notes"] = [*tuning.notes, (
+                    f"{lockfile.LOCK_FILE} entries change only jobs that ask for tuning: add `tune = true` to "
+                    f"[targets.{job.target.name}] to ship this (a later build without it builds the declared options)")]
             progress(job.name, JobFinished(result.status, f"tuned: kept {tuning.kept()}" if result.status !=
                                            JobStatus.FAILED else f"FAILED: {result.reason}"))
     code = final_exit(codes)

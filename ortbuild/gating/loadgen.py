@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from ortbuild.errors import GateFailed
 from ortbuild.gating import latency
 from ortbuild.gating.load_verdicts import OTHERS_COMPETE as OTHERS_COMPETE
 from ortbuild.gating.load_verdicts import QUICK_SECONDS as QUICK_SECONDS
@@ -287,8 +288,17 @@ def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], 
     start = clock()
     threads = [threading.Thread(target=worker, args=(w,), name=f"ortbuild-offline-{w}", daemon=True)
                for w in range(workers)]
-    for t in threads:
-        t.start()
+    started = 0
+    try:
+        for t in threads:
+            t.start()
+            started += 1
+    except RuntimeError as e:  # "can't start new thread": the machine's limit, not a crash
+        stop.set()
+        for t in threads[:started]:
+            t.join()
+        raise GateFailed(f"offline: this machine could not start {workers} concurrent calls ({e}; {started} started)",
+                         "lower [latency.offline] workers") from None
 
     def windows(k: int) -> list[float]:
         spans = np.array([c for cs in calls for c in cs[:len(cs)]], dtype=float).reshape(-1, 2) - start

@@ -3,8 +3,9 @@ golden data set's own [targets.X.latency.data_sets.NAME.offline] over it: Latenc
 
 A sample is one golden data set's feed. Where every input's first axis is dynamic, `batch` of them are stacked
 along it into one `run` call ("stacked"), and a pool of `workers` such calls runs back to back on one session;
-else (a fixed first axis, a scalar input, or a stacked run the model refuses) `batch` concurrent single-sample
-runs do ("concurrent"). The report says which.
+else (a fixed first axis, a scalar input, or a stacked run the model refuses) single-sample runs do
+("concurrent"), at most a pool's worth at a time (`workers`, else the CPUs; never more than `batch`). The report
+says which.
 
 Throughput is MLPerf's: the samples completed over the run's time. The verdict is distribution-free: the run is
 cut into fixed windows of `window_seconds`, each call's samples spread over the windows its time overlaps, and
@@ -79,9 +80,11 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
         feed = stacked(model, ds.inputs, off.batch) if off.batch > 1 else None
         mode = "stacked" if feed is not None else "concurrent"
-        per_call, workers = (off.batch, off.workers or loadgen.cpus()) if feed is not None else (1, off.batch)
-        if feed is None and off.batch == 1:
-            per_call, workers = 1, off.workers or loadgen.cpus()
+        # concurrent single-sample runs: at most a pool's worth at once (`workers`, else the CPUs), never a thread
+        # per sample of the batch: the batch is the samples in flight, the pool how many run at a time
+        per_call, workers = (off.batch if feed is not None else 1), off.workers or loadgen.cpus()
+        if feed is None:
+            workers = min(workers, off.batch) if off.batch > 1 else workers
 
         def run(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
             return model.run(f)

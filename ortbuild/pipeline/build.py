@@ -111,6 +111,12 @@ class Builder:
                              + (f"the build does its {' and '.join(wants)} again" if wants
                                 else "it is not applied; delete it"))
                 entry = None
+            if entry is not None:  # an entry changes only what the job asks for, and nothing where it asks for neither
+                wants = lockfile.wanted(job.settings)
+                if not wants and entry.applies:
+                    notes.append(f"{lock.file.name}: the entry of {job.name} is not applied: its target asks for no "
+                                 "search or tuning (precision_search = \"auto\", tune = true); delete it")
+                entry = entry.only(wants) if wants else None
             lacking = lockfile.missing(job, entry)
             if lacking:
                 asks = {"search": 'precision_search = "auto"', "tune": "tune = true"}

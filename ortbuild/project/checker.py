@@ -173,6 +173,10 @@ class Checker:
             at = f"{where}.\"{key}\""
             if key in options.RESERVED_CONFIG_KEYS:
                 raise self.fail(at, "is set by ortbuild", options.RESERVED_CONFIG_KEYS[key])
+            if key in options.FILE_CONFIG_KEYS:
+                raise self.fail(at, f"touches files: {options.FILE_CONFIG_KEYS[key]}",
+                                "remove it: session options that write, read or dump files are not options "
+                                "(docs/trust.md, \"Trust boundaries\")")
             if key not in options.SESSION_CONFIG_KEYS:
                 close = did_you_mean(key, sorted(options.SESSION_CONFIG_KEYS))
                 raise self.fail(at, f"unknown session config key{close}",

@@ -8,7 +8,9 @@ declared settings, as the build key holds them, and its accuracy rule). An entry
 out of date: the build says so and searches again, or `--locked` fails (for CI). `applies` is what the entry lays
 over the declared settings, as one more `[[targets.X.overrides]]` table would (lists and tables given whole), so a
 locked job is exactly a job with that override: targets.toml's own validation checks it. It may only hold the
-lists the search keeps in float and session options (ALLOWED): the lock never loosens a gate.
+lists the search keeps in float, the generative search's int4 knobs and tuning's four session settings (ALLOWED),
+checked on read: the lock never loosens a gate and never names a file. An entry applies only to a job that asks
+for a search or tuning, and only the part it asks for (Entry.only).
 
 The file is TOML, sorted, one table per job, written atomically under a lock on its folder (builds of one
 project add their entries one at a time); it is meant to be committed and reviewed."""
@@ -50,7 +52,10 @@ for _rule in RULES:
     if _rule.knob is not None:
         ALLOWED[_rule.knob.table] = ALLOWED.get(_rule.knob.table, frozenset()) | {
             k for k in (_rule.knob.nodes, _rule.knob.op_types) if k is not None}
-ALLOWED["session"] = frozenset(k.name for k in keys_of(Session))
+# session tuning's four settings (gating/tune_search.py), by name: two options and two config entries
+TUNED_CONFIG = frozenset({"session.intra_op.allow_spinning", "session.dynamic_block_base"})
+ALLOWED["session"] = frozenset({"intra_op_num_threads", "execution_mode", "config"})
+assert ALLOWED["session"] <= {k.name for k in keys_of(Session)}
 # a generative model's search (gating/gensearch.py) also moves the model builder's int4 knobs
 ALLOWED["int4"] = ALLOWED["int4"] | {"block_size", "accuracy_level", "symmetric"}
 
@@ -139,6 +144,13 @@ class Entry:
             tables[t] = {**tables.get(t, {}), **values}
         return dataclasses.replace(self, applies=tables, search=self.search if search is None else search,
                                    tune=self.tune if tune is None else tune)
+
+    def only(self, parts: Sequence[str]) -> Entry:
+        """This entry laying only what the parts the job asks for found ("search": the precision search's tables;
+        "tune": the session options): an entry never changes a job that asks for neither."""
+        keep = {t: v for t, v in self.applies.items() if ("tune" if t == "session" else "search") in parts}
+        return dataclasses.replace(self, applies=keep, search=self.search if "search" in parts else {},
+                                   tune=self.tune if "tune" in parts else {})
 
     def describe(self) -> str:
         """What the entry changes, in one line: `quantization.exclude_nodes = [...]; session.intra_op... = 1`."""
@@ -263,10 +275,7 @@ def read(project: config.Project) -> Lock:
                               "{ quantization = { exclude_nodes = [...] } }", _FIX)
         for table, values in applies.items():
             if table not in ALLOWED or not isinstance(values, dict):
-                raise ConfigError(str(path), f"{key}.applies.{table}", "a lock entry lays only the lists the "
-                                  "precision search keeps in float and the session options tuning measures over the "
-                                  f"settings ({_allowed_text()}), each a table, never a gate, a budget or the "
-                                  "precision: write those in targets.toml", _FIX)
+                raise ConfigError(str(path), f"{key}.applies.{table}", f"{_only()}, each a table", _FIX)
         if not isinstance(search, dict) or not isinstance(tune, dict):
             raise ConfigError(str(path), key, "`search` and `tune` must be tables", _FIX)
         unknown = set(t) - {"source", "settings", "applies", "search", "tune"}
@@ -275,11 +284,12 @@ def read(project: config.Project) -> Lock:
         for table, values in applies.items():
             allowed = ALLOWED.get(table, frozenset())
             wrong = sorted(k for k in values if k not in allowed)
+            config_ = values.get("config") if table == "session" else None
+            if config_ is not None and (not isinstance(config_, dict) or set(config_) - TUNED_CONFIG):
+                wrong.append("config" if not isinstance(config_, dict) else
+                             ", ".join(f"config.{json.dumps(k)}" for k in sorted(set(config_) - TUNED_CONFIG)))
             if wrong:
-                raise ConfigError(str(path), f"{key}.applies.{table}", f"{', '.join(wrong)}: a lock entry lays only "
-                                  "the lists the precision search keeps in float and the session options tuning "
-                                  f"measures over the settings ({_allowed_text()}), never a gate, a budget or the "
-                                  "precision: write those in targets.toml", _FIX)
+                raise ConfigError(str(path), f"{key}.applies.{table}", f"{', '.join(wrong)}: {_only()}", _FIX)
         for part, values in (("search", search), ("tune", tune)):
             for k, v in values.items():
                 if not _plain_value(v):
@@ -289,9 +299,15 @@ def read(project: config.Project) -> Lock:
     return Lock(path, entries)
 
 
+def _only() -> str:
+    return ("a lock entry lays only what the searches and tuning find over the settings (the lists kept in float, "
+            f"the generative search's int4 knobs and tuning's four session settings: {_allowed_text()}), never a "
+            "gate, a budget, the precision or another session option: write those in targets.toml")
+
+
 def _allowed_text() -> str:
-    return ", ".join(f"{t}.{k}" for t, keys in ALLOWED.items() for k in sorted(keys) if t != "session") \
-        + ", session.*"
+    return ", ".join(f"{t}.{k}" for t, keys in ALLOWED.items() for k in sorted(keys) if k != "config") \
+        + ", " + ", ".join(f"session.config.\"{k}\"" for k in sorted(TUNED_CONFIG))
 
 
 def _plain_value(v: object) -> bool:

@@ -5,6 +5,7 @@ ortbuild refuses or sets itself. Stdlib-only (the noxfile imports it through ort
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +86,9 @@ PLUGIN_IGNORED: dict[str, dict[str, str]] = {
 PRECISION_HINTS = ("f32", "bf16", "f16")  # OpenVINO's INFERENCE_PRECISION_HINT values
 
 # Provider options ortbuild refuses on any runtime: they write engines, blobs or subgraphs (which hold the
-# weights) as plaintext files, or decrypt them with a library of their own; ortbuild compiles at build time
-# and ships the result inside the encrypted artifact instead.
+# weights) as plaintext files, decrypt them with a library of their own, or read, write or load other files;
+# ortbuild compiles at build time and ships the result inside the encrypted artifact instead. (OpenVINO's
+# load_config is checked for the same: FILE_WORDS below.)
 PLAINTEXT_OPTIONS: dict[str, dict[str, str]] = {
     "TensorrtExecutionProvider": {
         o: "TensorRT engines hold the weights: ortbuild builds the engine at build time (EPContext) and ships it "
@@ -94,7 +96,15 @@ PLAINTEXT_OPTIONS: dict[str, dict[str, str]] = {
         for o in ("trt_engine_cache_enable", "trt_engine_cache_path", "trt_engine_cache_prefix", "trt_dump_subgraphs",
                   "trt_dump_ep_context_model", "trt_ep_context_file_path", "trt_ep_context_embed_mode",
                   "trt_engine_decryption_enable", "trt_engine_decryption_lib_path",
-                  "trt_weight_stripped_engine_enable", "trt_onnx_model_folder_path")},
+                  "trt_weight_stripped_engine_enable", "trt_onnx_model_folder_path")} | {
+        "trt_timing_cache_enable": "TensorRT writes its timing cache as a file (in the working directory unless "
+                                   "trt_timing_cache_path says where): provider options never write files",
+        "trt_timing_cache_path": "names a file TensorRT reads and writes: provider options never name files",
+        "trt_int8_calibration_table_name": "names a file TensorRT reads: ortbuild calibrates int8 from the target's "
+                                           "calibration data (precision int8-static) instead",
+        "trt_extra_plugin_lib_paths": "loads shared libraries (runs their code) from the paths it names: use "
+                                      "custom_ops, whose libraries come from a pinned package",
+    },
     "OpenVINOExecutionProvider": {
         "cache_dir": "OpenVINO's model cache holds the compiled blob (and the weights) in plaintext: targets with "
                      "the OpenVINO plugin ship the compiled blob inside the encrypted artifact instead",
@@ -182,11 +192,32 @@ PROVIDER_OPTIONS: dict[str, dict[str, ProviderOption]] = {
 }
 
 
+# Words in the names of OpenVINO properties (in load_config) and of options of providers ortbuild does not list
+# that name a file, a folder or a library, or dump one: OpenVINO's CACHE_DIR writes the compiled blob with the
+# weights in plaintext, WEIGHTS_PATH reads weights from a file.
+FILE_WORDS = frozenset({"path", "paths", "dir", "directory", "file", "files", "filename", "folder", "dump", "lib",
+                        "libs", "library", "cache", "blob"})
+
+
+def touches_files(name: str) -> bool:
+    """Whether an option or property name has one of FILE_WORDS among its words (split at "_", "-" and ".")."""
+    return any(word in FILE_WORDS for word in re.split(r"[_.\-]", name.lower()))
+
+
+def _file_properties(value: object) -> list[str]:
+    """The names in a JSON value (tables within tables) that touches_files() matches."""
+    if isinstance(value, dict):
+        return [n for k, v in value.items() for n in ([str(k)] if touches_files(str(k)) else []) + _file_properties(v)]
+    return []
+
+
 def provider_option_problem(provider: str, name: str, value: object) -> str | None:
-    """Why `name = value` is not a valid option of `provider`, or None (also None for unchecked providers)."""
+    """Why `name = value` is not a valid option of `provider`, or None (also None for an option of an unchecked
+    provider, unless its name says it touches files)."""
     known = PROVIDER_OPTIONS.get(provider)
     if known is None:
-        return None
+        return (f"names a file, a folder or a library by its name ('{name}'): options that touch files are not "
+                "options") if touches_files(name) else None
     if name not in known:
         if not known:
             return f"{provider} takes no provider options (ONNX Runtime ignores them silently)"
@@ -207,4 +238,9 @@ def provider_option_problem(provider: str, name: str, value: object) -> str | No
             ok = False
         if not ok:
             return "must be a JSON object in a string, e.g. '{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'"
+        touching = _file_properties(json.loads(text))
+        if touching:
+            return (f"sets {', '.join(touching)}, which names or writes files (OpenVINO's CACHE_DIR writes the "
+                    "compiled blob with the weights in plaintext): ortbuild ships the compiled blob inside the "
+                    "encrypted artifact; remove it")
     return None

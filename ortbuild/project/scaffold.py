@@ -365,10 +365,11 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
 
 
 def gitignore(root: Path) -> str | None:
-    """The .gitignore with ortbuild's lines added, or None when it has them all."""
+    """The .gitignore with ortbuild's lines added, or None when it has them all. Only a regular file is read: init
+    replaces files, never follows a link (a symlinked .gitignore would copy what it points at into the project)."""
     path = root / ".gitignore"
     try:
-        text = files.read_document(path).decode() if os.path.lexists(path) else ""
+        text = files.read_document(path, follow=False).decode() if os.path.lexists(path) else ""
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"{path}: cannot add ortbuild's lines to it ({err})",
                          "make it a readable text file, or remove it") from None

@@ -11,7 +11,9 @@ from ortbuild.project.providers import PROVIDER_OPTIONS, PROVIDERS, ProviderOpti
 from ortbuild.project.session_keys import (
     CONFIG_FLAGS,
     CONFIG_INTS,
+    FILE_CONFIG_KEYS,
     INT_MAX,
+    MAX_CONFIG_VALUE,
     NUMBER_MAX,
     RESERVED_CONFIG_KEYS,
     SESSION_CONFIG_KEYS,
@@ -68,8 +70,8 @@ def _key_schema(k: Key) -> dict[str, object]:
     elif k.kind == "config":
         s = {"type": "object", "additionalProperties": False, "properties": {
             key: {"type": "string", "enum": ["0", "1"]} if key in CONFIG_FLAGS
-            else {"type": "string", "pattern": "^[0-9]+$"} if key in CONFIG_INTS else {"type": "string"}
-            for key in sorted(SESSION_CONFIG_KEYS)}}
+            else {"type": "string", "pattern": "^[0-9]+$"} if key in CONFIG_INTS
+            else {"type": "string", "maxLength": MAX_CONFIG_VALUE} for key in sorted(SESSION_CONFIG_KEYS)}}
     elif k.kind == "dims":
         s = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}
     elif k.kind == "table":
@@ -193,9 +195,13 @@ def reference_markdown() -> str:
         "",
     ]
     lines += [f"- `{k}`: {why}" for k, why in sorted(RESERVED_CONFIG_KEYS.items())]
-    lines += ["", "Values are strings; these must be `\"0\"` or `\"1\"`: "
-              + ", ".join(f"`{k}`" for k in sorted(CONFIG_FLAGS)) + ". These must be integers (as strings): "
-              + ", ".join(f"`{k}` (at most {v})" for k, v in sorted(CONFIG_INTS.items())) + ".", ""]
+    lines += ["", "Refused: keys that make ONNX Runtime write, read or dump files are not options (docs/trust.md):", ""]
+    lines += [f"- `{k}`: {why}" for k, why in sorted(FILE_CONFIG_KEYS.items())]
+    lines += ["", f"Values are strings of at most {MAX_CONFIG_VALUE} characters (ONNX Runtime's limit); these must "
+              "be `\"0\"` or `\"1\"`: " + ", ".join(f"`{k}`" for k in sorted(CONFIG_FLAGS - FILE_CONFIG_KEYS.keys()))
+              + ". These must be integers (as strings): " + ", ".join(
+                  f"`{k}` (at most {v})" for k, v in sorted(CONFIG_INTS.items()) if k not in FILE_CONFIG_KEYS) + ". "
+              "`session.resource_cuda_partitioning_settings` takes a memory limit only: `\"LIMIT_KB,\"`.", ""]
     lines += ["## Provider options", "",
               "Checked for these providers (ONNX Runtime accepts any name silently; ortbuild refuses unknown "
               "names and values of the wrong kind). Other providers' options are passed through unchecked.", ""]

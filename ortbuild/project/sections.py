@@ -132,7 +132,7 @@ class Offline:
     batch: int = setting(
         1, maximum=65_536, build="never",
         doc="Samples per `run` call: the golden inputs stacked along the first axis where the model's first axis "
-            "is dynamic, else this many concurrent single-sample runs (the report says which).")
+            "is dynamic, else single-sample runs, at most `workers` at a time (the report says which).")
     min_samples_per_second: float | None = setting(
         None, maximum=1e9, build="never",
         doc="Budget: the median samples per second over fixed windows of the run is at least this. None: "
@@ -148,7 +148,8 @@ class Offline:
             "the windows its time overlaps): long enough to hold several calls, short enough for 20 in a run.")
     workers: int = setting(
         0, maximum=1024, build="never",
-        doc="Concurrent `run` calls on the one session with stacked batches; 0: the number of CPUs.")
+        doc="Concurrent `run` calls on the one session (stacked batches, or single samples where the batch cannot "
+            "be stacked: never more than `batch`); 0: the number of CPUs.")
 
 
 @dataclass(frozen=True)

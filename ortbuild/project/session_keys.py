@@ -5,12 +5,15 @@ Stdlib-only (the noxfile imports it through ortbuild.project.config).
 
 from __future__ import annotations
 
+import re
+
 INT_MAX = 2**31 - 1       # what ONNX Runtime's int options take
 NUMBER_MAX = 1e12         # numbers are finite: TOML's inf and nan are refused
 
 # Session config keys found in the onnxruntime 1.31.1 binary (../shared/research/ort.md, appendix B).
-# ORT accepts misspelled keys silently, so ortbuild refuses anything not listed here.
-SESSION_CONFIG_KEYS = frozenset({
+# ORT accepts misspelled keys silently, so ortbuild refuses anything not listed here (SESSION_CONFIG_KEYS below:
+# these less the keys that touch files).
+ORT_CONFIG_KEYS = frozenset({
     "ep.context_embed_mode", "ep.context_enable", "ep.context_file_path",
     "ep.context_model_external_initializers_file_name", "ep.enable_weightless", "ep.cuda.fpa_intb_gemm",
     "ep.cuda.fpa_intb_profile_m", "ep.cuda.gqa_workspace_max_total_sequence_length", "mlas.disable_kleidiai",
@@ -38,6 +41,29 @@ SESSION_CONFIG_KEYS = frozenset({
     "session.use_env_allocators", "session.use_external_initializer_file_buffers_directly",
     "session.use_per_session_threads", "session.x64quantprecision",
 })
+MAX_CONFIG_VALUE = 8192   # characters: ORT refuses a longer value when the session is made ("Config value is longer")
+
+_DUMP = ("dumps the compiled model, its engine or its weights as plaintext files; ortbuild compiles EPContext "
+         "artifacts itself, in memory, and ships them inside the encrypted artifact")
+# Session config keys that make ONNX Runtime write, read or dump files (from onnxruntime_session_options_config_keys.h
+# of 1.31 and its docs: every key whose value is a path, or that writes a file on its own). A key that names a path
+# would let targets.toml, a lock entry or a signed manifest make every build, test and deployed app read or overwrite
+# that file; they are not options. Where an artifact needs one (EPContext compilation), ortbuild sets it in memory.
+FILE_CONFIG_KEYS: dict[str, str] = {
+    "session.collect_node_memory_stats_to_file": "ONNX Runtime creates or truncates that path and writes a CSV on "
+                                                 "the first run, in every build, test and app that opens the artifact",
+    "session.node_partition_config_file": "ONNX Runtime reads any path it names",
+    "session.model_external_initializers_file_folder_path": "ONNX Runtime reads external data from that folder; "
+                                                            "ortbuild passes an artifact's weights in memory",
+    "session.debug_layout_transformation": "writes post_layout_transform_step_N.onnx (the plaintext model) into the "
+                                           "working directory",
+    "ep.context_enable": _DUMP, "ep.context_file_path": _DUMP, "ep.context_embed_mode": _DUMP,
+    "ep.context_model_external_initializers_file_name": _DUMP, "ep.enable_weightless": _DUMP,
+}
+# session.resource_cuda_partitioning_settings is "limit in KB,file name": the limit is an option, the file (read
+# beside the model) is not
+PARTITIONING = "session.resource_cuda_partitioning_settings"
+SESSION_CONFIG_KEYS = ORT_CONFIG_KEYS - FILE_CONFIG_KEYS.keys()
 # The kind of each session config value (ORT parses the string; a wrong kind is ignored or fails late).
 # "0/1": a flag; "int": a non-negative integer; anything not listed is free text.
 CONFIG_FLAGS = frozenset({
@@ -71,6 +97,11 @@ CONFIG_INTS = {  # key: largest value
 
 def config_value_problem(key: str, value: str) -> str | None:
     """Why `value` is not valid for session config `key`, by the key's kind, or None."""
+    if len(value) > MAX_CONFIG_VALUE:
+        return f"is {len(value)} characters long; ONNX Runtime takes at most {MAX_CONFIG_VALUE}"
+    if key == PARTITIONING and not re.fullmatch(r"[0-9]{0,15},", value):
+        return (f"must be \"LIMIT_KB,\" (a memory limit, the file part empty), got {value!r}: the file part names a "
+                "file ONNX Runtime reads beside the model, which ortbuild does not ship")
     if key in CONFIG_FLAGS and value not in ("0", "1"):
         return f"must be \"0\" or \"1\", got {value!r}"
     if key in CONFIG_INTS and (not value.isdigit() or int(value) > CONFIG_INTS[key]):

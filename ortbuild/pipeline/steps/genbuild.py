@@ -90,6 +90,9 @@ def check(folder: Path, prompts: Path, config: str, model: str, size: int) -> Ge
     return GenSource(archs[0], read_prompts(prompts, config, f"models.{model}.inputs"), size)
 
 
+HF_REMOTE = "hf_remote"  # the builder's trust_remote_code switch: always passed as false
+
+
 def extra_options(settings: Settings) -> dict[str, str]:
     """The builder's --extra_options from the target's precision options (docs/generative.md)."""
     opts = settings.typed_precision_options()
@@ -123,8 +126,9 @@ def build(source: Path, work: Path, settings: Settings, provider: str, target: s
     extra = extra_options(settings)
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(out),
                "-p", precision, "-e", ep, "-c", str(cache)]
-    if extra:
-        command += ["--extra_options", *(f"{k}={v}" for k, v in extra.items())]
+    # hf_remote=false: the builder's default today, said so that a later pin cannot run a model directory's
+    # `auto_map` code (transformers' trust_remote_code) behind ortbuild's back
+    command += ["--extra_options", *(f"{k}={v}" for k, v in extra.items()), f"{HF_REMOTE}=false"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
