@@ -276,6 +276,59 @@ def test_a_symlink_inside_a_directory_entry_is_refused(tmp_path: Path) -> None:
     assert any("is not a plain file of the entry" in n for n in again[0]["notes"])  # type: ignore[attr-defined]
 
 
+def test_a_sparse_file_in_a_directory_entry_is_refused_before_it_is_copied(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A file of 3 GiB that takes a few KiB on disk (no build writes one) is refused on its stat, before any of it
+    is copied into dist/, and the job builds. The second build runs under a 256 MiB file size limit
+    (RLIMIT_FSIZE): copying the sparse file would fail with EFBIG, so its 3 GiB never land in dist/."""
+    import resource
+    import signal
+
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    store = tmp_path / "cache"
+    entry = _entry(store, build(project(tmp_path / "a", targets=one), "--cache", str(store)), "cpu")
+    blob = entry / "model.onnx.enc"
+    real = blob.stat().st_size
+    blob.unlink()
+    with open(blob, "wb") as f:
+        f.write(b"ORTBUILD")
+        f.truncate(3 << 30)
+    if blob.stat().st_blocks * 512 > 1 << 20:
+        pytest.skip(f"{tmp_path} keeps no sparse files")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 20, hard))
+    try:
+        again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, xfsz)
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert str(entry) in warning and "refused" in warning and "model.onnx.enc is a sparse file" in warning and \
+        "which no build writes" in warning and "the build replaces it" in warning, warning
+    dist = tmp_path / "b" / "dist"
+    assert (dist / "cpu" / "tiny_cnn" / "model.onnx.enc").stat().st_size == real
+    assert max(p.stat().st_size for p in dist.rglob("*") if p.is_file()) < 64 << 20
+    assert not list(dist.glob(".cache.*"))
+    capsys.readouterr()
+    assert cli.main(["inspect", str(dist / "cpu" / "tiny_cnn")]) == 0, capsys.readouterr()
+    assert (entry / "model.onnx.enc").stat().st_size == real  # the build replaced the entry
+
+
+def test_a_manifest_nested_too_deep_for_json_in_a_directory_entry_is_refused_not_a_crash(tmp_path: Path) -> None:
+    """A poisoned entry whose manifest.json is arrays nested 100,000 deep (json's RecursionError, not a ValueError):
+    refused with a warning like any other poisoned entry, and the job builds."""
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    store = tmp_path / "cache"
+    entry = _entry(store, build(project(tmp_path / "a", targets=one), "--cache", str(store)), "cpu")
+    (entry / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    again = build(project(tmp_path / "b", targets=one), "--cache", str(store))
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
+    assert str(entry) in warning and "the build replaces it" in warning, warning
+
+
 def test_a_registry_answering_errors_is_asked_once_and_the_build_goes_on(tmp_path: Path) -> None:
     """A registry that answers 500 (ORAS would retry each request for minutes): one warning, the cache is off for
     the rest of the build, every job built, fast."""

@@ -111,7 +111,7 @@ def reports(dist: Path, name: str) -> Iterator[tuple[dict[str, Any], Manifest]]:
         try:
             doc = json.loads(read_document(f))
             m, _ = read(f.parent)
-        except (OSError, ValueError, ArtifactError):
+        except (OSError, ValueError, RecursionError, ArtifactError):
             continue
         if isinstance(doc, dict):
             yield doc, m
@@ -164,7 +164,7 @@ def signature_problem(folder: Path, public_key: bytes) -> str | None:
         return f"{folder / SIGNATURE} is not a base64 signature"
     if not verified:
         named = ""
-        with contextlib.suppress(ValueError, KeyError, TypeError):
+        with contextlib.suppress(ValueError, KeyError, TypeError, RecursionError):  # unverified: anything at all
             named = f"; the manifest names key id {json.loads(text)['signing']['public_key_id']}"
         return (f"the signature of {folder / MANIFEST} does not verify with the trusted public key (id "
                 f"{ed25519.public_key_id(public_key)}){named}")
@@ -221,7 +221,7 @@ def _predates_signed_golden(folder: Path) -> bool:
     """Whether the (signature-checked) manifest was written before manifests listed their golden data."""
     try:
         return "golden" not in json.loads(read_document(folder / MANIFEST))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
 
 

@@ -316,7 +316,7 @@ class Manifest:
     def from_json(cls, text: str | bytes, where: str = MANIFEST) -> Manifest:
         try:
             data = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested too deep for json
             raise ArtifactError(f"{where}: unreadable manifest: {e}",
                                 "rebuild the artifact with `ortbuild build`") from None
         if not isinstance(data, dict) or data.get("format_version") not in READABLE_FORMATS:

@@ -15,19 +15,25 @@ if its manifest verifies with the configured signing key, names this target, mod
 matches it and the configured encryption key opens it (buildkey.published, as for dist/ itself). Anything else
 (another key's signature, a changed byte, another build key under this one's name) is refused (Tampered) with a
 warning naming the entry, the job is built, and the build's artifact replaces the entry. The cache is an
-accelerator: one that cannot be reached or answers an error (CacheProblem) is a warning, it is asked nothing more
-in that build, and the build goes on. Registry requests are made once each (no retries) with timeouts.
+accelerator: one that cannot be reached, answers an error or stalls (CacheProblem) is a warning, it is asked nothing
+more in that build, and the build goes on. Registry requests are made once each (no retries), each within a
+deadline for the whole request (ortbuild.oci: a stalled registry is given up on, never waited for), and sizes
+are checked before anything is copied or downloaded: a manifest read streaming up to oci.MAX_MANIFEST, every
+layer's (every file's) size and the entry's total, a directory entry's files by their stat (plain, not sparse,
+the size the entry's manifest gives), each copied no further than the size checked.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ortbuild import __version__, oci, paths
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, OrtbuildError, RegistryError, Tampered
-from ortbuild.files import atomic_write, publish, safe_mkdir, sha256_file
+from ortbuild.files import MAX_DOCUMENT, atomic_write, publish, safe_mkdir, sha256_file
 
 if TYPE_CHECKING:
     import oras.client
@@ -46,10 +52,11 @@ if TYPE_CHECKING:
 ENTRY_TYPE = "application/vnd.ortbuild.cache.entry.v1+json"     # the OCI config: entry.json
 FILE_TYPE = "application/vnd.ortbuild.cache.file.v1"             # every file's layer
 ENTRY = "entry.json"                                             # what the entry holds, beside its files
-MAX_FILE = 64 << 30
+MAX_FILE = 64 << 30             # one file of an entry
+MAX_ENTRY = 2 * MAX_FILE         # an entry's files together
 MAX_SMALL = 1 << 20
+SPARSE_SLACK = 1 << 20           # a file of a directory entry may have this many bytes fewer allocated than its size
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
-TIMEOUT = (10.0, 60.0)           # seconds to connect, and between two reads, for every registry request
 REFUSED = "the entry is refused; this build replaces it"
 
 
@@ -225,19 +232,82 @@ def _dir_fetch(root: Path, entry: str, dest: Path) -> dict[str, Path] | None:
         if problem:
             raise Tampered(f"cache entry {folder}: {problem}", REFUSED)
         assert isinstance(names, list)
-        got: dict[str, Path] = {}
-        for name in names:
-            parts = name.split("/")
-            if any((folder.joinpath(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1)) or \
-                    not (folder / name).is_file():
-                raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
-            out = _receive(dest, name)
-            shutil.copyfile(folder / name, out)
-            os.chmod(out, 0o600)
-            got[name] = out
-        return got
+        with contextlib.ExitStack() as opened:
+            sizes: dict[str, tuple[int, int]] = {}  # name -> (open file, size checked)
+            for name in names:
+                sizes[name] = _checked(folder, name, opened)
+            total = sum(size for _, size in sizes.values())
+            if total > MAX_ENTRY:
+                raise Tampered(f"cache entry {folder}: its files hold {total} bytes, more than the "
+                               f"{MAX_ENTRY >> 30} GiB an entry may", REFUSED)
+            got: dict[str, Path] = {}
+            for name in sorted(names, key=lambda n: n != manifest.MANIFEST):  # the manifest first: its sizes
+                got[name] = _receive(dest, name)
+                _copy(*sizes[name], got[name])
+                if name == manifest.MANIFEST:
+                    _match_manifest(folder, got[name], sizes)
+            return got
     except OSError as e:  # unreadable, or changed while read (another build storing it)
         raise CacheProblem(f"cannot read the cache entry {folder}: {e.strerror or e}") from None
+
+
+def _checked(folder: Path, name: str, opened: contextlib.ExitStack) -> tuple[int, int]:
+    """The file `name` of a directory entry, opened (never through a symlink), and its size, once its stat says
+    it is a plain file within the limits and not sparse (a file no build writes: cheap on disk, its size in
+    zeros when copied); else Tampered."""
+    parts = name.split("/")
+    if any((folder.joinpath(*parts[:i])).is_symlink() for i in range(1, len(parts) + 1)) or \
+            not (folder / name).is_file():
+        raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOENT):
+            raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED) from None
+        raise
+    opened.callback(os.close, fd)
+    st = os.fstat(fd)
+    limit = MAX_DOCUMENT if name in (manifest.MANIFEST, manifest.SIGNATURE) else MAX_FILE
+    if not stat.S_ISREG(st.st_mode):
+        raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
+    if st.st_size > limit:
+        raise Tampered(f"cache entry {folder}: {name} is {st.st_size} bytes, more than the {limit} such a file "
+                       "may be", REFUSED)
+    if st.st_blocks * 512 + SPARSE_SLACK < st.st_size:
+        raise Tampered(f"cache entry {folder}: {name} is a sparse file ({st.st_size} bytes, "
+                       f"{st.st_blocks * 512} on disk), which no build writes", REFUSED)
+    return fd, st.st_size
+
+
+def _copy(fd: int, size: int, out: Path) -> None:
+    """Copy `size` bytes from the open file `fd` into the new file `out`, no more (a file growing meanwhile is
+    copied up to the size checked; one that shrank is then shorter, and does not verify)."""
+    with open(out, "xb", buffering=0) as f:  # unbuffered: sendfile and write both at the file's offset
+        done = 0
+        while done < size:
+            try:
+                n = os.sendfile(f.fileno(), fd, done, min(size - done, 1 << 30))
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                n = f.write(os.pread(fd, min(size - done, 1 << 20), done))
+            if n == 0:
+                break
+            done += n
+    os.chmod(out, 0o600)
+
+
+def _match_manifest(folder: Path, copied: Path, sizes: dict[str, tuple[int, int]]) -> None:
+    """Tampered when a file's size is not the one the entry's manifest gives it (verified later, after the copy;
+    a manifest that does not parse is refused then)."""
+    try:
+        m = manifest.Manifest.from_json(copied.read_bytes(), str(copied))
+    except (OrtbuildError, RecursionError):
+        return
+    for name, _, size, _ in m.signed_files():
+        if size is not None and name in sizes and sizes[name][1] != size:
+            raise Tampered(f"cache entry {folder}: {name} is {sizes[name][1]} bytes, its manifest says {size}",
+                           REFUSED)
 
 
 def _dir_store(root: Path, entry: str, folder: Path, names: list[str], doc: bytes) -> None:
@@ -268,25 +338,12 @@ def _dir_store(root: Path, entry: str, folder: Path, names: list[str], doc: byte
 
 def _oci(cache: Cache, entry: str) -> tuple[Ref, oras.client.OrasClient, Any]:
     """The entry's reference and a client that asks once per request (ORAS retries an error five times, for
-    minutes: a cache is worth less than that), with timeouts."""
-    import requests.adapters
-
+    minutes: a cache is worth less than that), each request within its deadline."""
     ref = oci.parse(cache.where).with_tag(entry)
     try:
-        client = oci.client(ref)
-    except RegistryError as e:
+        client = oci.client(ref, retries=False)
+    except RegistryError as e:  # unreachable, or stalled (oci.Stalled)
         raise CacheProblem(e.message) from None
-
-    class Timed(requests.adapters.HTTPAdapter):
-        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-            kwargs["timeout"] = kwargs.get("timeout") or TIMEOUT
-            return super().send(request, *args, **kwargs)
-
-    for scheme in ("http://", "https://"):
-        client.session.mount(scheme, Timed())
-    once = getattr(type(client).do_request, "__wrapped__", None)
-    if once is not None:
-        client.do_request = functools.partial(once, client)
     return ref, client, client.get_container(f"{ref.registry}/{ref.repository}:{entry}")
 
 
@@ -300,15 +357,11 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
 
     ref, client, container = _oci(cache, entry)
     try:
-        r = client.do_request(f"{client.prefix}://{container.manifest_url()}", "GET",
-                              headers={"Accept": oci.MANIFEST_TYPE})
-        if r.status_code == 404:
-            return None
-        if r.status_code != 200:
-            raise CacheProblem(f"cannot read {ref}: the registry answered {r.status_code}")
-        man = r.json()
-    except (requests.RequestException, ValueError) as e:
-        raise _failed(ref, "read", e) from None
+        man = oci.get_manifest(ref, client, container, oci.MANIFEST_TYPE)
+    except RegistryError as e:  # an error status, a stall, a manifest too large or not JSON
+        raise CacheProblem(e.message) from None
+    if man is None:
+        return None
     layers = man.get("layers") if isinstance(man, dict) else None
     config = man.get("config") if isinstance(man, dict) else None
     if not isinstance(config, dict) or config.get("mediaType") != ENTRY_TYPE or not isinstance(layers, list) or \
@@ -319,17 +372,24 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     problem = _names_problem(names)
     if problem:
         raise Tampered(f"cache entry {ref}: {problem}", REFUSED)
+    for name, layer in zip(names, layers, strict=True):  # every layer checked before anything is downloaded
+        size = layer.get("size")
+        if layer.get("mediaType") != FILE_TYPE or not isinstance(size, int) or not 0 <= size <= MAX_FILE or \
+                not re.fullmatch(r"sha256:[0-9a-f]{64}", str(layer.get("digest", ""))):
+            raise Tampered(f"cache entry {ref}: layer {name} is not a file of an entry", REFUSED)
+    total = sum(layer["size"] for layer in layers)
+    if total > MAX_ENTRY:
+        raise Tampered(f"cache entry {ref}: its layers declare {total} bytes, more than the {MAX_ENTRY >> 30} GiB "
+                       "an entry may", REFUSED)
     got: dict[str, Path] = {}
     for name, layer in zip(names, layers, strict=True):
         assert isinstance(name, str)
-        size, digest = layer.get("size"), str(layer.get("digest", ""))
-        if layer.get("mediaType") != FILE_TYPE or not isinstance(size, int) or not 0 <= size <= MAX_FILE or \
-                not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise Tampered(f"cache entry {ref}: layer {name} is not a file of an entry", REFUSED)
         out = _receive(dest, name)
         try:
-            if oci.download(client, container, digest, size, out) is not None:
+            if oci.download(ref, client, container, layer["digest"], layer["size"], out) is not None:
                 raise Tampered(f"cache entry {ref}: {name} does not match its layer's digest", REFUSED)
+        except RegistryError as e:  # a stall
+            raise CacheProblem(e.message) from None
         except (requests.RequestException, OSError) as e:
             raise _failed(ref, f"download {name} of", e) from None
         got[name] = out

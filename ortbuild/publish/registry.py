@@ -51,6 +51,9 @@ LAYOUTS = ("modelpack", "ortbuild")
 OLD_LAYER_TYPES = {"application/vnd.ortbuild.bundle.v1.tar+gzip": "bundle"}  # the earlier format: still pulled
 MAX_BLOB = {"bundle": 64 << 30}     # others: MAX_SMALL
 MAX_SMALL = 64 << 20
+MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
+                  "application/vnd.docker.distribution.manifest.v2+json",
+                  "application/vnd.docker.distribution.manifest.list.v2+json")  # ORAS's get_manifest's Accept
 def _kinds(ref: Ref, published: release.Published) -> list[str]:
     files = published.files
     unknown = sorted(set(files) - {*REQUIRED, *OPTIONAL})
@@ -113,37 +116,46 @@ def _layout(ref: Ref, man: object) -> Callable[[dict[str, Any]], str | None]:
 
 def pull(ref: Ref, dest: Path) -> dict[str, Path]:
     """Download the release `ref` names into `dest` (an empty directory), checking every layer as described
-    above. Returns kind -> file."""
+    above, all of them (their sizes too) before any is downloaded. Returns kind -> file. Each request has a
+    deadline (ortbuild.oci): a stalled registry is a RegistryError naming it (oci.Stalled), never a hang."""
     import requests
 
     client = connect(ref)
     if not ref.tag:
         raise RegistryError(f"{ref}: no tag", "name the release, e.g. " + str(ref.with_tag("0.1.0-cpu-fp32")))
-    try:
-        container = client.get_container(f"{ref.registry}/{ref.repository}:{ref.tag}")
-        man = client.get_manifest(container)
-    except (requests.RequestException, ValueError, OSError) as e:
-        raise fail(ref, "cannot read", e) from None
+    container = client.get_container(f"{ref.registry}/{ref.repository}:{ref.tag}")
+    man = oci.get_manifest(ref, client, container, ", ".join(MANIFEST_TYPES))  # streamed, at most oci.MAX_MANIFEST
+    if man is None:
+        raise RegistryError(f"cannot read {ref}: the registry has no such tag (HTTP 404)",
+                            "give the reference `ortbuild release` pushed")
     kind_of = _layout(ref, man)
     modelpack_made = kind_of is modelpack.kind_of
-    got: dict[str, Path] = {}
+    wanted: dict[str, tuple[str, str, int]] = {}  # kind -> (title, digest, size)
     layers = man.get("layers")
     for layer in layers if isinstance(layers, list) else []:
         layer = layer if isinstance(layer, dict) else {}
         kind = kind_of(layer)
         title = (layer.get("annotations") or {}).get("org.opencontainers.image.title", "")
         size, digest = layer.get("size"), str(layer.get("digest", ""))
-        if kind is None or kind in got or not isinstance(title, str) or \
+        if kind is None or kind in wanted or not isinstance(title, str) or \
                 not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}", title) or \
                 not isinstance(size, int) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise RegistryError(f"{ref}: layer {title!r} ({layer.get('mediaType')}) is not one of a release's files, "
                                 "or is listed twice" + (" (a ModelPack artifact `ortbuild release` did not make?)"
                                                         if modelpack_made else ""), "never use this artifact")
-        if size > MAX_BLOB.get(kind, MAX_SMALL):
+        if not 0 <= size <= MAX_BLOB.get(kind, MAX_SMALL):
             raise RegistryError(f"{ref}: layer {title} declares {size} bytes, above the limit for a {kind}")
+        wanted[kind] = (title, digest, size)
+    missing = [k for k in REQUIRED if k not in wanted]
+    if missing:
+        raise RegistryError(f"{ref}: the artifact lacks the release's {', '.join(missing)}"
+                            + (" (a ModelPack artifact `ortbuild release` did not make?)" if modelpack_made else ""),
+                            "push the release again with `ortbuild release --to oci://...`")
+    got: dict[str, Path] = {}
+    for kind, (title, digest, size) in wanted.items():
         out = dest / title
         try:
-            problem = oci.download(client, container, digest, size, out)
+            problem = oci.download(ref, client, container, digest, size, out)
         except (requests.RequestException, OSError) as e:
             raise fail(ref, f"cannot download {title} from", e) from None
         if problem == "longer":
@@ -151,9 +163,4 @@ def pull(ref: Ref, dest: Path) -> dict[str, Path]:
         if problem is not None:
             raise ArtifactError(f"{ref}: layer {title} does not match its digest {digest}", "pull again")
         got[kind] = out
-    missing = [k for k in REQUIRED if k not in got]
-    if missing:
-        raise RegistryError(f"{ref}: the artifact lacks the release's {', '.join(missing)}"
-                            + (" (a ModelPack artifact `ortbuild release` did not make?)" if modelpack_made else ""),
-                            "push the release again with `ortbuild release --to oci://...`")
     return got
