@@ -160,3 +160,34 @@ def test_the_line_before_the_queries_says_what_each_budget_needs_and_how_long() 
     assert server.said_before("d", 50.0, [], plan, [1.0], 2) == (
         "server on d (Poisson arrivals at 50 QPS, 1 ms a run): no budget: 500 queries (about 10 s), reported, "
         "not judged")
+
+
+@pytest.mark.parametrize("scenario", ["offline", "server", "multi_stream"])
+def test_a_machine_that_cannot_start_the_threads_asked_for_is_a_gate_error_not_a_crash_or_a_hang(
+        monkeypatch: pytest.MonkeyPatch, scenario: str) -> None:
+    """The thread limit (`can't start new thread`) cannot be reached safely here (root has no RLIMIT_NPROC), so the
+    fourth thread start raises as CPython does there: each scenario stops its threads and says which key to lower."""
+    import threading
+
+    from ortbuild.errors import GateFailed
+
+    real, started = threading.Thread.start, itertools.count()
+
+    def start(self: threading.Thread) -> None:
+        if next(started) >= 3:
+            raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    plan = loadgen.Plan(0.99, 0.5, 0, 0.0)
+    t0 = time.monotonic()
+    with pytest.raises(GateFailed) as e:
+        if scenario == "offline":
+            loadgen.offline(sleeper(1), 1, 8, [], plan, 0.05, {}, **QUIET)
+        elif scenario == "server":
+            loadgen.server(sleeper(20), 1000.0, [], plan, {}, workers=8, **QUIET)
+        else:
+            loadgen.multi_stream(sleeper(1), 8, [], plan, {}, **QUIET)
+    key = {"offline": "workers", "server": "workers", "multi_stream": "streams"}[scenario]
+    assert f"{scenario}: this machine could not start 8 concurrent calls" in e.value.message
+    assert e.value.hint == f"lower [latency.{scenario}] {key}" and time.monotonic() - t0 < 10

@@ -163,7 +163,12 @@ def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spendi
             if (wait > 0 and stop.wait(wait)) or stop.is_set():
                 return
             issued[i] = clock()
-            pool.submit(query, i)
+            try:
+                pool.submit(query, i)
+            except RuntimeError as e:  # "can't start new thread": the machine's limit, said, never a hang
+                errors.append(_no_threads("server", "workers", workers, e))
+                stop.set()
+                return
 
     thread = threading.Thread(target=issuer, name="ortbuild-issuer", daemon=True)
     meter = Meter(read, own, clock)
@@ -229,7 +234,10 @@ def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan
     try:
         while True:
             t0 = clock()
-            futures = [pool.submit(sample) for _ in range(streams)]
+            try:
+                futures = [pool.submit(sample) for _ in range(streams)]
+            except RuntimeError as e:
+                raise _no_threads("multi_stream", "streams", streams, e) from None
             wait(futures)
             values.append((max(f.result() for f in futures) - t0) * 1e3)
             meter.tick()
@@ -297,8 +305,7 @@ def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], 
         stop.set()
         for t in threads[:started]:
             t.join()
-        raise GateFailed(f"offline: this machine could not start {workers} concurrent calls ({e}; {started} started)",
-                         "lower [latency.offline] workers") from None
+        raise _no_threads("offline", "workers", workers, e) from None
 
     def windows(k: int) -> list[float]:
         spans = np.array([c for cs in calls for c in cs[:len(cs)]], dtype=float).reshape(-1, 2) - start
@@ -339,6 +346,12 @@ def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], 
 
 def cpus() -> int:
     return os.cpu_count() or 1
+
+
+def _no_threads(scenario: str, key: str, n: int, e: BaseException) -> GateFailed:
+    """The gate's error where the machine cannot start the threads a scenario asks for (its limit, not a crash)."""
+    return GateFailed(f"{scenario}: this machine could not start {n} concurrent calls ({e})",
+                      f"lower [latency.{scenario}] {key}")
 
 
 def _pool(workers: int) -> Any:
