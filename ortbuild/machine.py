@@ -179,3 +179,22 @@ def stand_in(requirements: Sequence[str]) -> StandIn | None:
     if not left_out:
         return None
     return StandIn(tuple(kept), tuple(left_out), "; ".join(reasons))
+
+
+def available_memory(default: int = 4 << 30) -> int:
+    """Bytes of memory available to start new work without swapping (MemAvailable of /proc/meminfo; `default`
+    where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return default
+
+
+def resident() -> int:
+    """This process's resident set now, in bytes (0 where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -8,9 +8,10 @@ Credentials come from the Docker config (~/.docker/config.json, `docker login`),
 
 Every request has a deadline for all of it (connecting, the headers and the body together), not only a timeout
 between two reads, which a registry sending a byte now and then never reaches: REQUEST_DEADLINE seconds
-($ORTBUILD_REGISTRY_DEADLINE), and for a blob that plus a second per MiB it declares or sends (MIN_RATE). When
-it passes, a watchdog shuts the request's socket down and the request is a Stalled error naming the registry,
-what stalled and the deadline; it is never retried. A manifest is read streaming and refused past MAX_MANIFEST
+($ORTBUILD_REGISTRY_DEADLINE), and for a blob that plus a second per MiB received (a download: never by what
+the registry declares) or sent (an upload) (MIN_RATE). When it passes, a watchdog shuts the request's socket
+down and the request is a Stalled error naming the registry, what stalled and the deadline; it is never
+retried. A manifest is read streaming and refused past MAX_MANIFEST
 bytes (declared or read), never read whole first.
 """
 
@@ -127,7 +128,8 @@ class _Scope:
 
     def __init__(self, ref: Ref, seconds: float, what: str) -> None:
         self.ref, self.seconds, self.what = ref, seconds, what
-        self.end = time.monotonic() + seconds
+        self.start = time.monotonic()
+        self.end = self.start + seconds
         self.lock = threading.Lock()
         self.socks: list[socket.socket] = []
         self.expired = self.closed = False
@@ -148,12 +150,25 @@ class _Scope:
             if self.expired:
                 _shut(copy)
 
+    def extend(self, seconds: float) -> None:
+        """Move the deadline to `seconds` after the start of the scope (never earlier): a transfer that keeps
+        arriving keeps its time."""
+        with self.lock:
+            self.end = max(self.end, self.start + seconds)
+
     def expire(self) -> None:
         with self.lock:
-            if not self.closed:
-                self.expired = True
-                for s in self.socks:
-                    _shut(s)
+            if self.closed:
+                return
+            left = self.end - time.monotonic()
+            if left > 0.05:  # extended meanwhile: wait for the new deadline
+                self.timer = threading.Timer(left, self.expire)
+                self.timer.daemon = True
+                self.timer.start()
+                return
+            self.expired = True
+            for s in self.socks:
+                _shut(s)
 
     def close(self) -> None:
         self.timer.cancel()
@@ -391,13 +406,19 @@ def download(ref: Ref, client: oras.client.OrasClient, container: Any, digest: s
     `size` bytes, read no further; "digest": another size or digest). Stalled when the deadline passes; an HTTP
     error status, requests' and file errors are the caller's to name."""
     h, n = hashlib.sha256(), 0
-    with deadline(ref, blob_deadline(size), f"the download of {digest[:19]}… ({size} bytes)"), \
+    base = request_deadline()
+    with deadline(ref, base, f"the download of {digest[:19]}… ({size} bytes; a blob has {base:g} s plus 1 s per "
+                             "MiB received)"), \
             client.get_blob(container, digest, stream=True) as r, open(out, "xb") as f:
         r.raise_for_status()
-        for chunk in r.iter_content(chunk_size=1 << 20):
+        scope: _Scope = _local.scope
+        # read1: what has arrived, at once (a registry sending a byte now and then is seen doing so), never more
+        # than 1 MiB; the deadline moves on by a second per MiB received, never by what the registry declares
+        while chunk := r.raw.read1(1 << 20, decode_content=True):
             n += len(chunk)
             if n > size:
                 return "longer"
+            scope.extend(base + n / MIN_RATE)
             h.update(chunk)
             f.write(chunk)
     return None if n == size and "sha256:" + h.hexdigest() == digest else "digest"

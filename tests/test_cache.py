@@ -9,6 +9,8 @@ import base64
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -327,6 +329,39 @@ def test_a_manifest_nested_too_deep_for_json_in_a_directory_entry_is_refused_not
     assert statuses(again) == {"cpu/tiny_cnn": "built"}
     warning = next(n for n in again[0]["notes"] if "WARNING" in n)  # type: ignore[attr-defined]
     assert str(entry) in warning and "the build replaces it" in warning, warning
+
+
+@pytest.mark.parametrize("poison", ["fifo-entry-json", "sparse-entry-json", "unsigned-extra-file", "no-manifest"])
+def test_a_poisoned_entry_in_a_shared_directory_never_hangs_nor_fills_the_build(tmp_path: Path, poison: str) -> None:
+    """A planted entry.json that is a FIFO (opening it would block forever) or sparse (3 GiB read into memory), a
+    file the manifest does not sign (copied before anything was verified), an entry.json listing no manifest: each
+    refused before a byte of the entry is copied, and the job builds. In a subprocess with a time limit: a hang fails
+    the test instead of hanging it."""
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    store = tmp_path / "cache"
+    entry = _entry(store, build(project(tmp_path / "a", targets=one), "--cache", str(store)), "cpu")
+    info = json.loads((entry / cache.ENTRY).read_text())
+    if poison == "fifo-entry-json":
+        (entry / cache.ENTRY).unlink()
+        os.mkfifo(entry / cache.ENTRY)
+    elif poison == "sparse-entry-json":
+        with open(entry / cache.ENTRY, "r+b") as f:
+            f.truncate(3 << 30)
+    elif poison == "unsigned-extra-file":
+        (entry / "big.bin").write_bytes(os.urandom(2 << 20))
+        (entry / cache.ENTRY).write_text(json.dumps({**info, "files": [*info["files"], "big.bin"]}))
+    else:
+        (entry / cache.ENTRY).write_text(json.dumps({**info, "files": [n for n in info["files"]
+                                                                      if n != "manifest.json"]}))
+    config = project(tmp_path / "b", targets=one)
+    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(config), "--cache", str(store),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    jobs = json.loads(proc.stdout)["jobs"]
+    assert statuses(jobs) == {"cpu/tiny_cnn": "built"}
+    warning = next(n for n in jobs[0]["notes"] if "WARNING" in n)
+    assert str(entry) in warning and "refused" in warning, warning
+    assert not (tmp_path / "b" / "dist" / "cpu" / "tiny_cnn" / "big.bin").exists()
 
 
 def test_a_registry_answering_errors_is_asked_once_and_the_build_goes_on(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ def test_an_entry_is_stale_when_its_source_or_settings_digest_differs() -> None:
      "[jobs.\"int8/m\".search.when] holds date"),
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n[jobs."int8/m".tune]\nspeedup = nan',
      "[jobs.\"int8/m\".tune.speedup] holds float nan"),
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\n[jobs."int8/m".search]\nk = ' + "[" * 3000
+     + "]" * 3000, "nested too deeply to read"),  # a RecursionError, not a traceback
 ])
 def test_a_malformed_lock_is_a_config_error_naming_it(project: config.Project, text: str, where: str) -> None:
     lockfile.path_of(project).write_text(text)

@@ -66,6 +66,21 @@ def _head(sock: object, buf: bytearray) -> str | None:
     return head.split(b"\r\n")[0].decode()
 
 
+BLOB = 100 << 20  # the bundle a "blob-trickle" registry declares
+
+
+def _release_manifest() -> bytes:
+    """A release manifest in ortbuild's layout whose layers are well formed (the bundle first, 100 MiB declared)."""
+    import json
+
+    digest = "sha256:" + "ab" * 32
+    layers = [{"mediaType": registry.LAYER_TYPES[k], "size": BLOB if k == "bundle" else 10, "digest": digest,
+               "annotations": {"org.opencontainers.image.title": f"{k}.bin"}}
+              for k in ("bundle", *[k for k in registry.REQUIRED if k != "bundle"])]
+    return json.dumps({"schemaVersion": 2, "mediaType": oci.MANIFEST_TYPE, "layers": layers,
+                       "config": {"mediaType": registry.CONFIG_TYPE, "size": 2, "digest": digest}}).encode()
+
+
 def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
@@ -80,6 +95,14 @@ def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
                 if path == "/v2/":
                     self.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}")
                     continue
+                if server.mode == "blob-trickle" and "/manifests/" in path:
+                    body = _release_manifest()
+                    self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
+                              + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    continue
+                if server.mode == "blob-trickle":  # the bundle's blob: 100 MiB declared, a byte every half second
+                    self.trickle(opened, True, declared=BLOB)
+                    return
                 if server.mode == "nested":
                     self.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"[" * 100000)
                     continue
@@ -90,10 +113,10 @@ def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
             self.request.sendall(data)
             server.sent += len(data)
 
-        def trickle(self, opened: float, body: bool) -> None:
+        def trickle(self, opened: float, body: bool, declared: int = 100000) -> None:
             """A byte every half second: of the headers, or (`body`) of the body after whole headers."""
             if body:
-                self.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                self.send(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(declared).encode() + b"\r\n\r\n")
             data = b"X" * 100000 if body else b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100000
             for i in range(len(data)):
                 if server.stop.is_set() or time.monotonic() - opened > TRICKLE_FOR:
@@ -160,7 +183,7 @@ def test_a_stalled_registry_is_a_warning_naming_it_and_the_build_asks_it_nothing
     assert server.connections == 1 and server.requests == ["GET /v2/ HTTP/1.1"], server.requests  # nothing more
     assert took < 4 * DEADLINE, took  # without a deadline: TRICKLE_FOR, and forever with a registry that never stops
     time.sleep(1.2)  # the server notices the hang-up at its next byte
-    assert server.hung_up_after and server.hung_up_after[0] < DEADLINE + 1.5, server.hung_up_after
+    assert server.hung_up_after and server.hung_up_after[0] < DEADLINE + 3, server.hung_up_after  # a send or two
 
 
 @pytest.mark.parametrize("mode", ["trickle", "trickle-body"])
@@ -178,6 +201,21 @@ def test_pull_from_a_stalled_registry_fails_naming_it_within_the_deadline(
     assert "ORTBUILD_REGISTRY_DEADLINE" in err and "Traceback" not in err, err
     assert took < 4 * DEADLINE, took
     assert not (tmp_path / "d").exists()
+
+
+def test_a_blob_that_trickles_is_given_up_on_by_what_arrives_not_by_what_is_declared(
+        tmp_path: Path, serve: Callable[[str], Server], capsys: pytest.CaptureFixture[str]) -> None:
+    """A registry declares a 100 MiB bundle and sends it a byte at a time: a deadline scaled by the declared size
+    would wait 100 s more; the download's deadline moves on only by what arrives (1 s per MiB)."""
+    server = serve("blob-trickle")
+    ref = f"oci://{server.where}/r:tag"
+    start = time.monotonic()
+    code = cli.main(["pull", ref, "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d")])
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == RegistryError.exit_code, err
+    assert f"no complete answer within {DEADLINE:g} s to the download of" in err and "Traceback" not in err, err
+    assert took < 4 * DEADLINE, took
 
 
 @pytest.mark.parametrize("mode", ["junk-declared", "junk-streamed"])

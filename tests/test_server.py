@@ -291,3 +291,24 @@ window_seconds = 0.05
     assert r.returncode == 0, r.stderr[-3000:]
     (entry,) = load_report(tmp_path / "targets.toml", "cpu", "fixed")["throughput"]["data_sets"]
     assert entry["mode"] == "concurrent" and entry["samples_per_call"] == 1 and entry["workers"] == 3, entry
+
+
+def test_an_offline_batch_that_cannot_fit_in_memory_is_a_gate_error_before_it_is_allocated(
+        make_project: Callable[..., Path]) -> None:
+    """batch = 65536 stacked on tiny_cnn with 1024 workers (each limit inside the schema's range): the process was
+    killed for memory (exit 137). A probe batch sizes it first: the gate FAILs naming what it would hold and what
+    the machine has, and nothing of that size is ever allocated."""
+    config = make_project("""
+        [targets.cpu]
+        runtime = "RUNTIME"
+        providers = ["CPUExecutionProvider"]
+        [targets.cpu.latency.offline]
+        batch = 65536
+        workers = 1024
+        min_seconds = 0.5
+        min_samples_per_second = 1
+    """)
+    r = run_cli("test", "-c", str(config), "--no-explain")
+    assert r.returncode == 9, r.stderr[-2000:]
+    assert "offline: cpu/tiny_cnn: 1024 concurrent calls of batch 65536 would hold about" in r.stderr
+    assert "GiB is available here" in r.stderr and "lower [latency.offline] batch or workers" in r.stderr

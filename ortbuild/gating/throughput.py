@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
+from ortbuild import machine
+from ortbuild.errors import GateFailed
 from ortbuild.gating import latency, loadgen
 from ortbuild.gating.percentiles import Budget, Spending
 from ortbuild.project.sections import Offline
@@ -47,6 +49,33 @@ def stacked(model: Any, inputs: dict[str, Any], batch: int) -> dict[str, Any] | 
     except Exception:  # a dimension the session fixed (free dimensions), a graph that assumes one row
         return None
     return feed
+
+
+MEMORY_SHARE = 0.8  # of the memory available, what the stacked batches in flight may take
+PROBE = 32          # samples of the stacked batch run first, to size what the whole batch will take
+
+
+def _stacked_within_memory(job: str, model: Any, inputs: dict[str, Any], batch: int,
+                           workers: int) -> dict[str, Any] | None:
+    """stacked(), after a probe: a batch of PROBE samples is stacked and run first, and what it took (the resident
+    set's growth, less its feed) scaled to `batch` samples on each of `workers` concurrent calls, plus the stacked
+    feed, must fit in MEMORY_SHARE of the memory available; else GateFailed before anything larger is allocated."""
+    if batch > PROBE:
+        before = machine.resident()
+        probe = stacked(model, inputs, PROBE)
+        if probe is None:
+            return None
+        feed_bytes = sum(int(v.nbytes) for v in probe.values())
+        per_sample = max(machine.resident() - before - feed_bytes, 0) / PROBE
+        del probe
+        need = workers * per_sample * batch + feed_bytes / PROBE * batch
+        avail = machine.available_memory()
+        if need > MEMORY_SHARE * avail:
+            raise GateFailed(f"offline: {job}: {workers} concurrent calls of batch {batch} would hold about "
+                             f"{need / (1 << 30):.1f} GiB (a batch of {PROBE} took {per_sample * PROBE / (1 << 20):.1f}"
+                             f" MiB), and {avail / (1 << 30):.1f} GiB is available here",
+                             "lower [latency.offline] batch or workers")
+    return stacked(model, inputs, batch)
 
 
 def rates(v: dict[str, object]) -> dict[str, object]:
@@ -78,11 +107,12 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         want = off.min_samples_per_second
         budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
         plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
-        feed = stacked(model, ds.inputs, off.batch) if off.batch > 1 else None
+        workers = off.workers or loadgen.cpus()
+        feed = _stacked_within_memory(ctx.job.name, model, ds.inputs, off.batch, workers) if off.batch > 1 else None
         mode = "stacked" if feed is not None else "concurrent"
         # concurrent single-sample runs: at most a pool's worth at once (`workers`, else the CPUs), never a thread
         # per sample of the batch: the batch is the samples in flight, the pool how many run at a time
-        per_call, workers = (off.batch if feed is not None else 1), off.workers or loadgen.cpus()
+        per_call = off.batch if feed is not None else 1
         if feed is None:
             workers = min(workers, off.batch) if off.batch > 1 else workers
 

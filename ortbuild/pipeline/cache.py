@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ortbuild import __version__, oci, paths
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, OrtbuildError, RegistryError, Tampered
-from ortbuild.files import MAX_DOCUMENT, atomic_write, publish, safe_mkdir, sha256_file
+from ortbuild.files import MAX_DOCUMENT, atomic_write, publish, read_document, safe_mkdir, sha256_file
 
 if TYPE_CHECKING:
     import oras.client
@@ -55,6 +55,7 @@ ENTRY = "entry.json"                                             # what the entr
 MAX_FILE = 64 << 30             # one file of an entry
 MAX_ENTRY = 2 * MAX_FILE         # an entry's files together
 MAX_SMALL = 1 << 20
+MAX_UNSIZED = 256 << 20         # a file the manifest signs without a size (a loader, a custom-op library)
 SPARSE_SLACK = 1 << 20           # a file of a directory entry may have this many bytes fewer allocated than its size
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
 REFUSED = "the entry is refused; this build replaces it"
@@ -223,12 +224,14 @@ def _dir_fetch(root: Path, entry: str, dest: Path) -> dict[str, Path] | None:
     try:
         if folder.is_symlink() or not folder.is_dir() or (folder / ENTRY).is_symlink():
             raise Tampered(f"cache entry {folder}: not a plain directory", REFUSED)
-        try:
-            info = json.loads((folder / ENTRY).read_bytes()[:MAX_SMALL])
+        try:  # a regular file of at most MAX_SMALL bytes, opened without blocking (a FIFO there never hangs)
+            info = json.loads(read_document(folder / ENTRY, MAX_SMALL, follow=False))
             names = info["files"] if isinstance(info, dict) and info.get("entry") == entry else None
-        except (ValueError, KeyError, FileNotFoundError) as e:
+        except (ValueError, KeyError, OSError, RecursionError) as e:
             raise Tampered(f"cache entry {folder}: unreadable {ENTRY} ({e})", REFUSED) from None
         problem = _names_problem(names) if names is not None else f"{ENTRY} names another entry"
+        if not problem and manifest.MANIFEST not in names:  # type: ignore[operator]
+            problem = f"{ENTRY} lists no {manifest.MANIFEST}"
         if problem:
             raise Tampered(f"cache entry {folder}: {problem}", REFUSED)
         assert isinstance(names, list)
@@ -298,15 +301,23 @@ def _copy(fd: int, size: int, out: Path) -> None:
 
 
 def _match_manifest(folder: Path, copied: Path, sizes: dict[str, tuple[int, int]]) -> None:
-    """Tampered when a file's size is not the one the entry's manifest gives it (verified later, after the copy;
-    a manifest that does not parse is refused then)."""
+    """Before any other file is copied: Tampered when the entry's manifest (copied first; its signature is verified
+    later) does not parse, when the entry holds a file it does not sign, or when a file's size is not the one it
+    gives (a file it gives no size, a loader or a library, may be at most MAX_UNSIZED bytes)."""
     try:
         m = manifest.Manifest.from_json(copied.read_bytes(), str(copied))
     except (OrtbuildError, RecursionError):
-        return
-    for name, _, size, _ in m.signed_files():
-        if size is not None and name in sizes and sizes[name][1] != size:
-            raise Tampered(f"cache entry {folder}: {name} is {sizes[name][1]} bytes, its manifest says {size}",
+        raise Tampered(f"cache entry {folder}: its {manifest.MANIFEST} is not an ortbuild manifest", REFUSED) from None
+    signed = {name: size for name, _, size, _ in m.signed_files()}
+    for name, (_, got) in sizes.items():
+        if name in (manifest.MANIFEST, manifest.SIGNATURE):
+            continue
+        if name not in signed:
+            raise Tampered(f"cache entry {folder}: {name} is not a file its manifest signs", REFUSED)
+        size = signed[name]
+        if (size is not None and got != size) or (size is None and got > MAX_UNSIZED):
+            raise Tampered(f"cache entry {folder}: {name} is {got} bytes, its manifest says "
+                           + (str(size) if size is not None else f"nothing (at most {MAX_UNSIZED >> 20} MiB)"),
                            REFUSED)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ortbuild import modelfiles, runtime
+from ortbuild import machine, modelfiles, runtime
 from ortbuild.artifact import keys
 from ortbuild.errors import ORPHANED, StepError
 from ortbuild.pipeline.job import JobResult
@@ -41,11 +41,7 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     counted), and jobs; with the reason when memory is what limits it."""
     if not jobs:
         return 1, ""
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        avail = 4 << 30
+    avail = machine.available_memory()
     sizes = {}
     for j in jobs:
         if j.model.name not in sizes:

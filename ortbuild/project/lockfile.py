@@ -250,6 +250,13 @@ def read(project: config.Project) -> Lock:
     if not path.exists():
         return Lock(path)
     try:
+        return _read(path)
+    except RecursionError:  # arrays or tables nested thousands deep: no lock ortbuild writes
+        raise ConfigError(str(path), "", "nested too deeply to read", _FIX) from None
+
+
+def _read(path: Path) -> Lock:
+    try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(str(path), "", f"not valid TOML: {e}",

@@ -196,25 +196,37 @@ PROVIDER_OPTIONS: dict[str, dict[str, ProviderOption]] = {
 # that name a file, a folder or a library, or dump one: OpenVINO's CACHE_DIR writes the compiled blob with the
 # weights in plaintext, WEIGHTS_PATH reads weights from a file.
 FILE_WORDS = frozenset({"path", "paths", "dir", "directory", "file", "files", "filename", "folder", "dump", "lib",
-                        "libs", "library", "cache", "blob"})
+                        "libs", "library", "cache", "blob", "save", "table", "package", "packages", "plugin",
+                        "plugins"})
+MAX_OPTION_VALUE = 8192  # characters of a provider option's value, as of a session config value
 
 
 def touches_files(name: str) -> bool:
-    """Whether an option or property name has one of FILE_WORDS among its words (split at "_", "-" and ".")."""
-    return any(word in FILE_WORDS for word in re.split(r"[_.\-]", name.lower()))
+    """Whether an option or property name has one of FILE_WORDS among its words (split at "_", "-", "." and at
+    camelCase: ModelCacheDirectory is model, cache, directory)."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)
+    return any(word.lower() in FILE_WORDS for word in words)
 
 
-def _file_properties(value: object) -> list[str]:
-    """The names in a JSON value (tables within tables) that touches_files() matches."""
-    if isinstance(value, dict):
-        return [n for k, v in value.items() for n in ([str(k)] if touches_files(str(k)) else []) + _file_properties(v)]
-    return []
+def _file_properties(text: str) -> list[str]:
+    """The names in OpenVINO's load_config (its JSON, and the property maps OpenVINO serializes into strings, e.g.
+    DEVICE_PROPERTIES: every word-like token of the text) that touches_files() matches."""
+    return sorted({t for t in re.findall(r"[A-Za-z][A-Za-z0-9_]*", text) if touches_files(t)})
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a key is given twice ({sorted(k for k in set(keys) if keys.count(k) > 1)[0]!r})")
+    return dict(pairs)
 
 
 def provider_option_problem(provider: str, name: str, value: object) -> str | None:
     """Why `name = value` is not a valid option of `provider`, or None (also None for an option of an unchecked
     provider, unless its name says it touches files)."""
     known = PROVIDER_OPTIONS.get(provider)
+    if len(str(value)) > MAX_OPTION_VALUE:
+        return f"is {len(str(value))} characters long; at most {MAX_OPTION_VALUE}"
     if known is None:
         return (f"names a file, a folder or a library by its name ('{name}'): options that touch files are not "
                 "options") if touches_files(name) else None
@@ -233,12 +245,13 @@ def provider_option_problem(provider: str, name: str, value: object) -> str | No
         return f"'{text}' is not one of {', '.join(spec.choices)}"
     if spec.kind == "json":
         try:
-            ok = isinstance(json.loads(text), dict)
-        except ValueError:
+            ok = isinstance(json.loads(text, object_pairs_hook=_unique_keys), dict)
+        except (ValueError, RecursionError):
             ok = False
         if not ok:
-            return "must be a JSON object in a string, e.g. '{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'"
-        touching = _file_properties(json.loads(text))
+            return ("must be a JSON object in a string, each key once, e.g. "
+                    "'{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'")
+        touching = _file_properties(text)
         if touching:
             return (f"sets {', '.join(touching)}, which names or writes files (OpenVINO's CACHE_DIR writes the "
                     "compiled blob with the weights in plaintext): ortbuild ships the compiled blob inside the "
