@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild import cli
+from ortbuild.errors import Tampered
 from ortbuild.pipeline import cache
 from tests.conftest import here_runtime, model_table
 from tests.test_registry import oci  # noqa: F401  (a module fixture: docker-registry on loopback)
@@ -210,6 +211,31 @@ def test_an_oci_cache_second_fresh_project_pulls_all_and_a_poisoned_entry_is_ref
     # the rebuild replaced the poisoned entry
     assert statuses(build(project(tmp_path / "d"), "--cache", registry_cache)) == {
         "cpu/tiny_cnn": "pulled", "cpu-int8/tiny_cnn": "pulled"}
+
+
+def test_an_oci_entry_with_a_layer_its_manifest_does_not_sign_is_refused_before_that_layer_is_fetched(
+        tmp_path: Path, registry_cache: str) -> None:
+    """The manifest's layer is fetched first: a layer that is not a file it signs (here 8 MiB of junk pushed with
+    the entry) is refused on its name and declared size, never downloaded, and the job builds."""
+    from ortbuild.artifact import manifest
+
+    one = TARGETS.split("\n[targets.cpu-int8]")[0]
+    first = build(project(tmp_path / "a", targets=one), "--no-cache")
+    folder = Path(str(first[0]["artifact"])).parent
+    m, _ = manifest.read(folder)
+    (folder / "big.bin").write_bytes(os.urandom(8 << 20))
+    c = cache.configured(tmp_path / "targets.toml", "", registry_cache, False)
+    assert c is not None
+    entry = cache.entry_id(m.build_key, "cpu", "tiny_cnn")
+    c.store(entry, folder, [*cache.entry_names(m), "big.bin"], {"target": "cpu", "model": "tiny_cnn"},
+            {n: sha for n, sha, _, _ in m.signed_files()})
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    with pytest.raises(Tampered, match="big.bin is not a file its manifest signs"):
+        c.fetch(entry, dest)
+    assert not (dest / "big.bin").exists()
+    again = build(project(tmp_path / "b", targets=one), "--cache", registry_cache)
+    assert statuses(again) == {"cpu/tiny_cnn": "built"}
 
 
 def test_an_unreachable_registry_is_a_warning_and_the_build_goes_on(tmp_path: Path) -> None:

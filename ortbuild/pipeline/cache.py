@@ -300,7 +300,7 @@ def _copy(fd: int, size: int, out: Path) -> None:
     os.chmod(out, 0o600)
 
 
-def _match_manifest(folder: Path, copied: Path, sizes: dict[str, tuple[int, int]]) -> None:
+def _match_manifest(folder: Path | Ref, copied: Path, sizes: dict[str, tuple[int, int]]) -> None:
     """Before any other file is copied: Tampered when the entry's manifest (copied first; its signature is verified
     later) does not parse, when the entry holds a file it does not sign, or when a file's size is not the one it
     gives (a file it gives no size, a loader or a library, may be at most MAX_UNSIZED bytes)."""
@@ -392,8 +392,12 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     if total > MAX_ENTRY:
         raise Tampered(f"cache entry {ref}: its layers declare {total} bytes, more than the {MAX_ENTRY >> 30} GiB "
                        "an entry may", REFUSED)
+    if manifest.MANIFEST not in names:
+        raise Tampered(f"cache entry {ref}: no {manifest.MANIFEST} layer", REFUSED)
+    declared = {str(n): (0, int(layer["size"])) for n, layer in zip(names, layers, strict=True)}
     got: dict[str, Path] = {}
-    for name, layer in zip(names, layers, strict=True):
+    # the manifest first: the other layers must be the files it signs, at the sizes it gives, before one is fetched
+    for name, layer in sorted(zip(names, layers, strict=True), key=lambda nl: nl[0] != manifest.MANIFEST):
         assert isinstance(name, str)
         out = _receive(dest, name)
         try:
@@ -404,6 +408,8 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
         except (requests.RequestException, OSError) as e:
             raise _failed(ref, f"download {name} of", e) from None
         got[name] = out
+        if name == manifest.MANIFEST:
+            _match_manifest(ref, out, declared)
     return got
 
 
