@@ -231,7 +231,7 @@ def test_an_oci_entry_with_a_layer_its_manifest_does_not_sign_is_refused_before_
             {n: sha for n, sha, _, _ in m.signed_files()})
     dest = tmp_path / "fetched"
     dest.mkdir()
-    with pytest.raises(Tampered, match="big.bin is not a file its manifest signs"):
+    with pytest.raises(Tampered, match=r"big\.bin is not a file its manifest signs"):
         c.fetch(entry, dest)
     assert not (dest / "big.bin").exists()
     again = build(project(tmp_path / "b", targets=one), "--cache", registry_cache)
