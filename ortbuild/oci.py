@@ -314,6 +314,8 @@ def _requests(ref: Ref, c: oras.client.OrasClient, retries: bool) -> None:
     def do_request(url: str, method: str = "GET", data: object = None, headers: dict[str, str] | None = None,
                    json: object = None, stream: bool = False) -> requests.Response:
         seconds = blob_deadline(len(data)) if isinstance(data, bytes) else request_deadline()
+        if method == "GET" and "/blobs/" in url:  # a blob as stored: no Content-Encoding (download reads it raw)
+            headers = {**(headers or {}), "Accept-Encoding": "identity"}
         what = f"{method} /{url.split('://', 1)[-1].split('/', 1)[-1].split('?')[0][:120]}"
         for pause in (*(RETRY_PAUSES if retries else ()), None):
             try:
@@ -413,8 +415,10 @@ def download(ref: Ref, client: oras.client.OrasClient, container: Any, digest: s
         r.raise_for_status()
         scope: _Scope = _local.scope
         # read1: what has arrived, at once (a registry sending a byte now and then is seen doing so), never more
-        # than 1 MiB; the deadline moves on by a second per MiB received, never by what the registry declares
-        while chunk := r.raw.read1(1 << 20, decode_content=True):
+        # than 1 MiB, as sent (never decoded: a Content-Encoding would count, and grow, what the registry did not
+        # send; a blob's digest is of its bytes as stored); the deadline moves on by a second per MiB received,
+        # never by what the registry declares
+        while chunk := r.raw.read1(1 << 20, decode_content=False):
             n += len(chunk)
             if n > size:
                 return "longer"

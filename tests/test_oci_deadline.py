@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild import cli, oci
-from ortbuild.errors import RegistryError
+from ortbuild.errors import RegistryError, Tampered
 from ortbuild.pipeline import cache
 from ortbuild.publish import registry
 from tests.test_cache import build, project, statuses
@@ -81,6 +81,31 @@ def _release_manifest() -> bytes:
                        "config": {"mediaType": registry.CONFIG_TYPE, "size": 2, "digest": digest}}).encode()
 
 
+def _gzip_bomb() -> bytes:
+    import gzip
+    import io
+
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as z:
+        for _ in range(1024):
+            z.write(bytes(1 << 20))
+    return out.getvalue()
+
+
+GZIP_BOMB = _gzip_bomb()  # about 1 MiB on the wire, 1 GiB inflated
+
+
+def _cache_manifest() -> bytes:
+    """A cache entry's OCI manifest whose manifest.json layer declares 1 GiB (read whole once fetched)."""
+    import json
+
+    digest = "sha256:" + "cd" * 32
+    layers = [{"mediaType": cache.FILE_TYPE, "size": 1 << 30 if n == "manifest.json" else 10, "digest": digest,
+               "annotations": {"org.opencontainers.image.title": n}} for n in ("manifest.json", "manifest.sig")]
+    return json.dumps({"schemaVersion": 2, "mediaType": oci.MANIFEST_TYPE, "layers": layers,
+                       "config": {"mediaType": cache.ENTRY_TYPE, "size": 2, "digest": digest}}).encode()
+
+
 def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
     class Handler(socketserver.BaseRequestHandler):
         def handle(self) -> None:
@@ -100,6 +125,20 @@ def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
                     self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
                               + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
                     continue
+                if server.mode == "cache-bigman" and "/manifests/" in path:
+                    body = _cache_manifest()
+                    self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
+                              + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    continue
+                if server.mode == "gzip-blob" and "/manifests/" in path:
+                    body = _release_manifest()
+                    self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
+                              + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    continue
+                if server.mode == "gzip-blob":  # 1 MiB of gzip that inflates to 1 GiB, sent as the bundle
+                    self.send(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: "
+                              + str(len(GZIP_BOMB)).encode() + b"\r\n\r\n" + GZIP_BOMB)
+                    return
                 if server.mode == "blob-trickle":  # the bundle's blob: 100 MiB declared, a byte every half second
                     self.trickle(opened, True, declared=BLOB)
                     return
@@ -257,3 +296,28 @@ def test_a_bad_deadline_setting_is_an_error_naming_it(monkeypatch: pytest.Monkey
     monkeypatch.delenv("ORTBUILD_REGISTRY_DEADLINE")
     assert oci.request_deadline() == oci.REQUEST_DEADLINE == 30.0
     assert oci.blob_deadline(64 << 20) == 30.0 + 64  # a second per MiB on top
+
+
+def test_a_blob_sent_gzip_encoded_is_read_as_sent_not_inflated(tmp_path: Path, serve: Callable[[str], Server],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A registry that gzip-encodes a blob (1 MiB that inflates to 1 GiB): blobs are asked for as stored
+    (Accept-Encoding: identity) and read raw, so the bytes counted, written and hashed are the ones sent: the
+    digest does not match, nothing inflated lands on disk, and the deadline is not stretched by inflated bytes."""
+    server = serve("gzip-blob")
+    ref = f"oci://{server.where}/r:tag"
+    start = time.monotonic()
+    code = cli.main(["pull", ref, "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d")])
+    err = capsys.readouterr().err
+    assert code != 0 and "does not match its digest" in err and "Traceback" not in err, err
+    assert time.monotonic() - start < 4 * DEADLINE
+    assert all(p.stat().st_size <= len(GZIP_BOMB) for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_an_oci_cache_entry_whose_manifest_layer_is_huge_is_refused_before_it_is_fetched(
+        tmp_path: Path, serve: Callable[[str], Server]) -> None:
+    server = serve("cache-bigman")
+    c = cache.configured(tmp_path / "targets.toml", "", f"oci://{server.where}/cache", False)
+    assert c is not None
+    with pytest.raises(Tampered, match=r"layer manifest\.json declares 1073741824 bytes"):
+        c.fetch("0" * 64, tmp_path)
+    assert not any("/blobs/" in r for r in server.requests), server.requests

@@ -310,5 +310,42 @@ def test_an_offline_batch_that_cannot_fit_in_memory_is_a_gate_error_before_it_is
     """)
     r = run_cli("test", "-c", str(config), "--no-explain")
     assert r.returncode == 9, r.stderr[-2000:]
-    assert "offline: cpu/tiny_cnn: 1024 concurrent calls of batch 65536 would hold about" in r.stderr
+    assert "offline: cpu/tiny_cnn: 1024 concurrent calls of batch 65536 would need about" in r.stderr
     assert "GiB is available here" in r.stderr and "lower [latency.offline] batch or workers" in r.stderr
+
+
+def test_a_small_batch_whose_calls_cannot_all_fit_is_sized_by_its_first_call(tmp_path: Path) -> None:
+    """A batch of 32 (no larger than the probe) of a model whose output is 32 MiB a sample (an Expand): one call
+    holds 1 GiB; 64 workers would need 63 GiB more. The first call is measured and the gate FAILs before the
+    workers start."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.conftest import here_runtime
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8 << 20])
+    shape = numpy_helper.from_array(np.array([1, 8 << 20], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Expand", ["x", "shape"], ["y"])], "g", [x], [y], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+              tmp_path / "wide.onnx")
+    np.savez(tmp_path / "wide.npz", x=np.ones((1, 1), np.float32))
+    (tmp_path / "targets.toml").write_text(f"""[project]
+name = "t"
+version = "1"
+[models.wide]
+path = "wide.onnx"
+inputs = "wide.npz"
+[targets.cpu]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+[targets.cpu.latency.offline]
+batch = 32
+workers = 64
+min_seconds = 0.5
+""")
+    r = run_cli("test", "-c", str(tmp_path / "targets.toml"), "--no-explain")
+    assert r.returncode == 9, r.stderr[-2000:]
+    assert "offline: cpu/wide: 64 concurrent calls of batch 32 would need about" in r.stderr, r.stderr[-2000:]
+    assert "one call of it took" in r.stderr

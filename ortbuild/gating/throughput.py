@@ -19,11 +19,13 @@ the budget; 8 windows can FAIL a rate far below it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild import machine
-from ortbuild.errors import GateFailed
+from ortbuild.errors import GateFailed, first_line
 from ortbuild.gating import latency, loadgen
 from ortbuild.gating.percentiles import Budget, Spending
 from ortbuild.project.sections import Offline
@@ -46,7 +48,9 @@ def stacked(model: Any, inputs: dict[str, Any], batch: int) -> dict[str, Any] | 
     feed = {k: np.concatenate([np.asarray(v)] * batch, axis=0) for k, v in inputs.items()}
     try:
         model.run(feed)
-    except Exception:  # a dimension the session fixed (free dimensions), a graph that assumes one row
+    except Exception as e:  # a dimension the session fixed (free dimensions), a graph that assumes one row
+        if isinstance(e, MemoryError) or "Failed to allocate memory" in str(e):
+            raise  # not a refusal of the stacked batch: _out_of_memory says so
         return None
     return feed
 
@@ -57,25 +61,54 @@ PROBE = 32          # samples of the stacked batch run first, to size what the w
 
 def _stacked_within_memory(job: str, model: Any, inputs: dict[str, Any], batch: int,
                            workers: int) -> dict[str, Any] | None:
-    """stacked(), after a probe: a batch of PROBE samples is stacked and run first, and what it took (the resident
-    set's growth, less its feed) scaled to `batch` samples on each of `workers` concurrent calls, plus the stacked
-    feed, must fit in MEMORY_SHARE of the memory available; else GateFailed before anything larger is allocated."""
-    if batch > PROBE:
+    """stacked(), sized as it grows: a probe of min(batch, PROBE) samples is stacked and run first; where the batch
+    is larger, what that call took (the resident set's growth, less its feed), scaled to the batch for `workers`
+    calls, plus the stacked feed, must fit before the whole batch is stacked and run once; then what one call of
+    the whole batch really took (a model whose memory grows faster than its batch shows here), times the other
+    workers, must fit beside it. Each in MEMORY_SHARE of the memory available, else GateFailed before the timed
+    runs."""
+    size = min(batch, PROBE)
+    before = machine.resident()
+    feed = stacked(model, inputs, size)
+    if feed is None:
+        return None
+    took = max(machine.resident() - before - _nbytes(feed), 0)
+    if batch > size:
+        _must_fit(job, batch, workers, workers * took * batch / size + _nbytes(feed) * batch / size,
+                  f"a batch of {size} took {took / (1 << 20):.1f} MiB")
+        del feed
         before = machine.resident()
-        probe = stacked(model, inputs, PROBE)
-        if probe is None:
+        feed = stacked(model, inputs, batch)
+        if feed is None:
             return None
-        feed_bytes = sum(int(v.nbytes) for v in probe.values())
-        per_sample = max(machine.resident() - before - feed_bytes, 0) / PROBE
-        del probe
-        need = workers * per_sample * batch + feed_bytes / PROBE * batch
-        avail = machine.available_memory()
-        if need > MEMORY_SHARE * avail:
-            raise GateFailed(f"offline: {job}: {workers} concurrent calls of batch {batch} would hold about "
-                             f"{need / (1 << 30):.1f} GiB (a batch of {PROBE} took {per_sample * PROBE / (1 << 20):.1f}"
-                             f" MiB), and {avail / (1 << 30):.1f} GiB is available here",
-                             "lower [latency.offline] batch or workers")
-    return stacked(model, inputs, batch)
+        took += max(machine.resident() - before - _nbytes(feed), 0)
+    _must_fit(job, batch, workers, (workers - 1) * took, f"one call of it took {took / (1 << 20):.1f} MiB")
+    return feed
+
+
+def _nbytes(feed: dict[str, Any]) -> int:
+    return sum(int(v.nbytes) for v in feed.values())
+
+
+def _must_fit(job: str, batch: int, workers: int, need: float, evidence: str) -> None:
+    avail = machine.available_memory()
+    if need > MEMORY_SHARE * avail:
+        raise GateFailed(f"offline: {job}: {workers} concurrent calls of batch {batch} would need about "
+                         f"{need / (1 << 30):.1f} GiB more ({evidence}), and {avail / (1 << 30):.1f} GiB is "
+                         "available here", "lower [latency.offline] batch or workers")
+
+
+@contextlib.contextmanager
+def _out_of_memory(job: str, batch: int, workers: int) -> Iterator[None]:
+    """ONNX Runtime's failure to allocate (its arena, under a memory limit) or Python's MemoryError during the
+    offline run: a gate error naming the keys to lower, not an internal error."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, MemoryError) or "Failed to allocate memory" in str(e):
+            raise GateFailed(f"offline: {job}: batch {batch} on {workers} workers ran out of memory ({first_line(e)})",
+                             "lower [latency.offline] batch or workers") from None
+        raise
 
 
 def rates(v: dict[str, object]) -> dict[str, object]:
@@ -108,36 +141,38 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
         plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
         workers = off.workers or loadgen.cpus()
-        feed = _stacked_within_memory(ctx.job.name, model, ds.inputs, off.batch, workers) if off.batch > 1 else None
-        mode = "stacked" if feed is not None else "concurrent"
-        # concurrent single-sample runs: at most a pool's worth at once (`workers`, else the CPUs), never a thread
-        # per sample of the batch: the batch is the samples in flight, the pool how many run at a time
-        per_call = off.batch if feed is not None else 1
-        if feed is None:
-            workers = min(workers, off.batch) if off.batch > 1 else workers
+        with _out_of_memory(ctx.job.name, off.batch, workers):
+            feed = _stacked_within_memory(ctx.job.name, model, ds.inputs, off.batch, workers) if off.batch > 1 else None
+            mode = "stacked" if feed is not None else "concurrent"
+            # concurrent single-sample runs: at most a pool's worth at once (`workers`, else the CPUs), never a thread
+            # per sample of the batch: the batch is the samples in flight, the pool how many run at a time
+            per_call = off.batch if feed is not None else 1
+            if feed is None:
+                workers = min(workers, off.batch) if off.batch > 1 else workers
 
-        def run(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
-            return model.run(f)
+            def run(f: dict[str, Any] = feed if feed is not None else ds.inputs) -> object:
+                return model.run(f)
 
-        # outputs under load: a stacked batch against one run of it on its own, a single feed against the
-        # accuracy run's outputs
-        check, call = loadgen.checked(ctx, i, run, run() if feed is not None else None)
+            # outputs under load: a stacked batch against one run of it on its own, a single feed against the
+            # accuracy run's outputs
+            check, call = loadgen.checked(ctx, i, run, run() if feed is not None else None)
 
-        def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
-                    workers: int = workers, budgets: list[Budget] = budgets, plan: loadgen.Plan = plan,
-                    window: float = off.window_seconds) -> loadgen.Run:
-            return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
+            def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
+                        workers: int = workers, budgets: list[Budget] = budgets, plan: loadgen.Plan = plan,
+                        window: float = off.window_seconds) -> loadgen.Run:
+                return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
 
-        loadgen.warm(run, lat.warmup_runs, timed=0)
-        least = max(loadgen.FIRST_WINDOWS, math.ceil(plan.min_seconds / off.window_seconds))  # as loadgen.offline
-        said = (f"a budget needs at least {least} windows of {off.window_seconds:g} s to PASS (about "
-                f"{latency.duration(least * off.window_seconds)}); undecided, at most {2 * least} (about "
-                f"{latency.duration(2 * least * off.window_seconds)}); a FAIL can stop at {loadgen.FIRST_WINDOWS}"
-                if budgets else f"no budget: about {latency.duration(2 * least * off.window_seconds)}, reported, "
-                "not judged")
-        ctx.progress(ctx.job.name, f"throughput on {ds.name} (batch {off.batch} ({mode}), {workers} workers): {said}")
-        outcome = loadgen.judged(measure, budgets, plan,
-                                 say=ctx.teller(f"throughput on {ds.name}"))
+            loadgen.warm(run, lat.warmup_runs, timed=0)
+            least = max(loadgen.FIRST_WINDOWS, math.ceil(plan.min_seconds / off.window_seconds))  # as loadgen.offline
+            said = (f"a budget needs at least {least} windows of {off.window_seconds:g} s to PASS (about "
+                    f"{latency.duration(least * off.window_seconds)}); undecided, at most {2 * least} (about "
+                    f"{latency.duration(2 * least * off.window_seconds)}); a FAIL can stop at {loadgen.FIRST_WINDOWS}"
+                    if budgets else f"no budget: about {latency.duration(2 * least * off.window_seconds)}, reported, "
+                    "not judged")
+            ctx.progress(ctx.job.name,
+                         f"throughput on {ds.name} (batch {off.batch} ({mode}), {workers} workers): {said}")
+            outcome = loadgen.judged(measure, budgets, plan,
+                                     say=ctx.teller(f"throughput on {ds.name}"))
         e = loadgen.entry(ds.name, outcome)
         e["verdicts"] = [rates({"kind": k, **loadgen.verdict_doc(v)}) for k, v in outcome.verdicts.items()]
         window_rates = sorted(1e3 / x for x in outcome.final.values)

@@ -394,6 +394,10 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
                        "an entry may", REFUSED)
     if manifest.MANIFEST not in names:
         raise Tampered(f"cache entry {ref}: no {manifest.MANIFEST} layer", REFUSED)
+    for name, layer in zip(names, layers, strict=True):  # read whole once fetched: at most a document's size
+        if name in (manifest.MANIFEST, manifest.SIGNATURE) and layer["size"] > MAX_DOCUMENT:
+            raise Tampered(f"cache entry {ref}: layer {name} declares {layer['size']} bytes, more than the "
+                           f"{MAX_DOCUMENT >> 20} MiB it may be", REFUSED)
     declared = {str(n): (0, int(layer["size"])) for n, layer in zip(names, layers, strict=True)}
     got: dict[str, Path] = {}
     # the manifest first: the other layers must be the files it signs, at the sizes it gives, before one is fetched

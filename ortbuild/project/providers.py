@@ -208,10 +208,17 @@ def touches_files(name: str) -> bool:
     return any(word.lower() in FILE_WORDS for word in words)
 
 
-def _file_properties(text: str) -> list[str]:
-    """The names in OpenVINO's load_config (its JSON, and the property maps OpenVINO serializes into strings, e.g.
-    DEVICE_PROPERTIES: every word-like token of the text) that touches_files() matches."""
-    return sorted({t for t in re.findall(r"[A-Za-z][A-Za-z0-9_]*", text) if touches_files(t)})
+def _file_properties(value: object) -> list[str]:
+    """The names in OpenVINO's load_config, as decoded (JSON escapes such as \\u0043 read as the letters they are):
+    every word-like token of its keys and of its strings (OpenVINO reads property maps serialized into strings, e.g.
+    DEVICE_PROPERTIES) that touches_files() matches."""
+    if isinstance(value, dict):
+        texts = [str(k) for k in value] + [t for v in value.values() for t in _file_properties(v)]
+    elif isinstance(value, list):
+        texts = [t for v in value for t in _file_properties(v)]
+    else:
+        texts = [str(value)]
+    return sorted({t for text in texts for t in re.findall(r"[A-Za-z][A-Za-z0-9_]*", text) if touches_files(t)})
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -251,7 +258,7 @@ def provider_option_problem(provider: str, name: str, value: object) -> str | No
         if not ok:
             return ("must be a JSON object in a string, each key once, e.g. "
                     "'{\"CPU\": {\"INFERENCE_PRECISION_HINT\": \"f32\"}}'")
-        touching = _file_properties(text)
+        touching = _file_properties(json.loads(text))
         if touching:
             return (f"sets {', '.join(touching)}, which names or writes files (OpenVINO's CACHE_DIR writes the "
                     "compiled blob with the weights in plaintext): ortbuild ships the compiled blob inside the "
