@@ -10,7 +10,7 @@ import glob
 import os
 import platform
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,3 +198,28 @@ def resident() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+@contextlib.contextmanager
+def memory_cap(extra: int) -> Iterator[None]:
+    """Within: this process's address space limited (RLIMIT_AS, soft) to what it maps now plus `extra` bytes, where
+    that is below the limit it has, so an allocation past it fails (ONNX Runtime: "Failed to allocate memory",
+    Python: MemoryError) instead of the machine swapping or its OOM killer ending the process. Restored after."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError, IndexError):
+        yield
+        return
+    cap = mapped + extra
+    if (soft != resource.RLIM_INFINITY and soft <= cap) or (hard != resource.RLIM_INFINITY and hard < cap):
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

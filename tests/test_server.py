@@ -349,3 +349,20 @@ min_seconds = 0.5
     assert r.returncode == 9, r.stderr[-2000:]
     assert "offline: cpu/wide: 64 concurrent calls of batch 32 would need about" in r.stderr, r.stderr[-2000:]
     assert "one call of it took" in r.stderr
+
+
+def test_the_offline_runs_address_space_cap_makes_an_allocation_past_it_fail_not_the_machine_swap() -> None:
+    """machine.memory_cap, which the offline gate runs under (its calls capped at what the process maps plus the
+    memory available): an allocation past the cap is a MemoryError (ONNX Runtime's arena: "Failed to allocate
+    memory", a gate FAIL), and the limit the process had comes back after."""
+    import resource
+
+    import numpy as np
+
+    from ortbuild import machine
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with machine.memory_cap(256 << 20), pytest.raises(MemoryError):
+        np.ones(2 << 30, dtype=np.uint8)  # 2 GiB: past the cap, never touched
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert np.ones(512 << 20, dtype=np.uint8).nbytes == 512 << 20  # the cap is gone

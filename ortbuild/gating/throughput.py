@@ -103,7 +103,11 @@ def _out_of_memory(job: str, batch: int, workers: int) -> Iterator[None]:
     """ONNX Runtime's failure to allocate (its arena, under a memory limit) or Python's MemoryError during the
     offline run: a gate error naming the keys to lower, not an internal error."""
     try:
-        yield
+        # the address space capped at what is mapped now plus the memory available: a call larger than the machine
+        # (memory that grows faster than the batch, which no probe foresees) fails to allocate, never swaps or is
+        # killed
+        with machine.memory_cap(int(MEMORY_SHARE * machine.available_memory()) + (1 << 30)):
+            yield
     except Exception as e:
         if isinstance(e, MemoryError) or "Failed to allocate memory" in str(e):
             raise GateFailed(f"offline: {job}: batch {batch} on {workers} workers ran out of memory ({first_line(e)})",

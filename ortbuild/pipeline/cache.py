@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ortbuild import __version__, oci, paths
 from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, OrtbuildError, RegistryError, Tampered
-from ortbuild.files import MAX_DOCUMENT, atomic_write, publish, read_document, safe_mkdir, sha256_file
+from ortbuild.files import atomic_write, publish, read_document, safe_mkdir, sha256_file
 
 if TYPE_CHECKING:
     import oras.client
@@ -55,6 +55,9 @@ ENTRY = "entry.json"                                             # what the entr
 MAX_FILE = 64 << 30             # one file of an entry
 MAX_ENTRY = 2 * MAX_FILE         # an entry's files together
 MAX_SMALL = 1 << 20
+# an entry's manifest and signature, read whole and parsed before the signature is checked: a manifest of
+# thousands of files is far below this, and parsing it cannot take more than ~30x it (json of empty objects)
+MAX_MANIFEST = 4 << 20
 MAX_UNSIZED = 256 << 20         # a file the manifest signs without a size (a loader, a custom-op library)
 SPARSE_SLACK = 1 << 20           # a file of a directory entry may have this many bytes fewer allocated than its size
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
@@ -270,7 +273,7 @@ def _checked(folder: Path, name: str, opened: contextlib.ExitStack) -> tuple[int
         raise
     opened.callback(os.close, fd)
     st = os.fstat(fd)
-    limit = MAX_DOCUMENT if name in (manifest.MANIFEST, manifest.SIGNATURE) else MAX_FILE
+    limit = MAX_MANIFEST if name in (manifest.MANIFEST, manifest.SIGNATURE) else MAX_FILE
     if not stat.S_ISREG(st.st_mode):
         raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
     if st.st_size > limit:
@@ -395,9 +398,9 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     if manifest.MANIFEST not in names:
         raise Tampered(f"cache entry {ref}: no {manifest.MANIFEST} layer", REFUSED)
     for name, layer in zip(names, layers, strict=True):  # read whole once fetched: at most a document's size
-        if name in (manifest.MANIFEST, manifest.SIGNATURE) and layer["size"] > MAX_DOCUMENT:
+        if name in (manifest.MANIFEST, manifest.SIGNATURE) and layer["size"] > MAX_MANIFEST:
             raise Tampered(f"cache entry {ref}: layer {name} declares {layer['size']} bytes, more than the "
-                           f"{MAX_DOCUMENT >> 20} MiB it may be", REFUSED)
+                           f"{MAX_MANIFEST >> 20} MiB it may be", REFUSED)
     declared = {str(n): (0, int(layer["size"])) for n, layer in zip(names, layers, strict=True)}
     got: dict[str, Path] = {}
     # the manifest first: the other layers must be the files it signs, at the sizes it gives, before one is fetched
