@@ -120,18 +120,10 @@ def _handler(server: Server) -> type[socketserver.BaseRequestHandler]:
                 if path == "/v2/":
                     self.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}")
                     continue
-                if server.mode == "blob-trickle" and "/manifests/" in path:
-                    body = _release_manifest()
-                    self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
-                              + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-                    continue
-                if server.mode == "cache-bigman" and "/manifests/" in path:
-                    body = _cache_manifest()
-                    self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
-                              + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-                    continue
-                if server.mode == "gzip-blob" and "/manifests/" in path:
-                    body = _release_manifest()
+                manifests = {"blob-trickle": _release_manifest, "gzip-blob": _release_manifest,
+                             "cache-bigman": _cache_manifest}
+                if server.mode in manifests and "/manifests/" in path:
+                    body = manifests[server.mode]()
                     self.send(b"HTTP/1.1 200 OK\r\nContent-Type: " + oci.MANIFEST_TYPE.encode()
                               + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
                     continue

@@ -257,6 +257,18 @@ def test_minilm_offline_throughput_and_server_p99_are_measured_and_judged(tmp_pa
         assert srv["load"]["others"] >= 1
 
 
+def _offline_test(root: Path, model: str, offline: str) -> subprocess.CompletedProcess[str]:
+    """`ortbuild test` on a project of one model (root/MODEL.onnx, root/MODEL.npz) and one CPU target whose
+    [latency.offline] table is `offline`."""
+    from tests.conftest import here_runtime
+
+    (root / "targets.toml").write_text(
+        f'[project]\nname = "t"\nversion = "1"\n[models.{model}]\npath = "{model}.onnx"\ninputs = "{model}.npz"\n'
+        f'[targets.cpu]\nruntime = "{here_runtime()}"\nproviders = ["CPUExecutionProvider"]\n'
+        f"[targets.cpu.latency.offline]\n{offline}\n")
+    return run_cli("test", "-c", str(root / "targets.toml"), "--no-explain")
+
+
 def test_a_huge_offline_batch_on_a_fixed_batch_model_runs_a_pools_worth_at_a_time(tmp_path: Path) -> None:
     """[latency.offline] batch = 65536 (inside the documented range) on a model whose first axis is fixed: the
     samples run as concurrent single-sample calls, at most a pool's worth at once (here `workers` = 3), not a thread
@@ -265,29 +277,12 @@ def test_a_huge_offline_batch_on_a_fixed_batch_model_runs_a_pools_worth_at_a_tim
     import onnx
     from onnx import TensorProto, helper
 
-    from tests.conftest import here_runtime
-
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
                                 opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "fixed.onnx")
     np.savez(tmp_path / "fixed.npz", x=np.ones((1, 4), np.float32))
-    (tmp_path / "targets.toml").write_text(f"""[project]
-name = "t"
-version = "1"
-[models.fixed]
-path = "fixed.onnx"
-inputs = "fixed.npz"
-[targets.cpu]
-runtime = "{here_runtime()}"
-providers = ["CPUExecutionProvider"]
-[targets.cpu.latency.offline]
-batch = 65536
-workers = 3
-min_seconds = 1
-window_seconds = 0.05
-""")
-    r = run_cli("test", "-c", str(tmp_path / "targets.toml"), "--no-explain")
+    r = _offline_test(tmp_path, "fixed", "batch = 65536\nworkers = 3\nmin_seconds = 1\nwindow_seconds = 0.05")
     assert r.returncode == 0, r.stderr[-3000:]
     (entry,) = load_report(tmp_path / "targets.toml", "cpu", "fixed")["throughput"]["data_sets"]
     assert entry["mode"] == "concurrent" and entry["samples_per_call"] == 1 and entry["workers"] == 3, entry
@@ -322,8 +317,6 @@ def test_a_small_batch_whose_calls_cannot_all_fit_is_sized_by_its_first_call(tmp
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from tests.conftest import here_runtime
-
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8 << 20])
     shape = numpy_helper.from_array(np.array([1, 8 << 20], np.int64), "shape")
@@ -331,21 +324,7 @@ def test_a_small_batch_whose_calls_cannot_all_fit_is_sized_by_its_first_call(tmp
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
               tmp_path / "wide.onnx")
     np.savez(tmp_path / "wide.npz", x=np.ones((1, 1), np.float32))
-    (tmp_path / "targets.toml").write_text(f"""[project]
-name = "t"
-version = "1"
-[models.wide]
-path = "wide.onnx"
-inputs = "wide.npz"
-[targets.cpu]
-runtime = "{here_runtime()}"
-providers = ["CPUExecutionProvider"]
-[targets.cpu.latency.offline]
-batch = 32
-workers = 64
-min_seconds = 0.5
-""")
-    r = run_cli("test", "-c", str(tmp_path / "targets.toml"), "--no-explain")
+    r = _offline_test(tmp_path, "wide", "batch = 32\nworkers = 64\nmin_seconds = 0.5")
     assert r.returncode == 9, r.stderr[-2000:]
     assert "offline: cpu/wide: 64 concurrent calls of batch 32 would need about" in r.stderr, r.stderr[-2000:]
     assert "one call of it took" in r.stderr

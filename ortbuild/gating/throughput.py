@@ -49,7 +49,7 @@ def stacked(model: Any, inputs: dict[str, Any], batch: int) -> dict[str, Any] | 
     try:
         model.run(feed)
     except Exception as e:  # a dimension the session fixed (free dimensions), a graph that assumes one row
-        if isinstance(e, MemoryError) or "Failed to allocate memory" in str(e):
+        if _out_of_memory_error(e):
             raise  # not a refusal of the stacked batch: _out_of_memory says so
         return None
     return feed
@@ -98,6 +98,11 @@ def _must_fit(job: str, batch: int, workers: int, need: float, evidence: str) ->
                          "available here", "lower [latency.offline] batch or workers")
 
 
+def _out_of_memory_error(e: BaseException) -> bool:
+    """Python's MemoryError, or ONNX Runtime's arena failing to allocate (its message; no exception type of its own)."""
+    return isinstance(e, MemoryError) or "Failed to allocate memory" in str(e)
+
+
 @contextlib.contextmanager
 def _out_of_memory(job: str, batch: int, workers: int) -> Iterator[None]:
     """ONNX Runtime's failure to allocate (its arena, under a memory limit) or Python's MemoryError during the
@@ -109,7 +114,7 @@ def _out_of_memory(job: str, batch: int, workers: int) -> Iterator[None]:
         with machine.memory_cap(int(MEMORY_SHARE * machine.available_memory()) + (1 << 30)):
             yield
     except Exception as e:
-        if isinstance(e, MemoryError) or "Failed to allocate memory" in str(e):
+        if _out_of_memory_error(e):
             raise GateFailed(f"offline: {job}: batch {batch} on {workers} workers ran out of memory ({first_line(e)})",
                              "lower [latency.offline] batch or workers") from None
         raise
