@@ -217,7 +217,7 @@ _RELEASES: list[list[str]] = []  # the release sessions' rows: target, bundle, w
 
 
 def _print_summaries() -> None:
-    from ortbuild.gating import summary
+    from ortbuild.gating.reports import summary
 
     sys.stdout.flush()
     for what in _SUMMARIES:
@@ -233,7 +233,7 @@ def _print_summaries() -> None:
 def _summary(session: nox.Session, what: str) -> None:
     """One table of every target's results at the very end of `nox -s build` / `nox -s test` / `nox -s release`,
     after nox's own list of sessions: read from dist/ when nox exits (release: what its sessions recorded), in
-    nox's interpreter (ortbuild.gating.summary is stdlib + packaging only)."""
+    nox's interpreter (ortbuild.gating.reports.summary is stdlib + packaging only)."""
     if PROJECT is None or what in _SUMMARIES:
         return
     if not _SUMMARIES:

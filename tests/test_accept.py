@@ -1,4 +1,4 @@
-"""The table that accepts a failed accuracy gate's difference (ortbuild.gating.accept): rounded so it passes,
+"""The table that accepts a failed accuracy gate's difference (ortbuild.gating.gates.accept): rounded so it passes,
 checked by loading targets.toml with it, and pasted by a user into targets.toml, where the gate then passes."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from onnx import TensorProto
 from onnx import helper as h
 
 from ortbuild.artifact import golden
-from ortbuild.gating import accept, compare
+from ortbuild.gating.gates import accept
+from ortbuild.gating.measure import compare
 from ortbuild.project import config, plan
 from tests.conftest import MODELS, run_cli
 

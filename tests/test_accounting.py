@@ -97,7 +97,7 @@ def test_int8_dynamic_quantizes_weights_inside_if_branches(tmp_path: Path) -> No
     assert "subgraphs" in res.changed.summary()
     out = onnx.load(str(res.path))
     assert accounting.already_reduced(out) is not None  # and a quantized model is recognised as such
-    from ortbuild.gating import explain
+    from ortbuild.gating.search import explain
 
     said = explain._in_subgraphs(out)  # where no node there has a name to keep: what the search says to do
     assert "MatMulInteger 2" in said and "quantization.op_types" in said

@@ -1,4 +1,4 @@
-"""Build to the gates (ortbuild/gating/autobuild.py): `precision_search = "auto"` on real builds of a small model
+"""Build to the gates (ortbuild/gating/search/autobuild.py): `precision_search = "auto"` on real builds of a small model
 whose int8 fails its accuracy rule until one MatMul stays in float (tests/test_explain.py's `emb_model`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gate registry (ortbuild.gating.catalog): its entries are consistent with the record, and a gate added to
+"""The gate registry (ortbuild.gating.gates.catalog): its entries are consistent with the record, and a gate added to
 GATES alone reaches every reader: the verdict cell, the text table, report.html, `--gates` and the release index."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from ortbuild.gating import catalog, report, selection
+from ortbuild.gating.gates import catalog
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import report, selection
 from ortbuild.publish import release_index
 
 

@@ -65,7 +65,7 @@ def _mask_text(s: str, root: str) -> str:
 
 KEPT = {"exit_code"}  # numbers that are decisions, not measurements
 DROPPED = {"unstable", "note", "speed"}  # what the machine's load did to a latency measurement; whether an
-# artifact was measured slower than the one it derives from (ortbuild.gating.speed: tests/test_speed.py)
+# artifact was measured slower than the one it derives from (ortbuild.gating.measure.speed: tests/test_speed.py)
 _SPEED_WARNING = re.compile(r"^\s*\[[^\]]+\] warning: .* is [\d.]+x the speed of ")  # that warning, said
 
 

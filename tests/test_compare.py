@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortbuild.gating import compare
+from ortbuild.gating.measure import compare
 
 FP32 = {"rtol": 1e-4, "atol": 1e-5, "mismatch_fraction": 0.0}
 

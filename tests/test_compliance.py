@@ -1,4 +1,4 @@
-"""Outputs under load (ortbuild.gating.compliance, MLPerf TEST01): which timed requests are checked, that their
+"""Outputs under load (ortbuild.gating.measure.compliance, MLPerf TEST01): which timed requests are checked, that their
 outputs are kept outside the timed region, that a difference within the accuracy rule passes and one beyond
 it fails with the request and the difference, and end to end: a model whose output depends on how often its
 session ran (a seeded RandomUniformLike: ONNX Runtime's kernel keeps its generator between runs) passes the
@@ -17,7 +17,8 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as h
 
-from ortbuild.gating import compliance, latency
+from ortbuild.gating.measure import compliance
+from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.records import Rule
 from ortbuild.status import Verdict
 from tests.conftest import model_table, run_cli

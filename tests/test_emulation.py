@@ -21,7 +21,7 @@ import pytest
 
 from ortbuild import emulation, errors
 from ortbuild.artifact import loaders
-from ortbuild.gating import emulated
+from ortbuild.gating.measure import emulated
 from ortbuild.project import config
 from tests.conftest import REPO, TEST_KEY
 

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from ortbuild.gating import explain
+from ortbuild.gating.search import explain
 from ortbuild.project import config
 from ortbuild.project.plan import Job
 from tests.conftest import here_runtime, run_cli

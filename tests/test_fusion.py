@@ -152,7 +152,7 @@ def test_fused_op_types_are_op_types_only_with_fusion_on() -> None:
 
 def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds_on_change(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
-    from ortbuild.gating.gates import PASS, Tester, TestResult
+    from ortbuild.gating.runner import PASS, Tester, TestResult
 
     path = make_project(TARGETS, models=("tiny_transformer",))
     dist = tmp_path / "dist"

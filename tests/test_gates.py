@@ -25,7 +25,7 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
 from ortbuild.artifact import golden
-from ortbuild.gating import report
+from ortbuild.gating.reports import report
 from tests.conftest import CHROMIUM, CHROMIUM_INSTALL, CHROMIUM_VAR, MODELS, here_runtime, run_cli, tool
 
 pytestmark = pytest.mark.runtime
@@ -375,7 +375,8 @@ latency = {{ data_sets = {{ test_data_set_2 = {{ p90_ms = 1 }} }} }}
 
 
 def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
-    from ortbuild.gating import gates, latency
+    from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import Machine
 
     budgets = latency.budgets_of({0.9: 2.0})
@@ -400,7 +401,8 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
     """The relative gate's FAIL on synthetic paired samples (the end-to-end `impossible` target may be INCONCLUSIVE
     on a loaded machine): on a quiet machine it stands and names both medians; when the load could explain it (a
     preempted reference sample) and persists, it is INCONCLUSIVE with the attempts, as the gated tests accept."""
-    from ortbuild.gating import gates, latency
+    from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
 
     def run(load: float, reference: Iterator[float]) -> tuple[dict[str, Any], list[str]]:

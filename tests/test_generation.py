@@ -1,4 +1,4 @@
-"""Generation latency and memory (ortbuild.gating.generation, generation_memory, generation_report): the pure
+"""Generation latency and memory (ortbuild.gating.measure.generation, generation_memory, generation_report): the pure
 parts (budgets, lengths, the prompt, the rounds adapter over latency.sample) unmarked; the rest on genai builds of
 the example model (the builder CLI, fp32, into temporary folders), marked `generative` (torch, onnxruntime-genai:
 run with /work/venvs/gen/bin/python -m pytest)."""
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from ortbuild.errors import ArtifactError
-from ortbuild.gating import generation as gen
-from ortbuild.gating import generation_memory as memory
-from ortbuild.gating import latency
+from ortbuild.gating.measure import generation as gen
+from ortbuild.gating.measure import generation_memory as memory
+from ortbuild.gating.measure import sampling as latency
 from ortbuild.status import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def _judge(folder: Path, budget: gen.GenerationBudget, child: memory.Opener | No
 
 
 def _opener(folder: Path) -> memory.Opener:
-    return memory.Opener("ortbuild.gating.generation", "open_folder", {"folder": str(folder)})
+    return memory.Opener("ortbuild.gating.measure.generation", "open_folder", {"folder": str(folder)})
 
 
 @generative

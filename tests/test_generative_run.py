@@ -1,6 +1,6 @@
 """The artifact side (ortbuild/generative/run.py) and the fp32 reference (ortbuild/generative/reference.py) on
 the example generative model, built with onnxruntime-genai's model builder, and the token gate's judgement
-(ortbuild/gating/tokens.py) of real builds: fp32 agrees with the reference exactly, int4 with the builder's
+(ortbuild/gating/measure/tokens.py) of real builds: fp32 agrees with the reference exactly, int4 with the builder's
 CPU defaults passes the int4 rule, and a harmful int4 setting (block size 256, accuracy level 1) fails it.
 
 The model is models/generate_llm.py with its default 600 training steps (made once, ~2 minutes on 2 cores,
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbuild.gating.tokens import DEFAULTS, judge
+from ortbuild.gating.measure.tokens import DEFAULTS, judge
 from ortbuild.generative import run
 from ortbuild.generative.reference import Reference, log_probs_of, reference
 from ortbuild.status import Verdict

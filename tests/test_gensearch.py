@@ -1,4 +1,4 @@
-"""Build to the gates for a generative model (ortbuild/gating/gensearch.py): the order of the builder settings it
+"""Build to the gates for a generative model (ortbuild/gating/search/gensearch.py): the order of the builder settings it
 tries (no model needed), and on the example LLM a harmful int4 setting (block size 64, the builder's CPU
 accuracy level 4) that fails the tokens gate, repaired by `precision_search = "auto"` and kept in targets.lock,
 or, with too small a rebuild budget, a failed build that lists every setting it tried."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.gating import gensearch
+from ortbuild.gating.search import gensearch
 from ortbuild.project import config, plan
 from tests.conftest import here_runtime, run_cli
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ortbuild.gating import latency
+from ortbuild.gating.measure import sampling as latency
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
@@ -199,7 +199,7 @@ def test_warm_up_is_bounded_by_time_and_estimates_a_run() -> None:
 
 
 def test_the_line_before_sampling_says_what_each_budget_needs_and_how_long() -> None:
-    from ortbuild.gating.latency import said_before as latency_plan_said
+    from ortbuild.gating.measure.sampling import said_before as latency_plan_said
 
     warmed = latency.Warmed({"a": 3500.0}, {"a": 3000.0})  # the estimate: the warm-up runs' median
     said = latency_plan_said("test_data_set_0", latency.budgets_of({0.99: 5000.0}), latency.Plan(), warmed)

@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from ortbuild.gating import loadgen, server
-from ortbuild.gating.percentiles import Budget, PercentileVerdict
+from ortbuild.gating.gates import server
+from ortbuild.gating.measure import loadgen
+from ortbuild.gating.measure.percentiles import Budget, PercentileVerdict
 from ortbuild.status import Verdict
 
 QUIET = {"read": lambda: 0.0, "own": lambda: 0}  # the generator's statistics apart from this machine's load

@@ -143,7 +143,7 @@ def test_an_entry_may_set_only_the_four_tuned_session_settings(project: config.P
 
 
 def test_the_tuned_settings_are_what_tuning_sets() -> None:
-    from ortbuild.gating import tune_search
+    from ortbuild.gating.search import tune_search
 
     cands = [c for _, cs in tune_search.candidates({"intra_op_num_threads": 0, "execution_mode": "sequential",
                                                     "config": {}}, 4) for c in cs]

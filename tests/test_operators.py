@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortbuild.artifact import container, keys, manifest
 from ortbuild.errors import ArtifactError, ConfigError, Tampered
-from ortbuild.gating import gates
+from ortbuild.gating import runner as gates
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.steps import operators
 from ortbuild.project import capabilities, config, plan

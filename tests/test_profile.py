@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild import runtime
-from ortbuild.gating import profile
+from ortbuild.gating.measure import profile
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.runtime

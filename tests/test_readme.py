@@ -125,7 +125,7 @@ def test_readme_test_summary_is_what_the_committed_targets_print() -> None:
     """The sample of `nox -s test`'s last table: the report's columns laid out as summary.table does, rows of real
     (target, model) jobs kept by the script's rule, counts that add up to every job of the committed targets.toml,
     and a sentence whose numbers and skipped targets are the block's."""
-    from ortbuild.gating import report, summary
+    from ortbuild.gating.reports import report, summary
 
     sentence, lines = _sample("test-summary")
     t = samples.parse_table(lines, samples.TEST_TITLE, lambda line: bool(re.match(r"\d+ PASS, ", line)))
@@ -157,7 +157,7 @@ def test_readme_build_summary_is_what_the_committed_targets_build() -> None:
     """The sample of the build's last table: summary.table's layout of BUILD_HEADER, rows of real jobs whose
     precision and optimization level are what targets.toml asks for that job, kept by the script's rule, notes
     only about rows shown, and counts of every job."""
-    from ortbuild.gating import summary
+    from ortbuild.gating.reports import summary
     from ortbuild.status import JobStatus
 
     project = config.load(REPO / "targets.toml")
@@ -188,7 +188,8 @@ def test_readme_build_summary_is_what_the_committed_targets_build() -> None:
 def test_diagnose_profile_sample_is_a_profile_of_a_real_job() -> None:
     """docs/diagnose.md's profile sample: `ortbuild profile -t cpu-int8 -m tiny_cnn --top 5` on a job of the
     committed targets.toml, its operator table laid out by summary.table with profile.HEADER, --top rows."""
-    from ortbuild.gating import profile, summary
+    from ortbuild.gating.measure import profile
+    from ortbuild.gating.reports import summary
 
     _, lines = _sample("profile")
     assert samples.PROFILE_COMMAND[:5] == ("profile", "-t", "cpu-int8", "-m", "tiny_cnn")

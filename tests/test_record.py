@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ortbuild.gating import catalog
+from ortbuild.gating.gates import catalog
 from ortbuild.gating.record import TestResult
 from ortbuild.status import Verdict
 

@@ -216,8 +216,8 @@ def _eval_project(tmp_path: Path, target_cpu: str, metric: str = "accuracy") -> 
 
 
 def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_path: Path) -> None:
-    from ortbuild.gating import selection
     from ortbuild.gating.record import TestResult
+    from ortbuild.gating.reports import selection
     from ortbuild.project import config
     from ortbuild.status import Verdict
 
@@ -244,8 +244,8 @@ def test_a_budget_set_after_the_test_refuses_the_release_until_it_is_judged(tmp_
 def test_a_budget_changed_after_the_test_refuses_the_release(tmp_path: Path) -> None:
     """Budgets never rebuild: the record keeps what it judged by (gates_key), and a budget, rule or evaluation set
     changed since is refused, each kind of change seen."""
-    from ortbuild.gating.gates import gates_key
     from ortbuild.gating.record import TestResult
+    from ortbuild.gating.runner import gates_key
     from ortbuild.project import config
 
     def key(extra: str, metric: str = "accuracy") -> str:
@@ -485,7 +485,7 @@ def test_an_inconclusive_test_is_refused_naming_the_command_that_judges_that_gat
 
     from ortbuild.artifact import manifest
     from ortbuild.gating.record import TestResult
-    from ortbuild.gating.selection import undecided_reason
+    from ortbuild.gating.reports.selection import undecided_reason
     from ortbuild.status import Verdict
 
     r = TestResult("cpu-fp32", "tiny_cnn", "fp32", status=Verdict.INCONCLUSIVE)

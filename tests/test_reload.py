@@ -197,7 +197,7 @@ def test_the_job_result_carries_outputs_broken_and_a_repaired_candidate_builds(t
     result FAILED with an OutputsBroken error (a broken candidate is a failed trial); `embed` kept in float
     builds."""
     from ortbuild.artifact import keys
-    from ortbuild.gating.search import settings_with
+    from ortbuild.gating.search.bisect import settings_with
     from ortbuild.pipeline.build import Builder
     from ortbuild.project import config, plan
 

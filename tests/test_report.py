@@ -15,8 +15,8 @@ import pytest
 
 from ortbuild.artifact import manifest
 from ortbuild.errors import UsageError
-from ortbuild.gating import report, report_html
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import report, report_html
 from ortbuild.units import human_size
 from tests.conftest import here_runtime, run_cli
 

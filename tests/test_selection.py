@@ -1,4 +1,4 @@
-"""`ortbuild test --gates NAMES` (ortbuild.gating.selection): only the named gates are judged, the others are not
+"""`ortbuild test --gates NAMES` (ortbuild.gating.reports.selection): only the named gates are judged, the others are not
 measured and show as not run everywhere the result is said; `ortbuild release` refuses a test that left a gate
 out, naming the artifact and the command that tests it fully."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.gating import catalog, report, selection
+from ortbuild.gating.gates import catalog
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import report, selection
 from tests.conftest import run_cli
 
 

@@ -1,4 +1,4 @@
-"""The size gate's hint (ortbuild/gating/size.py) on real builds: an fp16 artifact whose weights the CPU
+"""The size gate's hint (ortbuild/gating/gates/size.py) on real builds: an fp16 artifact whose weights the CPU
 provider's optimization at level `all` stored as fp32 again is told the level that keeps fp16, the same advice as
 the build's note, not to raise its budget; the level it names does keep fp16 and passes."""
 

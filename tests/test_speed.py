@@ -1,10 +1,10 @@
-"""Speed claims checked (ortbuild.gating.speed): a reduced precision or a fusion measured slower than the artifact
+"""Speed claims checked (ortbuild.gating.measure.speed): a reduced precision or a fusion measured slower than the artifact
 it derives from, in one `ortbuild test` run, is a warning with the measured ratio, judged by the p50 confidence
 intervals (no overlap: slower; overlap: noise, no warning).
 
 The judging is tested on recorded numbers (synthetic samples of known medians). The one real run asserts only
 what cannot flip with the machine's load: the warning appears exactly when the recorded samples' intervals,
-computed here by exact binomial sums (not by ortbuild.gating.percentiles), say slower (with what the load did,
+computed here by exact binomial sums (not by ortbuild.gating.measure.percentiles), say slower (with what the load did,
 said in it)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ortbuild.gating import speed
+from ortbuild.gating.measure import speed
 from ortbuild.gating.timing_records import DataSetLatency, LatencyDoc
 from ortbuild.project import config, plan
 from tests.conftest import MODELS, here_runtime, run_cli
@@ -183,7 +183,8 @@ def test_a_slower_fusion_warns(jobs: dict[str, plan.Job]) -> None:
 def test_faster_than_fails_it_and_the_warning_says_so(jobs: dict[str, plan.Job]) -> None:
     """The existing relative gate, on the same numbers (int8 at 0.84x fp32's speed, `faster_than` ratio 1 against
     fp32): paired and interleaved, it FAILs; the speed warning names that verdict."""
-    from ortbuild.gating import gates, latency
+    from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
 
     clock = FakeClock()

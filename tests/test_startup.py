@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ortbuild.errors import ConfigError
-from ortbuild.gating import startup
+from ortbuild.gating.measure import startup
 from ortbuild.project import config
 from ortbuild.status import Verdict
 from tests.conftest import run_cli

@@ -20,8 +20,10 @@ import pytest
 
 from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
-from ortbuild.gating import gates, task, taskmetrics, taskstats
-from ortbuild.gating.labelled import EvalData
+from ortbuild.gating import runner as gates
+from ortbuild.gating.gates import task
+from ortbuild.gating.measure import taskmetrics, taskstats
+from ortbuild.gating.measure.labelled import EvalData
 from ortbuild.gating.record import TestResult
 from ortbuild.project import config, plan
 from ortbuild.project.settings import EvalSet

@@ -1,4 +1,4 @@
-"""The token gate's judgement (ortbuild/gating/tokens.py) on synthetic references and candidates: every rule
+"""The token gate's judgement (ortbuild/gating/measure/tokens.py) on synthetic references and candidates: every rule
 field passes and fails on the side of its bound it should, the section's numbers are the documented
 definitions, and a failure line names the prompt, the step and both tokens."""
 
@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ortbuild.gating import tokens
-from ortbuild.gating.tokens import DEFAULTS, TokenRule, judge
+from ortbuild.gating.measure import tokens
+from ortbuild.gating.measure.tokens import DEFAULTS, TokenRule, judge
 from ortbuild.generative.reference import PromptReference, Reference
 from ortbuild.generative.run import Candidate, Trace
 from ortbuild.status import Verdict

@@ -304,7 +304,7 @@ def test_inspect_trusts_only_the_configured_key(pristine: Path, tmp_path: Path, 
 
 def test_release_takes_verdicts_only_from_a_report_the_trusted_key_signed(
         pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from ortbuild.gating.gates import REPORT
+    from ortbuild.gating.runner import REPORT
 
     root = copy(pristine, tmp_path)
     report = root / "dist" / ART / REPORT

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from ortbuild.artifact import keys, loaders, manifest
-from ortbuild.gating import gates, latency, tune
-from ortbuild.gating.tune_search import (
+from ortbuild.gating import runner as gates
+from ortbuild.gating.measure import sampling as latency
+from ortbuild.gating.search import tune
+from ortbuild.gating.search.tune_search import (
     ERROR,
     FAILS_ACCURACY,
     KEPT,

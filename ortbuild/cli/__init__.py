@@ -25,8 +25,9 @@ from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_targets
 from ortbuild.cli.release import cmd_matrix, cmd_pull, cmd_release, cmd_verify, min_epoch
 from ortbuild.cli.tune import cmd_tune
 from ortbuild.errors import OrtbuildError
-from ortbuild.gating import selection as gate_selection
-from ortbuild.gating import summary, tune_search
+from ortbuild.gating.reports import selection as gate_selection
+from ortbuild.gating.reports import summary
+from ortbuild.gating.search import tune_search
 from ortbuild.project import config
 
 __all__ = ["SCHEMA_FILE", "main", "parser"]

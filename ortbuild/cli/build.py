@@ -18,10 +18,12 @@ from ortbuild import emulation, files, logs, machine, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir, table
 from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, first_line
-from ortbuild.gating import catalog, emulated, summary
-from ortbuild.gating.builds import record_path
+from ortbuild.gating.gates import catalog
+from ortbuild.gating.measure import emulated
 from ortbuild.gating.records import BuildRecord
-from ortbuild.gating.summary import BUILD_HEADER, build_rows
+from ortbuild.gating.reports import summary
+from ortbuild.gating.reports.builds import record_path
+from ortbuild.gating.reports.summary import BUILD_HEADER, build_rows
 from ortbuild.pipeline import cache as cache_
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
@@ -154,13 +156,13 @@ def _to_the_gates(args: argparse.Namespace, builder: Builder, jobs: Sequence[pla
     """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
     gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
     tune` tunes its jobs itself."""
-    from ortbuild.gating import autobuild, tune
+    from ortbuild.gating.search import autobuild, tune
 
     searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
     tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
     if not searching and not tuning:
         return {}
-    from ortbuild.gating.gates import Tester
+    from ortbuild.gating.runner import Tester
 
     tester = Tester(builder.project, builder.dist, builder.secrets.secret, args.config, progress,
                     builder.secrets.signing, capture=builder.capture)
@@ -340,7 +342,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(plan.accuracy_lines(onnx_jobs)))
     llms = [j for j in jobs if j.model.generative]
     if llms:
-        from ortbuild.gating import genai_gates
+        from ortbuild.gating.gates import genai as genai_gates
 
         print("\ntokens (ortbuild test's rule for generative models, docs/generative.md):")
         for j in llms:
@@ -396,7 +398,7 @@ def _eval_problem(project: config.Project, model: str) -> tuple[str, str, str | 
     """What is wrong with a model's labelled evaluation set (its files' headers and labels, as the eval gate reads
     them: a label count that is not the sample count, files of different inputs, no samples), as
     (targets.toml's key, the problem, what to do); None where it has none or it is sound."""
-    from ortbuild.gating.labelled import EvalData
+    from ortbuild.gating.measure.labelled import EvalData
 
     ev = project.models[model].eval
     if ev is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ortbuild.gating.summary import table as table
+from ortbuild.gating.reports.summary import table as table
 from ortbuild.project import config
 
 

@@ -17,7 +17,7 @@ from ortbuild.artifact import keys
 from ortbuild.cli.build import built, fitting
 from ortbuild.cli.common import table
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, UsageError, first_line
-from ortbuild.gating import report, selection, summary
+from ortbuild.gating.reports import report, selection, summary
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
@@ -25,14 +25,14 @@ from ortbuild.project import config, plan
 from ortbuild.status import JobStatus, ProfileStatus, Verdict, final_exit
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates import Tester
     from ortbuild.gating.record import TestResult
     from ortbuild.gating.records import ReportDoc
+    from ortbuild.gating.runner import Tester
 
 
 def _peak_searchable(args: argparse.Namespace, jobs: Sequence[plan.Job]) -> None:
     """--find-peak searches a server budget: a UsageError where the run judges none (not silently nothing)."""
-    from ortbuild.gating import catalog
+    from ortbuild.gating.gates import catalog
 
     server = catalog.BY_NAME["server"]
     hint = ("--find-peak searches the highest QPS that meets a [targets.X.latency.server] budget (p99_ms or "
@@ -45,7 +45,9 @@ def _peak_searchable(args: argparse.Namespace, jobs: Sequence[plan.Job]) -> None
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
-    from ortbuild.gating import explain, gates, speed
+    from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import speed
+    from ortbuild.gating.search import explain
 
     if args.explain_rebuilds < 1 or args.explain_seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
@@ -135,7 +137,7 @@ def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: S
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed, or whose build failed with
     broken outputs (OutputsBroken: the precision step's accuracy failure, caught at reload) (with --explain: of
     every one; --no-explain: none), recorded in its test report; and the searches' logs."""
-    from ortbuild.gating import explain
+    from ortbuild.gating.search import explain
 
     if args.explain is False:
         return [], []
@@ -164,8 +166,8 @@ def _explain(args: argparse.Namespace, builder: Builder, tester: Tester, jobs: S
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.gating.profile)."""
-    from ortbuild.gating import profile
+    """Build what is missing or stale, then profile every artifact through its loader (ortbuild.gating.measure.profile)."""
+    from ortbuild.gating.measure import profile
 
     if args.runs < 1 or args.top < 1:
         raise UsageError("--runs and --top must be at least 1")

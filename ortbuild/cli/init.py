@@ -54,7 +54,7 @@ def probe(timing: bool = True) -> scaffold.Probe | None:
     if not speedup.available():
         return None
     from ortbuild.artifact import golden
-    from ortbuild.gating import int8speed
+    from ortbuild.gating.measure import int8speed
 
     return scaffold.Probe(lambda path, feeds: golden.compute(path, feeds), int8speed.measure if timing else None,
                           _say)

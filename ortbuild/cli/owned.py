@@ -24,7 +24,9 @@ from pathlib import Path
 from ortbuild import logs, workspace
 from ortbuild.artifact import loaders, manifest
 from ortbuild.errors import ArtifactError
-from ortbuild.gating import gates, profile, report
+from ortbuild.gating import runner as gates
+from ortbuild.gating.measure import profile
+from ortbuild.gating.reports import report
 from ortbuild.pipeline.steps import operators
 from ortbuild.publish import release
 

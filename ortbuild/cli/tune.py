@@ -17,14 +17,15 @@ from ortbuild.project import config, lockfile, plan
 from ortbuild.status import JobFinished, JobStatus, TuneStatus, final_exit
 
 if TYPE_CHECKING:
-    from ortbuild.gating.tune_search import Tuning
+    from ortbuild.gating.search.tune_search import Tuning
 
 TUNED, SKIPPED, FAILED = TuneStatus.TUNED, TuneStatus.SKIPPED, TuneStatus.FAILED
 HEADER = ["candidate", "against", "p50 ms", "against p50 ms", "speed-up [interval]", "verdict"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ortbuild.gating import gates, tune
+    from ortbuild.gating import runner as gates
+    from ortbuild.gating.search import tune
 
     if not args.seconds > 0:
         raise UsageError(f"--seconds {args.seconds:g}: give a positive number of seconds for each job's search")

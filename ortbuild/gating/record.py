@@ -4,7 +4,7 @@ back uses it: the text and HTML reports, the summary, the release index, the nox
 
 `as_json` gives the document (records.ResultDoc: every field in order, then `gates` and `failed_gates`);
 `from_json` reads one back, an older ortbuild's included (a key it lacks takes its default; a value of the wrong
-kind is refused with the key named). A gate's verdict is read through the registry (ortbuild.gating.catalog):
+kind is refused with the key named). A gate's verdict is read through the registry (ortbuild.gating.gates.catalog):
 the first gates from their historic fields, newer ones from their section in `sections`.
 Stdlib only (the noxfile reads records in nox's own interpreter).
 """
@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Literal, cast
 
 from ortbuild.errors import GateFailed
-from ortbuild.gating import catalog, records, timing_records
+from ortbuild.gating import records, timing_records
+from ortbuild.gating.gates import catalog
 from ortbuild.status import Verdict, final_exit
 
 NOT_RUN: Literal["-"] = "-"         # a gate that did not run (the target cannot run here, or it has no budget)
@@ -46,7 +47,7 @@ class TestResult:
     latency_verdict: Verdict | Literal["-"] = NOT_RUN
     size: records.SizeDoc = field(default_factory=records.SizeDoc)
     size_verdict: Verdict | Literal["-"] = NOT_RUN
-    # cold start and peak memory, measured in fresh processes through the loader (ortbuild.gating.startup)
+    # cold start and peak memory, measured in fresh processes through the loader (ortbuild.gating.measure.startup)
     startup: timing_records.StartupDoc = field(default_factory=timing_records.StartupDoc)
     cold_start_verdict: Verdict | Literal["-"] = NOT_RUN
     memory_verdict: Verdict | Literal["-"] = NOT_RUN
@@ -62,7 +63,7 @@ class TestResult:
     build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0
     gates_key: str = ""              # what it judged by (gates.gates_key): release refuses budgets changed since
-    # the newer gates' sections by gate name, each with its `verdict` (ortbuild.gating.catalog); in the document
+    # the newer gates' sections by gate name, each with its `verdict` (ortbuild.gating.gates.catalog); in the document
     # only when one ran
     sections: dict[str, dict[str, object]] = field(default_factory=dict)
     generative: bool = False         # a generative model: its gates are its own (catalog's kinds); in the document

@@ -253,7 +253,7 @@ class GatesPart(TypedDict):
     artifact_sha256: str
     quick: bool
     judged: list[str]                # the gates this test judged (`--gates`; older reports: none, all of them)
-    speed: list[SpeedDoc]            # measured slower than the artifact it derives from (ortbuild.gating.speed)
+    speed: list[SpeedDoc]            # measured slower than the artifact it derives from (ortbuild.gating.measure.speed)
     platform: dict[str, object]      # an emulated platform's run (ortbuild.emulation)
     gates: dict[str, str]            # each gate's verdict by name (older reports: none)
     failed_gates: list[str]

@@ -101,7 +101,7 @@ class MismatchDoc(TypedDict):
 
 
 class ComplianceDoc(TypedDict):
-    """Outputs under load (ortbuild.gating.compliance): a sample of the timed requests' outputs against the
+    """Outputs under load (ortbuild.gating.measure.compliance): a sample of the timed requests' outputs against the
     accuracy run's."""
 
     checked: int                     # outputs compared
@@ -153,7 +153,7 @@ class LatencyDoc(DataSetLatency, total=False):
 
 
 class SpeedDoc(TypedDict):
-    """One speed claim found false (ortbuild.gating.speed): this artifact measured slower than `than`, the
+    """One speed claim found false (ortbuild.gating.measure.speed): this artifact measured slower than `than`, the
     artifact of the same model it derives from (fp32 for a reduced precision; fusion off for a fusion), in the
     same run; a result's `speed` lists them."""
 

@@ -127,7 +127,7 @@ class FasterThan:
 
 @dataclass(frozen=True)
 class Offline:
-    """[targets.X.latency.offline]: throughput at a batch, as MLPerf Offline (ortbuild.gating.throughput)."""
+    """[targets.X.latency.offline]: throughput at a batch, as MLPerf Offline (ortbuild.gating.gates.throughput)."""
 
     batch: int = setting(
         1, maximum=65_536, build="never",
@@ -155,7 +155,7 @@ class Offline:
 @dataclass(frozen=True)
 class Server:
     """[targets.X.latency.server]: a latency percentile at a query rate, as MLPerf Server
-    (ortbuild.gating.server)."""
+    (ortbuild.gating.gates.server)."""
 
     qps: float = setting(
         0.0, maximum=1e6, build="never",
@@ -192,7 +192,7 @@ class Server:
 @dataclass(frozen=True)
 class MultiStream:
     """[targets.X.latency.multi_stream]: several streams at once, as MLPerf MultiStream
-    (ortbuild.gating.multistream)."""
+    (ortbuild.gating.gates.multistream)."""
 
     streams: int = setting(
         0, maximum=1024, build="never",
@@ -212,7 +212,7 @@ class MultiStream:
 
 
 ScenarioKind = Literal["offline", "server", "multi_stream"]
-# the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (ortbuild.gating.catalog)
+# the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (ortbuild.gating.gates.catalog)
 SCENARIOS: dict[str, type[Offline | Server | MultiStream]] = {
     "offline": Offline, "server": Server, "multi_stream": MultiStream}
 
@@ -343,7 +343,7 @@ class Memory:
 @dataclass(frozen=True)
 class TaskEval:
     """[targets.X.eval]: the task-accuracy budget of the models' labelled evaluation sets ([models.X.eval]), judged
-    by the `eval` gate (ortbuild.gating.task). Budgets never rebuild."""
+    by the `eval` gate (ortbuild.gating.gates.task). Budgets never rebuild."""
 
     max_drop: float | None = setting(
         None, maximum=1e9, build="never",

@@ -62,7 +62,7 @@ EVAL_METRICS = ("accuracy", "f1", "mae")  # built in; any other `metric` is "pac
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSet:
-    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.task) only: none of
+    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.gates.task) only: none of
     it enters the build key (the build never reads it; the gate judges the artifact it finds)."""
 
     inputs: Path = setting(
@@ -188,7 +188,7 @@ class Gates:
 
     @property
     def startup_budgets(self) -> dict[str, float]:
-        """The budgets measured in fresh processes (ortbuild.gating.startup), by kind: "cold_start" (ms) and
+        """The budgets measured in fresh processes (ortbuild.gating.measure.startup), by kind: "cold_start" (ms) and
         "memory" (MiB); empty when neither is set."""
         pairs = (("cold_start", self.latency.cold_start_ms), ("memory", self.memory.peak_mb))
         return {kind: float(b) for kind, b in pairs if b is not None}

@@ -41,10 +41,10 @@ from ortbuild import files as files_
 from ortbuild.artifact import golden, manifest, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
-from ortbuild.gating import selection
-from ortbuild.gating.builds import last_build
-from ortbuild.gating.gates import PASS, REPORT, SKIP, gates_key
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import selection
+from ortbuild.gating.reports.builds import last_build
+from ortbuild.gating.runner import PASS, REPORT, SKIP, gates_key
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
@@ -158,7 +158,7 @@ def _report(folder: Path, public_key: bytes) -> tuple[TestResult | None, dict[st
     """The test record beside an artifact (None: never tested), the environment its timings depended on, and why
     it is not trusted (None: its signature verifies with the trusted key)."""
     from ortbuild.artifact.ed25519 import verify_detached
-    from ortbuild.gating.gates import REPORT_SIG
+    from ortbuild.gating.runner import REPORT_SIG
 
     try:
         text = files_.read_document(folder / REPORT)

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from ortbuild import paths, runtime
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
-from ortbuild.gating import compare
+from ortbuild.gating.measure import compare
 from ortbuild.publish import epochs, openssf, release, release_index, tarball
 from ortbuild.status import Verdict
 
@@ -312,7 +312,7 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
 def _golden_tokens(name: str, model: str, folder: Path, loaded: Any, failures: list[str]) -> str:
     """A generative artifact's golden test: through the bundle's loader, each prompt's greedy tokens equal the
     ones its test recorded (golden/tokens.json); a failure names the prompt and the step."""
-    from ortbuild.gating.tokens import first_divergence
+    from ortbuild.gating.measure.tokens import first_divergence
 
     doc = json.loads((folder / golden.GOLDEN_DIR / golden.TOKENS_JSON).read_text(encoding="utf-8"))
     bad = 0

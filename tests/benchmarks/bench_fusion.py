@@ -131,7 +131,7 @@ def main() -> int:
 
     from ortbuild import runtime
     from ortbuild.artifact import keys
-    from ortbuild.gating.gates import Tester, TestResult
+    from ortbuild.gating.runner import Tester, TestResult
     from ortbuild.pipeline.build import Builder
     from ortbuild.project import config, plan
 

@@ -50,7 +50,7 @@ VARIANTS = {"int8-rr": "reduce_range = true", "int8-norr": "reduce_range = false
 NO_PREDICTIONS = """
 import sys
 from ortbuild import cli
-from ortbuild.gating import explain
+from ortbuild.gating.search import explain
 explain.Explainer._predict = lambda self, job, an, start: (an.layers, None, {"status": "off",
                                                            "reason": "off for the comparison (bench_minilm --compare)"})
 sys.exit(cli.main(sys.argv[1:]))

@@ -115,7 +115,8 @@ def side_by_side(folder: Path, tuned: dict[str, Any], olive: dict[str, Any]) -> 
     """ORT defaults against each of: ORT defaults (two sessions: the measurement's own spread), ortbuild's tuned and
     Olive's session options, on the fp32 MiniLM artifact, one after the other in one process, each pair interleaved."""
     from ortbuild.artifact import loaders
-    from ortbuild.gating import latency, percentiles
+    from ortbuild.gating.measure import percentiles
+    from ortbuild.gating.measure import sampling as latency
 
     art = folder / "dist" / "fp32" / "minilm"
     mod: Any = loaders.import_python_loader(loaders.python_path(art, "minilm"))

@@ -1,0 +1,1 @@
+"""The gates: one module per gate, the `Gate` protocol and its registry."""

@@ -1,0 +1,294 @@
+"""Generation latency of a decoder LLM opened through onnxruntime-genai: time to first token (TTFT), time per
+output token (TPOT) and decode tokens per second at stated prompt and generation lengths, judged with latency's
+distribution-free percentile verdicts and early stopping; peak memory with the KV cache at the longest context:
+ortbuild.gating.measure.generation_memory.
+
+One generation (generate_once): a fresh Generator (greedy, batch 1, max_length = min_length = prompt_tokens +
+new_tokens: genai masks EOS until min_length, so it never stops early), the prompt appended as ids, then the
+tokens. TTFT runs from the GeneratorParams to the first token: the Generator's creation (where genai allocates
+the KV cache for max_length), the prefill (append_tokens runs the model on the whole prompt) and the first
+token's pick; tokenizing is not counted (ids are fed). TPOT is the rest of the generation over its new_tokens - 1
+decode steps (each runs the model on the last token against the cache and picks the next): MLPerf LoadGen's and
+vLLM's per-query TPOT. Decode tokens per second of a generation = 1000 / TPOT ms; `min_tokens_per_second` is
+judged on the median generation: TPOT p50 <= 1000 / min_tokens_per_second, under the same bounds (the
+throughput gate judges its rate so too).
+
+The prompt: prompt_tokens ids drawn uniformly from the vocabulary less its special tokens (BOS, EOS, pad),
+numpy default_rng(PROMPT_SEED), the same every generation. Ids, not repeated text: a dense decoder's work per
+token does not depend on which token it is, so any ids of the right count time the same; ids give the exact
+count with no tokenizer (loaders open the model without one), and a fixed seed makes runs comparable.
+
+Independence: the bounds need independent samples. The steps of one generation are not (they share its moment's
+load and cache state, and each attends to one token more than the last), so each generation gives ONE TPOT
+sample (its mean step) and one TTFT sample; generations are taken as independent, as latency's runs are. The
+decode steps pooled over all generations are reported (`step_ms`, inter-token latency) but not judged.
+
+Sampling is latency.gate's, over two series ("ttft", "tpot") with one generation per round (_Rounds hands the
+round's generation to both series under a clock that advances by each figure), so its plan, looks, early stop
+and retry of a FAIL under load apply as they are, counted in generations: the first look at min_samples (0:
+latency.FIRST_LOOK), then doubling, to the plan's end (planned_samples); sampling stops at the first look that
+decides every budget or FAILs one. The plan's min_seconds is 0 (the clock counts measured time, not wall time).
+`max_seconds`: where the plan's end would run past it at the pace of the warm-up, the plan becomes one look at
+as many generations as fit (at least FIRST_LOOK): early stopping is lost there, the bounds are not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from ortbuild.errors import ArtifactError, GateFailed
+from ortbuild.gating.gates import generation_report as report
+from ortbuild.gating.gates.catalog import Judged
+from ortbuild.gating.gates.generation_report import PERCENTILES
+from ortbuild.gating.measure import generation_memory as memory
+from ortbuild.gating.measure import sampling as latency
+from ortbuild.gating.measure.load_verdicts import gate_verdict
+from ortbuild.gating.measure.percentiles import Budget, budgets_of, planned_samples
+from ortbuild.gating.timing_records import WaitDoc
+from ortbuild.status import Verdict
+
+PROMPT_SEED = 0
+WARMUP_GENERATIONS = 2
+
+
+class GenerationError(GateFailed):
+    """A generation could not run at the stated lengths."""
+
+
+@dataclass(frozen=True)
+class GenerationBudget:
+    """What is measured (prompt and generation lengths; the context for memory: None, the model's) and the
+    budgets (None: not judged; ms, tokens per second, MB)."""
+
+    prompt_tokens: int = 64
+    new_tokens: int = 32
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    min_tokens_per_second: float | None = None
+    max_memory_mb: float | None = None
+    context_length: int | None = None
+    confidence: float = 0.95
+    min_samples: int = 0
+    max_seconds: float = 60.0
+    retry_wait_seconds: float = 30.0
+
+    def budgets(self) -> list[Budget]:
+        """The timed budgets, each on its series, named by its key."""
+        out: list[Budget] = []
+        for s in ("ttft", "tpot"):
+            ms = {p: v for k, p in PERCENTILES.items() if (v := getattr(self, f"{s}_{k}_ms")) is not None}
+            out += [SeriesBudget(f"{s}_{b.kind}_ms", b.percentile, b.limit, series=s) for b in budgets_of(ms)]
+        if self.min_tokens_per_second:
+            out.append(SeriesBudget("min_tokens_per_second", 0.5, 1e3 / self.min_tokens_per_second, series="tpot"))
+        return out
+
+    def set(self) -> dict[str, float]:
+        keys = [f"{s}_{k}_ms" for s in ("ttft", "tpot") for k in PERCENTILES] + ["min_tokens_per_second",
+                                                                                 "max_memory_mb"]
+        return {k: v for k in keys if (v := getattr(self, k)) is not None}
+
+
+@dataclass(frozen=True)
+class SeriesBudget(Budget):
+    """A latency Budget judged on the samples of `series` (its verdict's values), not on the gate's own."""
+
+    series: str = "ttft"
+
+    def values(self, series: Mapping[str, list[float]], mine: str) -> tuple[list[float], float]:
+        return series[self.series], self.limit
+
+
+@dataclass(frozen=True)
+class GenaiConfig:
+    """What measuring needs from genai_config.json."""
+
+    vocab_size: int
+    context_length: int
+    special: frozenset[int]
+    layers: int
+    present_key: str          # layer 0's present key output ("present.0.key")
+    share_buffer: bool        # search.past_present_share_buffer: the KV cache allocated for max_length
+
+
+def read_config(path: Path) -> GenaiConfig:
+    """genai_config.json (or the folder holding it)."""
+    file = path / "genai_config.json" if path.is_dir() else path
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+        m = doc["model"]
+        special = {i for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                   for i in (m.get(k) if isinstance(m.get(k), list) else [m.get(k)]) if isinstance(i, int)}
+        return GenaiConfig(int(m["vocab_size"]), int(m["context_length"]), frozenset(special),
+                           int(m["decoder"]["num_hidden_layers"]),
+                           str(m["decoder"]["outputs"]["present_key_names"]).replace("%d", "0"),
+                           bool(doc.get("search", {}).get("past_present_share_buffer", False)))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{file}: not a readable onnxruntime-genai config ({type(e).__name__}: {e})",
+                            "rebuild the artifact (its genai_config.json comes from the model builder)") from None
+
+
+def shape_problem(budget: GenerationBudget, config: GenaiConfig) -> str | None:
+    """Why these lengths cannot be measured on this model (None: they can)."""
+    ctx = budget.context_length or config.context_length
+    if budget.prompt_tokens < 1 or budget.new_tokens < 2:
+        return f"prompt_tokens must be at least 1 and new_tokens at least 2 (TPOT needs a decode step), " \
+               f"not {budget.prompt_tokens} and {budget.new_tokens}"
+    if ctx > config.context_length:
+        return f"context_length {ctx} is above the model's {config.context_length} (genai_config.json)"
+    if budget.prompt_tokens + budget.new_tokens > ctx:
+        return f"prompt_tokens + new_tokens = {budget.prompt_tokens + budget.new_tokens} is above the context " \
+               f"length {ctx}"
+    return None
+
+
+def prompt_ids(config: GenaiConfig, count: int, seed: int = PROMPT_SEED) -> list[int]:
+    """`count` ids drawn uniformly from the vocabulary less its special tokens, from a fixed seed."""
+    import numpy as np
+
+    pool = np.array([i for i in range(config.vocab_size) if i not in config.special], dtype=np.int32)
+    return [int(x) for x in np.random.default_rng(seed).choice(pool, size=count)]
+
+
+def og() -> Any:
+    return importlib.import_module("onnxruntime_genai")
+
+
+def open_folder(folder: str) -> Any:
+    """An og.Model of a plaintext genai folder (an Opener's function for models not sealed)."""
+    return og().Model(folder)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One generation: its TTFT and each decode step after the first token (ms)."""
+
+    ttft_ms: float
+    steps_ms: tuple[float, ...]
+    seconds: float
+
+    @property
+    def tpot_ms(self) -> float:
+        return sum(self.steps_ms) / len(self.steps_ms)
+
+
+def generate_once(model: Any, prompt: list[int], new_tokens: int,
+                  clock: Callable[[], float] = time.perf_counter) -> Timing:
+    import numpy as np
+
+    g = og()
+    ids, total = np.asarray(prompt, dtype=np.int32), len(prompt) + new_tokens
+    t0 = clock()
+    params = g.GeneratorParams(model)
+    params.set_search_options(max_length=total, min_length=total, do_sample=False)
+    gen = g.Generator(model, params)
+    gen.append_tokens(ids)
+    gen.generate_next_token()
+    marks = [clock()]
+    for _ in range(new_tokens - 1):
+        gen.generate_next_token()
+        marks.append(clock())
+    if gen.token_count() != total:
+        raise GenerationError(f"the generation ended at {gen.token_count()} tokens, not the {total} asked for")
+    return Timing((marks[0] - t0) * 1e3, tuple((b - a) * 1e3 for a, b in itertools.pairwise(marks)),
+                  marks[-1] - t0)
+
+
+class _Rounds:
+    """latency.gate's calls and clock for generations: a round's first call (either series, as gate alternates
+    them) runs one generation, each call hands its series that generation's figure, and the clock advances by
+    exactly that figure, so gate times what the generation measured."""
+
+    def __init__(self, generate: Callable[[], Timing]) -> None:
+        self.generate, self.now = generate, 0.0
+        self.pending: dict[str, float] = {}
+        self.timings: list[Timing] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self, series: str) -> Callable[[], object]:
+        def run() -> object:
+            if series not in self.pending:
+                t = self.generate()
+                self.timings.append(t)
+                self.pending = {"ttft": t.ttft_ms, "tpot": t.tpot_ms}
+            self.now += self.pending.pop(series) / 1e3
+            return None
+        return run
+
+
+def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: GenerationBudget, *,
+          child: memory.Opener | None = None, name: str = "model", where: str = "", quick: bool = False,
+          progress: Callable[[str], None] | None = None, read: Callable[[], float | None] = latency.runnable,
+          wait: Callable[[float, int], WaitDoc] | None = None) -> Judged:
+    """Measure and judge: (verdict, section, failure lines). The verdict is FAIL if any budget FAILs, else
+    INCONCLUSIVE if any is undecided, else PASS; "-" when nothing is budgeted (the figures are reported);
+    SKIPPED where onnxruntime-genai is not installed. `open_model` returns the og.Model timed in this process;
+    `child` opens it in the fresh processes memory is measured in (None: memory not measured)."""
+    try:
+        og()
+    except ImportError as e:
+        why = f"onnxruntime-genai is not installed here ({e})"
+        return Verdict.SKIPPED, {"summary": "onnxruntime-genai not installed", "note": why}, []
+    problem = shape_problem(budget, config)
+    if problem:
+        raise GenerationError(f"{name}: {problem}")
+    if budget.max_memory_mb is not None and child is None:
+        raise ValueError("max_memory_mb needs the child Opener")
+    say = progress or (lambda _: None)
+    model = open_model()
+    prompt = prompt_ids(config, budget.prompt_tokens)
+    warm = [generate_once(model, prompt, budget.new_tokens) for _ in range(WARMUP_GENERATIONS)]
+    budgets = budget.budgets()
+    plan = latency.plan_of(budget.confidence, budget.min_samples, 0.0, budget.retry_wait_seconds, quick)
+    end = planned_samples([b.percentile for b in budgets], plan.confidence, plan.min_samples)
+    fit = int(budget.max_seconds / max(warm[-1].seconds, 1e-6))
+    capped = end > fit
+    if capped:
+        plan = latency.Plan(plan.confidence, max(latency.FIRST_LOOK, fit), 0.0, plan.retry_wait_seconds)
+    say(f"generation: {budget.prompt_tokens} prompt + {budget.new_tokens} new tokens, up to "
+        f"{plan.min_samples or end} generations")
+    rounds = _Rounds(lambda: generate_once(model, prompt, budget.new_tokens))
+    t0 = time.perf_counter()
+    out = latency.gate({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft", budgets, plan,
+                       clock=rounds.clock, read=read, wait=wait)
+    seconds = time.perf_counter() - t0
+    final = rounds.timings[-len(out.final.series["ttft"].samples):]
+    section = report.section(budget, config, plan, out, final, warm[0], seconds, quick, PROMPT_SEED,
+                             WARMUP_GENERATIONS)
+    if capped:
+        section["capped"] = f"{end} planned generations would take past max_seconds = {budget.max_seconds:g}: " \
+                            f"one look at {plan.min_samples}"
+    found = [v.verdict for v in out.verdicts.values()]
+    lines = [line for k, v in out.verdicts.items() if v.verdict is Verdict.FAIL
+             for line in report.fail_lines(name, k, v, budget, where)]
+    mem_verdict = None
+    if child is not None:
+        ctx = budget.context_length or config.context_length
+        say(f"generation memory: fresh processes at context {ctx}")
+        mo = memory.measure(child, prompt_ids(config, ctx - budget.new_tokens), budget.new_tokens,
+                            config.present_key, config.layers, budget.max_memory_mb, plan.confidence,
+                            budget.max_seconds)
+        doc = memory.section(mo, ctx, budget.new_tokens, budget.max_memory_mb)
+        section["memory"] = doc
+        mem_verdict = memory.verdict_of(mo, budget.max_memory_mb)
+        lines += memory.failure_lines(name, mo, doc, budget.max_memory_mb, where)
+    verdict = gate_verdict([*found, mem_verdict])
+    notes = [f"{k}: {v.note}" for k, v in out.verdicts.items() if v.verdict is Verdict.INCONCLUSIVE and v.note]
+    if mem_verdict is Verdict.INCONCLUSIVE:
+        notes.append(f"max_memory_mb: {cast(dict[str, Any], section['memory'])['verdict']['note']}")
+    if notes:
+        section["note"] = "; ".join(notes)
+    section["summary"] = report.summary(section)
+    return (verdict if verdict is not None else "-"), section, lines

@@ -1,0 +1,1 @@
+"""Reports: the test table, report.json, report.html, the summary, the build records."""

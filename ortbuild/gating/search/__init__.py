@@ -1,0 +1,1 @@
+"""Searches: precision bisection, build to the gates, session tuning, one protocol."""

@@ -1,0 +1,137 @@
+"""Build to the gates for a generative model (`precision_search = "auto"` on an int4-weight or int8-dynamic target):
+when its tokens gate fails, the builder's precision knobs are tried in order, each a rebuild through targets.lock
+judged by the tokens gate, and the first setting that passes is kept in targets.lock (what later builds apply):
+
+  int4-weight:   accuracy_level 0 (the MatMuls computed in fp32, where levels 2-4 compute in fp16/bf16/int8)
+                 -> block_size halved, down to 16
+                 -> asymmetric blocks (symmetric = false: a zero point per block)
+                 -> lm_head kept in float (nodes_to_exclude)
+                 -> whole layers kept in float, the first and the last first, then inwards
+  int8-dynamic:  lm_head kept in float -> whole layers, as above
+The knobs are cumulative (a smaller block keeps accuracy_level 0). ORT issue 29849 is the case it repairs: the
+builder's CPU int4 default (accuracy_level 4) flipping greedy tokens. The rebuild budget is the search's
+(`--explain-rebuilds`, `--explain-seconds`); when none passes, the build fails with every setting tried and its
+tokens verdict, so nothing that fails its gate ships.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ortbuild.artifact import manifest
+from ortbuild.errors import GateFailed, OrtbuildError, first_line
+from ortbuild.gating.record import TestResult
+from ortbuild.paths import inside
+from ortbuild.pipeline.job import JobResult
+from ortbuild.project import lockfile
+from ortbuild.project.plan import Job
+from ortbuild.project.sections import Int4, Quantization
+from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.gating.search.autobuild import AutoSearch
+
+LM_HEAD = "/lm_head/MatMul"
+MIN_BLOCK = 16
+
+
+def layers_of(matmuls: list[str]) -> list[list[str]]:
+    """The MatMul names of each decoder layer (`/model/layers.N/...`), in layer order."""
+    by: dict[int, list[str]] = {}
+    for name in matmuls:
+        if (m := re.match(r"/model/layers\.(\d+)/", name)) is not None:
+            by.setdefault(int(m.group(1)), []).append(name)
+    return [by[i] for i in sorted(by)]
+
+
+def outside_in(n: int) -> list[int]:
+    """0, n-1, 1, n-2, ...: the layers quantization hurts most first."""
+    out: list[int] = []
+    lo, hi = 0, n - 1
+    while lo <= hi:
+        out += [lo] if lo == hi else [lo, hi]
+        lo, hi = lo + 1, hi - 1
+    return out
+
+
+def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[str, object]]]:
+    """(what changes, the options table, its keys) of each setting to try, cumulative, in order."""
+    opts = job.settings.typed_precision_options()
+    if isinstance(opts, Int4):
+        table, keys = "int4", {"block_size": opts.block_size, "accuracy_level": opts.accuracy_level,
+                               "exclude_nodes": list(opts.exclude_nodes)}
+        if opts.accuracy_level not in (0, 1):
+            keys = {**keys, "accuracy_level": 0}
+            yield "accuracy_level 0", table, keys
+        block = opts.block_size
+        while block > MIN_BLOCK:
+            block //= 2
+            keys = {**keys, "block_size": block}
+            yield f"block_size {block}", table, keys
+        if opts.symmetric:  # a zero point per block: a block's range fitted, not mirrored around zero
+            keys = {**keys, "symmetric": False}
+            yield "asymmetric blocks", table, keys
+    elif isinstance(opts, Quantization):
+        table, keys = "quantization", {"exclude_nodes": list(opts.exclude_nodes)}
+    else:
+        return
+    kept = list(keys["exclude_nodes"])  # type: ignore[call-overload]
+    if LM_HEAD in matmuls and LM_HEAD not in kept:
+        kept.append(LM_HEAD)
+        yield "lm_head kept in float", table, {**keys, "exclude_nodes": list(kept)}
+    layers = layers_of(matmuls)
+    for i in outside_in(len(layers)):
+        kept += [n for n in layers[i] if n not in kept]
+        yield f"layer {i} kept in float", table, {**keys, "exclude_nodes": list(kept)}
+
+
+def repair(auto: AutoSearch, job: Job, failed: JobResult, why: str) -> JobResult:
+    """Try the candidates until one passes the tokens gate (kept in targets.lock) or the budget ends (the job
+    fails, naming every setting tried)."""
+    from ortbuild.gating.gates import genai as genai_gates
+
+    t0 = time.monotonic()
+    try:  # the graph's MatMuls, from the manifest of the build that failed its gate
+        m, _ = manifest.read(inside(auto.builder.dist, job.target.name, job.model.name))
+        matmuls = list(m.generative.matmuls) if m.generative is not None else []
+    except OrtbuildError:  # its build failed (NaN logits at reload): no manifest of it, no layers to keep
+        matmuls = []
+    tried: list[str] = []
+    auto.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the builder's precision knobs"))
+    for n, (what, table, keys) in enumerate(candidates(job, matmuls)):
+        if n >= auto.max_rebuilds or time.monotonic() - t0 > auto.max_seconds:
+            tried.append(f"(stopped: {n} rebuilds, {time.monotonic() - t0:.0f} s: --explain-rebuilds/-seconds)"
+                         if n else "(stopped before trying a setting: --explain-rebuilds 0)")
+            break
+        entry = auto._entry(job).merged({table: keys}, search={"kept": what, "failed_with": why})
+        (locked,) = lockfile.apply(auto.builder.project, [(lockfile.declared(job), entry)])
+        auto.progress(job.name, f"precision_search: {what}: rebuilding")
+        result = auto.builder.run_job(locked)
+        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
+            tried.append(f"{what}: build {result.status}: {result.reason}")
+            continue
+        res = TestResult(job.target.name, job.model.name, job.settings.precision)
+        try:
+            verdict, summary = genai_gates.judge_tokens(auto.tester, locked, res)
+        except OrtbuildError as e:
+            verdict, summary = Verdict.FAIL, first_line(e)
+        tried.append(f"{what}: tokens {verdict} ({summary})")
+        if verdict == Verdict.PASS:
+            auto.locked[job.name] = locked
+            said = auto._write(entry.merged({}, search={**entry.search, "rebuilds": n + 1, "tokens": summary,
+                                                        "seconds": round(time.monotonic() - t0, 1)}))
+            result.notes.append(f"precision_search: {what}: tokens PASS ({summary}); {said}")
+            auto.progress(job.name, JobFinished(result.status, result.notes[-1]))
+            return result
+    out = JobResult(failed.target, failed.model, JobStatus.FAILED, precision=failed.precision,
+                    notes=list(failed.notes))
+    out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no builder setting whose tokens pass "
+                           f"({why}):\n" + "\n".join(f"  {t}" for t in tried or ["(no knob to try)"]),
+                           f"raise --explain-rebuilds/--explain-seconds, loosen [targets.{job.target.name}.tokens], "
+                           "or pick int8 / fp32 for this target (same as the ONNX models' search: exit 9)")
+    out.reason = out.error.message.split("\n", 1)[0]
+    auto.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
+    return out

@@ -1,0 +1,440 @@
+"""Layer-wise analysis of a precision step (`ortbuild test --explain`, steps 1 to 3): which source nodes it
+changed, If/Loop/Scan bodies included, the error each adds against fp32 on the golden inputs (main graph), and
+predictions of a candidate set kept in float without a rebuild (main graph).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ortbuild.gating.measure import compare
+from ortbuild.gating.records import Rule
+from ortbuild.pipeline.steps import accounting
+from ortbuild.project import config, data, precisions
+from ortbuild.project.precisions import PrecisionRule, Quantizer
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+# The operators ORT's quantizers write (QOperator, QDQ, dynamic, int4): a source node whose outputs the reduced
+# graph computes through one of them, or through a weight they made integer, was quantized.
+QUANT_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention", "DynamicQuantizeLSTM", "MatMulNBits",
+    "QEmbedLayerNormalization", "GatherBlockQuantized", "MatMulBnb4"})
+# an op type no quantizer knows: the int8 path with it quantizes nothing (the graph the quantizer reads)
+NOTHING = "ortbuild.gating.search.explain.NoSuchOp"
+_INT_TYPES = frozenset({TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4,
+                        TensorProto.INT16, TensorProto.UINT16})
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A candidate judged without a rebuild (see Proxy)."""
+
+    passed: bool                     # the gate's rule, on the outputs so predicted
+    error: float                     # the largest relative L2 error of the judged float outputs against fp32
+    worst: str                       # the gate's one-line summary (compare.worst_metric)
+
+
+@dataclass(frozen=True)
+class Layer:
+    node: str
+    op_type: str
+    error: float | None              # relative L2 error of its outputs against fp32 (inf: non-finite)
+    added: float                     # what it adds to the largest error of its inputs
+    weights: int = 0                 # bytes of the float weights it reads that the precision step converted
+    note: str = ""                   # why `error` is None: "n/a (...)"
+    alone: Prediction | None = None  # predicted with only this node kept in float
+    ran: bool = True                 # False: inside an If/Loop/Scan body the golden inputs do not run (not searched)
+
+
+def _rel(got: object, ref: object) -> float:
+    a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if a.shape != b.shape or (np.isfinite(b).all() and not np.isfinite(a).all()):
+        return math.inf
+    norm = float(np.linalg.norm(b.ravel()))
+    diff = float(np.linalg.norm((a - b).ravel()))
+    return diff / norm if norm > 0 else diff
+
+
+def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -> onnxruntime.InferenceSession:
+    """A session on `model`: CPU provider, no optimization (the graph as written)."""
+    from ortbuild import runtime
+
+    ort = runtime.import_ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runtime.register_custom_ops(so, custom_ops)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def executed(model: onnx.ModelProto, feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> set[str]:
+    """The names of the nodes, bodies' included, that run on `feed` (ORT's profile of one run: CPU provider, no
+    optimization): an If runs one branch, the other's nodes cannot change the outputs."""
+    from ortbuild import runtime
+
+    ort = runtime.import_ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runtime.register_custom_ops(so, custom_ops)
+    with tempfile.TemporaryDirectory(prefix="ortbuild-profile-") as tmp:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "run")
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess.run(None, dict(feed))
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    suffix = "_kernel_time"
+    return {e["name"][:-len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)}
+
+
+def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
+                custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, np.ndarray]:
+    """The values of the tensors `names` (those the graph computes) on `feed`: CPU provider, no optimization."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o for n in m.graph.node for o in n.output} | {o.name for o in m.graph.output}
+    present = [n for n in names if n in have]
+    known = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in present if n not in known)
+    values = session_of(m, custom_ops).run(present, dict(feed))
+    return {n: v for n, v in zip(present, values, strict=True)
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+
+
+def _quantizing(node: onnx.NodeProto) -> bool:
+    return node.op_type in QUANT_OPS or node.op_type.startswith("QLinear")
+
+
+def _np_itemsize(data_type: int) -> int:
+    return int(onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One graph of a model: the main graph, or an If/Loop/Scan body with the graphs that enclose it."""
+
+    # () for the main graph; per level: the owner node's name, its rank among the owners so named, the attribute
+    # and the index in it (-1: a single graph), which ORT's converters keep
+    key: tuple[tuple[str, int, str, int], ...]
+    graph: onnx.GraphProto
+    outer: tuple[onnx.GraphProto, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """The body in words: `If_0 then_branch`, nested levels joined by ` > `."""
+        return " > ".join(f"{name} {attr}" + (f" {k}" if k >= 0 else "") for name, _, attr, k in self.key)
+
+    def visible_inits(self) -> dict[str, onnx.TensorProto]:
+        """The initializers a node of this graph reads by name: its own, else the nearest enclosing graph's."""
+        out: dict[str, onnx.TensorProto] = {}
+        for g in (*self.outer, self.graph):
+            out.update({i.name: i for i in g.initializer})
+        return out
+
+
+def scopes(graph: onnx.GraphProto, key: tuple[tuple[str, int, str, int], ...] = (),
+           outer: tuple[onnx.GraphProto, ...] = ()) -> Iterator[Scope]:
+    """`graph` and every body inside it, depth first, each keyed so that a body of the source and the same body
+    of the precision step's output share the key."""
+    yield Scope(key, graph, outer)
+    seen: dict[str, int] = {}
+    for n in graph.node:
+        bodies = [(a, [a.g] if a.HasField("g") else list(a.graphs)) for a in n.attribute]
+        if not any(gs for _, gs in bodies):
+            continue
+        name = n.name or n.op_type
+        rank = seen.get(name, 0)
+        seen[name] = rank + 1
+        for a, gs in bodies:
+            for k, g in enumerate(gs):
+                yield from scopes(g, (*key, (name, rank, a.name, -1 if a.HasField("g") else k)), (*outer, graph))
+
+
+def scope_pairs(source: onnx.ModelProto, reduced: onnx.ModelProto) -> Iterator[tuple[Scope, Scope]]:
+    """The graphs of `source` with the same graph of `reduced` (bodies the precision step dropped: none)."""
+    red = {s.key: s for s in scopes(reduced.graph)}
+    for s in scopes(source.graph):
+        if s.key in red:
+            yield s, red[s.key]
+
+
+class Rewrites:
+    """How the precision step rewrote the source graph: for each source node, the nodes of the reduced graph that
+    now compute its outputs, found by walking back from them through the tensors the source does not have (a
+    quantizer's own tensors: `x_quantized`, scales, `MatMul_output_0_output_quantized`). For an If/Loop/Scan
+    body: that body in both models (`scope_pairs`), with the names the enclosing graphs give it."""
+
+    def __init__(self, source: onnx.ModelProto | Scope, reduced: onnx.ModelProto | Scope) -> None:
+        src = source if isinstance(source, Scope) else Scope((), source.graph)
+        red = reduced if isinstance(reduced, Scope) else Scope((), reduced.graph)
+        r = red.graph
+        self.source_inits = src.visible_inits()
+        self.source_tensors = set(self.source_inits)
+        for g in (*src.outer, src.graph):
+            self.source_tensors |= {i.name for i in g.input} | {o for n in g.node for o in n.output}
+        self.reduced_inits = red.visible_inits()
+        self.nodes = list(r.node)
+        self.writer = {o: k for k, n in enumerate(self.nodes) for o in n.output if o}
+        self.named = {n.name: k for k, n in enumerate(self.nodes) if n.name}
+
+    def lineage(self, node: onnx.NodeProto) -> list[int]:
+        """The reduced nodes (indices) that compute `node`'s outputs from tensors the source graph has, and the
+        node of the same name, if any (a QDQ Conv keeps its name, its inputs come from DequantizeLinear)."""
+        stack = [self.writer[o] for o in node.output if o in self.writer]
+        if node.name in self.named:
+            stack.append(self.named[node.name])
+        seen: set[int] = set()
+        order: list[int] = []
+        while stack:
+            k = stack.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            order.append(k)
+            stack += [self.writer[i] for i in self.nodes[k].input if i in self.writer and i not in self.source_tensors]
+        return order
+
+    def _new_integer(self, name: str) -> bool:
+        t = self.reduced_inits.get(name)
+        return t is not None and t.data_type in _INT_TYPES and name not in self.source_inits
+
+    def quantized(self, node: onnx.NodeProto) -> bool:
+        """Whether the reduced graph computes `node` through a quantizer's operator or integer weight."""
+        return any(_quantizing(self.nodes[k]) or any(self._new_integer(i) for i in self.nodes[k].input)
+                   for k in self.lineage(node))
+
+    def weights(self, node: onnx.NodeProto) -> int:
+        """Bytes (as stored in the source) of the float initializers `node` reads that the reduced graph no longer
+        holds in their source type: what keeping `node` in float keeps in float."""
+        total = 0
+        for i in dict.fromkeys(node.input):
+            t = self.source_inits.get(i)
+            if t is None or t.data_type not in _FLOAT_TYPES:
+                continue
+            r = self.reduced_inits.get(i)
+            if r is None or r.data_type != t.data_type:
+                total += math.prod(t.dims) * _np_itemsize(t.data_type)
+        return total
+
+
+def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: str | PrecisionRule,
+                  opts: config.PrecisionOptions) -> list[onnx.NodeProto]:
+    """The source nodes the precision step changed (and may be kept in float; `opts`: the precision's options)."""
+    if precisions.rule(precision).quantizer is Quantizer.FP16:
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+        assert isinstance(opts, config.Fp16)
+        blocked = set(DEFAULT_OP_BLOCK_LIST) | set(opts.op_block_list)
+        return [n for s in scopes(source.graph) for n in s.graph.node  # its block lists hold inside bodies too
+                if n.name and n.op_type not in blocked and n.name not in opts.node_block_list and n.op_type != "Cast"]
+    assert isinstance(opts, config.Quantization | config.Int4)
+    out = []
+    for src, red in scope_pairs(source, reduced):  # ORT's quantizers honour exclude_nodes inside bodies too
+        rw = Rewrites(src, red)
+        out += [n for n in src.graph.node if n.name and n.name not in opts.exclude_nodes and rw.quantized(n)]
+    return out
+
+
+def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+              feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> list[Layer]:
+    """The changed nodes' errors against fp32, most harmful first (by error added, then by error). A node inside
+    an If/Loop/Scan body has no measured error (a body's tensors cannot be made outputs of the model): those come
+    after the measured ones, by the weights they keep in float."""
+    names = [o for n in source.graph.node for o in n.output if o]
+    ref = _outputs_of(source, names, feed, custom_ops)
+    got = _outputs_of(reduced, names, feed, custom_ops)
+    err = {n: _rel(got[n], ref[n]) for n in names if n in got and n in ref}
+    # a tensor the precision step hands to another node (QDQ folds a Relu into its Conv, which then writes the
+    # Relu's output name, before the activation) is no measure of the node that wrote it in the source
+    source_names = {n.name for n in source.graph.node}
+    writer = {o: n.name for n in reduced.graph.node for o in n.output}
+    rw = Rewrites(source, reduced)
+    inside = {n.name: (s, r) for s, r in scope_pairs(source, reduced) if s.key for n in s.graph.node if n.name}
+    ran = executed(source, feed, custom_ops) if any(n.name in inside for n in nodes) else set()
+    if not ran & (source_names - {""}):  # a profile that names no node of the main graph is no guide: all of them run
+        ran = {n.name for s, _ in scope_pairs(source, reduced) for n in s.graph.node}
+    layers = []
+    for n in nodes:
+        if n.name in inside:
+            s, r = inside[n.name]
+            runs = n.name in ran
+            layers.append(Layer(n.name, n.op_type, None, 0.0, Rewrites(s, r).weights(n),
+                                f"n/a (inside {s.where}: " + ("not measured)" if runs else
+                                                              "not run on the golden inputs, not searched)"),
+                                ran=runs))
+            continue
+        handed = [o for o in n.output if o in writer and writer[o] in source_names and writer[o] != n.name]
+        outs = [err[o] for o in n.output if o in err and o not in handed]
+        e_out = max(outs) if outs else None
+        note = ""
+        if e_out is None:
+            if handed:
+                note = f"n/a (the reduced graph computes its output in {writer[handed[0]]})"
+            elif not any(o in writer for o in n.output):
+                note = "n/a (the reduced graph does not compute its output)"
+            else:
+                note = "n/a (no float output)"
+        e_in = max((err[i] for i in n.input if i in err), default=0.0)
+        if e_out is None:
+            added = 0.0
+        elif math.isinf(e_out):
+            added = 0.0 if math.isinf(e_in) else math.inf
+        else:
+            added = max(0.0, e_out - e_in)
+        layers.append(Layer(n.name, n.op_type, e_out, added, rw.weights(n), note))
+    return sorted(layers, key=_layerwise_rank)
+
+
+def _layerwise_rank(x: Layer) -> tuple[bool, float, float, int, str]:
+    """Measured: by the error added, then the error; unmeasured, after them: by the weights kept in float; nodes
+    the golden inputs do not run last."""
+    return (not x.ran, -x.added, -(x.error if x.error is not None else -1.0), -x.weights if x.error is None else 0,
+            x.node)
+
+
+def ranked(layers: Sequence[Layer]) -> list[Layer]:
+    """The search's order: the predicted candidates by the outputs' error with each kept in float alone (lowest
+    first), then the others by their layer-wise error."""
+    predicted = sorted((x for x in layers if x.alone is not None),
+                       key=lambda x: (x.alone.error if x.alone is not None else 0.0, x.weights, x.node))
+    return predicted + sorted((x for x in layers if x.alone is None), key=_layerwise_rank)
+
+
+class Proxy:
+    """Predicts a candidate set without a rebuild: the precision step's output with the set's nodes put back in
+    float (each node of `source`, the float graph the converter reads, in place of what the quantizer wrote for
+    it, with its float weights; what no longer feeds an output is removed), run on the golden inputs (CPU provider,
+    no optimization) and judged by the gate's rule against `expected` (the source model's outputs). No prediction
+    (None) where a node cannot be put back (its inputs are gone from the reduced graph, or it sits inside an
+    If/Loop/Scan body, which it does not patch) or ORT refuses the graph."""
+
+    def __init__(self, source: onnx.ModelProto, reduced: onnx.ModelProto, feed: data.Feed,
+                 expected: Mapping[str, object], rule: Callable[[str], Rule],
+                 custom_ops: Sequence[config.CustomOps] = ()) -> None:
+        self.reduced, self.feed, self.expected, self.rule, self.custom_ops = reduced, feed, expected, rule, custom_ops
+        self.source_nodes = {n.name: n for n in source.graph.node if n.name}
+        self.source_inits = {i.name: i for i in source.graph.initializer}
+        self.constants = {o: n for n in source.graph.node if n.op_type == "Constant" for o in n.output}
+        self.source_writer = {o: n.name for n in source.graph.node for o in n.output}
+        self.outputs = [o.name for o in reduced.graph.output if o.name in expected]
+        opset = {o.domain or "ai.onnx": o.version for o in reduced.opset_import}
+        self.opsets = [o for o in source.opset_import if (o.domain or "ai.onnx") not in opset]
+        # a node put back runs under the reduced graph's opset: where the quantizer upgraded it, no prediction
+        self.usable = all(opset.get(o.domain or "ai.onnx", o.version) == o.version for o in source.opset_import)
+
+    def patchable(self, node: str) -> bool:
+        """Whether `node` is one the predictor can put back at all: a node of the main graph (not of an
+        If/Loop/Scan body)."""
+        return node in self.source_nodes
+
+    def model(self, keep: Sequence[str]) -> onnx.ModelProto | None:
+        """The reduced graph with the nodes `keep` in float, or None where they cannot be put back (a node inside
+        an If/Loop/Scan body among them)."""
+        if not self.usable:
+            return None
+        m = onnx.ModelProto()
+        m.CopyFrom(self.reduced)
+        g = m.graph
+        nodes = list(g.node)
+        writer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        inits = {i.name: i for i in g.initializer}
+        drop: set[int] = set()
+        extra: list[onnx.NodeProto] = []
+        for name in keep:
+            n = self.source_nodes.get(name)
+            if n is None:
+                return None
+            heads = {writer[o] for o in n.output if o in writer}
+            if not heads:  # the reduced graph computes none of its outputs (folded into another node)
+                return None
+            for i in n.input:  # an input the reduced graph computes in another source node (QDQ folds a Relu
+                # into its Conv, which writes the Relu's output name before the activation) is not that tensor
+                w = nodes[writer[i]].name if i in writer else None
+                if w is not None and w in self.source_nodes and w != self.source_writer.get(i):
+                    return None
+            drop |= heads
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.name = f"{n.name}/kept_in_float"
+            extra.append(c)
+        produced = ({i.name for i in g.input} | set(inits) | {o for c in extra for o in c.output}
+                    | {o for k, n in enumerate(nodes) if k not in drop for o in n.output})
+        added_inits: dict[str, onnx.TensorProto] = {}
+        for c in list(extra):
+            for i in c.input:
+                if not i or i in produced or i in added_inits:
+                    if i in inits and i in self.source_inits and inits[i].data_type != self.source_inits[i].data_type:
+                        return None  # the reduced graph holds another tensor under the weight's name
+                    continue
+                if i in self.source_inits:
+                    added_inits[i] = self.source_inits[i]
+                elif i in self.constants:
+                    const = onnx.NodeProto()
+                    const.CopyFrom(self.constants[i])
+                    const.name = f"{const.name or i}/kept_in_float"
+                    extra.append(const)
+                    produced.update(const.output)
+                else:
+                    return None
+        kept = [n for k, n in enumerate(nodes) if k not in drop] + extra
+        del g.node[:]
+        g.node.extend(kept)
+        g.initializer.extend(added_inits.values())
+        m.opset_import.extend(self.opsets)
+        from ortbuild.pipeline.steps import precision
+
+        try:
+            precision.toposort(m)
+        except ValueError:
+            return None
+        used = {o.name for o in g.output}
+        live: list[onnx.NodeProto] = []
+        for n in reversed(g.node):  # what still feeds an output (subgraph nodes are kept)
+            reads = accounting.subgraph_reads(n)
+            if reads or any(o in used for o in n.output):
+                live.append(n)
+                used |= set(n.input) | reads
+        live.reverse()
+        have = {i.name for i in g.input} | {i.name for i in g.initializer} | {o for n in live for o in n.output}
+        if not all(i in have for n in live for i in n.input if i):
+            return None
+        del g.node[:]
+        g.node.extend(live)
+        for k in reversed([k for k, t in enumerate(g.initializer) if t.name not in used]):
+            del g.initializer[k]
+        return m
+
+    def predict(self, keep: Sequence[str]) -> Prediction | None:
+        m = self.model(keep)
+        if m is None:
+            return None
+        try:
+            values = session_of(m, self.custom_ops).run(self.outputs, dict(self.feed))
+        except Exception:  # ORT refusing the patched graph (any of its error types): no prediction
+            return None
+        got = dict(zip(self.outputs, values, strict=True))
+        results = [compare.compare(o, "predicted", self.expected[o], got[o], self.rule(o)) for o in self.outputs]
+        errors = [_rel(got[o], self.expected[o]) for o in self.outputs
+                  if not self.rule(o).get("ignore") and isinstance(e := self.expected[o], np.ndarray)
+                  and e.dtype.kind == "f"]
+        return Prediction(all(r.passed for r in results), max(errors, default=0.0), compare.worst_metric(results))
+
+
+def graph_digest(model: onnx.ModelProto) -> str:
+    """The identity of a precision step's output: its graph (nodes, weights, values), serialized deterministically."""
+    return hashlib.sha256(model.graph.SerializeToString(deterministic=True)).hexdigest()

@@ -1,0 +1,244 @@
+"""Session tuning of one built job (`ortbuild tune`, `tune = true`): measure through the generated Python loader
+(gating/tune_search.py: the candidates, the paired measurement, the greedy search), write the lock entry, rebuild.
+
+tune_job() measures: the artifact as built, opened with the declared session options and with each candidate's
+(the loader's load(session=...)), every golden data set, the accuracy gate judging each faster candidate.
+record() writes what it found to targets.lock (`applies.session`: the changed options only; `tune`: the speed-up,
+its interval and confidence, what was tried; an up-to-date entry's precision-search part is kept) and rebuilds
+the job with the entry applied, so the shipped artifact carries the tuned options in its manifest and loaders.
+tune_for_build() does both for the build flow (a target with `tune = true`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ortbuild import paths, runtime
+from ortbuild.artifact import loaders, manifest
+from ortbuild.errors import GateFailed, OrtbuildError, first_line, from_loader
+from ortbuild.gating.measure import emulated
+from ortbuild.gating.measure import sampling as latency
+from ortbuild.gating.record import TestResult
+from ortbuild.gating.runner import PASS, Tester
+from ortbuild.gating.search.tune_search import (
+    DEFAULT_SECONDS,
+    MIN_SECONDS,
+    RETRY_WAIT_SECONDS,
+    Comparison,
+    Session,
+    Tuning,
+    compare,
+    declared_session,
+    search,
+    worst,
+)
+from ortbuild.pipeline.build import Builder
+from ortbuild.pipeline.job import JobResult
+from ortbuild.project import config, generation, lockfile
+from ortbuild.project.plan import Job
+from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
+
+QUIET_WAIT_SECONDS = 10.0    # before a job's search, at most: for the load to fall
+Progress = Callable[[str, Event | str], None]
+
+
+def wants_tune(job: Job) -> bool:
+    """`tune = true`, and no up-to-date tuning in the lock (a precision search alone is not one)."""
+    return "tune" in lockfile.missing(job, job.locked)
+
+
+def cannot_tune(job: Job, built: JobResult | None) -> str | None:
+    """Why the job cannot be tuned here (None: it can)."""
+    if job.model.generative:
+        return generation.NOT_PROFILED
+    if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
+        status = "not built" if built is None else f"{built.status}" + (f": {built.reason}" if built.reason else "")
+        return f"its build is {status}"
+    if emulated.emulated(job.target):
+        return f"{job.target.platform} is emulated here: timings would say nothing about the device"
+    return None
+
+
+def fp32_reference(project: config.Project, job: Job) -> Job | None:
+    """An fp32 target of the same model that runs here, for a reduced precision's speed note (None: none)."""
+    if job.settings.precision == "fp32":
+        return None
+    for t in project.targets.values():
+        s = t.settings.get(job.model.name)
+        if s is not None and t.name != job.target.name and s.precision == "fp32" and \
+                runtime.runtime_problem(t) is None and not emulated.emulated(t):
+            return Job(t, job.model, s)
+    return None
+
+
+class _Sessions:
+    """Opens the artifact through its loader with given session options (a LoaderError as ortbuild's error)."""
+
+    def __init__(self, module: ModuleType, folder: Path, secret: bytes | None, where: str) -> None:
+        self.module, self.folder, self.secret, self.where = module, folder, secret, where
+
+    def open(self, session: Session) -> Any:
+        try:
+            return self.module.load(key=self.secret, folder=self.folder, session=session)
+        except self.module.LoaderError as e:
+            raise from_loader(e, self.where) from None
+
+
+def _plan(job: Job) -> latency.Plan:
+    gates = job.settings.gates
+    assert gates is not None
+    return latency.Plan(gates.latency.confidence, 0, MIN_SECONDS, RETRY_WAIT_SECONDS)
+
+
+def _measure(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan,
+             deadline: float = math.inf) -> Comparison:
+    """Current against candidate on every data set, paired and interleaved: the worst data set's comparison. Each
+    data set's warm-up and sampling get an equal share of the time left before `deadline` (time.monotonic())."""
+    current, candidate = models
+    found = []
+    for i, feed in enumerate(feeds):
+        share = max(0.0, deadline - time.monotonic()) / (len(feeds) - i)
+        calls = {"current": lambda f=feed: current.run(f), "candidate": lambda f=feed: candidate.run(f)}
+        latency.warm_up(calls, warmup, share / 4)
+        found.append(compare(calls, replace(plan, max_seconds=max(0.0, deadline - time.monotonic()) /
+                                            (len(feeds) - i))))
+    return worst(found)
+
+
+def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: float = DEFAULT_SECONDS,
+             progress: Progress = lambda j, m: None, reference: Job | None = None) -> Tuning:
+    """The session search of one built job (`built_job`: as built, its lock entry laid over; `declared_job`: as
+    targets.toml declares it). A declared setting that fails its accuracy gate is a GateFailed: nothing to tune."""
+    name = declared_job.name
+    folder = paths.inside(tester.dist, declared_job.target.name, declared_job.model.name)
+    decl = declared_session(declared_job)
+    res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
+    progress(name, PhaseStarted("tune: the accuracy gate with the declared session options"))
+    module, g, _ = tester.accuracy_gate(built_job, res, session=decl)
+    if res.accuracy != PASS or module is None:
+        raise GateFailed(f"{name}: the accuracy gate fails with the declared session options ({res.worst}): "
+                         "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
+                                            "\"auto\"), then tune it")
+    cpus = os.cpu_count() or 1
+    waited = latency.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
+    sessions = _Sessions(module, folder, tester.secret, name)
+    feeds = [ds.inputs for ds in g.sets]
+    gates = built_job.settings.gates
+    assert gates is not None
+    plan, warmup = _plan(built_job), gates.latency.warmup_runs
+
+    deadline = time.monotonic() + seconds  # search() counts from here too: every measurement ends by then
+
+    def measure(current: Session, candidate: Session) -> Comparison:
+        # two fresh sessions each time (also for the same options): a session's own placement in memory can make it
+        # faster or slower than another with the same options, and each comparison says so in its interval
+        return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, deadline)
+
+    def accurate(session: Session) -> tuple[bool, str]:
+        r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
+        try:
+            tester.accuracy_gate(built_job, r, session=session)
+        except OrtbuildError as e:
+            return False, first_line(e)
+        return r.accuracy == PASS, r.worst
+
+    progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight then "
+                                f"(paired, interleaved runs at {plan.confidence:.0%} confidence); then the fp32 note "
+                                "and a rebuild with what it keeps"))
+    tuning = search(decl, cpus, measure, accurate, seconds, progress=lambda m: progress(name, m))
+    if not waited["quiet"]:
+        tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
+                            "the ratios are paired, but tune again on a quiet machine to confirm")
+    if reference is not None:
+        note = _versus(tester, built_job, module, folder, reference, tuning.tuned, feeds, warmup, plan)
+        tuning.notes.append(note)
+        progress(name, f"tune: {note}")
+    return tuning
+
+
+def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, reference: Job, session: Session,
+            feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan) -> str:
+    """The note on a reduced precision's speed against the fp32 artifact of the same model (same session options,
+    paired and interleaved)."""
+    ref_folder = paths.inside(tester.dist, reference.target.name, reference.model.name)
+    what = f"{job.settings.precision} against {reference.name} (fp32)"
+    try:
+        manifest.read(ref_folder)
+        ref = loaders.import_python_loader(loaders.python_path(ref_folder, reference.model.name))
+        theirs = _Sessions(ref, ref_folder, tester.secret, reference.name).open(session)
+        mine = _Sessions(module, folder, tester.secret, job.name).open(session)
+        c = _measure((theirs, mine), feeds, warmup, plan)
+    except (OrtbuildError, KeyError, TypeError) as e:  # another model's inputs, an artifact not built
+        return f"{what}: not measured ({first_line(e) if isinstance(e, OrtbuildError) else e})"
+    return (f"{job.settings.precision} is {c.speedup:.2f}x {reference.name}'s (fp32) speed, "
+            f"{c.interval().split(' ', 1)[1]} at {c.confidence:.0%} (p50 {c.p50_ms:.3f} ms vs {c.base_p50_ms:.3f} ms, "
+            "same session options, interleaved)")
+
+
+def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: Job, tuning: Tuning) \
+        -> tuple[lockfile.Lock, Job, JobResult]:
+    """Write the tuning to the lock and rebuild the job with it; its accuracy gate judges the rebuilt artifact.
+    An up-to-date entry's precision-search part stays. Returns the lock, the job as rebuilt, and the build result
+    (a failing rebuild leaves the lock as it was and says why in the result)."""
+    source, settings = builder.fingerprint(declared_job)
+    old = lock.get(declared_job)
+    if not tuning.applies and old is None and not declared_job.settings.tune:
+        return _nothing_kept(builder, lock, declared_job, tuning)
+    keep = old if old is not None and not old.stale(source, settings) else None
+    applies = {t: dict(v) for t, v in keep.applies.items() if t != "session"} if keep is not None else {}
+    entry = lockfile.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {})
+    entry = entry.merged({"session": tuning.applies} if tuning.applies else {}, tune=tuning.record())
+    (locked,) = lockfile.apply(builder.project, [(declared_job, entry)])
+    result = builder.run_job(locked)
+    if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
+        return lock, locked, result
+    res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
+    try:
+        tester.accuracy_gate(locked, res)
+    except OrtbuildError as e:
+        res.accuracy, res.worst = Verdict.FAIL, first_line(e)
+    if res.accuracy != PASS:
+        result.status = JobStatus.FAILED
+        result.error = GateFailed(f"{declared_job.name}: rebuilt with the tuned session options ({tuning.kept()}), "
+                                  f"its accuracy gate fails ({res.worst}); {lock.file.name} is left as it was",
+                                  "run `ortbuild test` on it; report it if the declared options pass")
+        result.reason = result.error.message
+        return lock, locked, result
+    written, said = lockfile.record_and_say(builder.project, entry)
+    lock = written or lock
+    result.notes.append(f"tune: kept {tuning.kept()}" + (f", {tuning.final.interval()} against the declared "
+                                                         "options" if tuning.final and not tuning.rejected
+                                                         and tuning.applies else "")
+                        + f"; {said}")
+    return lock, locked, result
+
+
+def _nothing_kept(builder: Builder, lock: lockfile.Lock, job: Job, tuning: Tuning) \
+        -> tuple[lockfile.Lock, Job, JobResult]:
+    """The declared options won and nothing asks for a record (no entry to update, no `tune = true` that would tune
+    again without one): the lock is left as it is, the artifact as built (its build, up to date, is the result)."""
+    result = builder.run_job(job)
+    result.notes.append(f"tune: kept {tuning.kept()}; {lockfile.LOCK_FILE} not written (nothing to apply)")
+    return lock, job, result
+
+
+def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: Job, progress: Progress, *,
+                   seconds: float = DEFAULT_SECONDS) -> tuple[lockfile.Lock, Job, JobResult]:
+    """The build flow's tuning of one built job whose target says `tune = true` (`job`: as built, its lock entry laid
+    over): tune, record, rebuild. Returns the updated lock, the job as rebuilt (its entry laid over: what the gates
+    then test) and the rebuild's result (its notes say what was kept). A declared setting that fails its accuracy
+    gate raises GateFailed (nothing to tune); the caller decides whether that fails the job."""
+    plain = lockfile.declared(job)
+    reference = fp32_reference(builder.project, plain)
+    if reference is not None and not (paths.inside(builder.dist, reference.target.name, reference.model.name)
+                                      / manifest.MANIFEST).is_file():
+        reference = None
+    tuning = tune_job(tester, plain, job, seconds=seconds, progress=progress, reference=reference)
+    return record(builder, tester, lock, plain, tuning)
