@@ -42,6 +42,7 @@ from ortbuild.artifact import manifest
 from ortbuild.errors import ConfigError, UsageError
 from ortbuild.gating.record import TestResult
 from ortbuild.project import config
+from ortbuild.project.kinds import kind_rule
 from ortbuild.status import ProfileStatus, Verdict
 
 __all__ = ["build", "profile", "release", "test"]
@@ -74,12 +75,13 @@ except ConfigError as err:  # a broken targets.toml must not hide the project's 
 TARGETS = list(PROJECT.targets.values()) if PROJECT else []
 # One parameter per target; with a broken targets.toml, one that fails (`nox -s test` must not pass, skipped for
 # want of parameters, with nothing built): build(invalid-config), test(invalid-config), ...
-PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if not t.generative] \
+PARAMS = [nox.param(t.name, id=t.name, tags=t.tags) for t in TARGETS if not kind_rule(t.kind).session_suffix] \
     or [nox.param("", id="invalid-config")]
 # Generative targets (decoder LLMs, built by onnxruntime-genai's model builder, whose venv holds torch: a big
-# download) have their own sessions, tagged `generative`, out of `nox -s build/test/release`: `nox -t generative`.
-GENERATIVE = [nox.param(t.name, id=t.name, tags=[x for x in t.tags if x != "generative"])
-              for t in TARGETS if t.generative]
+# download) have their own sessions (KindRule.session_suffix), tagged `generative` (its tag), out of `nox -s
+# build/test/release`: `nox -t generative`.
+GENERATIVE = [nox.param(t.name, id=t.name, tags=[x for x in t.tags if x != kind_rule(t.kind).tag])
+              for t in TARGETS if kind_rule(t.kind).session_suffix]
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
@@ -101,8 +103,8 @@ def target_venv(session: nox.Session, target: str) -> Path:
     envdir = str(getattr(session._runner.global_config, "envdir", ROOT / ".nox"))
     t = PROJECT.targets.get(target) if PROJECT is not None else None
     name = f"target-{target}"
-    if t is not None and t.generative:
-        name = "generative-" + hashlib.sha256(" ".join(_requirements(session, t)[0]).encode()).hexdigest()[:12]
+    if t is not None and (shared := kind_rule(t.kind).shared_venv) is not None:
+        name = f"{shared}-" + hashlib.sha256(" ".join(_requirements(session, t)[0]).encode()).hexdigest()[:12]
     return Path(nox.sessions._normalize_path(envdir, name))
 
 
@@ -327,7 +329,7 @@ def tune(session: nox.Session) -> None:
     patterns = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-t", "--target")]
     rest = [a for i, a in enumerate(args) if a not in ("-t", "--target") and (i == 0 or args[i - 1] not in
                                                                                 ("-t", "--target"))]
-    names = [t.name for t in TARGETS if not t.generative]  # a generative model's session is onnxruntime-genai's
+    names = [t.name for t in TARGETS if kind_rule(t.kind).not_covered is None]  # e.g. not onnxruntime-genai's
     chosen = config.matches(names, patterns) if patterns else names
     if not chosen:
         session.error(f"no target matches {', '.join(patterns)} (targets: {', '.join(names)})")
@@ -388,11 +390,12 @@ def _release(session: nox.Session, target: str) -> None:
 
 
 def _generative(kind: str, run: Callable[[nox.Session, str], None], doc: str) -> None:
-    """Register `<kind>-generative(<target>)`, one per generative target, tagged `generative`."""
+    """Register `<kind>-generative(<target>)`, one per generative target, tagged `generative` (its KindRule's)."""
     def session(session: nox.Session, target: str) -> None:
         run(session, target)
     session.__doc__ = doc
-    nox.session(name=f"{kind}-generative", venv_backend="none", tags=["generative"])(
+    rule = kind_rule("generative")
+    nox.session(name=f"{kind}{rule.session_suffix}", venv_backend="none", tags=[t for t in (rule.tag,) if t])(
         nox.parametrize("target", GENERATIVE)(session))
 
 

@@ -1,7 +1,6 @@
-"""OCI registries: references (`oci://host[:port]/repository[:tag]`), a client for one (the ORAS Python SDK,
-imported lazily), and the transfers both users make, pushing an artifact of files, reading a manifest and
-streaming a checked blob into a file; shared by releases (ortbuild.publish.registry) and the build cache
-(ortbuild.pipeline.cache).
+"""OCI registries: a client for one given its reference (ortbuild.oci_ref; the ORAS Python SDK, imported lazily),
+and the transfers both users make, pushing an artifact of files, reading a manifest and streaming a checked blob
+into a file; shared by releases (ortbuild.publish.registry) and the build cache (ortbuild.pipeline.cache).
 
 Loopback registries are spoken to over plain HTTP; others over HTTPS unless ORTBUILD_REGISTRY_INSECURE=1.
 Credentials come from the Docker config (~/.docker/config.json, `docker login`), as with oras.
@@ -20,21 +19,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import ipaddress
 import json
 import os
-import re
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.errors import RegistryError
+from ortbuild.oci_ref import Ref
 
 if TYPE_CHECKING:
     import oras.client
@@ -48,50 +45,6 @@ MAX_MANIFEST = 4 << 20          # OCI's limit for a manifest registries must acc
 CONNECT_TIMEOUT = 10.0          # seconds to connect, and between two reads (within the deadline)
 READ_TIMEOUT = 60.0
 RETRY_PAUSES = (3, 5, 11, 29, 83)  # ORAS's own retries of an error (not of a stall), where a client retries
-
-REF = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?/"
-                 r"(?P<repo>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)"
-                 r"(?::(?P<tag>[A-Za-z0-9_{][A-Za-z0-9_.{}-]{0,127}))?$")
-
-
-@dataclass(frozen=True)
-class Ref:
-    host: str
-    port: int | None
-    repository: str
-    tag: str | None
-
-    @property
-    def registry(self) -> str:
-        return f"{self.host}:{self.port}" if self.port else self.host
-
-    def with_tag(self, tag: str) -> Ref:
-        return Ref(self.host, self.port, self.repository, tag)
-
-    def __str__(self) -> str:
-        return f"oci://{self.registry}/{self.repository}" + (f":{self.tag}" if self.tag else "")
-
-    @property
-    def insecure(self) -> bool:
-        if os.environ.get("ORTBUILD_REGISTRY_INSECURE") == "1" or self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
-        except ValueError:
-            return False
-
-
-def is_ref(text: str) -> bool:
-    return text.startswith("oci://")
-
-
-def parse(text: str) -> Ref:
-    m = REF.match(text)
-    if not m:
-        raise RegistryError(f"'{text}' is not an OCI reference", "write oci://host[:port]/repository[:tag], e.g. "
-                                                                  "oci://localhost:5000/models:0.1.0-cpu-fp32")
-    return Ref(m["host"], int(m["port"]) if m["port"] else None, m["repo"], m["tag"])
-
 
 # ----------------------------------------------------------------------------------------- deadlines
 

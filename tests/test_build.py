@@ -121,9 +121,9 @@ def test_other_runtime_is_skipped_with_the_nox_command(make_project: Callable[..
         runtime = "onnxruntime-gpu==1.31.1"
         providers = ["CUDAExecutionProvider"]
     """)
-    from ortbuild import runtime
+    from ortbuild.installed import installed_flavor
 
-    flavor = runtime.installed_flavor()
+    flavor = installed_flavor()
     assert flavor is not None
     if flavor.distribution == "onnxruntime-gpu":
         pytest.skip("this venv holds onnxruntime-gpu")
@@ -229,7 +229,7 @@ def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifac
 
 
 def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_target() -> None:
-    from ortbuild import runtime
+    from ortbuild.installed import Flavor
     from ortbuild.pipeline import buildkey as b
 
     project = config.load(Path(__file__).resolve().parent.parent / "targets.toml", check_files=False)
@@ -237,10 +237,10 @@ def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_ta
     sealing = {"encryption_key_id": "e", "signing_key_id": "s", "deterministic": False}
     here = {"plugins": {}, "libraries": []}
     src = {"source": "src"}
-    a = b.build_key(b.key_parts(job, src, "in", None, runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
-    c = b.build_key(b.key_parts(job, src, "in", None, runtime.Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
+    a = b.build_key(b.key_parts(job, src, "in", None, Flavor("onnxruntime", "1.31.1"), {}, sealing, **here))
+    c = b.build_key(b.key_parts(job, src, "in", None, Flavor("onnxruntime", "1.32.0"), {}, sealing, **here))
     assert a[0] != c[0] and b.changed_parts(a[1], c[1]) == ["runtime"]
-    d = b.build_key(b.key_parts(job, src, "in", "calib", runtime.Flavor("onnxruntime", "1.31.1"), {}, sealing,
+    d = b.build_key(b.key_parts(job, src, "in", "calib", Flavor("onnxruntime", "1.31.1"), {}, sealing,
                                 **here))
     assert d == a  # an fp32 job does not depend on calibration data
 
@@ -273,10 +273,10 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     so, loaded by the generated loader with compilation disabled. Elsewhere: a portable artifact, the reason
     (Intel only, this CPU's vendor) in the result, and a loader that refuses it instead of running on the CPU."""
     pytest.importorskip("onnxruntime_ep_openvino", reason="the tests session installs the OpenVINO plugin EP")
-    from ortbuild import runtime
     from ortbuild.artifact import loaders, manifest
+    from ortbuild.installed import installed_flavor
 
-    flavor = runtime.installed_flavor()
+    flavor = installed_flavor()
     if flavor is None or flavor.distribution != "onnxruntime":
         pytest.skip("the OpenVINO plugin EP plugs into the onnxruntime flavor")
     path = make_project("""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import runtime
+from ortbuild import installed
 from tests.conftest import MODELS, REPO, run_cli
 
 CPU_TARGET = """
@@ -131,7 +131,7 @@ def test_jobs_and_lock_timeout_in_range_are_taken() -> None:
 
 def _other_runtime() -> str:
     """A runtime requirement that this environment's ONNX Runtime flavor does not satisfy."""
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None
     return "onnxruntime-openvino==1.24.1" if flavor.distribution != "onnxruntime-openvino" else "onnxruntime==1.31.1"
 

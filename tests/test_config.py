@@ -21,7 +21,8 @@ def test_committed_targets_file_resolves_layers() -> None:
     # the generative model: only the targets that name it, and no wildcard (tiny_*) selects it
     assert [t for t in p.targets if "tiny_llama" in p.targets[t].models] == [t for t in p.targets if "llm" in t]
     llm = p.targets["llm-cuda-int4"]  # extends llm-cpu-int4: its int4 table, another runtime
-    assert llm.generative and llm.settings["tiny_llama"].int4.accuracy_level == 4  # the builder's default, searched
+    assert llm.kind == "generative"
+    assert llm.settings["tiny_llama"].int4.accuracy_level == 4  # the builder's default, searched
     assert llm.session("test") == "test-generative(llm-cuda-int4)"
     mobile = p.targets["mobile-int8"].settings["tiny_cnn"]
     assert (mobile.format, mobile.optimization, mobile.precision) == ("ort", "basic", "int8-static")

@@ -14,7 +14,7 @@ import pytest
 
 from ortbuild.artifact import keys
 from ortbuild.pipeline.build import Builder
-from ortbuild.project import config, declare, options, plan, sections, settings, tables
+from ortbuild.project import config, declare, options, plan, providers, sections, settings, tables
 from tests.conftest import MODELS, REPO, here_runtime
 
 # the value a key takes in the changed project where the one its kind gives would not load (or not differ)
@@ -202,7 +202,7 @@ def test_built_settings_equal_the_table_and_the_build_key_omits_what_it_should(t
     doc = {"format": "qoperator", "op_types": ["MatMul"]}
     q = declare.build(sections.Quantization, doc)
     assert q == sections.Quantization(format="qoperator", op_types=("MatMul",))
-    s = settings.Settings(providers=(settings.Provider("CPUExecutionProvider"),))
+    s = settings.Settings(providers=(providers.Provider("CPUExecutionProvider"),))
     key = s.as_json()
     assert "fusion" not in key and "custom_ops" not in key  # when-set keys at their default
     assert key["quantization"] == declare.plain(sections.Quantization())

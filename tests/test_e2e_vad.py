@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from tests.conftest import here_runtime, run_cli
 from tests.realmodels import installed
 
@@ -69,8 +69,8 @@ quantization = {{ op_types = ["MatMul"] }}
     return root
 
 
-def _manifest(root: Path, target: str) -> manifest.Manifest:
-    return manifest.Manifest.from_json((root / "dist" / target / "vad" / manifest.MANIFEST).read_bytes())
+def _manifest(root: Path, target: str) -> manifest_types.Manifest:
+    return manifest_types.Manifest.from_json((root / "dist" / target / "vad" / manifest_types.MANIFEST).read_bytes())
 
 
 def test_fp32_stays_the_size_of_its_source(project: Path) -> None:
@@ -129,7 +129,7 @@ def test_the_search_keeps_nodes_inside_the_branches_in_float_and_the_override_pa
     cfg.write_text(cfg.read_text() + "\n" + block.group(1))
     r = run_cli("test", "-c", str(cfg), "-t", "int8", "--no-explain")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest.MANIFEST).read_bytes())
+    m = manifest_types.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest_types.MANIFEST).read_bytes())
     changed = m.precision.changed
     assert changed is not None and changed["converted"] > 0.5, changed  # most weights stay int8
 
@@ -146,5 +146,5 @@ def test_precision_search_auto_ships_an_int8_that_passes_the_default_rule(projec
     assert "precision_search: kept" in r.stdout and "accuracy PASS" in r.stdout, r.stdout
     r = run_cli("test", "-c", str(config), "-t", "int8", "--no-explain", "--locked")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    m = manifest.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest.MANIFEST).read_bytes())
+    m = manifest_types.Manifest.from_json((tmp_path / "dist" / "int8" / "vad" / manifest_types.MANIFEST).read_bytes())
     assert m.locked is not None and m.precision.changed is not None and m.precision.changed["converted"] > 0.5

@@ -34,8 +34,9 @@ from typing import Any
 import onnx
 import pytest
 
-from ortbuild.artifact import container, keys, loaders, manifest
+from ortbuild.artifact import container, keys, loaders, manifest, manifest_types
 from ortbuild.errors import Tampered
+from ortbuild.project.kinds import kind_rule
 from tests.bigmodels import plaintext_hits
 from tests.conftest import MODELS, NODE_INSTALL, NODE_VAR, TEST_KEY, tool
 from tests.realmodels import CACHE
@@ -209,8 +210,8 @@ def test_build_seals_the_graph_signs_config_and_tokenizer_and_writes_the_loaders
     hf = json.loads((source / "config.json").read_text())
     for target, precision in (("fp32", "fp32"), ("int4", "int4")):
         folder = project.dist(target)
-        assert {p.name for p in folder.iterdir()} == {"model.onnx.enc", *SIDE, manifest.MANIFEST, manifest.SIGNATURE,
-                                                     loaders.LOADER_DIR}
+        assert {p.name for p in folder.iterdir()} == {"model.onnx.enc", *SIDE, manifest_types.MANIFEST,
+                                                     manifest.SIGNATURE, loaders.LOADER_DIR}
         assert {p.name for p in (folder / loaders.LOADER_DIR).iterdir()} == set(LOADERS)
         sealed = (folder / "model.onnx.enc").read_bytes()
         assert sealed.startswith(container.MAGIC)
@@ -221,7 +222,7 @@ def test_build_seals_the_graph_signs_config_and_tokenizer_and_writes_the_loaders
         assert "GroupQueryAttention" in ops  # the builder's decoder with its KV cache
         assert ("MatMulNBits" in ops) == (precision == "int4")
         assert not [t.name for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-        doc = json.loads((folder / manifest.MANIFEST).read_text())
+        doc = json.loads((folder / manifest_types.MANIFEST).read_text())
         files = {f["name"]: f for f in doc["artifact"]["files"]}
         assert set(files) == {"model.onnx.enc", *SIDE}
         # the target's level and session options, where onnxruntime-genai creates its session from
@@ -275,7 +276,7 @@ def test_the_python_loader_generates_and_the_javascript_loaders_refuse(project: 
         for line in proc.stdout.splitlines():
             name_, code, message, is_loader_error = json.loads(line)
             assert (name_, code, is_loader_error) == ("UnsupportedFormatError", "unsupported_format", True)
-            assert message == f"fp32/{MODEL}: {loaders.GENERATIVE_REFUSAL}"
+            assert message == f"fp32/{MODEL}: {kind_rule('generative').js_refusal}"
         assert len(proc.stdout.splitlines()) == 2
 
 
@@ -333,7 +334,7 @@ def test_the_loader_gives_onnxruntime_genais_tokens_on_the_plaintext_build(proje
     model = _loader(project.dist("fp32")).load(key=project.key, folder=project.dist("fp32"))
     reference = og.Model(og.Config(str(plain)))  # from disk, no ortbuild code
     tokenizer = og.Tokenizer(reference)
-    golden = json.loads((project.dist("fp32") / manifest.MANIFEST).read_text())["generative"]["golden_tokens"]
+    golden = json.loads((project.dist("fp32") / manifest_types.MANIFEST).read_text())["generative"]["golden_tokens"]
     continuations = set()
     for prompt in project.prompts():
         ids = [int(t) for t in tokenizer.encode(prompt)]
@@ -352,7 +353,7 @@ def test_the_loader_gives_onnxruntime_genais_tokens_on_the_plaintext_build(proje
 
 @pytest.mark.parametrize(("name", "code"), [("model.onnx.enc", "tampered"), ("genai_config.json", "tampered"),
                                             ("tokenizer.json", "tampered"), ("tokenizer_config.json", "tampered"),
-                                            (manifest.MANIFEST, "bad_signature")])
+                                            (manifest_types.MANIFEST, "bad_signature")])
 def test_a_flipped_byte_is_refused_before_onnxruntime_genai_opens_anything(
         project: Project, tmp_path: Path, opened: list[str], name: str, code: str) -> None:
     folder = tmp_path / MODEL
@@ -406,7 +407,7 @@ def test_a_noop_build_reuses_and_a_changed_source_file_rebuilds_and_is_named(pro
     root = project.copy(tmp_path / "p")
     proc = project.run("build", "-t", "fp32", root=root)
     assert proc.returncode == 0 and "0 built, 1 up-to-date" in proc.stdout, proc.stdout + proc.stderr
-    before = json.loads((root / "dist" / "fp32" / MODEL / manifest.MANIFEST).read_text())["build_key"]
+    before = json.loads((root / "dist" / "fp32" / MODEL / manifest_types.MANIFEST).read_text())["build_key"]
     with open(root / "models" / MODEL / "tokenizer_config.json", "a") as f:
         f.write(" ")
     proc = project.run("plan", "-t", "fp32", "--json", root=root)
@@ -415,7 +416,7 @@ def test_a_noop_build_reuses_and_a_changed_source_file_rebuilds_and_is_named(pro
     assert row["rebuild"] is True and row["why"] == "changed: source:tokenizer_config.json", row
     proc = project.run("build", "-t", "fp32", root=root)
     assert proc.returncode == 0 and "1 built, 0 up-to-date" in proc.stdout, proc.stdout + proc.stderr
-    assert json.loads((root / "dist" / "fp32" / MODEL / manifest.MANIFEST).read_text())["build_key"] != before
+    assert json.loads((root / "dist" / "fp32" / MODEL / manifest_types.MANIFEST).read_text())["build_key"] != before
     (row,) = json.loads(project.run("plan", "-t", "fp32", "--json", root=root).stdout)
     assert row["rebuild"] is False, row
 
@@ -432,7 +433,7 @@ def test_a_reproducible_build_gives_the_same_bytes_twice(project: Project, tmp_p
         folder = root / "dist" / "int4" / MODEL
         digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())
                         if f.is_file()})
-    assert digests[0] == digests[1] and {"model.onnx.enc", manifest.MANIFEST} <= set(digests[0])
+    assert digests[0] == digests[1] and {"model.onnx.enc", manifest_types.MANIFEST} <= set(digests[0])
 
 
 def test_an_exclude_nodes_name_the_graph_lacks_is_a_config_error(project: Project, tmp_path: Path) -> None:
@@ -453,7 +454,7 @@ def test_a_cuda_target_is_portable_and_its_loader_refuses_it(project: Project, o
     if og.is_cuda_available():
         pytest.skip("this onnxruntime-genai runs CUDA here: the target is not portable")
     folder = project.dist("cuda")
-    doc = json.loads((folder / manifest.MANIFEST).read_text())
+    doc = json.loads((folder / manifest_types.MANIFEST).read_text())
     assert doc["status"] == "portable" and list(doc["missing_providers"]) == ["CUDAExecutionProvider"]
     assert doc["generative"]["execution_provider"] == "cuda"
     assert json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["session_options"][
@@ -482,7 +483,7 @@ def test_test_release_and_verify(project: Project, tmp_path: Path) -> None:
     assert [p["prompt"] for p in prompts] == project.prompts()
     assert all(p["first_divergence"] is None and p["agreement"] == 1.0 for p in prompts)  # fp32: exact
     tokens = folder / "golden" / "tokens.json"
-    signed = {g["name"]: g["sha256"] for g in json.loads((folder / manifest.MANIFEST).read_text())["golden"]}
+    signed = {g["name"]: g["sha256"] for g in json.loads((folder / manifest_types.MANIFEST).read_text())["golden"]}
     assert signed["golden/tokens.json"] == hashlib.sha256(tokens.read_bytes()).hexdigest()
     recorded = json.loads(tokens.read_text())["prompts"]
     assert [p["prompt"] for p in recorded] == project.prompts()
@@ -506,7 +507,7 @@ def test_test_release_and_verify(project: Project, tmp_path: Path) -> None:
     signing = keys.signing_key(file=root / "keys" / keys.SIGNING_FILE)
     assert signing is not None
     files = {}
-    for g in json.loads((folder / manifest.MANIFEST).read_text())["golden"]:
+    for g in json.loads((folder / manifest_types.MANIFEST).read_text())["golden"]:
         data = (folder / g["name"]).read_bytes()
         files[g["name"]] = (hashlib.sha256(data).hexdigest(), len(data))
     manifest.sign_golden(folder, files, signing.sign, keys.read_public_key(public), root=root / "dist")

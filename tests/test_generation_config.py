@@ -49,10 +49,10 @@ def _error(path: Path) -> ConfigError:
 
 def test_a_hugging_face_directory_makes_a_generative_model_and_target(tmp_path: Path) -> None:
     p = config.load(_project(tmp_path, '[targets.llm-cpu]\n' + CPU + 'models = ["llm"]\n', onnx=True))
-    assert p.models["llm"].generative and not p.models["cnn"].generative
+    assert p.models["llm"].kind == "generative" and p.models["cnn"].kind == "onnx"
     assert p.models["llm"].path == STUB and p.models["llm"].inputs == STUB / "prompts.txt"
     t = p.targets["llm-cpu"]
-    assert t.generative and t.models == ("llm",)
+    assert t.kind == "generative" and t.models == ("llm",)
     assert t.settings["llm"].precision == "fp32"
 
 
@@ -77,7 +77,7 @@ def test_any_weights_file_the_builder_reads_will_do(tmp_path: Path) -> None:
     shutil.copytree(STUB, hf)
     (hf / "model.safetensors").rename(hf / "pytorch_model.bin")
     path = _project(tmp_path, "[targets.t]\n" + CPU + 'models = ["llm"]\n', llm=hf)
-    assert config.load(path).models["llm"].generative
+    assert config.load(path).models["llm"].kind == "generative"
     assert generation.directory_problem(hf) is None
     assert generation.directory_problem(hf / "config.json") == "is not a directory"
 
@@ -101,7 +101,7 @@ def test_the_same_keys_on_an_onnx_model_are_accepted(tmp_path: Path) -> None:
     p = config.load(_project(tmp_path, "[targets.t]\n" + CPU + 'models = ["cnn"]\nprecision = "int8-static"\n'
                              'format = "ort"\n', onnx=True,
                              onnx_extra=f'calibration = "{MODELS / "tiny_cnn.calib.npz"}"\n'))
-    assert p.targets["t"].settings["cnn"].format == "ort" and not p.targets["t"].generative
+    assert p.targets["t"].settings["cnn"].format == "ort" and p.targets["t"].kind == "onnx"
 
 
 @pytest.mark.parametrize(("key", "value"), [
@@ -140,8 +140,8 @@ def test_a_target_builds_one_kind_of_model(tmp_path: Path) -> None:
 def test_a_wildcard_never_selects_a_generative_model(tmp_path: Path) -> None:
     p = config.load(_project(tmp_path, "[targets.all]\n" + CPU + 'models = ["*"]\n'
                              "[targets.named]\n" + CPU + 'models = ["l*", "llm"]\n', onnx=True))
-    assert p.targets["all"].models == ("cnn",) and not p.targets["all"].generative
-    assert p.targets["named"].models == ("llm",) and p.targets["named"].generative  # named: selected
+    assert p.targets["all"].models == ("cnn",) and p.targets["all"].kind == "onnx"
+    assert p.targets["named"].models == ("llm",) and p.targets["named"].kind == "generative"  # named: selected
     e = _error(_project(tmp_path, "[targets.t]\n" + CPU + 'models = ["l*"]\n', onnx=True))
     assert e.where == "targets.t.models" and "selects only generative models through wildcards (l*)" in e.detail
     assert e.hint is not None and "name a generative model" in e.hint
@@ -213,7 +213,7 @@ def test_token_and_generation_budgets_never_change_the_build_key_and_the_source_
 def test_a_generative_model_not_made_yet_loads_and_its_build_says_how_to_make_it(tmp_path: Path) -> None:
     path = _project(tmp_path, "[targets.llm]\n" + CPU + 'models = ["llm"]\n', llm="models/tiny_llama")
     p = config.load(path)  # made on first use: other commands keep working
-    assert p.models["llm"].generative and p.targets["llm"].generative
+    assert p.models["llm"].kind == "generative" and p.targets["llm"].kind == "generative"
     job = plan.jobs(p, ["llm"], ["llm"])[0]
     with pytest.raises(ConfigError) as err:
         Builder(p, tmp_path / "dist", secrets=keys.read_secrets(), progress=lambda job, msg: None).prepare(job)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import keygen, keys
+from ortbuild.artifact import ed25519, keygen, keys
 from ortbuild.errors import KeyMissing
 from tests.conftest import TEST_KEY, TEST_SIGNING_SEED, run_cli
 
@@ -67,7 +67,7 @@ def test_a_key_file_group_or_others_may_read_or_write_is_refused_with_the_chmod(
 
 def test_the_public_key_is_no_secret_and_a_pipe_has_no_mode(made: dict[str, str], no_key_env: None) -> None:
     assert stat.S_IMODE(os.stat(made["public_key"]).st_mode) == 0o644
-    assert keys.public_key_id(keys.read_public_key(made["public_key"])) == made["public_key_id"]
+    assert ed25519.public_key_id(keys.read_public_key(made["public_key"])) == made["public_key_id"]
     # --key-file <(pass show key): a pipe, not a file with a mode
     text = Path(made["encryption_key"]).read_text()
     r, w = os.pipe()

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import pytest
 
-from ortbuild.artifact import container, keygen, keys, loaders, manifest, pieces
+from ortbuild.artifact import container, ed25519, keygen, keys, loaders, manifest, pieces
 from ortbuild.errors import ArtifactError
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, plan
@@ -1782,14 +1782,15 @@ def test_both_loaders_read_key_files_as_the_cli_does(one: Path, node_app: Path, 
                         "encryption key `ortbuild keygen` wrote beside it",
         "public-file": f"{made['public_key']} is a public key, not an encryption key: use encryption.key, the "
                        "encryption key `ortbuild keygen` wrote beside it",
-        "seed-file": f"{seed_file} is the artifact's signing key (key id {keys.public_key_id(base64.b64decode(public))}"
-                     "), not the encryption key: give encryption.key, the key the artifact was built with",
+        "seed-file": f"{seed_file} is the artifact's signing key (key id "
+                     f"{ed25519.public_key_id(base64.b64decode(public))}), not the encryption key: give "
+                     "encryption.key, the key the artifact was built with",
         "seed-env": "$ORTBUILD_KEY is the artifact's signing key (key id "
-                    f"{keys.public_key_id(base64.b64decode(public))}), not the encryption key: give encryption.key, "
+                    f"{ed25519.public_key_id(base64.b64decode(public))}), not the encryption key: give encryption.key, "
                     "the key the artifact was built with",
         "public-arg": "the key argument is the public key of the artifact's signing key (key id "
-                      f"{keys.public_key_id(base64.b64decode(public))}), not the encryption key: give encryption.key, "
-                      "the key the artifact was built with",
+                      f"{ed25519.public_key_id(base64.b64decode(public))}), not the encryption key: give "
+                      "encryption.key, the key the artifact was built with",
     }
     loader = node_app / f"loader_keys_{os.getpid()}.mjs"
     shutil.copy(one / "loader" / loaders.NODE, loader)

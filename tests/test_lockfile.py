@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild.errors import ConfigError
-from ortbuild.project import config, lockfile, plan
+from ortbuild.project import config, lock_entry, lockfile, plan
 from tests.conftest import here_runtime
 
 TOML = f"""[project]
@@ -34,15 +34,15 @@ def project(tmp_path: Path) -> config.Project:
     return config.load(tmp_path / "targets.toml", check_files=False)
 
 
-def _entry(**applies: dict[str, object]) -> lockfile.Entry:
-    return lockfile.Entry("int8/m", "sha256:s", "sha256:t", applies, {"kept": 'node "b"', "rebuilds": 2},
+def _entry(**applies: dict[str, object]) -> lock_entry.Entry:
+    return lock_entry.Entry("int8/m", "sha256:s", "sha256:t", applies, {"kept": 'node "b"', "rebuilds": 2},
                           {"speedup": 1.25})
 
 
 def test_an_entry_round_trips_through_the_file(project: config.Project) -> None:
     entry = _entry(quantization={"exclude_nodes": ["a", 'b "quoted" ü']},
                    session={"intra_op_num_threads": 1, "config": {"session.intra_op.allow_spinning": "0"}})
-    other = lockfile.Entry("int8/other", "sha256:a", "sha256:b")
+    other = lock_entry.Entry("int8/other", "sha256:a", "sha256:b")
     lockfile.record(project, other)
     lockfile.record(project, entry)  # read again and added to: the other entry stays
     text = lockfile.path_of(project).read_text()

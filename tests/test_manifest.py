@@ -9,8 +9,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import fit as artifact_fit
-from ortbuild.artifact import keys, manifest, pieces
+from ortbuild.artifact import keys, manifest, manifest_types, pieces
 from ortbuild.errors import ArtifactError
+from ortbuild.files import atomic_write
 
 
 def test_timestamp_honours_source_date_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,14 +24,14 @@ def test_timestamp_honours_source_date_epoch(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_atomic_write_never_leaves_a_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "model.onnx"
-    manifest.atomic_write(target, b"good", root=tmp_path)
+    atomic_write(target, b"good", root=tmp_path)
 
     def boom(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(OSError, match="disk full"):
-        manifest.atomic_write(target, b"half-written", root=tmp_path)
+        atomic_write(target, b"half-written", root=tmp_path)
     assert target.read_bytes() == b"good"
     assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
 
@@ -46,37 +47,37 @@ def test_read_finds_the_manifest_from_dir_file_or_artifact(tmp_path: Path) -> No
         manifest.read(tmp_path / "manifest.json")
 
 
-def _manifest(**changes: object) -> manifest.Manifest:
+def _manifest(**changes: object) -> manifest_types.Manifest:
     import dataclasses
 
-    base = manifest.Manifest(
-        project=manifest.ProjectInfo("p", "1"), target="t", model="m", status="complete", missing_providers={},
-        source=manifest.Source("m.onnx", "0" * 64, 3, 8, {"ai.onnx": 13}),
-        artifact=manifest.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0,
-                                   [manifest.ArtifactFile("model.onnx", "model", "model.onnx", "0" * 64, 3, False,
-                                                          manifest.Pieces(0, 4 << 20, ["1" * 64]))]),
-        precision=manifest.PrecisionInfo("fp32", {}), providers=[{"name": "CPUExecutionProvider", "options": {}}],
+    base = manifest_types.Manifest(
+        project=manifest_types.ProjectInfo("p", "1"), target="t", model="m", status="complete", missing_providers={},
+        source=manifest_types.Source("m.onnx", "0" * 64, 3, 8, {"ai.onnx": 13}),
+        artifact=manifest_types.Artifact("model.onnx", "onnx", "0" * 64, 3, 1.0,
+                                   [manifest_types.ArtifactFile("model.onnx", "model", "model.onnx", "0" * 64, 3, False,
+                                                          pieces.Pieces(0, 4 << 20, ["1" * 64]))]),
+        precision=manifest_types.PrecisionInfo("fp32", {}), providers=[{"name": "CPUExecutionProvider", "options": {}}],
         session={}, free_dimensions={},
-        optimization=manifest.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
-        io={"inputs": [], "outputs": []}, golden_run=manifest.GoldenRun([], [], ""),
+        optimization=manifest_types.Optimization("all", "all", True, {}, ["CPUExecutionProvider"], {}),
+        io={"inputs": [], "outputs": []}, golden_run=manifest_types.GoldenRun([], [], ""),
         versions={"onnxruntime": {"distribution": "onnxruntime", "version": "1.31.1"}},
         build_machine={"cpu": "x", "simd_level": "avx2"},
         build_key="k", created="2026-01-01T00:00:00Z", encryption=None,
-        signing=manifest.Signing("Ed25519", "", "", False))
+        signing=manifest_types.Signing("Ed25519", "", "", False))
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
 def test_round_trip_and_strict_reading(tmp_path: Path) -> None:
     m = _manifest()
-    assert manifest.Manifest.from_json(m.to_json()) == m
+    assert manifest_types.Manifest.from_json(m.to_json()) == m
     doc = json.loads(m.to_json())
     doc["artifacT"] = doc.pop("artifact")
     with pytest.raises(ArtifactError, match="unknown manifest key 'artifacT'"):
-        manifest.Manifest.from_json(json.dumps(doc))
+        manifest_types.Manifest.from_json(json.dumps(doc))
     doc = json.loads(m.to_json())
     doc["artifact"]["size"] = "3"
     with pytest.raises(ArtifactError, match=r"'artifact\.size' has the wrong type"):
-        manifest.Manifest.from_json(json.dumps(doc))
+        manifest_types.Manifest.from_json(json.dumps(doc))
 
 
 @pytest.mark.parametrize(("edit", "says"), [
@@ -94,7 +95,7 @@ def test_damaged_manifests_are_reported_never_indexed_blindly(edit: object, says
     doc = json.loads(_manifest().to_json())
     edit(doc)  # type: ignore[operator]
     with pytest.raises(ArtifactError, match="damaged manifest") as err:
-        manifest.Manifest.from_json(json.dumps(doc))
+        manifest_types.Manifest.from_json(json.dumps(doc))
     assert says in err.value.message and err.value.exit_code == 7
 
 

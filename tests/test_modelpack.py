@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import requests
 
+from ortbuild import oci_ref
 from ortbuild.artifact import keygen
 from ortbuild.errors import RegistryError
 from ortbuild.project import precisions
@@ -216,7 +217,7 @@ def _published(released: Path, tmp_path: Path, signature: bool) -> release.Publi
 def test_the_model_signature_is_pushed_and_pulled_where_present(oci: str, released: Path, tmp_path: Path,  # noqa: F811
                                                                 layout: str) -> None:
     pub = _published(released, tmp_path, signature=True)
-    ref = registry.parse(f"oci://{oci}/models/sig:{layout}")
+    ref = oci_ref.parse(f"oci://{oci}/models/sig:{layout}")
     registry.push(ref, pub, layout)
     man, _ = _manifest(oci, "models/sig", layout)
     (sig,) = [x for x in man["layers"] if x["annotations"]["org.opencontainers.image.title"] == "model.sig"]
@@ -227,7 +228,7 @@ def test_the_model_signature_is_pushed_and_pulled_where_present(oci: str, releas
     assert sorted(got) == sorted(pub.files)
     assert got["model_signature"].read_bytes() == pub.files["model_signature"].read_bytes()
     # without it (an older release): pulled all the same
-    ref = registry.parse(f"oci://{oci}/models/sig:{layout}-without")
+    ref = oci_ref.parse(f"oci://{oci}/models/sig:{layout}-without")
     registry.push(ref, _published(released, tmp_path / "b", signature=False), layout)
     (tmp_path / "out2").mkdir()
     assert "model_signature" not in registry.pull(ref, tmp_path / "out2")
@@ -264,7 +265,7 @@ def test_a_modelpack_artifact_ortbuild_did_not_make_is_refused(oci: str, pushed:
                                     "config": config, "layers": layers})
         (tmp_path / tag).mkdir()
         with pytest.raises(RegistryError, match=match) as e:
-            registry.pull(registry.parse(ref), tmp_path / tag)
+            registry.pull(oci_ref.parse(ref), tmp_path / tag)
         assert ref in e.value.message
 
     # a layer of a kind no release has (another tool's packed weights)

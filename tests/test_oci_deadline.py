@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import cli, oci
+from ortbuild import cli, oci, oci_ref
 from ortbuild.errors import RegistryError, Tampered
 from ortbuild.pipeline import cache
 from ortbuild.publish import registry
@@ -259,7 +259,7 @@ def test_a_huge_manifest_is_refused_before_it_is_read(tmp_path: Path, serve: Cal
     start = time.monotonic()
     if reader == "pull":
         with pytest.raises(RegistryError) as e:
-            registry.pull(oci.parse(f"oci://{server.where}/r:tag"), tmp_path)
+            registry.pull(oci_ref.parse(f"oci://{server.where}/r:tag"), tmp_path)
         message = e.value.message
     else:
         c = cache.configured(tmp_path / "targets.toml", "", f"oci://{server.where}/cache", False)
@@ -278,7 +278,7 @@ def test_a_manifest_nested_too_deep_for_json_is_refused_not_a_crash(tmp_path: Pa
                                                                     serve: Callable[[str], Server]) -> None:
     server = serve("nested")
     with pytest.raises(RegistryError, match="its manifest is not JSON"):
-        registry.pull(oci.parse(f"oci://{server.where}/r:tag"), tmp_path)
+        registry.pull(oci_ref.parse(f"oci://{server.where}/r:tag"), tmp_path)
 
 
 def test_a_bad_deadline_setting_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,8 +23,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortbuild.artifact import container, keys, manifest
+from ortbuild.artifact import container, keys, manifest, manifest_types
 from ortbuild.errors import ArtifactError, ConfigError, Tampered
+from ortbuild.files import sha256_file
 from ortbuild.gating import runner as gates
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.steps import operators
@@ -140,7 +141,7 @@ def _flatbuffer_ops(data: bytes) -> set[tuple[str, int, str]]:
     return found
 
 
-def _listed(sets: list[manifest.OperatorSet]) -> set[tuple[str, int, str]]:
+def _listed(sets: list[manifest_types.OperatorSet]) -> set[tuple[str, int, str]]:
     return {(s.domain, s.opset, op) for s in sets for op in s.ops}
 
 
@@ -161,7 +162,7 @@ def test_each_artifact_ships_a_signed_config_listing_exactly_its_operators(built
         m = manifest.trusted(folder, keys.read_secrets().signing.public_raw)  # type: ignore[union-attr]
         assert m is not None and m.operators is not None and m.artifact.format == "ort"
         text = (folder / operators.CONFIG).read_text()
-        assert m.operators.sha256 == manifest.sha256_file(folder / operators.CONFIG)
+        assert m.operators.sha256 == sha256_file(folder / operators.CONFIG)
         assert m.operators.config == operators.CONFIG and m.operators.type_reduction
         assert m.operators.made_by.startswith(operators.TOOL)
         truth = _flatbuffer_ops(_ort(folder))
@@ -286,13 +287,13 @@ def test_x86_only_layout_ops_in_the_config_get_a_note(tmp_path: Path) -> None:
 
 
 def test_merge_joins_types_per_op_as_ort_does(built: Path) -> None:
-    a = [manifest.OperatorSet("ai.onnx", 13, ["Cast", "OneHot"], {
+    a = [manifest_types.OperatorSet("ai.onnx", 13, ["Cast", "OneHot"], {
         "Cast": {"inputs": {"0": ["float"]}, "outputs": {"0": ["int64_t"]}},
         "OneHot": {"custom": [["int64_t", "int64_t", "float"]]}})]
-    b = [manifest.OperatorSet("ai.onnx", 19, ["Cast"],
+    b = [manifest_types.OperatorSet("ai.onnx", 19, ["Cast"],
                               {"Cast": {"inputs": {"0": ["int32_t"]}, "outputs": {"0": ["float"]}}}),
-         manifest.OperatorSet("com.microsoft", 1, ["FusedConv"])]
-    sections = [manifest.Operators("c", "", 0, True, "t", a), manifest.Operators("c", "", 0, True, "t", b)]
+         manifest_types.OperatorSet("com.microsoft", 1, ["FusedConv"])]
+    sections = [manifest_types.Operators("c", "", 0, True, "t", a), manifest_types.Operators("c", "", 0, True, "t", b)]
     text, typed = operators.merge(sections, ["t/b/model.ort", "t/a/model.ort"])
     cast = '{"inputs": {"0": ["float", "int32_t"]}, "outputs": {"0": ["float", "int64_t"]}}'
     assert typed and text == (
@@ -302,7 +303,7 @@ def test_merge_joins_types_per_op_as_ort_does(built: Path) -> None:
     older = manifest.read(built / "dist" / "mobile" / "mlp")[0]
     with pytest.raises(ArtifactError, match=r"mobile/mlp: its \.ort artifact has no operator config"):
         release.merged_operators("mobile", {"mlp": dataclasses.replace(older, operators=None)})
-    untyped = [sections[0], manifest.Operators("c", "", 0, False, "t", b)]
+    untyped = [sections[0], manifest_types.Operators("c", "", 0, False, "t", b)]
     assert operators.merge(untyped, [])[0] == "# Generated from model/s:\nai.onnx;13;Cast,OneHot\nai.onnx;19;Cast\n" \
         "com.microsoft;1;FusedConv\n"
 
@@ -335,15 +336,15 @@ def test_a_changed_config_is_tampered(built: Path, tmp_path: Path) -> None:
 
 
 def test_the_manifest_section_is_read_strictly(built: Path) -> None:
-    doc = json.loads((built / "dist" / "mobile" / "gate" / manifest.MANIFEST).read_bytes())
+    doc = json.loads((built / "dist" / "mobile" / "gate" / manifest_types.MANIFEST).read_bytes())
     section = doc["operators"]
     assert set(section) == {"config", "sha256", "size", "type_reduction", "made_by", "operators"}
     assert {"domain": "ai.onnx", "opset": 16, "ops": ["If"], "types": {}} in section["operators"]
     for bad in ({**section, "config": "../x.config"},
                 {**section, "operators": [{"domain": "ai.onnx", "opset": 13, "ops": ["Add"], "types": {"Mul": {}}}]}):
         with pytest.raises(ArtifactError, match="damaged manifest: operators"):
-            manifest.Manifest.from_json(json.dumps({**doc, "operators": bad}))
-    assert json.loads((built / "dist" / "ios" / "mlp" / manifest.MANIFEST).read_bytes())["status"] == "portable"
+            manifest_types.Manifest.from_json(json.dumps({**doc, "operators": bad}))
+    assert json.loads((built / "dist" / "ios" / "mlp" / manifest_types.MANIFEST).read_bytes())["status"] == "portable"
 
 
 @pytest.mark.parametrize("provider, ships", [("XnnpackExecutionProvider", "--use_xnnpack"),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ortbuild.cli import build as build_cli
+from ortbuild.cli import building
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.project import config, plan
 from tests.bigmodels import mlp
@@ -33,6 +32,6 @@ def test_workers_are_sized_by_the_external_data_too_and_the_cli_says_why(
     n, why = default_workers(jobs)
     assert n == 1
     assert "the largest model, mlp, is 64.00 GiB (all its files)" in why and "-j overrides" in why
-    assert build_cli.worker_count(argparse.Namespace(jobs=None), jobs) == 1
+    assert building.worker_count(None, jobs) == 1
     assert f"ortbuild: {why}" in capsys.readouterr().err
-    assert build_cli.worker_count(argparse.Namespace(jobs=3), jobs) == 3  # -j is the user's word
+    assert building.worker_count(3, jobs) == 3  # -j is the user's word

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import runtime
+from ortbuild import installed, runtime
 from ortbuild.gating.measure import profile
 from tests.conftest import run_cli
 
@@ -94,7 +94,7 @@ def test_profile_of_a_target_that_cannot_run_here_is_skipped(absent_provider_pro
 def test_profile_shows_cpu_fallback_of_openvino(make_project: Callable[..., Path]) -> None:
     """onnxruntime-openvino's EP takes no ONNX-ML tree ensemble: ORT runs it on the CPU provider, silently."""
     if runtime.provider_here("OpenVINOExecutionProvider") is not None or \
-            runtime.installed_flavor().distribution != "onnxruntime-openvino":  # type: ignore[union-attr]
+            installed.installed_flavor().distribution != "onnxruntime-openvino":  # type: ignore[union-attr]
         pytest.skip("needs the onnxruntime-openvino flavor (nox -s tests-openvino)")
     path = make_project("""
         [targets.ov]

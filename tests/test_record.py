@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from ortbuild.gating.gates import catalog
+from ortbuild.gating.gates import registry
+from ortbuild.gating.protocol import Gate, Judged
 from ortbuild.gating.record import TestResult
 from ortbuild.status import Verdict
 
@@ -26,8 +27,8 @@ def test_an_older_report_takes_the_defaults_of_what_it_lacks() -> None:
     old = {"target": "cpu", "model": "m", "precision": "fp32", "status": "PASS", "accuracy": "PASS",
            "latency_verdict": "INCONCLUSIVE", "size_verdict": "PASS"}  # before startup, judged, gates, sections
     r = TestResult.from_json(old)
-    assert r.judged == list(catalog.NAMES) and r.sections == {} and r.startup == {}
-    assert r.gates() == {**dict.fromkeys(catalog.NAMES, "-"), "accuracy": "PASS", "size": "PASS",
+    assert r.judged == list(registry.NAMES) and r.sections == {} and r.startup == {}
+    assert r.gates() == {**dict.fromkeys(registry.NAMES, "-"), "accuracy": "PASS", "size": "PASS",
                          "latency": "INCONCLUSIVE"}
     assert TestResult.from_json({}).target == ""  # nothing at all: an empty record, not a crash
 
@@ -50,12 +51,13 @@ def test_a_verdict_that_is_none_reads_as_not_run() -> None:
 
 
 def test_a_newer_gates_section_holds_its_verdict_and_enters_the_document_only_when_filled() -> None:
-    gate = catalog.Gate("probe", "a test gate", lambda ctx: None, lambda g: True)
+    gate = Gate("probe", "a test gate", lambda ctx: Judged("-", {}, []), lambda g: True)
     r = TestResult("t", "m", "fp32")
     assert "sections" not in r.as_json()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(catalog, "GATES", (*catalog.GATES, gate))
-        mp.setattr(catalog, "BY_NAME", {**catalog.BY_NAME, "probe": gate})
+        mp.setattr(registry, "GATES", (*registry.GATES, gate))
+        mp.setattr(registry, "BY_NAME", {**registry.BY_NAME, "probe": gate})
+        mp.setattr(registry, "NAMES", (*registry.NAMES, "probe"))
         assert r.gates()["probe"] == "-"
         r.set_verdict("probe", Verdict.FAIL)
         doc = r.as_json()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ortbuild import oci_ref
 from ortbuild.errors import OrtbuildError
 from ortbuild.publish import registry
 from tests.test_epochs import Releases, releases  # noqa: F401  (a module fixture)
@@ -118,7 +119,7 @@ def test_a_tampered_artifact_in_the_registry_is_refused(oci: str, released: Path
              "signature": evil / "SHA256SUMS.minisig"}
 
     index = json.loads(files["index"].read_text())
-    ref = registry.parse(f"oci://{oci}/models/rel:evil")
+    ref = oci_ref.parse(f"oci://{oci}/models/rel:evil")
     registry.push(ref, release.Published("cpu", evil, files, [], index))
     proc = cli("pull", str(ref), "--public-key", str(public_key_file(tmp_path)), "--to", str(tmp_path / "d"),
                cwd=tmp_path)
@@ -130,7 +131,7 @@ def test_registry_errors_are_clear(oci: str, tmp_path: Path) -> None:
     proc = cli("verify", f"oci://{oci}/models/none:1", "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 11 and f"oci://{oci}/models/none:1" in proc.stderr and "Traceback" not in proc.stderr
     with pytest.raises(OrtbuildError, match="not an OCI reference"):
-        registry.parse("oci://UPPER/Case:tag")
+        oci_ref.parse("oci://UPPER/Case:tag")
     closed = _free_port()
     proc = cli("pull", f"oci://127.0.0.1:{closed}/x:y", "--public-key", str(public_key_file(tmp_path)), cwd=tmp_path)
     assert proc.returncode == 11 and "registry running" in proc.stderr
@@ -144,7 +145,7 @@ def _push(oci: str, folder: Path, tag: str) -> str:
     name = index_file.name.removesuffix(f".{release.INDEX}")
     files = {"bundle": folder / f"{name}.tar", "index": index_file, "provenance": folder / f"{name}.intoto.jsonl",
              "sums": folder / release.SUMS, "signature": folder / release.SUMS_SIG}
-    ref = registry.parse(f"oci://{oci}/models/epochs:{tag}")
+    ref = oci_ref.parse(f"oci://{oci}/models/epochs:{tag}")
     registry.push(ref, release.Published("cpu", folder, files, [], json.loads(index_file.read_text())))
     return str(ref)
 

@@ -20,10 +20,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ortbuild.artifact import keys, minisign
+from ortbuild.artifact import keys, manifest_types, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
-from ortbuild.publish import release, tarball, verify
+from ortbuild.publish import provenance, release, tarball, verify
 from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime
 
 pytestmark = pytest.mark.runtime
@@ -310,7 +310,7 @@ def _resign(folder: Path, bundle: bytes, name: str = "rel-1.0-cpu.tar") -> None:
     for s in st["subject"]:
         if s["name"].startswith("rel-1.0-cpu.tar"):
             s["name"], s["digest"]["sha256"] = name, tarball.sha256(bundle)
-    prov.write_bytes(release.envelope(st, SIGNER))
+    prov.write_bytes(provenance.envelope(st, SIGNER))
     sums = release.sums_text({p.name: tarball.sha256(p.read_bytes()) for p in
                               (b, prov, folder / "rel-1.0-cpu.release.json")})
     (folder / "SHA256SUMS").write_bytes(sums)
@@ -402,7 +402,7 @@ def test_wrong_public_key_and_missing_key_are_clear(released: Path, tmp_path: Pa
         prov = folder / "rel-1.0-cpu.intoto.jsonl"
         st = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
         st["predicate"]["runDetails"]["byproducts"][0]["annotations"]["status"] = "FAIL"
-        prov.write_bytes(release.envelope(st, SIGNER))
+        prov.write_bytes(provenance.envelope(st, SIGNER))
         _resign(folder, (folder / "rel-1.0-cpu.tar").read_bytes())
         _check(folder)
 
@@ -483,7 +483,6 @@ def test_an_inconclusive_test_is_refused_naming_the_command_that_judges_that_gat
     from types import SimpleNamespace
     from typing import cast
 
-    from ortbuild.artifact import manifest
     from ortbuild.gating.record import TestResult
     from ortbuild.gating.reports.selection import undecided_reason
     from ortbuild.status import Verdict
@@ -496,7 +495,7 @@ def test_an_inconclusive_test_is_refused_naming_the_command_that_judges_that_gat
     assert r.reason == ("p99: FAIL measured under load 4.3 on 2 CPUs, twice; judge latency, server alone again: "
                         "ortbuild test -t cpu-fp32 -m tiny_cnn --gates latency,server   (or: nox -s \"test(cpu-fp32)\" "
                         "-- -m tiny_cnn --gates latency,server)")
-    m = cast(manifest.Manifest, SimpleNamespace(generative=None))
+    m = cast(manifest_types.Manifest, SimpleNamespace(generative=None, kind="onnx"))
     said = release._test_problem(tmp_path, m, r, "cpu-fp32")
     assert said == (
         "its tests did not pass (INCONCLUSIVE: p99: FAIL measured under load 4.3 on 2 CPUs, twice): its latency, "

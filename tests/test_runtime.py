@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild import runtime
+from ortbuild import installed, machine, runtime
 from ortbuild.artifact import keys
 from ortbuild.pipeline.build import Builder
 from ortbuild.project import config, options, plan
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.runtime
 
 
 def test_one_flavor_is_installed_and_its_cpu_provider_works() -> None:
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None and flavor.distribution in options.RUNTIMES
     assert runtime.probe_provider(Provider("CPUExecutionProvider")) is None
 
@@ -36,17 +36,17 @@ def test_simd_level_names_the_vector_width() -> None:
 
     if platform.machine() != "x86_64":
         pytest.skip("x86_64 only")
-    assert runtime.simd_level(frozenset({"avx2", "avx512f"})) == "x86_64-avx512"
-    assert runtime.simd_level(frozenset({"avx2", "fma"})) == "x86_64-avx2"
-    assert runtime.simd_level(frozenset()) == "x86_64-sse"
-    fp = runtime.fingerprint()
-    assert fp["simd_level"] == runtime.simd_level() and set(fp["isa_flags"]) <= runtime.cpu_flags()
+    assert machine.simd_level(frozenset({"avx2", "avx512f"})) == "x86_64-avx512"
+    assert machine.simd_level(frozenset({"avx2", "fma"})) == "x86_64-avx2"
+    assert machine.simd_level(frozenset()) == "x86_64-sse"
+    fp = machine.fingerprint()
+    assert fp["simd_level"] == machine.simd_level() and set(fp["isa_flags"]) <= machine.cpu_flags()
 
 
 def test_primary_provider_of_this_flavor_builds_and_runs(make_project: Callable[..., Path],
                                                          tmp_path: Path) -> None:
     """The flavor's own accelerator provider where it runs here (OpenVINO), else the CPU."""
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None
     primary = options.RUNTIMES[flavor.distribution][0]
     if runtime.probe_provider(Provider(primary)) is not None:

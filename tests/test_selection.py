@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.gating.gates import catalog
-from ortbuild.gating.record import TestResult
+from ortbuild.gating.gates import registry
+from ortbuild.gating.record import TestResult, doc_kind
 from ortbuild.gating.reports import report, selection
 from tests.conftest import run_cli
 
 
 def test_names_parse_into_the_gates_in_their_order() -> None:
-    assert catalog.NAMES == selection.GATES
+    assert registry.NAMES == selection.GATES
     assert selection.parse("accuracy") == ("accuracy",)
     assert selection.parse(" latency , Accuracy,latency") == ("accuracy", "latency")
     assert selection.parse("startup") == ("cold_start", "memory")
@@ -44,17 +44,18 @@ def test_an_unknown_gate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
 def test_what_a_result_says_of_the_gates_it_left_out() -> None:
     row = {"status": "PASS", "judged": ["accuracy"], "gates": {g: "-" for g in selection.GATES}}
     rest = ["size", "latency", "cold_start", "memory", "eval", "throughput", "server", "multi_stream"]
-    assert selection.left_out(row) == rest
-    assert selection.not_judged(row) == f"not judged (--gates accuracy): {', '.join(rest)}"
+    assert selection.left_out(row["judged"], "onnx") == rest
+    assert selection.not_judged(row["judged"], "onnx") == f"not judged (--gates accuracy): {', '.join(rest)}"
     assert report.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
     failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "accuracy": "FAIL"}
     assert report.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
     # a generative model's record: its own gates (and size) only
     llm = {"status": "PASS", "judged": ["accuracy"], "generative": True}
-    assert selection.left_out(llm) == ["size", "tokens", "generation"]
-    assert TestResult.from_json(llm).generative and "generative" not in TestResult.from_json(row).as_json()
+    assert selection.left_out(llm["judged"], doc_kind(llm)) == ["size", "tokens", "generation"]
+    assert TestResult.from_json(llm).kind == "generative" and TestResult.from_json(llm).as_json()["generative"]
+    assert "generative" not in TestResult.from_json(row).as_json() and TestResult.from_json(row).kind == "onnx"
     for full in ({"status": "PASS", "judged": list(selection.GATES)}, {"status": "PASS"}):  # {}: an older report
-        assert selection.left_out(full) == [] and selection.not_judged(full) == ""
+        assert selection.left_out(full.get("judged"), "onnx") == [] and selection.not_judged(full.get("judged"), "onnx") == ""
         assert report.verdict_cell(TestResult.from_json(full)) == "PASS"
 
 

@@ -21,7 +21,7 @@ import pytest
 from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
 from ortbuild.gating import runner as gates
-from ortbuild.gating.gates import task
+from ortbuild.gating.measure import task_eval as task
 from ortbuild.gating.measure import taskmetrics, taskstats
 from ortbuild.gating.measure.labelled import EvalData
 from ortbuild.gating.record import TestResult

@@ -21,8 +21,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild import cli
-from ortbuild.artifact import keygen, keys, loaders, manifest
+from ortbuild.artifact import ed25519, keygen, keys, loaders, manifest, manifest_types
 from ortbuild.errors import Tampered, WrongKey
+from ortbuild.files import sha256_file
 from tests.conftest import TEST_KEY
 from tests.test_loaders import install_node_app, node
 
@@ -66,9 +67,9 @@ def _flip(path: Path, at: int = -20) -> None:
 
 
 def _edit_manifest(folder: Path) -> None:
-    doc = json.loads((folder / manifest.MANIFEST).read_text())
+    doc = json.loads((folder / manifest_types.MANIFEST).read_text())
     doc["notes"] = [*doc["notes"], "an edit"]
-    (folder / manifest.MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (folder / manifest_types.MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def _resign(folder: Path) -> None:
@@ -76,24 +77,24 @@ def _resign(folder: Path) -> None:
     itself names: only a reader that trusts the manifest's own key would accept it."""
     enc = folder / "model.onnx.enc"
     _flip(enc)
-    doc = json.loads((folder / manifest.MANIFEST).read_text())
-    sha = manifest.sha256_file(enc)
+    doc = json.loads((folder / manifest_types.MANIFEST).read_text())
+    sha = sha256_file(enc)
     doc["artifact"]["sha256"] = sha
     for f in doc["artifact"]["files"]:
         if f["name"] == enc.name:
             f["sha256"] = sha
     other = Ed25519PrivateKey.generate()
     raw = other.public_key().public_bytes_raw()
-    doc["signing"].update(public_key=base64.b64encode(raw).decode(), public_key_id=keys.public_key_id(raw))
+    doc["signing"].update(public_key=base64.b64encode(raw).decode(), public_key_id=ed25519.public_key_id(raw))
     text = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-    (folder / manifest.MANIFEST).write_bytes(text)
+    (folder / manifest_types.MANIFEST).write_bytes(text)
     (folder / manifest.SIGNATURE).write_bytes(base64.b64encode(other.sign(text)) + b"\n")
 
 
 # kind -> (what to tamper with, given the artifact folder; the file whose bytes must survive)
 KINDS: dict[str, tuple[Callable[[Path], None], str]] = {
     "artifact": (lambda f: _flip(f / "model.onnx.enc"), "model.onnx.enc"),
-    "manifest": (_edit_manifest, manifest.MANIFEST),
+    "manifest": (_edit_manifest, manifest_types.MANIFEST),
     "loader": (lambda f: _flip(f / loaders.LOADER_DIR / loaders.NODE, 10), f"{loaders.LOADER_DIR}/{loaders.NODE}"),
     "golden": (lambda f: _flip(f / "golden" / "test_data_set_0" / "output_0.pb"), "golden/test_data_set_0/output_0.pb"),
     "resigned": (_resign, manifest.SIGNATURE),
@@ -179,7 +180,7 @@ def test_rekey_rotates_the_key_without_a_rebuild_and_the_old_key_gets_wrong_key(
     old = tmp_path / "old.key"
     old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old.chmod(0o600)
-    built = json.loads((folder / manifest.MANIFEST).read_text())
+    built = json.loads((folder / manifest_types.MANIFEST).read_text())
     code, text = ortbuild(capsys, "rekey", str(root / "dist"), "--old-key-file", str(old), "--new-key-file", new)
     assert code == 0, text
     m, _ = manifest.read(folder)
@@ -233,14 +234,14 @@ def test_another_artifacts_signed_directory_swapped_in_is_tampered_and_named(
             shutil.copytree(f, folder / f.name, dirs_exist_ok=True)
         else:
             shutil.copy2(f, folder / f.name)
-    swapped = (folder / manifest.MANIFEST).read_bytes()
+    swapped = (folder / manifest_types.MANIFEST).read_bytes()
     cfg = str(root / "targets.toml")
     args = {"build": ["build", "-c", cfg], "test": ["test", "-c", cfg, "--no-explain"],
             "inspect": ["inspect", str(folder)], "release": ["release", "-c", cfg, "-t", "cpu", "--force"]}[entry]
     code, text = ortbuild(capsys, *args)
     assert code == Tampered.exit_code, text
     assert "TAMPERED" in text and f"holds {holds}" in text and "not tiny_cnn for cpu" in text, text
-    assert (folder / manifest.MANIFEST).read_bytes() == swapped, "the swapped directory was rebuilt over"
+    assert (folder / manifest_types.MANIFEST).read_bytes() == swapped, "the swapped directory was rebuilt over"
     if entry in ("inspect", "release"):
         released = root / "dist" / "release" / "cpu"
         assert not released.exists() or not any(released.iterdir()), "a swapped directory was released"
@@ -263,10 +264,10 @@ def test_rekey_refuses_to_re_sign_a_swapped_directory(pair: Path, tmp_path: Path
     old.write_text(base64.b64encode(TEST_KEY).decode() + "\n")
     old.chmod(0o600)
     new = keygen.keygen(tmp_path / "keys")["encryption_key"]
-    before = (folder / manifest.MANIFEST).read_bytes()
+    before = (folder / manifest_types.MANIFEST).read_bytes()
     code, text = ortbuild(capsys, "rekey", str(folder), "--old-key-file", str(old), "--new-key-file", new)
     assert code == Tampered.exit_code and "holds tiny_lstm for cpu" in text, text
-    assert (folder / manifest.MANIFEST).read_bytes() == before
+    assert (folder / manifest_types.MANIFEST).read_bytes() == before
 
 
 def test_an_artifact_copied_out_of_dist_is_inspected_where_it_is(pair: Path, tmp_path: Path,

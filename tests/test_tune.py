@@ -37,7 +37,7 @@ from ortbuild.gating.search.tune_search import (
 )
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, lockfile, plan
+from ortbuild.project import config, lock_entry, lockfile, plan
 from ortbuild.status import JobStatus
 from tests.conftest import run_cli
 
@@ -253,7 +253,7 @@ pytestmark = pytest.mark.runtime
 
 def test_tune_writes_a_lock_entry_the_next_build_applies(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS)
-    proc = run_cli("tune", "-c", str(path), "-t", "cpu", "--seconds", "4", "--json")
+    proc = run_cli("tune", "-c", str(path), "-t", "cpu", "--tune-seconds", "4", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     (job,) = out["jobs"]
@@ -299,7 +299,7 @@ def test_a_recorded_tuning_ships_in_the_manifest_and_the_loader(make_project: Ca
     assert builder.run_job(job).status == JobStatus.BUILT
     source, settings = builder.fingerprint(job)
     lock = lockfile.Lock(lockfile.path_of(project)).with_entry(
-        lockfile.Entry(job.name, source, settings, {}, {"result": "passes as declared"}, {}))
+        lock_entry.Entry(job.name, source, settings, {}, {"result": "passes as declared"}, {}))
     declared = tune.declared_session(job)
     tuning = Tuning(declared, patched(declared, {"intra_op_num_threads": 1,
                                                  "config": {"session.intra_op.allow_spinning": "0"}}))
@@ -359,20 +359,22 @@ def test_tune_user_errors(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS)
     nope = run_cli("tune", "-c", str(path), "-t", "nope")
     assert nope.returncode == 3 and "no target matches 'nope'" in nope.stderr and "Traceback" not in nope.stderr
-    zero = run_cli("tune", "-c", str(path), "--seconds", "0")
-    assert zero.returncode == 2 and "--seconds 0: give a positive number" in zero.stderr
+    zero = run_cli("tune", "-c", str(path), "--tune-seconds", "0")
+    assert zero.returncode == 2 and "--tune-seconds 0: give a positive number" in zero.stderr
+    old = run_cli("tune", "-c", str(path), "--seconds", "0")  # the budget's earlier name, a hidden alias
+    assert old.returncode == 2 and "--tune-seconds 0: give a positive number" in old.stderr
     assert not (path.parent / "targets.lock").exists()
     # a job whose build fails (here: its published artifact was modified) fails the command with its own code
     assert run_cli("build", "-c", str(path), "-t", "cpu").returncode == 0
     artifact = path.parent / "dist" / "cpu" / "tiny_cnn" / "model.onnx.enc"
     artifact.write_bytes(artifact.read_bytes()[:-1] + b"\0")
-    tampered = run_cli("tune", "-c", str(path), "-t", "cpu", "--seconds", "1")
+    tampered = run_cli("tune", "-c", str(path), "-t", "cpu", "--tune-seconds", "1")
     assert tampered.returncode == 7 and "TAMPERED" in tampered.stderr, tampered.stderr[-2000:]
 
 
 def test_tune_text_table_and_the_fp32_note(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS)
-    proc = run_cli("tune", "-c", str(path), "-t", "cpu-int8", "--seconds", "3")
+    proc = run_cli("tune", "-c", str(path), "-t", "cpu-int8", "--tune-seconds", "3")
     assert proc.returncode == 0, proc.stderr
     assert "cpu-int8/tiny_cnn: kept" in proc.stdout and "speed-up [interval]" in proc.stdout
     assert "intra_op_num_threads = 1" in proc.stdout and "1 TUNED, 0 SKIPPED, 0 FAILED  ->  targets.lock" in proc.stdout

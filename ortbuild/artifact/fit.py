@@ -3,7 +3,7 @@ with, and its providers probed with a real session (`ortbuild inspect`, the test
 
 from __future__ import annotations
 
-from ortbuild import runtime
+from ortbuild import installed, machine, runtime
 from ortbuild.artifact.manifest_types import Manifest
 from ortbuild.project import options
 from ortbuild.project.config import Provider
@@ -14,11 +14,11 @@ def problems(m: Manifest) -> list[str]:
     problems = []
     tied = m.optimization.tied_to
     want_simd = tied.get("simd_level")
-    if want_simd and want_simd != runtime.simd_level():
+    if want_simd and want_simd != machine.simd_level():
         problems.append(f"built with a {want_simd} NCHWc layout (optimization "
-                        f"'{m.optimization.applied}'); this machine is {runtime.simd_level()}: "
+                        f"'{m.optimization.applied}'); this machine is {machine.simd_level()}: "
                         "rebuild it here or use optimization = \"extended\"")
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     built = m.versions["onnxruntime"]
     if flavor is None:
         problems.append(f"no ONNX Runtime installed; the artifact was built with {built['distribution']} "

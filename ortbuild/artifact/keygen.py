@@ -15,7 +15,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import container, keys, minisign, p256
-from ortbuild.artifact.keys import ENCRYPTION_FILE, PUBLIC_FILE, SIGNING_FILE, SigningKey, public_key_id
+from ortbuild.artifact.ed25519 import public_key_id
+from ortbuild.artifact.keys import ENCRYPTION_FILE, PUBLIC_FILE, SIGNING_FILE, SigningKey
 from ortbuild.errors import KeyMissing
 
 

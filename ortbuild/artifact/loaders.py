@@ -12,6 +12,7 @@ import hashlib
 import json
 import pprint
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 from ortbuild.artifact.manifest import LoaderFile, Manifest
 from ortbuild.artifact.manifest_types import READABLE_FORMATS
+from ortbuild.project.kinds import Kind, kind_rule
 
 LOADER_DIR = "loader"
 # The Python loader is a module named per model (python_file: `import ortbuild_<model>`), so one app imports several
@@ -102,15 +104,10 @@ def _provider_options(m: Manifest) -> list[tuple[str, dict[str, str]]]:
             for p in m.providers]
 
 
-GENERATIVE_REFUSAL = ("a generative model (onnxruntime-genai's decoder with its KV cache and generation loop): "
-                      "onnxruntime-genai has no Node.js or browser package, and onnxruntime-node/-web run single "
-                      "graphs; open it with the Python loader")
-
-
 def node_refusal(m: Manifest) -> str:
     """Why the Node loader cannot run this target ("" when it can)."""
-    if m.generative is not None:
-        return GENERATIVE_REFUSAL
+    if (refusal := kind_rule(m.kind).js_refusal) is not None:
+        return refusal
     absent = [p["name"] for p in m.providers if p["name"] not in NODE_PROVIDERS]
     if absent:
         return (f"onnxruntime-node ships no {', '.join(absent)}: the Node loader refuses this target, use the "
@@ -128,8 +125,8 @@ def node_refusal(m: Manifest) -> str:
 
 def web_refusal(m: Manifest) -> str:
     """Why the browser loader (onnxruntime-web) cannot run this artifact ("" when it can)."""
-    if m.generative is not None:
-        return GENERATIVE_REFUSAL
+    if (refusal := kind_rule(m.kind).js_refusal) is not None:
+        return refusal
     absent = [p["name"] for p in m.providers if p["name"] not in WEB_PROVIDERS]
     if absent:
         return (f"onnxruntime-web has no {', '.join(absent)} (it runs the CPU provider's kernels as WebAssembly, and "
@@ -168,17 +165,28 @@ def render(m: Manifest, runtime: str) -> dict[str, str]:
         "providers_json": json.dumps(providers), "session_json": json.dumps(m.session, sort_keys=True),
         "free_dims_json": json.dumps(m.free_dimensions, sort_keys=True),
         "inputs": m.io["inputs"], "outputs": m.io["outputs"],
+        **KIND_FACTS[m.kind](m, runtime),
     }
-    if m.generative is not None:  # onnxruntime-genai's loader in Python; the JavaScript ones refuse it, saying why
-        facts.update(genai=m.generative.runtime, runtime_only=runtime.split()[0] if runtime else "onnxruntime",
-                     genai_providers_py=pprint.pformat(GENAI_PROVIDERS, width=100, sort_dicts=True),
-                     refusal=GENERATIVE_REFUSAL)
-        return {name: _env().get_template(template).render(**facts)
-                for name, template in ((python_file(m.model), "loader_genai.py.j2"), (NODE, "loader_refused.mjs.j2"),
-                                       (WEB, "loader_refused.mjs.j2"))}
-    return {name: _env().get_template(template).render(**facts)
-            for name, template in ((python_file(m.model), "loader.py.j2"), (NODE, "loader.mjs.j2"),
-                                   (NODE_TYPES, "loader.d.ts.j2"), (WEB, "loader.web.mjs.j2"))}
+    return {python_file(m.model) if name == PYTHON else name: _env().get_template(template).render(**facts)
+            for name, template in KIND_TEMPLATES[m.kind].items()}
+
+
+def _genai_facts(m: Manifest, runtime: str) -> dict[str, object]:
+    """What a generative model's loaders add: onnxruntime-genai's Python loader (its manifest's `generative`
+    section), and the JavaScript ones' refusal, saying why."""
+    assert m.generative is not None, "a generative model's manifest has its `generative` section"
+    return {"genai": m.generative.runtime, "runtime_only": runtime.split()[0] if runtime else "onnxruntime",
+            "genai_providers_py": pprint.pformat(GENAI_PROVIDERS, width=100, sort_dicts=True),
+            "refusal": kind_rule(m.kind).js_refusal}
+
+
+PYTHON = "python"  # in KIND_TEMPLATES: the model's Python loader (python_file)
+# Each kind of model's loaders (ortbuild.project.kinds): the template of each file, and the facts it adds
+KIND_TEMPLATES: dict[Kind, dict[str, str]] = {
+    "onnx": {PYTHON: "loader.py.j2", NODE: "loader.mjs.j2", NODE_TYPES: "loader.d.ts.j2", WEB: "loader.web.mjs.j2"},
+    "generative": {PYTHON: "loader_genai.py.j2", NODE: "loader_refused.mjs.j2", WEB: "loader_refused.mjs.j2"}}
+KIND_FACTS: dict[Kind, Callable[[Manifest, str], dict[str, object]]] = {"onnx": lambda m, runtime: {},
+                                                                          "generative": _genai_facts}
 
 
 def describe(files: dict[str, str], m: Manifest) -> list[LoaderFile]:

@@ -1,6 +1,6 @@
 """manifest.json: what an artifact is, how it was built, and where it may be used.
 
-`Manifest` (ortbuild.artifact.manifest_types, re-exported here) is the only place that knows the manifest's keys: the
+`Manifest` (ortbuild.artifact.manifest_types) is the only place that knows the manifest's keys: the
 build assembles one from the steps' typed results, readers (cli, nox, the loaders' generator) get one from
 `read()`. It is written last and atomically beside the artifact, signed (`write_signed`): a reader that finds a
 manifest finds the artifact it describes (sha256 and size recorded), never a half-written one, and `trusted()`
@@ -24,37 +24,21 @@ from typing import Any
 from ortbuild.artifact import pieces
 from ortbuild.artifact.manifest_types import FORMAT_VERSION as FORMAT_VERSION
 from ortbuild.artifact.manifest_types import MANIFEST as MANIFEST
-from ortbuild.artifact.manifest_types import Artifact as Artifact
 from ortbuild.artifact.manifest_types import ArtifactFile as ArtifactFile
 from ortbuild.artifact.manifest_types import Changed as Changed
-from ortbuild.artifact.manifest_types import Compiled as Compiled
-from ortbuild.artifact.manifest_types import CompiledFor as CompiledFor
-from ortbuild.artifact.manifest_types import Encryption as Encryption
-from ortbuild.artifact.manifest_types import Fusion as Fusion
 from ortbuild.artifact.manifest_types import Generative as Generative
 from ortbuild.artifact.manifest_types import GoldenRun as GoldenRun
-from ortbuild.artifact.manifest_types import Grown as Grown
-from ortbuild.artifact.manifest_types import Inflation as Inflation
 from ortbuild.artifact.manifest_types import LoaderFile as LoaderFile
 from ortbuild.artifact.manifest_types import Manifest as Manifest
-from ortbuild.artifact.manifest_types import Operators as Operators
-from ortbuild.artifact.manifest_types import OperatorSet as OperatorSet
 from ortbuild.artifact.manifest_types import Optimization as Optimization
-from ortbuild.artifact.manifest_types import OpTypes as OpTypes
 from ortbuild.artifact.manifest_types import PrecisionInfo as PrecisionInfo
 from ortbuild.artifact.manifest_types import ProjectInfo as ProjectInfo
 from ortbuild.artifact.manifest_types import ProviderEntry as ProviderEntry
-from ortbuild.artifact.manifest_types import SignedFile as SignedFile
-from ortbuild.artifact.manifest_types import Signing as Signing
+from ortbuild.artifact.manifest_types import SignedFile
 from ortbuild.artifact.manifest_types import Source as Source
-from ortbuild.artifact.manifest_types import TiedTo as TiedTo
-from ortbuild.artifact.manifest_types import Versions as Versions
-from ortbuild.artifact.manifest_types import file_name_problem as file_name_problem
-from ortbuild.artifact.pieces import Pieces as Pieces
 from ortbuild.errors import ArtifactError, Tampered
-from ortbuild.files import atomic_copy as atomic_copy
+from ortbuild.files import atomic_copy, publish, read_document, safe_mkdir
 from ortbuild.files import atomic_write as atomic_write
-from ortbuild.files import publish, read_document, safe_mkdir
 from ortbuild.files import sha256_file as sha256_file
 from ortbuild.paths import inside
 
@@ -189,7 +173,7 @@ def _file_problem(folder: Path, name: str, sha256: str, size: int | None, what: 
     if size is not None and path.stat().st_size != size:
         return f"{what} {name} is {path.stat().st_size} bytes, the manifest says {size}"
     if entry is not None and entry.pieces is not None:  # format 3: the whole sha256 and every piece
-        return pieces.problem(path, entry)
+        return pieces.problem(path, name, entry.sha256, entry.pieces)
     if sha256_file(path) != sha256:
         return f"{what} {name} sha256 differs from the manifest (modified or corrupted)"
     return None

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict, TypeVar
+from typing import NotRequired, TypedDict
 
+from ortbuild.artifact.manifest_reader import typed
 from ortbuild.artifact.pieces import Pieces, pieces_problem
 from ortbuild.errors import ArtifactError
 from ortbuild.modelfiles import FileRecord, Signature, ValueInfo
+from ortbuild.project.kinds import Kind
 from ortbuild.status import ArtifactState
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 3  # 3: artifact files have piece digests (ortbuild.artifact.pieces); 2 (one sha256) is still read
 READABLE_FORMATS = (2, 3)
-T = TypeVar("T")
 
 # The free-form parts of a manifest (JSON objects whose keys the steps that write them choose): typed dicts, so
 # every reader indexes a known key. The strict reader checks that each is an object; _content_problem checks
@@ -297,6 +296,10 @@ class Manifest:
     def portable_only(self) -> bool:
         return self.status == ArtifactState.PORTABLE
 
+    @property
+    def kind(self) -> Kind:  # of its model (ortbuild.project.kinds): its `generative` section says which
+        return "onnx" if self.generative is None else "generative"
+
     def signed_files(self) -> list[tuple[str, str, int | None, str]]:
         """Every file beside the manifest that it signs, as (name, sha256, size or None, what): the artifact's files,
         the loaders, custom-op libraries shipped beside it, the golden data and the operator config (format ort)."""
@@ -322,7 +325,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format_version") not in READABLE_FORMATS:
             raise ArtifactError(f"{where}: not an ortbuild manifest (format {READABLE_FORMATS[0]}-{FORMAT_VERSION})",
                                 "rebuild the artifact with this ortbuild")
-        m = _typed(cls, data, where, "")
+        m = typed(cls, data, where, "")
         problem = _content_problem(m)
         if problem:
             raise ArtifactError(f"{where}: damaged manifest: {problem}",
@@ -383,7 +386,8 @@ def _content_problem(m: Manifest) -> str | None:
         problem = _operators_problem(m.operators)
         if problem:
             return problem
-    if problem := next(filter(None, (pieces_problem(f, m.format_version) for f in m.artifact.files)), None):
+    if problem := next(filter(None, (pieces_problem(f.name, f.size, f.pieces, m.format_version)
+                                     for f in m.artifact.files)), None):
         return problem
     if not m.artifact.files or m.artifact.file not in {f.name for f in m.artifact.files}:
         return f"artifact.file {m.artifact.file[:80]!r} is not among artifact.files"
@@ -399,52 +403,3 @@ def _operators_problem(ops: Operators) -> str | None:
                 not all(op in s.ops and isinstance(t, dict) for op, t in s.types.items()):
             return f"operators: the {s.domain} opset {s.opset} entry must list op names, and types only for them"
     return None
-
-
-def _typed(cls: type[T], data: object, where: str, path: str) -> T:
-    """Build dataclass `cls` from JSON `data`, strictly: every key known, every required key present."""
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{where}: [{path or 'manifest'}] must be an object")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ArtifactError(f"{where}: unknown manifest key '{path + unknown[0]}'",
-                            "the manifest was edited or written by another ortbuild: rebuild it")
-    values = {}
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ArtifactError(f"{where}: manifest key '{path + name}' is missing",
-                                    "the manifest was edited or written by another ortbuild: rebuild it")
-            continue
-        value, hint = data[name], hints[name]
-        optional = typing.get_origin(hint) in (types.UnionType, typing.Union) and type(None) in typing.get_args(hint)
-        inner = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
-        item = typing.get_args(inner)[0] if typing.get_origin(inner) is list else None
-        if value is None and optional:
-            pass
-        elif dataclasses.is_dataclass(inner):
-            value = _typed(inner, value, where, f"{path}{name}.")  # type: ignore[arg-type]
-        elif item is not None and dataclasses.is_dataclass(item) and isinstance(value, list):
-            value = [_typed(item, v, where, f"{path}{name}[{i}].") for i, v in enumerate(value)]  # type: ignore
-        elif not _matches(value, hint):
-            raise ArtifactError(f"{where}: manifest key '{path + name}' has the wrong type",
-                                "the manifest was edited: rebuild the artifact")
-        values[name] = value
-    return cls(**values)
-
-
-def _matches(value: object, hint: object) -> bool:
-    origin = typing.get_origin(hint) or hint
-    if origin in (types.UnionType, typing.Union):
-        return any(_matches(value, a) for a in typing.get_args(hint))
-    if typing.is_typeddict(origin):  # a free-form part: an object (_content_problem checks what readers index)
-        return isinstance(value, dict)
-    if hint is type(None):
-        return value is None
-    if origin is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if origin is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, typing.cast(type, origin))

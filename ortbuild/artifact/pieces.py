@@ -11,10 +11,6 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # manifest_types imports this module (Pieces is part of a manifest)
-    from ortbuild.artifact.manifest_types import ArtifactFile
 
 PIECE_CHUNKS = 4          # container chunks per piece
 PLAIN_PIECE = 4 << 20     # piece size of a file stored in plaintext (encrypt = false)
@@ -34,17 +30,17 @@ def piece_count(total: int, head: int, size: int) -> int:
     return (1 if head else 0) + -(-max(0, total - head) // size)
 
 
-def pieces_problem(f: ArtifactFile, format_version: int) -> str | None:
-    """Why an artifact file's piece digests are not what format `format_version` requires, or None."""
-    p = f.pieces
+def pieces_problem(name: str, total: int, p: Pieces | None, format_version: int) -> str | None:
+    """Why the piece digests `p` of the artifact file `name` (`total` bytes) are not what format `format_version`
+    requires, or None."""
     if p is None:
-        return f"artifact file {f.name} has no piece digests (format {format_version})" if format_version >= 3 else None
+        return f"artifact file {name} has no piece digests (format {format_version})" if format_version >= 3 else None
     if format_version < 3:
-        return f"artifact file {f.name} has piece digests, which format {format_version} does not know"
-    if not (0 <= p.head <= f.size and 4096 <= p.size <= 1 << 30) or \
-            len(p.sha256) != piece_count(f.size, p.head, p.size) or \
+        return f"artifact file {name} has piece digests, which format {format_version} does not know"
+    if not (0 <= p.head <= total and 4096 <= p.size <= 1 << 30) or \
+            len(p.sha256) != piece_count(total, p.head, p.size) or \
             not all(isinstance(d, str) and len(d) == 64 for d in p.sha256):
-        return f"artifact file {f.name}: its piece digests do not fit its size"
+        return f"artifact file {name}: its piece digests do not fit its size"
     return None
 
 
@@ -107,12 +103,10 @@ def workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def problem(path: Path, f: ArtifactFile) -> str | None:
-    """Why the file at `path` is not `f` as signed (its whole sha256 and, in format 3, every piece), or None.
-    The pieces are hashed on a pool of threads (hashlib releases the GIL) while this thread hashes the whole."""
-    p = f.pieces
-    if p is None:
-        return None
+def problem(path: Path, name: str, sha256: str, p: Pieces) -> str | None:
+    """Why the file at `path` is not the artifact file `name` as signed (its whole `sha256` and every piece of
+    `p`), or None. The pieces are hashed on a pool of threads (hashlib releases the GIL) while this thread hashes
+    the whole."""
     bad: list[int] = []
     with open(path, "rb", buffering=0) as fh, ThreadPoolExecutor(max(1, workers() - 1)) as pool:
         fd = fh.fileno()
@@ -124,7 +118,7 @@ def problem(path: Path, f: ArtifactFile) -> str | None:
         futures: list[Future[None]] = []
         places = spans(os.fstat(fd).st_size, p.head, p.size)
         if len(places) != len(p.sha256):
-            return f"artifact file {f.name} has {len(places)} pieces, the manifest lists {len(p.sha256)}"
+            return f"artifact file {name} has {len(places)} pieces, the manifest lists {len(p.sha256)}"
         for i, (at, n) in enumerate(places):
             futures.append(pool.submit(piece, i, at, n))
         whole = hashlib.sha256()
@@ -133,8 +127,8 @@ def problem(path: Path, f: ArtifactFile) -> str | None:
         for fut in futures:
             fut.result()
     if bad:
-        return (f"artifact file {f.name}: piece {min(bad)} of {len(p.sha256)} differs from the manifest (modified or "
+        return (f"artifact file {name}: piece {min(bad)} of {len(p.sha256)} differs from the manifest (modified or "
                 "corrupted)")
-    if whole.hexdigest() != f.sha256:
-        return f"artifact file {f.name} sha256 differs from the manifest (modified or corrupted)"
+    if whole.hexdigest() != sha256:
+        return f"artifact file {name} sha256 differs from the manifest (modified or corrupted)"
     return None

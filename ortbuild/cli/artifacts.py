@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -16,6 +15,7 @@ from ortbuild import files as files_
 from ortbuild import workspace
 from ortbuild.artifact import container, fit, keygen, keys, manifest
 from ortbuild.cli import owned
+from ortbuild.cli.options.artifacts import CleanOptions, InspectOptions, KeygenOptions, RekeyOptions
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
 from ortbuild.modelfiles import Signature
 from ortbuild.project import config
@@ -61,13 +61,13 @@ def _print_onnx(path: Path, info: OnnxInfo) -> None:
             print(f"  {kind[:-1]:<6} {v['name']}: {v['dtype']} {v['shape']}")
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    path = Path(args.path)
+def cmd_inspect(o: InspectOptions) -> int:
+    path = Path(o.path)
     if not path.exists():
         raise ArtifactError(f"{path}: no such file or directory")
     if path.is_file() and path.suffix == ".onnx" and not (path.parent / manifest.MANIFEST).exists():
         info = _inspect_onnx(path)
-        if args.json:
+        if o.json:
             print(json.dumps(info, indent=2))
         else:
             _print_onnx(path, info)
@@ -84,7 +84,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     folder = _artifact_folder(path)
     # one trust root: --public-key, else $ORTBUILD_PUBLIC_KEY_FILE, else the configured signing key's public half;
     # the public key a manifest names is information, never trust
-    pinned = keys.public_key(args.public_key)
+    pinned = keys.public_key(o.public_key)
     if pinned and (sig := manifest.signature_problem(folder, pinned)):  # before reading what may be forged
         raise Tampered(f"{folder}: {sig}", "someone or something changed it after the build: find out what, then "
                                            "`ortbuild build --repair` rebuilds it on purpose")
@@ -96,7 +96,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     integrity = ([f"{folder}: {swapped}"] if swapped else []) + (  # what the directory holds
         manifest.integrity_problems(m, folder, pinned) if pinned else [])
     unfit = fit.problems(m)
-    if args.json:
+    if o.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
                           "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
                           "integrity_problems": integrity if pinned else [*integrity, unverified],
@@ -105,7 +105,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         _print_manifest(m, folder, pinned, integrity, unfit, unverified)
     # each finding's code, the gravest first: tampered, then unverified, then (with --strict) unfit
     return final_exit([Tampered.exit_code if integrity else 0, KeyMissing.exit_code if unverified else 0,
-                       ArtifactError.exit_code if unfit and args.strict else 0])
+                       ArtifactError.exit_code if unfit and o.strict else 0])
 
 
 def _artifact_folder(path: Path) -> Path:
@@ -208,17 +208,17 @@ def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, in
 
 # ------------------------------------------------------------------------------------------------- keys
 
-def cmd_keygen(args: argparse.Namespace) -> int:
-    if args.model_signing_pub:
-        return _model_signing_pub(args)
-    if args.signing_key_file:
+def cmd_keygen(o: KeygenOptions) -> int:
+    if o.model_signing_pub:
+        return _model_signing_pub(o)
+    if o.signing_key_file:
         raise UsageError("--signing-key-file goes with --model-signing-pub (keygen otherwise makes a new signing "
                          "key)", "add --model-signing-pub, or leave --signing-key-file out")
-    made = keygen.keygen(Path(args.out), development=args.dev)
-    if args.json:
+    made = keygen.keygen(Path(o.out), development=o.dev)
+    if o.json:
         print(json.dumps(made, indent=2))
         return 0
-    kind = "DEVELOPMENT keys (never for a release)" if args.dev else "keys"
+    kind = "DEVELOPMENT keys (never for a release)" if o.dev else "keys"
     print(f"wrote {kind}: {made['encryption_key']} (id {made['encryption_key_id']}), {made['signing_key']}, "
           f"{made['public_key']} (id {made['public_key_id']}), {made['model_signing_public_key']}")
     print(f"use them: export ORTBUILD_KEY_FILE={Path(made['encryption_key']).resolve()} "
@@ -228,17 +228,17 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_signing_pub(args: argparse.Namespace) -> int:
+def _model_signing_pub(o: KeygenOptions) -> int:
     """`keygen --model-signing-pub`: model-signing.pub for the configured signing key, nothing else."""
-    if args.dev:
+    if o.dev:
         raise UsageError("--dev makes new keys; --model-signing-pub writes a public key for an existing one",
                          "leave one of them out")
-    sign = keys.signing_key(file=args.signing_key_file)
+    sign = keys.signing_key(file=o.signing_key_file)
     if sign is None:
         raise KeyMissing("--model-signing-pub needs the signing key (--signing-key-file, or ORTBUILD_SIGNING_KEY or "
                          "ORTBUILD_SIGNING_KEY_FILE)", f"make keys with `{keys.MAKE_KEYS}`")
-    path = keygen.write_model_signing_public(Path(args.out), sign)
-    if args.json:
+    path = keygen.write_model_signing_public(Path(o.out), sign)
+    if o.json:
         print(json.dumps({"model_signing_public_key": path, "public_key_id": sign.key_id}, indent=2))
         return 0
     print(f"wrote {path}: the public key `model_signing verify key` checks model.sig with (ECDSA P-256, derived "
@@ -246,14 +246,14 @@ def _model_signing_pub(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rekey(args: argparse.Namespace) -> int:
+def cmd_rekey(o: RekeyOptions) -> int:
     """Re-wrap every artifact's data keys under a new key and re-sign its manifest, in place: the model bytes are
     not re-encrypted and the build key does not change, so the next `ortbuild test` with the new key reuses the
     artifact, and the old key gets WrongKey. Each artifact is checked against the signing key first."""
     # the keys, read once, in this order (the first unreadable one is the error): the old, the new, the signing key
-    old = keys.encryption_key(file=args.old_key_file)
-    new = keys.encryption_key(file=args.new_key_file) if args.new_key_file else None
-    sign = keys.signing_key(file=args.signing_key_file)
+    old = keys.encryption_key(file=o.old_key_file)
+    new = keys.encryption_key(file=o.new_key_file) if o.new_key_file else None
+    sign = keys.signing_key(file=o.signing_key_file)
     if old is None or new is None or sign is None:
         raise KeyMissing("rekey needs --old-key-file, --new-key-file and a signing key "
                          "(--signing-key-file, ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE)",
@@ -261,7 +261,7 @@ def cmd_rekey(args: argparse.Namespace) -> int:
     keys.check_kinds(old, sign)
     keys.check_kinds(new, sign)
     folders = []
-    for path in args.paths:
+    for path in o.paths:
         p = Path(path)
         found = sorted(p.rglob(manifest.MANIFEST)) if p.is_dir() and not (p / manifest.MANIFEST).exists() \
             else [manifest.locate(p)]
@@ -275,7 +275,7 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         place = _place(folder)
         # no write goes through a symlink below its output directory when it lies in one, else below what was asked
         root = Path(os.path.abspath(folder)).parent.parent if place else asked
-        with workspace.Lock(dist, timeout=args.lock_timeout) if locked else contextlib.nullcontext():
+        with workspace.Lock(dist, timeout=o.lock_timeout) if locked else contextlib.nullcontext():
             done += _rekey_one(folder, root, place, old, new, sign)
     print(f"{done} artifact(s) re-keyed to key id {new.key_id}; build keys unchanged (no rebuild), the old key "
           "no longer opens them")
@@ -320,21 +320,21 @@ def _rekey_one(folder: Path, root: Path, place: tuple[str, str] | None, old: key
 
 # ------------------------------------------------------------------------------------------------ clean
 
-def cmd_clean(args: argparse.Namespace) -> int:
+def cmd_clean(o: CleanOptions) -> int:
     """--stale: remove what interrupted builds left; else every file ortbuild made in dist/ as well (its own list,
     cli.owned), saying what it kept: files it did not make stay."""
-    dist = Path(args.dist) if args.dist else config.load(args.config, check_files=False).root / "dist"
+    dist = Path(o.dist) if o.dist else config.load(o.config, check_files=False).root / "dist"
     if not dist.exists():
         print(f"nothing to clean: {dist} does not exist")
         return 0
-    if not args.stale and not workspace.owned(dist):
+    if not o.stale and not workspace.owned(dist):
         raise UsageError(f"{dist}: not an ortbuild output directory (no {workspace.MARKER} marker in it): clean "
                          "empties only directories ortbuild made", f"check --dist; if {dist} holds only build output "
                                                                    "of an older ortbuild, remove it yourself")
     kept: list[Path] = []
-    with workspace.Lock(dist, timeout=args.lock_timeout):
+    with workspace.Lock(dist, timeout=o.lock_timeout):
         removed = workspace.clean(dist)
-        if not args.stale:
+        if not o.stale:
             ours, kept = owned.sort_out(dist)
             for entry in ours:
                 if entry.is_dir() and not entry.is_symlink():
@@ -348,7 +348,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print(f"removed {p}")
     for p in kept:
         print(f"kept    {p}: not made by ortbuild")
-    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if args.stale else f" from {dist}")
+    print(f"{len(removed)} removed" + (" (leftovers of interrupted builds)" if o.stale else f" from {dist}")
           + (f"; kept {len(kept)} path(s) ortbuild did not make (listed above): remove them yourself if you mean to"
              if kept else ""))
     return 0

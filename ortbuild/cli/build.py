@@ -1,39 +1,33 @@
-"""`ortbuild build` and `ortbuild plan`, and what `test` and `profile` share with build: the runtime check, the
-worker count, and building what is missing or stale under dist/'s lock."""
+"""`ortbuild build` and `ortbuild plan`. What `test`, `profile` and `tune` share with build (building what is
+missing or stale under dist/'s lock) is cli.building."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import json
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from ortbuild import emulation, files, logs, machine, runtime, workspace
+from ortbuild import emulation, logs, machine, runtime
 from ortbuild.artifact import keys
+from ortbuild.cli.building import built, fitting
 from ortbuild.cli.common import dist_dir, table
-from ortbuild.errors import ConfigError, GateFailed, MissingProvider, OrtbuildError, RuntimeMismatch, first_line
-from ortbuild.gating.gates import catalog
+from ortbuild.cli.options.build import BuildOptions, PlanOptions
+from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
+from ortbuild.gating.gates import registry
 from ortbuild.gating.measure import emulated
 from ortbuild.gating.records import BuildRecord
 from ortbuild.gating.reports import summary
-from ortbuild.gating.reports.builds import record_path
 from ortbuild.gating.reports.summary import BUILD_HEADER, build_rows
-from ortbuild.pipeline import cache as cache_
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
-from ortbuild.pipeline.parallel import default_workers
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, lockfile, plan
 from ortbuild.project.precisions import Quantizer
-from ortbuild.publish import epochs
-from ortbuild.status import JobFinished, JobStatus, final_exit
+from ortbuild.status import JobStatus, final_exit
 
 if TYPE_CHECKING:
     import onnx
@@ -58,145 +52,6 @@ class PlanRow(TypedDict):
     platform: str
 
 
-def fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.Job]:
-    """The jobs whose target's runtime is this environment's (each target checked once). With `command`, a run
-    in which none fits would do nothing: it fails, naming the nox session or the install that fixes it."""
-    problems: dict[str, str | None] = {}
-    for j in jobs:
-        if j.target.name not in problems:
-            problems[j.target.name] = runtime.runtime_problem(j.target)
-    fit = [j for j in jobs if problems[j.target.name] is None]
-    if command is None or fit or not jobs:
-        return fit
-    targets = {j.target.name: j.target for j in jobs}
-    flavor = runtime.installed_flavor()
-    have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
-    wants = sorted({t.runtime_text for t in targets.values()})
-    one = next(iter(targets))
-    raise RuntimeMismatch(
-        f"nothing to {command} here: this environment has {have}, and the selected targets need "
-        f"{', '.join(wants)}",
-        f"run `python3 -m nox -s {command}` (one virtualenv per target, each with its runtime), or "
-        f"`python3 -m nox -s \"{targets[one].session(command)}\"` for one target; or `pip install "
-        f"{targets[one].runtime_text}` "
-        "into this environment (one flavor per environment)")
-
-
-def worker_count(args: argparse.Namespace, fit: Sequence[plan.Job]) -> int:
-    """-j's worker count, else the default for these jobs (saying on stderr why it is lower than the cores)."""
-    if args.jobs is not None:
-        return max(1, int(args.jobs))
-    n, why = default_workers(fit)
-    if why:
-        print(f"ortbuild: {why}", file=sys.stderr)
-    return n
-
-
-def _clean_leftovers(dist: Path) -> None:
-    """Start-up recovery, holding dist's lock: what killed builds left (partial files, plaintext temp dirs)."""
-    say_removed(workspace.clean(dist))
-
-
-def say_removed(removed: Sequence[Path]) -> None:
-    """One line on stderr naming what the recovery removed (nothing when it removed nothing)."""
-    if removed:
-        shown = ", ".join(str(p) for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
-        print(f"ortbuild: removed {len(removed)} leftover(s) of interrupted builds: {shown}", file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class Built:
-    """What `built()` gives the command running under dist/'s lock."""
-
-    dist: Path
-    builder: Builder
-    done: dict[str, JobResult]     # each job's build result, by job name, in the jobs' order
-    jobs: list[plan.Job]           # the jobs as built: their targets.lock entries laid over their settings
-
-
-@contextlib.contextmanager
-def built(args: argparse.Namespace, project: config.Project, jobs: Sequence[plan.Job], secrets: keys.Secrets, *,
-          force: bool = False, command: str = "build") -> Iterator[Built]:
-    """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
-    them with `force`) with their targets.lock entries, search where a target asks (precision_search = "auto":
-    gating/autobuild.py), and give what was built to what runs on it (`test`, `profile`) under the lock."""
-    fit = fitting(jobs)
-    dist = dist_dir(args, project)
-    verbose = getattr(args, "verbose", False)
-    cache = cache_.configured(project.file, project.cache, getattr(args, "cache", None),
-                              getattr(args, "no_cache", False))
-    builder = Builder(project, dist, force=force, repair=getattr(args, "repair", False), secrets=secrets,
-                      capture=not verbose, command=command, cache=cache)
-    builder.check_keys(fit)  # before dist/ is touched
-    development = any(k is not None and k.development for k in (secrets.encryption, secrets.signing))
-    if said := cache_.development_warning(cache, development):  # once per command, before any build
-        print(f"ortbuild: WARNING: {said}", file=sys.stderr)
-    with workspace.Lock(dist, timeout=args.lock_timeout):
-        jobs, notes = builder.lock_jobs(jobs, lockfile.read(project), locked=getattr(args, "locked", False))
-        for n in notes:
-            print(f"ortbuild: {n}", file=sys.stderr)
-        _clean_leftovers(dist)
-        # a lowered [project] epoch: a config error unless --allow-epoch-decrease (the artifacts in dist/ are the
-        # record of the epoch they were built at)
-        lowered = epochs.decrease(project, dist, allowed=getattr(args, "allow_epoch_decrease", False))
-        if lowered:
-            print(f"ortbuild: WARNING: {lowered}", file=sys.stderr)
-        with Progress(quiet=args.json, verbose=verbose, what="building") as progress:
-            builder.progress = progress
-            done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(args, fit))}
-            searched = _to_the_gates(args, builder, jobs, done, progress)
-        for r in done.values():
-            if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
-                record(dist, r)
-        yield Built(dist, builder, done, [searched.get(j.name, j) for j in jobs])
-
-
-def _to_the_gates(args: argparse.Namespace, builder: Builder, jobs: Sequence[plan.Job], done: dict[str, JobResult],
-                  progress: Progress) -> dict[str, plan.Job]:
-    """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
-    gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
-    tune` tunes its jobs itself."""
-    from ortbuild.gating.search import autobuild, tune
-
-    searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
-    tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
-    if not searching and not tuning:
-        return {}
-    from ortbuild.gating.runner import Tester
-
-    tester = Tester(builder.project, builder.dist, builder.secrets.secret, args.config, progress,
-                    builder.secrets.signing, capture=builder.capture)
-    auto = autobuild.AutoSearch(builder, tester, max_rebuilds=getattr(args, "explain_rebuilds", 16),
-                                max_seconds=getattr(args, "explain_seconds", 300.0), progress=progress)
-    auto.run(searching, done)
-    rebuilt = dict(auto.locked)
-    lock = lockfile.read(builder.project)
-    for j in tuning:
-        job = rebuilt.get(j.name, j)
-        if not done[j.name].status.usable or tune.cannot_tune(job, done[j.name]):
-            continue
-        try:
-            lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(
-                builder, tester, lock, job, progress, seconds=getattr(args, "tune_seconds", 120.0))
-        except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
-            done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
-        said = [n for n in done[j.name].notes if n.startswith(("tune:", "tune = true:"))]
-        if said:
-            progress(j.name, JobFinished(done[j.name].status, said[-1]))
-    if builder.command != "build":  # `build` prints every failure itself; `test`, `profile`: the search's table here
-        for j in searching:
-            error = done[j.name].error
-            if done[j.name].status == JobStatus.FAILED and isinstance(error, GateFailed):
-                print(error.render(), file=sys.stderr)
-    return rebuilt
-
-
-def record(dist: Path, r: JobResult) -> None:
-    """Keep the job's build result beside its log (`ortbuild summary build` and the report read it)."""
-    path = record_path(dist, r.target, r.model)
-    files.atomic_write(path, (json.dumps(r.as_json(), indent=1, default=str) + "\n").encode(), root=dist)
-
-
 def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:
     """One build job's own exit code: a failure's; a target that cannot build here fails when it was named
     (-t) or with --strict; a portable-only build fails with --strict."""
@@ -209,23 +64,24 @@ def job_exit_code(r: JobResult, *, strict: bool, named: bool) -> int:
     return 0
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    project = config.load(args.config)
-    jobs = plan.jobs(project, args.target, args.model)
+def cmd_build(o: BuildOptions) -> int:
+    sel = o.selection
+    project = config.load(sel.config)
+    jobs = plan.jobs(project, sel.target, sel.model)
     fitting(jobs, "build")
-    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
-    with built(args, project, jobs, secrets, force=args.force) as b:
+    secrets = keys.read_secrets(o.keys.key_file, o.keys.signing_key_file)
+    with built(o, project, jobs, secrets, force=o.force, repair=o.repair) as b:
         dist, results = b.dist, list(b.done.values())
 
     rows = build_rows(project, [cast(BuildRecord, r.as_json()) for r in results])  # the records the build wrote
-    code = final_exit(job_exit_code(r, strict=args.strict, named=bool(config.matches([r.target], args.target or [])))
+    code = final_exit(job_exit_code(r, strict=o.strict, named=bool(config.matches([r.target], list(sel.target))))
                       for r in results)
-    if args.json:
+    if sel.json:
         print(json.dumps({"dist": str(dist), "exit_code": code, "jobs": [r.as_json() for r in results]},
                          indent=2))
         return code
-    if args.no_summary:
-        _failures(results, args.debug)
+    if sel.no_summary:
+        _failures(results, o.debug)
         return code
     print()
     print(table(rows, BUILD_HEADER))
@@ -243,7 +99,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"  ->  {dist}")
     for line in logs.footer([(f"{r.target}/{r.model}", r.log) for r in results if r.log is not None]):
         print(line, file=sys.stderr)
-    _failures(results, args.debug)
+    _failures(results, o.debug)
     return code
 
 
@@ -255,14 +111,14 @@ def _failures(results: Sequence[JobResult], debug: bool) -> None:
             print(r.error.render(), file=sys.stderr)
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_plan(opts: PlanOptions) -> int:
     """What would be built, with which runtime, and whether each job would rebuild and why."""
-    project = config.load(args.config)
-    jobs = plan.jobs(project, args.target, args.model)
+    project = config.load(opts.selection.config)
+    jobs = plan.jobs(project, opts.selection.target, opts.selection.model)
     graphs = checked_graphs(project, jobs)  # golden inputs against each model's inputs, before anything else
-    dist = dist_dir(args, project)
+    dist = dist_dir(opts.dist, project)
     problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
-    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    secrets = keys.read_secrets(opts.keys.key_file, opts.keys.signing_key_file)
     builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
     lock = lockfile.read(project)
     jobs, lock_notes = builder.lock_jobs(jobs, lock)  # as a build would build them
@@ -303,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     "buildable_here": problems[j.target.name] is None, "why_not": problems[j.target.name],
                     "rebuild": rebuild, "why": why, "notes": notes, "accuracy": plan.accuracy_text(j),
                     "platform": j.target.platform})
-    if args.json:
+    if opts.selection.json:
         print(json.dumps(out, indent=2))
         return 0
 
@@ -326,7 +182,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print("\nplatforms (docs/targets.md#platforms):")
     print(f"  this machine: {emulation.host()}" + (f", {lv.name} ({machine.cpu_model()}: {lv.says})" if lv else ""))
     if platforms:
-        timed = ", ".join(g.name for g in catalog.GATES if g.timed)  # the gates that measure the device
+        timed = ", ".join(g.name for g in registry.GATES if g.timed)  # the gates that measure the device
         for t in platforms.values():
             if not emulated.emulated(t):
                 print(f"  {t.name}: {t.platform}, this machine's: every gate runs here")
@@ -342,12 +198,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(plan.accuracy_lines(onnx_jobs)))
     llms = [j for j in jobs if j.model.generative]
     if llms:
-        from ortbuild.gating.gates import genai as genai_gates
+        from ortbuild.gating.gates import tokens as token_gate
 
         print("\ntokens (ortbuild test's rule for generative models, docs/generative.md):")
         for j in llms:
             assert j.settings.gates is not None
-            rule = genai_gates.rule_of(j.settings.precision, j.settings.gates.tokens)
+            rule = token_gate.rule_of(j.settings.precision, j.settings.gates.tokens)
             print(f"  {j.name}: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(rule).items())
                   + f" ({j.settings.gates.tokens.max_tokens} tokens per prompt)")
     return 0

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ortbuild.gating.reports.summary import table as table
 from ortbuild.project import config
 
 
-def dist_dir(args: argparse.Namespace, project: config.Project) -> Path:
+def dist_dir(dist: str | None, project: config.Project) -> Path:
     """--dist, else dist/ beside targets.toml."""
-    return Path(args.dist) if args.dist else project.root / "dist"
+    return Path(dist) if dist else project.root / "dist"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,9 @@ from typing import TypedDict
 from ortbuild import runtime
 from ortbuild.artifact import manifest
 from ortbuild.cli.common import table
+from ortbuild.cli.options.info import SchemaOptions, SummaryOptions, TargetsOptions
 from ortbuild.errors import OrtbuildError
+from ortbuild.gating.reports import summary
 from ortbuild.project import capabilities, config, options
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ortbuild/
@@ -73,15 +74,15 @@ def _print_providers(rows: list[ProviderRow]) -> None:
             print(f"  {r['provider']}: {r['why_not']}")
 
 
-def cmd_targets(args: argparse.Namespace) -> int:
-    if args.providers:
+def cmd_targets(opts: TargetsOptions) -> int:
+    if opts.providers:
         rows = _providers_here()
-        if args.json:
+        if opts.json:
             print(json.dumps(rows, indent=2))
         else:
             _print_providers(rows)
         return 0
-    project = config.load(args.config)
+    project = config.load(opts.config)
     out: list[TargetRow] = []
     for t in project.targets.values():
         why = runtime.runtime_problem(t)
@@ -92,7 +93,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
                     "precisions": sorted({s.precision for s in t.settings.values()}), "models": list(t.models),
                     "runtime_here": why is None, "providers_here": why is None and not missing,
                     "why_not": why or "; ".join(missing) or None, "description": t.description})
-    if args.json:
+    if opts.json:
         print(json.dumps(out, indent=2))
         return 0
 
@@ -110,16 +111,16 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
+def cmd_schema(o: SchemaOptions) -> int:
     files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
     if TARGETS_DOC.exists():  # a source checkout: its capability table is generated too
         files[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
-    if args.write:
+    if o.write:
         for f, text in files.items():
             manifest.atomic_write(f, text.encode(), root=PACKAGE_DIR.parent, mode=0o644)
             print(f"wrote {f}")
         return 0
-    if args.check:
+    if o.check:
         stale = [str(f) for f, text in files.items() if not f.exists() or f.read_text() != text]
         if stale:
             raise OrtbuildError(f"out of date: {', '.join(stale)}", "run `ortbuild schema --write`")
@@ -127,3 +128,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     sys.stdout.write(options.schema_text())
     return 0
+
+
+def cmd_summary(o: SummaryOptions) -> int:
+    """One table of every target's last build or test results in dist/."""
+    return summary.print_summary(o.what, o.config, o.dist)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,39 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from ortbuild.cli.build import checked_graphs
+from ortbuild.cli.options.init import InitOptions
 from ortbuild.errors import UsageError
-from ortbuild.project import config, data, expected, plan, presets, scaffold, signature, speedup
-
-
-def dim(text: str) -> tuple[str, int]:
-    """--dim NAME=N: a symbolic dimension's size in generated golden inputs."""
-    name, _, value = text.partition("=")
-    if not name or not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}': write NAME=N with N >= 1, e.g. --dim batch=1")
-    return name, int(value)
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    i = sub.add_parser("init", help="scaffold targets.toml, noxfile.py, .gitignore and a CI workflow from your "
-                                    "ONNX models (docs/project.md)")
-    i.add_argument("paths", nargs="*", metavar="PATH",
-                   help="models, or folders holding them (default: models/ if it exists, else this directory)")
-    i.add_argument("--target", action="append", choices=list(presets.PRESETS), metavar="NAME",
-                   help="a target to write (repeatable; default: cpu-fp32, and cpu-int8 for the models int8-dynamic "
-                        f"suits and is measured faster for here); one of {', '.join(presets.PRESETS)}")
-    i.add_argument("--dim", action="append", type=dim, default=[], metavar="NAME=N",
-                   help="the size of a symbolic dimension in generated golden inputs (repeatable)")
-    i.add_argument("--inputs", action="append", default=[], metavar="[MODEL=]PATH",
-                   help="golden inputs of a model (an .npz keyed by input name, or an ONNX test_data_set_N folder); "
-                        "default: NAME.inputs.npz or test_data_set_0/ beside the model, else generated")
-    i.add_argument("--force", action="store_true", help="replace files init would write that exist already")
-    i.add_argument("--no-timing", action="store_true",
-                   help="do not time int8 against fp32 here: cpu-int8 takes the models by their weights alone (a "
-                        "scaffold that does not depend on this machine)")
-    i.add_argument("--refresh-expected", action="store_true",
-                   help="record again the expected outputs init recorded (each model's source on its golden inputs, "
-                        "as they are now) in the targets.toml here; writes nothing else")
-    i.set_defaults(func=cmd_init)
+from ortbuild.project import config, data, expected, plan, scaffold, signature, speedup
 
 
 def _say(line: str) -> None:
@@ -60,18 +29,18 @@ def probe(timing: bool = True) -> scaffold.Probe | None:
                           _say)
 
 
-def cmd_init(args: argparse.Namespace) -> int:
+def cmd_init(o: InitOptions) -> int:
     root = Path.cwd()
-    if args.refresh_expected:
+    if o.refresh_expected:
         return refresh(root)
-    made = scaffold.plan(root, args.paths, args.target or (), dict(args.dim), args.inputs, probe(not args.no_timing))
+    made = scaffold.plan(root, o.paths, o.target, dict(o.dim), o.inputs, probe(not o.no_timing))
 
     def check(project: config.Project) -> None:
         """Golden inputs given or found fit their models, as `plan` checks them (the generated ones do)."""
         given = {name for name, m in project.models.items() if not str(m.inputs).endswith(scaffold.GENERATED)}
         checked_graphs(project, [j for j in plan.jobs(project) if j.model.name in given])
 
-    written = scaffold.write(root, made, args.force, check)
+    written = scaffold.write(root, made, o.force, check)
     project = config.load(root / config.DEFAULT_FILE)  # what init wrote loads, every file it names checked
     for path in written:
         print(f"wrote {path.relative_to(root)}")

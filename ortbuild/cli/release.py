@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -18,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from ortbuild import paths, workspace
 from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.cli.common import dist_dir
+from ortbuild.cli.options.release import MatrixOptions, PullOptions, ReleaseOptions, VerifyOptions
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, OrtbuildError, UsageError
 from ortbuild.project import config, plan
 from ortbuild.status import final_exit
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from ortbuild.publish.verify import Verified
 
 
-def _public_key(args: argparse.Namespace) -> bytes | EllipticCurvePublicKey:
+def _public_key(public_key: str | None) -> bytes | EllipticCurvePublicKey:
     """signing.pub's Ed25519 key, or an EC public key (model-signing.pub: model.sig is then the trust root)."""
-    found = keys.release_public_key(args.public_key)
+    found = keys.release_public_key(public_key)
     if found is None:
         raise KeyMissing("verifying a release needs the publisher's public key",
                          "pass --public-key signing.pub (what `ortbuild keygen` wrote; or model-signing.pub, which "
@@ -119,20 +119,20 @@ def _writable_dir(path: Path, given: str | None) -> None:
                              "give a directory (e.g. --to releases/), or move that file away")
 
 
-def cmd_release(args: argparse.Namespace) -> int:
+def cmd_release(o: ReleaseOptions) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
     from ortbuild.publish import registry, release
 
-    project = config.load(args.config)
-    names = plan.select(list(project.targets), args.target, "targets", str(project.file))
-    dist = dist_dir(args, project)
-    sign_key = keys.signing_key(file=args.signing_key_file)  # the only key a release needs, read once
+    project = config.load(o.config)
+    names = plan.select(list(project.targets), o.target, "targets", str(project.file))
+    dist = dist_dir(o.dist, project)
+    sign_key = keys.signing_key(file=o.signing_key_file)  # the only key a release needs, read once
     if sign_key is None:
         raise KeyMissing("no signing key: a release is signed (ORTBUILD_SIGNING_KEY or ORTBUILD_SIGNING_KEY_FILE, "
                          "or --signing-key-file)", f"make one with `{keys.MAKE_KEYS}`")
     warnings: list[str] = []
     development = _development_keys(project, names, dist, sign_key)
-    if development and not args.allow_development_key:
+    if development and not o.allow_development_key:
         raise KeyMissing("release refused: DEVELOPMENT keys (`keygen --dev`, for local builds only): "
                          + "; ".join(development),
                          f"build and release with your own keys: `{keys.MAKE_KEYS}`, then `ortbuild test` and "
@@ -143,26 +143,26 @@ def cmd_release(args: argparse.Namespace) -> int:
                         + "; ".join(development))
         for w in warnings:
             print(f"ortbuild: WARNING: {w}", file=sys.stderr)
-    ref = registry.parse(args.to) if args.to and registry.is_ref(args.to) else None
+    ref = registry.parse(o.to) if o.to and registry.is_ref(o.to) else None
     if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
-        raise UsageError(f"{args.to}: one tag names one bundle, and {len(names)} targets are selected",
+        raise UsageError(f"{o.to}: one tag names one bundle, and {len(names)} targets are selected",
                          "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
                          "to {version}-{target}), or select one target with -t")
     # the default dist/release must stay inside dist/ (a symlink there leading out is refused, never written through)
-    out_root = Path(args.to) if args.to and ref is None else paths.inside(dist, "release")
-    write_root = out_root if args.to and ref is None else dist  # no symlink followed below it (files.py)
+    out_root = Path(o.to) if o.to and ref is None else paths.inside(dist, "release")
+    write_root = out_root if o.to and ref is None else dist  # no symlink followed below it (files.py)
     if ref is None:
         for name in names:
-            _writable_dir(paths.inside(out_root, name), args.to)
+            _writable_dir(paths.inside(out_root, name), o.to)
     done: list[Released] = []
     refused: list[OrtbuildError] = []
     lines: list[str] = []
-    with workspace.Lock(dist, timeout=args.lock_timeout):
+    with workspace.Lock(dist, timeout=o.lock_timeout):
         for name in names:
             target = project.targets[name]
             try:
                 pub = release.release_target(project, target, dist, paths.inside(out_root, name), sign_key,
-                                             force=args.force, root=write_root)
+                                             force=o.force, root=write_root)
             except (GateFailed, ArtifactError) as e:
                 refused.append(e)
                 continue
@@ -175,7 +175,7 @@ def cmd_release(args: argparse.Namespace) -> int:
                 tag = (ref.tag or "{version}-{target}").replace("{target}", name).replace("{version}",
                                                                                           project.version)
                 where = ref.with_tag(tag)
-                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub, args.oci_format)
+                entry["pushed"], entry["digest"] = str(where), registry.push(where, pub, o.oci_format)
             done.append(entry)
             lines.append(f"{name}: {pub.files['bundle'].name} ({human_size(pub.files['bundle'].stat().st_size)}, "
                          f"{len(index['models'])} models) -> {pub.folder}"
@@ -184,7 +184,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     code = final_exit(err.exit_code for err in refused)
     for entry in done:
         entry["verify"] = _verify_command(entry.get("pushed") or str(Path(entry["dir"]).absolute()), sign_key)
-    if args.json:
+    if o.json:
         print(json.dumps({"exit_code": code, "released": done, "refused": [err.message for err in refused],
                           "warnings": warnings}, indent=2))
         return code
@@ -216,39 +216,41 @@ def _verify_lines(v: Verified, as_json: bool, extra: dict[str, str] | None = Non
         print(f"  WARNING: {w}")
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def cmd_verify(o: VerifyOptions) -> int:
     """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
     from ortbuild.publish import epochs, registry, verify
 
-    public = _public_key(args)
-    secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))  # the golden test decrypts
+    c = o.checks
+    public = _public_key(c.public_key)
+    secrets = keys.Secrets(encryption=keys.encryption_key(file=c.key_file))  # the golden test decrypts
     with tempfile.TemporaryDirectory(prefix="ortbuild-verify-") as tmp:
-        where = Path(args.bundle)
-        if registry.is_ref(args.bundle):
-            registry.pull(registry.parse(args.bundle), Path(tmp))
+        where = Path(o.bundle)
+        if registry.is_ref(o.bundle):
+            registry.pull(registry.parse(o.bundle), Path(tmp))
             where = Path(tmp)
-        v = verify.verify(where, public, run=not args.no_run, key=secrets.secret, floors=epochs.floors(args.min_epoch))
-    _verify_lines(v, args.json)
+        v = verify.verify(where, public, run=not c.no_run, key=secrets.secret, floors=epochs.floors(c.min_epoch))
+    _verify_lines(v, c.json)
     return 0
 
 
-def cmd_pull(args: argparse.Namespace) -> int:
+def cmd_pull(o: PullOptions) -> int:
     """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to (never over a newer
     release unless --allow-downgrade: ortbuild.publish.deploy)."""
     from ortbuild.publish import deploy, registry, release
 
-    ref = registry.parse(args.ref)
-    public = _public_key(args)
-    secrets = keys.Secrets(encryption=keys.encryption_key(file=args.key_file))
-    if args.to:
-        deploy.check_destination(Path(args.to))  # before the download
+    c = o.checks
+    ref = registry.parse(o.ref)
+    public = _public_key(c.public_key)
+    secrets = keys.Secrets(encryption=keys.encryption_key(file=c.key_file))
+    if o.to:
+        deploy.check_destination(Path(o.to))  # before the download
     with tempfile.TemporaryDirectory(prefix="ortbuild-pull-") as tmp:
         pulled = registry.pull(ref, Path(tmp))
-        dest = Path(args.to) if args.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
-        v = deploy.place(Path(tmp), dest, public, source=str(ref), run=not args.no_run, key=secrets.secret,
-                         min_epoch=args.min_epoch, allow_downgrade=args.allow_downgrade)
-    _verify_lines(v, args.json, {"dir": str(dest)})
-    if not args.json:
+        dest = Path(o.to) if o.to else Path.cwd() / pulled["index"].name.removesuffix(f".{release.INDEX}")
+        v = deploy.place(Path(tmp), dest, public, source=str(ref), run=not c.no_run, key=secrets.secret,
+                         min_epoch=c.min_epoch, allow_downgrade=o.allow_downgrade)
+    _verify_lines(v, c.json, {"dir": str(dest)})
+    if not c.json:
         print(f"  -> {dest}")
         for model in v.index["models"]:  # each model's Python loader, as its (verified) manifest names it
             m, _ = manifest.read(dest / model)
@@ -257,24 +259,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def min_epoch(text: str) -> int:
-    """--min-epoch: a non-negative integer (argparse: exit 2 otherwise)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an epoch (a non-negative integer)")
-    return n
-
-
-def cmd_matrix(args: argparse.Namespace) -> int:
+def cmd_matrix(o: MatrixOptions) -> int:
     """A GitHub Actions matrix: one entry per target, on a runner with its hardware (docs/ci.md)."""
-    project = config.load(args.config, check_files=False)
-    names = plan.select(list(project.targets), args.target, "targets", str(project.file))
+    project = config.load(o.config, check_files=False)
+    names = plan.select(list(project.targets), o.target, "targets", str(project.file))
     from ortbuild.pipeline import cache  # not at import: the matrix is printed where little is installed
 
-    shared = cache.configured(project.file, project.cache, args.cache, False)
+    shared = cache.configured(project.file, project.cache, o.cache, False)
     # a directory as the runners' checkout reaches it: relative to the directory the matrix is made in (CI's
     # checkout root) where it lies below it
     where = "" if shared is None else shared.where if shared.is_oci or not Path(shared.where).is_relative_to(
@@ -285,5 +276,5 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                 "release_session": project.targets[n].session("release"),
                 "platform": project.targets[n].platform,
                 "models": list(project.targets[n].models)} for n in names]
-    print(json.dumps({"include": include}, indent=None if args.compact else 2))
+    print(json.dumps({"include": include}, indent=None if o.compact else 2))
     return 0

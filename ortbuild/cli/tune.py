@@ -3,14 +3,14 @@ was kept to targets.lock and rebuild the job with it; a table per job of every c
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import TYPE_CHECKING
 
 from ortbuild.artifact import keys
-from ortbuild.cli.build import built, fitting, record
+from ortbuild.cli.building import built, fitting, record
 from ortbuild.cli.common import table
+from ortbuild.cli.options.tune import TuneOptions
 from ortbuild.errors import OrtbuildError, UsageError
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, lockfile, plan
@@ -23,14 +23,15 @@ TUNED, SKIPPED, FAILED = TuneStatus.TUNED, TuneStatus.SKIPPED, TuneStatus.FAILED
 HEADER = ["candidate", "against", "p50 ms", "against p50 ms", "speed-up [interval]", "verdict"]
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(o: TuneOptions) -> int:
     from ortbuild.gating import runner as gates
     from ortbuild.gating.search import tune
 
-    if not args.seconds > 0:
-        raise UsageError(f"--seconds {args.seconds:g}: give a positive number of seconds for each job's search")
-    project = config.load(args.config)
-    jobs = plan.jobs(project, args.target, args.model)
+    sel, seconds = o.selection, o.budget.tune_seconds
+    if not seconds > 0:
+        raise UsageError(f"--tune-seconds {seconds:g}: give a positive number of seconds for each job's search")
+    project = config.load(sel.config)
+    jobs = plan.jobs(project, sel.target, sel.model)
     fitting(jobs, "tune")
     refs: dict[str, plan.Job] = {}  # a reduced precision's fp32 artifact of the same model: built, not tuned
     for j in jobs:
@@ -38,14 +39,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if ref is not None:
             refs[j.name] = ref
     extra = list({r.name: r for r in refs.values() if all(r.name != j.name for j in jobs)}.values())
-    secrets = keys.read_secrets(args.key_file, args.signing_key_file)
+    secrets = keys.read_secrets(o.keys.key_file, o.keys.signing_key_file)
     out: list[dict[str, object]] = []
     codes: list[int] = []
-    with built(args, project, [*jobs, *extra], secrets, command="tune") as b, \
-            Progress(quiet=args.json, live=False, verbose=args.verbose, what="tuning") as progress:
+    with built(o, project, [*jobs, *extra], secrets, command="tune") as b, \
+            Progress(quiet=sel.json, live=False, verbose=sel.verbose, what="tuning") as progress:
         b.builder.progress = progress
-        tester = gates.Tester(project, b.dist, secrets.secret, args.config, progress, secrets.signing,
-                              capture=not args.verbose)
+        tester = gates.Tester(project, b.dist, secrets.secret, sel.config, progress, secrets.signing,
+                              capture=not sel.verbose)
         lock = lockfile.read(project)
         for job in b.jobs[:len(jobs)]:
             done = b.done.get(job.name)
@@ -62,7 +63,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                 ref = None
             try:
-                tuning = tune.tune_job(tester, plain, job, seconds=args.seconds, progress=progress, reference=ref)
+                tuning = tune.tune_job(tester, plain, job, seconds=seconds, progress=progress, reference=ref)
                 lock, _, result = tune.record(b.builder, tester, lock, plain, tuning)
             except OrtbuildError as e:
                 out.append({"target": job.target.name, "model": job.model.name, "status": FAILED,
@@ -80,7 +81,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             progress(job.name, JobFinished(result.status, f"tuned: kept {tuning.kept()}" if result.status !=
                                            JobStatus.FAILED else f"FAILED: {result.reason}"))
     code = final_exit(codes)
-    if args.json:
+    if sel.json:
         print(json.dumps({"exit_code": code, "lock": str(lockfile.path_of(project)), "dist": str(b.dist),
                           "jobs": out}, indent=2, default=str))
         return code

@@ -4,8 +4,9 @@ back uses it: the text and HTML reports, the summary, the release index, the nox
 
 `as_json` gives the document (records.ResultDoc: every field in order, then `gates` and `failed_gates`);
 `from_json` reads one back, an older ortbuild's included (a key it lacks takes its default; a value of the wrong
-kind is refused with the key named). A gate's verdict is read through the registry (ortbuild.gating.gates.catalog):
-the first gates from their historic fields, newer ones from their section in `sections`.
+kind is refused with the key named). Every gate hands the record the same shape (`record`: its verdict, section
+and failure lines, ortbuild.gating.protocol.Judged); the record keeps the first five gates' under the document's
+historic fields (HISTORIC), every other gate's section in `sections` under its name.
 Stdlib only (the noxfile reads records in nox's own interpreter).
 """
 
@@ -19,11 +20,26 @@ from typing import ClassVar, Literal, cast
 
 from ortbuild.errors import GateFailed
 from ortbuild.gating import records, timing_records
-from ortbuild.gating.gates import catalog
+from ortbuild.gating.gates import registry
+from ortbuild.gating.protocol import NOT_RUN, Judged
+from ortbuild.project.kinds import KINDS, Kind, spelled
 from ortbuild.status import Verdict, final_exit
 
-NOT_RUN: Literal["-"] = "-"         # a gate that did not run (the target cannot run here, or it has no budget)
-VERDICT_FIELDS = ("status", *(g.field for g in catalog.GATES if g.field))
+# The document's historic fields of the first five gates (its format, not a gate's code): the field of its
+# verdict, and the field its section is (None: the section's keys are fields themselves)
+HISTORIC: dict[str, tuple[str, str | None]] = {
+    "accuracy": ("accuracy", None),
+    "size": ("size_verdict", "size"),
+    "latency": ("latency_verdict", "latency"),
+    "cold_start": ("cold_start_verdict", "startup"),
+    "memory": ("memory_verdict", "startup"),
+}
+VERDICT_FIELDS = ("status", *(field for field, _ in HISTORIC.values()))
+
+
+def doc_kind(doc: Mapping[str, object]) -> Kind:
+    """The kind of model a record's document is about (as the kind's rule spells it: "generative": true)."""
+    return next(k for k in KINDS if spelled(k) == ("generative", bool(doc.get("generative", False))))
 
 
 def _verdict(text: object) -> Verdict | Literal["-"]:
@@ -57,17 +73,16 @@ class TestResult:
     build_key: str = ""
     artifact_sha256: str = ""        # the artifact these verdicts are about (release refuses stale verdicts)
     quick: bool = False              # --quick: 90% confidence timings while iterating; release refuses them
-    judged: list[str] = field(default_factory=lambda: list(catalog.NAMES))  # --gates: release needs them all
+    judged: list[str] = field(default_factory=lambda: list(registry.NAMES))  # --gates: release needs them all
     speed: list[timing_records.SpeedDoc] = field(default_factory=list)  # slower than what it derives from (speed)
     platform: dict[str, object] = field(default_factory=dict)  # an emulated platform's run (ortbuild.emulation)
     build: records.BuildDoc = field(default_factory=records.BuildDoc)  # a failed build: its step and log (builds)
     exit_code: int = 0
     gates_key: str = ""              # what it judged by (gates.gates_key): release refuses budgets changed since
-    # the newer gates' sections by gate name, each with its `verdict` (ortbuild.gating.gates.catalog); in the document
-    # only when one ran
+    # the other gates' sections by gate name, each with its `verdict`; in the document only when one ran
     sections: dict[str, dict[str, object]] = field(default_factory=dict)
-    generative: bool = False         # a generative model: its gates are its own (catalog's kinds); in the document
-                                     # only when true
+    kind: Kind = "onnx"              # the kind of model: it takes the gates of its kind; the document spells it
+                                     # as its rule does ("generative": true), only when the flag is set
 
     def fail(self, lines: list[str], code: int = GateFailed.exit_code) -> None:
         self.failures += lines
@@ -78,23 +93,45 @@ class TestResult:
         decide about those)."""
         return bool(self.status)
 
+    def record(self, gate: str, judged: Judged) -> None:
+        """What one gate found: its verdict and section kept under its name (a first gate's under its historic
+        fields; a section is kept when the gate measured something or judged), its failure lines failed."""
+        verdict, section, lines = judged
+        if gate in HISTORIC:
+            verdict_field, section_field = HISTORIC[gate]
+            setattr(self, verdict_field, verdict)
+            if section_field is None:
+                for key, value in section.items():
+                    setattr(self, key, value)
+            elif section:
+                setattr(self, section_field, section)
+        elif verdict != NOT_RUN or section:  # measured without a budget: reported, verdict "-"
+            self.sections[gate] = {**section, "verdict": verdict}
+        if lines:
+            self.fail(lines)
+
+    def section(self, gate: str) -> Mapping[str, object]:
+        """What one gate measured (a first gate's from its historic field; {} where it has none)."""
+        if gate in HISTORIC:
+            section_field = HISTORIC[gate][1]
+            return cast(Mapping[str, object], getattr(self, section_field)) if section_field else {}
+        return self.sections.get(gate, {})
+
     def verdict(self, gate: str) -> str:
         """One gate's verdict ("-": it did not run)."""
-        g = catalog.BY_NAME[gate]
-        if g.field is not None:
-            return str(getattr(self, g.field))
+        if gate in HISTORIC:
+            return str(getattr(self, HISTORIC[gate][0]))
         return str(self.sections.get(gate, {}).get("verdict", NOT_RUN))
 
     def set_verdict(self, gate: str, verdict: Verdict | Literal["-"]) -> None:
-        g = catalog.BY_NAME[gate]
-        if g.field is not None:
-            setattr(self, g.field, verdict)
+        if gate in HISTORIC:
+            setattr(self, HISTORIC[gate][0], verdict)
         else:
             self.sections.setdefault(gate, {})["verdict"] = verdict
 
     def gates(self) -> dict[str, str]:
         """Each gate's verdict, by name ("-": it did not run)."""
-        return {g.name: self.verdict(g.name) for g in catalog.GATES}
+        return {name: self.verdict(name) for name in registry.NAMES}
 
     def failed_gates(self) -> list[str]:
         """The gates that failed, by name (a build failure or a required target that cannot run is none of
@@ -106,7 +143,9 @@ class TestResult:
         newer gate filled one), then `gates` and `failed_gates`; records.ResultDoc names the same fields
         (tests/test_report.py)."""
         doc = asdict(self)
-        for key in ("sections", "generative"):
+        key, flag = spelled(doc.pop("kind"))
+        doc[key] = flag
+        for key in ("sections", key):
             if not doc[key]:
                 del doc[key]
         return cast(records.ResultDoc, {**doc, "gates": self.gates(), "failed_gates": self.failed_gates()})
@@ -119,6 +158,9 @@ class TestResult:
         defaults = cls("", "", "")
         kw: dict[str, object] = {}
         for f in dataclasses.fields(cls):
+            if f.name == "kind":
+                kw["kind"] = doc_kind(doc)
+                continue
             if f.name not in doc:
                 continue
             value, default = doc[f.name], getattr(defaults, f.name)
@@ -130,8 +172,8 @@ class TestResult:
         record = dataclasses.replace(defaults, **kw)  # type: ignore[arg-type]  # each value's kind checked above
         given = doc.get("gates")
         for name, verdict in (given.items() if isinstance(given, Mapping) else ()):  # a verdict only `gates` holds
-            gate = catalog.BY_NAME.get(str(name))
-            if gate is not None and _verdict(verdict) != NOT_RUN and (
-                    gate.field not in doc if gate.field else name not in record.sections):
-                record.set_verdict(gate.name, _verdict(verdict))
+            name = str(name)
+            if name in registry.BY_NAME and _verdict(verdict) != NOT_RUN and (
+                    HISTORIC[name][0] not in doc if name in HISTORIC else name not in record.sections):
+                record.set_verdict(name, _verdict(verdict))
         return record

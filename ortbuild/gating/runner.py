@@ -1,8 +1,9 @@
-"""`ortbuild test`: the release gates of every artifact, opened through its generated Python loader.
-
-Per (target, model): golden-output accuracy (ortbuild.artifact.golden, ortbuild.gating.measure.compare), latency budgets
-(ortbuild.gating.measure.sampling) and size budgets. Verdicts: PASS, FAIL, INCONCLUSIVE (latency the samples cannot decide)
-or SKIPPED (the target cannot run here; with `require` that is a failure).
+"""`ortbuild test`: the gates of the registry (ortbuild.gating.gates.registry) on every artifact, opened through
+its generated Python loader, each gate's result kept in the job's record (ortbuild.gating.record). The runner has
+no code of any one gate: it opens the job's Context (its golden run for an ONNX model; a generative model's gates
+open it themselves), runs the gates the target's kind of model takes in the registry's order (those `--gates`
+names; a timed gate SKIPPED under emulation), and decides the job's verdict: PASS, FAIL, INCONCLUSIVE (a gate the
+samples cannot decide) or SKIPPED (the target cannot run here; with `require` that is a failure).
 """
 
 from __future__ import annotations
@@ -10,9 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
-import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -22,20 +20,19 @@ from ortbuild import files, logs, paths
 from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
-from ortbuild.gating import records, timing_records
-from ortbuild.gating.gates import accept, catalog, size
-from ortbuild.gating.gates import genai as genai_gates
-from ortbuild.gating.gates.catalog import NOT_RUN, Context
-from ortbuild.gating.measure import compare, emulated, startup
-from ortbuild.gating.measure import sampling as latency
-from ortbuild.gating.measure.compliance import Checker
+from ortbuild.gating import records
+from ortbuild.gating.gates import accuracy
+from ortbuild.gating.gates import registry
+from ortbuild.gating.measure import emulated
+from ortbuild.gating.measure.sampling import environment
+from ortbuild.gating.protocol import Context, Gate, Judged
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.reports import builds, report
-from ortbuild.gating.reports.selection import GATES, undecided_reason
+from ortbuild.gating.reports.selection import undecided_reason
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import data
-from ortbuild.project.config import Project, did_you_mean
+from ortbuild.project.config import Project
 from ortbuild.project.declare import plain
+from ortbuild.project.kinds import Kind
 from ortbuild.project.plan import Job
 from ortbuild.project.settings import Gates
 from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict
@@ -57,7 +54,7 @@ def gates_key(gates: Gates | None, eval_set: object) -> str:
 class Tester:
     def __init__(self, project: Project, dist: Path, secret: bytes | None, config_arg: str,
                  progress: Callable[[str, Event | str], None], sign_key: SigningKey | None = None,
-                 capture: bool = True, quick: bool = False, judged: Sequence[str] = GATES,
+                 capture: bool = True, quick: bool = False, judged: Sequence[str] = registry.NAMES,
                  find_peak: bool = False) -> None:
         self.project = project
         self.find_peak = find_peak  # --find-peak: the server scenario's highest passing rate
@@ -71,7 +68,7 @@ class Tester:
         self.config_arg = config_arg
         self.progress = progress
         self.golden_cache: dict[str, golden.Golden] = {}
-        self._outputs: dict[str, list[str]] = {}
+        self.cache: dict[str, object] = {}  # what the run's gates keep between jobs (protocol.Testing)
 
     def reproduce(self, job: Job) -> str:
         return report.reproduce(job.target.name, job.model.name, self.config_arg, job.target.session("test"))
@@ -80,7 +77,7 @@ class Tester:
         results = []
         for job in jobs:
             res = TestResult(job.target.name, job.model.name, job.settings.precision, reproduce=self.reproduce(job),
-                             quick=self.quick, judged=list(self.judged), generative=job.model.generative)
+                             quick=self.quick, judged=list(self.judged), kind=job.model.kind)
             b = built[job.name]
             if b.status == JobStatus.FAILED:  # what the report's row of its build record says (report.collect)
                 failed = builds.failure(cast(records.BuildRecord, b.as_json()))  # the record it wrote
@@ -130,7 +127,7 @@ class Tester:
     def write_report(self, job: Job, res: TestResult) -> None:
         folder = paths.inside(self.dist, job.target.name, job.model.name)
         if folder.is_dir():
-            doc = {"result": res.as_json(), "environment": latency.environment()}
+            doc = {"result": res.as_json(), "environment": environment()}
             text = (json.dumps(doc, indent=2, default=str) + "\n").encode()
             if self.sign_key is not None:  # release takes verdicts only from a report the trusted key signed
                 files.atomic_write(folder / REPORT_SIG, base64.b64encode(self.sign_key.sign(text)) + b"\n",
@@ -142,72 +139,47 @@ class Tester:
     # ------------------------------------------------------------------------------------------ one job
 
     def gate(self, job: Job, res: TestResult, built: dict[str, JobResult]) -> None:
-        """Every gate of the registry (ortbuild.gating.gates.catalog.GATES) on one built job, in its order: those judged
-        (`--gates`); a timing gate of an emulated platform's target is SKIPPED where the target has a budget for
-        it (`built`: every job's build, the references of relative budgets)."""
-        generative = job.model.generative  # its own gates (ortbuild.gating.gates.genai), and size
-        ctx = genai_gates.open_context(self, job, res, built) if generative else self.open(job, res, built)
-        settings = job.settings.gates
-        assert settings is not None
-        self.check_data_sets(ctx)
+        """Every gate of the registry on one built job, in its order: those judged (`--gates`) of the model's
+        kind; a timing gate of an emulated platform's target is SKIPPED where the target has a budget for it
+        (`built`: every job's build, the references of relative budgets)."""
+        ctx = self.context(job, res, built)
+        settings = ctx.gates
+        kind = job.model.kind
+        gates = [g for g in registry.GATES if g.name in self.judged and kind in g.kinds]
+        for check in (g.check for g in registry.GATES if kind in g.kinds):
+            if check is not None:
+                check(ctx)
         skipped = []
-        for gate in catalog.GATES:
-            if gate.name not in self.judged or not gate.judges(generative):
-                continue
+        for gate in gates:
             if gate.timed and ctx.module is None:  # emulated: the timing gates say nothing about the device
                 if gate.declared(settings):
-                    res.set_verdict(gate.name, SKIP)
+                    res.set_verdict(gate.name, Verdict.SKIPPED)
                     skipped.append(gate.name)
                 continue
-            judged = gate.run(ctx)
-            if judged is not None:  # a newer gate: its section and failure lines
-                verdict, section, lines = judged
-                if verdict != NOT_RUN or section:  # measured without a budget: reported, verdict "-"
-                    res.sections[gate.name] = {**section, "verdict": verdict}
-                if lines:
-                    res.fail(lines)
+            res.record(gate.name, gate.run(ctx))
+            if ctx.golden_doc:
+                res.golden = cast(records.GoldenDoc, dict(ctx.golden_doc))
         if skipped:
             res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
         undecided: list[str] = []
-        for gate in catalog.GATES:
-            if res.verdict(gate.name) == INCONCLUSIVE and (note := self._undecided(res, gate.name)) not in undecided:
-                undecided.append(note)
+        for gate in registry.GATES:
+            if res.verdict(gate.name) == Verdict.INCONCLUSIVE:
+                note = str(res.section(gate.name).get("note", f"{gate.name} inconclusive"))
+                if note not in undecided:
+                    undecided.append(note)
         if not res.failures and undecided:
             res.status = Verdict.INCONCLUSIVE
             res.reason = undecided_reason(res, undecided, self.config_arg, job.target.session("test"))
 
-    @staticmethod
-    def _undecided(res: TestResult, gate: str) -> str:
-        """What an INCONCLUSIVE gate's note says (cold start and memory share theirs: one measurement)."""
-        if gate == "latency":
-            return res.latency.get("note", "latency inconclusive")
-        if gate in ("cold_start", "memory"):
-            return res.startup.get("note", "cold start / memory inconclusive")
-        return str(res.sections.get(gate, {}).get("note", f"{gate} inconclusive"))
-
-    def judge_startup(self, ctx: Context) -> None:
-        """Cold start and peak memory in fresh processes through the loader (only with a budget for either):
-        one measurement for both gates."""
-        job, res = ctx.job, ctx.result
-        gates = job.settings.gates
-        assert gates is not None
-        budgets = {k: b for k, b in gates.startup_budgets.items() if k in self.judged}
-        if not budgets or "startup" in ctx.done:
-            return
-        ctx.done.add("startup")
-        self.progress(job.name, f"cold start and peak memory in fresh processes (looks at {startup.FIRST_LOOK}, "
-                                f"then doubling, at most {startup.MAX_PROCESSES})")
-        outcome = startup.measure(loaders.python_path(ctx.folder, job.model.name), ctx.folder,
-                                  ctx.golden.sets[0].inputs, self.secret, budgets,
-                                  latency.confidence_of(gates.latency.confidence, self.quick))
-        res.startup = startup.summary(outcome, budgets)
-        if "cold_start" in budgets:
-            res.cold_start_verdict = startup.verdict_of(outcome, "cold_start")
-        if "memory" in budgets:
-            res.memory_verdict = startup.verdict_of(outcome, "memory")
-        lines = startup.failure_lines(job.name, job.target.name, outcome, budgets)
-        if lines:
-            res.fail(lines)
+    def judge_alone(self, gate: Gate, job: Job, res: TestResult, session: dict[str, object] | None = None) -> Judged:
+        """One gate alone on one job, not kept in `res` but for the golden data it judged by (the generative
+        search judges each candidate by the tokens gate). `session`: options over the artifact's, handed to the
+        loader's load(session=...)."""
+        ctx = self.context(job, res, {}, session)
+        judged = gate.run(ctx)
+        if ctx.golden_doc:
+            res.golden = cast(records.GoldenDoc, dict(ctx.golden_doc))
+        return judged
 
     def accuracy_gate(self, job: Job, res: TestResult, session: dict[str, object] | None = None) \
             -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
@@ -215,9 +187,19 @@ class Tester:
         accuracy gate where it is judged; returns the loader module (None when emulated), the golden data and the
         manifest. `session`: options over the artifact's, handed to the loader's load(session=...)."""
         ctx = self.open(job, res, {}, session)
-        if "accuracy" in self.judged:
-            self.judge_accuracy(ctx)
+        if accuracy.GATE.name in self.judged:
+            res.record(accuracy.GATE.name, accuracy.GATE.run(ctx))
         return ctx.module, ctx.golden, ctx.manifest
+
+    def context(self, job: Job, res: TestResult, built: dict[str, JobResult],
+                session: dict[str, object] | None = None) -> Context:
+        """The Context of one job, as its kind of model opens it."""
+        return self.openers[job.model.kind](job, res, built, session)
+
+    @property
+    def openers(self) -> dict[Kind, Callable[[Job, TestResult, dict[str, JobResult], dict[str, object] | None],
+                                             Context]]:
+        return {"onnx": self.open, "generative": self.open_generative}
 
     def open(self, job: Job, res: TestResult, built: dict[str, JobResult],
              session: dict[str, object] | None = None) -> Context:
@@ -246,197 +228,24 @@ class Tester:
         warnings = golden.warnings(job.model, g)
         if warnings:  # no failure: the gate still ran, but on data that says little
             res.golden["warnings"] = warnings
-        return Context(self, job, res, module, g, m, outputs, built)
+        return Context(self, job, module, g, m, outputs, built)
 
-    def _target_outputs(self, job: Job) -> list[str]:
-        """The output names of every model of the job's target (read once per target)."""
-        import onnx
-
-        if job.target.name not in self._outputs:
-            names: list[str] = []
-            for m in job.target.models:
-                graph = onnx.load(str(self.project.models[m].path), load_external_data=False).graph
-                names += [o.name for o in graph.output if o.name not in names]
-            self._outputs[job.target.name] = names
-        return self._outputs[job.target.name]
+    def open_generative(self, job: Job, res: TestResult, built: dict[str, JobResult],
+                        session: dict[str, object] | None = None) -> Context:
+        """The Context of a generative artifact: its manifest and generated loader (opened by each gate that asks;
+        its golden data are its prompts, which the tokens gate runs)."""
+        folder = paths.inside(self.dist, job.target.name, job.model.name)
+        m, _ = manifest.read(folder)
+        if m.kind != job.model.kind:
+            raise ConfigError(str(self.project.file), f"models.{job.model.name}.path",
+                              f"{folder} holds an ONNX model's artifact, and the model is now a generative one",
+                              "rebuild it: `ortbuild build`")
+        res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
+        module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
+        none = golden.Golden([], "none: a generative model's golden data are its prompts (the tokens gate)", "computed")
+        return Context(self, job, module, none, m, [], built)
 
     def _golden_of(self, job: Job, m: manifest.Manifest) -> golden.Golden:
         if job.model.name not in self.golden_cache:
             self.golden_cache[job.model.name] = golden.golden_for(job.model, m.io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]
-
-    def judge_accuracy(self, ctx: Context) -> None:
-        job, res, outputs, g, m = ctx.job, ctx.result, ctx.outputs, ctx.golden, ctx.manifest
-        gates = job.settings.gates
-        assert gates is not None
-        names: list[str] = [o["name"] for o in m.io["outputs"]]
-        known = self._target_outputs(job)
-        for name in gates.accuracy.get("outputs", {}):  # a table may name another model's output, not a typo
-            if name not in known:
-                raise ConfigError(str(self.project.file), f"targets.{job.target.name}.accuracy.outputs.{name}",
-                                  f"no model of this target has an output '{name}'{did_you_mean(name, known)}",
-                                  f"the outputs are: {', '.join(known)}")
-        compared: list[tuple[compare.OutputResult, object, object]] = []  # each result, with expected and actual
-        for ds, got in zip(g.sets, outputs, strict=True):
-            for name in names:
-                rule = gates.accuracy_rule(job.settings.precision, name)
-                compared.append((compare.compare(name, ds.name, ds.expected[name], got[name], rule),
-                                 ds.expected[name], got[name]))
-        results = [r for r, _, _ in compared]
-        res.outputs = [r.as_json() for r in results]
-        res.worst = compare.worst_metric(results)
-        failed = [r for r in results if not r.passed]
-        res.accuracy = Verdict.FAIL if failed else Verdict.PASS
-        for r in failed:
-            res.fail([f"accuracy: {job.name} " + line if i == 0 else line
-                      for i, line in enumerate(compare.describe_failure(r))])
-        if failed and (advice := accept.advice(self.project, job, names, compared, g)):
-            res.fail(advice)
-
-    def judge_size(self, ctx: Context) -> None:
-        res = ctx.result
-        res.size, lines = size.judge(ctx.job, ctx.manifest)
-        res.size_verdict = Verdict.FAIL if lines else Verdict.PASS
-        if lines:
-            res.fail(lines)
-
-    def _target_data_sets(self, job: Job, g: golden.Golden) -> list[str]:
-        """The golden data set names of every model of the job's target (this model's from its golden data)."""
-        names = [d.name for d in g.sets]
-        for m in job.target.models:
-            inputs = self.project.models[m].inputs
-            try:
-                found = [d.name for d in data.datasets(inputs)] if inputs.is_dir() else ["test_data_set_0"]
-            except ConfigError:  # that model's own test reports its broken inputs
-                found = []
-            names += [n for n in found if n not in names]
-        return names
-
-    def check_data_sets(self, ctx: Context) -> None:
-        """`latency.data_sets` names golden data sets of the target's models (its budgets and its load scenarios
-        alike): checked before any gate, since a name given only for a scenario is read by that gate alone."""
-        gates = ctx.job.settings.gates
-        if gates is None or not gates.latency.data_sets:
-            return
-        known = self._target_data_sets(ctx.job, ctx.golden)
-        for name in gates.latency.data_sets:  # a table may name another model's data set, not a typo
-            if name not in known:
-                raise ConfigError(str(self.project.file), f"targets.{ctx.job.target.name}.latency.data_sets.{name}",
-                                  f"no model of this target has a golden data set '{name}'{did_you_mean(name, known)}",
-                                  f"the data sets are: {', '.join(known)} (an .npz of inputs is test_data_set_0; an "
-                                  "inputs directory holds one test_data_set_N/ per shape)")
-
-    def judge_latency(self, ctx: Context) -> None:
-        """Every golden data set timed (one session per artifact), each against its budgets: the target's, or its
-        own `data_sets.NAME` table over them. `res.latency` is the first data set's (as reports have always read
-        it), with `data_sets` listing each."""
-        job, res, module, g, built = ctx.job, ctx.result, ctx.module, ctx.golden, ctx.built
-        assert module is not None
-        ran = {ds.name: out for ds, out in zip(g.sets, ctx.outputs, strict=True)}  # compliance: the accuracy run's
-        gates = job.settings.gates
-        assert gates is not None
-        lat = gates.latency
-        folder = paths.inside(self.dist, job.target.name, job.model.name)
-        opens: dict[str, tuple[ModuleType, Path]] = {job.target.name: (module, folder)}
-        ft = lat.faster_than
-        ref_problem = None
-        if ft is not None:
-            ref_target = self.project.targets[ft.target]
-            ref_build = built.get(f"{ft.target}/{job.model.name}")
-            if ref_build is None or ref_build.status in (JobStatus.FAILED, JobStatus.SKIPPED, JobStatus.PORTABLE):
-                why = ref_build.reason if ref_build is not None else "not built"
-                ref_problem = (f"{ft.target} cannot run here ({why}); "
-                               f"relative budgets compare targets of one runtime ({ref_target.runtime_text})")
-            else:
-                rfolder = paths.inside(self.dist, ft.target, job.model.name)
-                opens[ft.target] = (loaders.import_python_loader(loaders.python_path(rfolder, job.model.name)),
-                                    rfolder)
-        sessions = {}
-        session_ms: dict[str, float] = {}
-        for name, (mod, where) in opens.items():  # verify + decrypt + InferenceSession, timed apart
-            t0 = time.perf_counter()
-            sessions[name] = mod.load(key=self.secret, folder=where)
-            session_ms[name] = (time.perf_counter() - t0) * 1e3
-        plan = latency.plan_of(lat.confidence, lat.min_samples, lat.min_seconds, lat.retry_wait_seconds, self.quick)
-        mine = job.target.name
-        threads = job.settings.session.intra_op_num_threads
-        entries: list[timing_records.DataSetLatency] = []
-        lines: list[str] = []
-        verdicts: list[str] = []  # of every budget of every data set
-        for ds in g.sets:
-            relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
-            budgets = latency.budgets_of(lat.budgets(ds.name), *relative)
-            calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
-            warmed = latency.warm_up(calls, lat.warmup_runs, math.inf if budgets else latency.BRIEF_SECONDS)
-            self.progress(job.name, latency.said_before(ds.name, budgets, plan, warmed))
-            check = Checker.for_latency(ran[ds.name], ds.name,
-                                        lambda o: gates.accuracy_rule(job.settings.precision, o),
-                                        plan.min_samples or latency.FIRST_LOOK)
-            outcome = latency.gate(calls, mine, budgets, plan, seen={mine: check.observer()},
-                                   say=ctx.teller(f"latency on {ds.name}"))
-            entry = data_set_entry(job.name, mine, ds.name, outcome, budgets, session_ms, warmed.first_ms, lines)
-            check.judge(job.name, entry, lines)
-            if ft is not None and ref_problem:
-                entry["relative"] = {"target": ft.target, "ratio": ft.ratio, "verdict": Verdict.SKIPPED,
-                                     "note": ref_problem}
-            verdicts += [v["verdict"] for v in entry["verdicts"]]
-            if "observed_ratio" in entry.get("relative", {}):
-                verdicts.append(entry["relative"]["verdict"])
-            entries.append(entry)
-        notes = [(f"{e['name']}: " if len(entries) > 1 else "") + e["note"] for e in entries if e.get("note")]
-        out: timing_records.LatencyDoc = {**entries[0], "data_set": entries[0]["name"], "data_sets": entries,
-                                   "threads": threads or f"ORT default ({os.cpu_count()} CPUs)",
-                                   "confidence": plan.confidence, "quick": self.quick}
-        del out["name"]
-        out["compliance"] = Checker.merge([e["compliance"] for e in entries])
-        out.pop("note", None)
-        if notes:
-            out["note"] = "; ".join(notes)
-        res.latency_verdict = (Verdict.FAIL if lines else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in verdicts
-                               else Verdict.PASS if verdicts else NOT_RUN)
-        res.latency = out
-        if lines:
-            res.fail(lines)
-
-
-def data_set_entry(job: str, mine: str, name: str, outcome: latency.Outcome, budgets: list[latency.Budget],
-                   session_ms: dict[str, float], first_ms: dict[str, float],
-                   lines: list[str]) -> timing_records.DataSetLatency:
-    """The report of one data set's timings and verdicts (`mine`: the tested artifact's series, `job`: how
-    failure lines name it); its failure lines go to `lines`."""
-    final = outcome.final
-    series = final.series[mine]
-    series.session_ms, series.first_run_ms = session_ms[mine], first_ms[mine]
-    entry = final.entry(mine, name)
-    if outcome.retry:
-        entry["retry"] = outcome.retry
-        entry["attempts"] = [a.as_json(mine) for a in outcome.attempts]
-    notes = []
-    for b in budgets:
-        v = outcome.verdicts[b.kind]
-        if v.verdict == Verdict.INCONCLUSIVE:
-            notes.append(f"{b.kind}: {v.note}")
-        if b.reference is None:
-            entry["verdicts"].append({"kind": b.kind, **latency.as_json(v)})
-            if v.verdict == Verdict.FAIL:
-                lines.append(f"latency: {job} {b.kind} ({name}) {v.observed:.3f} ms (at least "
-                             f"{v.lower:.3f} ms with {v.confidence:.0%} confidence) > budget {b.limit:g} ms "
-                             f"({v.exceeding} of {v.samples} samples above it)")
-            continue
-        other = final.series[b.reference]
-        other.session_ms, other.first_run_ms = session_ms[b.reference], first_ms[b.reference]
-        p50, other_p50 = series.summary()["p50_ms"], other.summary()["p50_ms"]
-        speedup = other_p50 / p50
-        entry["relative"] = {"target": b.reference, "ratio": b.limit, "observed_ratio": speedup,
-                             "reference": other.summary(), **latency.as_json(v)}
-        if v.verdict == Verdict.FAIL:
-            lines.append(f"latency: {job} ({name}) is {speedup:.2f}x as fast as {b.reference} (median "
-                         f"{p50:.3f} ms vs {other_p50:.3f} ms, interleaved), below faster_than ratio {b.limit:g}")
-    if entry["unstable"]:
-        notes += entry["unstable"]
-    if notes:
-        entry["note"] = "; ".join(notes)
-    found = {v.verdict for v in outcome.verdicts.values()}
-    entry["verdict"] = (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
-                        else Verdict.PASS if found else NOT_RUN)
-    return entry

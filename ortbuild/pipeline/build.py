@@ -22,13 +22,14 @@ from pathlib import Path
 from ortbuild import logs, modelfiles, paths, runtime, workspace
 from ortbuild.artifact import keys, manifest
 from ortbuild.errors import ConfigError, KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
-from ortbuild.pipeline import buildkey, parallel, stages
+from ortbuild.pipeline import buildkey, locking, parallel, stages
 from ortbuild.pipeline import cache as cache_
 from ortbuild.pipeline.job import Done, JobResult, Prepared
 from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import compile
 from ortbuild.project import lockfile
 from ortbuild.project.config import Project, Provider, Target
+from ortbuild.project.kinds import Kind, kind_rule
 from ortbuild.project.plan import Job
 from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, StepStarted
 
@@ -94,43 +95,9 @@ class Builder:
 
     def lock_jobs(self, jobs: Sequence[Job], lock: lockfile.Lock, *, locked: bool = False) \
             -> tuple[list[Job], list[str]]:
-        """The jobs with their targets.lock entries laid over their settings, where an entry is up to date, and
-        what to say of the others. `locked` (--locked, for CI): a job that asks for a search or tuning
-        (precision_search = "auto", tune = true) that its up-to-date entry does not hold is a config error (an
-        out-of-date entry of a job that asks for neither is only said: it is not applied)."""
-        pairs, notes, problems = [], [], []
-        for job in jobs:
-            entry = lock.get(job)
-            if entry is not None and not job.model.path.exists():  # e.g. a generative model made on first use
-                why = f"its source {job.model.path} does not exist (yet)"
-            else:
-                why = entry.stale(*self.fingerprint(job)) if entry is not None else ""
-            if why:
-                wants = lockfile.wanted(job.settings)
-                notes.append(f"{lock.file.name}: the entry of {job.name} is out of date ({why}): "
-                             + (f"the build does its {' and '.join(wants)} again" if wants
-                                else "it is not applied; delete it"))
-                entry = None
-            if entry is not None:  # an entry changes only what the job asks for, and nothing where it asks for neither
-                wants = lockfile.wanted(job.settings)
-                if not wants and entry.applies:
-                    notes.append(f"{lock.file.name}: the entry of {job.name} is not applied: its target asks for no "
-                                 "search or tuning (precision_search = \"auto\", tune = true); delete it")
-                entry = entry.only(wants) if wants else None
-            lacking = lockfile.missing(job, entry)
-            if lacking:
-                asks = {"search": 'precision_search = "auto"', "tune": "tune = true"}
-                problems.append(f"{job.name} ({' and '.join(asks[p] for p in lacking)}): "
-                                + (f"its entry is out of date ({why})" if why else "no entry" if entry is None
-                                   else f"its entry holds no {' and '.join(lacking)}"))
-            pairs.append((job, entry))
-        if locked and problems:
-            raise ConfigError(str(lock.file), "", "--locked: " + "; ".join(problems),
-                              f"run the build without --locked (it updates {lock.file.name}), review and commit "
-                              f"{lock.file.name}")
-        applied = dict(zip((j.name for j, e in pairs if e is not None),
-                           lockfile.apply(self.project, [(j, e) for j, e in pairs if e is not None]), strict=True))
-        return [applied.get(j.name, j) for j, _ in pairs], notes
+        """The jobs with their up-to-date targets.lock entries laid over their settings, and what to say of the
+        others (ortbuild.pipeline.locking; `locked`: --locked)."""
+        return locking.lay_over(self.project, jobs, lock, self.fingerprint, locked=locked)
 
     def _probe(self, p: Provider, target: Target) -> str | None:
         if p.name != "CPUExecutionProvider" and (standin := runtime.stand_in(target)) is not None:
@@ -204,7 +171,7 @@ class Builder:
         flavor = runtime.installed_flavor()
         if flavor is None:
             raise RuntimeError("runtime_problem() lets no job of a runtime that is not installed start")
-        if job.model.generative and not job.model.path.is_dir():  # made on first use by the project's generator
+        if kind_rule(job.model.kind).directory and not job.model.path.is_dir():  # e.g. made on first use, not yet
             raise ConfigError(str(self.project.file), f"models.{job.model.name}.path",
                               f"{job.model.path} does not exist: generative model '{job.model.name}' is not made yet",
                               "check the path, or make the Hugging Face-format directory first (transformers' "
@@ -381,13 +348,20 @@ class Builder:
             self._cache_off(prep, notes, e.message)
 
 
-def _pipeline_of(prep: Prepared) -> tuple[stages.Step, ...]:
-    """The steps of a job: a generative model's (ortbuild.pipeline.genai), else stages.PIPELINE."""
-    if prep.job.model.generative:
-        from ortbuild.pipeline import genai
+def _generative_pipeline() -> tuple[stages.Step, ...]:
+    from ortbuild.pipeline import genai
 
-        return genai.GENERATIVE
-    return stages.PIPELINE
+    return genai.GENERATIVE
+
+
+# The steps of each kind of model (ortbuild.project.kinds): a generative model's are ortbuild.pipeline.genai's
+PIPELINES: dict[Kind, Callable[[], tuple[stages.Step, ...]]] = {"onnx": lambda: stages.PIPELINE,
+                                                                "generative": _generative_pipeline}
+
+
+def _pipeline_of(prep: Prepared) -> tuple[stages.Step, ...]:
+    """The steps of a job: its kind of model's (PIPELINES)."""
+    return PIPELINES[prep.job.model.kind]()
 
 
 def up_to_date(job: Job, command: str) -> str:

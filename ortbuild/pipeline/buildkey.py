@@ -21,6 +21,7 @@ from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.errors import KeyMissing, WrongKey
 from ortbuild.project import options
 from ortbuild.project.config import Target
+from ortbuild.project.kinds import kind_rule
 from ortbuild.project.plan import Job
 
 
@@ -50,7 +51,7 @@ def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str
         "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
-    if job.model.generative:  # the model builder's output depends on its packages' versions
+    if kind_rule(job.model.kind).builder_in_key:  # the model builder's output depends on its packages' versions
         parts["builder"] = builder_versions()
     return parts
 

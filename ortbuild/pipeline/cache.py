@@ -39,15 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ortbuild import __version__, oci, paths
-from ortbuild.artifact import manifest
+from ortbuild import __version__, oci, oci_ref, paths
+from ortbuild.artifact import manifest, manifest_types
 from ortbuild.errors import ConfigError, OrtbuildError, RegistryError, Tampered
 from ortbuild.files import atomic_write, publish, read_document, safe_mkdir, sha256_file
+from ortbuild.pipeline.cache_checks import REFUSED, match_manifest, names_problem
 
 if TYPE_CHECKING:
     import oras.client
 
-    from ortbuild.oci import Ref
+    from ortbuild.oci_ref import Ref
 
 ENTRY_TYPE = "application/vnd.ortbuild.cache.entry.v1+json"     # the OCI config: entry.json
 FILE_TYPE = "application/vnd.ortbuild.cache.file.v1"             # every file's layer
@@ -58,10 +59,7 @@ MAX_SMALL = 1 << 20
 # an entry's manifest and signature, read whole and parsed before the signature is checked: a manifest of
 # thousands of files is far below this, and parsing it cannot take more than ~30x it (json of empty objects)
 MAX_MANIFEST = 4 << 20
-MAX_UNSIZED = 256 << 20         # a file the manifest signs without a size (a loader, a custom-op library)
 SPARSE_SLACK = 1 << 20           # a file of a directory entry may have this many bytes fewer allocated than its size
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._+-]{0,200}){0,3}$")
-REFUSED = "the entry is refused; this build replaces it"
 
 
 class CacheProblem(OrtbuildError):
@@ -138,7 +136,7 @@ def configured(project_file: Path, project_cache: str, flag: str | None, off: bo
         raise fail("empty", "write oci://host[:port]/repository or a directory (--no-cache: none)")
     if spec.startswith("oci://"):
         try:
-            ref = oci.parse(spec)
+            ref = oci_ref.parse(spec)
         except RegistryError as e:
             raise fail(e.message, "write oci://host[:port]/repository (no tag: each entry's tag is its name), "
                                   "or a directory") from None
@@ -156,17 +154,17 @@ def configured(project_file: Path, project_cache: str, flag: str | None, off: bo
 
 # ----------------------------------------------------------------------------------------- use in a build
 
-def entry_names(m: manifest.Manifest) -> list[str]:
+def entry_names(m: manifest_types.Manifest) -> list[str]:
     """The files of an artifact directory that make its cache entry: the manifest, its signature and the files it
     signs at build time (golden data is written by `test`, after the build)."""
-    return [manifest.MANIFEST, manifest.SIGNATURE, *sorted({n for n, _, _, what in m.signed_files()
+    return [manifest_types.MANIFEST, manifest.SIGNATURE, *sorted({n for n, _, _, what in m.signed_files()
                                                               if what != "golden file"})]
 
 
 PLAINTEXT = "not encrypted (encrypt = false): a plaintext model never leaves this machine"
 
 
-def cacheable(m: manifest.Manifest) -> str | None:
+def cacheable(m: manifest_types.Manifest) -> str | None:
     """Why an artifact is never cached, or None."""
     return PLAINTEXT if m.encryption is None else None
 
@@ -185,31 +183,16 @@ def install(staged: Path, out_dir: Path, names: list[str], root: Path) -> None:
     the other files of the old artifact removed, each file renamed into place, the signature and then the
     manifest last (a reader never finds a manifest describing files half-replaced)."""
     safe_mkdir(out_dir, root)
-    (out_dir / manifest.MANIFEST).unlink(missing_ok=True)
+    (out_dir / manifest_types.MANIFEST).unlink(missing_ok=True)
     for stale in out_dir.iterdir():
         if (stale.is_file() or stale.is_symlink()) and stale.name not in names:
             stale.unlink()
     golden_dir = out_dir / manifest.GOLDEN_DIR
     if golden_dir.is_dir() and not golden_dir.is_symlink():
         shutil.rmtree(golden_dir)
-    last = [manifest.SIGNATURE, manifest.MANIFEST]
+    last = [manifest.SIGNATURE, manifest_types.MANIFEST]
     for name in [n for n in names if n not in last] + last:
         publish(staged / name, paths.inside(out_dir, *name.split("/")), root)
-
-
-def _names_problem(names: object) -> str | None:
-    """Why an entry's list of file names cannot be an artifact's, or None: each a relative name of plain parts,
-    once, none the directory of another."""
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        return "its file list is not a list of names"
-    bad = next((n for n in names if not NAME.match(n)), None)
-    if bad is not None:
-        return f"{bad[:80]!r} is not a file name of an artifact"
-    if len(set(names)) != len(names):
-        return "a file is listed twice"
-    dirs = {"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)}
-    clash = sorted(dirs & set(names))
-    return f"{clash[0]!r} is listed as a file and as a directory" if clash else None
 
 
 def _receive(dest: Path, name: str) -> Path:
@@ -232,9 +215,9 @@ def _dir_fetch(root: Path, entry: str, dest: Path) -> dict[str, Path] | None:
             names = info["files"] if isinstance(info, dict) and info.get("entry") == entry else None
         except (ValueError, KeyError, OSError, RecursionError) as e:
             raise Tampered(f"cache entry {folder}: unreadable {ENTRY} ({e})", REFUSED) from None
-        problem = _names_problem(names) if names is not None else f"{ENTRY} names another entry"
-        if not problem and manifest.MANIFEST not in names:  # type: ignore[operator]
-            problem = f"{ENTRY} lists no {manifest.MANIFEST}"
+        problem = names_problem(names) if names is not None else f"{ENTRY} names another entry"
+        if not problem and manifest_types.MANIFEST not in names:  # type: ignore[operator]
+            problem = f"{ENTRY} lists no {manifest_types.MANIFEST}"
         if problem:
             raise Tampered(f"cache entry {folder}: {problem}", REFUSED)
         assert isinstance(names, list)
@@ -247,11 +230,11 @@ def _dir_fetch(root: Path, entry: str, dest: Path) -> dict[str, Path] | None:
                 raise Tampered(f"cache entry {folder}: its files hold {total} bytes, more than the "
                                f"{MAX_ENTRY >> 30} GiB an entry may", REFUSED)
             got: dict[str, Path] = {}
-            for name in sorted(names, key=lambda n: n != manifest.MANIFEST):  # the manifest first: its sizes
+            for name in sorted(names, key=lambda n: n != manifest_types.MANIFEST):  # the manifest first: its sizes
                 got[name] = _receive(dest, name)
                 _copy(*sizes[name], got[name])
-                if name == manifest.MANIFEST:
-                    _match_manifest(folder, got[name], sizes)
+                if name == manifest_types.MANIFEST:
+                    match_manifest(folder, got[name], sizes)
             return got
     except OSError as e:  # unreadable, or changed while read (another build storing it)
         raise CacheProblem(f"cannot read the cache entry {folder}: {e.strerror or e}") from None
@@ -273,7 +256,7 @@ def _checked(folder: Path, name: str, opened: contextlib.ExitStack) -> tuple[int
         raise
     opened.callback(os.close, fd)
     st = os.fstat(fd)
-    limit = MAX_MANIFEST if name in (manifest.MANIFEST, manifest.SIGNATURE) else MAX_FILE
+    limit = MAX_MANIFEST if name in (manifest_types.MANIFEST, manifest.SIGNATURE) else MAX_FILE
     if not stat.S_ISREG(st.st_mode):
         raise Tampered(f"cache entry {folder}: {name} is not a plain file of the entry", REFUSED)
     if st.st_size > limit:
@@ -301,27 +284,6 @@ def _copy(fd: int, size: int, out: Path) -> None:
                 break
             done += n
     os.chmod(out, 0o600)
-
-
-def _match_manifest(folder: Path | Ref, copied: Path, sizes: dict[str, tuple[int, int]]) -> None:
-    """Before any other file is copied: Tampered when the entry's manifest (copied first; its signature is verified
-    later) does not parse, when the entry holds a file it does not sign, or when a file's size is not the one it
-    gives (a file it gives no size, a loader or a library, may be at most MAX_UNSIZED bytes)."""
-    try:
-        m = manifest.Manifest.from_json(copied.read_bytes(), str(copied))
-    except (OrtbuildError, RecursionError):
-        raise Tampered(f"cache entry {folder}: its {manifest.MANIFEST} is not an ortbuild manifest", REFUSED) from None
-    signed = {name: size for name, _, size, _ in m.signed_files()}
-    for name, (_, got) in sizes.items():
-        if name in (manifest.MANIFEST, manifest.SIGNATURE):
-            continue
-        if name not in signed:
-            raise Tampered(f"cache entry {folder}: {name} is not a file its manifest signs", REFUSED)
-        size = signed[name]
-        if (size is not None and got != size) or (size is None and got > MAX_UNSIZED):
-            raise Tampered(f"cache entry {folder}: {name} is {got} bytes, its manifest says "
-                           + (str(size) if size is not None else f"nothing (at most {MAX_UNSIZED >> 20} MiB)"),
-                           REFUSED)
 
 
 def _dir_store(root: Path, entry: str, folder: Path, names: list[str], doc: bytes) -> None:
@@ -353,7 +315,7 @@ def _dir_store(root: Path, entry: str, folder: Path, names: list[str], doc: byte
 def _oci(cache: Cache, entry: str) -> tuple[Ref, oras.client.OrasClient, Any]:
     """The entry's reference and a client that asks once per request (ORAS retries an error five times, for
     minutes: a cache is worth less than that), each request within its deadline."""
-    ref = oci.parse(cache.where).with_tag(entry)
+    ref = oci_ref.parse(cache.where).with_tag(entry)
     try:
         client = oci.client(ref, retries=False)
     except RegistryError as e:  # unreachable, or stalled (oci.Stalled)
@@ -383,7 +345,7 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
         raise Tampered(f"cache entry {ref}: not an ortbuild cache entry", REFUSED)
     names = [(x.get("annotations") or {}).get("org.opencontainers.image.title") if isinstance(
         x.get("annotations"), dict | None) else None for x in layers]
-    problem = _names_problem(names)
+    problem = names_problem(names)
     if problem:
         raise Tampered(f"cache entry {ref}: {problem}", REFUSED)
     for name, layer in zip(names, layers, strict=True):  # every layer checked before anything is downloaded
@@ -395,16 +357,16 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
     if total > MAX_ENTRY:
         raise Tampered(f"cache entry {ref}: its layers declare {total} bytes, more than the {MAX_ENTRY >> 30} GiB "
                        "an entry may", REFUSED)
-    if manifest.MANIFEST not in names:
-        raise Tampered(f"cache entry {ref}: no {manifest.MANIFEST} layer", REFUSED)
+    if manifest_types.MANIFEST not in names:
+        raise Tampered(f"cache entry {ref}: no {manifest_types.MANIFEST} layer", REFUSED)
     for name, layer in zip(names, layers, strict=True):  # read whole once fetched: at most a document's size
-        if name in (manifest.MANIFEST, manifest.SIGNATURE) and layer["size"] > MAX_MANIFEST:
+        if name in (manifest_types.MANIFEST, manifest.SIGNATURE) and layer["size"] > MAX_MANIFEST:
             raise Tampered(f"cache entry {ref}: layer {name} declares {layer['size']} bytes, more than the "
                            f"{MAX_MANIFEST >> 20} MiB it may be", REFUSED)
     declared = {str(n): (0, int(layer["size"])) for n, layer in zip(names, layers, strict=True)}
     got: dict[str, Path] = {}
     # the manifest first: the other layers must be the files it signs, at the sizes it gives, before one is fetched
-    for name, layer in sorted(zip(names, layers, strict=True), key=lambda nl: nl[0] != manifest.MANIFEST):
+    for name, layer in sorted(zip(names, layers, strict=True), key=lambda nl: nl[0] != manifest_types.MANIFEST):
         assert isinstance(name, str)
         out = _receive(dest, name)
         try:
@@ -415,8 +377,8 @@ def _oci_fetch(cache: Cache, entry: str, dest: Path) -> dict[str, Path] | None:
         except (requests.RequestException, OSError) as e:
             raise _failed(ref, f"download {name} of", e) from None
         got[name] = out
-        if name == manifest.MANIFEST:
-            _match_manifest(ref, out, declared)
+        if name == manifest_types.MANIFEST:
+            match_manifest(ref, out, declared)
     return got
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from ortbuild import logs, modelfiles, runtime
+from ortbuild import installed, logs, modelfiles, runtime
 from ortbuild.artifact import keys
 from ortbuild.errors import OrtbuildError
 from ortbuild.project import options
@@ -65,7 +65,7 @@ class Prepared:
     files: modelfiles.ModelFiles                    # the source model's files, hashed for the build key
     usable: list[Provider]
     missing: dict[str, str]                         # provider -> why it cannot run here (a portable build)
-    flavor: runtime.Flavor
+    flavor: installed.Flavor
     plugins: dict[str, dict[str, str]]              # key.plugin_versions(): as installed here
     libraries: list[runtime.CustomOpLibrary]        # the custom-op libraries found here
     inputs_sha: str

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ortbuild import modelfiles
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from ortbuild.errors import ConfigError, OutputsBroken, StepError
 from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, JobResult, Prepared
@@ -234,7 +234,7 @@ def _package(prep: Prepared, done: Done) -> package.Published:
                            done.get(operators.OperatorConfig))
 
 
-def _integrity(prep: Prepared, done: Done) -> manifest.Manifest:
+def _integrity(prep: Prepared, done: Done) -> manifest_types.Manifest:
     return integrity.run(prep.out_dir, prep.signing)
 
 
@@ -242,7 +242,7 @@ def _loader(prep: Prepared, done: Done) -> None:
     from ortbuild.pipeline.steps import loader, reload
 
     secret = prep.secrets.secret if prep.job.settings.encrypt else None
-    loader.through_loader(prep.job.name, prep.out_dir, done[manifest.Manifest], done[Inputs].feed, secret,
+    loader.through_loader(prep.job.name, prep.out_dir, done[manifest_types.Manifest], done[Inputs].feed, secret,
                           bool(prep.missing), done.get(reload.ReloadResult))
 
 
@@ -257,7 +257,7 @@ def record(res: JobResult, result: object) -> None:
         res.converted = result.changed.converted
     elif isinstance(result, optimize.OptimizeResult):
         res.level = result.applied
-    elif isinstance(result, package.Rendered | manifest.Manifest):
+    elif isinstance(result, package.Rendered | manifest_types.Manifest):
         res.notes = list((result.manifest if isinstance(result, package.Rendered) else result).notes)
     elif isinstance(result, package.Published):
         res.artifact = str(result.artifact)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ortbuild.errors import ConfigError
 from ortbuild.project import options
-from ortbuild.project.settings import Provider
+from ortbuild.project.providers import Provider
 
 PLUGIN_EXAMPLE = '["onnxruntime==1.31.1", "onnxruntime-ep-openvino==1.8.1"]'
 

@@ -23,20 +23,24 @@ from ortbuild.errors import ConfigError
 from ortbuild.project import evalsets, generation, options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, matches, merge, providers_of, short_repr, type_name
 from ortbuild.project.declare import build
+from ortbuild.project.kindchecks import MODEL_CHECKS, SETTINGS_CHECKS
+from ortbuild.project.kinds import Kind, kind_of, kind_rule
 from ortbuild.project.layering import INHERITED, NOT_INHERITED, overridden, resolve_extends
+from ortbuild.project.providers import CustomOps, Provider
 from ortbuild.project.runtimes import check_providers, effective_providers, parse_runtime
-from ortbuild.project.sections import FasterThan, Fp16, Fusion, Int4, Latency, Quantization, Session, Size
-from ortbuild.project.settings import (
-    CustomOps,
-    Gates,
-    Model,
+from ortbuild.project.sections import (
+    FasterThan,
+    Fp16,
+    Fusion,
+    Int4,
+    Latency,
     PrecisionOptions,
-    Project,
-    Provider,
-    Settings,
-    Target,
+    Quantization,
+    Session,
+    Size,
     as_plain,
 )
+from ortbuild.project.settings import Gates, Model, Project, Settings, Target
 from ortbuild.project.validation import (
     check_custom_op_versions,
     check_custom_ops,
@@ -175,10 +179,11 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
             if k not in table:
                 raise chk.fail(where, f"missing required key '{k}'")
         found: dict[str, Path | None] = {}
-        generative = generation.is_generative(root / table["path"]) if isinstance(table.get("path"), str) else False
-        # a generative model not made yet (made on first use by the project's generator): its files are checked
-        # when a job builds it (Builder.prepare says how to make it), not for every command on other models
-        unmade = generative and not (root / table["path"]).exists()
+        kind: Kind = kind_of(root / table["path"]) if isinstance(table.get("path"), str) else "onnx"
+        rule = kind_rule(kind)
+        # a model not made yet (a generative one, made on first use by the project's generator): its files are
+        # checked when a job builds it (Builder.prepare says how to make it), not for every command on other models
+        unmade = rule.made_on_first_use and not (root / table["path"]).exists()
         for k in ("path", "inputs", "calibration", "expected", "heldout"):
             rel = table.get(k)
             if rel is not None and (bad := _path_problem(rel)):
@@ -189,11 +194,9 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
                 raise chk.fail(f"{where}.{k}", too_long)  # with check_files, input_problem() says it
             if unmade:
                 pass
-            elif check_files and p is not None and generative and k == "path":
+            elif check_files and p is not None and rule.directory and k == "path":
                 if (problem := generation.directory_problem(p)) is not None:
-                    raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}",
-                                   "name an ONNX model file, or a Hugging Face-format directory of a generative model "
-                                   "(docs/generative.md)")
+                    raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}", rule.path_hint)
             elif check_files and p is not None:
                 problem = paths.input_problem(p, limit=paths.MAX_MODEL_BYTES) if k == "path" else \
                     paths.input_problem(p, limit=paths.MAX_DATA_BYTES, directory_ok=True)
@@ -202,62 +205,19 @@ def _load_models(chk: Checker, raw: dict[str, Any], root: Path, check_files: boo
                                    "paths are relative to the directory of targets.toml")
                 if problem:
                     raise chk.fail(f"{where}.{k}", f"{short_repr(rel)} {problem}",
-                                   "name an ONNX model file" if k == "path" else
-                                   "a UTF-8 text file (docs/generative.md): one golden prompt per line for `inputs`, "
-                                   "one expected continuation per line for `expected`, any text for `heldout`"
-                                   if generative else
-                                   "name an .npz file or a directory of test_data_set_N/ (docs/targets-reference.md)")
+                                   rule.path_hint if k == "path" else rule.data_hint)
             found[k] = p
         path, inputs = found["path"], found["inputs"]
         assert path is not None and inputs is not None
-        if generative:
-            _check_generative_model(chk, where, table, inputs, check_files and not unmade)
-        elif found["heldout"] is not None:
-            raise chk.fail(f"{where}.heldout", "is a generative model's key, and this model is an ONNX file",
-                           "remove it (a generative model's `path` is a Hugging Face-format directory)")
+        MODEL_CHECKS[kind](chk, where, table, found, check_files and not unmade)
         models[name] = Model(name=name, path=path, inputs=inputs, calibration=found["calibration"],
-                             heldout=found["heldout"], generative=generative,
+                             heldout=found["heldout"], kind=kind,
                              description=table.get("description", ""), expected=found["expected"],
                              custom_ops=_custom_ops(chk, f"{where}.custom_ops", table.get("custom_ops", []), root,
                                                     check_files),
                              eval=evalsets.eval_set(chk, f"{where}.eval", table.get("eval"), root, check_files))
     _check_loader_modules(chk, models)
     return models
-
-
-def _check_generative_model(chk: Checker, where: str, table: dict[str, Any], inputs: Path, check_files: bool) -> None:
-    """A generative model's keys: the ONNX-graph ones have no meaning for it; its prompts are a text file."""
-    for k in ("calibration", "eval", "custom_ops"):
-        if table.get(k):
-            raise chk.fail(f"{where}.{k}", "has no meaning for a generative model (its `path` is a Hugging "
-                                           "Face-format directory, built by onnxruntime-genai's model builder)",
-                           "remove it; a generative model is judged by `[targets.X.tokens]` (docs/generative.md)")
-    if check_files and not inputs.is_file():
-        raise chk.fail(f"{where}.inputs", f"{short_repr(table['inputs'])} is not a file: a generative model's golden "
-                                          "inputs are a UTF-8 text file of prompts, one per line",
-                       "e.g. inputs = \"models/tiny_llama/prompts.txt\"")
-
-
-def _check_generative_settings(chk: Checker, where: str, model: str, eff: dict[str, Any]) -> None:
-    """A generative model's target: what onnxruntime-genai's model builder can make."""
-    if eff["precision"] not in generation.BUILDER_PRECISION:
-        raise chk.fail(f"{where}.precision", f"'{eff['precision']}' cannot be built for generative model '{model}': "
-                                             "onnxruntime-genai's model builder makes "
-                                             f"{', '.join(generation.BUILDER_PRECISION)}",
-                       "int4-weight (with [targets.X.int4] block_size and accuracy_level) is the usual LLM precision")
-    first = eff["providers"][0]
-    name = first if isinstance(first, str) else first.get("name", "")
-    if name not in generation.BUILDER_PROVIDER:
-        raise chk.fail(f"{where}.providers", f"'{name}' is not a provider onnxruntime-genai's model builder builds "
-                                             f"for (generative model '{model}')",
-                       f"use one of {', '.join(generation.BUILDER_PROVIDER)}")
-    for k, default in (("format", "onnx"), ("fusion", None)):
-        if k == "fusion" and eff.get("fusion", {}).get("model_type", "off") != "off":
-            raise chk.fail(f"{where}.fusion", f"generative model '{model}': the model builder writes fused "
-                                              "attention itself", "remove the fusion table for this model")
-        if k == "format" and eff.get("format", default) != default:
-            raise chk.fail(f"{where}.format", f"generative model '{model}' is built as onnx only (onnxruntime-genai "
-                                              "opens ONNX files)", 'use format = "onnx" for this target')
 
 
 def _check_loader_modules(chk: Checker, models: dict[str, Model]) -> None:
@@ -358,8 +318,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         for m in selected:
             eff, not_inherited = overridden(t, name, m)
             check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
-            if models[m].generative:
-                _check_generative_settings(chk, where, m, eff)
+            SETTINGS_CHECKS[models[m].kind](chk, where, m, eff)
             check_settings(chk, where, models[m], eff)
             if not plat.nchwc and precisions.LEVEL_RULES[eff["optimization"]].nchwc:
                 raise chk.fail(f"{where}.optimization", f"'{eff['optimization']}' ties the artifact to the build "
@@ -370,14 +329,14 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             ops = tuple(dict.fromkeys([*target_ops, *models[m].custom_ops]))
             check_custom_ops(chk, where, m, eff, ops)
             gates = build(Gates, eff, not_inherited=tuple(dict.fromkeys(not_inherited)),
-                          generative=models[m].generative)
+                          kind=models[m].kind)
             evalsets.check_target(chk, where, models[m], gates)
             settings[m] = build(Settings, eff, providers=providers_of(eff["providers"]), custom_ops=ops, gates=gates)
         all_ops = tuple(dict.fromkeys([*target_ops, *(c for m in selected for c in models[m].custom_ops)]))
         check_custom_op_versions(chk, where, all_ops)
         targets[name] = build(Target, t, name=name, runtime=rt.flavor, models=tuple(selected), settings=settings,
                               plugins=rt.plugins, custom_ops=all_ops,
-                              generative=bool(selected) and models[selected[0]].generative)
+                              kind=models[selected[0]].kind if selected else "onnx")
     for name, target in targets.items():
         check_relative_budgets(chk, name, target, targets)
     return targets
@@ -388,13 +347,13 @@ def _selected(chk: Checker, where: str, models: dict[str, Model], patterns: list
     """The models a target's patterns select. A wildcard never selects a generative model (a target of ONNX models
     with `models = ["*"]` does not grow an LLM when one is added): name it. A target builds one kind of model."""
     named = set(patterns)
-    selected = [m for m in matches(list(models), patterns) if not models[m].generative or m in named]
-    kinds = {models[m].generative for m in selected}
+    selected = [m for m in matches(list(models), patterns) if kind_rule(models[m].kind).wildcards or m in named]
+    kinds = {models[m].kind for m in selected}
     if not selected:
         raise chk.fail(where, f"selects only generative models through wildcards ({', '.join(patterns)})",
                        "name a generative model to build it: wildcards never select one")
     if len(kinds) > 1:
-        gen = [m for m in selected if models[m].generative]
+        gen = [m for m in selected if not kind_rule(models[m].kind).wildcards]
         raise chk.fail(where, f"selects generative model(s) ({', '.join(gen)}) and ONNX models "
                               f"({', '.join(m for m in selected if m not in gen)}): a target builds one kind",
                        "put the generative models in a target of their own (their builds and gates differ)")

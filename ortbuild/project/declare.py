@@ -55,6 +55,7 @@ class Key:
 
 _META = "ortbuild.key"               # field metadata: the Key of a declared field
 _BUILD = "ortbuild.build"            # field metadata of a derived field (not a key): its Build policy
+_SPELLED = "ortbuild.spelled"        # and how JSON documents write it, where not as the field: value -> (key, value)
 
 
 @overload
@@ -85,10 +86,12 @@ def setting(default: object = dataclasses.MISSING, *, factory: Callable[[], obje
     return dataclasses.field(default=default, metadata={_META: spec})
 
 
-def derived(default: T, *, build: Build) -> T:
+def derived(default: T, *, build: Build, spelled: Callable[[T], tuple[str, object]] | None = None) -> T:
     """A field that is not a key (made from keys: a target's and its models' custom-op libraries), and whether
-    it enters the build key."""
-    return dataclasses.field(default=default, metadata={_BUILD: build})
+    it enters the build key; `spelled`: the key and value JSON documents (`plain`, build keys) give it, where they
+    differ from the field's (a model's kind, written `"generative": true` as before it was a kind)."""
+    metadata: dict[str, object] = {_BUILD: build} if spelled is None else {_BUILD: build, _SPELLED: spelled}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _dataclass_of(hint: object) -> type[DataclassInstance] | None:
@@ -229,7 +232,9 @@ def _json(obj: object, only_build: bool) -> object:
             value = getattr(obj, f.name)
             if only_build and policy == "when-set" and value == _default(f):
                 continue
-            out[f.name] = _json(value, only_build)
+            spelled = f.metadata.get(_SPELLED)
+            name, value = spelled(value) if spelled is not None else (f.name, value)
+            out[name] = _json(value, only_build)
         return out
     as_json = getattr(obj, "as_json", None)
     if callable(as_json):

@@ -1,6 +1,6 @@
 """[models.NAME.eval] and [targets.NAME.eval] at config load: the labelled evaluation set's files (checked like the
 model's `inputs`), its metric's spelling, and a target's eval budget against the models it applies to. The data is
-read (lazily) by the `eval` gate only, ortbuild.gating.gates.task. Stdlib + packaging only (the noxfile imports
+read (lazily) by the `eval` gate only, ortbuild.gating.measure.task_eval. Stdlib + packaging only (the noxfile imports
 it through ortbuild.project.config).
 """
 

@@ -1,6 +1,7 @@
-"""The keys of generative (decoder language) models: what makes a `[models.X]` one, which requirements its targets'
-virtualenvs get, and the budgets `[targets.X.tokens]` (token-level accuracy) and `[targets.X.generation]` (time to
-first token, time per output token, tokens per second, peak memory with the KV cache).
+"""The keys of generative (decoder language) models: what a Hugging Face-format directory holds (what makes a
+`[models.X]` one: ortbuild.project.kinds), which requirements its targets' virtualenvs get, and the budgets
+`[targets.X.tokens]` (token-level accuracy) and `[targets.X.generation]` (time to first token, time per output
+token, tokens per second, peak memory with the KV cache).
 Stdlib-only (the noxfile imports it through ortbuild.project.config).
 """
 
@@ -31,17 +32,6 @@ BUILDER_PROVIDER = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cud
 # why `ortbuild profile` and `ortbuild tune` skip a generative model
 NOT_PROFILED = ("a generative model: onnxruntime-genai creates its session (its session options come from the "
                 "target, docs/generative.md); `ortbuild tune` and `ortbuild profile` do not cover it")
-
-
-def is_generative(path: Path) -> bool:
-    """A model path names a generative model when it is a directory (a Hugging Face-format one), or, not made
-    yet, has no file suffix (`models/tiny_llama`, made on first use)."""
-    if path.suffix in (".onnx", ".ort"):
-        return False
-    try:
-        return path.is_dir() or (not path.exists() and path.suffix == "")
-    except OSError:  # a name no file can have: its own check says why
-        return False
 
 
 def directory_problem(path: Path) -> str | None:

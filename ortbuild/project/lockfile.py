@@ -10,7 +10,7 @@ over the declared settings, as one more `[[targets.X.overrides]]` table would (l
 locked job is exactly a job with that override: targets.toml's own validation checks it. It may only hold the
 lists the search keeps in float, the generative search's int4 knobs and tuning's four session settings (ALLOWED),
 checked on read: the lock never loosens a gate and never names a file. An entry applies only to a job that asks
-for a search or tuning, and only the part it asks for (Entry.only).
+for a search or tuning, and only the part it asks for (Entry.only: ortbuild.project.lock_entry).
 
 The file is TOML, sorted, one table per job, written atomically under a lock on its folder (builds of one
 project add their entries one at a time); it is meant to be committed and reviewed."""
@@ -33,12 +33,15 @@ from ortbuild import files
 from ortbuild.errors import ConfigError
 from ortbuild.project import config
 from ortbuild.project.declare import keys_of, plain
+from ortbuild.project.kinds import kind_rule
+from ortbuild.project.lock_entry import LOCK_FILE as LOCK_FILE
+from ortbuild.project.lock_entry import Entry as Entry
+from ortbuild.project.lock_entry import toml_value as toml_value
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import RULES
 from ortbuild.project.sections import Session
 from ortbuild.project.settings import Settings
 
-LOCK_FILE = "targets.lock"
 VERSION = 1
 HEADER = ("# targets.lock: what ortbuild found for these jobs (precision_search = \"auto\", ortbuild tune).\n"
           "# Written by ortbuild; commit it: builds apply it without searching again, and `--locked` fails where\n"
@@ -99,87 +102,8 @@ def settings_digest(job: Job) -> str:
     """The `settings` digest: the job's declared settings (the build key's part) and its accuracy rule."""
     gates = job.settings.gates
     accuracy = plain(gates.accuracy) if gates is not None else None
-    tokens = {"tokens": plain(gates.tokens)} if gates is not None and gates.generative else {}  # its rule
+    tokens = {"tokens": plain(gates.tokens)} if gates is not None and kind_rule(gates.kind).token_gate else {}
     return _sha({"settings": job.settings.as_json(), "accuracy": accuracy, **tokens})
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One job's entry: its digests, what it lays over the settings, and how each part was found."""
-
-    job: str                                        # "target/model"
-    source: str
-    settings: str
-    applies: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # table -> key -> value
-    search: Mapping[str, object] = field(default_factory=dict)  # the precision search: what it kept, rebuilds...
-    tune: Mapping[str, object] = field(default_factory=dict)    # session tuning: the speed-up and its confidence
-
-    file_name = LOCK_FILE
-
-    @property
-    def target(self) -> str:
-        return self.job.split("/", 1)[0]
-
-    @property
-    def model(self) -> str:
-        return self.job.split("/", 1)[1]
-
-    def stale(self, source: str, settings: str) -> str:
-        """Why the entry no longer applies ("" when it does)."""
-        changed = [what for what, mine, now in (("the model or its data", self.source, source),
-                                                ("the settings", self.settings, settings)) if mine != now]
-        return " and ".join(changed) + (" changed since it was written" if changed else "")
-
-    def override_toml(self) -> str:
-        """`applies` as the [[targets.X.overrides]] table that gives the job those settings."""
-        lines = [f"[[targets.{config.toml_key(self.target)}.overrides]]", f"models = {json.dumps([self.model])}"]
-        lines += [f"{config.toml_key(table)} = {toml_value(dict(values))}" for table, values in self.applies.items()]
-        return "\n".join(lines) + "\n"
-
-    def merged(self, applies: Mapping[str, Mapping[str, object]], *, search: Mapping[str, object] | None = None,
-               tune: Mapping[str, object] | None = None) -> Entry:
-        """This entry with `applies`' tables laid over its own (key by key) and the given parts replaced."""
-        tables = {t: dict(v) for t, v in self.applies.items()}
-        for t, values in applies.items():
-            tables[t] = {**tables.get(t, {}), **values}
-        return dataclasses.replace(self, applies=tables, search=self.search if search is None else search,
-                                   tune=self.tune if tune is None else tune)
-
-    def only(self, parts: Sequence[str]) -> Entry:
-        """This entry laying only what the parts the job asks for found ("search": the precision search's tables;
-        "tune": the session options): an entry never changes a job that asks for neither."""
-        keep = {t: v for t, v in self.applies.items() if ("tune" if t == "session" else "search") in parts}
-        return dataclasses.replace(self, applies=keep, search=self.search if "search" in parts else {},
-                                   tune=self.tune if "tune" in parts else {})
-
-    def describe(self) -> str:
-        """What the entry changes, in one line: `quantization.exclude_nodes = [...]; session.intra_op... = 1`."""
-        parts = [f"{table}.{k} = {toml_value(v)}" for table, values in self.applies.items() for k, v in values.items()]
-        return "; ".join(parts) or "nothing (the declared settings pass)"
-
-    def as_record(self) -> dict[str, object]:
-        """What the manifest records of it: its digests and what it lays over the settings (how each part was
-        found stays in the lock, where later runs add to it)."""
-        return {"file": LOCK_FILE, "source": self.source, "settings": self.settings,
-                "applies": {t: dict(v) for t, v in self.applies.items()}}
-
-
-def toml_value(v: object) -> str:
-    """A TOML value (inline tables and arrays) for what the lock holds: strings, numbers, booleans, lists, tables."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        if v != v or v in (float("inf"), float("-inf")):
-            raise ValueError(f"targets.lock cannot hold {v}")
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{config.toml_key(str(k))} = {toml_value(x)}" for k, x in v.items()) + " }" \
-            if v else "{}"
-    raise TypeError(f"targets.lock cannot hold a {type(v).__name__}")
 
 
 @dataclass(frozen=True)

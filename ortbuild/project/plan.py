@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ortbuild.errors import ConfigError
 from ortbuild.project import options
 from ortbuild.project.config import Model, Project, Settings, Target, did_you_mean, matches
-
-if TYPE_CHECKING:
-    from ortbuild.project.lockfile import Entry
+from ortbuild.project.lock_entry import Entry
 
 
 @dataclass(frozen=True)

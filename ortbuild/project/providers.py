@@ -1,12 +1,15 @@
 """Execution providers: the runtimes (pip flavors and plugin EPs) that offer them, their options, the options
-ortbuild refuses or sets itself. Stdlib-only (the noxfile imports it through ortbuild.project.config).
+ortbuild refuses or sets itself; a provider as a target lists it (`Provider`) and a custom-op library (`CustomOps`).
+Stdlib-only (the noxfile imports it through ortbuild.project.config).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ortbuild.project.session_keys import INT_MAX
@@ -60,6 +63,36 @@ PLUGINS: dict[str, PluginEP] = {p.package: p for p in (
 # get_library_path() gives the shared library to `register_custom_ops_library`)
 CUSTOM_OP_MODULES: dict[str, str] = {"onnxruntime-extensions": "onnxruntime_extensions"}
 LIBRARY_SUFFIXES = (".so", ".dylib", ".dll")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An execution provider as a target lists it: its name and provider options."""
+
+    name: str
+    options: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, object]:
+        return {"name": self.name, "options": dict(self.options)}
+
+
+@dataclass(frozen=True)
+class CustomOps:
+    """A custom-operator library: a pinned pip package whose module gives it (`get_library_path()`), or a file."""
+
+    spec: str                        # as written in targets.toml
+    package: str = ""                # pip distribution (package form), e.g. onnxruntime-extensions
+    version: str = ""                # its pinned version
+    module: str = ""                 # its import name
+    path: Path | None = None         # the library file (path form), resolved against targets.toml
+
+    @property
+    def name(self) -> str:
+        return self.package or (self.path.name if self.path else self.spec)
+
+    def as_json(self) -> dict[str, str]:
+        return {"package": self.package, "version": self.version} if self.package else {"path": self.spec}
+
 
 PLUGIN_DEVICE_TYPES = ("CPU", "GPU", "NPU")  # `device_type` of a plugin EP: which of its devices to use
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from ortbuild.project.declare import build, plain, setting
+from ortbuild.project.precisions import OptionsTable
 
 # The model types of ONNX Runtime's transformer optimizer (`fusion.model_type`): the keys of
 # onnxruntime.transformers.optimizer.MODEL_TYPES in onnxruntime 1.31.1 (tests/test_fusion.py compares them with
@@ -343,7 +344,7 @@ class Memory:
 @dataclass(frozen=True)
 class TaskEval:
     """[targets.X.eval]: the task-accuracy budget of the models' labelled evaluation sets ([models.X.eval]), judged
-    by the `eval` gate (ortbuild.gating.gates.task). Budgets never rebuild."""
+    by the `eval` gate (ortbuild.gating.measure.task_eval). Budgets never rebuild."""
 
     max_drop: float | None = setting(
         None, maximum=1e9, build="never",
@@ -363,3 +364,16 @@ class TaskEval:
         if self.max_drop is not None:
             object.__setattr__(self, "max_drop", float(self.max_drop))  # TOML may write it as an integer
         object.__setattr__(self, "confidence", float(self.confidence))
+
+
+PrecisionOptions = Quantization | Fp16 | Int4 | None
+# the typed options of each precision options table (PrecisionRule.options_table)
+OPTIONS_TYPES: dict[OptionsTable, type[Quantization] | type[Fp16] | type[Int4]] = {
+    "quantization": Quantization, "fp16": Fp16, "int4": Int4}
+
+
+def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, object]:
+    """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
+    out = plain(settings)
+    assert isinstance(out, dict)
+    return out

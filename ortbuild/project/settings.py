@@ -14,55 +14,39 @@ from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
-from ortbuild.project import precisions, providers
-from ortbuild.project.declare import build_json, derived, plain, setting
-from ortbuild.project.generation import BUILDER_REQUIREMENTS, Generation, Tokens
+from ortbuild.project import kinds, precisions, providers
+from ortbuild.project.declare import build_json, derived, setting
+from ortbuild.project.generation import Generation, Tokens
+from ortbuild.project.kinds import Kind, kind_rule
 from ortbuild.project.precisions import (
     Format,
     FormatRule,
     Level,
-    OptionsTable,
     Platform,
     PlatformRule,
     Precision,
     PrecisionRule,
 )
-from ortbuild.project.sections import Fp16, Fusion, Int4, Latency, Memory, Quantization, Session, Size, TaskEval
-
-
-@dataclass(frozen=True)
-class Provider:
-    name: str
-    options: Mapping[str, str | int | float | bool] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, object]:
-        return {"name": self.name, "options": dict(self.options)}
-
-
-@dataclass(frozen=True)
-class CustomOps:
-    """A custom-operator library: a pinned pip package whose module gives it (`get_library_path()`), or a file."""
-
-    spec: str                        # as written in targets.toml
-    package: str = ""                # pip distribution (package form), e.g. onnxruntime-extensions
-    version: str = ""                # its pinned version
-    module: str = ""                 # its import name
-    path: Path | None = None         # the library file (path form), resolved against targets.toml
-
-    @property
-    def name(self) -> str:
-        return self.package or (self.path.name if self.path else self.spec)
-
-    def as_json(self) -> dict[str, str]:
-        return {"package": self.package, "version": self.version} if self.package else {"path": self.spec}
-
+from ortbuild.project.providers import CustomOps, Provider
+from ortbuild.project.sections import (
+    Fp16,
+    Fusion,
+    Int4,
+    Latency,
+    Memory,
+    PrecisionOptions,
+    Quantization,
+    Session,
+    Size,
+    TaskEval,
+)
 
 EVAL_METRICS = ("accuracy", "f1", "mae")  # built in; any other `metric` is "package.module:function"
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSet:
-    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.gates.task) only: none of
+    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.measure.task_eval) only: none of
     it enters the build key (the build never reads it; the gate judges the artifact it finds)."""
 
     inputs: Path = setting(
@@ -134,11 +118,15 @@ class Model:
         None, build="never",
         doc="A generative model's held-out text (UTF-8, relative to targets.toml) for the token gate's perplexity "
             "(`[targets.X.tokens] max_ppl_increase`); unset: perplexity is not judged.")
-    generative: bool = derived(False, build="never")  # `path` is a Hugging Face-format directory
+    kind: Kind = derived("onnx", build="never", spelled=kinds.spelled)  # of its `path` (kinds.kind_of)
     eval: EvalSet | None = setting(
         None, table="model_eval", build="never",
         doc="A labelled evaluation set `[models.NAME.eval]` for the `eval` gate, judged against each target's "
             "`[targets.NAME.eval] max_drop` (docs/testing.md, Task accuracy on labelled data).")
+
+    @property
+    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
+        return self.kind == "generative"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +162,13 @@ class Gates:
         factory=Generation, build="never",
         doc="Generation budgets of a generative model: time to first token, time per output token, tokens per "
             "second and peak memory with the KV cache (docs/generative.md).")
-    generative: bool = derived(False, build="never")  # the model is generative: its gates are its own (catalog)
+    kind: Kind = derived("onnx", build="never", spelled=kinds.spelled)  # its model's: its gates are its kind's
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
+
+    @property
+    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
+        return self.kind == "generative"
 
     def accuracy_rule(self, precision: str | PrecisionRule, output: str) -> dict[str, Any]:
         """The effective rule of one output: precision defaults < target rule < the output's table."""
@@ -196,20 +188,6 @@ class Gates:
     def max_ratio(self, precision: str | PrecisionRule) -> float:
         r = self.size.max_ratio
         return float(r) if r is not None else precisions.rule(precision).max_size_ratio
-
-
-
-PrecisionOptions = Quantization | Fp16 | Int4 | None
-# the typed options of each precision options table (PrecisionRule.options_table)
-OPTIONS_TYPES: dict[OptionsTable, type[Quantization] | type[Fp16] | type[Int4]] = {
-    "quantization": Quantization, "fp16": Fp16, "int4": Int4}
-
-
-def as_plain(settings: Quantization | Fp16 | Int4 | Fusion) -> dict[str, object]:
-    """The JSON form of typed sub-settings (tuples become lists), as build keys and manifests record it."""
-    out = plain(settings)
-    assert isinstance(out, dict)
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,18 +327,22 @@ class Target:
     settings: Mapping[str, Settings]  # per model name
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (providers.PLUGINS)
 
-    generative: bool = False         # its models are generative (Hugging Face-format directories)
+    kind: Kind = "onnx"              # the kind of its models (a target builds one kind)
+
+    @property
+    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
+        return self.kind == "generative"
 
     @property
     def requirements(self) -> tuple[str, ...]:
-        """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages, and for
-        generative models the model builder and onnxruntime-genai."""
+        """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages, and what
+        its kind of model needs (a generative model's: the model builder and onnxruntime-genai)."""
         return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package),
-                *(BUILDER_REQUIREMENTS if self.generative else ()))
+                *kind_rule(self.kind).requirements)
 
     def session(self, kind: str) -> str:
-        """The nox session of this target for `kind` (build, test, release): a generative target's are its own."""
-        return f"{kind}-generative({self.name})" if self.generative else f"{kind}({self.name})"
+        """The nox session of this target for `kind` (build, test, release): its kind of model's (KindRule.session)."""
+        return kind_rule(self.kind).session(kind, self.name)
 
     @property
     def runtime_text(self) -> str:
@@ -387,8 +369,8 @@ class Target:
         ep = self.providers[0].name.removesuffix("ExecutionProvider").lower()
         precs = {s.precision for s in self.settings.values()}
         emulated = [] if self.platform_rule.native else [self.platform]
-        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *emulated,
-                *(["generative"] if self.generative else [])]
+        tag = kind_rule(self.kind).tag
+        return [ep, *sorted(precs | {p.split("-")[0] for p in precs}), *emulated, *([tag] if tag else [])]
 
     @property
     def platform_rule(self) -> PlatformRule:

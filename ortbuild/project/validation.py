@@ -9,9 +9,9 @@ from typing import Any
 
 from ortbuild.project import options, precisions
 from ortbuild.project.checker import Checker, did_you_mean, providers_of
-from ortbuild.project.providers import MOBILE_PROVIDERS
+from ortbuild.project.providers import MOBILE_PROVIDERS, CustomOps
 from ortbuild.project.sections import Latency
-from ortbuild.project.settings import CustomOps, Model, Target
+from ortbuild.project.settings import Model, Target
 
 
 def check_settings(chk: Checker, where: str, model: Model, eff: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ortbuild import files as files_
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest, manifest_types
 from ortbuild.errors import ArtifactError, ConfigError, RolledBack
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def in_dist(project: Project, dist: Path) -> dict[str, int]:
     for target in project.targets.values():
         for model in target.models:
             folder = dist / target.name / model
-            if not (folder / manifest.MANIFEST).is_file():
+            if not (folder / manifest_types.MANIFEST).is_file():
                 continue
             try:
                 m, _ = manifest.read(folder)
@@ -121,7 +121,7 @@ def deployed(folder: Path, public_key: bytes) -> tuple[str, dict[str, int]] | No
     except (OSError, ValueError, KeyError, TypeError):
         pass
     epochs = {}
-    for f in sorted(folder.glob(f"*/{manifest.MANIFEST}")):
+    for f in sorted(folder.glob(f"*/{manifest_types.MANIFEST}")):
         try:
             if (problem := manifest.signature_problem(f.parent, public_key)) is not None:
                 raise ArtifactError(problem)
@@ -132,7 +132,7 @@ def deployed(folder: Path, public_key: bytes) -> tuple[str, dict[str, int]] | No
         epochs[f.parent.name] = m.epoch
     if not epochs:
         raise ArtifactError(f"{folder}: cannot tell the epoch of the release deployed there: it holds no "
-                            f"{manifest.MANIFEST}", damaged)
+                            f"{manifest_types.MANIFEST}", damaged)
     return name, epochs
 
 

@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from ortbuild import oci
 from ortbuild.errors import ArtifactError, RegistryError
-from ortbuild.oci import REF as REF
-from ortbuild.oci import Ref as Ref
 from ortbuild.oci import client as connect
 from ortbuild.oci import fail
-from ortbuild.oci import is_ref as is_ref
-from ortbuild.oci import parse as parse
+from ortbuild.oci_ref import Ref
+from ortbuild.oci_ref import is_ref as is_ref
+from ortbuild.oci_ref import parse as parse
 from ortbuild.publish import modelpack, release
 
 if TYPE_CHECKING:

@@ -27,12 +27,9 @@ and checked against that digest while copied; the bundle is hashed while written
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 import os
-import platform
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,9 +45,9 @@ from ortbuild.gating.runner import PASS, REPORT, SKIP, gates_key
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
+from ortbuild.project.kinds import kind_rule
 from ortbuild.project.settings import Gates
-from ortbuild.publish import epochs, openssf, release_index, tarball
-from ortbuild.publish.openssf import pae as pae
+from ortbuild.publish import epochs, openssf, provenance, release_index, tarball
 from ortbuild.status import JobStatus, Verdict
 
 FORMAT = "ortbuild-release-v1"
@@ -58,9 +55,6 @@ SUMS, SUMS_SIG = "SHA256SUMS", "SHA256SUMS.minisig"
 INDEX = "release.json"                     # the bundle's first member
 BUNDLE_SUFFIX = ".tar"
 OLD_BUNDLE_SUFFIX = ".tar.gz"              # the earlier format (gzip -9 over the tar): still verified
-STATEMENT_TYPE, PREDICATE_TYPE = "https://in-toto.io/Statement/v1", "https://slsa.dev/provenance/v1"
-DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
-BUILD_TYPE = "https://github.com/ortbuild/ortbuild/blob/main/docs/release.md#provenance-v1"
 
 
 def bundle_name(project: Project, target: str) -> str:
@@ -81,10 +75,6 @@ def epoch_of(created: list[str]) -> int:
 
 def iso(epoch: int) -> str:
     return manifest.iso_utc(dt.datetime.fromtimestamp(epoch, dt.UTC))
-
-
-def canonical(doc: object) -> bytes:
-    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
 @dataclass
@@ -112,19 +102,19 @@ class Published:
 
 def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
                   gates: Gates | None = None, judged_by: str | None = None) -> str | None:
-    kind = "test-generative" if m is not None and m.generative is not None else "test"
-    test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{kind}({target})\"`)"
+    session = kind_rule(m.kind if m is not None else "onnx").session("test", target)  # e.g. test-generative(T)
+    test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{session}\"`)"
     if r is None:
         return f"never tested: run {test}"
     if r.status == Verdict.INCONCLUSIVE:
-        return selection.undecided_refusal(r, target, f"{kind}({target})")
+        return selection.undecided_refusal(r, target, session)
     if r.status != PASS:
         why = r.reason or "; ".join(r.failures)
         return f"its tests did not pass ({r.status}: {why[:300]})"
     if r.quick:
         confidence = r.latency.get("confidence", 0.9)
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
-    if left := selection.left_out({"judged": r.judged, "generative": r.generative}):  # test --gates
+    if left := selection.left_out(r.judged, r.kind):  # test --gates
         return f"tested with {selection.flag(r.judged)}, its {', '.join(left)} gate(s) not judged: run {test}"
     untimed = [g for g, v in r.gates().items() if v == SKIP]
     if untimed:  # an emulated platform: its budgets were never measured
@@ -254,117 +244,6 @@ def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) \
                   "models": sorted(ops)}
 
 
-def _digest(path: Path) -> dict[str, str]:
-    return {"sha256": manifest.sha256_file(path)}
-
-
-def _materials(project: Project, target: Target, models: list[ModelRelease]) -> list[release_index.Material]:
-    root = project.root
-
-    def rel(p: Path) -> str:
-        try:
-            return str(p.resolve().relative_to(root.resolve()))
-        except ValueError:
-            return str(p)
-
-    seen: dict[str, release_index.Material] = {}
-
-    def record(f: Path, role: str, digest: str | None = None, **annotations: str) -> None:
-        if rel(f) not in seen:
-            seen[rel(f)] = {"name": rel(f), "uri": f"file:{rel(f)}",
-                            "digest": {"sha256": digest} if digest else _digest(f),
-                            "annotations": {"role": role, **annotations}}
-
-    def add(p: Path, role: str) -> None:
-        for f in sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p]:
-            record(f, role)
-
-    add(project.file, "config")
-    for mr in models:
-        model = project.models[mr.name]
-        # the graph file and every external-data (weights) file it names, each hashed once, streaming
-        source = mr.source or modelfiles.of_source(model.path, where=f"models.{mr.name}")
-        record(source.graph.path, "source model", source.graph.sha256)
-        for data in source.external:
-            record(data.path, "source model external data", data.sha256, location=data.location,
-                   model=rel(source.graph.path))
-        add(model.inputs, "golden inputs")
-        if model.expected is not None:
-            add(model.expected, "golden outputs")
-        if model.calibration is not None and precisions.rule(mr.manifest.precision.name).needs_calibration:
-            add(model.calibration, "calibration data")
-    return [seen[k] for k in sorted(seen)]
-
-
-def _provenance(project: Project, target: Target, models: list[ModelRelease], subjects: dict[str, str],
-                started: str, forced: list[str]) -> release_index.ProvenanceStatement:
-    from google.protobuf import json_format
-    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
-    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
-    from in_toto_attestation.v1.statement import Statement
-
-    m0 = models[0].manifest
-    versions = m0.versions
-    ci = os.environ.get("GITHUB_ACTIONS") == "true"
-    run_url = (f"{os.environ.get('GITHUB_SERVER_URL', '')}/{os.environ.get('GITHUB_REPOSITORY', '')}/actions/runs/"
-               f"{os.environ.get('GITHUB_RUN_ID', '')}") if ci else ""
-    byproducts = []
-    for mr in models:
-        r = mr.record if mr.record is not None else TestResult(mr.name, mr.name, "")  # never tested: all "-"
-        lat = r.latency
-        report_file = mr.folder / REPORT
-        annotations: dict[str, object] = {
-            "status": str(r.status) if mr.record is not None else "UNTESTED", "accuracy": str(r.accuracy),
-            "worst": r.worst, "latency": str(r.latency_verdict), "size": str(r.size_verdict),
-            **{k: lat[k] for k in ("p50_ms", "p90_ms", "p99_ms", "samples") if k in lat},
-            **{name: str(s.get("verdict", "-")) for name, s in r.sections.items()}}
-        byproducts.append({
-            "name": f"test-report/{mr.name}", "mediaType": "application/json",
-            **({"digest": _digest(report_file)} if report_file.exists() else {}),
-            "annotations": {**annotations,
-                            "environment": mr.environment,
-                            **({"forced": mr.refusal} if mr.refusal else {})}})
-    predicate: dict[str, object] = {
-        "buildDefinition": {
-            "buildType": BUILD_TYPE,
-            "externalParameters": {"target": target.name, "config": project.file.name, "models": list(target.models),
-                                   "project": {"name": project.name, "version": project.version},
-                                   "force": bool(forced), "forced": forced},
-            "internalParameters": {"runtime": target.runtime_text, "precision": {mr.name: mr.manifest.precision.name
-                                                                            for mr in models},
-                                   "providers": m0.providers,
-                                   "build_keys": {mr.name: mr.manifest.build_key for mr in models},
-                                   "encryption_key_id": m0.encryption.key_id if m0.encryption else None,
-                                   "development_key": m0.signing.development_key},
-            "resolvedDependencies": _materials(project, target, models),
-        },
-        "runDetails": {
-            "builder": {"id": run_url or f"https://github.com/ortbuild/ortbuild/local@{platform.node() or 'host'}",
-                        "version": {"ortbuild": __version__, "onnx": str(versions.get("onnx")),
-                                    "onnxruntime": json.dumps(versions.get("onnxruntime"), sort_keys=True),
-                                    "python": platform.python_version()}},
-            "metadata": {"invocationId": os.environ.get("GITHUB_RUN_ID") or str(uuid.uuid4()),
-                         "startedOn": started, "finishedOn": manifest.iso_utc()},
-            "byproducts": byproducts,
-        },
-    }
-    json_format.ParseDict(predicate, provenance_pb2.Provenance())  # the SLSA v1 schema: a typo'd field fails here
-    subject: list[release_index.Subject] = [{"name": n, "digest": {"sha256": d}} for n, d in sorted(subjects.items())]
-    statement: release_index.ProvenanceStatement = {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE,
-                                                    "predicate": predicate, "subject": subject}
-    Statement([ResourceDescriptor(name=s["name"], digest=s["digest"]).pb for s in subject],
-              PREDICATE_TYPE, predicate).validate()
-    return statement
-
-
-def envelope(statement: release_index.ProvenanceStatement, sign_key: SigningKey) -> bytes:
-    body = canonical(statement)
-    sig = sign_key.sign(pae(DSSE_PAYLOAD_TYPE, body))
-    env = {"payloadType": DSSE_PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
-           "signatures": [{"keyid": sign_key.key_id, "sig": base64.b64encode(sig).decode()}]}
-    return (json.dumps(env, sort_keys=True) + "\n").encode()
-
-
 def untrusted_comment(public_raw: bytes) -> str:
     return f"ortbuild release signature, key id {minisign.key_id(public_raw).hex()}"
 
@@ -411,14 +290,14 @@ def release_target(project: Project, target: Target, dist: Path, out: Path, sign
     }
     if operators is not None:
         index["operators"] = operators[1]
-    index_bytes = canonical(index)
+    index_bytes = provenance.canonical(index)
     tmp = files_.partial_file(out / names["bundle"], root)
     try:
         bundle_digest = tarball.write(tmp, {f"{name}/{INDEX}": index_bytes, **members}, epoch,
                                       first=f"{name}/{INDEX}", digests=digests)
         subjects = {names["bundle"]: bundle_digest, names["index"]: tarball.sha256(index_bytes)}
-        statement = _provenance(project, target, models, subjects, started, refused)
-        prov = envelope(statement, sign_key)
+        statement = provenance.statement(project, target, models, subjects, started, refused)
+        prov = provenance.envelope(statement, sign_key)
         signed = {**subjects, names["provenance"]: tarball.sha256(prov)}
         sums = sums_text(signed)
         sig = minisign.sign(sums, sign_key.sign, sign_key.public_raw,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
-from ortbuild.artifact.manifest import ProviderEntry
+from ortbuild.artifact.manifest_types import ProviderEntry
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import Rule
 

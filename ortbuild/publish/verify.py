@@ -40,7 +40,8 @@ from ortbuild import paths, runtime
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating.measure import compare
-from ortbuild.publish import epochs, openssf, release, release_index, tarball
+from ortbuild.project.kinds import kind_rule
+from ortbuild.publish import epochs, openssf, provenance, release, release_index, tarball
 from ortbuild.status import Verdict
 
 SUMS_LINE = re.compile(r"^([0-9a-f]{64})  ([A-Za-z0-9][A-Za-z0-9._+-]{0,200})$")
@@ -145,14 +146,14 @@ def _provenance(path: Path, data: bytes, public_key: bytes, subjects: dict[str, 
         statement = json.loads(body)
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise ArtifactError(f"{path}: not a DSSE envelope holding an in-toto statement") from None
-    if env.get("payloadType") != release.DSSE_PAYLOAD_TYPE or \
-            not any(ed25519.verify(public_key, s, release.pae(release.DSSE_PAYLOAD_TYPE, body)) for s in sigs):
+    if env.get("payloadType") != provenance.DSSE_PAYLOAD_TYPE or \
+            not any(ed25519.verify(public_key, s, openssf.pae(provenance.DSSE_PAYLOAD_TYPE, body)) for s in sigs):
         raise ArtifactError(f"{path}: its signature does not verify with the public key given (modified, or "
                             "signed by another key)")
     try:
         Statement([ResourceDescriptor(name=s["name"], digest=s["digest"]).pb for s in statement["subject"]],
                   statement["predicateType"], statement["predicate"]).validate()
-        if statement["_type"] != release.STATEMENT_TYPE or statement["predicateType"] != release.PREDICATE_TYPE:
+        if statement["_type"] != provenance.STATEMENT_TYPE or statement["predicateType"] != provenance.PREDICATE_TYPE:
             raise ValueError("not an in-toto v1 statement of SLSA v1 provenance")
     except (ValueError, KeyError, TypeError) as e:
         raise ArtifactError(f"{path}: {e}") from None
@@ -284,7 +285,7 @@ def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) ->
             loaded = module.load(key=key, folder=folder)
         except module.LoaderError as e:
             raise from_loader(e, f"{index['name']}/{model}") from None
-        if m.generative is not None:  # its golden data: the artifact's greedy tokens on each prompt's ids
+        if kind_rule(m.kind).golden_tokens:  # its golden data: the artifact's greedy tokens on each prompt's ids
             lines.append(_golden_tokens(index["name"], model, folder, loaded, failures))
             continue
         rules = index["tests"][model]["rules"]

@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ortbuild import installed
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -94,11 +96,10 @@ precision = "int8-dynamic"
 def _big(root: Path, host: str, gib: float) -> dict[str, object]:
     """Two fresh projects of one generated model: cold cache, warm cache, no cache (module doc)."""
     sys.path.insert(0, str(REPO))
-    from ortbuild import runtime
     from tests.bigmodels import dev_keys_env, layers_for, mlp
 
     model = mlp(root / "big-model", layers=layers_for(gib))
-    runtime_req = f"onnxruntime=={runtime.installed_flavor().version}"  # type: ignore[union-attr]
+    runtime_req = f"onnxruntime=={installed.installed_flavor().version}"  # type: ignore[union-attr]
     env: dict[str, str] = {}
     for c in ("P", "Q"):
         (root / c).mkdir()

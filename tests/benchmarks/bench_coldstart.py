@@ -44,6 +44,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed  # noqa: E402
 from tests.bigmodels import dev_keys_env, transformer_like  # noqa: E402
 
 MODEL = "tlike48"
@@ -144,9 +145,8 @@ def build(root: Path, env: dict[str, str], ortbuild_path: Path) -> Path:
 
 def prepare(root: Path, baseline: Path | None) -> tuple[dict[str, Path], dict[str, str]]:
     """The model, its artifact(s) and the offline graph in plaintext (temp dir only); {mode: what it opens}."""
-    from ortbuild import runtime
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None, "needs a venv with one ONNX Runtime flavor"
     transformer_like(root / MODEL)
     (root / "targets.toml").write_text(TARGETS.format(model=MODEL, runtime=f"{flavor.distribution}=={flavor.version}"))

@@ -39,6 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed, machine  # noqa: E402
 from tests.realmodels import MINILM_SHA256, minilm, sha256  # noqa: E402
 
 EMBEDDING = "461"  # the mean-pooled sentence embedding [batch, 384]
@@ -129,15 +130,14 @@ def main() -> int:
 
     import onnx
 
-    from ortbuild import runtime
     from ortbuild.artifact import keys
     from ortbuild.gating.runner import Tester, TestResult
     from ortbuild.pipeline.build import Builder
     from ortbuild.project import config, plan
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None
-    report: dict[str, Any] = {"machine": runtime.fingerprint(), "onnxruntime": flavor.as_json(), "rows": []}
+    report: dict[str, Any] = {"machine": machine.fingerprint(), "onnxruntime": flavor.as_json(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         np.savez(root / "minilm.inputs.npz", **feed(2, 64, seed=0))

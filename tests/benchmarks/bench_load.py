@@ -35,6 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import minilm  # noqa: E402
 
@@ -121,9 +122,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--seconds", type=float, default=4.0, help="min_seconds of each scenario (default 4)")
     args = ap.parse_args()
-    from ortbuild import runtime
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     rt = f"{flavor.distribution}=={flavor.version}"
     results = [measure(m, q, b, rt, args.seconds) for m, (q, b) in MODELS.items()]
     wrong = []

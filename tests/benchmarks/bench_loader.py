@@ -38,6 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed  # noqa: E402
 from tests.bigmodels import dev_keys_env, mlp  # noqa: E402
 
 MB = 1_000_000
@@ -81,9 +82,8 @@ def parse_size(text: str) -> int:
 
 def build(root: Path, sizes: list[int]) -> tuple[dict[str, int], dict[str, str]]:
     """Generate the models and build their artifacts; returns {model name: weight bytes} and the child env."""
-    from ortbuild import runtime
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None, "needs a venv with one ONNX Runtime flavor"
     text = '[project]\nname = "bench-loader"\nversion = "1"\n\n'
     weights = {}

@@ -40,6 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import MINILM_SHA256, minilm, sha256  # noqa: E402
 
@@ -112,9 +113,8 @@ def main() -> int:
     model = Path(args.model).resolve() if args.model else minilm()
     if sha256(model) != MINILM_SHA256:
         raise SystemExit(f"{model}: not paraphrase-MiniLM-L3-v2 (sha256 {MINILM_SHA256})")
-    from ortbuild import runtime
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None, "needs an ONNX Runtime flavor installed"
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-minilm-") as tmp:

@@ -26,7 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ortbuild import emulation, runtime  # noqa: E402
+from ortbuild import emulation, installed  # noqa: E402
 from ortbuild.artifact import golden, keys, loaders, manifest  # noqa: E402
 from ortbuild.gating import emulated  # noqa: E402
 from ortbuild.project import config  # noqa: E402
@@ -48,7 +48,7 @@ TARGETS = (
 
 
 def _project(root: Path) -> Path:
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None
     text = '[project]\nname = "platforms"\nversion = "1"\n\n'
     for m in MODELS:

@@ -35,6 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import installed  # noqa: E402
 from tests.benchmarks.bench_minilm import inputs as minilm_inputs  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import minilm  # noqa: E402
@@ -146,15 +147,14 @@ def side_by_side(folder: Path, tuned: dict[str, Any], olive: dict[str, Any]) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=60.0, help="each job's search (ortbuild tune --seconds)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="each job's search (ortbuild tune --tune-seconds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--keep", type=Path, help="build the project here (kept) instead of a temp dir")
     ap.add_argument("--olive", type=Path, help="Olive's chosen session_options (JSON) for the side-by-side run")
     args = ap.parse_args()
-    from ortbuild import runtime
 
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     assert flavor is not None
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as tmp:
         folder = args.keep or Path(tmp)
@@ -166,7 +166,7 @@ def main() -> int:
         if build.returncode != 0:
             raise SystemExit(f"build failed:\n{build.stderr[-3000:]}")
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "ortbuild", "tune", "-c", str(path), "--seconds",
+        proc = subprocess.run([sys.executable, "-m", "ortbuild", "tune", "-c", str(path), "--tune-seconds",
                                str(args.seconds), "--json"], cwd=folder, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if not proc.stdout.strip():

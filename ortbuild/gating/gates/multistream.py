@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from ortbuild.gating.measure import loadgen
 from ortbuild.gating.measure.percentiles import Budget, Spending
 from ortbuild.project.sections import MultiStream
+from ortbuild.gating.protocol import Gate, Judged
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates.catalog import Context
+    from ortbuild.gating.protocol import Context
 
 
 def budget_of(ms: MultiStream) -> dict[str, object]:
@@ -88,3 +89,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         streams=ms.streams, budgets=limits, confidence=plan.confidence, min_seconds=plan.min_seconds,
         min_queries=plan.min_queries, quick=ctx.quick)
     return verdict, section, lines
+
+
+GATE = Gate("multi_stream", "latency of queries of N concurrent samples (MLPerf MultiStream)",
+            lambda ctx: Judged(*gate(ctx)), lambda g: g.latency.declares("multi_stream"), timed=True)

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from ortbuild.gating.measure import loadgen
 from ortbuild.gating.measure.percentiles import Budget, Spending
 from ortbuild.project.sections import Server
+from ortbuild.gating.protocol import Gate, Judged
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates.catalog import Context
+    from ortbuild.gating.protocol import Context
 
 
 def budgets_of(srv: Server) -> list[Budget]:
@@ -253,3 +254,7 @@ def _plot(tried: list[dict[str, object]], budgets: dict[str, object]) -> str:
     parts.append(f'<text x="{w - pad}" y="12" text-anchor="end" font-size="10">filled: p99, ring: p90; green PASS, '
                  'red FAIL, amber undecided or not held</text>')
     return "".join(parts) + "</svg>"
+
+
+GATE = Gate("server", "latency percentiles under Poisson arrivals at a rate (MLPerf Server), --find-peak",
+            lambda ctx: Judged(*gate(ctx)), lambda g: g.latency.declares("server"), timed=True, html=html)

@@ -3,10 +3,16 @@ targets.toml option that would make it smaller when it fails."""
 
 from __future__ import annotations
 
-from ortbuild.artifact import manifest
+from typing import TYPE_CHECKING
+
+from ortbuild.gating.protocol import BOTH, Context, Gate, Judged
 from ortbuild.gating.records import SizeDoc
-from ortbuild.project.plan import Job
 from ortbuild.project.precisions import fp16_upcast_hint
+from ortbuild.status import Verdict
+
+if TYPE_CHECKING:
+    from ortbuild.artifact import manifest
+    from ortbuild.project.plan import Job
 
 SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
 
@@ -71,3 +77,11 @@ def judge(job: Job, m: manifest.Manifest) -> tuple[SizeDoc, list[str]]:
                                  f"{x['pattern']})" for x in inf["grown"][:3]))
     lines.append(f"  hint: {fix(job, m)}")
     return record, lines
+
+
+def run(ctx: Context) -> Judged:
+    doc, lines = judge(ctx.job, ctx.manifest)
+    return Judged(Verdict.FAIL if lines else Verdict.PASS, dict(doc), lines)
+
+
+GATE = Gate("size", "the artifact's size against the source's and a cap", run, lambda g: True, kinds=BOTH)

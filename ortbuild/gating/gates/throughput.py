@@ -30,10 +30,11 @@ from ortbuild.gating.measure import loadgen
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.measure.percentiles import Budget, Spending
 from ortbuild.project.sections import Offline
+from ortbuild.gating.protocol import Gate, Judged
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates.catalog import Context
+    from ortbuild.gating.protocol import Context
 
 
 def stacked(model: Any, inputs: dict[str, Any], batch: int) -> dict[str, Any] | None:
@@ -210,3 +211,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
         window_seconds=off.window_seconds, quick=ctx.quick)
     return verdict, section, lines
+
+
+GATE = Gate("throughput", "samples per second at a batch (MLPerf Offline)", lambda ctx: Judged(*gate(ctx)),
+            lambda g: g.latency.declares("offline"), timed=True)

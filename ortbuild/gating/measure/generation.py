@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from ortbuild.errors import ArtifactError, GateFailed
-from ortbuild.gating.gates import generation_report as report
-from ortbuild.gating.gates.catalog import Judged
-from ortbuild.gating.gates.generation_report import PERCENTILES
+from ortbuild.gating.measure import generation_report as report
+from ortbuild.gating.measure.generation_report import PERCENTILES
 from ortbuild.gating.measure import generation_memory as memory
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.measure.load_verdicts import gate_verdict
 from ortbuild.gating.measure.percentiles import Budget, budgets_of, planned_samples
+from ortbuild.gating.protocol import Judged
 from ortbuild.gating.timing_records import WaitDoc
 from ortbuild.status import Verdict
 
@@ -240,7 +240,7 @@ def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: Generation
         og()
     except ImportError as e:
         why = f"onnxruntime-genai is not installed here ({e})"
-        return Verdict.SKIPPED, {"summary": "onnxruntime-genai not installed", "note": why}, []
+        return Judged(Verdict.SKIPPED, {"summary": "onnxruntime-genai not installed", "note": why}, [])
     problem = shape_problem(budget, config)
     if problem:
         raise GenerationError(f"{name}: {problem}")
@@ -291,4 +291,4 @@ def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: Generation
     if notes:
         section["note"] = "; ".join(notes)
     section["summary"] = report.summary(section)
-    return (verdict if verdict is not None else "-"), section, lines
+    return Judged(verdict if verdict is not None else "-", section, lines)

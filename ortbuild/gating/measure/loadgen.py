@@ -54,7 +54,7 @@ from ortbuild.gating.measure.percentiles import Budget, Spending
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.gates.catalog import Context
+    from ortbuild.gating.protocol import Context
     from ortbuild.gating.measure.compliance import Checker
     from ortbuild.project.sections import Latency, ScenarioKind
 

@@ -68,7 +68,7 @@ def verdict_cell(r: TestResult) -> str:
     elif status == Verdict.INCONCLUSIVE:
         why = [name for name, v in r.gates().items() if v == Verdict.INCONCLUSIVE]
     said = [", ".join(why)] if why else []
-    if selection.left_out({"judged": r.judged, "generative": r.generative}) and status != Verdict.SKIPPED:
+    if selection.left_out(r.judged, r.kind) and status != Verdict.SKIPPED:
         said.append(selection.flag(r.judged))
     return status + (f" ({'; '.join(said)})" if said else "")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import html
 from typing import Literal
 
-from ortbuild.gating.gates import catalog
-from ortbuild.gating.record import TestResult
+from ortbuild.gating.gates import registry
+from ortbuild.gating.record import TestResult, doc_kind
 from ortbuild.gating.records import Comparison, ExplainDoc, ReportDoc, RowDoc
 from ortbuild.gating.reports import selection
 from ortbuild.gating.timing_records import DataSetLatency, ProfileDoc
@@ -287,11 +287,12 @@ def _cell(v: object) -> str:
 
 
 def _newer_gates(r: TestResult) -> list[str]:
-    """The newer gates' parts (ortbuild.gating.gates.catalog): each by its own renderer, else its section's scalars."""
+    """The other gates' parts (ortbuild.gating.gates.registry): each by its own renderer, else its section's
+    scalars."""
     out = []
     for name, section in r.sections.items():
-        gate = catalog.BY_NAME.get(name)
-        render = catalog.html_of(gate) if gate is not None else None
+        gate = registry.BY_NAME.get(name)
+        render = gate.html if gate is not None else None
         if render is not None:
             out += render(section)
             continue
@@ -319,8 +320,8 @@ def _section(row: RowDoc, verdict: str, profiled: dict[str, str]) -> list[str]:
         out.append(f"<p>{e(r['reason'])}</p>")
     for w in [*(r.get("golden") or {}).get("warnings", []), *(x["message"] for x in r.get("speed") or [])]:
         out.append(f"<p class=warning>warning: {e(w)}</p>")
-    if selection.not_judged(r):
-        out.append(f"<p>{e(selection.not_judged(r))}: `ortbuild release` needs every gate</p>")
+    if left := selection.not_judged(r.get("judged"), doc_kind(r)):
+        out.append(f"<p>{e(left)}: `ortbuild release` needs every gate</p>")
     if key in profiled:
         out.append(f"<p>profile: <a href='#profile-{e(key)}'>top operators</a>, "
                    f"<a href='{e(profiled[key])}'>trace</a></p>")

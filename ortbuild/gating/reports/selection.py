@@ -12,12 +12,13 @@ import difflib
 import shlex
 from collections.abc import Mapping, Sequence
 
-from ortbuild.gating.gates import catalog
+from ortbuild.gating.gates import registry
 from ortbuild.gating.record import TestResult
+from ortbuild.project.kinds import Kind
 from ortbuild.project.settings import Gates
 from ortbuild.status import Verdict
 
-GATES = catalog.NAMES  # the registry's gates, in its order
+GATES = registry.NAMES  # the registry's gates, in its order (as parsed: --gates)
 ALIASES = {"startup": ("cold_start", "memory"),                  # cold start and memory: one measurement
            "load": ("throughput", "server", "multi_stream"),      # the load scenarios
            "all": GATES}
@@ -48,19 +49,17 @@ def flag(judged: Sequence[str]) -> str:
     return f"--gates {','.join(judged)}"
 
 
-def left_out(result: Mapping[str, object]) -> list[str]:
-    """The gates a test result did not judge (a result without `judged`, from an older ortbuild, judged all)."""
-    judged = result.get("judged")
+def left_out(judged: object, kind: Kind) -> list[str]:
+    """The gates of its kind of model a test did not judge (`judged`: the record's; a result without it, from an
+    older ortbuild, judged all)."""
     if not isinstance(judged, list):
         return []
-    generative = bool(result.get("generative"))  # only the gates of its kind of model
-    return [g for g in GATES if g not in judged and catalog.BY_NAME[g].judges(generative)]
+    return [g.name for g in registry.GATES if g.name not in judged and kind in g.kinds]
 
 
-def not_judged(result: Mapping[str, object]) -> str:
+def not_judged(judged: object, kind: Kind) -> str:
     """`not judged (--gates accuracy): size, latency, cold_start, memory`, or "" when every gate was."""
-    left = left_out(result)
-    judged = result.get("judged")
+    left = left_out(judged, kind)
     if not left or not isinstance(judged, list):
         return ""
     return f"not judged ({flag([str(g) for g in judged])}): {', '.join(left)}"
@@ -78,7 +77,7 @@ def rejudge(target: str, model: str, gates: Sequence[str], config_arg: str = "ta
 
 def undecided_reason(res: TestResult, notes: list[str], config_arg: str, session: str) -> str:
     """An INCONCLUSIVE result's reason: its gates' notes, then the command that judges only those gates again."""
-    gates = [g.name for g in catalog.GATES if res.verdict(g.name) == Verdict.INCONCLUSIVE]
+    gates = [g.name for g in registry.GATES if res.verdict(g.name) == Verdict.INCONCLUSIVE]
     return "; ".join(notes) + f"; judge {', '.join(gates)} alone again: " + rejudge(
         res.target, res.model, gates, config_arg, session)
 
@@ -86,7 +85,7 @@ def undecided_reason(res: TestResult, notes: list[str], config_arg: str, session
 def undecided_refusal(r: TestResult, target: str, session: str) -> str:
     """Why an INCONCLUSIVE test is refused, and the commands that settle it: the undecided gates judged alone (to
     see whether a quieter machine decides them), then the artifact's full test, which release takes."""
-    gates = [g.name for g in catalog.GATES if r.verdict(g.name) == Verdict.INCONCLUSIVE] or ["all"]
+    gates = [g.name for g in registry.GATES if r.verdict(g.name) == Verdict.INCONCLUSIVE] or ["all"]
     why = r.reason.partition("; judge ")[0] or "undecided"
     full = f"`ortbuild test -t {target} -m {r.model}` (or `python3 -m nox -s \"{session}\" -- -m {r.model}`)"
     return (f"its tests did not pass (INCONCLUSIVE: {why[:300]}): its {', '.join(gates)} gate(s) could not decide "
@@ -100,5 +99,5 @@ def unjudged(r: TestResult, gates: Gates | None) -> list[str]:
     never change the build key). A section with verdict "-" was measured, with no budget to judge."""
     if gates is None:
         return []
-    return [g.name for g in catalog.GATES if g.judges(gates.generative) and g.declared(gates)
+    return [g.name for g in registry.GATES if r.kind in g.kinds and g.declared(gates)
             and r.verdict(g.name) == "-" and g.name not in r.sections]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ortbuild.gating.records import SkippedSet, TrialDoc
+from ortbuild.gating.search.base import Clock
 from ortbuild.gating.search.layerwise import Layer, Prediction
 from ortbuild.project import config
 from ortbuild.project.plan import Job
@@ -75,8 +76,9 @@ class Trial:
 
 
 @dataclass
-class Search:
-    """The bounded search over candidate sets; every trial is a rebuild and a re-test.
+class Bisection:
+    """The bounded search over candidate sets; every trial is a rebuild and a re-test, counted on `clock` (the
+    explain search's budget, started once: base.Clock).
 
     graph: the digest of the precision step's output for a candidate set (graph_digest); a set whose graph was
     tried already (`graphs`, the failing artifact's included as -1) is not rebuilt and takes that verdict.
@@ -84,8 +86,7 @@ class Search:
     fewest top-ranked candidates predicted to pass."""
 
     trial: Callable[[list[str], list[str]], tuple[bool, str]]
-    max_rebuilds: int
-    max_seconds: float
+    clock: Clock
     progress: Callable[[Event | str], None]  # a rebuild's start is a PhaseStarted, said on every stream
     graph: Callable[[list[str], list[str]], str] | None = None
     predict: Callable[[list[str]], Prediction | None] | None = None
@@ -93,15 +94,17 @@ class Search:
     skipped: list[SkippedSet] = field(default_factory=list)   # sets not rebuilt: the same graph as `same_as`
     graphs: dict[str, int] = field(default_factory=dict)          # digest -> index of its trial (-1: the artifact)
     predicted: dict[frozenset[str], bool] = field(default_factory=dict)
-    start: float = field(default_factory=time.monotonic)
     stopped: str = ""
 
     def budget_left(self) -> bool:
-        if len(self.trials) >= self.max_rebuilds:
-            self.stopped = f"stopped after {self.max_rebuilds} rebuilds (--explain-rebuilds)"
-        elif time.monotonic() - self.start >= self.max_seconds:
-            self.stopped = f"stopped after {self.max_seconds:g} s (--explain-seconds)"
+        if self.clock.out_of_rebuilds():
+            self.stopped = f"stopped after {self.clock.budget.rebuilds} rebuilds (--explain-rebuilds)"
+        elif self.clock.out_of_time():
+            self.stopped = f"stopped after {self.clock.budget.seconds:g} s (--explain-seconds)"
         return not self.stopped
+
+    def _of(self) -> str:
+        return "" if self.clock.budget.rebuilds is None else f"/{self.clock.budget.rebuilds}"
 
     def run(self, nodes: list[str], op_types: list[str]) -> bool:
         for t in self.trials:  # a candidate is never built twice
@@ -124,15 +127,16 @@ class Search:
             self.progress(f"explain: not rebuilt: {describe_set(nodes, op_types)}: the precision step gives the "
                           f"same graph as {same}")
             return passed
-        self.progress(PhaseStarted(f"explain: rebuilding {len(self.trials) + 1}/{self.max_rebuilds}: "
+        self.progress(PhaseStarted(f"explain: rebuilding {len(self.trials) + 1}{self._of()}: "
                                    f"{describe_set(nodes, op_types)}"))
         t0 = time.monotonic()
         passed, worst = self.trial(nodes, op_types)
         t = Trial(nodes, op_types, passed, worst, round(time.monotonic() - t0, 2))
         self.trials.append(t)
+        self.clock.rebuilt()
         if digest is not None:
             self.graphs[digest] = len(self.trials) - 1
-        self.progress(f"explain: rebuild {len(self.trials)}/{self.max_rebuilds}: {t.describe()}")
+        self.progress(f"explain: rebuild {len(self.trials)}{self._of()}: {t.describe()}")
         return passed
 
     def _predicts_pass(self, nodes: list[str]) -> bool:

@@ -51,7 +51,8 @@ from ortbuild.errors import OrtbuildError
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc, PredictionsDoc
 from ortbuild.gating.runner import PASS, Tester
-from ortbuild.gating.search.bisect import Search, Trial, check_override, override_toml, settings_with
+from ortbuild.gating.search.base import Budget, Clock, Found, Say
+from ortbuild.gating.search.bisect import Bisection, Trial, check_override, override_toml, settings_with
 from ortbuild.gating.search.explain_render import layers_doc, render
 from ortbuild.gating.search.layerwise import (
     NOTHING,
@@ -72,11 +73,11 @@ from ortbuild.pipeline.steps import accounting, check, fusion, precision
 from ortbuild.project import config, data, options
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import Quantizer, SearchKnob
-from ortbuild.status import Event, JobStatus, PhaseStarted
+from ortbuild.status import JobStatus, PhaseStarted
 
 __all__ = [
-    "KNOBS", "NOTHING", "QUANT_OPS", "Analysis", "Explainer", "Knob", "Layer", "Prediction", "Proxy", "Rewrites",
-    "Search", "Trial", "analyse", "changed_nodes", "check_override", "graph_digest", "layers_doc", "layerwise",
+    "KNOBS", "NOTHING", "QUANT_OPS", "Analysis", "Bisection", "Explainer", "Knob", "Layer", "Prediction", "Proxy",
+    "Rewrites", "Trial", "analyse", "changed_nodes", "check_override", "graph_digest", "layers_doc", "layerwise",
     "override_toml", "ranked", "reduce_model", "render", "settings_with",
 ]
 
@@ -100,32 +101,39 @@ class Analysis:
 
 
 class Explainer:
-    """Runs the search for failing jobs of one `ortbuild test`: scratch builds, re-tests, the final gate."""
+    """Precision bisection, a base.Search over a job's failing test result: for failing jobs of one `ortbuild
+    test` (scratch builds, re-tests, the final gate), and for build to the gates (autobuild.PrecisionSearch)."""
 
-    def __init__(self, builder: Builder, tester: Tester, *, max_rebuilds: int, max_seconds: float,
-                 progress: Callable[[str, Event | str], None], final_gate: bool = True) -> None:
+    def __init__(self, builder: Builder, tester: Tester, budget: Budget, *, progress: Say,
+                 final_gate: bool = True) -> None:
         self.builder = builder
         self.final_gate = final_gate  # the answer's full gate (accuracy, size, latency) in the search's scratch
         self.tester = tester
-        self.max_rebuilds = max_rebuilds
-        self.max_seconds = max_seconds
+        self.budget = budget
         self.progress = progress
         self.logs: list[tuple[str, logs.Captured]] = []  # (job, what the converters and ORT said in its search)
 
     def explain(self, job: Job, res: TestResult) -> ExplainDoc:
+        """The search's record for one job (the test report's `explain` section)."""
+        return self.search(job, res).answer
+
+    def search(self, job: Job, given: TestResult) -> Found[ExplainDoc]:
         """The search for one job, what the converters and ONNX Runtime say in it kept in its log,
-        dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the gates' capture)."""
+        dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the build's capture)."""
         dist = self.builder.dist
-        log = logs.log_path(dist, job.target.name, job.model.name, "explain") if self.tester.capture else None
+        log = logs.log_path(dist, job.target.name, job.model.name, "explain") if self.builder.capture else None
         cap: logs.Captured | None = None
+        clock = self.budget.start()
         try:
             with logs.captured(log, dist) as cap:
-                return self._explain(job, res)
+                doc = self._explain(job, given, clock)
         finally:
             if cap is not None and log is not None:
                 self.logs.append((job.name, cap))
+        return clock.found(doc, found=doc.get("status") == "found", cut_short=bool(doc.get("stopped")) or
+                           str(doc.get("reason", "")).startswith("stopped after"))
 
-    def _explain(self, job: Job, res: TestResult) -> ExplainDoc:
+    def _explain(self, job: Job, res: TestResult, clock: Clock) -> ExplainDoc:
         knob = job.settings.rule.knob
         if knob is None:
             return {"status": "not applicable", "reason": f"precision {job.settings.precision}: nothing to keep in "
@@ -136,7 +144,6 @@ class Explainer:
                     "search runs it whole with every layer exposed and rebuilds it per candidate, which a model past "
                     "protobuf's 2 GB limit does not fit; keep layers in float by hand (quantization.exclude_nodes, "
                     "int4.exclude_nodes, fp16.node_block_list) or explain a smaller model of the same architecture"}
-        start = time.monotonic()
         self.progress(job.name, PhaseStarted("explain: layer-wise error against fp32 on the golden inputs"))
         an = analyse(job)
         layers = an.layers
@@ -160,7 +167,7 @@ class Explainer:
             return doc
         predict: Callable[[list[str]], Prediction | None] | None = None
         if job.settings.rule.quantizer is not Quantizer.FP16:  # the quantizers' output can be patched
-            layers, predict, doc["predictions"] = self._predict(job, an, start)
+            layers, predict, doc["predictions"] = self._predict(job, an, clock)
             doc["layers"] = layers_doc(layers)
         with tempfile.TemporaryDirectory(prefix="ortbuild-explain-") as scratch:
             dist = Path(scratch)
@@ -168,9 +175,8 @@ class Explainer:
             # no capture of its own: what the rebuilds' tools say goes to this search's log (or, with -v, shows)
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, secrets=self.builder.secrets,
                               capture=False)
-            tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet,
+            tester = Tester(self.tester.project, dist, self.tester.secret, str(self.tester.project.file), quiet,
                             self.tester.sign_key, judged=self.tester.judged)  # --gates: the answer's gates too
-            tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
 
             def trial(nodes: list[str], op_types: list[str]) -> tuple[bool, str]:
                 tjob = Job(job.target, job.model, settings_with(job.settings, knob, nodes, op_types))
@@ -187,40 +193,35 @@ class Explainer:
             def graph(nodes: list[str], op_types: list[str]) -> str:
                 return graph_digest(reduce_model(job, settings_with(job.settings, knob, nodes, op_types), an.src))
 
-            search = Search(trial, self.max_rebuilds, self.max_seconds, lambda m: self.progress(job.name, m),
-                            graph=graph, predict=predict, graphs={an.digest: -1}, start=start)
+            search = Bisection(trial, clock, lambda m: self.progress(job.name, m), graph=graph, predict=predict,
+                               graphs={an.digest: -1})
             best = search.search(layers, knob.op_types is not None)
             doc["trials"] = [t.as_json() for t in search.trials]
             doc["rebuilds"] = len(search.trials)
             doc["skipped"] = search.skipped
             if best is None:
                 doc["status"], doc["reason"] = "not found", search.stopped or "no candidate set made the gate pass"
-                doc["seconds"] = round(time.monotonic() - start, 1)
+                doc["seconds"] = round(clock.spent(), 1)
                 return doc
             nodes, op_types = best
             settings = settings_with(job.settings, knob, nodes, op_types)
             text = override_toml(job, knob, settings)
             check_override(self.builder.project, job, text, settings)
             doc["status"], doc["nodes"], doc["op_types"], doc["override"] = "found", nodes, op_types, text
-            doc["seconds"], doc["stopped"] = round(time.monotonic() - start, 1), search.stopped
+            doc["seconds"], doc["stopped"] = round(clock.spent(), 1), search.stopped
             if not self.final_gate:
                 return doc
             final_job = Job(job.target, job.model, settings)
             self.progress(job.name, PhaseStarted("explain: the full gate (accuracy, size, latency) of the answer"))
-            builder.run_job(final_job)
-            final = TestResult(job.target.name, job.model.name, job.settings.precision)
-            try:
-                tester.gate(final_job, final, {})
-            except OrtbuildError as e:
-                final.fail([e.message])
+            (final,) = tester.run([final_job], {final_job.name: builder.run_job(final_job)}, False)
             doc["result"] = {"accuracy": final.accuracy, "worst": final.worst, "size": final.size,
                              "size_verdict": final.size_verdict, "latency_verdict": final.latency_verdict,
                              "p50_ms": final.latency.get("p50_ms"), "p90_ms": final.latency.get("p90_ms"),
                              "failures": final.failures}
-            doc["seconds"], doc["stopped"] = round(time.monotonic() - start, 1), search.stopped
+            doc["seconds"], doc["stopped"] = round(clock.spent(), 1), search.stopped
             return doc
 
-    def _predict(self, job: Job, an: Analysis, start: float) \
+    def _predict(self, job: Job, an: Analysis, clock: Clock) \
             -> tuple[list[Layer], Callable[[list[str]], Prediction | None] | None, PredictionsDoc]:
         """Each candidate kept in float alone, predicted (at most a third of --explain-seconds, the layer-wise
         ranking deciding which go first): the layers in the search's order, the predictor (None where predictions
@@ -243,10 +244,9 @@ class Explainer:
                                                                 "where the gate fails"}
         self.progress(job.name, PhaseStarted(f"explain: predicting each of {len(an.layers)} candidate(s) kept in "
                                              "float alone (no rebuild)"))
-        share = self.max_seconds / 3
         layers = []
         for x in an.layers:
-            alone = proxy.predict([x.node]) if time.monotonic() - start < share else None
+            alone = proxy.predict([x.node]) if clock.within(1 / 3) else None
             layers.append(dataclasses.replace(x, alone=alone))
         done = sum(x.alone is not None for x in layers)
         return ranked(layers), proxy.predict, {

@@ -17,22 +17,21 @@ tokens verdict, so nothing that fails its gate ships.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ortbuild.artifact import manifest
-from ortbuild.errors import GateFailed, OrtbuildError, first_line
+from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.search.base import Budget, Found, Locking, Say
 from ortbuild.paths import inside
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import lockfile
 from ortbuild.project.plan import Job
 from ortbuild.project.sections import Int4, Quantization
 from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.search.autobuild import AutoSearch
+    from ortbuild.gating.runner import Tester
 
 LM_HEAD = "/lm_head/MatMul"
 MIN_BLOCK = 16
@@ -88,50 +87,85 @@ def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[st
         yield f"layer {i} kept in float", table, {**keys, "exclude_nodes": list(kept)}
 
 
-def repair(auto: AutoSearch, job: Job, failed: JobResult, why: str) -> JobResult:
-    """Try the candidates until one passes the tokens gate (kept in targets.lock) or the budget ends (the job
-    fails, naming every setting tried)."""
-    from ortbuild.gating.gates import genai as genai_gates
+class GenerativeSearch:
+    """Build to the gates for a generative model: its tokens gate judges the build; a failing one (or NaN logits at
+    reload) gets the builder's knobs, in order, each a rebuild through targets.lock (base.Locking)."""
 
-    t0 = time.monotonic()
-    try:  # the graph's MatMuls, from the manifest of the build that failed its gate
-        m, _ = manifest.read(inside(auto.builder.dist, job.target.name, job.model.name))
-        matmuls = list(m.generative.matmuls) if m.generative is not None else []
-    except OrtbuildError:  # its build failed (NaN logits at reload): no manifest of it, no layers to keep
-        matmuls = []
-    tried: list[str] = []
-    auto.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the builder's precision knobs"))
-    for n, (what, table, keys) in enumerate(candidates(job, matmuls)):
-        if n >= auto.max_rebuilds or time.monotonic() - t0 > auto.max_seconds:
-            tried.append(f"(stopped: {n} rebuilds, {time.monotonic() - t0:.0f} s: --explain-rebuilds/-seconds)"
-                         if n else "(stopped before trying a setting: --explain-rebuilds 0)")
-            break
-        entry = auto._entry(job).merged({table: keys}, search={"kept": what, "failed_with": why})
-        (locked,) = lockfile.apply(auto.builder.project, [(lockfile.declared(job), entry)])
-        auto.progress(job.name, f"precision_search: {what}: rebuilding")
-        result = auto.builder.run_job(locked)
-        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
-            tried.append(f"{what}: build {result.status}: {result.reason}")
-            continue
+    def __init__(self, locking: Locking, tester: Tester, budget: Budget, progress: Say) -> None:
+        self.locking = locking
+        self.tester = tester
+        self.budget = budget
+        self.progress = progress
+
+    def search(self, job: Job, given: JobResult) -> Found[JobResult]:
+        """The job's final result: as built where its tokens pass (or cannot be judged here, or its build failed
+        otherwise), else as repaired, or failed with every setting tried."""
+        from ortbuild.gating.gates import tokens as token_gate
+
+        clock = self.budget.start()
+        if given.status == JobStatus.FAILED and isinstance(given.error, OutputsBroken):  # NaN logits at reload
+            return self.repair(job, given, f"broken outputs ({given.error.message})")
+        if given.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
+            return clock.found(given, found=False, cut_short=False)
+        self.progress(job.name, PhaseStarted("precision_search = \"auto\": the tokens gate of the build"))
         res = TestResult(job.target.name, job.model.name, job.settings.precision)
         try:
-            verdict, summary = genai_gates.judge_tokens(auto.tester, locked, res)
+            verdict, summary = token_gate.summarized(self.tester.judge_alone(token_gate.GATE, job, res))
         except OrtbuildError as e:
-            verdict, summary = Verdict.FAIL, first_line(e)
-        tried.append(f"{what}: tokens {verdict} ({summary})")
+            given.notes.append(f"precision_search: the tokens gate could not run here, nothing searched: "
+                               f"{first_line(e)}")
+            return clock.found(given, found=False, cut_short=False)
         if verdict == Verdict.PASS:
-            auto.locked[job.name] = locked
-            said = auto._write(entry.merged({}, search={**entry.search, "rebuilds": n + 1, "tokens": summary,
-                                                        "seconds": round(time.monotonic() - t0, 1)}))
-            result.notes.append(f"precision_search: {what}: tokens PASS ({summary}); {said}")
-            auto.progress(job.name, JobFinished(result.status, result.notes[-1]))
-            return result
-    out = JobResult(failed.target, failed.model, JobStatus.FAILED, precision=failed.precision,
-                    notes=list(failed.notes))
-    out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no builder setting whose tokens pass "
-                           f"({why}):\n" + "\n".join(f"  {t}" for t in tried or ["(no knob to try)"]),
-                           f"raise --explain-rebuilds/--explain-seconds, loosen [targets.{job.target.name}.tokens], "
-                           "or pick int8 / fp32 for this target (same as the ONNX models' search: exit 9)")
-    out.reason = out.error.message.split("\n", 1)[0]
-    auto.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
-    return out
+            self.locking.passes(job, given, summary)
+            return clock.found(given, found=True, cut_short=False)
+        return self.repair(job, given, f"tokens gate {verdict} ({summary})")
+
+    def repair(self, job: Job, failed: JobResult, why: str) -> Found[JobResult]:
+        """Try the candidates until one passes the tokens gate (kept in targets.lock) or the budget ends (the job
+        fails, naming every setting tried)."""
+        from ortbuild.gating.gates import tokens as token_gate
+
+        clock = self.budget.start()
+        try:  # the graph's MatMuls, from the manifest of the build that failed its gate
+            m, _ = manifest.read(inside(self.locking.builder.dist, job.target.name, job.model.name))
+            matmuls = list(m.generative.matmuls) if m.generative is not None else []
+        except OrtbuildError:  # its build failed (NaN logits at reload): no manifest of it, no layers to keep
+            matmuls = []
+        tried: list[str] = []
+        cut_short = False
+        self.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the builder's precision knobs"))
+        for what, table, keys in candidates(job, matmuls):
+            if clock.exhausted():
+                n = clock.rebuilds
+                tried.append(f"(stopped: {n} rebuilds, {clock.spent():.0f} s: --explain-rebuilds/-seconds)"
+                             if n else "(stopped before trying a setting: --explain-rebuilds 0)")
+                cut_short = True
+                break
+            entry = self.locking.entry(job).merged({table: keys}, search={"kept": what, "failed_with": why})
+            self.progress(job.name, f"precision_search: {what}: rebuilding")
+            locked, result = self.locking.rebuild(job, entry)
+            clock.rebuilt()
+            if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
+                tried.append(f"{what}: build {result.status}: {result.reason}")
+                continue
+            res = TestResult(job.target.name, job.model.name, job.settings.precision)
+            try:
+                verdict, summary = token_gate.summarized(self.tester.judge_alone(token_gate.GATE, locked, res))
+            except OrtbuildError as e:
+                verdict, summary = Verdict.FAIL, first_line(e)
+            tried.append(f"{what}: tokens {verdict} ({summary})")
+            if verdict == Verdict.PASS:
+                entry = entry.merged({}, search={**entry.search, "rebuilds": clock.rebuilds, "tokens": summary,
+                                                 "seconds": round(clock.spent(), 1)})
+                self.locking.keep(locked, result, entry, f"precision_search: {what}: tokens PASS ({summary})")
+                return clock.found(result, found=True, cut_short=False)
+        out = JobResult(failed.target, failed.model, JobStatus.FAILED, precision=failed.precision,
+                        notes=list(failed.notes))
+        out.error = GateFailed(
+            f"{job.name}: precision_search = \"auto\" found no builder setting whose tokens pass ({why}):\n"
+            + "\n".join(f"  {t}" for t in tried or ["(no knob to try)"]),
+            f"raise --explain-rebuilds/--explain-seconds, loosen [targets.{job.target.name}.tokens], or pick int8 / "
+            "fp32 for this target (same as the ONNX models' search: exit 9)")
+        out.reason = out.error.message.split("\n", 1)[0]
+        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
+        return clock.found(out, found=False, cut_short=cut_short)

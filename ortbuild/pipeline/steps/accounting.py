@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 
 from ortbuild import modelfiles
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 
 MIN_CHANGED = 0.05  # a precision step must convert at least this share of the weights (Accounting.converted)
 
@@ -96,7 +96,7 @@ class Accounting:
         total = self.reduced_as_float + self.float_bytes_after
         return self.reduced_as_float / total if total else 0.0
 
-    def as_json(self) -> manifest.Changed:
+    def as_json(self) -> manifest_types.Changed:
         return {"ops": self.ops, "tensors": self.tensors, "float_bytes_before": self.float_bytes_before,
                 "reduced_as_float": self.reduced_as_float,
                 "float_bytes_after": self.float_bytes_after, "bytes_before": self.bytes_before,

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 
 from ortbuild import modelfiles, paths
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from ortbuild.errors import ConfigError
 from ortbuild.project.config import Settings, did_you_mean
 
@@ -26,9 +26,9 @@ class CheckResult:
     opsets: dict[str, int]
     ir_version: int
 
-    def manifest_section(self, path: str) -> manifest.Source:
+    def manifest_section(self, path: str) -> manifest_types.Source:
         """The manifest's `source` (`path`: as the project names it)."""
-        return manifest.Source(path=path, sha256=self.sha256, size=self.size, ir_version=self.ir_version,
+        return manifest_types.Source(path=path, sha256=self.sha256, size=self.size, ir_version=self.ir_version,
                                opsets=self.opsets, files=[f.as_json() for f in self.files.files])
 
 

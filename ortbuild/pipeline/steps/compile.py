@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortbuild import runtime
-from ortbuild.artifact import manifest
+from ortbuild import machine, runtime
+from ortbuild.artifact import manifest_types
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
 
@@ -32,7 +32,7 @@ class CompileResult:
     seconds: float
     notes: list[str] = field(default_factory=list)
 
-    def as_json(self) -> manifest.Compiled:
+    def as_json(self) -> manifest_types.Compiled:
         return {"provider": self.provider, "device": self.device, "ep_context_nodes": self.ep_context_nodes,
                 "other_nodes": self.other_nodes, "embedded": True, "seconds": round(self.seconds, 3)}
 
@@ -41,18 +41,18 @@ class CompileResult:
         """The provider compiled some node: the artifact is the EPContext model."""
         return self.path is not None
 
-    def manifest_section(self) -> manifest.Compiled | None:
+    def manifest_section(self) -> manifest_types.Compiled | None:
         return self.as_json() if self.compiled else None
 
-    def amend(self, optimization: manifest.Optimization) -> manifest.Optimization:
+    def amend(self, optimization: manifest_types.Optimization) -> manifest_types.Optimization:
         """A compiled blob is native code for its provider, device and CPU: the artifact is tied to them and no
         longer portable."""
         if not self.compiled:
             return optimization
         tied = optimization.tied_to.copy()
         tied["providers"] = sorted({*tied.get("providers", []), self.provider})
-        tied["compiled_for"] = {"provider": self.provider, "device": self.device, "cpu": runtime.cpu_model(),
-                                "simd_level": runtime.simd_level()}
+        tied["compiled_for"] = {"provider": self.provider, "device": self.device, "cpu": machine.cpu_model(),
+                                "simd_level": machine.simd_level()}
         return dataclasses.replace(optimization, portable=False, tied_to=tied)
 
 

@@ -12,13 +12,13 @@ import onnx
 
 from ortbuild import files as files_
 from ortbuild import modelfiles
-from ortbuild.artifact import container, keys, manifest, pieces
+from ortbuild.artifact import container, keys, manifest_types, pieces
 from ortbuild.project.config import Settings
 
 
 @dataclass(frozen=True)
 class EncryptResult:
-    files: tuple[tuple[manifest.ArtifactFile, Path], ...]  # each artifact file and its partial file in out_dir
+    files: tuple[tuple[manifest_types.ArtifactFile, Path], ...]  # each artifact file and its partial file in out_dir
     external: str            # why the artifact's weights are external data ("": they are not)
     deterministic: bool      # SOURCE_DATE_EPOCH asked for reproducible output
 
@@ -27,18 +27,18 @@ class EncryptResult:
         return sum(f.size for f, _ in self.files)
 
     @property
-    def main(self) -> manifest.ArtifactFile:
+    def main(self) -> manifest_types.ArtifactFile:
         return next(f for f, _ in self.files if f.role == "model")
 
-    def artifact_section(self, fmt: str, source_size: int) -> manifest.Artifact:
-        return manifest.Artifact(file=self.main.name, format=fmt, sha256=self.main.sha256, size=self.size,
+    def artifact_section(self, fmt: str, source_size: int) -> manifest_types.Artifact:
+        return manifest_types.Artifact(file=self.main.name, format=fmt, sha256=self.main.sha256, size=self.size,
                                  size_ratio=round(self.size / source_size, 4), files=[f for f, _ in self.files],
                                  external_data=self.external)
 
-    def encryption_section(self, key: keys.EncryptionKey | None) -> manifest.Encryption | None:
+    def encryption_section(self, key: keys.EncryptionKey | None) -> manifest_types.Encryption | None:
         if key is None:
             return None
-        return manifest.Encryption(container="ortbuild-container-v1", algorithm="AES-256-GCM", key_id=key.key_id,
+        return manifest_types.Encryption(container="ortbuild-container-v1", algorithm="AES-256-GCM", key_id=key.key_id,
                                    chunk_size=1 << container.DEFAULT_CHUNK_LOG2, deterministic=self.deterministic,
                                    development_key=key.development)
 
@@ -76,7 +76,7 @@ def run(artifact: Path, settings: Settings, dist: Path, out_dir: Path, work: Pat
                 sha, digests = h.result()
             out.flush()
             os.fsync(out.fileno())
-        entry = manifest.ArtifactFile(name=name, role="external_data" if f.location else "model",
+        entry = manifest_types.ArtifactFile(name=name, role="external_data" if f.location else "model",
                                       location=location, sha256=sha, size=size, encrypted=settings.encrypt,
                                       pieces=digests)
         sealed.append((entry, partial))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import onnx
 
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from ortbuild.project.config import Fusion, Settings
 from ortbuild.project.precisions import Quantizer
 
@@ -57,9 +57,9 @@ class FusionResult:
     reason: str = ""                 # why it was not applied
     notes: list[str] = field(default_factory=list)
 
-    def manifest_section(self) -> manifest.Fusion:
+    def manifest_section(self) -> manifest_types.Fusion:
         """The manifest's `fusion` record."""
-        return manifest.Fusion(model_type=self.model_type, num_heads=self.num_heads, hidden_size=self.hidden_size,
+        return manifest_types.Fusion(model_type=self.model_type, num_heads=self.num_heads, hidden_size=self.hidden_size,
                                applied=self.applied, fused_ops=dict(self.fused_ops), nodes_before=self.nodes_before,
                                nodes_after=self.nodes_after, reason=self.reason)
 

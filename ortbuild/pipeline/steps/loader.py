@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ortbuild.artifact import loaders, manifest
+from ortbuild.artifact import loaders, manifest_types
 from ortbuild.errors import ArtifactError
 from ortbuild.pipeline.steps.reload import ReloadResult
 from ortbuild.project.data import Feed
 
 
-def through_loader(name: str, out_dir: Path, m: manifest.Manifest, feed: Feed, secret: bytes | None,
+def through_loader(name: str, out_dir: Path, m: manifest_types.Manifest, feed: Feed, secret: bytes | None,
                    portable: bool, reference: ReloadResult | None) -> None:
     """Open the published artifact through its generated Python loader and run the golden inputs.
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 
 CONFIG = "required_operators.config"
 TOOL = "onnxruntime.tools.ort_format_model.create_config_from_models"
@@ -40,7 +40,7 @@ class OperatorConfig:
 
     text: str
     type_reduction: bool
-    operators: tuple[manifest.OperatorSet, ...]
+    operators: tuple[manifest_types.OperatorSet, ...]
     made_by: str
     notes: list[str] = field(default_factory=list)
 
@@ -48,15 +48,15 @@ class OperatorConfig:
     def data(self) -> bytes:
         return self.text.encode()
 
-    def manifest_section(self) -> manifest.Operators:
-        return manifest.Operators(config=CONFIG, sha256=hashlib.sha256(self.data).hexdigest(), size=len(self.data),
-                                  type_reduction=self.type_reduction, made_by=self.made_by,
-                                  operators=list(self.operators))
+    def manifest_section(self) -> manifest_types.Operators:
+        return manifest_types.Operators(config=CONFIG, sha256=hashlib.sha256(self.data).hexdigest(),
+                                        size=len(self.data), type_reduction=self.type_reduction,
+                                        made_by=self.made_by, operators=list(self.operators))
 
 
 # ------------------------------------------------------------------------------------------- ORT's format
 
-def _entries(text: str) -> Iterable[tuple[str, manifest.OpTypes | None]]:
+def _entries(text: str) -> Iterable[tuple[str, manifest_types.OpTypes | None]]:
     """The `Op` or `Op{json}` entries of one line's operator list (JSON may hold commas)."""
     cur, end = 0, len(text)
     while cur < end:
@@ -76,26 +76,26 @@ def _entries(text: str) -> Iterable[tuple[str, manifest.OpTypes | None]]:
             cur = comma + 1
 
 
-def parse(text: str) -> list[manifest.OperatorSet]:
+def parse(text: str) -> list[manifest_types.OperatorSet]:
     """The operator sets of a configuration in ORT's format (comments and `!` directives skipped)."""
-    sets: dict[tuple[str, int], manifest.OperatorSet] = {}
+    sets: dict[tuple[str, int], manifest_types.OperatorSet] = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", "!")):
             continue
         domain, opsets, ops = (part.strip() for part in line.split(";", 2))
         for opset in (int(o) for o in opsets.split(",")):
-            s = sets.setdefault((domain, opset), manifest.OperatorSet(domain, opset, []))
+            s = sets.setdefault((domain, opset), manifest_types.OperatorSet(domain, opset, []))
             for op, types in _entries(ops):
                 if op not in s.ops:
                     s.ops.append(op)
                 if types is not None:
                     s.types[op] = types
-    return [manifest.OperatorSet(d, o, sorted(s.ops), dict(sorted(s.types.items())))
+    return [manifest_types.OperatorSet(d, o, sorted(s.ops), dict(sorted(s.types.items())))
             for (d, o), s in sorted(sets.items())]
 
 
-def _type_entry(types: manifest.OpTypes | None) -> str:
+def _type_entry(types: manifest_types.OpTypes | None) -> str:
     """An op's type entry as ORT writes it (`to_config_entry`: inputs then outputs by index, types sorted; or
     OneHot's sorted `custom` triples), "" for none."""
     if not types:
@@ -107,11 +107,11 @@ def _type_entry(types: manifest.OpTypes | None) -> str:
     return json.dumps({k: v for k, v in out.items() if v}) if any(out.values()) else ""
 
 
-def _joined(a: manifest.OpTypes | None, b: manifest.OpTypes) -> manifest.OpTypes:
+def _joined(a: manifest_types.OpTypes | None, b: manifest_types.OpTypes) -> manifest_types.OpTypes:
     """Two type entries of one op joined, as ORT's tracker accumulates the nodes of several models."""
     if a is None:
         return b
-    out: manifest.OpTypes = {}
+    out: manifest_types.OpTypes = {}
     inputs = _union(a.get("inputs", {}), b.get("inputs", {}))
     outputs = _union(a.get("outputs", {}), b.get("outputs", {}))
     if inputs:
@@ -131,11 +131,11 @@ def _union(a: dict[str, list[str]], b: dict[str, list[str]]) -> dict[str, list[s
     return {i: sorted(v) for i, v in idx.items()}
 
 
-def render(sets: Sequence[manifest.OperatorSet], names: Iterable[str], *, typed: bool = True) -> str:
+def render(sets: Sequence[manifest_types.OperatorSet], names: Iterable[str], *, typed: bool = True) -> str:
     """A configuration in ORT's format: its header naming the models, then one line per (domain, opset), op
     types sorted, each op's types (joined over every opset, as ORT tracks them) where `typed`."""
     ops: dict[tuple[str, int], set[str]] = {}
-    types: dict[tuple[str, str], manifest.OpTypes] = {}
+    types: dict[tuple[str, str], manifest_types.OpTypes] = {}
     for s in sets:
         ops.setdefault((s.domain, s.opset), set()).update(s.ops)
         for op, t in s.types.items() if typed else ():
@@ -148,7 +148,7 @@ def render(sets: Sequence[manifest.OperatorSet], names: Iterable[str], *, typed:
     return "".join(lines)
 
 
-def merge(sections: Sequence[manifest.Operators], names: Iterable[str]) -> tuple[str, bool]:
+def merge(sections: Sequence[manifest_types.Operators], names: Iterable[str]) -> tuple[str, bool]:
     """The target's configuration from its models' signed sections (`names`: what the header lists), and whether
     it is typed (every model's was)."""
     typed = bool(sections) and all(s.type_reduction for s in sections)

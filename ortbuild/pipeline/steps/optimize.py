@@ -13,8 +13,8 @@ from typing import assert_never
 
 import onnx
 
-from ortbuild import modelfiles, runtime
-from ortbuild.artifact import manifest
+from ortbuild import machine, modelfiles, runtime
+from ortbuild.artifact import manifest_types
 from ortbuild.pipeline.steps import accounting
 from ortbuild.project import options
 from ortbuild.project.config import Provider, Settings
@@ -28,15 +28,15 @@ class OptimizeResult:
     applied: str
     providers: list[str]              # the providers the optimizing session ran with
     portable: bool                    # True: plain ONNX that any provider can load
-    tied_to: manifest.TiedTo          # {"providers": [...], "simd_level": "..."} where not portable
+    tied_to: manifest_types.TiedTo          # {"providers": [...], "simd_level": "..."} where not portable
     op_domains: dict[str, int]        # node count per domain in the artifact
     notes: list[str] = field(default_factory=list)
     disabled_optimizers: list[str] = field(default_factory=list)
-    inflation: manifest.Inflation | None = None
+    inflation: manifest_types.Inflation | None = None
 
-    def manifest_section(self) -> manifest.Optimization:
+    def manifest_section(self) -> manifest_types.Optimization:
         """The manifest's `optimization` (a compile step that ran amends it: CompileResult.amend)."""
-        return manifest.Optimization(requested=self.requested, applied=self.applied, portable=self.portable,
+        return manifest_types.Optimization(requested=self.requested, applied=self.applied, portable=self.portable,
                                      tied_to=self.tied_to.copy(), optimized_with=self.providers,
                                      op_domains=self.op_domains, disabled_optimizers=self.disabled_optimizers,
                                      inflation=self.inflation)
@@ -47,7 +47,7 @@ COMPILED_AT_LOAD = "cannot serialize compiled nodes"  # the note a compile step 
 GROWTH = 1.02  # weight bytes may grow this much (+ 4 KB: fusions add small constants) before it counts as inflation
 
 
-def inflation(before: Path, after: Path) -> manifest.Inflation | None:
+def inflation(before: Path, after: Path) -> manifest_types.Inflation | None:
     """What constant folding grew: initializers of `after` that `before` computed in the graph (from smaller
     stored weights through Cast / DequantizeLinear / Mul ...), when the weights grew by more than GROWTH. Both are
     ONNX (protobuf) files."""
@@ -57,7 +57,7 @@ def inflation(before: Path, after: Path) -> manifest.Inflation | None:
     if size_b <= GROWTH * size_a + 4096:
         return None
     producers = {o: n for g in accounting.graphs(src.graph) for n in g.node for o in n.output}
-    grown: list[manifest.Grown] = []
+    grown: list[manifest_types.Grown] = []
     for name, (dt, nbytes) in sorted(b.items(), key=lambda kv: -kv[1][1]):
         if name in a and a[name][1] >= nbytes:
             continue
@@ -157,18 +157,18 @@ def run(src: Path, settings: Settings, usable: list[Provider], missing: dict[str
                          "constant_folding = \"on\"")
 
     domains = _domains(out) if onnx_graph else {}
-    tied: manifest.TiedTo = {}
+    tied: manifest_types.TiedTo = {}
     match fmt.serialization:
         case Serialization.FLATBUFFER:  # onnx cannot read it: assume what the level can do
             if not options.LEVEL_RULES[level].portable:
                 tied["providers"] = names
             if options.LEVEL_RULES[level].nchwc:
-                tied["simd_level"] = runtime.simd_level()
+                tied["simd_level"] = machine.simd_level()
         case Serialization.PROTOBUF:  # read off the graph: contrib ops need the providers that fused them,
             if any(d.startswith("com.microsoft") for d in domains):  # NCHWc ops the SIMD width
                 tied["providers"] = names
             if "com.microsoft.nchwc" in domains:
-                tied["simd_level"] = runtime.simd_level()
+                tied["simd_level"] = machine.simd_level()
         case _:
             assert_never(fmt.serialization)
     if settings.rule.quantizer is Quantizer.FP16:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import onnx
 
-from ortbuild import __version__, paths, runtime
-from ortbuild.artifact import loaders, manifest
+from ortbuild import __version__, machine, paths
+from ortbuild.artifact import loaders, manifest, manifest_types
 from ortbuild.pipeline.job import Prepared
 from ortbuild.pipeline.steps import optimize, reload
 from ortbuild.pipeline.steps.check import CheckResult
@@ -28,7 +28,7 @@ from ortbuild.status import ArtifactState
 class Rendered:
     """The manifest to publish and the loaders generated from it."""
 
-    manifest: manifest.Manifest
+    manifest: manifest_types.Manifest
     loader_files: dict[str, str]
 
 
@@ -55,15 +55,15 @@ def notes(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optimize
 
 def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: OptimizeResult, rel: ReloadResult,
              seal: EncryptResult, compiled: CompileResult | None, fused: FusionResult | None,
-             ops: OperatorConfig | None = None) -> manifest.Manifest:
+             ops: OperatorConfig | None = None) -> manifest_types.Manifest:
     """The manifest: the job's facts, and each step result's own section."""
     job, root = prep.job, prep.project.root
     precompiled = compiled is not None and compiled.compiled
     source = job.model.path.resolve().relative_to(root.resolve()) \
         if job.model.path.resolve().is_relative_to(root.resolve()) else job.model.path
     optimization = opt.manifest_section()
-    return manifest.Manifest(
-        project=manifest.ProjectInfo(prep.project.name, prep.project.version),
+    return manifest_types.Manifest(
+        project=manifest_types.ProjectInfo(prep.project.name, prep.project.version),
         epoch=prep.project.epoch,
         target=job.target.name,
         model=job.model.name,
@@ -72,14 +72,14 @@ def assemble(prep: Prepared, src: CheckResult, prec: PrecisionResult, opt: Optim
         source=src.manifest_section(str(source)),
         artifact=seal.artifact_section(job.settings.format, src.size),
         precision=prec.manifest_section(),
-        providers=[manifest.ProviderEntry(name=p.name, options=dict(p.options)) for p in job.settings.providers],
+        providers=[manifest_types.ProviderEntry(name=p.name, options=dict(p.options)) for p in job.settings.providers],
         session=_session_json(prep, precompiled),
         free_dimensions=dict(job.settings.free_dimensions),
         optimization=compiled.amend(optimization) if compiled is not None else optimization,
         io=src.signature,
         golden_run=rel.manifest_section(prep.inputs_sha),
         versions={"ortbuild": __version__, "onnx": onnx.__version__, "onnxruntime": prep.flavor.as_json()},
-        build_machine=runtime.fingerprint(),
+        build_machine=machine.fingerprint(),
         build_key=prep.key,
         build_inputs=prep.key_parts,
         created=manifest.timestamp(),
@@ -103,7 +103,7 @@ def _session_json(prep: Prepared, precompiled: bool) -> dict[str, object]:
     return out
 
 
-def render(m: manifest.Manifest, runtime_text: str) -> Rendered:
+def render(m: manifest_types.Manifest, runtime_text: str) -> Rendered:
     """The loaders, generated from the manifest, and the manifest that describes them."""
     files = loaders.render(m, runtime_text)
     return Rendered(dataclasses.replace(m, loaders=loaders.describe(files, m)), files)

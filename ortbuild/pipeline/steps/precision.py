@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, assert_never
 import onnx
 
 from ortbuild import modelfiles
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest_types
 from ortbuild.pipeline.steps import accounting, streamquant
 from ortbuild.project import precisions
 from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain
 from ortbuild.project.data import Feed
 from ortbuild.project.declare import build
 from ortbuild.project.precisions import PrecisionRule, Quantizer
-from ortbuild.project.settings import OPTIONS_TYPES
+from ortbuild.project.sections import OPTIONS_TYPES
 
 if TYPE_CHECKING:
     from onnxruntime.quantization import QuantType
@@ -48,8 +48,9 @@ class PrecisionResult:
     notes: list[str] = field(default_factory=list)
     changed: accounting.Accounting | None = None  # what the step converted (None: fp32, nothing to convert)
 
-    def manifest_section(self) -> manifest.PrecisionInfo:
-        return manifest.PrecisionInfo(self.precision, self.options, self.changed.as_json() if self.changed else None)
+    def manifest_section(self) -> manifest_types.PrecisionInfo:
+        return manifest_types.PrecisionInfo(self.precision, self.options,
+                                            self.changed.as_json() if self.changed else None)
 
 
 def _save(model: onnx.ModelProto, path: Path, external: bool = False) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ortbuild import modelfiles, runtime
-from ortbuild.artifact import golden, manifest
+from ortbuild.artifact import golden, manifest_types
 from ortbuild.project import options
 from ortbuild.project.config import CustomOps, Provider, Settings
 from ortbuild.project.data import Feed
@@ -33,8 +33,8 @@ class ReloadResult:
     run_seconds: float
     values: list[object] = field(default_factory=list, compare=False, repr=False)  # the outputs themselves
 
-    def manifest_section(self, inputs_sha256: str) -> manifest.GoldenRun:
-        return manifest.GoldenRun(providers=self.providers, outputs=self.outputs, inputs_sha256=inputs_sha256)
+    def manifest_section(self, inputs_sha256: str) -> manifest_types.GoldenRun:
+        return manifest_types.GoldenRun(providers=self.providers, outputs=self.outputs, inputs_sha256=inputs_sha256)
 
 
 class RunFailed(Exception):

@@ -1,8 +1,7 @@
-"""The gates of a generative model (`kinds` generative in ortbuild.gating.gates.catalog): `tokens`, its greedy tokens,
-next-token logits and perplexity against the fp32 source's (ortbuild.gating.measure.tokens), and `generation`, time to
-first token, time per output token, tokens per second and peak memory with the KV cache
-(ortbuild.gating.measure.generation). Each is given the job's Context, opened here instead of by the golden-output run
-of an ONNX model (a generative model has no golden feeds: its golden data are prompts)."""
+"""The tokens gate of a generative model: its greedy tokens, next-token logits and held-out perplexity through
+its generated loader (onnxruntime-genai) against the fp32 source's (transformers), by the precision's `TokenRule`
+(ortbuild.gating.measure.tokens); the prompts' tokens are written and signed as its golden data
+(golden/tokens.json)."""
 
 from __future__ import annotations
 
@@ -10,61 +9,15 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING
 
-from ortbuild import paths
-from ortbuild.artifact import golden, loaders, manifest
+from ortbuild.artifact import golden, manifest
 from ortbuild.errors import ConfigError
-from ortbuild.gating.gates.catalog import Context, Judged
+from ortbuild.gating.protocol import GENERATIVE, Context, Gate, Judged
 from ortbuild.project.generation import Tokens
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
     from ortbuild.gating.measure.tokens import TokenRule
-    from ortbuild.gating.record import TestResult
-    from ortbuild.gating.runner import Tester
     from ortbuild.generative.reference import Reference
-    from ortbuild.pipeline.job import JobResult
-    from ortbuild.project.plan import Job
-
-
-def open_context(tester: Tester, job: Job, res: TestResult, built: dict[str, JobResult]) -> Context:
-    """The Context of a generative artifact: its manifest and generated loader (opened by each gate that asks)."""
-    folder = paths.inside(tester.dist, job.target.name, job.model.name)
-    m, _ = manifest.read(folder)
-    if m.generative is None:
-        raise ConfigError(str(tester.project.file), f"models.{job.model.name}.path",
-                          f"{folder} holds an ONNX model's artifact, and the model is now a generative one",
-                          "rebuild it: `ortbuild build`")
-    res.build_key, res.artifact_sha256 = m.build_key, m.artifact.sha256
-    module = loaders.import_python_loader(loaders.python_path(folder, job.model.name))
-    none = golden.Golden([], "none: a generative model's golden data are its prompts (the tokens gate)", "computed")
-    return Context(tester, job, res, module, none, m, [], built)
-
-
-def generation(ctx: Context) -> Judged:
-    """[targets.X.generation]: TTFT, TPOT, tokens/s (timed in this process through the loader) and peak memory
-    with the KV cache (fresh processes, each opening the artifact through its loader)."""
-    from ortbuild.gating.measure import generation as gen
-    from ortbuild.gating.measure import generation_memory as memory
-
-    gates = ctx.job.settings.gates
-    assert gates is not None
-    g, where = gates.generation, f"targets.{ctx.job.target.name}.generation"
-    budget = gen.GenerationBudget(
-        prompt_tokens=g.prompt_tokens, new_tokens=g.new_tokens, ttft_p50_ms=g.ttft_p50_ms, ttft_p90_ms=g.ttft_p90_ms,
-        ttft_p99_ms=g.ttft_p99_ms, tpot_p50_ms=g.tpot_p50_ms, tpot_p90_ms=g.tpot_p90_ms, tpot_p99_ms=g.tpot_p99_ms,
-        min_tokens_per_second=g.min_tokens_per_second, max_memory_mb=g.max_memory_mb,
-        context_length=g.context_length, confidence=g.confidence, min_samples=g.min_samples,
-        max_seconds=g.max_seconds)
-    config = gen.read_config(ctx.folder / "genai_config.json")
-    problem = gen.shape_problem(budget, config)
-    if problem:
-        raise ConfigError(str(ctx.project.file), where, f"{problem} (model '{ctx.job.model.name}')",
-                          "state lengths the model's context holds")
-    opened = ctx.open()
-    child = memory.Opener(str(loaders.python_path(ctx.folder, ctx.job.model.name)), "load",
-                          {"folder": str(ctx.folder)}, ctx.secret, "model")
-    return gen.judge(lambda: opened.model, config, budget, child=child, name=ctx.job.name, where=f"[{where}]",
-                     quick=ctx.quick, progress=lambda text: ctx.progress(ctx.job.name, text))
 
 
 # the fp32 reference of a model, per (source, prompts, tokens, held-out text): once per `ortbuild test` run
@@ -121,7 +74,7 @@ def tokens(ctx: Context) -> Judged:
         except ImportError as e:
             why = f"the fp32 reference needs torch and transformers ({e}): nox installs them into a generative " \
                   "target's venv"
-            return Verdict.SKIPPED, {"summary": str(Verdict.SKIPPED), "note": why}, []
+            return Judged(Verdict.SKIPPED, {"summary": str(Verdict.SKIPPED), "note": why}, [])
         except ValueError as e:
             raise ConfigError(config, f"targets.{job.target.name}.tokens.max_tokens", str(e),
                               f"lower it, or shorten the prompt in {job.model.inputs}") from None
@@ -136,7 +89,7 @@ def tokens(ctx: Context) -> Judged:
                                   "budget": dataclasses.asdict(rule)}
     failures = [f"tokens: {job.name}: {lines[0].removeprefix('tokens: ')}", *lines[1:]] \
         if verdict is Verdict.FAIL else []
-    return verdict, section, failures
+    return Judged(verdict, section, failures)
 
 
 def _write_golden(ctx: Context, ref: Reference, artifact: list[list[int]]) -> None:
@@ -152,12 +105,15 @@ def _write_golden(ctx: Context, ref: Reference, artifact: list[list[int]]) -> No
     sk, folder, dist = ctx.tester.sign_key, ctx.folder, ctx.dist
     golden.write_files(folder, {golden.TOKENS_JSON: blob}, meta, root=dist, sign=None if sk is None else
                        lambda files: manifest.sign_golden(folder, files, sk.sign, sk.public_raw, root=dist))
-    ctx.result.golden = {"made_by": meta["made_by"], "source": "computed",
-                         "digest": hashlib.sha256(blob).hexdigest(), "data_sets": [golden.TOKENS_JSON],
-                         "dir": str(folder / golden.GOLDEN_DIR)}
+    ctx.golden_doc = {"made_by": meta["made_by"], "source": "computed",
+                      "digest": hashlib.sha256(blob).hexdigest(), "data_sets": [golden.TOKENS_JSON],
+                      "dir": str(folder / golden.GOLDEN_DIR)}
 
 
-def judge_tokens(tester: Tester, job: Job, res: TestResult) -> tuple[Verdict, str]:
-    """The tokens gate alone (the search judges by it): its verdict and summary."""
-    verdict, section, _ = tokens(open_context(tester, job, res, {}))
-    return Verdict(verdict), str(section.get("summary", ""))
+def summarized(judged: Judged) -> tuple[Verdict, str]:
+    """The tokens gate's verdict and summary (the generative search judges by them)."""
+    return Verdict(judged.verdict), str(judged.section.get("summary", ""))
+
+
+GATE = Gate("tokens", "a generative model's greedy tokens, next-token logits and perplexity against the fp32 source's",
+            tokens, lambda g: True, kinds=GENERATIVE)
