@@ -9,7 +9,13 @@
 - exit codes by name: no number but 0 spelled as an exit code outside ortbuild/errors.py;
 - import purity: each module whose docstring promises "stdlib only" (or "stdlib + packaging only") imports in
   an interpreter where nothing else can be imported;
-- typed hand-offs: at most MAX_ANY uses of `typing.Any` per 1,000 lines (nox's own density; issue 37).
+- typed hand-offs: at most MAX_ANY uses of `typing.Any` per 1,000 lines (nox's own density; issue 37);
+- no ring at any level, `if TYPE_CHECKING:` imports counted: among modules, and among the modules and
+  subpackages of each package (issue 54);
+- no string-named import of an ortbuild module and no `getattr` dispatch (the gates are a registry of imports);
+- at most MAX_REEXPORTS re-exports (`from m import X as X`): a name is imported from the module that defines it;
+- no module within 10% of the cap (NEAR_CAP lines) unless it is a table (TABLES);
+- docs/design.md's counts of gates, steps and targets are the code's.
 
 Each check is a helper over a source tree, tested on a tiny synthetic package first, so a failure on ortbuild
 is the package's, not the check's.
@@ -32,6 +38,11 @@ from tests.conftest import REPO
 PACKAGE = "ortbuild"
 MAX_LINES = 450
 MAX_ANY = 12.5                        # `Any` per 1,000 lines of the package (nox: 12.5, cibuildwheel: 3.0)
+NEAR_CAP = MAX_LINES * 9 // 10        # 405: a module this long is split by concept before it reaches the cap
+TABLES: dict[str, str] = {}           # modules allowed past NEAR_CAP because they are a table: path -> why
+MAX_REEXPORTS = 0                     # `from m import X as X` / `import X as X`: none (issue 54: 82 before)
+# the modules that import what the user names: a plugin EP's package, a custom metric's "package.module:function"
+PLUGIN_IMPORTS = frozenset({"ortbuild/runtime.py", "ortbuild/gating/measure/taskmetrics.py"})
 # The status strings (ortbuild/status.py's enum values): JobStatus, Verdict, ProfileStatus.
 STATUS_WORDS = frozenset({"PASS", "FAIL", "INCONCLUSIVE", "SKIPPED", "PROFILED", "FAILED",
                           "built", "pulled", "up-to-date", "portable", "skipped", "failed", "complete"})
@@ -89,7 +100,7 @@ def _from_module(name: str, is_pkg: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _imports(root: Path, package: str) -> list[Import]:
+def _imports(root: Path, package: str, type_checking: bool = False) -> list[Import]:
     """Every import of one of the package's modules, resolved to the module it loads: `from a.b import c`
     is module `a.b.c` when that file or package exists, else `a.b`. Relative imports are resolved against
     the importing module's package. (Importing `a.b.c` also runs `a` and `a.b`'s __init__; those implicit
@@ -100,7 +111,8 @@ def _imports(root: Path, package: str) -> list[Import]:
         text = path.read_text()
         lines = text.splitlines()
         is_pkg = path.name == "__init__.py"
-        for node in _runtime_nodes(ast.parse(text, filename=str(path))):
+        tree = ast.parse(text, filename=str(path))
+        for node in (ast.walk(tree) if type_checking else _runtime_nodes(tree)):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -152,10 +164,11 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-def import_cycles(root: Path, package: str) -> list[str]:
+def import_cycles(root: Path, package: str, type_checking: bool = False) -> list[str]:
     """One message per cycle (a component of more than one module, or a module importing itself), naming
-    its modules and the import statements that close it."""
-    imports = _imports(root, package)
+    its modules and the import statements that close it; `type_checking`: `if TYPE_CHECKING:` imports count
+    (a ring kept legal only by them is still a ring of the design)."""
+    imports = _imports(root, package, type_checking)
     graph: dict[str, set[str]] = {m: set() for m in _modules(root, package)}
     for imp in imports:
         graph[imp.source].add(imp.target)
@@ -167,6 +180,73 @@ def import_cycles(root: Path, package: str) -> list[str]:
         edges = sorted({imp.where for imp in imports if imp.source in members and imp.target in members})
         problems.append(f"cycle among {', '.join(component)}:\n    " + "\n    ".join(edges))
     return problems
+
+
+def package_cycles(root: Path, package: str) -> list[str]:
+    """Rings one level up: for each package, among its direct modules and subpackages (a subpackage stands for
+    every module in it), `if TYPE_CHECKING:` imports counted. One message per ring, naming its members and the
+    imports that close it."""
+    imports = _imports(root, package, type_checking=True)
+    packages = sorted({m for m, p in _modules(root, package).items() if p.name == "__init__.py"})
+    problems = []
+    for pkg in packages:
+        def child(module: str, pkg: str = pkg) -> str | None:
+            if not module.startswith(pkg + "."):
+                return None
+            return pkg + "." + module[len(pkg) + 1:].split(".")[0]
+        graph: dict[str, set[str]] = {}
+        edges: dict[tuple[str, str], list[str]] = {}
+        for imp in imports:
+            a, b = child(imp.source), child(imp.target)
+            if a is not None and b is not None and a != b:
+                graph.setdefault(a, set()).add(b)
+                graph.setdefault(b, set())
+                edges.setdefault((a, b), []).append(imp.where)
+        for component in _strongly_connected(graph):
+            if len(component) > 1:
+                members = set(component)
+                closing = sorted(w for (a, b), ws in edges.items() if a in members and b in members for w in ws)
+                problems.append(f"ring in {pkg} among {', '.join(component)}:\n    " + "\n    ".join(closing))
+    return problems
+
+
+def dynamic_dispatch(root: Path, files: list[Path], plugins: frozenset[str] = PLUGIN_IMPORTS) -> list[str]:
+    """Code found by strings: `importlib.import_module` / `__import__` of one of the package's modules (a
+    string naming it, or a name computed at run time outside the modules that import a plugin the user names),
+    and `getattr(x, name)(...)`, a function looked up by name and called."""
+    found = []
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _called_name(node.func)
+            bad = False
+            if name in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant):
+                    bad = isinstance(arg.value, str) and arg.value.split(".")[0] == PACKAGE
+                else:
+                    bad = rel not in plugins
+            elif isinstance(node.func, ast.Call) and _called_name(node.func.func) == "getattr":
+                bad = True
+            if bad:
+                found.append(f"{rel}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return found
+
+
+def reexports(root: Path, package: str) -> list[str]:
+    """`from m import X as X` and `import X as X`: a name passed through a module instead of imported from the
+    one that defines it."""
+    found = []
+    for path in _modules(root, package).values():
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                found += [f"{rel}:{node.lineno}: {a.name} as {a.asname}" for a in node.names
+                          if a.asname is not None and a.asname == a.name]
+    return sorted(found)
 
 
 def oversized_modules(root: Path, package: str, limit: int = MAX_LINES) -> list[str]:
@@ -399,16 +479,21 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def layer_of(module: str) -> int:
-    """The index in LAYERS of the layer a module belongs to (the longest matching prefix wins)."""
-    best, length = -1, -1
+def _layer_prefix(module: str) -> tuple[int, str]:
+    """The index in LAYERS of the layer a module belongs to and the prefix that matched (the longest wins)."""
+    best, found = -1, ""
     for i, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > length:
-                best, length = i, len(prefix)
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(found):
+                best, found = i, prefix
     if best < 0:
         raise AssertionError(f"{module} belongs to no layer: add it to LAYERS (and to docs/design.md)")
-    return best
+    return best, found
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the layer a module belongs to (the longest matching prefix wins)."""
+    return _layer_prefix(module)[0]
 
 
 def upward_imports(root: Path, package: str) -> list[str]:
@@ -471,7 +556,8 @@ def design_table_problems(doc: str, modules: list[str]) -> list[str]:
     """Where docs/design.md's table of layers and modules ("Parts and layers") and the package differ: a module
     (other than a package's __init__ and __main__) the table does not name in its layer's rows, and a file the
     table names in a layer that has no such module there. A row names its modules as `file.py` in its second
-    column; the `steps/` row names the step modules by their step names, in its third."""
+    column, by its path below its layer's folder (`record.py`, `gates/latency.py`); the `steps/` row names the
+    step modules by their step names, in its third."""
     section = doc.split("## Parts and layers", 1)[-1].split("\n## ", 1)[0]
     layer_names = [name for name, _ in LAYERS]
     named: set[tuple[str, str]] = set()   # (layer, file name)
@@ -483,7 +569,7 @@ def design_table_problems(doc: str, modules: list[str]) -> list[str]:
         if cells[0]:
             layer = cells[0].split()[0]
         assert layer in layer_names, f"docs/design.md: a row of no known layer: {line}"
-        named |= {(layer, n) for n in re.findall(r"`([\w.]+\.py)`", cells[1])}
+        named |= {(layer, n) for n in re.findall(r"`([\w./]+\.py)`", cells[1])}
         if "`steps/`" in cells[1]:
             named |= {("pipeline", f"steps/{n}.py") for n in re.findall(r"`(\w+)`", cells[2])}
     found: set[tuple[str, str]] = set()
@@ -492,8 +578,10 @@ def design_table_problems(doc: str, modules: list[str]) -> list[str]:
         parts = module.split(".")
         if parts[-1] in ("__init__", "__main__") and module != "ortbuild.cli.__init__":
             continue
-        where = LAYERS[layer_of(module)][0]
-        file = f"{parts[-1]}.py" if parts[-2:-1] != ["steps"] else f"steps/{parts[-1]}.py"
+        index, prefix = _layer_prefix(module)
+        where = LAYERS[index][0]
+        below = module[len(prefix) + 1:].split(".") if module != prefix else parts[-1:]
+        file = "/".join(below) + ".py" if len(below) > 1 else f"{parts[-1]}.py"
         if (where, file) in named:
             found.add((where, file))
         else:
@@ -787,3 +875,85 @@ def test_no_module_imports_another_modules_private_names() -> None:
     found = private_imports(REPO, PACKAGE)
     assert not found, ("private names used across modules (make the name public, or move it where it is "
                        "used):\n  " + "\n  ".join(found))
+
+
+# ---- issue 54's fitness checks: what drifted in the test half (rings kept legal by TYPE_CHECKING, gates found by
+# strings, re-exports, modules kept just under the cap by splitting), and the design doc's counts
+
+
+def test_rings_counting_type_checking_imports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n",
+        "pkg/e.py": "import pkg.d\n",
+        "pkg/low/__init__.py": "", "pkg/low/x.py": "def f():\n    from pkg.high import y\n",
+        "pkg/high/__init__.py": "", "pkg/high/y.py": "from pkg.low import z\n", "pkg/low/z.py": "",
+    })
+    assert import_cycles(root, "pkg") == []       # at run time, no module imports itself through a chain
+    [ring] = import_cycles(root, "pkg", type_checking=True)
+    assert ring.startswith("cycle among pkg.d, pkg.e:")
+    rings = package_cycles(root, "pkg")  # low -> high -> low one level up (x -> y, y -> z), and d <-> e
+    assert any(r.startswith("ring in pkg among pkg.high, pkg.low:") and "pkg/low/x.py:2" in r for r in rings)
+    assert any(r.startswith("ring in pkg among pkg.d, pkg.e:") for r in rings) and len(rings) == 2
+
+
+def test_no_ring_at_any_level_counting_type_checking_imports() -> None:
+    rings = import_cycles(REPO, PACKAGE, type_checking=True) + package_cycles(REPO, PACKAGE)
+    assert not rings, "rings (TYPE_CHECKING imports counted):\n" + "\n".join(rings)
+
+
+def test_dynamic_dispatch_is_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "ortbuild/__init__.py": "",
+        "ortbuild/a.py": ("import importlib\nm = importlib.import_module('ortbuild.gates')\n"
+                          "n = importlib.import_module('numpy')\nk = importlib.import_module(name)\n"
+                          "r = getattr(tester, 'judge_latency')(ctx)\nv = getattr(os, 'O_NOFOLLOW', 0)\n"),
+        "ortbuild/runtime.py": "import importlib\np = importlib.import_module(plugin.module)\n",
+    })
+    files = sorted((root / "ortbuild").glob("*.py"))
+    assert dynamic_dispatch(root, files) == [
+        "ortbuild/a.py:2: m = importlib.import_module('ortbuild.gates')",
+        "ortbuild/a.py:4: k = importlib.import_module(name)",
+        "ortbuild/a.py:5: r = getattr(tester, 'judge_latency')(ctx)"]
+
+
+def test_no_code_is_found_by_strings() -> None:
+    found = dynamic_dispatch(REPO, _package_files())
+    assert not found, ("string-named imports or getattr dispatch (import the module, or list it in a registry "
+                       "of imports):\n  " + "\n  ".join(found))
+
+
+def test_reexports_are_found_in_a_synthetic_package(tmp_path: Path) -> None:
+    root = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": (
+        "from pkg.b import X as X\nimport os.path as path\nfrom pkg.b import Y as Z\nimport json as json\n")})
+    assert reexports(root, "pkg") == ["pkg/a.py:1: X as X", "pkg/a.py:4: json as json"]
+
+
+def test_at_most_max_reexports() -> None:
+    found = reexports(REPO, PACKAGE)
+    assert len(found) <= MAX_REEXPORTS, (f"{len(found)} re-exports, at most {MAX_REEXPORTS} (import each name from "
+                                         "the module that defines it):\n  " + "\n  ".join(found))
+
+
+def test_no_module_within_ten_percent_of_the_cap_unless_a_table() -> None:
+    near = [line for line in oversized_modules(REPO, PACKAGE, NEAR_CAP) if line.split(":")[0] not in TABLES]
+    assert not near, (f"modules over {NEAR_CAP} lines, 10% from the {MAX_LINES}-line cap (split them by concept "
+                      "before they reach it):\n" + "\n".join(near))
+
+
+def design_counts(doc: str) -> dict[str, int]:
+    """The counts docs/design.md states in its "Counts" line: `N gates`, `N steps`, `N generative steps`,
+    `N targets`."""
+    line = next((ln for ln in doc.splitlines() if ln.startswith("Counts")), "")
+    return {what: int(n) for n, what in re.findall(r"\*\*(\d+)\*\* (gates|steps|generative steps|targets)", line)}
+
+
+def test_the_design_doc_states_the_codes_counts_of_gates_steps_and_targets() -> None:
+    from ortbuild.gating.gates import registry
+    from ortbuild.pipeline import genai, stages
+    from ortbuild.project import config
+
+    stated = design_counts((REPO / "docs" / "design.md").read_text())
+    actual = {"gates": len(registry.GATES), "steps": len(stages.PIPELINE), "generative steps": len(genai.GENERATIVE),
+              "targets": len(config.load(REPO / "targets.toml").targets)}
+    assert stated == actual, f"docs/design.md's Counts line says {stated}; the code has {actual}"

@@ -17,6 +17,7 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
 from ortbuild.gating.search import explain
+from ortbuild.gating.search.base import Budget
 from ortbuild.project import config
 from ortbuild.project.plan import Job
 from tests.conftest import here_runtime, run_cli
@@ -129,14 +130,14 @@ def test_layerwise_error_points_at_where_the_error_shows(tmp_path: Path) -> None
 
 
 def _search(passing: set[frozenset[str]], layers: list[explain.Layer], op_keys: bool,
-            max_rebuilds: int = 50) -> tuple[explain.Search, tuple[list[str], list[str]] | None]:
+            max_rebuilds: int = 50) -> tuple[explain.Bisection, tuple[list[str], list[str]] | None]:
     members = {x.op_type: {y.node for y in layers if y.op_type == x.op_type} for x in layers}
 
     def trial(nodes: list[str], ops: list[str]) -> tuple[bool, str]:
         kept = set(nodes) | {n for o in ops for n in members[o]}
         return any(p <= kept for p in passing), "-"
 
-    s = explain.Search(trial, max_rebuilds, 60.0, lambda m: None)
+    s = explain.Bisection(trial, Budget(max_rebuilds, 60.0).start(), lambda m: None)
     return s, s.search(layers, op_keys)
 
 
@@ -401,7 +402,7 @@ def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
     def graph(nodes: list[str], ops: list[str]) -> str:
         return ",".join(sorted(changed & set(nodes))) or "baseline"
 
-    s = explain.Search(trial, 50, 60.0, messages.append, graph=graph, graphs={"baseline": -1})
+    s = explain.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
     assert not s.run(["b1"], [])           # the failing artifact's graph: its verdict, no rebuild
     assert s.run(["m1", "b1"], [])         # a new graph: rebuilt
     assert s.run(["m1", "a2"], [])         # the same graph as that rebuild: its verdict
@@ -413,13 +414,13 @@ def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
         in messages
     # the search's own candidates: whatever they are, every rebuild is a graph not tried before
     rebuilt.clear()
-    s = explain.Search(trial, 50, 60.0, messages.append, graph=graph, graphs={"baseline": -1})
+    s = explain.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
     s.search(LAYERS, op_keys=False)
     assert len({graph(n, []) for n in rebuilt}) == len(rebuilt) and "baseline" not in {graph(n, []) for n in rebuilt}
 
 
 def _predicted(layers: list[explain.Layer], passing: set[str]) -> tuple[list[explain.Layer],
-                                                                        explain.Search, list[list[str]]]:
+                                                                        explain.Bisection, list[list[str]]]:
     """Layers with predictions (the set passes when it holds `passing`), ranked; a search that rebuilds with the
     same verdicts, and the sets it rebuilt."""
     def predict(nodes: list[str]) -> explain.Prediction:
@@ -433,7 +434,7 @@ def _predicted(layers: list[explain.Layer], passing: set[str]) -> tuple[list[exp
         rebuilt.append(nodes)
         return passing <= set(nodes), "-"
 
-    return ranked, explain.Search(trial, 50, 60.0, lambda m: None, predict=predict), rebuilt
+    return ranked, explain.Bisection(trial, Budget(50, 60.0).start(), lambda m: None, predict=predict), rebuilt
 
 
 def test_the_first_rebuild_is_the_fewest_top_ranked_nodes_predicted_to_pass() -> None:

@@ -13,6 +13,7 @@ from ortbuild.gating import record
 from ortbuild.gating.gates import registry
 from ortbuild.gating.protocol import Gate, Judged
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import cells as table_cells
 from ortbuild.gating.reports import report, selection
 from ortbuild.publish import release_index
 
@@ -53,8 +54,8 @@ def test_a_gate_in_the_registry_alone_reaches_every_reader(probe: Gate) -> None:
     r.sections["probe"] = {"verdict": "FAIL", "summary": "41/s < 50/s", "budget": {"min_per_second": 50},
                            "observed": 41.0}
     row = {**r.as_json(), "delta": None}
-    assert report.verdict_cell(TestResult.from_json(row)) == "FAIL (probe)"
-    head, [cells] = report.text_table([row], None)  # type: ignore[list-item]
+    assert table_cells.verdict_cell(TestResult.from_json(row)) == "FAIL (probe)"
+    head, [cells] = table_cells.text_table([row], None)  # type: ignore[list-item]
     assert cells[head.index("more gates")] == "probe 41/s < 50/s"
     page = report.render_html({"created": "now", "counts": {}, "comparison": None, "results": [row],  # type: ignore[list-item]
                                "environments": {}, "profiles": []})
@@ -67,5 +68,5 @@ def test_a_gate_in_the_registry_alone_reaches_every_reader(probe: Gate) -> None:
 
 def test_the_more_gates_column_is_left_out_while_no_row_has_one() -> None:
     row = {**TestResult("cpu", "m", "fp32").as_json(), "delta": None}
-    head, _ = report.text_table([row], None)  # type: ignore[list-item]
+    head, _ = table_cells.text_table([row], None)  # type: ignore[list-item]
     assert "more gates" not in head

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ortbuild.gating.measure import load, percentiles
 from ortbuild.gating.measure import sampling as latency
 
 
@@ -23,12 +24,13 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(max(k + 1, 0)))
 
 
-def _relative_verdict(mine: list[float], reference: list[float], ratio: float, c: float) -> latency.PercentileVerdict:
+def _relative_verdict(mine: list[float], reference: list[float], ratio: float,
+                      c: float) -> percentiles.PercentileVerdict:
     """"reference median / my median >= ratio" as the gate decides it: a relative budget's values (the median
     of ratio * mine_i / reference_i must be at most 1) under the percentile verdict."""
-    budget = latency.Budget("relative", 0.5, ratio, "reference")
+    budget = percentiles.Budget("relative", 0.5, ratio, "reference")
     scaled, limit = budget.values({"mine": mine, "reference": reference}, "mine")
-    return latency.percentile_verdict(scaled, 0.5, limit, c)
+    return percentiles.percentile_verdict(scaled, 0.5, limit, c)
 
 
 def _samples(n: int, median: float = 1.0, seed: int = 0) -> list[float]:
@@ -38,32 +40,32 @@ def _samples(n: int, median: float = 1.0, seed: int = 0) -> list[float]:
 
 def test_order_statistics_match_loadgen() -> None:
     # MLPerf LoadGen's early stopping: 64 samples can bound p90 at 99% confidence, p99 needs 459+
-    assert latency.upper_rank(64, 0.9, 0.99) == 63
-    assert latency.upper_rank(43, 0.9, 0.99) is None
-    assert latency.min_samples_to_bound(0.9, 0.99) == 44 and latency.min_samples_to_bound(0.99, 0.99) == 459
-    assert latency.planned_samples([0.99], 0.99, 0) == 689 and latency.planned_samples([], 0.99, 0) == 100
-    assert latency.planned_samples([0.9], 0.99, 250) == 250
+    assert percentiles.upper_rank(64, 0.9, 0.99) == 63
+    assert percentiles.upper_rank(43, 0.9, 0.99) is None
+    assert percentiles.min_samples_to_bound(0.9, 0.99) == 44 and percentiles.min_samples_to_bound(0.99, 0.99) == 459
+    assert percentiles.planned_samples([0.99], 0.99, 0) == 689 and percentiles.planned_samples([], 0.99, 0) == 100
+    assert percentiles.planned_samples([0.9], 0.99, 250) == 250
     # the bound really holds: P(Binom(n, p) <= k-1) >= c
-    k = latency.upper_rank(1000, 0.9, 0.99)
+    k = percentiles.upper_rank(1000, 0.9, 0.99)
     assert k is not None and _binom_cdf(k - 1, 1000, 0.9) >= 0.99 > _binom_cdf(k - 2, 1000, 0.9)
 
 
 def test_budget_well_above_passes_below_fails() -> None:
     xs = _samples(300)
-    assert latency.percentile_verdict(xs, 0.9, 2.0, 0.99).verdict == latency.PASS
-    v = latency.percentile_verdict(xs, 0.9, 0.5, 0.99)  # an absolute budget below what is measured
+    assert percentiles.percentile_verdict(xs, 0.9, 2.0, 0.99).verdict == latency.PASS
+    v = percentiles.percentile_verdict(xs, 0.9, 0.5, 0.99)  # an absolute budget below what is measured
     assert v.verdict == latency.FAIL and v.exceeding == 300 and v.lower is not None and v.lower > 0.5
 
 
 def test_budget_at_the_percentile_is_inconclusive_with_how_many_more_samples() -> None:
     xs = sorted(_samples(300))
-    near = latency.percentile_verdict(xs, 0.9, xs[275], 0.99)  # between p90 and its 99% upper bound
+    near = percentiles.percentile_verdict(xs, 0.9, xs[275], 0.99)  # between p90 and its 99% upper bound
     assert near.verdict == latency.INCONCLUSIVE
     assert near.more_samples is not None and near.more_samples > 0 and "more samples" in near.note
     # that many more samples at the observed exceedance rate decide it (the same samples, repeated)
     more = xs * math.ceil((300 + near.more_samples) / 300)
-    assert latency.percentile_verdict(more, 0.9, near.budget, 0.99).verdict == latency.PASS
-    too_few = latency.percentile_verdict(xs[:20], 0.99, 10.0, 0.99)
+    assert percentiles.percentile_verdict(more, 0.9, near.budget, 0.99).verdict == latency.PASS
+    too_few = percentiles.percentile_verdict(xs[:20], 0.99, 10.0, 0.99)
     assert too_few.verdict == latency.INCONCLUSIVE and too_few.upper is None
 
 
@@ -73,7 +75,8 @@ def test_a_verdict_as_json_holds_every_field_in_order() -> None:
     import dataclasses
 
     xs = sorted(_samples(300))
-    for v in (latency.percentile_verdict(xs, 0.9, xs[275], 0.99), latency.percentile_verdict(xs[:20], 0.99, 10, 0.99)):
+    for v in (percentiles.percentile_verdict(xs, 0.9, xs[275], 0.99),
+              percentiles.percentile_verdict(xs[:20], 0.99, 10, 0.99)):
         assert latency.as_json(v) == dataclasses.asdict(v)
         assert list(latency.as_json(v)) == [f.name for f in dataclasses.fields(v)]
 
@@ -87,7 +90,7 @@ def test_relative_budget_from_paired_samples() -> None:
 
 @pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
 def test_lower_bound_is_below_upper_bound(p: float) -> None:
-    lo, up = latency.lower_rank(2000, p, 0.99), latency.upper_rank(2000, p, 0.99)
+    lo, up = percentiles.lower_rank(2000, p, 0.99), percentiles.upper_rank(2000, p, 0.99)
     assert lo is not None and up is not None and lo < math.ceil(p * 2000) <= up
 
 
@@ -115,7 +118,7 @@ def _lognormal(median: float, seed: int) -> Iterator[float]:
         yield median * rng.lognormvariate(0, 0.1)
 
 
-def _sample(budgets: list[latency.Budget], durations: dict[str, Iterator[float]], plan: latency.Plan,
+def _sample(budgets: list[percentiles.Budget], durations: dict[str, Iterator[float]], plan: latency.Plan,
             load: float = 1.0) -> latency.Attempt:
     clock = FakeClock()
     return latency.sample({n: clock.run(d) for n, d in durations.items()}, "a", budgets, plan, clock=clock,
@@ -123,18 +126,18 @@ def _sample(budgets: list[latency.Budget], durations: dict[str, Iterator[float]]
 
 
 def test_look_shares_add_up_to_the_stated_error() -> None:
-    assert latency.look_confidence(0.99, 1) == pytest.approx(0.995)
-    assert latency.look_confidence(0.99, 2) == pytest.approx(1 - 0.01 / 6)
-    assert sum(1 - latency.look_confidence(0.99, k) for k in range(1, 100_000)) == pytest.approx(0.01, rel=1e-4)
-    looks = latency.checkpoints(20, 100)
+    assert percentiles.look_confidence(0.99, 1) == pytest.approx(0.995)
+    assert percentiles.look_confidence(0.99, 2) == pytest.approx(1 - 0.01 / 6)
+    assert sum(1 - percentiles.look_confidence(0.99, k) for k in range(1, 100_000)) == pytest.approx(0.01, rel=1e-4)
+    looks = percentiles.checkpoints(20, 100)
     assert [next(looks) for _ in range(6)] == [20, 40, 80, 100, 160, 320]
-    looks = latency.checkpoints(250, 250)
+    looks = percentiles.checkpoints(250, 250)
     assert [next(looks) for _ in range(3)] == [250, 500, 1000]
 
 
 def test_an_impossible_budget_fails_at_the_first_look() -> None:
     # min_seconds is a minute of (fake) time: a decided verdict does not wait for it
-    a = _sample(latency.budgets_of({0.9: 0.0001}), {"a": _lognormal(0.25, 0)}, latency.Plan(min_seconds=60))
+    a = _sample(percentiles.budgets_of({0.9: 0.0001}), {"a": _lognormal(0.25, 0)}, latency.Plan(min_seconds=60))
     v = a.verdicts["p90"]
     assert v.verdict == latency.FAIL and v.samples == 20 < 100 and a.early and a.looks == 1
     assert v.confidence == 0.99 and v.lower_confidence == pytest.approx(0.995)  # the first look's share
@@ -142,14 +145,14 @@ def test_an_impossible_budget_fails_at_the_first_look() -> None:
 
 
 def test_a_clear_pass_stops_early_and_an_undecided_budget_runs_the_plan() -> None:
-    a = _sample(latency.budgets_of({0.9: 1000.0}), {"a": _lognormal(1.0, 1)}, latency.Plan(min_seconds=60))
+    a = _sample(percentiles.budgets_of({0.9: 1000.0}), {"a": _lognormal(1.0, 1)}, latency.Plan(min_seconds=60))
     v = a.verdicts["p90"]
     # p90 can be bounded from above at its first PASS look's confidence 0.995 from 51 samples: the look at 80
     assert v.verdict == latency.PASS and v.samples == 80 and a.early
     assert v.upper_confidence == pytest.approx(0.995) and v.lower_confidence is not None and v.lower_confidence > 0.995
     # p90 of this lognormal is 1.137 (median 1): a budget on it cannot be decided, the plan runs to its end
     # (at least 100 samples and min_seconds, at a look: 2 s of 1 ms runs -> the look at 2560)
-    a = _sample(latency.budgets_of({0.9: 1.137}), {"a": _lognormal(1.0, 2)}, latency.Plan(min_seconds=2))
+    a = _sample(percentiles.budgets_of({0.9: 1.137}), {"a": _lognormal(1.0, 2)}, latency.Plan(min_seconds=2))
     v = a.verdicts["p90"]
     assert v.verdict == latency.INCONCLUSIVE and not a.early and v.samples == 2560 and "more samples" in v.note
     # no budget: a brief sample (BRIEF_RUNS runs at most), the percentiles reported, min_seconds not waited for
@@ -158,7 +161,7 @@ def test_a_clear_pass_stops_early_and_an_undecided_budget_runs_the_plan() -> Non
     a = _sample([], {"a": _lognormal(1.0, 3)}, latency.Plan(min_samples=5, min_seconds=0))
     assert len(a.series["a"].samples) == 5 and a.looks == 0
     # min_samples: the first look (no verdict earlier)
-    a = _sample(latency.budgets_of({0.9: 0.0001}), {"a": _lognormal(0.25, 0)}, latency.Plan(min_samples=250))
+    a = _sample(percentiles.budgets_of({0.9: 0.0001}), {"a": _lognormal(0.25, 0)}, latency.Plan(min_samples=250))
     assert a.verdicts["p90"].samples == 250
 
 
@@ -178,7 +181,7 @@ def test_without_a_budget_latency_is_measured_briefly_bounded_by_runs_and_by_tim
     assert samples(3000.0) == 1                 # a 3 s model: one run, never none
     assert samples(3000.0, latency.Plan(min_samples=3)) == 3  # min_samples asks for more: taken
     # a budget still samples to a verdict: p90 1000x the latency passes at its first PASS look, 80
-    a = _sample(latency.budgets_of({0.9: 3e6}), {"a": _constant(3000.0)}, latency.Plan())
+    a = _sample(percentiles.budgets_of({0.9: 3e6}), {"a": _constant(3000.0)}, latency.Plan())
     assert len(a.series["a"].samples) == 80 and a.verdicts["p90"].verdict == latency.PASS
 
 
@@ -202,16 +205,17 @@ def test_the_line_before_sampling_says_what_each_budget_needs_and_how_long() -> 
     from ortbuild.gating.measure.sampling import said_before as latency_plan_said
 
     warmed = latency.Warmed({"a": 3500.0}, {"a": 3000.0})  # the estimate: the warm-up runs' median
-    said = latency_plan_said("test_data_set_0", latency.budgets_of({0.99: 5000.0}), latency.Plan(), warmed)
+    said = latency_plan_said("test_data_set_0", percentiles.budgets_of({0.99: 5000.0}), latency.Plan(), warmed)
     assert said == ("latency on test_data_set_0 (3.0 s a run): p99 budget needs at least 640 samples to PASS "
                     "(about 32 min); undecided, at most 689 (about 34 min); a FAIL can stop at 20")
     quick = latency.plan_of(0.99, 0, 1.0, 30.0, quick=True)  # 90%: p99 from 299 samples, the look at 320
-    said = latency_plan_said("d", latency.budgets_of({0.9: 1.0, 0.99: 1.0}), quick, latency.Warmed({}, {"a": 400.0}))
+    said = latency_plan_said("d", percentiles.budgets_of({0.9: 1.0, 0.99: 1.0}), quick,
+                             latency.Warmed({}, {"a": 400.0}))
     assert "p90 budget needs at least 40 samples to PASS, p99 budget needs at least 320 samples to PASS " \
            "(about 2 min)" in said
     few = latency.Plan(min_samples=100)
     assert "the plan ends at 100 samples, fewer than a PASS needs" in latency_plan_said(
-        "d", latency.budgets_of({0.99: 1.0}), few, warmed)
+        "d", percentiles.budgets_of({0.99: 1.0}), few, warmed)
     assert latency_plan_said("d", [], latency.Plan(), warmed) == \
         "latency on d: no budget: a brief measurement (at most 50 runs or 1 s), reported, not judged"
 
@@ -225,8 +229,8 @@ def test_a_fail_stops_sampling_and_the_other_budgets_are_reported_undecided() ->
     def call() -> None:
         runs.append(1)
         step()
-    a = latency.sample({"a": call}, "a", latency.budgets_of({0.5: 0.0001, 0.99: 1000.0}), latency.Plan(min_seconds=60),
-                       clock=clock, read=lambda: 1.0)
+    a = latency.sample({"a": call}, "a", percentiles.budgets_of({0.5: 0.0001, 0.99: 1000.0}),
+                       latency.Plan(min_seconds=60), clock=clock, read=lambda: 1.0)
     p50, p99 = a.verdicts["p50"], a.verdicts["p99"]
     assert len(runs) == 20 and a.looks == 1 and a.early and a.failed_on == ["p50"]
     assert p50.verdict == latency.FAIL and p50.samples == 20
@@ -235,7 +239,7 @@ def test_a_fail_stops_sampling_and_the_other_budgets_are_reported_undecided() ->
     assert p99.note.startswith("not decided: the gate had already failed on p50; ") and p99.more_samples
     # where no budget FAILs, sampling goes on until each is decided (the p99's PASS at its first possible look)
     runs.clear()
-    a = latency.sample({"a": call}, "a", latency.budgets_of({0.5: 1000.0, 0.99: 1000.0}),
+    a = latency.sample({"a": call}, "a", percentiles.budgets_of({0.5: 1000.0, 0.99: 1000.0}),
                        latency.Plan(min_seconds=0), clock=clock, read=lambda: 1.0)
     assert a.verdicts["p99"].verdict == latency.PASS and len(runs) > 500 and a.failed_on == []
 
@@ -243,7 +247,7 @@ def test_a_fail_stops_sampling_and_the_other_budgets_are_reported_undecided() ->
 def test_a_fail_under_load_that_stopped_sampling_is_still_measured_again() -> None:
     m = Machine(loaded_ms=3.0, quiet_ms=1.0, loaded=5.0, quiet=1.0)
     plan = latency.Plan(retry_wait_seconds=30, min_seconds=0)
-    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
+    out = latency.gate({"a": m.call}, "a", percentiles.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
                        read=m.read, wait=m.wait, cpus=2)
     first, again = out.attempts
     assert first.failed_on == ["p50"] and len(first.series["a"].samples) == 20 and m.waits == [(30, 2)]
@@ -252,14 +256,14 @@ def test_a_fail_under_load_that_stopped_sampling_is_still_measured_again() -> No
     assert {k: v.verdict for k, v in out.verdicts.items()} == {"p50": latency.PASS, "p99": latency.PASS}
     # the FAIL persists under load: INCONCLUSIVE, and the p99 note no longer says the gate failed
     m = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None)
-    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
+    out = latency.gate({"a": m.call}, "a", percentiles.budgets_of({0.5: 2.0, 0.99: 1000.0}), plan, clock=m.clock,
                        read=m.read, wait=m.wait, cpus=2)
     assert [len(a.series["a"].samples) for a in out.attempts] == [20, 20]
     assert out.verdicts["p50"].verdict == out.verdicts["p99"].verdict == latency.INCONCLUSIVE
     assert out.verdicts["p99"].note.startswith("not decided: sampling stopped at the FAIL of p50 under load")
     # an impossible p50 stands without a retry, and stops the p99 at the first look
     m = Machine(loaded_ms=3.0, quiet_ms=1.0, loaded=5.0, quiet=1.0)
-    out = latency.gate({"a": m.call}, "a", latency.budgets_of({0.5: 0.1, 0.99: 1000.0}), plan, clock=m.clock,
+    out = latency.gate({"a": m.call}, "a", percentiles.budgets_of({0.5: 0.1, 0.99: 1000.0}), plan, clock=m.clock,
                        read=m.read, wait=m.wait, cpus=2)
     assert out.verdicts["p50"].verdict == latency.FAIL and m.waits == [] and len(out.final.series["a"].samples) == 20
     assert "already failed on p50" in out.verdicts["p99"].note
@@ -272,11 +276,11 @@ def _wrong_pass_rate(corrected: bool, runs: int = 300) -> float:
     for seed in range(runs):
         rng = random.Random(seed)
         xs: list[float] = []
-        spent = latency.Spending()
+        spent = percentiles.Spending()
         for n in (20, 40, 80, 160, 320, 640, 1280):
             xs += [rng.random() for _ in range(n - len(xs))]
-            v = (latency.sequential_verdict(xs, 0.9, 0.899, 0.9, spent) if corrected else
-                 latency.percentile_verdict(xs, 0.9, 0.899, 0.9, estimate=False))
+            v = (percentiles.sequential_verdict(xs, 0.9, 0.899, 0.9, spent) if corrected else
+                 percentiles.percentile_verdict(xs, 0.9, 0.899, 0.9, estimate=False))
             if v.verdict != latency.INCONCLUSIVE:
                 wrong += v.verdict == latency.PASS
                 break
@@ -308,13 +312,13 @@ def test_early_stop_keeps_the_relative_budget_interleaved_and_paired() -> None:
     first = latency.prepare(runs, warmup_runs=2)
     assert calls == ["a", "a", "a", "b", "b", "b"] and set(first) == {"a", "b"}  # first run, 2 warm-up: untimed
     calls.clear()
-    a = latency.sample(runs, "a", latency.budgets_of({0.9: 1000.0}, "b", 1.5), latency.Plan(min_seconds=60),
+    a = latency.sample(runs, "a", percentiles.budgets_of({0.9: 1000.0}, "b", 1.5), latency.Plan(min_seconds=60),
                        clock=clock, read=lambda: 1.0)
     assert calls[:8] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # timed, interleaved A B, B A, ...
     assert a.early and a.verdicts["relative"].verdict == latency.PASS and a.verdicts["p90"].verdict == latency.PASS
     assert len(a.series["a"].samples) == len(a.series["b"].samples) == a.verdicts["relative"].samples < 100
     # an impossible ratio fails early too, from the same pairs
-    a = _sample(latency.budgets_of({}, "b", 100.0), {"a": _lognormal(1.0, 6), "b": _lognormal(2.0, 7)},
+    a = _sample(percentiles.budgets_of({}, "b", 100.0), {"a": _lognormal(1.0, 6), "b": _lognormal(2.0, 7)},
                 latency.Plan(min_seconds=60))
     assert a.verdicts["relative"].verdict == latency.FAIL and a.verdicts["relative"].samples == 20
 
@@ -346,7 +350,7 @@ class Machine:
 
     def gate(self, budget_ms: float) -> latency.Outcome:
         self.said: list[str] = []
-        return latency.gate({"a": self.call}, "a", latency.budgets_of({0.9: budget_ms}),
+        return latency.gate({"a": self.call}, "a", percentiles.budgets_of({0.9: budget_ms}),
                             latency.Plan(retry_wait_seconds=30, min_seconds=0), clock=self.clock, read=self.read,
                             wait=self.wait, cpus=2, say=self.said.append)
 
@@ -393,7 +397,7 @@ def test_a_fail_while_the_median_drifts_is_measured_again_then_inconclusive() ->
     def wait(seconds: float, cpus: int) -> dict[str, Any]:
         ramp["i"] = 0
         return {"quiet": True, "load": 1.0, "waited_s": 0.0}
-    out = latency.gate({"a": call}, "a", latency.budgets_of({0.9: 1.2}), latency.Plan(min_seconds=0), clock=clock,
+    out = latency.gate({"a": call}, "a", percentiles.budgets_of({0.9: 1.2}), latency.Plan(min_seconds=0), clock=clock,
                        read=lambda: 1.0, wait=wait, cpus=2)
     assert [a.verdicts["p90"].verdict for a in out.attempts] == [latency.FAIL] * 2
     assert out.retry["why"].startswith("p90 FAIL under median drifted")
@@ -409,10 +413,10 @@ def test_wait_for_quiet_polls_until_the_load_falls_and_no_longer() -> None:
 
     def read() -> float:
         return 4.0 if clock.t < 5 else 1.0
-    out = latency.wait_for_quiet(30, 2, read, clock, sleep)
+    out = load.wait_for_quiet(30, 2, read, clock, sleep)
     assert out["quiet"] and 5.0 < out["waited_s"] <= 6.1  # the last second's mean at most the CPU count
     clock.t = 0.0
-    out = latency.wait_for_quiet(3, 2, lambda: 4.0, clock, sleep)
+    out = load.wait_for_quiet(3, 2, lambda: 4.0, clock, sleep)
     assert not out["quiet"] and out["load"] == 4.0 and 3.0 <= out["waited_s"] <= 3.2
 
 
@@ -425,21 +429,21 @@ def _busy(n: int) -> Callable[[], None]:
 
 
 @pytest.mark.serial  # its budget comes from a quiet run: no other test may load the machine
-@pytest.mark.skipif(latency.runnable() is None, reason="needs Linux's /proc/loadavg")
+@pytest.mark.skipif(load.runnable() is None, reason="needs Linux's /proc/loadavg")
 def test_under_cpu_burners_a_budget_the_quiet_run_meets_never_fails() -> None:
     run = _busy(30_000)  # about 1 ms of pure Python, one thread
     calls = {"w": run}
     latency.prepare(calls, 20)
     quiet = latency.sample(calls, "w", [], latency.Plan(min_samples=200, min_seconds=0))
     budget = 3 * quiet.series["w"].summary()["p90_ms"]
-    assert latency.percentile_verdict(quiet.series["w"].samples, 0.9, budget, 0.99).verdict == latency.PASS
+    assert percentiles.percentile_verdict(quiet.series["w"].samples, 0.9, budget, 0.99).verdict == latency.PASS
     cpus = os.cpu_count() or 1
     burn = "import time\nend = time.time() + 4\nwhile time.time() < end:\n    pass\n"
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(cpus + 1)]
     try:
         time.sleep(0.3)
         t0 = time.monotonic()
-        out = latency.gate(calls, "w", latency.budgets_of({0.9: budget}),
+        out = latency.gate(calls, "w", percentiles.budgets_of({0.9: budget}),
                            latency.Plan(min_seconds=1.0, retry_wait_seconds=10))
         took = time.monotonic() - t0
     finally:

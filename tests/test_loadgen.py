@@ -12,7 +12,10 @@ import pytest
 
 from ortbuild.gating.gates import server
 from ortbuild.gating.measure import loadgen
+from ortbuild.gating.measure.load import Load
+from ortbuild.gating.measure.load_verdicts import Outcome, Run, judged, scenario_plan, summary
 from ortbuild.gating.measure.percentiles import Budget, PercentileVerdict
+from ortbuild.gating.measure.sampling import Plan
 from ortbuild.status import Verdict
 
 QUIET = {"read": lambda: 0.0, "own": lambda: 0}  # the generator's statistics apart from this machine's load
@@ -36,17 +39,17 @@ def test_the_schedule_is_poisson_at_the_rate_and_fixed_by_its_seed() -> None:
 
 
 def test_far_below_capacity_passes_with_latency_near_the_service_time() -> None:
-    plan = loadgen.Plan(0.99, 1.0, 0, 0.0)
+    plan = Plan(0.99, min_seconds=1.0, min_queries=0, retry_wait_seconds=0.0)
     run = loadgen.server(sleeper(2), 150.0, [Budget("p99", 0.99, 100.0)], plan, {}, workers=2, **QUIET)
     assert run.verdicts["p99"].verdict is Verdict.PASS
     assert run.verdicts["p99"].samples >= 528                  # the first PASS look at 0.99 needs 528 queries
-    assert min(run.values) >= 2.0 and loadgen.summary(run.values)["p50_ms"] < 10
+    assert min(run.values) >= 2.0 and summary(run.values)["p50_ms"] < 10
     assert 120 < float(str(run.facts["achieved_qps"])) < 180
 
 
 def test_above_capacity_fails_early_because_queueing_counts() -> None:
     """One worker of 10 ms each cannot serve 200 QPS: the queue grows, and latency from arrival with it."""
-    plan = loadgen.Plan(0.99, 5.0, 0, 0.0)
+    plan = Plan(0.99, min_seconds=5.0, min_queries=0, retry_wait_seconds=0.0)
     t0 = time.perf_counter()
     run = loadgen.server(sleeper(10), 200.0, [Budget("p99", 0.99, 40.0)], plan, {}, workers=1, **QUIET)
     assert run.verdicts["p99"].verdict is Verdict.FAIL
@@ -55,7 +58,7 @@ def test_above_capacity_fails_early_because_queueing_counts() -> None:
 
 
 def test_no_budget_measures_to_the_plan_end() -> None:
-    plan = loadgen.Plan(0.99, 0.5, 60, 0.0)
+    plan = Plan(0.99, min_seconds=0.5, min_queries=60, retry_wait_seconds=0.0)
     run = loadgen.server(sleeper(1), 200.0, [], plan, {}, workers=2, **QUIET)
     assert run.verdicts == {} and len(run.values) >= 100
 
@@ -66,14 +69,14 @@ def test_multi_stream_latency_is_the_slowest_sample_of_each_query() -> None:
     def call() -> None:  # one sample of every query of 3 takes 6 ms, the others 1 ms
         time.sleep(0.006 if next(counter) % 3 == 0 else 0.001)
 
-    plan = loadgen.Plan(0.99, 0.2, 0, 0.0)
+    plan = Plan(0.99, min_seconds=0.2, min_queries=0, retry_wait_seconds=0.0)
     run = loadgen.multi_stream(call, 3, [Budget("p99", 0.99, 60.0)], plan, {}, **QUIET)
     assert min(run.values) >= 6.0
     assert run.verdicts["p99"].verdict is Verdict.PASS
 
 
 def test_offline_samples_per_second_and_its_verdicts() -> None:
-    plan = loadgen.Plan(0.99, 2.0, 0, 0.0)
+    plan = Plan(0.99, min_seconds=2.0, min_queries=0, retry_wait_seconds=0.0)
     run = loadgen.offline(sleeper(5), 4, 2, [Budget("rate", 0.5, 1e3 / 400)], plan, 0.25, {}, **QUIET)
     rate = float(str(run.facts["samples_per_second"]))
     assert 900 < rate < 1600 + 1                              # 2 workers x 4 samples / 5 ms, less the sleep overhead
@@ -84,18 +87,18 @@ def test_offline_samples_per_second_and_its_verdicts() -> None:
 
 
 def test_a_fail_under_competing_load_is_retried_then_inconclusive_but_an_impossible_one_stands() -> None:
-    plan = loadgen.Plan(0.99, 0.2, 0, 0.0)
+    plan = Plan(0.99, min_seconds=0.2, min_queries=0, retry_wait_seconds=0.0)
     busy = {"read": lambda: 8.0, "own": lambda: 0}            # 8 runnable threads of other processes on the machine
 
     said: list[str] = []
 
-    def measure(budget: float) -> loadgen.Outcome:
+    def measure(budget: float) -> Outcome:
         b = [Budget("p99", 0.99, budget)]
-        return loadgen.judged(lambda s: loadgen.server(sleeper(10), 300.0, b, plan, s, workers=1, **busy), b, plan,
+        return judged(lambda s: loadgen.server(sleeper(10), 300.0, b, plan, s, workers=1, **busy), b, plan,
                               read=busy["read"], cpus=2, say=said.append)
 
     explained = measure(15.0)  # missed, but the fastest query 2 x 4 times faster would meet it
-    assert explained.retry is not None and len(explained.runs) == 2
+    assert explained.retry is not None and len(explained.attempts) == 2
     assert said == ["p99 FAIL under competing work (8.0 runnable threads of other processes on 2 CPUs): waiting up to "
                     "0 s for the load to fall, then measuring again"]
     assert explained.verdicts["p99"].verdict is Verdict.INCONCLUSIVE
@@ -104,10 +107,10 @@ def test_a_fail_under_competing_load_is_retried_then_inconclusive_but_an_impossi
     assert impossible.retry is None and impossible.verdicts["p99"].verdict is Verdict.FAIL
 
 
-def _outcome(verdict: Verdict, completed_qps: float = 1e9) -> loadgen.Outcome:
+def _outcome(verdict: Verdict, completed_qps: float = 1e9) -> Outcome:
     v = PercentileVerdict(0.99, 10.0, 5.0, None, None, 0, 600, 0.99, verdict)
-    run = loadgen.Run([1.0, 5.0], 1.0, {"p99": v}, 1, True, loadgen.Load(), {"completed_qps": completed_qps})
-    return loadgen.Outcome([run], {"p99": v})
+    run = Run([1.0, 5.0], 1.0, {"p99": v}, 1, True, Load(), {"completed_qps": completed_qps})
+    return Outcome([run], {"p99": v})
 
 
 @pytest.mark.parametrize("peak", [37.0, 300.0, 2.5])
@@ -148,7 +151,7 @@ def test_a_scenario_only_another_models_data_set_declares_leaves_a_section_sayin
 
 
 def test_the_line_before_the_queries_says_what_each_budget_needs_and_how_long() -> None:
-    plan = loadgen.plan_of(0.99, 10.0, 0, 30.0, quick=False)
+    plan = scenario_plan(0.99, 10.0, 0, 30.0, quick=False)
     p99 = [Budget("p99", 0.99, 40.0)]
     # 50 QPS of a fast model: the rate sets the pace (640 queries at 50 QPS: 13 s), min_seconds the least
     said = server.said_before("test_data_set_0", 50.0, p99, plan, [1.0] * 20, 2)
@@ -180,7 +183,7 @@ def test_a_machine_that_cannot_start_the_threads_asked_for_is_a_gate_error_not_a
         real(self)
 
     monkeypatch.setattr(threading.Thread, "start", start)
-    plan = loadgen.Plan(0.99, 0.5, 0, 0.0)
+    plan = Plan(0.99, min_seconds=0.5, min_queries=0, retry_wait_seconds=0.0)
     t0 = time.monotonic()
     with pytest.raises(GateFailed) as e:
         if scenario == "offline":

@@ -125,13 +125,13 @@ def test_readme_test_summary_is_what_the_committed_targets_print() -> None:
     """The sample of `nox -s test`'s last table: the report's columns laid out as summary.table does, rows of real
     (target, model) jobs kept by the script's rule, counts that add up to every job of the committed targets.toml,
     and a sentence whose numbers and skipped targets are the block's."""
-    from ortbuild.gating.reports import report, summary
+    from ortbuild.gating.reports import cells, summary
 
     sentence, lines = _sample("test-summary")
     t = samples.parse_table(lines, samples.TEST_TITLE, lambda line: bool(re.match(r"\d+ PASS, ", line)))
     assert t.title == "test summary, every target (dist/report.json):"
     shown = t.cells(t.head)
-    _laid_out(t, [h for h in report.HEADER if h not in report.OPTIONAL or h in shown])
+    _laid_out(t, [h for h in cells.HEADER if h not in cells.OPTIONAL or h in shown])
     rows = [t.cells(r) for r in t.rows]
     assert {(r[0], r[1]) for r in rows} <= set(JOBS) and len(rows) == len({(r[0], r[1]) for r in rows})
     assert all(r[-1] in ("PASS", "SKIPPED") for r in rows), "a README sample is a passing run"

@@ -16,6 +16,7 @@ import pytest
 from ortbuild.artifact import manifest
 from ortbuild.errors import UsageError
 from ortbuild.gating.record import TestResult
+from ortbuild.gating.reports import cells as table_cells
 from ortbuild.gating.reports import report, report_html
 from ortbuild.units import human_size
 from tests.conftest import here_runtime, run_cli
@@ -82,12 +83,12 @@ def test_each_row_names_its_failing_gates() -> None:
                result("slow", status="INCONCLUSIVE", latency_verdict="INCONCLUSIVE",
                           gates={**dict.fromkeys(GATES, "-"), "latency": "INCONCLUSIVE"}),
                result("ok")]
-    cells = {r[0]: r[-1] for r in report.rows(results)}
+    cells = {r[0]: r[-1] for r in table_cells.rows(results)}
     assert cells == {"size": "FAIL (size)", "two": "FAIL (accuracy, cold_start)", "old": "FAIL (latency)",
                      "built": "FAIL (build)", "required": "FAIL (required)", "broken": "FAIL (config)",
                      "tampered": "FAIL (artifact)",
                      "slow": "INCONCLUSIVE (latency)", "ok": "PASS"}
-    header, body = report.text_table(results, None)
+    header, body = table_cells.text_table(results, None)
     assert header[-1] == "verdict" and [r[-1] for r in body] == list(cells.values())
     assert "startup" not in header and "vs previous" not in header        # nobody has one: left out of the text
     page = report.render_html({"created": "now", "counts": {}, "results": results})
@@ -101,11 +102,11 @@ def test_startup_is_shown_compactly_and_in_the_section() -> None:
                             {"kind": "memory", "budget": 64, "verdict": "FAIL", "observed": 95.3}]}
     r = result("cpu", status="FAIL", failed=("memory",), startup=startup, memory_verdict="FAIL",
                cold_start_verdict="PASS")
-    cell = lambda doc: report.startup_cell(TestResult.from_json(doc))  # noqa: E731
+    cell = lambda doc: table_cells.startup_cell(TestResult.from_json(doc))  # noqa: E731
     assert cell(r) == "812 ms/1000, 95 MB/64"
     assert cell({"startup": {"cold_start_ms": {"p50": 3.25}}}) == "3.2 ms"   # no budget, no verdicts
     assert cell({"startup": {"processes": 3, "verdicts": "?"}}) == "-"        # defensive
-    header, body = report.text_table([r, result("other")], None)
+    header, body = table_cells.text_table([r, result("other")], None)
     assert body[0][header.index("startup")] == "812 ms/1000, 95 MB/64" and body[1][header.index("startup")] == "-"
     page = report.render_html({"created": "now", "counts": {}, "results": [r]})
     assert "<h3>startup: PASS/FAIL</h3>" in page and "5 fresh processes: cold start p50 812.4 ms" in page
@@ -225,7 +226,7 @@ def test_each_row_gets_its_change_against_the_previous_run(tmp_path: Path) -> No
     assert cpu["against"]["created"] == json.loads(before)["created"]
     assert d["int8/m"]["verdict"] == {"before": "PASS", "after": "FAIL", "changed": True}
     assert d["new/m"]["new"] is True
-    cells = {r[0]: r[header.index("vs previous")] for header, body in [report.text_table(doc["results"],
+    cells = {r[0]: r[header.index("vs previous")] for header, body in [table_cells.text_table(doc["results"],
                                                                                          doc["comparison"])]
              for r in body}
     assert cells == {"cpu": "p90 +25%, size +50%", "int8": "PASS->FAIL, p90 +0.0%", "new": "new"}
@@ -265,7 +266,7 @@ def test_a_baseline_is_compared_instead_of_the_previous_run(tmp_path: Path) -> N
     assert doc["comparison"]["kind"] == "baseline" and doc["comparison"]["file"] == str(base)
     delta = doc["results"][0]["delta"]
     assert delta["p90_ms"]["percent"] == -25.0 and delta["size_bytes"]["change"] == -(1 << 20)
-    header, body = report.text_table(doc["results"], doc["comparison"])
+    header, body = table_cells.text_table(doc["results"], doc["comparison"])
     assert body[0][header.index("vs baseline")] == "p90 -25%, size -50%"
     page = (tmp_path / report.REPORT_HTML).read_text()
     assert "<th>vs baseline</th>" in page and f"changes against the baseline {base}" in page
@@ -310,7 +311,7 @@ def test_one_size_format_everywhere() -> None:
     assert [human_size(n) for n in (0, 1023, 1024, 69_016_269, 3 << 30, None)] == [
         "0 B", "1023 B", "1.0 KB", "65.8 MB", "3.0 GB", "-"]
     assert human_size(1024 * 1024 - 1) == "1.0 MB"                  # never "1024.0 KB"
-    row = report.rows([result("cpu", size=69_016_269)])[0]
+    row = table_cells.rows([result("cpu", size=69_016_269)])[0]
     assert row[2] == "65.8 MB 1.00x/1.1"
     page = report.render_html({"created": "now", "counts": {}, "results": [result("cpu", size=69_016_269)]})
     assert "<p>size 65.8 MB = 1.00x the source (65.8 MB)" in page
@@ -324,7 +325,7 @@ def test_a_skipped_row_has_no_change_unless_its_verdict_changed(tmp_path: Path) 
     report.write(tmp_path, docs(result("cpu", p90=2.0), skipped))
     doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
     assert doc["results"][1]["delta"] is None                            # new, but SKIPPED: nothing to compare
-    head, _ = report.text_table(doc["results"], doc["comparison"])
+    head, _ = table_cells.text_table(doc["results"], doc["comparison"])
     assert "vs previous" not in head                                     # the cpu row was not measured again
     for _ in range(2):                                                   # SKIPPED again, unchanged
         report.write(tmp_path, docs(result("cpu", p90=3.0), skipped))
@@ -332,7 +333,7 @@ def test_a_skipped_row_has_no_change_unless_its_verdict_changed(tmp_path: Path) 
     report.write(tmp_path, docs(result("cpu", p90=3.0), result("gpu", p90=1.0)))  # runs here now
     doc = json.loads((tmp_path / report.REPORT_JSON).read_text())
     assert doc["results"][1]["delta"]["verdict"] == {"before": "SKIPPED", "after": "PASS", "changed": True}
-    head, body = report.text_table(doc["results"], doc["comparison"])
+    head, body = table_cells.text_table(doc["results"], doc["comparison"])
     assert body[1][head.index("vs previous")].startswith("SKIPPED->PASS")
 
 
@@ -380,7 +381,7 @@ def test_a_failed_build_row_says_what_a_test_result_says() -> None:
                                     "precision": "fp32", "step": "reload"})
     assert set(row) == set(TestResult("t", "m", "fp32").as_json())
     assert row["failures"] == ["build failed: boom"] and row["exit_code"] == 6 and row["build"]["log"] is None
-    assert report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
+    assert table_cells.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
 
 
 def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -> None:
@@ -418,7 +419,7 @@ def test_a_build_that_fails_inside_test_is_a_fail_row(tmp_path: Path) -> None:
     doc = report_of(tmp_path)
     assert doc["counts"] == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 0, "SKIPPED": 0}
     [row] = doc["results"]
-    assert row["status"] == "FAIL" and report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
+    assert row["status"] == "FAIL" and table_cells.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
     assert row["reason"].startswith("build failed: cpu/m: step 'reload': ") and "Reshape" in row["reason"]
     assert row["build"]["step"] == "reload" and (tmp_path / row["build"]["log"]).is_file()
     assert f"build log: {row['build']['log']}" in row["failures"]
@@ -444,7 +445,7 @@ def test_a_failed_rebuild_is_no_longer_its_earlier_pass(tmp_path: Path) -> None:
     doc = report_of(tmp_path)
     assert doc["counts"]["PASS"] == 0 and doc["counts"]["FAIL"] == 1
     [row] = doc["results"]
-    assert report.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
+    assert table_cells.verdict_cell(TestResult.from_json(row)) == "FAIL (build)"
     assert row["delta"]["verdict"]["before"] == "PASS"
     refused = run_cli("release", "-c", str(toml), "-t", "cpu", cwd=tmp_path)
     assert refused.returncode == 9 and "cpu/m: its last build failed (cpu/m: step 'reload'" in refused.stderr

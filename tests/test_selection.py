@@ -1,5 +1,5 @@
-"""`ortbuild test --gates NAMES` (ortbuild.gating.reports.selection): only the named gates are judged, the others are not
-measured and show as not run everywhere the result is said; `ortbuild release` refuses a test that left a gate
+"""`ortbuild test --gates NAMES` (ortbuild.gating.reports.selection): only the named gates are judged, the others
+are not measured and show as not run everywhere the result is said; `ortbuild release` refuses a test that left a gate
 out, naming the artifact and the command that tests it fully."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from ortbuild.gating.gates import registry
 from ortbuild.gating.record import TestResult, doc_kind
-from ortbuild.gating.reports import report, selection
+from ortbuild.gating.reports import cells, selection
 from tests.conftest import run_cli
 
 
@@ -46,17 +46,18 @@ def test_what_a_result_says_of_the_gates_it_left_out() -> None:
     rest = ["size", "latency", "cold_start", "memory", "eval", "throughput", "server", "multi_stream"]
     assert selection.left_out(row["judged"], "onnx") == rest
     assert selection.not_judged(row["judged"], "onnx") == f"not judged (--gates accuracy): {', '.join(rest)}"
-    assert report.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
+    assert cells.verdict_cell(TestResult.from_json(row)) == "PASS (--gates accuracy)"
     failed = {**row, "status": "FAIL", "judged": ["accuracy", "size"], "accuracy": "FAIL"}
-    assert report.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
+    assert cells.verdict_cell(TestResult.from_json(failed)) == "FAIL (accuracy; --gates accuracy,size)"
     # a generative model's record: its own gates (and size) only
     llm = {"status": "PASS", "judged": ["accuracy"], "generative": True}
     assert selection.left_out(llm["judged"], doc_kind(llm)) == ["size", "tokens", "generation"]
     assert TestResult.from_json(llm).kind == "generative" and TestResult.from_json(llm).as_json()["generative"]
     assert "generative" not in TestResult.from_json(row).as_json() and TestResult.from_json(row).kind == "onnx"
     for full in ({"status": "PASS", "judged": list(selection.GATES)}, {"status": "PASS"}):  # {}: an older report
-        assert selection.left_out(full.get("judged"), "onnx") == [] and selection.not_judged(full.get("judged"), "onnx") == ""
-        assert report.verdict_cell(TestResult.from_json(full)) == "PASS"
+        judged = full.get("judged")
+        assert selection.left_out(judged, "onnx") == [] and selection.not_judged(judged, "onnx") == ""
+        assert cells.verdict_cell(TestResult.from_json(full)) == "PASS"
 
 
 @pytest.mark.runtime

@@ -1,5 +1,5 @@
-"""Speed claims checked (ortbuild.gating.measure.speed): a reduced precision or a fusion measured slower than the artifact
-it derives from, in one `ortbuild test` run, is a warning with the measured ratio, judged by the p50 confidence
+"""Speed claims checked (ortbuild.gating.measure.speed): a reduced precision or a fusion measured slower than the
+artifact it derives from, in one `ortbuild test` run, is a warning with the measured ratio, judged by the p50 confidence
 intervals (no overlap: slower; overlap: noise, no warning).
 
 The judging is tested on recorded numbers (synthetic samples of known medians). The one real run asserts only

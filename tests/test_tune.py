@@ -18,6 +18,7 @@ from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.gating import runner as gates
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.search import tune
+from ortbuild.gating.search.base import Budget
 from ortbuild.gating.search.tune_search import (
     ERROR,
     FAILS_ACCURACY,
@@ -331,7 +332,7 @@ def test_tune_for_build_tunes_a_tune_true_target(make_project: Callable[..., Pat
     (job,) = plan.jobs(project, ["cpu-int8"])
     assert tune.wants_tune(job) and builder.run_job(job).status == JobStatus.BUILT
     lock, locked, result = tune.tune_for_build(builder, tester, lockfile.read(project), job, lambda j, m: None,
-                                               seconds=3)
+                                               Budget(None, 3))
     assert result.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE)
     assert locked.locked is not None and locked.locked.tune and not tune.wants_tune(locked)
     assert lock.entries[job.name].tune == lockfile.read(project).entries[job.name].tune

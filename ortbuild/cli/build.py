@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from ortbuild import emulation, logs, machine, runtime
 from ortbuild.artifact import keys
 from ortbuild.cli.building import built, fitting
-from ortbuild.cli.common import dist_dir, table
+from ortbuild.cli.common import dist_dir
 from ortbuild.cli.options.build import BuildOptions, PlanOptions
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch
 from ortbuild.gating.gates import registry
 from ortbuild.gating.measure import emulated
 from ortbuild.gating.records import BuildRecord
 from ortbuild.gating.reports import summary
-from ortbuild.gating.reports.summary import BUILD_HEADER, build_rows
+from ortbuild.gating.reports.summary import BUILD_HEADER, build_rows, table
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult

@@ -124,7 +124,7 @@ def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequ
     """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
     gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
     tune` tunes its jobs itself."""
-    from ortbuild.gating.search import autobuild, tune
+    from ortbuild.gating.search import autobuild, base, tune
 
     searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
     tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
@@ -134,8 +134,8 @@ def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequ
 
     tester = Tester(builder.project, builder.dist, builder.secrets.secret, config_file, progress,
                     builder.secrets.signing, capture=builder.capture)
-    auto = autobuild.AutoSearch(builder, tester, max_rebuilds=budget.explain_rebuilds,
-                                max_seconds=budget.explain_seconds, progress=progress)
+    auto = autobuild.AutoSearch(builder, tester, base.Budget(budget.explain_rebuilds, budget.explain_seconds),
+                                progress=progress)
     auto.run(searching, done)
     rebuilt = dict(auto.locked)
     lock = lockfile.read(builder.project)
@@ -145,7 +145,7 @@ def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequ
             continue
         try:
             lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(
-                builder, tester, lock, job, progress, seconds=budget.tune_seconds)
+                builder, tester, lock, job, progress, base.Budget(None, budget.tune_seconds))
         except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
             done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
         said = [n for n in done[j.name].notes if n.startswith(("tune:", "tune = true:"))]

@@ -1,10 +1,9 @@
-"""What the commands share: the text table and where dist/ is."""
+"""What the commands share: where dist/ is."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ortbuild.gating.reports.summary import table as table
 from ortbuild.project import config
 
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from ortbuild import logs
 from ortbuild.artifact import keys
 from ortbuild.cli.building import built, fitting
-from ortbuild.cli.common import table
 from ortbuild.cli.options.gate import ProfileOptions, TestOptions
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, UsageError, first_line
-from ortbuild.gating.reports import report, selection, summary
+from ortbuild.gating.reports import cells, report, selection, summary
+from ortbuild.gating.reports.summary import table
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
@@ -115,7 +115,7 @@ def _summary(results: Sequence[TestResult], doc: ReportDoc, done: dict[str, JobR
              html_path: Path) -> None:
     """The table of this run's results (with the report's change for each), their reasons and notes, counts."""
     mine = [r.as_json() for r in results]
-    header, rows = report.text_table(report.this_run(doc, mine), doc["comparison"])
+    header, rows = cells.text_table(report.this_run(doc, mine), doc["comparison"])
     print()
     print(table(rows, header))
     notes = dict.fromkeys(f"[{k}] note: {n}" for k, b in done.items() for n in b.notes
@@ -136,12 +136,12 @@ def _explain(o: TestOptions, builder: Builder, tester: Tester, jobs: Sequence[pl
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed, or whose build failed with
     broken outputs (OutputsBroken: the precision step's accuracy failure, caught at reload) (with --explain: of
     every one; --no-explain: none), recorded in its test report; and the searches' logs."""
-    from ortbuild.gating.search import explain
+    from ortbuild.gating.search import base, explain
 
     if o.explain is False:
         return [], []
     budget = o.budget
-    ex = explain.Explainer(builder, tester, max_rebuilds=budget.explain_rebuilds, max_seconds=budget.explain_seconds,
+    ex = explain.Explainer(builder, tester, base.Budget(budget.explain_rebuilds, budget.explain_seconds),
                            progress=progress)
     done = []
     for job, r in zip(jobs, results, strict=True):

@@ -9,10 +9,10 @@ from typing import TypedDict
 
 from ortbuild import runtime
 from ortbuild.artifact import manifest
-from ortbuild.cli.common import table
 from ortbuild.cli.options.info import SchemaOptions, SummaryOptions, TargetsOptions
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating.reports import summary
+from ortbuild.gating.reports.summary import table
 from ortbuild.project import capabilities, config, options
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ortbuild/

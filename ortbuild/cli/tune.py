@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from ortbuild.artifact import keys
 from ortbuild.cli.building import built, fitting, record
-from ortbuild.cli.common import table
 from ortbuild.cli.options.tune import TuneOptions
 from ortbuild.errors import OrtbuildError, UsageError
+from ortbuild.gating.reports.summary import table
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, lockfile, plan
 from ortbuild.status import JobFinished, JobStatus, TuneStatus, final_exit
@@ -25,7 +25,7 @@ HEADER = ["candidate", "against", "p50 ms", "against p50 ms", "speed-up [interva
 
 def cmd_tune(o: TuneOptions) -> int:
     from ortbuild.gating import runner as gates
-    from ortbuild.gating.search import tune
+    from ortbuild.gating.search import base, tune
 
     sel, seconds = o.selection, o.budget.tune_seconds
     if not seconds > 0:
@@ -63,7 +63,7 @@ def cmd_tune(o: TuneOptions) -> int:
             if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                 ref = None
             try:
-                tuning = tune.tune_job(tester, plain, job, seconds=seconds, progress=progress, reference=ref)
+                tuning = tune.Tuner(tester, base.Budget(None, seconds), progress).search(job, ref).answer
                 lock, _, result = tune.record(b.builder, tester, lock, plain, tuning)
             except OrtbuildError as e:
                 out.append({"target": job.target.name, "model": job.model.name, "status": FAILED,

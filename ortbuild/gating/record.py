@@ -143,9 +143,9 @@ class TestResult:
         newer gate filled one), then `gates` and `failed_gates`; records.ResultDoc names the same fields
         (tests/test_report.py)."""
         doc = asdict(self)
-        key, flag = spelled(doc.pop("kind"))
-        doc[key] = flag
-        for key in ("sections", key):
+        spelling, flag = spelled(doc.pop("kind"))
+        doc[spelling] = flag
+        for key in ("sections", spelling):
             if not doc[key]:
                 del doc[key]
         return cast(records.ResultDoc, {**doc, "gates": self.gates(), "failed_gates": self.failed_gates()})

@@ -21,8 +21,7 @@ from ortbuild.artifact import golden, loaders, manifest
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import records
-from ortbuild.gating.gates import accuracy
-from ortbuild.gating.gates import registry
+from ortbuild.gating.gates import accuracy, registry
 from ortbuild.gating.measure import emulated
 from ortbuild.gating.measure.sampling import environment
 from ortbuild.gating.protocol import Context, Gate, Judged

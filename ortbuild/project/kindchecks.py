@@ -1,7 +1,7 @@
 """The load-time checks that differ by kind of model (ortbuild.project.kinds): a `[models.X]` table's keys, and
 what a target may ask of one of its models (a generative model's: what onnxruntime-genai's model builder makes).
 A table per check, keyed by `Kind`: ortbuild.project.config asks `MODEL_CHECKS[model.kind]`, never a flag.
-Stdlib-only (the noxfile imports it through ortbuild.project.config).
+Stdlib + packaging only (the noxfile imports it through ortbuild.project.config).
 """
 
 from __future__ import annotations

@@ -213,7 +213,8 @@ class MultiStream:
 
 
 ScenarioKind = Literal["offline", "server", "multi_stream"]
-# the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (ortbuild.gating.gates.catalog)
+# the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (their gates:
+# ortbuild.gating.gates.throughput, server, multistream)
 SCENARIOS: dict[str, type[Offline | Server | MultiStream]] = {
     "offline": Offline, "server": Server, "multi_stream": MultiStream}
 

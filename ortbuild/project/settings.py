@@ -46,8 +46,8 @@ EVAL_METRICS = ("accuracy", "f1", "mae")  # built in; any other `metric` is "pac
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSet:
-    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.measure.task_eval) only: none of
-    it enters the build key (the build never reads it; the gate judges the artifact it finds)."""
+    """[models.NAME.eval]: a labelled evaluation set, read by the `eval` gate (ortbuild.gating.measure.task_eval)
+    only: none of it enters the build key (the build never reads it; the gate judges the artifact it finds)."""
 
     inputs: Path = setting(
         required=True, build="never",

@@ -1,8 +1,8 @@
 """What `ortbuild init` measured of int8 against fp32 on this CPU before it gives a model a cpu-int8 target
 (docs/project.md), and the rule it decides by: int8 is kept where the median of the paired ratios int8/fp32 is
 below MAX_RATIO. The measurement itself (onnxruntime, the build's precision step, the latency gate's paired
-sampling) is ortbuild.gating.measure.int8speed's; without onnxruntime where init runs, nothing is measured and init says so
-in what it writes. Stdlib + packaging only (ortbuild.machine)."""
+sampling) is ortbuild.gating.measure.int8speed's; without onnxruntime where init runs, nothing is measured and
+init says so in what it writes. Stdlib + packaging only (ortbuild.machine)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ import json
 import os
 import platform
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ortbuild import __version__, modelfiles
 from ortbuild.artifact import manifest
@@ -24,12 +25,21 @@ from ortbuild.project.config import Project, Target
 from ortbuild.publish import release_index
 from ortbuild.publish.openssf import pae
 
-if TYPE_CHECKING:
-    from ortbuild.publish import release
-
 STATEMENT_TYPE, PREDICATE_TYPE = "https://in-toto.io/Statement/v1", "https://slsa.dev/provenance/v1"
 DSSE_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "https://github.com/ortbuild/ortbuild/blob/main/docs/release.md#provenance-v1"
+
+
+class Released(Protocol):
+    """What the provenance reads of one model of the release (ortbuild.publish.release.ModelRelease)."""
+
+    name: str
+    folder: Path
+    manifest: manifest.Manifest
+    record: TestResult | None        # its test record (None: never tested)
+    refusal: str | None              # why release refused it (forced)
+    environment: dict[str, object]   # what its timings depended on
+    source: modelfiles.ModelFiles | None  # the source model's files, hashed once (None: hash them here)
 
 
 def canonical(doc: object) -> bytes:
@@ -40,7 +50,7 @@ def file_digest(path: Path) -> dict[str, str]:
     return {"sha256": manifest.sha256_file(path)}
 
 
-def materials(project: Project, target: Target, models: list[release.ModelRelease]) -> list[release_index.Material]:
+def materials(project: Project, target: Target, models: Sequence[Released]) -> list[release_index.Material]:
     root = project.root
 
     def rel(p: Path) -> str:
@@ -78,7 +88,7 @@ def materials(project: Project, target: Target, models: list[release.ModelReleas
     return [seen[k] for k in sorted(seen)]
 
 
-def statement(project: Project, target: Target, models: list[release.ModelRelease], subjects: dict[str, str],
+def statement(project: Project, target: Target, models: Sequence[Released], subjects: dict[str, str],
               started: str, forced: list[str]) -> release_index.ProvenanceStatement:
     """The in-toto statement of a release: SLSA v1 provenance over `subjects` (file name -> sha256), checked against
     the SLSA schema; `forced`: what --force released anyway."""

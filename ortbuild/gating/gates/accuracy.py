@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from ortbuild.errors import ConfigError
 from ortbuild.gating.protocol import Context, Gate, Judged
-from ortbuild.project.checker import did_you_mean
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -35,6 +34,7 @@ def target_outputs(ctx: Context, job: Job) -> list[str]:
 def run(ctx: Context) -> Judged:
     from ortbuild.gating.gates import accept
     from ortbuild.gating.measure import compare
+    from ortbuild.project.checker import did_you_mean
 
     job, outputs, g, m, gates = ctx.job, ctx.outputs, ctx.golden, ctx.manifest, ctx.gates
     names: list[str] = [o["name"] for o in m.io["outputs"]]

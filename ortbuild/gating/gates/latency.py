@@ -14,7 +14,6 @@ from ortbuild import paths
 from ortbuild.errors import ConfigError
 from ortbuild.gating import timing_records
 from ortbuild.gating.protocol import NOT_RUN, Context, Gate, Judged
-from ortbuild.project.checker import did_you_mean
 from ortbuild.status import JobStatus, Verdict
 
 if TYPE_CHECKING:
@@ -43,6 +42,8 @@ def target_data_sets(ctx: Context, job: Job, g: golden.Golden) -> list[str]:
 def check_data_sets(ctx: Context) -> None:
     """`latency.data_sets` names golden data sets of the target's models (its budgets and its load scenarios
     alike): checked before any gate, since a name given only for a scenario is read by that gate alone."""
+    from ortbuild.project.checker import did_you_mean
+
     gates = ctx.job.settings.gates
     if gates is None or not gates.latency.data_sets:
         return

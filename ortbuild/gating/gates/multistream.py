@@ -14,9 +14,12 @@ import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.gating.measure import loadgen
+from ortbuild.gating.measure.engine import gate_verdict
+from ortbuild.gating.measure.load_verdicts import Run, end_of, entry, judged, scenario_plan, summary
 from ortbuild.gating.measure.percentiles import Budget, Spending
-from ortbuild.project.sections import MultiStream
+from ortbuild.gating.measure.sampling import Plan
 from ortbuild.gating.protocol import Gate, Judged
+from ortbuild.project.sections import MultiStream
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -42,7 +45,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     found: list[Verdict | None] = []
     for i, ds, ms in runs:
         budgets = [Budget("p99", 0.99, float(ms.p99_ms))] if ms.p99_ms is not None else []
-        plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+        plan = scenario_plan(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
 
         def run(feed: dict[str, Any] = ds.inputs) -> object:
             return model.run(feed)
@@ -50,21 +53,21 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         check, call = loadgen.checked(ctx, i, run)
 
         def measure(spending: dict[str, Spending], call: loadgen.Call = call, streams: int = ms.streams,
-                    budgets: list[Budget] = budgets, plan: loadgen.Plan = plan) -> loadgen.Run:
+                    budgets: list[Budget] = budgets, plan: Plan = plan) -> Run:
             return loadgen.multi_stream(call, streams, budgets, plan, spending)
 
         single = loadgen.warm(run, lat.warmup_runs)
         query_s = single[len(single) // 2] / 1e3 * math.ceil(ms.streams / loadgen.cpus())  # a query: its streams
 
-        def seconds_for(n: int, query_s: float = query_s, plan: loadgen.Plan = plan) -> float:
+        def seconds_for(n: int, query_s: float = query_s, plan: Plan = plan) -> float:
             return max(plan.min_seconds, n * query_s)
 
         ctx.progress(ctx.job.name, loadgen.plan_line(
             f"multi_stream on {ds.name} ({ms.streams} streams, {query_s * 1e3:.3g} ms a query)", budgets, plan,
-            loadgen.end_of(budgets, plan), seconds_for))
-        outcome = loadgen.judged(measure, budgets, plan,
+            end_of(budgets, plan), seconds_for))
+        outcome = judged(measure, budgets, plan,
                                  say=ctx.teller(f"multi_stream on {ds.name}"))
-        e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
+        e = {**entry(ds.name, outcome), **summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
         entries.append(e)
         found.append(outcome.verdict())
@@ -77,13 +80,13 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              "latency its slowest sample's)")
         found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
     ms = runs[0][2]  # the summary and the figures: the first judged data set's
-    plan = loadgen.plan_of(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
+    plan = scenario_plan(lat.confidence, ms.min_seconds, ms.min_queries, lat.retry_wait_seconds, ctx.quick)
     limits = {"p99_ms": float(ms.p99_ms)} if ms.p99_ms is not None else {}
     p99 = entries[0].get("p99_ms")
     said = f"p99 {p99:.3g}" if isinstance(p99, int | float) else "p99 -"
     said += f"/{ms.p99_ms:g}" if ms.p99_ms is not None else ""
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, f"{said} ms, {ms.streams} streams",
+        gate_verdict(found), entries, f"{said} ms, {ms.streams} streams",
         budget_of(lat.multi_stream) if lat.multi_stream is not None else {},
         per_data_set={ds.name: budget_of(m) for _, ds, m in runs},
         streams=ms.streams, budgets=limits, confidence=plan.confidence, min_seconds=plan.min_seconds,

@@ -22,9 +22,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from ortbuild.gating.measure import loadgen
+from ortbuild.gating.measure.engine import gate_verdict
+from ortbuild.gating.measure.load_verdicts import Outcome, Run, end_of, entry, judged, scenario_plan, summary
 from ortbuild.gating.measure.percentiles import Budget, Spending
-from ortbuild.project.sections import Server
+from ortbuild.gating.measure.sampling import Plan
 from ortbuild.gating.protocol import Gate, Judged
+from ortbuild.project.sections import Server
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -39,17 +42,17 @@ def budgets_of(srv: Server) -> list[Budget]:
 HOLD = 0.9  # --find-peak: a rate is held when its queries complete at >= 90% of it
 
 
-def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: loadgen.Plan,
-            say: Callable[[str], None] = lambda _: None) -> loadgen.Outcome:
+def at_rate(call: loadgen.Call, qps: float, srv: Server, budgets: list[Budget], plan: Plan,
+            say: Callable[[str], None] = lambda _: None) -> Outcome:
     """One server run at `qps`, judged, with the retry a FAIL under load gets (`say`: said before it)."""
 
-    def measure(spending: dict[str, Spending]) -> loadgen.Run:
+    def measure(spending: dict[str, Spending]) -> Run:
         return loadgen.server(call, qps, budgets, plan, spending, seed=srv.seed, workers=srv.workers)
 
-    return loadgen.judged(measure, budgets, plan, say=say)
+    return judged(measure, budgets, plan, say=say)
 
 
-def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precision: float,
+def find_peak(run_at: Callable[[float], Outcome], start: float, precision: float,
               say: Callable[[str], None] = lambda _: None) -> dict[str, object]:
     """The highest rate whose run PASSes and is held (its queries completed at no less than HOLD of the offered
     rate: a budget far above the run's length would otherwise pass any rate, the queue growing unseen), by
@@ -63,7 +66,7 @@ def find_peak(run_at: Callable[[float], loadgen.Outcome], start: float, precisio
             + (f" (the last, {tried[-1]['qps']:.0f} QPS: {tried[-1]['verdict']}"
                f"{'' if tried[-1]['held'] else ', not held'})" if tried else ""))
         outcome = run_at(qps)
-        s = loadgen.summary(outcome.final.values)
+        s = summary(outcome.final.values)
         v = outcome.verdict()
         completed = outcome.final.facts.get("completed_qps")
         held = isinstance(completed, int | float) and completed >= HOLD * qps
@@ -100,7 +103,7 @@ def _ms(x: object) -> str:
     return f"{x:.3g}" if isinstance(x, int | float) else "-"
 
 
-def failure_lines(job: str, name: str, qps: float, outcome: loadgen.Outcome, budgets: list[Budget]) -> list[str]:
+def failure_lines(job: str, name: str, qps: float, outcome: Outcome, budgets: list[Budget]) -> list[str]:
     out = []
     for b in budgets:
         v = outcome.verdicts[b.kind]
@@ -130,7 +133,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     found: list[Verdict | None] = []
     for i, ds, srv in runs:
         budgets = budgets_of(srv)
-        plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+        plan = scenario_plan(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
 
         def run(feed: dict[str, Any] = ds.inputs) -> object:
             return model.run(feed)
@@ -140,14 +143,14 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         ctx.progress(ctx.job.name, said_before(ds.name, float(srv.qps), budgets, plan, single, srv.workers))
         outcome = at_rate(call, float(srv.qps), srv, budgets, plan,
                           say=ctx.teller(f"server on {ds.name}"))
-        e = {**loadgen.entry(ds.name, outcome), **loadgen.summary(outcome.final.values),
+        e = {**entry(ds.name, outcome), **summary(outcome.final.values),
              "single_stream_p50_ms": round(single[len(single) // 2], 4)}
         lines += failure_lines(ctx.job.name, ds.name, float(srv.qps), outcome, budgets)
         found.append(outcome.verdict())
         if ctx.find_peak:
             if budgets:
                 def at(q: float, call: loadgen.Call = call, srv: Server = srv, budgets: list[Budget] = budgets,
-                       plan: loadgen.Plan = plan) -> loadgen.Outcome:
+                       plan: Plan = plan) -> Outcome:
                     return at_rate(call, q, srv, budgets, plan)
 
                 e["peak"] = find_peak(at, 1e3 / single[len(single) // 2], srv.peak_precision,
@@ -158,7 +161,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
         found.append(loadgen.judge_outputs(check, ctx.job.name, e, lines))
         entries.append(e)
     srv = runs[0][2]  # the summary and the figures: the first judged data set's
-    plan = loadgen.plan_of(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
+    plan = scenario_plan(lat.confidence, srv.min_seconds, srv.min_queries, lat.retry_wait_seconds, ctx.quick)
     limits = {b.kind + "_ms": b.limit for b in budgets_of(srv)}
     first = entries[0]
     said = ", ".join(f"{k.removesuffix('_ms')} {_ms(first.get(k))}/{v:g} ms" for k, v in limits.items()) or \
@@ -168,7 +171,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     if isinstance(peak, dict) and isinstance(peak.get("qps"), int | float):
         said += f", peak {peak['qps']:.0f} QPS"
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, said,
+        gate_verdict(found), entries, said,
         budget_of(lat.server) if lat.server is not None else {},
         per_data_set={ds.name: budget_of(s) for _, ds, s in runs},
         qps=srv.qps, budgets=limits, seed=srv.seed, confidence=plan.confidence,
@@ -176,13 +179,13 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     return verdict, section, lines
 
 
-def said_before(name: str, qps: float, budgets: list[Budget], plan: loadgen.Plan, single: list[float],
+def said_before(name: str, qps: float, budgets: list[Budget], plan: Plan, single: list[float],
                 workers: int) -> str:
     """The line said before the queries at `qps`: what each budget needs and about how long, at the rate or at the
     pace of the single-stream runs (`single`, ms) over the workers, whichever is slower."""
     run_s = single[len(single) // 2] / 1e3 if single else 0.0
     pool = workers or loadgen.cpus()
-    end = max(loadgen.end_of(budgets, plan), math.ceil(qps * plan.min_seconds))
+    end = max(end_of(budgets, plan), math.ceil(qps * plan.min_seconds))
 
     def seconds_for(n: int) -> float:
         return max(plan.min_seconds, n / qps, n * run_s / pool)

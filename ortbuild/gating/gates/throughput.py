@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from ortbuild import machine
 from ortbuild.errors import GateFailed, first_line
 from ortbuild.gating.measure import loadgen
-from ortbuild.gating.measure import sampling as latency
-from ortbuild.gating.measure.percentiles import Budget, Spending
-from ortbuild.project.sections import Offline
+from ortbuild.gating.measure.engine import gate_verdict
+from ortbuild.gating.measure.load_verdicts import Run, entry, judged, scenario_plan, verdict_doc
+from ortbuild.gating.measure.percentiles import Budget, Spending, duration
+from ortbuild.gating.measure.sampling import Plan
 from ortbuild.gating.protocol import Gate, Judged
+from ortbuild.project.sections import Offline
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
@@ -150,7 +152,7 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
     for i, ds, off in runs:
         want = off.min_samples_per_second
         budgets = [Budget("rate", 0.5, 1e3 / float(want))] if want else []
-        plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
+        plan = scenario_plan(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
         workers = off.workers or loadgen.cpus()
         with _out_of_memory(ctx.job.name, off.batch, workers):
             feed = _stacked_within_memory(ctx.job.name, model, ds.inputs, off.batch, workers) if off.batch > 1 else None
@@ -169,23 +171,23 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
             check, call = loadgen.checked(ctx, i, run, run() if feed is not None else None)
 
             def measure(spending: dict[str, Spending], call: loadgen.Call = call, per_call: int = per_call,
-                        workers: int = workers, budgets: list[Budget] = budgets, plan: loadgen.Plan = plan,
-                        window: float = off.window_seconds) -> loadgen.Run:
+                        workers: int = workers, budgets: list[Budget] = budgets, plan: Plan = plan,
+                        window: float = off.window_seconds) -> Run:
                 return loadgen.offline(call, per_call, workers, budgets, plan, window, spending)
 
             loadgen.warm(run, lat.warmup_runs, timed=0)
             least = max(loadgen.FIRST_WINDOWS, math.ceil(plan.min_seconds / off.window_seconds))  # as loadgen.offline
             said = (f"a budget needs at least {least} windows of {off.window_seconds:g} s to PASS (about "
-                    f"{latency.duration(least * off.window_seconds)}); undecided, at most {2 * least} (about "
-                    f"{latency.duration(2 * least * off.window_seconds)}); a FAIL can stop at {loadgen.FIRST_WINDOWS}"
-                    if budgets else f"no budget: about {latency.duration(2 * least * off.window_seconds)}, reported, "
+                    f"{duration(least * off.window_seconds)}); undecided, at most {2 * least} (about "
+                    f"{duration(2 * least * off.window_seconds)}); a FAIL can stop at {loadgen.FIRST_WINDOWS}"
+                    if budgets else f"no budget: about {duration(2 * least * off.window_seconds)}, reported, "
                     "not judged")
             ctx.progress(ctx.job.name,
                          f"throughput on {ds.name} (batch {off.batch} ({mode}), {workers} workers): {said}")
-            outcome = loadgen.judged(measure, budgets, plan,
+            outcome = judged(measure, budgets, plan,
                                      say=ctx.teller(f"throughput on {ds.name}"))
-        e = loadgen.entry(ds.name, outcome)
-        e["verdicts"] = [rates({"kind": k, **loadgen.verdict_doc(v)}) for k, v in outcome.verdicts.items()]
+        e = entry(ds.name, outcome)
+        e["verdicts"] = [rates({"kind": k, **verdict_doc(v)}) for k, v in outcome.verdicts.items()]
         window_rates = sorted(1e3 / x for x in outcome.final.values)
         e.update({"batch": off.batch, "mode": mode, "samples_per_call": per_call,
                   "median_window_rate": round(window_rates[len(window_rates) // 2], 3) if window_rates else None})
@@ -201,12 +203,12 @@ def gate(ctx: Context) -> tuple[Verdict | Literal["-"], dict[str, object], list[
                              f"{outcome.final.facts['samples_per_second']} samples/s")
     off = runs[0][2]  # the summary and the figures: the first judged data set's
     want = off.min_samples_per_second
-    plan = loadgen.plan_of(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
+    plan = scenario_plan(lat.confidence, off.min_seconds, 0, lat.retry_wait_seconds, ctx.quick)
     rate = entries[0].get("median_window_rate")
     said = (f"{rate:.0f}/s" if isinstance(rate, float) else "-/s") + (f" >= {want:g}/s" if want else "") \
         + f" (batch {off.batch})"
     verdict, section = loadgen.section(
-        loadgen.gate_verdict(found), entries, said, budget_of(lat.offline) if lat.offline is not None else {},
+        gate_verdict(found), entries, said, budget_of(lat.offline) if lat.offline is not None else {},
         per_data_set={ds.name: budget_of(o) for _, ds, o in runs},
         batch=off.batch, min_samples_per_second=want, confidence=plan.confidence, min_seconds=plan.min_seconds,
         window_seconds=off.window_seconds, quick=ctx.quick)

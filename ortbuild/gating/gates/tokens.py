@@ -9,15 +9,14 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING
 
-from ortbuild.artifact import golden, manifest
 from ortbuild.errors import ConfigError
 from ortbuild.gating.protocol import GENERATIVE, Context, Gate, Judged
-from ortbuild.project.generation import Tokens
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
     from ortbuild.gating.measure.tokens import TokenRule
     from ortbuild.generative.reference import Reference
+    from ortbuild.project.generation import Tokens
 
 
 # the fp32 reference of a model, per (source, prompts, tokens, held-out text): once per `ortbuild test` run
@@ -25,8 +24,8 @@ _REFERENCES: dict[tuple[str, tuple[str, ...], int, str | None, tuple[str, ...]],
 
 
 def rule_of(precision: str, given: Tokens) -> TokenRule:
-    """The tokens gate's rule: the precision's defaults (ortbuild.gating.measure.tokens.DEFAULTS), the target's keys over
-    them."""
+    """The tokens gate's rule: the precision's defaults (ortbuild.gating.measure.tokens.DEFAULTS), the target's
+    keys over them."""
     from ortbuild.gating.measure.tokens import DEFAULTS
 
     base = DEFAULTS[precision.split("-")[0]]
@@ -96,6 +95,8 @@ def _write_golden(ctx: Context, ref: Reference, artifact: list[list[int]]) -> No
     """golden/tokens.json, signed into the manifest: each prompt's ids, the fp32 source's greedy tokens and the
     artifact's, which `ortbuild verify` has the released artifact reproduce through its loader."""
     import json
+
+    from ortbuild.artifact import golden, manifest
 
     prompts = [{"prompt": p.text, "prompt_ids": p.prompt_ids, "source_tokens": p.tokens, "tokens": got}
                for p, got in zip(ref.prompts, artifact, strict=True)]

@@ -1,8 +1,8 @@
 """Outputs under load (MLPerf's compliance test TEST01): a sample of the outputs returned while timing is
 compared with the artifact's own outputs of the accuracy run for the same input, under the precision's
-accuracy rule (ortbuild.gating.measure.compare, so an execution provider that is not bit-for-bit deterministic but within
-the rule passes). A session that misbehaves when it runs many times or concurrently (shared state in a custom
-op, a stateful operator, threads) returns other outputs there than in its one accuracy run: the latency gate's
+accuracy rule (ortbuild.gating.measure.compare, so an execution provider that is not bit-for-bit deterministic
+but within the rule passes). A session that misbehaves when it runs many times or concurrently (shared state in a
+custom op, a stateful operator, threads) returns other outputs there than in its one accuracy run: the latency gate's
 `compliance` part FAILs, naming the request and the difference.
 
 The sample: requests are numbered in the order they are issued (from 0, over every attempt of the data set),

@@ -44,11 +44,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from ortbuild.errors import ArtifactError, GateFailed
-from ortbuild.gating.measure import generation_report as report
-from ortbuild.gating.measure.generation_report import PERCENTILES
 from ortbuild.gating.measure import generation_memory as memory
+from ortbuild.gating.measure import generation_report as report
 from ortbuild.gating.measure import sampling as latency
-from ortbuild.gating.measure.load_verdicts import gate_verdict
+from ortbuild.gating.measure.engine import gate_verdict
+from ortbuild.gating.measure.generation_report import PERCENTILES
+from ortbuild.gating.measure.load import runnable
 from ortbuild.gating.measure.percentiles import Budget, budgets_of, planned_samples
 from ortbuild.gating.protocol import Judged
 from ortbuild.gating.timing_records import WaitDoc
@@ -230,7 +231,7 @@ class _Rounds:
 
 def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: GenerationBudget, *,
           child: memory.Opener | None = None, name: str = "model", where: str = "", quick: bool = False,
-          progress: Callable[[str], None] | None = None, read: Callable[[], float | None] = latency.runnable,
+          progress: Callable[[str], None] | None = None, read: Callable[[], float | None] = runnable,
           wait: Callable[[float, int], WaitDoc] | None = None) -> Judged:
     """Measure and judge: (verdict, section, failure lines). The verdict is FAIL if any budget FAILs, else
     INCONCLUSIVE if any is undecided, else PASS; "-" when nothing is budgeted (the figures are reported);

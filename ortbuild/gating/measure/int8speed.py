@@ -16,11 +16,12 @@ from pathlib import Path
 from ortbuild import modelfiles, runtime
 from ortbuild.errors import first_line
 from ortbuild.gating.measure import sampling as latency
+from ortbuild.gating.measure.percentiles import Budget
 from ortbuild.pipeline.steps import precision
 from ortbuild.project.data import Feed
 from ortbuild.project.speedup import CONFIDENCE, MAX_PAIRS, MAX_SECONDS, MIN_PAIRS, SECONDS, Measured, Unmeasured
 
-RELATIVE = latency.Budget("relative", 0.5, 1.0, "fp32")  # the median of int8/fp32 at most 1
+RELATIVE = Budget("relative", 0.5, 1.0, "fp32")  # the median of int8/fp32 at most 1
 
 
 def _session(threads: int, path: Path) -> object:

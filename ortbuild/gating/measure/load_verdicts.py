@@ -1,124 +1,30 @@
-"""The verdicts of the load scenarios (ortbuild.gating.measure.loadgen): the machine's load while measuring, the plan and
-looks of a run, the load-aware retry, and the report of one data set. The statistics are latency's
-(ortbuild.gating.measure.percentiles); docs/testing.md, "Load scenarios", explains them.
+"""The verdicts of the load scenarios (ortbuild.gating.measure.loadgen): a run as an attempt of the sampling engine
+(ortbuild.gating.measure.engine: its looks, the load-aware retry and the outcome; the plan is
+ortbuild.gating.measure.sampling's), and the report of one data set. docs/testing.md, "Load scenarios".
 """
 
 from __future__ import annotations
 
-import math
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
-from ortbuild.gating.measure import sampling as latency
-from ortbuild.gating.measure.percentiles import (
-    Budget,
-    PercentileVerdict,
-    Spending,
-    checkpoints,
-    planned_samples,
-    sequential_verdict,
-    with_estimate,
-)
+from ortbuild.gating.measure.engine import Retried, retried
+from ortbuild.gating.measure.load import Load, Read, explained, runnable, wait_for_quiet
+from ortbuild.gating.measure.percentiles import Budget, PercentileVerdict, Spending, nearest_rank, planned_samples
+from ortbuild.gating.measure.sampling import Plan, plan_of
 from ortbuild.status import Verdict
 
-Read = Callable[[], float | None]
-OTHERS_COMPETE = 1.0        # other runnable threads, on average, that make a FAIL suspect (a CPU's worth)
 QUICK_SECONDS = 2.0         # --quick: the minimum run, at most this
 
-# ----------------------------------------------------------------------------------------------------- load
 
-def own_running() -> int:
-    """This process's threads that are running or ready to run (state R in /proc/self/task/*/stat); 0 where the
-    system does not say."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0
-    n = 0
-    for t in tasks:
-        try:
-            with open(f"/proc/self/task/{t}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        n += stat[stat.rfind(")") + 2:].startswith("R")
-    return n
-
-
-@dataclass
-class Load:
-    """Runnable threads while measuring, averaged: on the machine (`total`) and of other processes (`others`)."""
-
-    total: float | None = None
-    others: float | None = None
-
-    def competed(self) -> bool:
-        return self.others is not None and self.others >= OTHERS_COMPETE
-
-    def as_json(self) -> dict[str, float | None]:
-        return {"runnable": _round(self.total), "others": _round(self.others)}
-
-
-def _round(x: float | None, digits: int = 2) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-class Meter:
-    """The load while measuring, read at most every latency.LOAD_EVERY_S."""
-
-    def __init__(self, read: Read = latency.runnable, own: Callable[[], int] = own_running,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.read, self.own, self.clock = read, own, clock
-        self.totals: list[float] = []
-        self.others: list[float] = []
-        self.last = -math.inf
-
-    def tick(self, force: bool = False) -> None:
-        now = self.clock()
-        if force or now - self.last >= latency.LOAD_EVERY_S:
-            self.last = now
-            r = self.read()
-            if r is not None:
-                self.totals.append(r)
-                self.others.append(max(0.0, r - self.own()))
-
-    def load(self) -> Load:
-        if not self.totals:
-            return Load()
-        return Load(sum(self.totals) / len(self.totals), sum(self.others) / len(self.others))
-
-
-# ------------------------------------------------------------------------------------------------- verdicts
-
-@dataclass(frozen=True)
-class Plan:
-    """How long a scenario runs before it may PASS, at what confidence, and how long a retry waits."""
-
-    confidence: float = 0.99
-    min_seconds: float = 10.0
-    min_queries: int = 0
-    retry_wait_seconds: float = 30.0
-
-
-def plan_of(confidence: float, min_seconds: float, min_queries: int, retry_wait_seconds: float,
-            quick: bool) -> Plan:
-    """The plan of a scenario's keys; `quick`: 90% confidence, at most QUICK_SECONDS, no wait before a retry."""
-    if quick:
-        return Plan(latency.confidence_of(confidence, True), min(min_seconds, QUICK_SECONDS), 0, 0.0)
-    return Plan(confidence, min_seconds, min_queries, retry_wait_seconds)
-
-
-def look(values: list[float], budget: Budget, c: float, spent: Spending, can_pass: bool) -> PercentileVerdict:
-    """One look of the sequential plan; before the run's minimum (`can_pass` False) it can FAIL but not PASS,
-    and spends nothing of the PASS direction's error."""
-    if can_pass:
-        return sequential_verdict(values, budget.percentile, budget.limit, c, spent)
-    trial = Spending(spent.passes, spent.fails)
-    v = sequential_verdict(values, budget.percentile, budget.limit, c, trial)
-    spent.fails = trial.fails
-    return replace(v, verdict=Verdict.INCONCLUSIVE) if v.verdict is Verdict.PASS else v
+def scenario_plan(confidence: float, min_seconds: float, min_queries: int, retry_wait_seconds: float,
+                  quick: bool) -> Plan:
+    """The plan of a scenario's keys (sampling.plan_of; `quick`: 90% confidence, at most QUICK_SECONDS, no wait
+    before a retry)."""
+    return plan_of(confidence, 0, min_seconds, retry_wait_seconds, quick, min_queries=min_queries,
+                   quick_seconds=QUICK_SECONDS)
 
 
 @dataclass
@@ -139,34 +45,22 @@ class Run:
                 "stopped_early": self.early, "load": self.load.as_json(),
                 "verdicts": {k: v.verdict for k, v in self.verdicts.items()}}
 
+    def suspects(self, budgets: Sequence[Budget], cpus: int) -> list[str]:
+        """The budgets whose FAIL other work competing could explain (load.explained's rule)."""
+        if not self.load.competed():
+            return []
+        total = self.load.total if self.load.total is not None else os.getloadavg()[0]
+        return [b.kind for b in budgets if self.verdicts[b.kind].verdict is Verdict.FAIL
+                and explained(self.values, b.limit, total, cpus)]
 
-class Looks:
-    """The checkpoints of a run and the verdicts at each: `due(n)` says whether n values call for a look."""
+    def conditions(self, cpus: int) -> tuple[str, str, str]:
+        others = f"{self.load.others or 0.0:.1f}"
+        return (f"competing work ({others} runnable threads of other processes on {cpus} CPUs)",
+                f"while other work competed (runnable threads of other processes {others} on {cpus} CPUs)",
+                f"while other work competed ({others} runnable threads of other processes on {cpus} CPUs)")
 
-    def __init__(self, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], first: int,
-                 end: int) -> None:
-        self.budgets, self.plan, self.spending, self.end = budgets, plan, spending, end
-        self.at: Iterator[int] = checkpoints(first, end)
-        self.next = next(self.at)
-        self.count = 0
-        self.verdicts: dict[str, PercentileVerdict] = {}
 
-    def due(self, n: int) -> bool:
-        if n < self.next:
-            return False
-        while self.next <= n:
-            self.next = next(self.at)
-        return True
-
-    def judge(self, values: list[float], can_pass: bool) -> bool:
-        """Look at `values`: whether every budget is decided."""
-        self.count += 1
-        self.verdicts = {b.kind: look(values, b, self.plan.confidence, self.spending.setdefault(b.kind, Spending()),
-                                      can_pass) for b in self.budgets}
-        return bool(self.budgets) and all(v.verdict is not Verdict.INCONCLUSIVE for v in self.verdicts.values())
-
-    def final(self) -> dict[str, PercentileVerdict]:
-        return {k: with_estimate(v) for k, v in self.verdicts.items()}
+Outcome = Retried[Run]  # a scenario's on one data set
 
 
 def end_of(budgets: Sequence[Budget], plan: Plan) -> int:
@@ -175,68 +69,11 @@ def end_of(budgets: Sequence[Budget], plan: Plan) -> int:
     return max(plan.min_queries, planned_samples([b.percentile for b in budgets], plan.confidence, 0))
 
 
-
-# ------------------------------------------------------------------------------------------ load awareness
-
-@dataclass
-class Outcome:
-    """The verdicts of one scenario on one data set, after the retry a FAIL under load gets."""
-
-    runs: list[Run]
-    verdicts: dict[str, PercentileVerdict]
-    retry: dict[str, object] | None = None
-
-    @property
-    def final(self) -> Run:
-        return self.runs[-1]
-
-    def verdict(self) -> Verdict | None:
-        found = {v.verdict for v in self.verdicts.values()}
-        return (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
-                else Verdict.PASS if found else None)
-
-
-def explained_by_load(budget: Budget, run: Run, cpus: int) -> bool:
-    """Whether the load could explain a FAIL of `budget` (latency.explained_by_load's rule): whether even the
-    run's most favourable value, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, would meet it."""
-    load = run.load.total if run.load.total is not None else os.getloadavg()[0]
-    return bool(run.values) and min(run.values) / (latency.LOAD_SLOWDOWN * max(1.0, load / cpus)) <= budget.limit
-
-
-def suspects(run: Run, budgets: Sequence[Budget], cpus: int) -> list[str]:
-    """The budgets whose FAIL other work competing could explain."""
-    if not run.load.competed():
-        return []
-    return [b.kind for b in budgets if run.verdicts[b.kind].verdict is Verdict.FAIL and explained_by_load(b, run, cpus)]
-
-
 def judged(measure: Callable[[dict[str, Spending]], Run], budgets: Sequence[Budget], plan: Plan, *,
-           read: Read = latency.runnable, cpus: int | None = None,
-           say: Callable[[str], None] = lambda _: None) -> Outcome:
-    """Measure and decide; a FAIL that competing work could explain is measured again after waiting (at most
-    plan.retry_wait_seconds) for the load to fall, both runs' looks sharing one error budget; a FAIL still
-    under competing load is INCONCLUSIVE. `say`: the retry, said before the wait."""
-    cpus = cpus or os.cpu_count() or 1
-    spending: dict[str, Spending] = {}
-    first = measure(spending)
-    out = Outcome([first], dict(first.verdicts))
-    why = suspects(first, budgets, cpus)
-    if not why:
-        return out
-    competing = f"competing work ({first.load.others:.1f} runnable threads of other processes on {cpus} CPUs)"
-    say(latency.retry_said(why, competing, plan.retry_wait_seconds))
-    waited = latency.wait_for_quiet(plan.retry_wait_seconds, cpus, read)
-    out.retry = {"why": f"{', '.join(why)} FAIL while other work competed (runnable threads of other processes "
-                        f"{first.load.others:.1f} on {cpus} CPUs)", **waited}
-    again = measure(spending)
-    out.runs.append(again)
-    out.verdicts = dict(again.verdicts)
-    for kind in suspects(again, budgets, cpus):
-        out.verdicts[kind] = replace(out.verdicts[kind], verdict=Verdict.INCONCLUSIVE, more_samples=None,
-                                     note=f"FAIL measured while other work competed ({again.load.others:.1f} "
-                                          f"runnable threads of other processes on {cpus} CPUs), twice (waited "
-                                          f"{waited['waited_s']:g} s for the load to fall); rerun on a quiet machine")
-    return out
+           read: Read = runnable, cpus: int | None = None, say: Callable[[str], None] = lambda _: None) -> Outcome:
+    """The engine's measure and decide (engine.retried), waiting for the load `read` says to fall before a retry."""
+    n = cpus or os.cpu_count() or 1
+    return retried(measure, budgets, plan.retry_wait_seconds, n, partial(wait_for_quiet, read=read), say)
 
 
 def verdict_doc(v: PercentileVerdict) -> dict[str, object]:
@@ -244,17 +81,8 @@ def verdict_doc(v: PercentileVerdict) -> dict[str, object]:
     return dict(v.as_json())
 
 
-def gate_verdict(verdicts: Sequence[Verdict | None]) -> Verdict | None:
-    """FAIL if any data set failed, else INCONCLUSIVE if any was undecided, else PASS (None: nothing judged)."""
-    found = {v for v in verdicts if v is not None}
-    return (Verdict.FAIL if Verdict.FAIL in found else Verdict.INCONCLUSIVE if Verdict.INCONCLUSIVE in found
-            else Verdict.PASS if found else None)
-
-
 def summary(values: Sequence[float]) -> dict[str, float]:
     """The percentiles of query latencies (ms) a scenario reports."""
-    from ortbuild.gating.measure.percentiles import nearest_rank
-
     xs = sorted(values)
     if not xs:
         return {}
@@ -271,7 +99,7 @@ def entry(name: str, outcome: Outcome) -> dict[str, object]:
                               "verdicts": [{"kind": k, **verdict_doc(v)} for k, v in outcome.verdicts.items()]}
     if outcome.retry:
         out["retry"] = outcome.retry
-        out["attempts"] = [r.as_json() for r in outcome.runs]
+        out["attempts"] = [r.as_json() for r in outcome.attempts]
     notes = [f"{k}: {v.note}" for k, v in outcome.verdicts.items() if v.verdict is Verdict.INCONCLUSIVE and v.note]
     if run.load.competed():
         notes.append(f"other work competed: {run.load.others:.1f} runnable threads of other processes")

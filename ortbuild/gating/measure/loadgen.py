@@ -11,8 +11,9 @@ three ways MLPerf LoadGen drives it:
 - offline (ortbuild.gating.gates.throughput): every worker runs back to back; samples per second over the run, and
   per fixed window (the verdict judges the windows' median rate).
 
-The verdicts are latency's (ortbuild.gating.measure.percentiles): distribution-free binomial bounds on a percentile,
-looked at at checkpoints fixed in advance (the first at FIRST_LOOK queries, then doubling, and the plan's end),
+The verdicts are the sampling engine's (ortbuild.gating.measure.engine, on ortbuild.gating.measure.percentiles):
+distribution-free binomial bounds on a percentile, looked at at checkpoints fixed in advance (the first at
+FIRST_LOOK queries, then doubling, and the plan's end),
 each direction's error split over its looks. Before the run's minimum (its `min_seconds` and `min_queries`) a look
 can FAIL (a rate far above capacity stops within seconds) but not PASS, and spends nothing of the PASS
 direction's error. The bounds treat queries as independent, as LoadGen's early stopping does; queueing
@@ -20,9 +21,9 @@ correlates neighbouring queries, so the stated confidence is nominal, and the mi
 let the queue settle.
 
 Load: this process's pool keeps every CPU busy by design, so what competed is the machine's runnable threads
-(latency.runnable) less this process's own. A FAIL measured while other work competed (OTHERS_COMPETE) is
-measured again once the load has fallen (latency.wait_for_quiet); still competing, it is INCONCLUSIVE, unless
-even the fastest query, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, misses the budget (latency's rule).
+(load.runnable) less this process's own. A FAIL measured while other work competed (OTHERS_COMPETE) is
+measured again once the load has fallen (engine.retried); still competing, it is INCONCLUSIVE, unless
+even the fastest query, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, misses the budget (load.explained).
 """
 
 from __future__ import annotations
@@ -35,27 +36,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ortbuild.errors import GateFailed
-from ortbuild.gating.measure import sampling as latency
-from ortbuild.gating.measure.load_verdicts import OTHERS_COMPETE as OTHERS_COMPETE
-from ortbuild.gating.measure.load_verdicts import QUICK_SECONDS as QUICK_SECONDS
-from ortbuild.gating.measure.load_verdicts import Load as Load
-from ortbuild.gating.measure.load_verdicts import Looks, Meter, Read, own_running
-from ortbuild.gating.measure.load_verdicts import Outcome as Outcome
-from ortbuild.gating.measure.load_verdicts import Plan as Plan
-from ortbuild.gating.measure.load_verdicts import Run as Run
-from ortbuild.gating.measure.load_verdicts import end_of as end_of
-from ortbuild.gating.measure.load_verdicts import entry as entry
-from ortbuild.gating.measure.load_verdicts import gate_verdict as gate_verdict
-from ortbuild.gating.measure.load_verdicts import judged as judged
-from ortbuild.gating.measure.load_verdicts import plan_of as plan_of
-from ortbuild.gating.measure.load_verdicts import summary as summary
-from ortbuild.gating.measure.load_verdicts import verdict_doc as verdict_doc
-from ortbuild.gating.measure.percentiles import Budget, Spending
+from ortbuild.gating.measure.engine import Looks
+from ortbuild.gating.measure.load import LoadMeter, Read, own_running, runnable
+from ortbuild.gating.measure.load_verdicts import Run, end_of
+from ortbuild.gating.measure.percentiles import Budget, Spending, duration, plan_said
+from ortbuild.gating.measure.sampling import Plan
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.gating.protocol import Context
     from ortbuild.gating.measure.compliance import Checker
+    from ortbuild.gating.protocol import Context
     from ortbuild.project.sections import Latency, ScenarioKind
 
 Call = Callable[[], object]
@@ -66,8 +56,8 @@ MAX_PEAK_STEPS = 12         # --find-peak: server runs at most
 
 
 def checked(ctx: Context, i: int, call: Call, expected: object = None) -> tuple[Checker, Call]:
-    """Outputs under load (MLPerf TEST01, ortbuild.gating.measure.compliance): golden data set `i`'s requests numbered as
-    they are issued, a sample of their outputs kept to be compared after the run with the accuracy run's (or
+    """Outputs under load (MLPerf TEST01, ortbuild.gating.measure.compliance): golden data set `i`'s requests
+    numbered as they are issued, a sample of their outputs kept to be compared after the run with the accuracy run's (or
     `expected`: what one run of a feed the accuracy run did not see returned on its own, before the load)."""
     from ortbuild.gating.measure.compliance import Checker
 
@@ -131,7 +121,7 @@ def schedule(qps: float, seed: int, queries: int, seconds: float) -> Any:
 
 
 def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], *,
-           seed: int = 0, workers: int = 0, read: Read = latency.runnable, own: Callable[[], int] = own_running,
+           seed: int = 0, workers: int = 0, read: Read = runnable, own: Callable[[], int] = own_running,
            clock: Callable[[], float] = time.perf_counter) -> Run:
     """MLPerf Server: Poisson arrivals at `qps` (seed `seed`) handed by an issuer thread to `workers` concurrent
     calls; latency from scheduled arrival to completion. Looks at the longest prefix of queries (in arrival
@@ -171,9 +161,9 @@ def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spendi
                 return
 
     thread = threading.Thread(target=issuer, name="ortbuild-issuer", daemon=True)
-    meter = Meter(read, own, clock)
+    meter = LoadMeter(read, clock, own)
     meter.tick(force=True)
-    looks = Looks(budgets, plan, spending, FIRST_LOOK, end)
+    looks = Looks(budgets, plan.confidence, spending, FIRST_LOOK, end)
     thread.start()
     prefix, decided = 0, False
     try:
@@ -184,7 +174,7 @@ def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spendi
             if looks.due(prefix):
                 values = [float(x) for x in (done[:prefix] - (start + arrivals[:prefix])) * 1e3]
                 can_pass = prefix >= plan.min_queries and arrivals[prefix - 1] >= plan.min_seconds
-                decided = looks.judge(values, can_pass)
+                decided = looks.judge_values(values, can_pass)
                 if decided or prefix >= end:
                     break
             time.sleep(POLL_S)
@@ -210,7 +200,7 @@ def server(call: Call, qps: float, budgets: Sequence[Budget], plan: Plan, spendi
 
 
 def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan, spending: dict[str, Spending], *,
-                 read: Read = latency.runnable, own: Callable[[], int] = own_running,
+                 read: Read = runnable, own: Callable[[], int] = own_running,
                  clock: Callable[[], float] = time.perf_counter) -> Run:
     """MLPerf MultiStream: each query runs `streams` samples at once on a pool of as many workers; the next is
     issued when the last completes; a query's latency is its slowest sample's. Stops at the first look that
@@ -225,9 +215,9 @@ def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan
         call()
         return clock()
 
-    meter = Meter(read, own, clock)
+    meter = LoadMeter(read, clock, own)
     meter.tick(force=True)
-    looks = Looks(budgets, plan, spending, FIRST_LOOK, end)
+    looks = Looks(budgets, plan.confidence, spending, FIRST_LOOK, end)
     values: list[float] = []
     start = clock()
     decided = at_end = False
@@ -246,7 +236,7 @@ def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan
                 break
             if looks.due(n):
                 elapsed = clock() - start
-                decided = looks.judge(values, n >= plan.min_queries and elapsed >= plan.min_seconds)
+                decided = looks.judge_values(values, n >= plan.min_queries and elapsed >= plan.min_seconds)
                 at_end = n >= end and elapsed >= plan.min_seconds
                 if decided or at_end:
                     break
@@ -260,7 +250,7 @@ def multi_stream(call: Call, streams: int, budgets: Sequence[Budget], plan: Plan
 
 
 def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], plan: Plan, window: float,
-            spending: dict[str, Spending], *, read: Read = latency.runnable, own: Callable[[], int] = own_running,
+            spending: dict[str, Spending], *, read: Read = runnable, own: Callable[[], int] = own_running,
             clock: Callable[[], float] = time.perf_counter) -> Run:
     """MLPerf Offline: `workers` threads run `call` (`per_call` samples each) back to back. The run is cut into
     windows of `window` seconds, each call's samples spread over the windows its time overlaps; a window's value
@@ -290,9 +280,9 @@ def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], 
             stop.set()
         running[w] = math.nan
 
-    meter = Meter(read, own, clock)
+    meter = LoadMeter(read, clock, own)
     meter.tick(force=True)
-    looks = Looks(budgets, plan, spending, FIRST_WINDOWS, end)
+    looks = Looks(budgets, plan.confidence, spending, FIRST_WINDOWS, end)
     start = clock()
     threads = [threading.Thread(target=worker, args=(w,), name=f"ortbuild-offline-{w}", daemon=True)
                for w in range(workers)]
@@ -324,7 +314,7 @@ def offline(call: Call, per_call: int, workers: int, budgets: Sequence[Budget], 
             busy = [r for r in list(running) if not math.isnan(r)]
             k = int((min([now, *busy]) - start) // window)
             if k >= FIRST_WINDOWS and looks.due(k):
-                decided = looks.judge(windows(k), k >= n_min)
+                decided = looks.judge_values(windows(k), k >= n_min)
                 if decided or k >= end:
                     break
             time.sleep(POLL_S * 5)
@@ -366,8 +356,8 @@ def plan_line(what: str, budgets: Sequence[Budget], plan: Plan, end: int,
     and about how long (`seconds_for(n)` queries), the plan's end (`end`), the first look; a scenario table
     without a budget is measured to its end and reported."""
     if not budgets:
-        return f"{what}: no budget: {end} queries (about {latency.duration(seconds_for(end))}), reported, not judged"
-    said = latency.plan_said(list(budgets), plan.confidence, FIRST_LOOK, end, seconds_for, "queries")
+        return f"{what}: no budget: {end} queries (about {duration(seconds_for(end))}), reported, not judged"
+    said = plan_said(list(budgets), plan.confidence, FIRST_LOOK, end, seconds_for, "queries")
     least = f"{plan.min_seconds:g} s" + (f" and {plan.min_queries} queries" if plan.min_queries else "")
     return f"{what}: {said}; a PASS after at least {least}, and a retry if other work competed"
 

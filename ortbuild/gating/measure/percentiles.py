@@ -8,7 +8,8 @@ it, else INCONCLUSIVE, with how many more samples (at the observed exceedance ra
 Looking more than once inflates the error, so the error 1 - c of each direction (a wrong PASS, a wrong FAIL)
 is split over that direction's looks, 1/(k(k+1)) of it to the k-th (1/2, 1/6, 1/12, ...: the shares sum to 1
 however many looks there are), and a look spends a share only when it can decide in that direction at that
-sample count (which does not depend on the samples). Measuring, and the looks a run takes: ortbuild.gating.measure.sampling.
+sample count (which does not depend on the samples). Measuring, and the looks a run takes:
+ortbuild.gating.measure.sampling and ortbuild.gating.measure.engine.
 """
 
 from __future__ import annotations

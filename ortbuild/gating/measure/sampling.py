@@ -1,23 +1,18 @@
-"""Latency measurement and distribution-free verdicts on percentiles.
+"""The sampling plan of every scenario, and latency: the single-stream scenario of the sampling engine
+(ortbuild.gating.measure.engine: the looks, early stop, the load-aware retry and the outcome; the load scenarios,
+offline, server and multi-stream: ortbuild.gating.measure.loadgen; cold start: ortbuild.gating.measure.startup).
 
 Method (docs/testing.md): session creation and the first run are timed and reported apart; `warmup_runs`
 untimed runs follow; then samples are taken sequentially, with the runs of several artifacts interleaved
 (A B, B A, ...) when they are compared, and looked at only at checkpoints fixed in advance (the first look at
 `min_samples` or FIRST_LOOK samples, then each doubling, and the plan's end). The verdict on "the p-th
-percentile is at most B ms" uses binomial order statistics, as MLPerf LoadGen's early stopping does: the
-k-th smallest of n samples is an upper confidence bound on the percentile when P(Binom(n, p) <= k-1) >= c.
-PASS when the upper bound is within the budget, FAIL when the lower bound is above it, else INCONCLUSIVE,
-with how many more samples (at the observed exceedance rate) would decide. Without a budget there is nothing to
-decide: the sample is brief (BRIEF_RUNS runs or BRIEF_SECONDS, whichever comes first; warm-up likewise), its
-percentiles reported, not judged.
+percentile is at most B ms" uses binomial order statistics (ortbuild.gating.measure.percentiles), as MLPerf
+LoadGen's early stopping does. Without a budget there is nothing to decide: the sample is brief (BRIEF_RUNS runs
+or BRIEF_SECONDS, whichever comes first; warm-up likewise), its percentiles reported, not judged.
 
-Looking more than once inflates the error, so the error 1 - c of each direction (a wrong PASS, a wrong FAIL)
-is split over that direction's looks, 1/(k(k+1)) of it to the k-th (1/2, 1/6, 1/12, ...: the shares sum to 1
-however many looks there are), and a look spends a share only when it can decide in that direction at that
-sample count (which does not depend on the samples). Sampling stops at the first look that decides every
-budget (the union bound keeps the chance of any wrong verdict within 1 - c), at the first look where any budget
-FAILs (the gate's verdict is then FAIL whatever the others would say: they are reported undecided, with their
-bounds), or at the plan's end.
+Sampling stops at the first look that decides every budget (the union bound keeps the chance of any wrong
+verdict within 1 - c), at the first look where any budget FAILs (the gate's verdict is then FAIL whatever the
+others would say: they are reported undecided, with their bounds), or at the plan's end.
 
 A FAIL measured while the machine was loaded (more runnable threads than CPUs) or while the median drifted is
 measured again once the load has fallen (waiting at most `retry_wait_seconds`); a FAIL that the load could
@@ -31,104 +26,31 @@ import math
 import os
 import platform
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from ortbuild import __version__, machine, runtime
-from ortbuild.gating.measure.percentiles import Budget as Budget
-from ortbuild.gating.measure.percentiles import PercentileVerdict as PercentileVerdict
-from ortbuild.gating.measure.percentiles import Spending as Spending
-from ortbuild.gating.measure.percentiles import budgets_of as budgets_of
-from ortbuild.gating.measure.percentiles import checkpoints as checkpoints
-from ortbuild.gating.measure.percentiles import duration as duration
-from ortbuild.gating.measure.percentiles import fewest_to_pass as fewest_to_pass
-from ortbuild.gating.measure.percentiles import look_confidence as look_confidence
-from ortbuild.gating.measure.percentiles import lower_rank as lower_rank
-from ortbuild.gating.measure.percentiles import min_samples_to_bound as min_samples_to_bound
-from ortbuild.gating.measure.percentiles import nearest_rank as nearest_rank
-from ortbuild.gating.measure.percentiles import percentile_verdict as percentile_verdict
-from ortbuild.gating.measure.percentiles import plan_said as plan_said
-from ortbuild.gating.measure.percentiles import planned_samples as planned_samples
-from ortbuild.gating.measure.percentiles import retry_said as retry_said
-from ortbuild.gating.measure.percentiles import sequential_verdict as sequential_verdict
-from ortbuild.gating.measure.percentiles import upper_rank as upper_rank
-from ortbuild.gating.measure.percentiles import with_estimate as with_estimate
-from ortbuild.gating.timing_records import (
-    AttemptDoc,
-    DataSetLatency,
-    PercentileVerdictDoc,
-    RetryDoc,
-    SeriesSummary,
-    WaitDoc,
+from ortbuild.gating.measure.engine import Looks, Retried, retried
+from ortbuild.gating.measure.load import LoadMeter, Read, explained, runnable, wait_for_quiet
+from ortbuild.gating.measure.percentiles import (
+    Budget,
+    PercentileVerdict,
+    Spending,
+    duration,
+    nearest_rank,
+    plan_said,
+    planned_samples,
 )
+from ortbuild.gating.timing_records import AttemptDoc, DataSetLatency, PercentileVerdictDoc, SeriesSummary, WaitDoc
 from ortbuild.status import Verdict
 
 PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE  # as this module always named them
 FIRST_LOOK = 20              # the first look at the samples when min_samples is 0
-LOAD_SLOWDOWN = 2.0          # a FAIL under load stands only if it stays a FAIL this much faster (x load / CPUs)
-LOAD_EVERY_S = 0.01          # how often the load is read while sampling
 BRIEF_RUNS = 50              # no budget: at most this many timed runs (min_samples, where set, instead) ...
 BRIEF_SECONDS = 1.0          # ... or this long, whichever comes first (at least one run); warm-up likewise
-
-
-# ------------------------------------------------------------------------------------------------- load
-
-def runnable() -> float | None:
-    """Threads running or ready to run on this machine right now, the reading one included (Linux's
-    /proc/loadavg); None where the system does not say."""
-    try:
-        with open("/proc/loadavg") as f:
-            return float(f.read().split()[3].split("/")[0])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def load_now(read: Callable[[], float | None] = runnable) -> float:
-    """The load now: runnable threads, or where the system does not say, the 1-minute load average."""
-    r = read()
-    return r if r is not None else os.getloadavg()[0]
-
-
-class LoadMeter:
-    """The machine's load while sampling: the runnable threads, read at most every LOAD_EVERY_S, averaged."""
-
-    def __init__(self, read: Callable[[], float | None] = runnable,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.read, self.clock = read, clock
-        self.readings: list[float] = []
-        self.last = -math.inf
-
-    def tick(self, force: bool = False) -> None:
-        now = self.clock()
-        if force or now - self.last >= LOAD_EVERY_S:
-            self.last = now
-            r = self.read()
-            if r is not None:
-                self.readings.append(r)
-
-    def average(self) -> float | None:
-        return sum(self.readings) / len(self.readings) if self.readings else None
-
-
-def wait_for_quiet(max_seconds: float, cpus: int, read: Callable[[], float | None] = runnable,
-                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                   window: float = 1.0, poll: float = 0.1) -> WaitDoc:
-    """Poll the load until its average over `window` seconds is at most `cpus`, for at most `max_seconds`:
-    {"quiet": whether it fell, "load": the last average, "waited_s": seconds waited}."""
-    start = clock()
-    recent: deque[tuple[float, float]] = deque()
-    while True:
-        now = clock()
-        recent.append((now, load_now(read)))
-        while recent[0][0] < now - window:
-            recent.popleft()
-        load = sum(x for _, x in recent) / len(recent)
-        if now - start >= min(window, max_seconds) and load <= cpus:
-            return {"quiet": True, "load": round(load, 2), "waited_s": round(now - start, 2)}
-        if now - start >= max_seconds:
-            return {"quiet": False, "load": round(load, 2), "waited_s": round(now - start, 2)}
-        sleep(poll)
+QUICK_CONFIDENCE = 0.90      # `ortbuild test --quick`: wider, stated, and never a release verdict
+QUICK_MIN_SECONDS = 0.2
 
 
 def environment() -> dict[str, object]:
@@ -144,7 +66,36 @@ def environment() -> dict[str, object]:
             "ortbuild": __version__, "python": platform.python_version(), "machine": platform.machine()}
 
 
-# ------------------------------------------------------------------------------------------ measurement
+# ------------------------------------------------------------------------------------------------- plan
+
+@dataclass(frozen=True)
+class Plan:
+    """How one data set is sampled, in every scenario (the [latency] keys, and a load scenario's table)."""
+
+    confidence: float = 0.99
+    min_samples: int = 0             # the first look (0: FIRST_LOOK); with budgets undecided, the plan's length
+    min_seconds: float = 1.0         # latency: undecided, it lasts at least this long; load: no PASS before it
+    retry_wait_seconds: float = 30.0  # a FAIL under load waits at most this long for the load to fall
+    max_seconds: float = math.inf    # a deadline (ortbuild tune's): past it, one look at what there is, and stop
+    min_queries: int = 0             # load scenarios: no PASS before this many queries, and the plan at least so long
+
+
+def confidence_of(confidence: float, quick: bool) -> float:
+    """The confidence verdicts are judged at: the target's, or with --quick at most QUICK_CONFIDENCE."""
+    return min(confidence, QUICK_CONFIDENCE) if quick else confidence
+
+
+def plan_of(confidence: float, min_samples: int, min_seconds: float, retry_wait_seconds: float,
+            quick: bool = False, *, min_queries: int = 0, quick_seconds: float = QUICK_MIN_SECONDS) -> Plan:
+    """The keys' plan; `quick`: 90% confidence, at most `quick_seconds` of min_seconds, no minimum of samples or
+    queries, no wait for the load to fall before a retry (a quick answer while iterating; `ortbuild release`
+    refuses such verdicts)."""
+    if quick:
+        return Plan(confidence_of(confidence, quick), 0, min(min_seconds, quick_seconds), 0.0)
+    return Plan(confidence, min_samples, min_seconds, retry_wait_seconds, min_queries=min_queries)
+
+
+# ------------------------------------------------------------------------------------ single-stream latency
 
 @dataclass
 class Series:
@@ -232,35 +183,6 @@ def brief_done(rounds: int, seconds: float, plan: Plan) -> bool:
     return rounds >= BRIEF_RUNS or seconds >= BRIEF_SECONDS
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How one data set is sampled (the [latency] keys)."""
-
-    confidence: float = 0.99
-    min_samples: int = 0             # the first look (0: FIRST_LOOK); with budgets undecided, the plan's length
-    min_seconds: float = 1.0         # with budgets undecided, sampling lasts at least this long
-    retry_wait_seconds: float = 30.0  # a FAIL under load waits at most this long for the load to fall
-    max_seconds: float = math.inf    # a deadline (ortbuild tune's): past it, one look at what there is, and stop
-
-
-QUICK_CONFIDENCE = 0.90  # `ortbuild test --quick`: wider, stated, and never a release verdict
-QUICK_MIN_SECONDS = 0.2
-
-
-def confidence_of(confidence: float, quick: bool) -> float:
-    """The confidence verdicts are judged at: the target's, or with --quick at most QUICK_CONFIDENCE."""
-    return min(confidence, QUICK_CONFIDENCE) if quick else confidence
-
-
-def plan_of(confidence: float, min_samples: int, min_seconds: float, retry_wait_seconds: float,
-            quick: bool = False) -> Plan:
-    """The [latency] keys' plan; `quick`: 90% confidence, sampling at least QUICK_MIN_SECONDS, no wait for the
-    load to fall before a retry (a quick answer while iterating; `ortbuild release` refuses such verdicts)."""
-    if quick:
-        return Plan(confidence_of(confidence, quick), 0, min(min_seconds, QUICK_MIN_SECONDS), 0.0)
-    return Plan(confidence, min_samples, min_seconds, retry_wait_seconds)
-
-
 @dataclass
 class Attempt:
     """One sequential measurement of the artifacts on one input."""
@@ -271,6 +193,22 @@ class Attempt:
     early: bool                      # stopped before the plan's end: every budget was decided, or one FAILed
     seconds: float
     failed_on: list[str] = field(default_factory=list)  # the budgets whose FAIL stopped sampling (others undecided)
+    mine: str = ""                   # the series judged (sample's `mine`)
+
+    def suspects(self, budgets: Sequence[Budget], cpus: int) -> list[str]:
+        """The budgets whose FAIL the attempt's instability (load, drift) could explain."""
+        s = self.series[self.mine]
+        if not s.instability():
+            return []
+        samples = {n: x.samples for n, x in self.series.items()}
+        return [b.kind for b in budgets if self.verdicts[b.kind].verdict is FAIL
+                and explained(*b.values(samples, self.mine), s.machine_load(), cpus)]
+
+    def conditions(self, cpus: int) -> tuple[str, str, str]:
+        s = self.series[self.mine]
+        why = "; ".join(s.instability())
+        what = f"load {s.machine_load():.1f} on {cpus} CPUs" if s.machine_load() > cpus else f"drift ({why})"
+        return why, f"under {why}", f"under {what}"
 
     def entry(self, mine: str, name: str) -> DataSetLatency:
         """The start of data set `name`'s report (gates.data_set_entry): the timings of the series `mine`, its samples,
@@ -299,7 +237,7 @@ def undecided_note(failed: list[str], note: str) -> str:
 
 def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan,
            spending: dict[str, Spending] | None = None, clock: Callable[[], float] = time.perf_counter,
-           read: Callable[[], float | None] = runnable, cpus: int | None = None,
+           read: Read = runnable, cpus: int | None = None,
            seen: Mapping[str, Callable[[object], None]] | None = None) -> Attempt:
     """Time `calls` round by round, interleaved (A B, B A, ...), looking at the checkpoints: stop at the first
     look that decides every budget or FAILs any (the others are then reported undecided, INCONCLUSIVE with
@@ -307,17 +245,15 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
     min_seconds reached). Without budgets the sample is brief (brief_done: the percentiles are reported, not
     judged). `seen[name]` is given each output of `calls[name]`, after its time is taken (outside the timed
     region: ortbuild.gating.measure.compliance keeps a sample of them)."""
-    spending = spending if spending is not None else {}
     seen = seen or {}
     end = planned_samples([b.percentile for b in budgets], plan.confidence, plan.min_samples)
-    looks_at = checkpoints(plan.min_samples or FIRST_LOOK, end)
-    look = next(looks_at)
+    looks = Looks(budgets, plan.confidence, spending if spending is not None else {}, plan.min_samples or FIRST_LOOK,
+                  end)
     series = {name: Series(name, cpus=cpus or os.cpu_count() or 1) for name in calls}
     order = list(calls)
     meter = LoadMeter(read, clock)
     meter.tick(force=True)
-    start, i, looks = clock(), 0, 0
-    verdicts: dict[str, PercentileVerdict] = {}
+    start, i = clock(), 0
     failed: list[str] = []
     decided = at_end = False
     while True:
@@ -332,20 +268,12 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
         if not budgets and brief_done(i, clock() - start, plan):
             break  # nothing to decide: a brief sample, no look needed
         late = clock() - start >= plan.max_seconds  # a look now, the next share of the error: then stop
-        if i < look and not late:
+        if not (looks.due(i) or late):
             continue
-        while look <= i:
-            look = next(looks_at)
-        looks += 1
         samples = {name: s.samples for name, s in series.items()}
-        verdicts = {}
-        for b in budgets:
-            values, limit = b.values(samples, mine)
-            verdicts[b.kind] = sequential_verdict(values, b.percentile, limit, plan.confidence,
-                                                  spending.setdefault(b.kind, Spending()))
-        failed = [k for k, v in verdicts.items() if v.verdict is Verdict.FAIL]
-        decided = bool(failed) or (bool(budgets) and all(v.verdict is not Verdict.INCONCLUSIVE
-                                                         for v in verdicts.values()))
+        decided = looks.judge(partial(Budget.values, series=samples, mine=mine))
+        failed = looks.failed()
+        decided = decided or bool(failed)
         at_end = (i >= end and clock() - start >= plan.min_seconds) or late
         if decided or at_end:
             break
@@ -353,74 +281,31 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
     meter.tick(force=True)
     for s in series.values():
         s.load = meter.average()
-    final = {k: with_estimate(v) for k, v in verdicts.items()}
+    final = looks.final()
     if failed:  # the gate failed: the undecided budgets say why they were not sampled on
-        final = {k: replace(v, note=undecided_note(failed, v.note)) if v.verdict is Verdict.INCONCLUSIVE else v
+        final = {k: replace(v, note=undecided_note(failed, v.note)) if v.verdict is INCONCLUSIVE else v
                  for k, v in final.items()}
-    return Attempt(series, final, looks, decided and not at_end, seconds, failed)
+    return Attempt(series, final, looks.count, decided and not at_end, seconds, failed, mine)
 
 
-def explained_by_load(budget: Budget, attempt: Attempt, mine: str, cpus: int) -> bool:
-    """Whether the instability of `attempt` could explain a FAIL of `budget`: whether even its most favourable
-    sample, LOAD_SLOWDOWN x max(1, load / CPUs) times faster, would meet the budget. (Contention only adds
-    time; a budget below that is impossible on this machine, loaded or not.)"""
-    values, limit = budget.values({n: s.samples for n, s in attempt.series.items()}, mine)
-    load = attempt.series[mine].machine_load()
-    return min(values) / (LOAD_SLOWDOWN * max(1.0, load / cpus)) <= limit
-
-
-@dataclass
-class Outcome:
-    """The verdicts of one data set, after the retry a FAIL under load gets."""
-
-    attempts: list[Attempt]
-    verdicts: dict[str, PercentileVerdict]
-    retry: RetryDoc | None = None    # why it was measured again, how long it waited
-
-    @property
-    def final(self) -> Attempt:
-        return self.attempts[-1]
-
-
-def _suspects(attempt: Attempt, budgets: list[Budget], mine: str, cpus: int) -> list[str]:
-    """The budgets whose FAIL the attempt's instability (load, drift) could explain."""
-    if not attempt.series[mine].instability():
-        return []
-    return [b.kind for b in budgets if attempt.verdicts[b.kind].verdict is Verdict.FAIL
-            and explained_by_load(b, attempt, mine, cpus)]
+Outcome = Retried[Attempt]  # latency's: its attempts are Attempts
 
 
 def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan, *,
-         clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = runnable,
+         clock: Callable[[], float] = time.perf_counter, read: Read = runnable,
          wait: Callable[[float, int], WaitDoc] | None = None, cpus: int | None = None,
          seen: Mapping[str, Callable[[object], None]] | None = None,
          say: Callable[[str], None] = lambda _: None) -> Outcome:
-    """Sample and decide; a FAIL the load or drift could explain is measured again after waiting (at most
-    plan.retry_wait_seconds) for the load to fall, the looks of both attempts sharing one error budget. A FAIL
-    that persists under load is INCONCLUSIVE ("measured under load N; rerun on a quiet machine"). `seen`: as
-    sample's, over every attempt."""
-    cpus = cpus or os.cpu_count() or 1
-    spending: dict[str, Spending] = {}
-    first = sample(calls, mine, budgets, plan, spending, clock, read, cpus, seen)
-    out = Outcome([first], dict(first.verdicts))
-    suspects = _suspects(first, budgets, mine, cpus)
-    if not suspects:
-        return out
-    say(retry_said(suspects, "; ".join(first.series[mine].instability()), plan.retry_wait_seconds))
-    waited = wait(plan.retry_wait_seconds, cpus) if wait else wait_for_quiet(plan.retry_wait_seconds, cpus, read)
-    out.retry = {"why": f"{', '.join(suspects)} FAIL under {'; '.join(first.series[mine].instability())}",
-                 **waited}
-    again = sample(calls, mine, budgets, plan, spending, clock, read, cpus, seen)
-    out.attempts.append(again)
-    out.verdicts = dict(again.verdicts)
-    s = again.series[mine]
-    for kind in _suspects(again, budgets, mine, cpus):
-        what = (f"load {s.machine_load():.1f} on {cpus} CPUs" if s.machine_load() > cpus else
-                f"drift ({'; '.join(s.instability())})")
-        out.verdicts[kind] = replace(out.verdicts[kind], verdict=Verdict.INCONCLUSIVE, more_samples=None,
-                                     note=f"FAIL measured under {what}, twice (waited {waited['waited_s']:g} s for "
-                                          "the load to fall); rerun on a quiet machine")
-    if again.failed_on and not any(v.verdict is Verdict.FAIL for v in out.verdicts.values()):
+    """Sample and decide, with the engine's retry (retried) of a FAIL that load or drift could explain ("measured
+    under load N; rerun on a quiet machine"). `seen`: as sample's, over every attempt."""
+    n = cpus or os.cpu_count() or 1
+
+    def measure(spending: dict[str, Spending]) -> Attempt:
+        return sample(calls, mine, budgets, plan, spending, clock, read, n, seen)
+
+    out = retried(measure, budgets, plan.retry_wait_seconds, n, wait or partial(wait_for_quiet, read=read), say)
+    again = out.final
+    if len(out.attempts) > 1 and again.failed_on and not any(v.verdict is FAIL for v in out.verdicts.values()):
         stopped = undecided_note(again.failed_on, "")  # those FAILs are now undecided too: say what stopped it
         out.verdicts = {k: replace(v, note=v.note.replace(stopped, "not decided: sampling stopped at the "
                                                           f"FAIL of {', '.join(again.failed_on)} under load"))

@@ -31,14 +31,8 @@ from typing import Any
 import numpy as np
 
 from ortbuild.errors import GateFailed
-from ortbuild.gating.measure.percentiles import (
-    PercentileVerdict,
-    Spending,
-    checkpoints,
-    nearest_rank,
-    sequential_verdict,
-    with_estimate,
-)
+from ortbuild.gating.measure.engine import Looks
+from ortbuild.gating.measure.percentiles import Budget, PercentileVerdict, nearest_rank
 from ortbuild.gating.timing_records import StartupDoc, StartupStats
 from ortbuild.status import Verdict
 
@@ -127,32 +121,27 @@ def judge(measure: Callable[[], Sample], budgets: Mapping[str, float], confidenc
           first: int = FIRST_LOOK, cap: int = MAX_PROCESSES, max_seconds: float = MAX_SECONDS,
           clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Measure fresh processes one at a time, looking at the checkpoints (first, doubling, cap): stop at the first
-    look that decides every budget, at the cap, or before a look that would end past max_seconds."""
-    spending = {kind: Spending() for kind in budgets}
+    look that decides every budget, at the cap, or before a look that would end past max_seconds (the sampling
+    engine's Looks, on the median of each kind)."""
+    looks = Looks([Budget(kind, 0.5, budget) for kind, budget in budgets.items()], confidence, {}, first, cap)
     samples: list[Sample] = []
-    verdicts: dict[str, PercentileVerdict] = {}
-    looks_at = checkpoints(first, cap)
-    look, looks, start = next(looks_at), 0, clock()
+    start = clock()
     while True:
         samples.append(measure())
-        if len(samples) < look:
+        if not looks.due(len(samples)):
             continue
-        looks += 1
-        verdicts = {kind: sequential_verdict([s.value(kind) for s in samples], 0.5, budget, confidence,
-                                             spending[kind]) for kind, budget in budgets.items()}
-        if all(v.verdict is not Verdict.INCONCLUSIVE for v in verdicts.values()):
+        if looks.judge(lambda b: ([s.value(b.kind) for s in samples], b.limit)) or not budgets:
             stopped = "decided"
             break
         if len(samples) >= cap:
             stopped = "cap"
             break
-        look = next(looks_at)
         elapsed = clock() - start
-        if elapsed + elapsed / len(samples) * (look - len(samples)) > max_seconds:
+        if elapsed + elapsed / len(samples) * (looks.next - len(samples)) > max_seconds:
             stopped = "time"
             break
-    final = {kind: _in_processes(with_estimate(v)) for kind, v in verdicts.items()}
-    return Outcome(samples, final, looks, stopped, clock() - start)
+    final = {kind: _in_processes(v) for kind, v in looks.final().items()}
+    return Outcome(samples, final, looks.count, stopped, clock() - start)
 
 
 def _in_processes(v: PercentileVerdict) -> PercentileVerdict:

@@ -1,10 +1,10 @@
 """The `eval` gate: task accuracy on labelled data. The artifact (through its generated Python loader) and the fp32
 source model (onnxruntime on the CPU provider, with the job's custom-op libraries) run on the same samples of the
-model's evaluation set ([models.NAME.eval]), read lazily a batch at a time; what the metric needs is kept per sample
-(ortbuild.gating.measure.taskmetrics), and the drop of the metric from the source to the artifact is bounded at the target's
-confidence (ortbuild.gating.measure.taskstats: exact for accuracy, a paired bootstrap otherwise). PASS when the drop's upper
-bound is within `[targets.NAME.eval] max_drop`, FAIL when its lower bound is above it, else INCONCLUSIVE with about
-how many samples would decide. docs/testing.md, "Task accuracy on labelled data".
+model's evaluation set ([models.NAME.eval]), read lazily a batch at a time; what the metric needs is kept per
+sample (ortbuild.gating.measure.taskmetrics), and the drop of the metric from the source to the artifact is bounded
+at the target's confidence (ortbuild.gating.measure.taskstats: exact for accuracy, a paired bootstrap otherwise).
+PASS when the drop's upper bound is within `[targets.NAME.eval] max_drop`, FAIL when its lower bound is above
+it, else INCONCLUSIVE with about how many samples would decide. docs/testing.md, "Task accuracy on labelled data".
 """
 
 from __future__ import annotations

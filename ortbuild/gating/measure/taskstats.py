@@ -1,5 +1,6 @@
-"""The statistics of the `eval` gate (ortbuild.gating.measure.task_eval): bounds on the drop of a task metric from the fp32 source
-to the artifact, measured on the same samples (paired), each a one-sided bound at the target's `confidence`.
+"""The statistics of the `eval` gate (ortbuild.gating.measure.task_eval): bounds on the drop of a task metric from
+the fp32 source to the artifact, measured on the same samples (paired), each a one-sided bound at the target's
+`confidence`.
 
 Accuracy (exact). Each sample is right or wrong for the source and for the artifact. Let b be the samples the source
 gets right and the artifact wrong, c the reverse (the discordant pairs; the concordant ones say nothing about the

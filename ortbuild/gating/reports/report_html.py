@@ -231,7 +231,8 @@ def _latency_html(lat: DataSetLatency) -> list[str]:
 
 
 def _compliance_html(c: object) -> list[str]:
-    """Outputs under load (ortbuild.gating.measure.compliance): how many timed requests were checked, and each mismatch."""
+    """Outputs under load (ortbuild.gating.measure.compliance): how many timed requests were checked, and each
+    mismatch."""
     if not isinstance(c, dict) or not c:
         return []
     verdict = str(c.get("verdict", "-"))

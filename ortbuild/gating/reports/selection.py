@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ortbuild.gating.gates import registry
 from ortbuild.gating.record import TestResult

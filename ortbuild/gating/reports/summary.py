@@ -18,7 +18,7 @@ from ortbuild import files, logs
 from ortbuild.errors import SUMMARY_FAILED, GateFailed
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import BuildRecord
-from ortbuild.gating.reports import report
+from ortbuild.gating.reports import cells, report
 from ortbuild.gating.reports.builds import record_path
 from ortbuild.project import config
 from ortbuild.status import JobStatus, Verdict
@@ -128,9 +128,9 @@ def print_test(dist: Path, out: TextIO) -> int:
     except (OSError, ValueError):
         print(f"no test report in {dist}", file=out)
         return 0
-    results = report.ordered(report.latest(doc.get("results", []), dist))
+    results = cells.ordered(report.latest(doc.get("results", []), dist))
     try:
-        head, body = report.text_table(results, doc.get("comparison"))
+        head, body = cells.text_table(results, doc.get("comparison"))
         records = [TestResult.from_json(r) for r in results]
     except ValueError as e:
         print(f"{path}: not a test report that ortbuild wrote ({e}): run `ortbuild test` again", file=out)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 Say = Callable[[str, Event | str], None]
 A = TypeVar("A", covariant=True)      # what a search finds
 G = TypeVar("G", contravariant=True)  # what it starts from
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Clock:
     def rebuilt(self, n: int = 1) -> None:
         self.rebuilds += n
 
-    def found(self, answer: A, *, found: bool, cut_short: bool) -> Found[A]:
+    def found(self, answer: T, *, found: bool, cut_short: bool) -> Found[T]:
         """The search's result, with what it spent on this clock."""
         return Found(answer, found=found, cut_short=cut_short, rebuilds=self.rebuilds, seconds=self.spent())
 

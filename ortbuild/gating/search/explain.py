@@ -59,7 +59,6 @@ from ortbuild.gating.search.layerwise import (
     QUANT_OPS,
     Layer,
     Prediction,
-    Proxy,
     Rewrites,
     changed_nodes,
     graph_digest,
@@ -67,6 +66,7 @@ from ortbuild.gating.search.layerwise import (
     ranked,
     session_of,
 )
+from ortbuild.gating.search.predict import Proxy
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.progress import Progress
 from ortbuild.pipeline.steps import accounting, check, fusion, precision

@@ -1,8 +1,9 @@
 """Session tuning of one built job (`ortbuild tune`, `tune = true`): measure through the generated Python loader
 (gating/tune_search.py: the candidates, the paired measurement, the greedy search), write the lock entry, rebuild.
 
-tune_job() measures: the artifact as built, opened with the declared session options and with each candidate's
-(the loader's load(session=...)), every golden data set, the accuracy gate judging each faster candidate.
+Tuner (a base.Search over a built job, given its fp32 reference) measures: the artifact as built, opened with the
+declared session options and with each candidate's (the loader's load(session=...)), every golden data set, the
+accuracy gate judging each faster candidate; its Budget's seconds bound the search.
 record() writes what it found to targets.lock (`applies.session`: the changed options only; `tune`: the speed-up,
 its interval and confidence, what was tried; an up-to-date entry's precision-search part is kept) and rebuilds
 the job with the entry applied, so the shipped artifact carries the tuned options in its manifest and loaders.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -27,9 +27,10 @@ from ortbuild.gating.measure import emulated
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import PASS, Tester
+from ortbuild.gating.search.base import Budget, Found, Say
 from ortbuild.gating.search.tune_search import (
-    DEFAULT_SECONDS,
     MIN_SECONDS,
+    NOT_TRIED,
     RETRY_WAIT_SECONDS,
     Comparison,
     Session,
@@ -43,10 +44,9 @@ from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project import config, generation, lockfile
 from ortbuild.project.plan import Job
-from ortbuild.status import Event, JobStatus, PhaseStarted, Verdict
+from ortbuild.status import JobStatus, PhaseStarted, Verdict
 
 QUIET_WAIT_SECONDS = 10.0    # before a job's search, at most: for the load to fall
-Progress = Callable[[str, Event | str], None]
 
 
 def wants_tune(job: Job) -> bool:
@@ -112,55 +112,68 @@ def _measure(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, 
     return worst(found)
 
 
-def tune_job(tester: Tester, declared_job: Job, built_job: Job, *, seconds: float = DEFAULT_SECONDS,
-             progress: Progress = lambda j, m: None, reference: Job | None = None) -> Tuning:
-    """The session search of one built job (`built_job`: as built, its lock entry laid over; `declared_job`: as
-    targets.toml declares it). A declared setting that fails its accuracy gate is a GateFailed: nothing to tune."""
-    name = declared_job.name
-    folder = paths.inside(tester.dist, declared_job.target.name, declared_job.model.name)
-    decl = declared_session(declared_job)
-    res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
-    progress(name, PhaseStarted("tune: the accuracy gate with the declared session options"))
-    module, g, _ = tester.accuracy_gate(built_job, res, session=decl)
-    if res.accuracy != PASS or module is None:
-        raise GateFailed(f"{name}: the accuracy gate fails with the declared session options ({res.worst}): "
-                         "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
-                                            "\"auto\"), then tune it")
-    cpus = os.cpu_count() or 1
-    waited = latency.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
-    sessions = _Sessions(module, folder, tester.secret, name)
-    feeds = [ds.inputs for ds in g.sets]
-    gates = built_job.settings.gates
-    assert gates is not None
-    plan, warmup = _plan(built_job), gates.latency.warmup_runs
+class Tuner:
+    """Session tuning, a base.Search over a built job (as built, its lock entry laid over) given the fp32 artifact of
+    the same model to compare a reduced precision with (None: no such note). Its budget: seconds (rebuilds: none are
+    made; record() rebuilds once with what it keeps). Found: the Tuning; found, where it keeps a faster setting;
+    cut short, where candidates were left untried or the final measurement was not made for lack of time."""
 
-    deadline = time.monotonic() + seconds  # search() counts from here too: every measurement ends by then
+    def __init__(self, tester: Tester, budget: Budget, progress: Say = lambda j, m: None) -> None:
+        self.tester = tester
+        self.budget = budget
+        self.progress = progress
 
-    def measure(current: Session, candidate: Session) -> Comparison:
-        # two fresh sessions each time (also for the same options): a session's own placement in memory can make it
-        # faster or slower than another with the same options, and each comparison says so in its interval
-        return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, deadline)
+    def search(self, job: Job, given: Job | None) -> Found[Tuning]:
+        """A declared setting that fails its accuracy gate is a GateFailed: nothing to tune."""
+        tester, progress, reference = self.tester, self.progress, given
+        declared_job, seconds = lockfile.declared(job), self.budget.seconds
+        name = declared_job.name
+        folder = paths.inside(tester.dist, declared_job.target.name, declared_job.model.name)
+        decl = declared_session(declared_job)
+        res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
+        progress(name, PhaseStarted("tune: the accuracy gate with the declared session options"))
+        module, g, _ = tester.accuracy_gate(job, res, session=decl)
+        if res.accuracy != PASS or module is None:
+            raise GateFailed(f"{name}: the accuracy gate fails with the declared session options ({res.worst}): "
+                             "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
+                                                "\"auto\"), then tune it")
+        cpus = os.cpu_count() or 1
+        waited = latency.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
+        sessions = _Sessions(module, folder, tester.secret, name)
+        feeds = [ds.inputs for ds in g.sets]
+        gates = job.settings.gates
+        assert gates is not None
+        plan, warmup = _plan(job), gates.latency.warmup_runs
 
-    def accurate(session: Session) -> tuple[bool, str]:
-        r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
-        try:
-            tester.accuracy_gate(built_job, r, session=session)
-        except OrtbuildError as e:
-            return False, first_line(e)
-        return r.accuracy == PASS, r.worst
+        clock = self.budget.start()  # search() counts from here too: every measurement ends by its deadline
 
-    progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight then "
-                                f"(paired, interleaved runs at {plan.confidence:.0%} confidence); then the fp32 note "
-                                "and a rebuild with what it keeps"))
-    tuning = search(decl, cpus, measure, accurate, seconds, progress=lambda m: progress(name, m))
-    if not waited["quiet"]:
-        tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
-                            "the ratios are paired, but tune again on a quiet machine to confirm")
-    if reference is not None:
-        note = _versus(tester, built_job, module, folder, reference, tuning.tuned, feeds, warmup, plan)
-        tuning.notes.append(note)
-        progress(name, f"tune: {note}")
-    return tuning
+        def measure(current: Session, candidate: Session) -> Comparison:
+            # two fresh sessions each time (also for the same options): a session's own placement in memory can make
+            # it faster or slower than another with the same options, and each comparison says so in its interval
+            return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, clock.deadline)
+
+        def accurate(session: Session) -> tuple[bool, str]:
+            r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
+            try:
+                tester.accuracy_gate(job, r, session=session)
+            except OrtbuildError as e:
+                return False, first_line(e)
+            return r.accuracy == PASS, r.worst
+
+        progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight "
+                                    f"then (paired, interleaved runs at {plan.confidence:.0%} confidence); then the "
+                                    "fp32 note and a rebuild with what it keeps"))
+        tuning = search(decl, cpus, measure, accurate, clock.left(), clock=clock.now,
+                        progress=lambda m: progress(name, m))
+        if not waited["quiet"]:
+            tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
+                                "the ratios are paired, but tune again on a quiet machine to confirm")
+        if reference is not None:
+            note = _versus(tester, job, module, folder, reference, tuning.tuned, feeds, warmup, plan)
+            tuning.notes.append(note)
+            progress(name, f"tune: {note}")
+        cut_short = tuning.final is None or any(t.verdict == NOT_TRIED for t in tuning.tried)
+        return clock.found(tuning, found=bool(tuning.applies), cut_short=cut_short)
 
 
 def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, reference: Job, session: Session,
@@ -229,8 +242,8 @@ def _nothing_kept(builder: Builder, lock: lockfile.Lock, job: Job, tuning: Tunin
     return lock, job, result
 
 
-def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: Job, progress: Progress, *,
-                   seconds: float = DEFAULT_SECONDS) -> tuple[lockfile.Lock, Job, JobResult]:
+def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: Job, progress: Say, budget: Budget) \
+        -> tuple[lockfile.Lock, Job, JobResult]:
     """The build flow's tuning of one built job whose target says `tune = true` (`job`: as built, its lock entry laid
     over): tune, record, rebuild. Returns the updated lock, the job as rebuilt (its entry laid over: what the gates
     then test) and the rebuild's result (its notes say what was kept). A declared setting that fails its accuracy
@@ -240,5 +253,5 @@ def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: J
     if reference is not None and not (paths.inside(builder.dist, reference.target.name, reference.model.name)
                                       / manifest.MANIFEST).is_file():
         reference = None
-    tuning = tune_job(tester, plain, job, seconds=seconds, progress=progress, reference=reference)
+    tuning = Tuner(tester, budget, progress).search(job, reference).answer
     return record(builder, tester, lock, plain, tuning)
