@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from ortbuild import machine  # noqa: E402
 from ortbuild.project import config, plan  # noqa: E402
+from ortbuild.project.kinds import kind_rule  # noqa: E402
 
 README = REPO / "README.md"
 TESTING = REPO / "docs" / "testing.md"
@@ -382,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         # nox -s test's jobs: the generative targets have their own sessions (nox -t generative)
-        jobs = len([j for j in plan.jobs(config.load(REPO / "targets.toml")) if not j.model.generative])
+        jobs = len([j for j in plan.jobs(config.load(REPO / "targets.toml"))
+                    if not kind_rule(j.model.kind).session_suffix])
         test_sentence, test_block = test_sample(test_output(rerun=not args.no_run, clean=args.clean), jobs)
         build_sentence, build_block = build_sample()
         profile_block = profile_sample()

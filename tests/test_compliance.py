@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as h
 
-from ortbuild.gating.measure import compliance
+from ortbuild.gating.measure import compliance, percentiles
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.records import Rule
 from ortbuild.status import Verdict
@@ -84,7 +84,7 @@ def test_outputs_are_kept_outside_the_timed_region_and_compared_after() -> None:
     def slow_seen(out: object) -> None:
         clock.t += 1.0
         seen(out)
-    a = latency.sample({"a": call}, "a", latency.budgets_of({0.9: 2.0}), latency.Plan(min_seconds=0), clock=clock,
+    a = latency.sample({"a": call}, "a", percentiles.budgets_of({0.9: 2.0}), latency.Plan(min_seconds=0), clock=clock,
                        read=lambda: 1.0, seen={"a": slow_seen})
     assert max(a.series["a"].samples) < 1.01 and a.verdicts["p90"].verdict == latency.PASS
     verdict, doc, _ = chk.verdict("j")

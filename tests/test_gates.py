@@ -376,10 +376,10 @@ latency = {{ data_sets = {{ test_data_set_2 = {{ p90_ms = 1 }} }} }}
 
 def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
     from ortbuild.gating import runner as gates
-    from ortbuild.gating.measure import sampling as latency
+    from ortbuild.gating.measure import percentiles
     from tests.test_latency import Machine
 
-    budgets = latency.budgets_of({0.9: 2.0})
+    budgets = percentiles.budgets_of({0.9: 2.0})
     out = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None).gate(2.0)
     lines: list[str] = []
     entry = gates.data_set_entry("cpu/m", "a", "test_data_set_0", out, budgets, {"a": 9.0}, {"a": 0.5}, lines)
@@ -402,13 +402,14 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
     on a loaded machine): on a quiet machine it stands and names both medians; when the load could explain it (a
     preempted reference sample) and persists, it is INCONCLUSIVE with the attempts, as the gated tests accept."""
     from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import percentiles
     from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
 
     def run(load: float, reference: Iterator[float]) -> tuple[dict[str, Any], list[str]]:
         clock = FakeClock()
         calls = {"impossible": clock.run(_lognormal(0.2, 1)), "ok": clock.run(reference)}
-        budgets = latency.budgets_of({}, "ok", 1000.0)
+        budgets = percentiles.budgets_of({}, "ok", 1000.0)
         out = latency.gate(calls, "impossible", budgets, latency.Plan(min_seconds=0, retry_wait_seconds=1),
                            clock=clock, read=lambda: load, wait=lambda s, c: {"quiet": False, "load": load,
                                                                                 "waited_s": 1.0}, cpus=2)

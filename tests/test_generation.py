@@ -18,10 +18,12 @@ from ortbuild.errors import ArtifactError
 from ortbuild.gating.measure import generation as gen
 from ortbuild.gating.measure import generation_memory as memory
 from ortbuild.gating.measure import sampling as latency
+from ortbuild.gating.measure.generation_budget import GenaiConfig, GenerationBudget, Timing
+from ortbuild.gating.measure.percentiles import planned_samples
 from ortbuild.status import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = gen.GenaiConfig(vocab_size=50, context_length=128, special=frozenset({0, 1, 2}), layers=2,
+CONFIG = GenaiConfig(vocab_size=50, context_length=128, special=frozenset({0, 1, 2}), layers=2,
                          present_key="present.0.key", share_buffer=True)
 generative = pytest.mark.generative
 
@@ -35,21 +37,21 @@ def test_prompt_ids_exact_count_without_special_tokens_from_a_fixed_seed() -> No
 
 
 def test_budgets_are_named_by_their_key_and_judged_on_their_series() -> None:
-    b = gen.GenerationBudget(ttft_p90_ms=5.0, tpot_p50_ms=1.0, tpot_p99_ms=2.0, min_tokens_per_second=100.0)
+    b = GenerationBudget(ttft_p90_ms=5.0, tpot_p50_ms=1.0, tpot_p99_ms=2.0, min_tokens_per_second=100.0)
     got = {x.kind: (x.percentile, x.limit, x.values({"ttft": [7.0], "tpot": [0.5]}, "ttft")[0])
            for x in b.budgets()}
     assert got == {"ttft_p90_ms": (0.9, 5.0, [7.0]), "tpot_p50_ms": (0.5, 1.0, [0.5]),
                    "tpot_p99_ms": (0.99, 2.0, [0.5]), "min_tokens_per_second": (0.5, 10.0, [0.5])}
     assert b.set() == {"ttft_p90_ms": 5.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 2.0, "min_tokens_per_second": 100.0}
-    assert gen.GenerationBudget().budgets() == []
+    assert GenerationBudget().budgets() == []
 
 
 def test_lengths_that_do_not_fit_are_refused_with_the_numbers() -> None:
-    assert gen.shape_problem(gen.GenerationBudget(), CONFIG) is None
+    assert gen.shape_problem(GenerationBudget(), CONFIG) is None
     assert "97 is above the context length 96" in str(
-        gen.shape_problem(gen.GenerationBudget(prompt_tokens=65, context_length=96), CONFIG))
-    assert "new_tokens at least 2" in str(gen.shape_problem(gen.GenerationBudget(new_tokens=1), CONFIG))
-    assert "above the model's 128" in str(gen.shape_problem(gen.GenerationBudget(context_length=256), CONFIG))
+        gen.shape_problem(GenerationBudget(prompt_tokens=65, context_length=96), CONFIG))
+    assert "new_tokens at least 2" in str(gen.shape_problem(GenerationBudget(new_tokens=1), CONFIG))
+    assert "above the model's 128" in str(gen.shape_problem(GenerationBudget(context_length=256), CONFIG))
 
 
 def test_rounds_give_each_series_one_figure_per_generation() -> None:
@@ -58,12 +60,12 @@ def test_rounds_give_each_series_one_figure_per_generation() -> None:
     that decides)."""
     made = iter(range(1, 10_000))
 
-    def fake() -> gen.Timing:  # a generation whose figures say which it was
+    def fake() -> Timing:  # a generation whose figures say which it was
         k = next(made)
-        return gen.Timing(float(k), (k / 1000, k / 1000 * 3), 0.0)
+        return Timing(float(k), (k / 1000, k / 1000 * 3), 0.0)
 
     rounds = gen._Rounds(fake)
-    budgets = gen.GenerationBudget(ttft_p50_ms=1e9).budgets()
+    budgets = GenerationBudget(ttft_p50_ms=1e9).budgets()
     out = latency.sample({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft", budgets,
                          latency.Plan(0.95, 0, 0.0, 0.0), clock=rounds.clock, read=lambda: 0.0)
     n = len(rounds.timings)
@@ -116,7 +118,7 @@ def fp32_long(hf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(hf, base / "fp32")
 
 
-def _judge(folder: Path, budget: gen.GenerationBudget, child: memory.Opener | None = None) -> Any:
+def _judge(folder: Path, budget: GenerationBudget, child: memory.Opener | None = None) -> Any:
     return gen.judge(lambda: gen.open_folder(str(folder)), gen.read_config(folder), budget, child=child,
                      name="cpu/llm", where="[targets.cpu.generation]")
 
@@ -127,11 +129,11 @@ def _opener(folder: Path) -> memory.Opener:
 
 @generative
 def test_a_generous_budget_passes_early_with_the_figures(fp32: Path) -> None:
-    budget = gen.GenerationBudget(ttft_p90_ms=60_000.0, tpot_p90_ms=60_000.0, min_tokens_per_second=0.1,
+    budget = GenerationBudget(ttft_p90_ms=60_000.0, tpot_p90_ms=60_000.0, min_tokens_per_second=0.1,
                                   max_memory_mb=100_000.0)
     verdict, section, lines = _judge(fp32, budget, _opener(fp32))
     assert verdict is Verdict.PASS and lines == []
-    assert section["stopped_early"] and section["generations"] < latency.planned_samples([0.9], 0.95, 0)
+    assert section["stopped_early"] and section["generations"] < planned_samples([0.9], 0.95, 0)
     assert {v["kind"]: v["verdict"] for v in section["verdicts"]} == {
         "ttft_p90_ms": "PASS", "tpot_p90_ms": "PASS", "min_tokens_per_second": "PASS"}
     ttft, tpot = section["ttft_ms"], section["tpot_ms"]
@@ -148,7 +150,7 @@ def test_a_generous_budget_passes_early_with_the_figures(fp32: Path) -> None:
 
 @generative
 def test_an_impossible_ttft_fails_at_the_first_look_naming_percentile_estimate_and_budget(fp32: Path) -> None:
-    budget = gen.GenerationBudget(ttft_p90_ms=0.001, tpot_p99_ms=60_000.0)
+    budget = GenerationBudget(ttft_p90_ms=0.001, tpot_p99_ms=60_000.0)
     verdict, section, lines = _judge(fp32, budget)
     assert verdict is Verdict.FAIL and section["generations"] == latency.FIRST_LOOK and section["stopped_early"]
     by = {v["kind"]: v for v in section["verdicts"]}
@@ -163,7 +165,7 @@ def test_an_impossible_ttft_fails_at_the_first_look_naming_percentile_estimate_a
 
 @generative
 def test_an_impossible_rate_fails_in_tokens_per_second(fp32: Path) -> None:
-    verdict, section, lines = _judge(fp32, gen.GenerationBudget(min_tokens_per_second=1e9))
+    verdict, section, lines = _judge(fp32, GenerationBudget(min_tokens_per_second=1e9))
     assert verdict is Verdict.FAIL
     v = section["verdicts"][0]
     assert v["kind"] == "min_tokens_per_second" and v["budget_rate"] == 1e9 and v["observed_rate"] < 1e9
@@ -174,7 +176,7 @@ def test_an_impossible_rate_fails_in_tokens_per_second(fp32: Path) -> None:
 
 @generative
 def test_too_few_generations_to_bound_a_p99_is_inconclusive_with_how_many_more(fp32: Path) -> None:
-    verdict, section, lines = _judge(fp32, gen.GenerationBudget(tpot_p99_ms=60_000.0, min_samples=20))
+    verdict, section, lines = _judge(fp32, GenerationBudget(tpot_p99_ms=60_000.0, min_samples=20))
     assert verdict is Verdict.INCONCLUSIVE and lines == [] and section["generations"] == 20
     v = section["verdicts"][0]
     assert v["upper"] is None and v["more_samples"] > 0  # 20 samples cannot bound a p99 from above
@@ -183,10 +185,10 @@ def test_too_few_generations_to_bound_a_p99_is_inconclusive_with_how_many_more(f
 
 @generative
 def test_nothing_budgeted_reports_the_figures_without_a_verdict(fp32: Path) -> None:
-    verdict, section, lines = _judge(fp32, gen.GenerationBudget(prompt_tokens=8, new_tokens=4))
+    verdict, section, lines = _judge(fp32, GenerationBudget(prompt_tokens=8, new_tokens=4))
     assert verdict == "-" and lines == [] and section["verdicts"] == []
     # no budget, nothing to decide: a brief sample (at most BRIEF_RUNS rounds or BRIEF_SECONDS), not the plan's 100
-    assert 1 <= section["generations"] <= latency.BRIEF_RUNS < latency.planned_samples([], 0.95, 0)
+    assert 1 <= section["generations"] <= latency.BRIEF_RUNS < planned_samples([], 0.95, 0)
 
 
 @generative
@@ -258,7 +260,7 @@ def test_memory_over_budget_fails_opened_through_a_loader_file_with_the_key_on_s
     loader = tmp_path / "loader_like.py"
     loader.write_text(LOADER)
     opener = memory.Opener(str(loader), "load", {"folder": str(fp32)}, b"the-secret", "model")
-    verdict, section, lines = _judge(fp32, gen.GenerationBudget(max_memory_mb=1.0), opener)
+    verdict, section, lines = _judge(fp32, GenerationBudget(max_memory_mb=1.0), opener)
     mem = section["memory"]
     assert verdict is Verdict.FAIL and mem["verdict"]["verdict"] == "FAIL" and mem["processes"] >= 8
     assert lines[0].startswith(f"generation memory: cpu/llm peak RSS median {mem['verdict']['observed']:.1f} MB")
@@ -271,6 +273,6 @@ def test_a_child_that_cannot_open_the_model_fails_saying_why(fp32: Path, tmp_pat
     loader = tmp_path / "loader_like.py"
     loader.write_text(LOADER)
     opener = memory.Opener(str(loader), "broken", {"folder": "/nowhere"})
-    verdict, section, lines = _judge(fp32, gen.GenerationBudget(max_memory_mb=1e6), opener)
+    verdict, section, lines = _judge(fp32, GenerationBudget(max_memory_mb=1e6), opener)
     assert verdict is Verdict.FAIL and "RuntimeError: cannot open /nowhere" in section["memory"]["error"]
     assert lines[0].startswith("generation memory: cpu/llm a fresh process failed to open the model")

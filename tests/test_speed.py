@@ -184,12 +184,13 @@ def test_faster_than_fails_it_and_the_warning_says_so(jobs: dict[str, plan.Job])
     """The existing relative gate, on the same numbers (int8 at 0.84x fp32's speed, `faster_than` ratio 1 against
     fp32): paired and interleaved, it FAILs; the speed warning names that verdict."""
     from ortbuild.gating import runner as gates
+    from ortbuild.gating.measure import percentiles
     from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
 
     clock = FakeClock()
     calls = {"cpu-int8-ft": clock.run(_lognormal(2.10, 1)), "cpu-fp32": clock.run(_lognormal(1.76, 2))}
-    budgets = latency.budgets_of({}, "cpu-fp32", 1.0)
+    budgets = percentiles.budgets_of({}, "cpu-fp32", 1.0)
     out = latency.gate(calls, "cpu-int8-ft", budgets, latency.Plan(min_samples=400, min_seconds=0), clock=clock,
                        read=lambda: 1.0, cpus=2)
     lines: list[str] = []

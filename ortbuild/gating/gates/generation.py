@@ -14,11 +14,12 @@ def generation(ctx: Context) -> Judged:
     with the KV cache (fresh processes, each opening the artifact through its loader)."""
     from ortbuild.gating.measure import generation as gen
     from ortbuild.gating.measure import generation_memory as memory
+    from ortbuild.gating.measure.generation_budget import GenerationBudget
 
     gates = ctx.job.settings.gates
     assert gates is not None
     g, where = gates.generation, f"targets.{ctx.job.target.name}.generation"
-    budget = gen.GenerationBudget(
+    budget = GenerationBudget(
         prompt_tokens=g.prompt_tokens, new_tokens=g.new_tokens, ttft_p50_ms=g.ttft_p50_ms, ttft_p90_ms=g.ttft_p90_ms,
         ttft_p99_ms=g.ttft_p99_ms, tpot_p50_ms=g.tpot_p50_ms, tpot_p90_ms=g.tpot_p90_ms, tpot_p99_ms=g.tpot_p99_ms,
         min_tokens_per_second=g.min_tokens_per_second, max_memory_mb=g.max_memory_mb,

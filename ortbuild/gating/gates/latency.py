@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ortbuild.artifact import golden
-    from ortbuild.gating.measure import sampling
+    from ortbuild.gating.measure import percentiles, sampling
     from ortbuild.project.plan import Job
 
 
@@ -62,7 +62,7 @@ def run(ctx: Context) -> Judged:
     import math
 
     from ortbuild.artifact import loaders
-    from ortbuild.gating.measure import sampling
+    from ortbuild.gating.measure import percentiles, sampling
     from ortbuild.gating.measure.compliance import Checker
 
     job, module, g, built, gates = ctx.job, ctx.module, ctx.golden, ctx.built, ctx.gates
@@ -96,7 +96,7 @@ def run(ctx: Context) -> Judged:
     verdicts: list[str] = []  # of every budget of every data set
     for ds in g.sets:
         relative = (ft.target, ft.ratio) if ft is not None and ref_problem is None else (None, 0.0)
-        budgets = sampling.budgets_of(lat.budgets(ds.name), *relative)
+        budgets = percentiles.budgets_of(lat.budgets(ds.name), *relative)
         calls = {name: (lambda s=s, feed=ds.inputs: s.run(feed)) for name, s in sessions.items()}
         warmed = sampling.warm_up(calls, lat.warmup_runs, math.inf if budgets else sampling.BRIEF_SECONDS)
         ctx.progress(job.name, sampling.said_before(ds.name, budgets, plan, warmed))
@@ -127,7 +127,7 @@ def run(ctx: Context) -> Judged:
     return Judged(verdict, dict(out), lines)
 
 
-def data_set_entry(job: str, mine: str, name: str, outcome: sampling.Outcome, budgets: list[sampling.Budget],
+def data_set_entry(job: str, mine: str, name: str, outcome: sampling.Outcome, budgets: list[percentiles.Budget],
                    session_ms: dict[str, float], first_ms: dict[str, float],
                    lines: list[str]) -> timing_records.DataSetLatency:
     """The report of one data set's timings and verdicts (`mine`: the tested artifact's series, `job`: how

@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ortbuild.gating.measure.generation_budget import PERCENTILES
 from ortbuild.gating.measure.percentiles import PercentileVerdict, nearest_rank
 
 if TYPE_CHECKING:
     from ortbuild.gating.measure import sampling as latency
-    from ortbuild.gating.measure.generation import GenaiConfig, GenerationBudget, Timing
-
-PERCENTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+    from ortbuild.gating.measure.generation_budget import GenaiConfig, GenerationBudget, Timing
 
 
 def stats(xs: list[float]) -> dict[str, float]:

@@ -23,7 +23,7 @@ from typing import Any
 from ortbuild import paths, runtime
 from ortbuild.artifact import loaders, manifest
 from ortbuild.errors import GateFailed, OrtbuildError, first_line, from_loader
-from ortbuild.gating.measure import emulated
+from ortbuild.gating.measure import emulated, load
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import PASS, Tester
@@ -138,7 +138,7 @@ class Tuner:
                              "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
                                                 "\"auto\"), then tune it")
         cpus = os.cpu_count() or 1
-        waited = latency.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
+        waited = load.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
         sessions = _Sessions(module, folder, tester.secret, name)
         feeds = [ds.inputs for ds in g.sets]
         gates = job.settings.gates

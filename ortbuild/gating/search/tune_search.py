@@ -9,7 +9,7 @@ A B, B A, ..., looked at the checkpoints fixed in advance, stopping early once d
 candidate/current over the pairs at the target's latency confidence (a relative budget of ratio 1, as `faster_than`
 judges). A value is faster only when the whole interval of that median ratio lies below 1 on every data set (its
 speed-up's interval excludes 1.0); a faster value measured while the machine was loaded (more runnable threads than
-CPUs) or drifting is measured again once the load has fallen (latency.wait_for_quiet), both looks sharing one error
+CPUs) or drifting is measured again once the load has fallen (load.wait_for_quiet), both looks sharing one error
 budget, as the gate retries a FAIL under load. The fastest faster value of a knob that passes the accuracy gate
 (Tester.accuracy_gate through load(session=...): threads and parallel execution can change float reductions) is kept.
 At the end the kept setting is measured once more against the declared one, in one run: the recorded speed-up and
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ortbuild.errors import OrtbuildError, first_line
+from ortbuild.gating.measure import load, percentiles
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.project import lockfile
 from ortbuild.project.plan import Job
@@ -144,22 +145,22 @@ def comparison_of(attempt: latency.Attempt, notes: Sequence[str] = ()) -> Compar
                       base.summary()["p50_ms"], v.samples, cand.load, tuple([*cand.instability(), *notes]))
 
 
-RELATIVE = latency.Budget("relative", 0.5, 1.0, "current")  # median of candidate/current at most 1
+RELATIVE = percentiles.Budget("relative", 0.5, 1.0, "current")  # median of candidate/current at most 1
 
 
 def compare(calls: Mapping[str, Callable[[], object]], plan: latency.Plan, *, cpus: int | None = None,
-            clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = latency.runnable,
+            clock: Callable[[], float] = time.perf_counter, read: Callable[[], float | None] = load.runnable,
             wait: Callable[[float, int], object] | None = None) -> Comparison:
     """Sample calls {"current", "candidate"} paired and interleaved until the relative verdict is decided or the
     plan ends; a faster verdict taken under load or drift is measured again after waiting for the load to fall
     (at most plan.retry_wait_seconds), the two looks sharing one error budget."""
     cpus = cpus or os.cpu_count() or 1
-    spending: dict[str, latency.Spending] = {}
+    spending: dict[str, percentiles.Spending] = {}
     first = latency.sample(calls, "candidate", [RELATIVE], plan, spending, clock, read, cpus)
     found = comparison_of(first)
     if not found.faster or not first.series["candidate"].instability():
         return found
-    waited = (wait or (lambda s, c: latency.wait_for_quiet(s, c, read)))(plan.retry_wait_seconds, cpus)
+    waited = (wait or (lambda s, c: load.wait_for_quiet(s, c, read)))(plan.retry_wait_seconds, cpus)
     again = latency.sample(calls, "candidate", [RELATIVE], plan, spending, clock, read, cpus)
     return comparison_of(again, [f"measured again: faster under {'; '.join(first.series['candidate'].instability())}"
                                  f" ({waited})"])
