@@ -375,14 +375,14 @@ latency = {{ data_sets = {{ test_data_set_2 = {{ p90_ms = 1 }} }} }}
 
 
 def test_a_fail_under_load_is_reported_inconclusive_with_its_attempts() -> None:
-    from ortbuild.gating import runner as gates
+    from ortbuild.gating.gates import latency as latency_gate
     from ortbuild.gating.measure import percentiles
     from tests.test_latency import Machine
 
     budgets = percentiles.budgets_of({0.9: 2.0})
     out = Machine(loaded_ms=3.0, quiet_ms=3.0, loaded=5.0, quiet=None).gate(2.0)
     lines: list[str] = []
-    entry = gates.data_set_entry("cpu/m", "a", "test_data_set_0", out, budgets, {"a": 9.0}, {"a": 0.5}, lines)
+    entry = latency_gate.data_set_entry("cpu/m", "a", "test_data_set_0", out, budgets, {"a": 9.0}, {"a": 0.5}, lines)
     assert lines == [] and entry["verdict"] == "INCONCLUSIVE" and entry["load"] == 5.0
     assert "FAIL measured under load 5.0 on 2 CPUs" in entry["note"] and "rerun on a quiet machine" in entry["note"]
     assert [a["verdicts"] for a in entry["attempts"]] == [{"p90": "FAIL"}] * 2 and entry["retry"]["waited_s"] == 3.0
@@ -401,7 +401,7 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
     """The relative gate's FAIL on synthetic paired samples (the end-to-end `impossible` target may be INCONCLUSIVE
     on a loaded machine): on a quiet machine it stands and names both medians; when the load could explain it (a
     preempted reference sample) and persists, it is INCONCLUSIVE with the attempts, as the gated tests accept."""
-    from ortbuild.gating import runner as gates
+    from ortbuild.gating.gates import latency as latency_gate
     from ortbuild.gating.measure import percentiles
     from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
@@ -414,7 +414,7 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
                            clock=clock, read=lambda: load, wait=lambda s, c: {"quiet": False, "load": load,
                                                                                 "waited_s": 1.0}, cpus=2)
         lines: list[str] = []
-        entry = gates.data_set_entry("impossible/cnn", "impossible", "test_data_set_0", out, budgets,
+        entry = latency_gate.data_set_entry("impossible/cnn", "impossible", "test_data_set_0", out, budgets,
                                      {"impossible": 9.0, "ok": 9.0}, {"impossible": 0.5, "ok": 0.5}, lines)
         return entry, lines
 

@@ -398,11 +398,11 @@ def test_a_test_result_as_json_holds_every_field_in_order_and_shares_nothing() -
                    platform={"emulator": "qemu"}, build={"step": "check"}, quick=True, exit_code=9)
     r.fail(["accuracy: t/m failed"])
     doc = r.as_json()
-    fields = {k: v for k, v in dataclasses.asdict(r).items()  # sections: only when a newer gate ran; generative: when
-              if k not in ("sections", "generative")}  # true
+    fields = {k: v for k, v in dataclasses.asdict(r).items()  # sections: only when another gate ran; the kind:
+              if k not in ("sections", "kind")}  # spelled "generative": true, only for a generative model
     assert doc == {**fields, "gates": r.gates(), "failed_gates": ["accuracy"]}
-    assert list(doc) == [f.name for f in dataclasses.fields(r) if f.name not in ("sections", "generative")] + ["gates",
-                                                                                                     "failed_gates"]
+    assert list(doc) == [f.name for f in dataclasses.fields(r) if f.name not in ("sections", "kind")] + ["gates",
+                                                                                               "failed_gates"]
     assert TestResult.from_json(doc) == r  # and read back as it was
     r.golden["warnings"].append("more")
     r.failures.append("more")

@@ -183,7 +183,7 @@ def test_a_slower_fusion_warns(jobs: dict[str, plan.Job]) -> None:
 def test_faster_than_fails_it_and_the_warning_says_so(jobs: dict[str, plan.Job]) -> None:
     """The existing relative gate, on the same numbers (int8 at 0.84x fp32's speed, `faster_than` ratio 1 against
     fp32): paired and interleaved, it FAILs; the speed warning names that verdict."""
-    from ortbuild.gating import runner as gates
+    from ortbuild.gating.gates import latency as latency_gate
     from ortbuild.gating.measure import percentiles
     from ortbuild.gating.measure import sampling as latency
     from tests.test_latency import FakeClock, _lognormal
@@ -194,7 +194,7 @@ def test_faster_than_fails_it_and_the_warning_says_so(jobs: dict[str, plan.Job])
     out = latency.gate(calls, "cpu-int8-ft", budgets, latency.Plan(min_samples=400, min_seconds=0), clock=clock,
                        read=lambda: 1.0, cpus=2)
     lines: list[str] = []
-    entry = gates.data_set_entry("cpu-int8-ft/net", "cpu-int8-ft", "test_data_set_0", out, budgets,
+    entry = latency_gate.data_set_entry("cpu-int8-ft/net", "cpu-int8-ft", "test_data_set_0", out, budgets,
                                  {"cpu-int8-ft": 1.0, "cpu-fp32": 1.0}, {"cpu-int8-ft": 1.0, "cpu-fp32": 1.0}, lines)
     assert entry["relative"]["verdict"] == "FAIL" and lines and "below faster_than ratio 1" in lines[0]
     fp32 = _latency(out.final.series["cpu-fp32"].samples)
