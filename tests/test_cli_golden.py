@@ -64,6 +64,7 @@ def _mask_text(s: str, root: str) -> str:
 
 
 KEPT = {"exit_code"}  # numbers that are decisions, not measurements
+MACHINE = {"isa_flags"}  # what the build machine's CPU has (a VNNI CPU says avx_vnni too): its kind, not its value
 DROPPED = {"unstable", "note", "speed"}  # what the machine's load did to a latency measurement; whether an
 # artifact was measured slower than the one it derives from (ortbuild.gating.measure.speed: tests/test_speed.py)
 _SPEED_WARNING = re.compile(r"^\s*\[[^\]]+\] warning: .* is [\d.]+x the speed of ")  # that warning, said
@@ -72,7 +73,7 @@ _SPEED_WARNING = re.compile(r"^\s*\[[^\]]+\] warning: .* is [\d.]+x the speed of
 def mask(doc: Any, root: str) -> Any:
     """Keys and structure as they are; numbers and volatile strings replaced by their kind."""
     if isinstance(doc, dict):
-        return {k: v if k in KEPT else mask(v, root)
+        return {k: v if k in KEPT else "<machine>" if k in MACHINE else mask(v, root)
                 for k, v in sorted(doc.items()) if k not in DROPPED}
     if isinstance(doc, list):
         if doc and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in doc):

@@ -128,7 +128,7 @@ class FasterThan:
 
 @dataclass(frozen=True)
 class Offline:
-    """[targets.X.latency.offline]: throughput at a batch, as MLPerf Offline (ortbuild.gating.gates.throughput)."""
+    """[targets.X.latency.offline]: throughput at a batch, as MLPerf Offline (ortbuild.gating.measure.offline)."""
 
     batch: int = setting(
         1, maximum=65_536, build="never",
@@ -156,7 +156,7 @@ class Offline:
 @dataclass(frozen=True)
 class Server:
     """[targets.X.latency.server]: a latency percentile at a query rate, as MLPerf Server
-    (ortbuild.gating.gates.server)."""
+    (ortbuild.gating.measure.server)."""
 
     qps: float = setting(
         0.0, maximum=1e6, build="never",
@@ -193,7 +193,7 @@ class Server:
 @dataclass(frozen=True)
 class MultiStream:
     """[targets.X.latency.multi_stream]: several streams at once, as MLPerf MultiStream
-    (ortbuild.gating.gates.multistream)."""
+    (ortbuild.gating.measure.multistream)."""
 
     streams: int = setting(
         0, maximum=1024, build="never",
@@ -214,7 +214,7 @@ class MultiStream:
 
 ScenarioKind = Literal["offline", "server", "multi_stream"]
 # the load scenarios: [targets.X.latency.KIND] and [targets.X.latency.data_sets.NAME.KIND] (their gates:
-# ortbuild.gating.gates.throughput, server, multistream)
+# ortbuild.gating.measure.offline, server, multistream)
 SCENARIOS: dict[str, type[Offline | Server | MultiStream]] = {
     "offline": Offline, "server": Server, "multi_stream": MultiStream}
 

@@ -2,13 +2,13 @@
 concurrent `run` calls on it (ONNX Runtime's InferenceSession.run releases the GIL and is thread-safe), and the
 three ways MLPerf LoadGen drives it:
 
-- server (ortbuild.gating.gates.server): Poisson arrivals at a rate from a fixed seed (numpy
+- server (ortbuild.gating.measure.server): Poisson arrivals at a rate from a fixed seed (numpy
   default_rng(seed).exponential), each query handed at its scheduled time by a dedicated issuer thread to a
   worker pool; a query's latency runs from its *scheduled* arrival to its completion, so time spent queued (and
   an issuer running late) counts, as in LoadGen.
-- multi-stream (ortbuild.gating.gates.multistream): a query is N samples run at once; the next query is issued when
+- multi-stream (ortbuild.gating.measure.multistream): a query is N samples run at once; the next query is issued when
   the last completes; its latency is its slowest sample's.
-- offline (ortbuild.gating.gates.throughput): every worker runs back to back; samples per second over the run, and
+- offline (ortbuild.gating.measure.offline): every worker runs back to back; samples per second over the run, and
   per fixed window (the verdict judges the windows' median rate).
 
 The verdicts are the sampling engine's (ortbuild.gating.measure.engine, on ortbuild.gating.measure.percentiles):
