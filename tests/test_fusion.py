@@ -152,7 +152,9 @@ def test_fused_op_types_are_op_types_only_with_fusion_on() -> None:
 
 def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds_on_change(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
-    from ortbuild.gating.runner import PASS, Tester, TestResult
+    from ortbuild.gating.record import TestResult
+    from ortbuild.gating.runner import Tester
+    from ortbuild.status import Verdict
 
     path = make_project(TARGETS, models=("tiny_transformer",))
     dist = tmp_path / "dist"
@@ -179,7 +181,7 @@ def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds
     for job in plan.jobs(project, targets=["fused", "fused-int8"]):
         res = TestResult(job.target.name, job.model.name, job.settings.precision)
         tester.accuracy_gate(job, res)
-        assert res.accuracy == PASS, res.failures
+        assert res.accuracy == Verdict.PASS, res.failures
 
     # changing the fusion changes the build key: only the fused jobs rebuild, and the plan names the part
     path.write_text(path.read_text().replace('fusion = { model_type = "bert" }',

@@ -10,8 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from ortbuild.gating.measure import server
-from ortbuild.gating.measure import loadgen
+from ortbuild.gating.measure import loadgen, server
 from ortbuild.gating.measure.load import Load
 from ortbuild.gating.measure.load_verdicts import Outcome, Run, judged, scenario_plan, summary
 from ortbuild.gating.measure.percentiles import Budget, PercentileVerdict

@@ -26,12 +26,13 @@ from onnx import TensorProto, helper, numpy_helper
 from ortbuild.artifact import container, keys, manifest, manifest_types
 from ortbuild.errors import ArtifactError, ConfigError, Tampered
 from ortbuild.files import sha256_file
-from ortbuild.gating import runner as gates
+from ortbuild.gating import runner
+from ortbuild.gating.record import TestResult
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.steps import operators
 from ortbuild.project import capabilities, config, plan
 from ortbuild.publish import release, tarball, verify
-from ortbuild.status import JobStatus
+from ortbuild.status import JobStatus, Verdict
 from tests.conftest import TEST_KEY, here_runtime, run_cli
 
 # Not marked `runtime`: its CoreML target needs the stock onnxruntime flavor (the only one whose provider list
@@ -196,24 +197,24 @@ def test_the_typed_config_serves_builds_with_and_without_type_reduction(built: P
 
 
 @pytest.fixture(scope="module")
-def gated(built: Path) -> list[gates.TestResult]:
+def gated(built: Path) -> list[TestResult]:
     """`ortbuild test`'s golden gate on the mobile target, through the generated Python loader."""
     project = config.load(built / "targets.toml")
-    tester = gates.Tester(project, built / "dist", TEST_KEY, "targets.toml", lambda job, msg: None,
+    tester = runner.Tester(project, built / "dist", TEST_KEY, "targets.toml", lambda job, msg: None,
                     sign_key=keys.signing_key())
     out = []
     for job in plan.jobs(project, targets=["mobile"]):
-        res = gates.TestResult(job.target.name, job.model.name, job.settings.precision)
+        res = TestResult(job.target.name, job.model.name, job.settings.precision)
         tester.accuracy_gate(job, res)
         out.append(res)
     return out
 
 
-def test_ortbuild_test_opens_the_ort_artifact_through_its_loader(built: Path, gated: list[gates.TestResult],
+def test_ortbuild_test_opens_the_ort_artifact_through_its_loader(built: Path, gated: list[TestResult],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime
 
-    assert [r.accuracy for r in gated] == [gates.PASS, gates.PASS], [r.failures for r in gated]
+    assert [r.accuracy for r in gated] == [Verdict.PASS, Verdict.PASS], [r.failures for r in gated]
     opened: list[bytes | str] = []  # what each session gets: the loader hands ORT the decrypted bytes
 
     class Recording(onnxruntime.InferenceSession):  # type: ignore[misc]
@@ -224,14 +225,14 @@ def test_ortbuild_test_opens_the_ort_artifact_through_its_loader(built: Path, ga
     monkeypatch.setattr(onnxruntime, "InferenceSession", Recording)
     project = config.load(built / "targets.toml")
     job = plan.jobs(project, targets=["mobile"], models=["gate"])[0]
-    res = gates.TestResult(job.target.name, job.model.name, job.settings.precision)
-    gates.Tester(project, built / "dist", TEST_KEY, "targets.toml", lambda job, msg: None).accuracy_gate(job, res)
+    res = TestResult(job.target.name, job.model.name, job.settings.precision)
+    runner.Tester(project, built / "dist", TEST_KEY, "targets.toml", lambda job, msg: None).accuracy_gate(job, res)
     loaded = [head for head in opened if isinstance(head, bytes)]
-    assert res.accuracy == gates.PASS and loaded and all(head[4:8] == b"ORTM" for head in loaded)
+    assert res.accuracy == Verdict.PASS and loaded and all(head[4:8] == b"ORTM" for head in loaded)
     assert [p for p in opened if isinstance(p, str)] == [str(built / "models" / "gate.onnx")]  # the golden source
 
 
-def test_the_release_bundle_carries_the_merged_config_the_tool_would_write(built: Path, gated: list[gates.TestResult],
+def test_the_release_bundle_carries_the_merged_config_the_tool_would_write(built: Path, gated: list[TestResult],
                                                                          tmp_path: Path) -> None:
     from onnxruntime.tools.ort_format_model import create_config_from_models
 

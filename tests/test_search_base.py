@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild.artifact import keys
-from ortbuild.gating import runner as gates
+from ortbuild.gating import runner
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
 from ortbuild.gating.search import autobuild, explain, gensearch, tune
@@ -81,13 +81,13 @@ def test_a_budget_is_a_value() -> None:
 # ------------------------------------------------------------------------------------------ the searches
 
 
-def _parts(path: Path) -> tuple[config.Project, Builder, gates.Tester]:
+def _parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
     project = config.load(path)
     dist = path.parent / "dist"
     quiet = Progress(quiet=True)
     secrets = keys.read_secrets()
     return project, Builder(project, dist, secrets=secrets, progress=quiet), \
-        gates.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
+        runner.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
 
 
 def _quiet(job: str, message: object) -> None:
@@ -112,7 +112,7 @@ def test_every_search_is_a_search(tmp_path: Path) -> None:
     assert set(autobuild.SEARCHES) == {"onnx", "generative"}  # one search per kind of model
 
 
-def _failing_emb(tmp_path: Path) -> tuple[plan.Job, Builder, gates.Tester, JobResult, TestResult]:
+def _failing_emb(tmp_path: Path) -> tuple[plan.Job, Builder, runner.Tester, JobResult, TestResult]:
     """tests/test_explain.py's embedding model under an accuracy rule no set kept in float meets, built and judged."""
     from tests.test_explain import _emb_project
 

@@ -20,7 +20,7 @@ import pytest
 
 from ortbuild.artifact import keys
 from ortbuild.errors import ConfigError
-from ortbuild.gating import runner as gates
+from ortbuild.gating import runner
 from ortbuild.gating.measure import task_eval as task
 from ortbuild.gating.measure import taskmetrics, taskstats
 from ortbuild.gating.measure.labelled import EvalData
@@ -381,7 +381,7 @@ def _gate(root: Path, target: str, change: Callable[[EvalSet], EvalSet] = lambda
     job = plan.jobs(project, [target], None)[0]
     assert job.model.eval is not None
     job = dataclasses.replace(job, model=dataclasses.replace(job.model, eval=change(job.model.eval)))
-    tester = gates.Tester(project, root / "dist", keys.read_secrets().secret, "targets.toml", lambda j, s: None)
+    tester = runner.Tester(project, root / "dist", keys.read_secrets().secret, "targets.toml", lambda j, s: None)
     return task.gate(tester.open(job, TestResult(target, job.model.name, job.settings.precision), {}))
 
 

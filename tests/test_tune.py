@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild.artifact import keys, loaders, manifest
-from ortbuild.gating import runner as gates
+from ortbuild.gating import runner
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.search import tune
 from ortbuild.gating.search.base import Budget
@@ -240,13 +240,13 @@ TARGETS = """
 """
 
 
-def _parts(path: Path) -> tuple[config.Project, Builder, gates.Tester]:
+def _parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
     project = config.load(path)
     dist = path.parent / "dist"
     quiet = Progress(quiet=True)
     secrets = keys.read_secrets()
     return project, Builder(project, dist, secrets=secrets, progress=quiet), \
-        gates.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
+        runner.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
 
 
 pytestmark = pytest.mark.runtime

@@ -43,7 +43,7 @@ def _peak_searchable(judged: Sequence[str], jobs: Sequence[plan.Job]) -> None:
 
 def cmd_test(o: TestOptions) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
-    from ortbuild.gating import runner as gates
+    from ortbuild.gating import runner
     from ortbuild.gating.measure import speed
     from ortbuild.gating.search import explain
 
@@ -69,7 +69,7 @@ def cmd_test(o: TestOptions) -> int:
         # the gates measure latency: no live display (its only thread, a plain stream's heartbeat, wakes when a
         # line is due)
         dist, builder, done, jobs = b.dist, b.builder, b.done, b.jobs[:len(jobs)]  # as built: targets.lock laid over
-        tester = gates.Tester(project, dist, secrets.secret, sel.config, progress, secrets.signing,
+        tester = runner.Tester(project, dist, secrets.secret, sel.config, progress, secrets.signing,
                               capture=not sel.verbose, quick=o.quick, judged=o.gates, find_peak=o.find_peak)
         results = tester.run(jobs, done, o.require)
         measured = speed.check([(j, r.latency) for j, r in zip(jobs, results, strict=True)])

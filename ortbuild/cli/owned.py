@@ -24,7 +24,7 @@ from pathlib import Path
 from ortbuild import logs, workspace
 from ortbuild.artifact import loaders, manifest
 from ortbuild.errors import ArtifactError
-from ortbuild.gating import runner as gates
+from ortbuild.gating import runner
 from ortbuild.gating.measure import profile
 from ortbuild.gating.reports import report
 from ortbuild.pipeline.steps import operators
@@ -36,7 +36,7 @@ LOG_PATTERNS = ("*.build.log", "*.test.log", "*.build.json")
 RELEASE_DIR = "release"
 RELEASE_PATTERNS = (f"*{release.BUNDLE_SUFFIX}", f"*{release.OLD_BUNDLE_SUFFIX}", f"*.{release.INDEX}",
                     "*.intoto.jsonl", release.SUMS, release.SUMS_SIG)
-ARTIFACT_FILES = frozenset({manifest.MANIFEST, manifest.SIGNATURE, gates.REPORT, gates.REPORT_SIG, profile.TRACE,
+ARTIFACT_FILES = frozenset({manifest.MANIFEST, manifest.SIGNATURE, runner.REPORT, runner.REPORT_SIG, profile.TRACE,
                             profile.SUMMARY, operators.CONFIG})
 ARTIFACT_PATTERNS = ("model.onnx*", "model.ort*", "*.enc")
 

@@ -24,7 +24,7 @@ HEADER = ["candidate", "against", "p50 ms", "against p50 ms", "speed-up [interva
 
 
 def cmd_tune(o: TuneOptions) -> int:
-    from ortbuild.gating import runner as gates
+    from ortbuild.gating import runner
     from ortbuild.gating.search import base, tune
 
     sel, seconds = o.selection, o.budget.tune_seconds
@@ -45,7 +45,7 @@ def cmd_tune(o: TuneOptions) -> int:
     with built(o, project, [*jobs, *extra], secrets, command="tune") as b, \
             Progress(quiet=sel.json, live=False, verbose=sel.verbose, what="tuning") as progress:
         b.builder.progress = progress
-        tester = gates.Tester(project, b.dist, secrets.secret, sel.config, progress, secrets.signing,
+        tester = runner.Tester(project, b.dist, secrets.secret, sel.config, progress, secrets.signing,
                               capture=not sel.verbose)
         lock = lockfile.read(project)
         for job in b.jobs[:len(jobs)]:

@@ -36,8 +36,6 @@ from ortbuild.project.plan import Job
 from ortbuild.project.settings import Gates
 from ortbuild.status import Event, JobFinished, JobStatus, PhaseStarted, Verdict
 
-# the verdicts under the names other modules have used (ortbuild.status.Verdict is the vocabulary)
-PASS, FAIL, INCONCLUSIVE, SKIP = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE, Verdict.SKIPPED
 REPORT = "test-report.json"
 REPORT_SIG = "test-report.sig"      # Ed25519 over the exact bytes of test-report.json, by the signing key
 
@@ -108,7 +106,7 @@ class Tester:
                 finally:
                     if log is not None:
                         self.logs.append((job.name, cap))
-                skipped = [n for n, v in res.gates().items() if v == SKIP]
+                skipped = [n for n, v in res.gates().items() if v == Verdict.SKIPPED]
                 if skipped and not res.failures and (require or job.target.require):
                     res.fail([f"required, but its {', '.join(skipped)} gate(s) cannot run here: {res.reason}"],
                              MissingProvider.exit_code)

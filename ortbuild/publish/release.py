@@ -41,7 +41,7 @@ from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.reports import selection
 from ortbuild.gating.reports.builds import last_build
-from ortbuild.gating.runner import PASS, REPORT, SKIP, gates_key
+from ortbuild.gating.runner import REPORT, gates_key
 from ortbuild.pipeline.steps import operators as operator_config
 from ortbuild.project import precisions
 from ortbuild.project.config import Project, Target
@@ -108,7 +108,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
         return f"never tested: run {test}"
     if r.status == Verdict.INCONCLUSIVE:
         return selection.undecided_refusal(r, target, session)
-    if r.status != PASS:
+    if r.status != Verdict.PASS:
         why = r.reason or "; ".join(r.failures)
         return f"its tests did not pass ({r.status}: {why[:300]})"
     if r.quick:
@@ -116,7 +116,7 @@ def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, targ
         return f"tested with --quick (latency at {confidence:.0%} confidence): run {test}"
     if left := selection.left_out(r.judged, r.kind):  # test --gates
         return f"tested with {selection.flag(r.judged)}, its {', '.join(left)} gate(s) not judged: run {test}"
-    untimed = [g for g, v in r.gates().items() if v == SKIP]
+    untimed = [g for g, v in r.gates().items() if v == Verdict.SKIPPED]
     if untimed:  # an emulated platform: its budgets were never measured
         return (f"its {', '.join(untimed)} gate(s) were SKIPPED ({r.reason[:300]}): release it from a "
                 f"runner of its platform (`ortbuild matrix`), where they run, or with --force")

@@ -131,7 +131,8 @@ def main() -> int:
     import onnx
 
     from ortbuild.artifact import keys
-    from ortbuild.gating.runner import Tester, TestResult
+    from ortbuild.gating.record import TestResult
+    from ortbuild.gating.runner import Tester
     from ortbuild.pipeline.build import Builder
     from ortbuild.project import config, plan
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
-from ortbuild.gating.runner import PASS, Tester
+from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import explain
 from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say, Search
 from ortbuild.gating.search.bisect import changed_lists, describe_set
@@ -72,7 +72,7 @@ class PrecisionSearch:
                 r.notes.append(f"precision_search: the accuracy gate could not run here, nothing searched: "
                                f"{first_line(e)}")
                 return clock.found(r, found=False, cut_short=False)
-            if res.accuracy == PASS:
+            if res.accuracy == Verdict.PASS:
                 self.locking.passes(job, r, res.worst)
                 return clock.found(r, found=True, cut_short=False)
             why = f"accuracy gate FAIL ({res.worst})"
@@ -146,7 +146,7 @@ class PrecisionSearch:
             self.tester.accuracy_gate(locked, res)
         except OrtbuildError as e:
             res.accuracy, res.worst = Verdict.FAIL, first_line(e)
-        if res.accuracy != PASS:
+        if res.accuracy != Verdict.PASS:
             return None
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
         self.locking.keep(locked, result, entry.merged({}, search={**entry.search, "worst": res.worst}),

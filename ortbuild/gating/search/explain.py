@@ -50,7 +50,7 @@ from ortbuild import logs, modelfiles, workspace
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc, PredictionsDoc
-from ortbuild.gating.runner import PASS, Tester
+from ortbuild.gating.runner import Tester
 from ortbuild.gating.search.base import Budget, Clock, Found, Say
 from ortbuild.gating.search.bisect import Bisection, Trial, check_override, override_toml, settings_with
 from ortbuild.gating.search.explain_render import layers_doc, render
@@ -73,7 +73,7 @@ from ortbuild.pipeline.steps import accounting, check, fusion, precision
 from ortbuild.project import config, data, options
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import Quantizer, SearchKnob
-from ortbuild.status import JobStatus, PhaseStarted
+from ortbuild.status import JobStatus, PhaseStarted, Verdict
 
 __all__ = [
     "KNOBS", "NOTHING", "QUANT_OPS", "Analysis", "Bisection", "Explainer", "Knob", "Layer", "Prediction", "Proxy",
@@ -151,7 +151,7 @@ class Explainer:
                            "layers": layers_doc(layers), "baseline": {"accuracy": res.accuracy, "worst": res.worst}}
         if an.renamed:
             doc["renamed"] = an.renamed
-        if res.accuracy == PASS:
+        if res.accuracy == Verdict.PASS:
             doc["status"], doc["reason"] = "passes", "the accuracy gate passes: nothing to keep in float"
             return doc
         if not layers:
@@ -188,7 +188,7 @@ class Explainer:
                     tester.accuracy_gate(tjob, tres)
                 except OrtbuildError as e:
                     return False, e.message[:160]
-                return tres.accuracy == PASS, tres.worst
+                return tres.accuracy == Verdict.PASS, tres.worst
 
             def graph(nodes: list[str], op_types: list[str]) -> str:
                 return graph_digest(reduce_model(job, settings_with(job.settings, knob, nodes, op_types), an.src))

@@ -26,7 +26,7 @@ from ortbuild.errors import GateFailed, OrtbuildError, first_line, from_loader
 from ortbuild.gating.measure import emulated, load
 from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.record import TestResult
-from ortbuild.gating.runner import PASS, Tester
+from ortbuild.gating.runner import Tester
 from ortbuild.gating.search.base import Budget, Found, Say
 from ortbuild.gating.search.tune_search import (
     MIN_SECONDS,
@@ -133,7 +133,7 @@ class Tuner:
         res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
         progress(name, PhaseStarted("tune: the accuracy gate with the declared session options"))
         module, g, _ = tester.accuracy_gate(job, res, session=decl)
-        if res.accuracy != PASS or module is None:
+        if res.accuracy != Verdict.PASS or module is None:
             raise GateFailed(f"{name}: the accuracy gate fails with the declared session options ({res.worst}): "
                              "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
                                                 "\"auto\"), then tune it")
@@ -158,7 +158,7 @@ class Tuner:
                 tester.accuracy_gate(job, r, session=session)
             except OrtbuildError as e:
                 return False, first_line(e)
-            return r.accuracy == PASS, r.worst
+            return r.accuracy == Verdict.PASS, r.worst
 
         progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight "
                                     f"then (paired, interleaved runs at {plan.confidence:.0%} confidence); then the "
@@ -217,7 +217,7 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
         tester.accuracy_gate(locked, res)
     except OrtbuildError as e:
         res.accuracy, res.worst = Verdict.FAIL, first_line(e)
-    if res.accuracy != PASS:
+    if res.accuracy != Verdict.PASS:
         result.status = JobStatus.FAILED
         result.error = GateFailed(f"{declared_job.name}: rebuilt with the tuned session options ({tuning.kept()}), "
                                   f"its accuracy gate fails ({res.worst}); {lock.file.name} is left as it was",
