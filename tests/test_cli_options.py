@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from ortbuild import cli
-from ortbuild.cli.options import Budget, Selection, Writer
+from ortbuild.cli.options import Budgets, Selection, Writer
+from ortbuild.gating.search.base import Budget
 
 CLI = Path(cli.__file__).parent
 
@@ -40,7 +41,10 @@ def _flat(options: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(options):
         value = getattr(options, f.name)
-        if dataclasses.is_dataclass(value):
+        if isinstance(value, Budgets):  # two search Budgets: the flags that give them, by dest
+            out.update(explain_rebuilds=value.precision.rebuilds, explain_seconds=value.precision.seconds,
+                       tune_seconds=value.tuning.seconds)
+        elif dataclasses.is_dataclass(value):
             inner = _flat(value)
             assert not set(inner) & set(out), f"{type(options).__name__}: {f.name} repeats a field"
             out.update(inner)
@@ -126,12 +130,12 @@ def test_debug_reaches_the_commands_that_read_it(command: str) -> None:
 def test_tune_seconds_is_the_one_name_of_the_tuning_budget() -> None:
     _, new = _options(["tune", "--tune-seconds", "7"])
     _, old = _options(["tune", "--seconds", "7"])
-    assert new == old and new.budget == Budget(explain_rebuilds=16, explain_seconds=300.0, tune_seconds=7.0)
-    assert _options(["tune"])[1].budget.tune_seconds == 120.0
+    assert new == old and new.budgets == Budgets(Budget(16, 300.0), Budget(None, 7.0))
+    assert _options(["tune"])[1].budgets.tuning.seconds == 120.0
     help_text = SUBPARSERS["tune"].format_help()
     assert "--tune-seconds" in help_text and not re.search(r"--seconds\b", help_text)  # the alias is hidden
     for command in ("build", "test", "profile"):
-        assert _options([command, "--tune-seconds", "9"])[1].budget.tune_seconds == 9.0
+        assert _options([command, "--tune-seconds", "9"])[1].budgets.tuning.seconds == 9.0
         with pytest.raises(SystemExit):
             cli.parser().parse_args([command, "--seconds", "9"])
 

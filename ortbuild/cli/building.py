@@ -13,7 +13,7 @@ from pathlib import Path
 from ortbuild import files, runtime, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir
-from ortbuild.cli.options import Budget, Builds
+from ortbuild.cli.options import Budgets, Builds
 from ortbuild.errors import GateFailed, RuntimeMismatch, first_line
 from ortbuild.gating.reports.builds import record_path
 from ortbuild.pipeline import cache as cache_
@@ -112,19 +112,19 @@ def built(o: Builds, project: config.Project, jobs: Sequence[plan.Job], secrets:
         with Progress(quiet=o.selection.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(writer.jobs, fit))}
-            searched = _to_the_gates(o.budget, o.selection.config, builder, jobs, done, progress)
+            searched = _to_the_gates(o.budgets, o.selection.config, builder, jobs, done, progress)
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
         yield Built(dist, builder, done, [searched.get(j.name, j) for j in jobs])
 
 
-def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequence[plan.Job],
+def _to_the_gates(budgets: Budgets, config_file: str, builder: Builder, jobs: Sequence[plan.Job],
                   done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
     """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
     gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
     tune` tunes its jobs itself."""
-    from ortbuild.gating.search import autobuild, base, tune
+    from ortbuild.gating.search import autobuild, tune
 
     searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
     tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
@@ -134,7 +134,7 @@ def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequ
 
     tester = Tester(builder.project, builder.dist, builder.secrets.secret, config_file, progress,
                     builder.secrets.signing, capture=builder.capture)
-    auto = autobuild.AutoSearch(builder, tester, base.Budget(budget.explain_rebuilds, budget.explain_seconds),
+    auto = autobuild.AutoSearch(builder, tester, budgets.precision,
                                 progress=progress)
     auto.run(searching, done)
     rebuilt = dict(auto.locked)
@@ -145,7 +145,7 @@ def _to_the_gates(budget: Budget, config_file: str, builder: Builder, jobs: Sequ
             continue
         try:
             lock, rebuilt[j.name], done[j.name] = tune.tune_for_build(
-                builder, tester, lock, job, progress, base.Budget(None, budget.tune_seconds))
+                builder, tester, lock, job, progress, budgets.tuning)
         except GateFailed as e:  # its accuracy gate fails as declared: nothing to tune (`test` reports it)
             done[j.name].notes.append(f"tune = true: not tuned: {first_line(e)}")
         said = [n for n in done[j.name].notes if n.startswith(("tune:", "tune = true:"))]

@@ -47,8 +47,8 @@ def cmd_test(o: TestOptions) -> int:
     from ortbuild.gating.measure import speed
     from ortbuild.gating.search import explain
 
-    sel, budget = o.selection, o.budget
-    if budget.explain_rebuilds < 1 or budget.explain_seconds <= 0:
+    sel, precision = o.selection, o.budgets.precision
+    if (precision.rebuilds or 0) < 1 or precision.seconds <= 0:
         raise UsageError("--explain-rebuilds and --explain-seconds must be positive")
     baseline = report.read_baseline(o.baseline) if o.baseline else None  # a bad one fails before any build
     project = config.load(sel.config)
@@ -136,12 +136,11 @@ def _explain(o: TestOptions, builder: Builder, tester: Tester, jobs: Sequence[pl
     """The precision search of every fp16/int8/int4 job whose accuracy gate failed, or whose build failed with
     broken outputs (OutputsBroken: the precision step's accuracy failure, caught at reload) (with --explain: of
     every one; --no-explain: none), recorded in its test report; and the searches' logs."""
-    from ortbuild.gating.search import base, explain
+    from ortbuild.gating.search import explain
 
     if o.explain is False:
         return [], []
-    budget = o.budget
-    ex = explain.Explainer(builder, tester, base.Budget(budget.explain_rebuilds, budget.explain_seconds),
+    ex = explain.Explainer(builder, tester, o.budgets.precision,
                            progress=progress)
     done = []
     for job, r in zip(jobs, results, strict=True):

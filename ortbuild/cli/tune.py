@@ -25,9 +25,9 @@ HEADER = ["candidate", "against", "p50 ms", "against p50 ms", "speed-up [interva
 
 def cmd_tune(o: TuneOptions) -> int:
     from ortbuild.gating import runner
-    from ortbuild.gating.search import base, tune
+    from ortbuild.gating.search import tune
 
-    sel, seconds = o.selection, o.budget.tune_seconds
+    sel, seconds = o.selection, o.budgets.tuning.seconds
     if not seconds > 0:
         raise UsageError(f"--tune-seconds {seconds:g}: give a positive number of seconds for each job's search")
     project = config.load(sel.config)
@@ -63,7 +63,7 @@ def cmd_tune(o: TuneOptions) -> int:
             if ref_done is None or ref_done.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
                 ref = None
             try:
-                tuning = tune.Tuner(tester, base.Budget(None, seconds), progress).search(job, ref).answer
+                tuning = tune.Tuner(tester, o.budgets.tuning, progress).search(job, ref).answer
                 lock, _, result = tune.record(b.builder, tester, lock, plain, tuning)
             except OrtbuildError as e:
                 out.append({"target": job.target.name, "model": job.model.name, "status": FAILED,

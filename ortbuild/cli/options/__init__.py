@@ -7,7 +7,7 @@ adds its commands' subparsers (`add_<command>`) and holds their options. A flag 
 code reads it (tests/test_cli_options.py checks that each one reaches its command's options). They import no
 command's implementation (numpy, onnx, ONNX Runtime, the pipeline): parsing the command line costs little.
 
-This module holds what several families share: the groups of flags (`Selection`, `Writer`, `Budget`, `Keys`),
+This module holds what several families share: the groups of flags (`Selection`, `Writer`, `Budgets`, `Keys`),
 the argparse types that turn a bad value into a usage error (exit 2), and the protocol of the options of the
 commands that build what is missing or stale (`Builds`: cli.build.built reads it)."""
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ortbuild.gating.reports import selection as gate_selection
 from ortbuild.gating.search import tune_search
+from ortbuild.gating.search.base import Budget
 from ortbuild.project import config
 
 if TYPE_CHECKING:  # what add_subparsers returns: each family's add_<command> adds to it
@@ -136,18 +137,17 @@ def add_writer(sp: argparse.ArgumentParser) -> None:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """The searches' budgets: the precision search's (--explain-rebuilds, --explain-seconds: `test --explain`
-    and precision_search = "auto") and the session tuning's (--tune-seconds: `tune`, and tune = true)."""
+class Budgets:
+    """The searches' budgets, one search.base.Budget each: the precision search's (--explain-rebuilds,
+    --explain-seconds: `test --explain` and precision_search = "auto", the generative search included) and
+    session tuning's (--tune-seconds: `tune`, and tune = true)."""
 
-    explain_rebuilds: int
-    explain_seconds: float
-    tune_seconds: float
+    precision: Budget
+    tuning: Budget
 
     @classmethod
-    def from_args(cls, ns: argparse.Namespace) -> Budget:
-        return cls(explain_rebuilds=ns.explain_rebuilds, explain_seconds=ns.explain_seconds,
-                   tune_seconds=ns.tune_seconds)
+    def from_args(cls, ns: argparse.Namespace) -> Budgets:
+        return cls(precision=Budget(ns.explain_rebuilds, ns.explain_seconds), tuning=Budget(None, ns.tune_seconds))
 
 
 TUNE_HELP = "seconds of session tuning per job whose target says tune = true (default: %(default)s)"
@@ -205,7 +205,7 @@ class Builds(Protocol):
     @property
     def dist(self) -> str | None: ...
     @property
-    def budget(self) -> Budget: ...
+    def budgets(self) -> Budgets: ...
     @property
     def writer(self) -> Writer: ...
     @property

@@ -20,7 +20,7 @@ class BuildOptions:
     repair: bool                 # rebuild TAMPERED artifacts
     strict: bool                 # portable-only builds and skipped targets fail
     keys: options.Keys
-    budget: options.Budget
+    budgets: options.Budgets
     writer: options.Writer
     allow_epoch_decrease: bool
     debug: bool                  # the top-level --debug: a failed job's traceback
@@ -28,7 +28,7 @@ class BuildOptions:
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> BuildOptions:
         return cls(selection=options.Selection.from_args(ns), dist=ns.dist, force=ns.force, repair=ns.repair,
-                   strict=ns.strict, keys=options.Keys.from_args(ns), budget=options.Budget.from_args(ns),
+                   strict=ns.strict, keys=options.Keys.from_args(ns), budgets=options.Budgets.from_args(ns),
                    writer=options.Writer.from_args(ns), allow_epoch_decrease=ns.allow_epoch_decrease, debug=ns.debug)
 
 

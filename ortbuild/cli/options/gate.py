@@ -30,7 +30,7 @@ class TestOptions:
     require: bool                # a target that cannot run here fails
     baseline: str | None         # a report.json to compare with
     explain: bool | None         # None: explain the failing; True: every one; False: none
-    budget: options.Budget
+    budgets: options.Budgets
     keys: options.Keys
     writer: options.Writer
     allow_epoch_decrease: bool
@@ -40,7 +40,7 @@ class TestOptions:
     def from_args(cls, ns: argparse.Namespace) -> TestOptions:
         return cls(selection=options.Selection.from_args(ns), dist=ns.dist, strict=ns.strict, quick=ns.quick,
                    gates=tuple(ns.gates), find_peak=ns.find_peak, repair=ns.repair, require=ns.require,
-                   baseline=ns.baseline, explain=ns.explain, budget=options.Budget.from_args(ns),
+                   baseline=ns.baseline, explain=ns.explain, budgets=options.Budgets.from_args(ns),
                    keys=options.Keys.from_args(ns), writer=options.Writer.from_args(ns),
                    allow_epoch_decrease=ns.allow_epoch_decrease, debug=ns.debug)
 
@@ -88,14 +88,14 @@ class ProfileOptions:
     runs: int                    # profiled runs after one warm-up
     top: int                     # operators shown per artifact
     keys: options.Keys
-    budget: options.Budget
+    budgets: options.Budgets
     writer: options.Writer
     allow_epoch_decrease: bool
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> ProfileOptions:
         return cls(selection=options.Selection.from_args(ns, summary=False), dist=ns.dist, runs=ns.runs,
-                   top=ns.top, keys=options.Keys.from_args(ns), budget=options.Budget.from_args(ns),
+                   top=ns.top, keys=options.Keys.from_args(ns), budgets=options.Budgets.from_args(ns),
                    writer=options.Writer.from_args(ns), allow_epoch_decrease=ns.allow_epoch_decrease)
 
 

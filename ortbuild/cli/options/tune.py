@@ -20,7 +20,7 @@ class TuneOptions:
 
     selection: options.Selection
     dist: str | None
-    budget: options.Budget               # tune_seconds: each job's search
+    budgets: options.Budgets             # tuning: each job's search
     keys: options.Keys
     writer: options.Writer               # -j and --lock-timeout
     allow_epoch_decrease: bool
@@ -28,7 +28,7 @@ class TuneOptions:
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> TuneOptions:
         return cls(selection=options.Selection.from_args(ns, summary=False), dist=ns.dist,
-                   budget=options.Budget.from_args(ns), keys=options.Keys.from_args(ns),
+                   budgets=options.Budgets.from_args(ns), keys=options.Keys.from_args(ns),
                    writer=options.Writer(jobs=ns.jobs, lock_timeout=ns.lock_timeout),
                    allow_epoch_decrease=ns.allow_epoch_decrease)
 
