@@ -26,6 +26,7 @@ from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import config, lockfile, plan
+from ortbuild.project.kinds import kind_rule
 from ortbuild.project.precisions import Quantizer
 from ortbuild.status import JobStatus, final_exit
 
@@ -192,11 +193,11 @@ def cmd_plan(opts: PlanOptions) -> int:
                    else "on its onnxruntime wheel under emulation")
             print(f"  {t.name}: {t.platform}: golden gate {how} here"
                   + (f" (SKIPPED: {why})" if why else f"; {timed} on {emulated.where_timed(t)}"))
-    onnx_jobs = [j for j in jobs if not j.model.generative]
+    onnx_jobs = [j for j in jobs if not kind_rule(j.model.kind).token_gate]
     if onnx_jobs:
         print("\naccuracy (ortbuild test's golden-output rule, per output where set):")
         print("\n".join(plan.accuracy_lines(onnx_jobs)))
-    llms = [j for j in jobs if j.model.generative]
+    llms = [j for j in jobs if kind_rule(j.model.kind).token_gate]
     if llms:
         from ortbuild.gating.gates import tokens as token_gate
 
@@ -225,7 +226,7 @@ def checked_graphs(project: config.Project, jobs: Sequence[plan.Job]) -> dict[st
     errors: list[tuple[str, str, str | None]] = []  # (targets.toml's key, the problem, what to do)
     for model in dict.fromkeys(j.model.name for j in jobs):
         m, key = project.models[model], f"models.{model}.path"
-        if m.generative:  # a Hugging Face-format directory: its build's check step reads it (no ONNX graph yet)
+        if kind_rule(m.kind).directory:  # a Hugging Face-format directory: its check step reads it (no graph yet)
             continue
         try:
             problem = paths.input_problem(m.path, limit=paths.MAX_MODEL_BYTES)

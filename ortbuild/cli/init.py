@@ -12,6 +12,7 @@ from ortbuild.cli.build import checked_graphs
 from ortbuild.cli.options.init import InitOptions
 from ortbuild.errors import UsageError
 from ortbuild.project import config, data, expected, plan, scaffold, signature, speedup
+from ortbuild.project.kinds import kind_rule
 
 
 def _say(line: str) -> None:
@@ -74,7 +75,7 @@ def refresh(root: Path) -> int:
     texts: dict[Path, bytes] = {}
     said: list[str] = []
     for model in project.models.values():
-        if model.generative or model.expected is None or expected.read_record(model) is None:
+        if not kind_rule(model.kind).records_expected or model.expected is None or expected.read_record(model) is None:
             continue
         sets = scaffold.data_sets(model.inputs, signature.graph(model.path))
         if len(sets) != 1:

@@ -124,10 +124,6 @@ class Model:
         doc="A labelled evaluation set `[models.NAME.eval]` for the `eval` gate, judged against each target's "
             "`[targets.NAME.eval] max_drop` (docs/testing.md, Task accuracy on labelled data).")
 
-    @property
-    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
-        return self.kind == "generative"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Gates:
@@ -165,10 +161,6 @@ class Gates:
     kind: Kind = derived("onnx", build="never", spelled=kinds.spelled)  # its model's: its gates are its kind's
     # the rules written for another precision that this one does not inherit: "the fp32 rule of cpu-fp32"
     not_inherited: tuple[str, ...] = ()
-
-    @property
-    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
-        return self.kind == "generative"
 
     def accuracy_rule(self, precision: str | PrecisionRule, output: str) -> dict[str, Any]:
         """The effective rule of one output: precision defaults < target rule < the output's table."""
@@ -328,10 +320,6 @@ class Target:
     plugins: tuple[str, ...] = ()    # pip requirements of the plugin EPs the flavor loads (providers.PLUGINS)
 
     kind: Kind = "onnx"              # the kind of its models (a target builds one kind)
-
-    @property
-    def generative(self) -> bool:  # TEMPORARY(kind): removed once gating/ and cli/ ask kind_rule
-        return self.kind == "generative"
 
     @property
     def requirements(self) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from ortbuild.errors import ArtifactError, OrtbuildError, StepError, from_loader
 from ortbuild.gating.measure import emulated
 from ortbuild.gating.timing_records import FallbackDoc, NodesTime, OperatorDoc, ProfileDoc, TraceEvent
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import generation
+from ortbuild.project.kinds import kind_rule
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, ProfileStatus
 
@@ -168,8 +168,8 @@ def profile_jobs(jobs: list[Job], dist: Path, secret: bytes | None, runs: int, b
             res.status, res.reason = ProfileStatus.SKIPPED, b.reason
             if b.status == JobStatus.PORTABLE:
                 write_skipped(dist, job, b.reason)
-        elif job.model.generative:  # onnxruntime-genai's session: no ORT profile through the loader
-            res.status, res.reason = ProfileStatus.SKIPPED, generation.NOT_PROFILED
+        elif (why := kind_rule(job.model.kind).not_covered) is not None:  # onnxruntime-genai's session: no ORT
+            res.status, res.reason = ProfileStatus.SKIPPED, why                 # profile through the loader
         elif emulated.emulated(job.target):  # a profile of x86 kernels, or of qemu, says nothing about the device
             res.status, res.reason = ProfileStatus.SKIPPED, (
                 f"a {job.target.platform} artifact is profiled on its platform: `ortbuild matrix` runs this target "

@@ -128,7 +128,7 @@ class GenerativeSearch:
         clock = self.budget.start()
         try:  # the graph's MatMuls, from the manifest of the build that failed its gate
             m, _ = manifest.read(inside(self.locking.builder.dist, job.target.name, job.model.name))
-            matmuls = list(m.generative.matmuls) if m.generative is not None else []
+            matmuls = list(m.generative.matmuls) if m.generative else []  # its manifest section
         except OrtbuildError:  # its build failed (NaN logits at reload): no manifest of it, no layers to keep
             matmuls = []
         tried: list[str] = []

@@ -42,7 +42,8 @@ from ortbuild.gating.search.tune_search import (
 )
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import config, generation, lockfile
+from ortbuild.project import config, lockfile
+from ortbuild.project.kinds import kind_rule
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, PhaseStarted, Verdict
 
@@ -56,8 +57,8 @@ def wants_tune(job: Job) -> bool:
 
 def cannot_tune(job: Job, built: JobResult | None) -> str | None:
     """Why the job cannot be tuned here (None: it can)."""
-    if job.model.generative:
-        return generation.NOT_PROFILED
+    if (why := kind_rule(job.model.kind).not_covered) is not None:
+        return why
     if built is None or built.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
         status = "not built" if built is None else f"{built.status}" + (f": {built.reason}" if built.reason else "")
         return f"its build is {status}"
