@@ -38,7 +38,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from ortbuild import installed, machine
-from ortbuild.artifact import manifest
+from ortbuild.artifact import manifest, manifest_types
 from ortbuild.errors import ConfigError, UsageError
 from ortbuild.gating.record import TestResult
 from ortbuild.project import config
@@ -257,7 +257,7 @@ def _build(session: nox.Session, target: str) -> None:
     _ortbuild(session, venv, "build", "-c", str(PROJECT.file), "-t", target, "--no-summary", *session.posargs,
               env=keys_env(session, venv))
     dist = PROJECT.root / "dist" / target
-    docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest.MANIFEST).exists()]
+    docs = [manifest.read(dist / m)[0] for m in t.models if (dist / m / manifest_types.MANIFEST).exists()]
     if docs and all(d.portable_only for d in docs):
         reasons = sorted({r for d in docs for r in d.missing_providers.values()})
         session.skip(f"{target} cannot run here ({'; '.join(reasons)}); only its portable artifacts were "

@@ -25,15 +25,11 @@ from typing import TYPE_CHECKING
 
 from ortbuild.errors import RuntimeMismatch, first_line
 from ortbuild.files import atomic_write, sha256_file
-from ortbuild.installed import Flavor as Flavor
-from ortbuild.installed import installed_flavor as installed_flavor
-from ortbuild.installed import package_problem
-from ortbuild.installed import requirements_problem as requirements_problem
-from ortbuild.installed import runtime_problem as runtime_problem
-from ortbuild.installed import stand_in as stand_in
-from ortbuild.machine import cpu_model as cpu_model
-from ortbuild.machine import fingerprint as fingerprint
-from ortbuild.machine import simd_level as simd_level
+from ortbuild.installed import (
+    installed_flavor,
+    package_problem,
+)
+from ortbuild.machine import cpu_model
 from ortbuild.project import options
 from ortbuild.project.config import CustomOps, Provider, Settings
 

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ortbuild.artifact import container, minisign, p256
-from ortbuild.artifact.ed25519 import public_key_id as public_key_id
+from ortbuild.artifact.ed25519 import public_key_id
 from ortbuild.artifact.manifest_types import Signing
 from ortbuild.errors import KeyMissing
 from ortbuild.paths import file_kind

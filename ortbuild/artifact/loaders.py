@@ -21,8 +21,7 @@ from ortbuild import __version__, paths
 if TYPE_CHECKING:
     import jinja2
 
-from ortbuild.artifact.manifest import LoaderFile, Manifest
-from ortbuild.artifact.manifest_types import READABLE_FORMATS
+from ortbuild.artifact.manifest_types import READABLE_FORMATS, LoaderFile, Manifest
 from ortbuild.project.kinds import Kind, kind_rule
 
 LOADER_DIR = "loader"

@@ -22,24 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild.artifact import pieces
-from ortbuild.artifact.manifest_types import FORMAT_VERSION as FORMAT_VERSION
-from ortbuild.artifact.manifest_types import MANIFEST as MANIFEST
-from ortbuild.artifact.manifest_types import ArtifactFile as ArtifactFile
-from ortbuild.artifact.manifest_types import Changed as Changed
-from ortbuild.artifact.manifest_types import Generative as Generative
-from ortbuild.artifact.manifest_types import GoldenRun as GoldenRun
-from ortbuild.artifact.manifest_types import LoaderFile as LoaderFile
-from ortbuild.artifact.manifest_types import Manifest as Manifest
-from ortbuild.artifact.manifest_types import Optimization as Optimization
-from ortbuild.artifact.manifest_types import PrecisionInfo as PrecisionInfo
-from ortbuild.artifact.manifest_types import ProjectInfo as ProjectInfo
-from ortbuild.artifact.manifest_types import ProviderEntry as ProviderEntry
-from ortbuild.artifact.manifest_types import SignedFile
-from ortbuild.artifact.manifest_types import Source as Source
+from ortbuild.artifact.manifest_types import (
+    MANIFEST,
+    ArtifactFile,
+    Manifest,
+    SignedFile,
+)
 from ortbuild.errors import ArtifactError, Tampered
-from ortbuild.files import atomic_copy, publish, read_document, safe_mkdir
-from ortbuild.files import atomic_write as atomic_write
-from ortbuild.files import sha256_file as sha256_file
+from ortbuild.files import atomic_copy, atomic_write, publish, read_document, safe_mkdir, sha256_file
 from ortbuild.paths import inside
 
 SIGNATURE = "manifest.sig"

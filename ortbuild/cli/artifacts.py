@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
+from ortbuild import files, workspace
 from ortbuild import files as files_
-from ortbuild import workspace
-from ortbuild.artifact import container, fit, keygen, keys, manifest
+from ortbuild.artifact import container, ed25519, fit, keygen, keys, manifest, manifest_types
 from ortbuild.cli import owned
 from ortbuild.cli.options.artifacts import CleanOptions, InspectOptions, KeygenOptions, RekeyOptions
 from ortbuild.errors import ArtifactError, KeyMissing, Tampered, UsageError, WrongKey
@@ -47,7 +47,7 @@ def _inspect_onnx(path: Path) -> OnnxInfo:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf DecodeError and friends
         raise ArtifactError(f"{path}: not an ONNX model: {str(e)[:200]}") from None
-    return {"file": str(path), "size": path.stat().st_size, "sha256": manifest.sha256_file(path),
+    return {"file": str(path), "size": path.stat().st_size, "sha256": files.sha256_file(path),
             "ir_version": model.ir_version, "opsets": check.opsets(model), "io": check.signature(model),
             "producer": f"{model.producer_name} {model.producer_version}".strip(), "nodes": len(model.graph.node)}
 
@@ -65,7 +65,7 @@ def cmd_inspect(o: InspectOptions) -> int:
     path = Path(o.path)
     if not path.exists():
         raise ArtifactError(f"{path}: no such file or directory")
-    if path.is_file() and path.suffix == ".onnx" and not (path.parent / manifest.MANIFEST).exists():
+    if path.is_file() and path.suffix == ".onnx" and not (path.parent / manifest_types.MANIFEST).exists():
         info = _inspect_onnx(path)
         if o.json:
             print(json.dumps(info, indent=2))
@@ -75,7 +75,7 @@ def cmd_inspect(o: InspectOptions) -> int:
     folder = manifest.locate(path).parent
     # partial files: in an artifact directory, or in one a first build killed before its manifest left (its place
     # in dist/, or partial files in it); never searched for below a directory that is neither (inspect /etc/passwd)
-    ours = (folder / manifest.MANIFEST).is_file() or _place(folder) is not None or any(
+    ours = (folder / manifest_types.MANIFEST).is_file() or _place(folder) is not None or any(
         next(folder.glob(pattern), None) for pattern in workspace.PARTIAL_GLOBS)
     left = [str(p) for p in workspace.leftovers(None) + (workspace.partial_files(folder) if ours else [])]
     for p in left:
@@ -98,7 +98,7 @@ def cmd_inspect(o: InspectOptions) -> int:
     unfit = fit.problems(m)
     if o.json:
         print(json.dumps({"manifest": json.loads(m.to_json()), "verified": pinned is not None and not integrity,
-                          "trusted_public_key_id": keys.public_key_id(pinned) if pinned else None,
+                          "trusted_public_key_id": ed25519.public_key_id(pinned) if pinned else None,
                           "integrity_problems": integrity if pinned else [*integrity, unverified],
                           "fit_problems": unfit, "leftovers": left}, indent=2))
     else:
@@ -117,7 +117,7 @@ def _artifact_folder(path: Path) -> Path:
     hint = ("give a dist/<target>/<model>/ directory, its manifest.json or its artifact; `ortbuild inspect "
             "model.onnx` shows a plain ONNX model")
     if found.is_symlink() or not found.is_file():
-        raise ArtifactError(f"{path}: not an artifact (no {manifest.MANIFEST} in {folder})", hint)
+        raise ArtifactError(f"{path}: not an artifact (no {manifest_types.MANIFEST} in {folder})", hint)
     if not (folder / manifest.SIGNATURE).exists():
         try:
             doc = json.loads(files_.read_document(found))
@@ -139,8 +139,8 @@ def _place(folder: Path) -> tuple[str, str] | None:
     return here.parent.name, here.name
 
 
-def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, integrity: list[str], fit: list[str],
-                    unverified: str | None) -> None:
+def _print_manifest(m: manifest_types.Manifest, folder: Path, pinned: bytes | None, integrity: list[str],
+                    fit: list[str], unverified: str | None) -> None:
     opt, ort_version = m.optimization, m.versions["onnxruntime"]
     print(f"{m.target}/{m.model}  ({m.status})  built {m.created} with "
           f"{ort_version['distribution']} {ort_version['version']}")
@@ -163,7 +163,7 @@ def _print_manifest(m: manifest.Manifest, folder: Path, pinned: bytes | None, in
                              "no (encrypt = false)"))
     print(f"  signed     {m.signing.algorithm}, public key id {m.signing.public_key_id}"
           + (" (DEVELOPMENT KEY)" if m.signing.development_key else "")
-          + (f"; checked with the trusted key id {keys.public_key_id(pinned)}" if pinned else ""))
+          + (f"; checked with the trusted key id {ed25519.public_key_id(pinned)}" if pinned else ""))
     print(f"  epoch      {m.epoch} (rollback counter: loaders generated at a higher epoch refuse this one)")
     counted = sum(len(f.pieces.sha256) for f in m.artifact.files if f.pieces is not None)
     print(f"  manifest   format {m.format_version}: " + (
@@ -263,7 +263,7 @@ def cmd_rekey(o: RekeyOptions) -> int:
     folders = []
     for path in o.paths:
         p = Path(path)
-        found = sorted(p.rglob(manifest.MANIFEST)) if p.is_dir() and not (p / manifest.MANIFEST).exists() \
+        found = sorted(p.rglob(manifest_types.MANIFEST)) if p.is_dir() and not (p / manifest_types.MANIFEST).exists() \
             else [manifest.locate(p)]
         if not found or not found[0].exists():
             raise ArtifactError(f"{p}: no artifact (manifest.json) here", "give dist/ or a dist/<target>/<model>/")
@@ -307,7 +307,7 @@ def _rekey_one(folder: Path, root: Path, place: tuple[str, str] | None, old: key
             files.append((dataclasses.replace(f, sha256=sha, size=length, pieces=digests), partial))
         main = next(f for f, _ in files if f.role == "model")
         m = dataclasses.replace(
-            m, format_version=manifest.FORMAT_VERSION,  # a format-2 artifact is rewritten in the current format
+            m, format_version=manifest_types.FORMAT_VERSION,  # a format-2 artifact is rewritten in the current format
             artifact=dataclasses.replace(m.artifact, files=[f for f, _ in files], sha256=main.sha256),
             encryption=dataclasses.replace(m.encryption, key_id=new.key_id, development_key=new.development))
         manifest.write_signed(folder, {f.name: partial for f, partial in files}, m, sign.sign, root=root)

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from ortbuild import emulation, logs, machine, runtime
+from ortbuild import emulation, installed, logs, machine
 from ortbuild.artifact import keys
 from ortbuild.cli.building import built, fitting
 from ortbuild.cli.common import dist_dir
@@ -25,7 +25,7 @@ from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.buildkey import published
 from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, lockfile, plan
+from ortbuild.project import config, lock_entry, lockfile, plan
 from ortbuild.project.kinds import kind_rule
 from ortbuild.project.precisions import Quantizer
 from ortbuild.status import JobStatus, final_exit
@@ -118,7 +118,7 @@ def cmd_plan(opts: PlanOptions) -> int:
     jobs = plan.jobs(project, opts.selection.target, opts.selection.model)
     graphs = checked_graphs(project, jobs)  # golden inputs against each model's inputs, before anything else
     dist = dist_dir(opts.dist, project)
-    problems = {t: runtime.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
+    problems = {t: installed.runtime_problem(project.targets[t]) for t in {j.target.name for j in jobs}}
     secrets = keys.read_secrets(opts.keys.key_file, opts.keys.signing_key_file)
     builder = Builder(project, dist, progress=Progress(quiet=True), secrets=secrets)
     lock = lockfile.read(project)
@@ -131,7 +131,7 @@ def cmd_plan(opts: PlanOptions) -> int:
         why: str | None
         notes = [n for n in lock_notes if f" {j.name} " in n]
         if j.locked is not None:
-            notes.append(f"{lockfile.LOCK_FILE} lays over its settings: {j.locked.describe()}")
+            notes.append(f"{lock_entry.LOCK_FILE} lays over its settings: {j.locked.describe()}")
         for part in lockfile.missing(j, j.locked):
             notes.append('precision_search = "auto" and no search in targets.lock: the build judges its accuracy and '
                          "searches where it fails" if part == "search" else
@@ -177,7 +177,7 @@ def cmd_plan(opts: PlanOptions) -> int:
         for n in o["notes"]:
             print(f"  [{o['target']}/{o['model']}] note: {n}")
     for name in orphans:
-        print(f"  note: {lockfile.LOCK_FILE}: the entry of {name} matches no job of {project.file.name}: delete it")
+        print(f"  note: {lock_entry.LOCK_FILE}: the entry of {name} matches no job of {project.file.name}: delete it")
     platforms = {j.target.name: j.target for j in jobs if not j.target.platform_rule.native}
     lv = machine.x86_level()  # ONNX Runtime's x86 kernels, and so a native target's verdicts, depend on it
     print("\nplatforms (docs/targets.md#platforms):")

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ortbuild import files, runtime, workspace
+from ortbuild import files, installed, workspace
 from ortbuild.artifact import keys
 from ortbuild.cli.common import dist_dir
 from ortbuild.cli.options import Budgets, Builds
@@ -32,12 +32,12 @@ def fitting(jobs: Sequence[plan.Job], command: str | None = None) -> list[plan.J
     problems: dict[str, str | None] = {}
     for j in jobs:
         if j.target.name not in problems:
-            problems[j.target.name] = runtime.runtime_problem(j.target)
+            problems[j.target.name] = installed.runtime_problem(j.target)
     fit = [j for j in jobs if problems[j.target.name] is None]
     if command is None or fit or not jobs:
         return fit
     targets = {j.target.name: j.target for j in jobs}
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     have = f"{flavor.distribution} {flavor.version}" if flavor else "no ONNX Runtime"
     wants = sorted({t.runtime_text for t in targets.values()})
     one = next(iter(targets))

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
-from ortbuild import runtime
-from ortbuild.artifact import manifest
+from ortbuild import files, installed, machine, runtime
 from ortbuild.cli.options.info import SchemaOptions, SummaryOptions, TargetsOptions
 from ortbuild.errors import OrtbuildError
 from ortbuild.gating.reports import summary
@@ -50,7 +49,7 @@ class TargetRow(TypedDict):
 
 def _providers_here() -> list[ProviderRow]:
     """docs/targets.md's capability table, with this environment's answer for each provider."""
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     out: list[ProviderRow] = []
     for c in capabilities.CAPABILITIES:
         for name in c.providers:
@@ -64,9 +63,9 @@ def _providers_here() -> list[ProviderRow]:
 
 
 def _print_providers(rows: list[ProviderRow]) -> None:
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     print(f"execution providers (docs/targets.md), in this environment "
-          f"({f'{flavor.distribution} {flavor.version}' if flavor else 'no ONNX Runtime'}, {runtime.cpu_model()}):")
+          f"({f'{flavor.distribution} {flavor.version}' if flavor else 'no ONNX Runtime'}, {machine.cpu_model()}):")
     print(table([[r["label"], r["provider"], r["status"], "yes" if r["here"] else "no"] for r in rows],
                 ["EP", "provider", "ortbuild support", "runs here"]))
     for r in rows:
@@ -85,7 +84,7 @@ def cmd_targets(opts: TargetsOptions) -> int:
     project = config.load(opts.config)
     out: list[TargetRow] = []
     for t in project.targets.values():
-        why = runtime.runtime_problem(t)
+        why = installed.runtime_problem(t)
         missing: list[str] = []
         if why is None:
             missing = [r for r in (runtime.probe_provider(p, t.plugin_for(p.name)) for p in t.providers) if r]
@@ -112,16 +111,16 @@ def cmd_targets(opts: TargetsOptions) -> int:
 
 
 def cmd_schema(o: SchemaOptions) -> int:
-    files = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
+    generated = {SCHEMA_FILE: options.schema_text(), REFERENCE_FILE: options.reference_markdown()}
     if TARGETS_DOC.exists():  # a source checkout: its capability table is generated too
-        files[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
+        generated[TARGETS_DOC] = capabilities.spliced(TARGETS_DOC.read_text())
     if o.write:
-        for f, text in files.items():
-            manifest.atomic_write(f, text.encode(), root=PACKAGE_DIR.parent, mode=0o644)
+        for f, text in generated.items():
+            files.atomic_write(f, text.encode(), root=PACKAGE_DIR.parent, mode=0o644)
             print(f"wrote {f}")
         return 0
     if o.check:
-        stale = [str(f) for f, text in files.items() if not f.exists() or f.read_text() != text]
+        stale = [str(f) for f, text in generated.items() if not f.exists() or f.read_text() != text]
         if stale:
             raise OrtbuildError(f"out of date: {', '.join(stale)}", "run `ortbuild schema --write`")
         print("schema and reference docs are up to date")

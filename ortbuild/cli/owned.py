@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ortbuild import logs, workspace
-from ortbuild.artifact import loaders, manifest
+from ortbuild.artifact import loaders, manifest, manifest_types
 from ortbuild.errors import ArtifactError
 from ortbuild.gating import runner
 from ortbuild.gating.measure import profile
@@ -36,8 +36,8 @@ LOG_PATTERNS = ("*.build.log", "*.test.log", "*.build.json")
 RELEASE_DIR = "release"
 RELEASE_PATTERNS = (f"*{release.BUNDLE_SUFFIX}", f"*{release.OLD_BUNDLE_SUFFIX}", f"*.{release.INDEX}",
                     "*.intoto.jsonl", release.SUMS, release.SUMS_SIG)
-ARTIFACT_FILES = frozenset({manifest.MANIFEST, manifest.SIGNATURE, runner.REPORT, runner.REPORT_SIG, profile.TRACE,
-                            profile.SUMMARY, operators.CONFIG})
+ARTIFACT_FILES = frozenset({manifest_types.MANIFEST, manifest.SIGNATURE, runner.REPORT, runner.REPORT_SIG,
+                            profile.TRACE, profile.SUMMARY, operators.CONFIG})
 ARTIFACT_PATTERNS = ("model.onnx*", "model.ort*", "*.enc")
 
 
@@ -53,7 +53,8 @@ def _listed(folder: Path) -> set[str]:
     """The names beside a manifest that it lists (read, not trusted: it decides only what clean removes inside
     ortbuild's own artifact directory), or none when it is unreadable."""
     try:
-        m = manifest.Manifest.from_json((folder / manifest.MANIFEST).read_bytes(), str(folder / manifest.MANIFEST))
+        path = folder / manifest_types.MANIFEST
+        m = manifest_types.Manifest.from_json(path.read_bytes(), str(path))
     except (OSError, ArtifactError):
         return set()
     return {name.split("/")[0] for name, *_ in m.signed_files()}
@@ -63,7 +64,7 @@ def is_artifact_dir(folder: Path) -> bool:
     """A dist/<target>/<model>/ directory ortbuild wrote: it holds a manifest, its signature, the loaders or an
     encrypted artifact file (a build killed before its manifest)."""
     return folder.is_dir() and not folder.is_symlink() and (
-        any((folder / n).exists() for n in (manifest.MANIFEST, manifest.SIGNATURE, loaders.LOADER_DIR))
+        any((folder / n).exists() for n in (manifest_types.MANIFEST, manifest.SIGNATURE, loaders.LOADER_DIR))
         or any(p.name.endswith(".enc") for p in folder.iterdir()))
 
 

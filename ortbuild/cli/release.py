@@ -121,6 +121,7 @@ def _writable_dir(path: Path, given: str | None) -> None:
 
 def cmd_release(o: ReleaseOptions) -> int:
     """One signed, reproducible bundle per target, refused unless its tests passed (docs/release.md)."""
+    from ortbuild import oci_ref
     from ortbuild.publish import registry, release
 
     project = config.load(o.config)
@@ -143,7 +144,7 @@ def cmd_release(o: ReleaseOptions) -> int:
                         + "; ".join(development))
         for w in warnings:
             print(f"ortbuild: WARNING: {w}", file=sys.stderr)
-    ref = registry.parse(o.to) if o.to and registry.is_ref(o.to) else None
+    ref = oci_ref.parse(o.to) if o.to and oci_ref.is_ref(o.to) else None
     if ref is not None and ref.tag and "{target}" not in ref.tag and len(names) > 1:
         raise UsageError(f"{o.to}: one tag names one bundle, and {len(names)} targets are selected",
                          "put {target} in the tag (e.g. :{version}-{target}), leave the tag out (it defaults "
@@ -218,6 +219,7 @@ def _verify_lines(v: Verified, as_json: bool, extra: dict[str, str] | None = Non
 
 def cmd_verify(o: VerifyOptions) -> int:
     """Signature, digests, provenance, safe extraction, then the golden test through the bundle's loader."""
+    from ortbuild import oci_ref
     from ortbuild.publish import epochs, registry, verify
 
     c = o.checks
@@ -225,8 +227,8 @@ def cmd_verify(o: VerifyOptions) -> int:
     secrets = keys.Secrets(encryption=keys.encryption_key(file=c.key_file))  # the golden test decrypts
     with tempfile.TemporaryDirectory(prefix="ortbuild-verify-") as tmp:
         where = Path(o.bundle)
-        if registry.is_ref(o.bundle):
-            registry.pull(registry.parse(o.bundle), Path(tmp))
+        if oci_ref.is_ref(o.bundle):
+            registry.pull(oci_ref.parse(o.bundle), Path(tmp))
             where = Path(tmp)
         v = verify.verify(where, public, run=not c.no_run, key=secrets.secret, floors=epochs.floors(c.min_epoch))
     _verify_lines(v, c.json)
@@ -236,10 +238,11 @@ def cmd_verify(o: VerifyOptions) -> int:
 def cmd_pull(o: PullOptions) -> int:
     """Fetch a release from an OCI registry, verify it, and place the verified bundle in --to (never over a newer
     release unless --allow-downgrade: ortbuild.publish.deploy)."""
+    from ortbuild import oci_ref
     from ortbuild.publish import deploy, registry, release
 
     c = o.checks
-    ref = registry.parse(o.ref)
+    ref = oci_ref.parse(o.ref)
     public = _public_key(c.public_key)
     secrets = keys.Secrets(encryption=keys.encryption_key(file=c.key_file))
     if o.to:

@@ -13,7 +13,7 @@ from ortbuild.cli.options.tune import TuneOptions
 from ortbuild.errors import OrtbuildError, UsageError
 from ortbuild.gating.reports.summary import table
 from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, lockfile, plan
+from ortbuild.project import config, lock_entry, lockfile, plan
 from ortbuild.status import JobFinished, JobStatus, TuneStatus, final_exit
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def cmd_tune(o: TuneOptions) -> int:
             out.append(_job_doc(job, tuning, result.status, result.reason))
             if tuning.applies and not job.settings.tune:
                 out[-1]["notes"] = [*tuning.notes, (
-                    f"{lockfile.LOCK_FILE} entries change only jobs that ask for tuning: add `tune = true` to "
+                    f"{lock_entry.LOCK_FILE} entries change only jobs that ask for tuning: add `tune = true` to "
                     f"[targets.{job.target.name}] to ship this (a later build without it builds the declared options)")]
             progress(job.name, JobFinished(result.status, f"tuned: kept {tuning.kept()}" if result.status !=
                                            JobStatus.FAILED else f"FAILED: {result.reason}"))

@@ -25,7 +25,7 @@ from ortbuild.project.kinds import Kind
 from ortbuild.status import Event, Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.artifact import golden, manifest
+    from ortbuild.artifact import golden, manifest_types
     from ortbuild.artifact.keys import SigningKey
     from ortbuild.pipeline.job import JobResult
     from ortbuild.project.config import Project
@@ -69,7 +69,7 @@ class Context:
     job: Job
     module: ModuleType | None          # the generated Python loader (None: an emulated platform's target)
     golden: golden.Golden
-    manifest: manifest.Manifest
+    manifest: manifest_types.Manifest
     outputs: list[dict[str, object]]   # the golden run's outputs, per golden data set
     built: dict[str, JobResult]        # every job's build (the references of relative budgets)
     golden_doc: dict[str, object] = field(default_factory=dict)   # the record's `golden`: the data judged by

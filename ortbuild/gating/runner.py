@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import cast
 
 from ortbuild import files, logs, paths
-from ortbuild.artifact import golden, loaders, manifest
+from ortbuild.artifact import golden, loaders, manifest, manifest_types
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ConfigError, MissingProvider, OrtbuildError, RuntimeMismatch, from_loader
 from ortbuild.gating import records
@@ -179,7 +179,7 @@ class Tester:
         return judged
 
     def accuracy_gate(self, job: Job, res: TestResult, session: dict[str, object] | None = None) \
-            -> tuple[ModuleType | None, golden.Golden, manifest.Manifest]:
+            -> tuple[ModuleType | None, golden.Golden, manifest_types.Manifest]:
         """The golden-output gate alone (the precision search and session tuning judge by it): `open`, then the
         accuracy gate where it is judged; returns the loader module (None when emulated), the golden data and the
         manifest. `session`: options over the artifact's, handed to the loader's load(session=...)."""
@@ -242,7 +242,7 @@ class Tester:
         none = golden.Golden([], "none: a generative model's golden data are its prompts (the tokens gate)", "computed")
         return Context(self, job, module, none, m, [], built)
 
-    def _golden_of(self, job: Job, m: manifest.Manifest) -> golden.Golden:
+    def _golden_of(self, job: Job, m: manifest_types.Manifest) -> golden.Golden:
         if job.model.name not in self.golden_cache:
             self.golden_cache[job.model.name] = golden.golden_for(job.model, m.io, job.settings.custom_ops)
         return self.golden_cache[job.model.name]

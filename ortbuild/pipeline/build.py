@@ -19,8 +19,8 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ortbuild import logs, modelfiles, paths, runtime, workspace
-from ortbuild.artifact import keys, manifest
+from ortbuild import installed, logs, modelfiles, paths, runtime, workspace
+from ortbuild.artifact import keys, manifest_types
 from ortbuild.errors import ConfigError, KeyMissing, OrtbuildError, StepError, Tampered, WrongKey, first_line
 from ortbuild.pipeline import buildkey, locking, parallel, stages
 from ortbuild.pipeline import cache as cache_
@@ -100,7 +100,7 @@ class Builder:
         return locking.lay_over(self.project, jobs, lock, self.fingerprint, locked=locked)
 
     def _probe(self, p: Provider, target: Target) -> str | None:
-        if p.name != "CPUExecutionProvider" and (standin := runtime.stand_in(target)) is not None:
+        if p.name != "CPUExecutionProvider" and (standin := installed.stand_in(target)) is not None:
             return (f"{standin.reason}; built with the CPU stand-in {standin.requirements[0]} in place of "
                     f"{', '.join(standin.left_out)} (portable artifacts only)")
         plugin = target.plugin_for(p.name)
@@ -114,7 +114,7 @@ class Builder:
         directory and temp dir, so jobs cannot share one). Results come back in the jobs' order; a failing
         job is reported in its result and stops nothing else."""
         targets = {j.target.name: j.target for j in jobs}
-        problems = {name: runtime.runtime_problem(t) for name, t in targets.items()}
+        problems = {name: installed.runtime_problem(t) for name, t in targets.items()}
         buildable = [j for j in jobs if problems[j.target.name] is None]
         self.check_keys(buildable)
         for j in buildable:  # probe once, here: workers get the answers (a probe opens ORT sessions)
@@ -168,7 +168,7 @@ class Builder:
         runtime, data, keys (plan uses it to say why a job would rebuild)."""
         usable = [p for p in job.settings.providers if self._probe(p, job.target) is None]
         missing = {p.name: reason for p in job.settings.providers if (reason := self._probe(p, job.target))}
-        flavor = runtime.installed_flavor()
+        flavor = installed.installed_flavor()
         if flavor is None:
             raise RuntimeError("runtime_problem() lets no job of a runtime that is not installed start")
         if kind_rule(job.model.kind).directory and not job.model.path.is_dir():  # e.g. made on first use, not yet
@@ -253,7 +253,7 @@ class Builder:
                 if why and why.startswith("TAMPERED"):  # the summary says what was replaced
                     res.notes.append(why)
             self._run_phase(prep, done, res, "verify", reused=reused is not None)
-            m = done[manifest.Manifest]
+            m = done[manifest_types.Manifest]
             res.notes[:0] = cache_notes  # the build's own notes replaced the list
             # a reused portable-only artifact is still portable-only: the status says so (and --strict sees it)
             res.status = JobStatus.PORTABLE if prep.missing else (
@@ -289,7 +289,7 @@ class Builder:
         return res
 
 
-    def _pull(self, prep: Prepared, notes: list[str]) -> manifest.Manifest | None:
+    def _pull(self, prep: Prepared, notes: list[str]) -> manifest_types.Manifest | None:
         """The job's artifact from the cache, verified and installed into dist/, or None (a miss, or an entry
         refused: a warning in the job's notes names it and why; the job is then built)."""
         assert self.cache is not None
@@ -331,7 +331,7 @@ class Builder:
         self.progress(prep.job.name, PhaseStarted(notes[-1]))
         self.cache = None
 
-    def _push(self, prep: Prepared, m: manifest.Manifest, notes: list[str]) -> None:
+    def _push(self, prep: Prepared, m: manifest_types.Manifest, notes: list[str]) -> None:
         """Put a built artifact into the cache (a sealed one only); a failure is a warning."""
         assert self.cache is not None
         why = cache_.cacheable(m)

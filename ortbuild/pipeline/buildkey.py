@@ -16,8 +16,8 @@ from typing import TypedDict
 
 from packaging.requirements import Requirement
 
-from ortbuild import __version__, runtime
-from ortbuild.artifact import keys, loaders, manifest
+from ortbuild import __version__, files, installed, machine, runtime
+from ortbuild.artifact import keys, loaders, manifest, manifest_types
 from ortbuild.errors import KeyMissing, WrongKey
 from ortbuild.project import options
 from ortbuild.project.config import Target
@@ -33,7 +33,7 @@ class Sealing(TypedDict):
     epoch: int                       # [project] epoch
 
 
-def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str | None, flavor: runtime.Flavor,
+def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str | None, flavor: installed.Flavor,
               missing: dict[str, str], sealing: Sealing, *, plugins: dict[str, dict[str, str]],
               libraries: Sequence[runtime.CustomOpLibrary]) -> dict[str, object]:
     """Everything the artifact depends on, by name (plan says which one changed). `sources`: the model's
@@ -48,7 +48,7 @@ def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str
         "plugins": plugins,
         "custom_ops": [lib.as_json() for lib in libraries],
         "missing_providers": sorted(missing),
-        "simd_level": runtime.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
+        "simd_level": machine.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
     if kind_rule(job.model.kind).builder_in_key:  # the model builder's output depends on its packages' versions
@@ -105,7 +105,7 @@ def digest(path: Path | None) -> str | None:
         for f in sorted(path.rglob("*.pb")):
             h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes())
         return h.hexdigest()
-    return manifest.sha256_file(path)
+    return files.sha256_file(path)
 
 
 def deterministic() -> bool:
@@ -114,7 +114,7 @@ def deterministic() -> bool:
 
 
 def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None, parts: dict[str, str] | None = None,
-              enc_key: keys.EncryptionKey | None = None) -> tuple[str | None, manifest.Manifest | None]:
+              enc_key: keys.EncryptionKey | None = None) -> tuple[str | None, manifest_types.Manifest | None]:
     """(why the published artifact must be rebuilt, None) or (None, its manifest).
 
     Trust first, with the configured signing key (never the manifest's own): a manifest whose signature does
@@ -122,7 +122,7 @@ def published(out_dir: Path, key: str, sign_key: keys.SigningKey | None, parts: 
     whatever else changed: a build never replaces what someone modified (`--repair` does, on purpose). An
     intact artifact is rebuilt when its build key changed; one sealed for another encryption key raises WrongKey
     (`ortbuild rekey` rotated it: the old key no longer opens it)."""
-    if not (out_dir / manifest.MANIFEST).exists():  # never built, or a publish cut short (the manifest goes
+    if not (out_dir / manifest_types.MANIFEST).exists():  # never built, or a publish cut short (the manifest goes
         return "no artifact yet", None             # first and comes last): files without one are no artifact
     if sign_key is None:
         raise KeyMissing("no signing key: the published artifacts are checked with its public half",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ortbuild import __version__, files, runtime
-from ortbuild.artifact import manifest, pieces
+from ortbuild import __version__, files, machine
+from ortbuild.artifact import manifest, manifest_types, pieces
 from ortbuild.errors import ArtifactError
 from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, Prepared
@@ -59,12 +59,12 @@ def _encrypt(prep: Prepared, done: Done) -> Sealed:
         with files.open_partial(partial) as out:
             out.write(data)
         sha, digests = pieces.of_bytes(data)
-        side.append((manifest.ArtifactFile(name=name, role=ROLES.get(name, "tokenizer"), location=name,
+        side.append((manifest_types.ArtifactFile(name=name, role=ROLES.get(name, "tokenizer"), location=name,
                                            sha256=sha, size=len(data), encrypted=False, pieces=digests), partial))
     return Sealed(dataclasses.replace(sealed, files=(*sealed.files, *side)))
 
 
-def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
+def assemble(prep: Prepared, done: Done) -> manifest_types.Manifest:
     """The manifest of a generative artifact: the same sections as any artifact's, and its `generative` one."""
     import onnx
 
@@ -75,13 +75,13 @@ def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
     graph = onnx.load(str(built.graph), load_external_data=False)
     root = prep.project.root.resolve()
     path = job.model.path.resolve()
-    source = manifest.Source(path=str(path.relative_to(root) if path.is_relative_to(root) else path),
+    source = manifest_types.Source(path=str(path.relative_to(root) if path.is_relative_to(root) else path),
                              sha256=prep.files.graph.sha256, size=prep.files.size, ir_version=graph.ir_version,
                              opsets=check.opsets(graph), files=[f.as_json() for f in prep.files.files])
     sig = check.signature(graph)
     del graph
     fact = genbuild.facts(built)
-    gen = manifest.Generative(
+    gen = manifest_types.Generative(
         architecture=done[genbuild.GenSource].architecture, model_type=fact["model_type"],
         builder=buildkey.builder_versions(), runtime=generation.GENAI, precision=built.precision,
         execution_provider=built.execution_provider, extra_options=dict(built.extra_options),
@@ -98,22 +98,22 @@ def assemble(prep: Prepared, done: Done) -> manifest.Manifest:
              + (")" if buildkey.deterministic() else f") in {built.seconds:.1f} s"), *built.notes,
              f"graph optimizations: ONNX Runtime applies level '{s.optimization}' when onnxruntime-genai opens the "
              "model (genai_config.json's session_options, with the target's session options)"]
-    return manifest.Manifest(
-        project=manifest.ProjectInfo(prep.project.name, prep.project.version), epoch=prep.project.epoch,
+    return manifest_types.Manifest(
+        project=manifest_types.ProjectInfo(prep.project.name, prep.project.version), epoch=prep.project.epoch,
         target=job.target.name, model=job.model.name,
         status=ArtifactState.PORTABLE if prep.missing else ArtifactState.COMPLETE, missing_providers=prep.missing,
         source=source, artifact=seal.artifact_section("onnx", prep.files.size),
-        precision=manifest.PrecisionInfo(name=s.precision, options=dict(built.extra_options)),
-        providers=[manifest.ProviderEntry(name=p.name, options=dict(p.options)) for p in s.providers],
+        precision=manifest_types.PrecisionInfo(name=s.precision, options=dict(built.extra_options)),
+        providers=[manifest_types.ProviderEntry(name=p.name, options=dict(p.options)) for p in s.providers],
         session=s.session.as_json(), free_dimensions={},
-        optimization=manifest.Optimization(requested=s.optimization, applied="builder", portable=not prep.missing,
+        optimization=manifest_types.Optimization(requested=s.optimization, applied="builder", portable=not prep.missing,
                                            tied_to={}, optimized_with=[p.name for p in prep.run_on],
                                            op_domains=dict(source.opsets)),
-        io=sig, golden_run=manifest.GoldenRun(providers=[p.name for p in prep.run_on],
+        io=sig, golden_run=manifest_types.GoldenRun(providers=[p.name for p in prep.run_on],
                                               outputs=[o for o in sig["outputs"] if o["name"] == "logits"],
                                               inputs_sha256=prep.inputs_sha),
         versions={"ortbuild": __version__, "onnx": _onnx_version(), "onnxruntime": prep.flavor.as_json()},
-        build_machine=runtime.fingerprint(), build_key=prep.key, build_inputs=prep.key_parts,
+        build_machine=machine.fingerprint(), build_key=prep.key, build_inputs=prep.key_parts,
         created=manifest.timestamp(),
         encryption=seal.encryption_section(prep.secrets.encryption if s.encrypt else None),
         signing=prep.signing.info(), notes=notes, plugins=prep.plugins, generative=gen,
@@ -141,7 +141,7 @@ def _loader(prep: Prepared, done: Done) -> None:
     the target's providers cannot run here, it verifies the artifact and refuses to open it."""
     from ortbuild.artifact import loaders
 
-    m = done[manifest.Manifest]
+    m = done[manifest_types.Manifest]
     module = loaders.import_python_loader(loaders.python_path(prep.out_dir, m.model))
     secret = prep.secrets.secret if prep.job.settings.encrypt else None
     if prep.missing:

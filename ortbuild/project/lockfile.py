@@ -34,9 +34,7 @@ from ortbuild.errors import ConfigError
 from ortbuild.project import config
 from ortbuild.project.declare import keys_of, plain
 from ortbuild.project.kinds import kind_rule
-from ortbuild.project.lock_entry import LOCK_FILE as LOCK_FILE
-from ortbuild.project.lock_entry import Entry as Entry
-from ortbuild.project.lock_entry import toml_value as toml_value
+from ortbuild.project.lock_entry import LOCK_FILE, Entry, toml_value
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import RULES
 from ortbuild.project.sections import Session

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ortbuild import __version__, modelfiles
-from ortbuild.artifact import manifest
+from ortbuild import __version__, files, modelfiles
+from ortbuild.artifact import manifest, manifest_types
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import REPORT
@@ -35,7 +35,7 @@ class Released(Protocol):
 
     name: str
     folder: Path
-    manifest: manifest.Manifest
+    manifest: manifest_types.Manifest
     record: TestResult | None        # its test record (None: never tested)
     refusal: str | None              # why release refused it (forced)
     environment: dict[str, object]   # what its timings depended on
@@ -47,7 +47,7 @@ def canonical(doc: object) -> bytes:
 
 
 def file_digest(path: Path) -> dict[str, str]:
-    return {"sha256": manifest.sha256_file(path)}
+    return {"sha256": files.sha256_file(path)}
 
 
 def materials(project: Project, target: Target, models: Sequence[Released]) -> list[release_index.Material]:

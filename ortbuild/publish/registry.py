@@ -30,8 +30,6 @@ from ortbuild.errors import ArtifactError, RegistryError
 from ortbuild.oci import client as connect
 from ortbuild.oci import fail
 from ortbuild.oci_ref import Ref
-from ortbuild.oci_ref import is_ref as is_ref
-from ortbuild.oci_ref import parse as parse
 from ortbuild.publish import modelpack, release
 
 if TYPE_CHECKING:

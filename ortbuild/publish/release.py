@@ -33,9 +33,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ortbuild import __version__, modelfiles, paths
+from ortbuild import __version__, files, modelfiles, paths
 from ortbuild import files as files_
-from ortbuild.artifact import golden, manifest, minisign
+from ortbuild.artifact import golden, manifest, manifest_types, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, Tampered
 from ortbuild.gating.record import TestResult
@@ -81,7 +81,7 @@ def iso(epoch: int) -> str:
 class ModelRelease:
     name: str
     folder: Path
-    manifest: manifest.Manifest
+    manifest: manifest_types.Manifest
     record: TestResult | None        # its test record (None: never tested)
     refusal: str | None = None
     environment: dict[str, object] = field(default_factory=dict)  # what its timings depended on (test report's)
@@ -100,7 +100,7 @@ class Published:
     digests: dict[str, str] = field(default_factory=dict)  # sha256 by file name, as written (no file read again)
 
 
-def _test_problem(folder: Path, m: manifest.Manifest, r: TestResult | None, target: str,
+def _test_problem(folder: Path, m: manifest_types.Manifest, r: TestResult | None, target: str,
                   gates: Gates | None = None, judged_by: str | None = None) -> str | None:
     session = kind_rule(m.kind if m is not None else "onnx").session("test", target)  # e.g. test-generative(T)
     test = f"`ortbuild test -t {target}` (or `python3 -m nox -s \"{session}\"`)"
@@ -175,7 +175,7 @@ def _report(folder: Path, public_key: bytes) -> tuple[TestResult | None, dict[st
         return None, {}, f"not a test report ortbuild wrote ({e})"
 
 
-def _source_changes(m: manifest.Manifest, now: modelfiles.ModelFiles) -> list[str]:
+def _source_changes(m: manifest_types.Manifest, now: modelfiles.ModelFiles) -> list[str]:
     """The source files whose sha256 differs from what the manifest says the artifact was built from."""
     if not m.source.files:  # built by an ortbuild that recorded only the graph file
         return [] if m.source.sha256 == now.graph.sha256 else [now.graph.path.name]
@@ -188,7 +188,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
     out = []
     for name in target.models:
         folder = paths.inside(dist, target.name, name)
-        if not (folder / manifest.MANIFEST).exists():
+        if not (folder / manifest_types.MANIFEST).exists():
             raise ArtifactError(f"{target.name}/{name}: never built ({folder} has no manifest): nothing to release",
                                 f"build and test it: `ortbuild test -t {target.name}` (or `python3 -m nox -s "
                                 f"\"{target.session('test')}\"`)")
@@ -211,9 +211,9 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
         # the digests the integrity check just verified each file against (the bundle's writer checks them again
         # while copying): no file is read twice before the release. The golden data is signed in the manifest.
         checked = {name: sha for name, sha, _, _ in m.signed_files()}
-        for f in [manifest.MANIFEST, manifest.SIGNATURE, *checked]:
+        for f in [manifest_types.MANIFEST, manifest.SIGNATURE, *checked]:
             mr.files[f] = paths.inside(folder, *f.split("/"))
-            mr.digests[f] = checked.get(f) or manifest.sha256_file(mr.files[f])
+            mr.digests[f] = checked.get(f) or files.sha256_file(mr.files[f])
         if not m.golden and mr.refusal is None:
             mr.refusal = f"it has no signed golden data ({golden.GOLDEN_DIR}/): run `ortbuild test` first"
         out.append(mr)
@@ -223,7 +223,7 @@ def _collect(project: Project, target: Target, dist: Path, public_key: bytes) ->
     return out
 
 
-def merged_operators(target: str, manifests: dict[str, manifest.Manifest]) \
+def merged_operators(target: str, manifests: dict[str, manifest_types.Manifest]) \
         -> tuple[bytes, release_index.OperatorsEntry] | None:
     """The target's required_operators.config: the union of its format = "ort" models' signed operator sections
     (`manifests`: by model name, each trusted), in ONNX Runtime's format, and its index entry; None when no model

@@ -36,7 +36,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
-from ortbuild import paths, runtime
+from ortbuild import installed, paths
 from ortbuild.artifact import ed25519, golden, loaders, manifest, minisign
 from ortbuild.errors import ArtifactError, GateFailed, KeyMissing, RuntimeMismatch, Tampered, from_loader
 from ortbuild.gating.measure import compare
@@ -269,7 +269,7 @@ def verify(path: Path, public_key: bytes | EllipticCurvePublicKey, *, run: bool,
 def _golden(index: release_index.ReleaseIndex, tree: Path, key: bytes | None) -> list[str]:
     how = ("run verify in an environment with that runtime (`python3 -m nox -s \"release(" + index["target"] +
            ")\"` does), or pass --no-run to check signatures and digests only")
-    problem = runtime.requirements_problem(index["target"], index["runtime"].split(), how)
+    problem = installed.requirements_problem(index["target"], index["runtime"].split(), how)
     if problem:
         raise RuntimeMismatch(f"the golden test cannot run here: {problem}")
     if key is None:

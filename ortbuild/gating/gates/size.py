@@ -11,29 +11,29 @@ from ortbuild.project.precisions import fp16_upcast_hint
 from ortbuild.status import Verdict
 
 if TYPE_CHECKING:
-    from ortbuild.artifact import manifest
+    from ortbuild.artifact import manifest_types
     from ortbuild.project.plan import Job
 
 SIZE_SLACK = 4096  # bytes a ratio budget allows on top: the container header, tags and graph metadata
 
 
-def _fp16_growth(m: manifest.Manifest) -> float | None:
+def _fp16_growth(m: manifest_types.Manifest) -> float | None:
     """The artifact's size over its fp16 model's (the source with the weights the precision step converted, as
     it recorded them); None without that record."""
-    changed: manifest.Changed | dict[str, int] = m.precision.changed or {}
+    changed: manifest_types.Changed | dict[str, int] = m.precision.changed or {}
     if "bytes_before" not in changed or "bytes_after" not in changed:
         return None
     fp16_model = m.source.size - int(changed["bytes_before"]) + int(changed["bytes_after"])
     return m.artifact.size / max(1, fp16_model)
 
 
-def _upcast(job: Job, m: manifest.Manifest, where: str = "") -> str | None:
+def _upcast(job: Job, m: manifest_types.Manifest, where: str = "") -> str | None:
     """The build's advice when the CPU provider's optimization stored an fp16 artifact's weights as fp32 again."""
     return fp16_upcast_hint(job.settings.rule.quantizer, m.optimization.applied, m.optimization.optimized_with,
                             _fp16_growth(m), where)
 
 
-def fix(job: Job, m: manifest.Manifest) -> str:
+def fix(job: Job, m: manifest_types.Manifest) -> str:
     """The targets.toml option that makes this artifact smaller, from what its build recorded."""
     where = f"[targets.{job.target.name}]"
     inf, changed, s = m.optimization.inflation, m.precision.changed, job.settings
@@ -51,7 +51,7 @@ def fix(job: Job, m: manifest.Manifest) -> str:
     return f"raise size.max_ratio or size.max_mb in {where} if this size is expected"
 
 
-def judge(job: Job, m: manifest.Manifest) -> tuple[SizeDoc, list[str]]:
+def judge(job: Job, m: manifest_types.Manifest) -> tuple[SizeDoc, list[str]]:
     """The size record of the job's artifact, and the failure report's lines (none when it passes)."""
     gates = job.settings.gates
     assert gates is not None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 
 from ortbuild import files, paths, workspace
-from ortbuild.artifact import golden, loaders, manifest
+from ortbuild.artifact import golden, loaders, manifest, manifest_types
 from ortbuild.errors import ArtifactError, OrtbuildError, StepError, from_loader
 from ortbuild.gating.measure import emulated
 from ortbuild.gating.timing_records import FallbackDoc, NodesTime, OperatorDoc, ProfileDoc, TraceEvent
@@ -130,7 +130,7 @@ def profile_artifact(job: Job, dist: Path, folder: Path, secret: bytes | None, r
 def write_skipped(dist: Path, job: Job, reason: str) -> None:
     """A SKIPPED summary beside a portable artifact (its providers cannot run here), replacing an old one."""
     folder = paths.inside(dist, job.target.name, job.model.name)
-    if (folder / manifest.MANIFEST).exists():
+    if (folder / manifest_types.MANIFEST).exists():
         m, _ = manifest.read(folder)
         (folder / TRACE).unlink(missing_ok=True)
         doc: ProfileDoc = {"build_key": m.build_key, "status": ProfileStatus.SKIPPED, "reason": reason,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from ortbuild import __version__, machine, runtime
+from ortbuild import __version__, installed, machine, runtime
 from ortbuild.gating.measure.engine import Looks, Retried, retried
 from ortbuild.gating.measure.load import LoadMeter, Read, explained, runnable, wait_for_quiet
 from ortbuild.gating.measure.percentiles import (
@@ -58,7 +58,7 @@ def environment() -> dict[str, object]:
     ort = runtime.import_ort()
 
     fp = machine.fingerprint()
-    flavor = runtime.installed_flavor()
+    flavor = installed.installed_flavor()
     return {"cpu": fp["cpu"], "isa_flags": fp["isa_flags"], "simd_level": fp["simd_level"],
             "x86_level": fp["x86_level"],
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],

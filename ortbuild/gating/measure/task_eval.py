@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ortbuild import runtime
-from ortbuild.artifact.manifest import Manifest
+from ortbuild.artifact.manifest_types import Manifest
 from ortbuild.errors import ConfigError
 from ortbuild.gating.measure import emulated, taskmetrics, taskstats
 from ortbuild.gating.measure.labelled import EvalData

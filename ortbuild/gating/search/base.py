@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
-from ortbuild.project import lockfile
+from ortbuild.project import lock_entry, lockfile
 from ortbuild.status import Event, JobFinished
 
 if TYPE_CHECKING:
@@ -124,26 +124,26 @@ class Locking:
         self.progress = progress
         self.locked: dict[str, Job] = {}
 
-    def entry(self, job: Job) -> lockfile.Entry:
+    def entry(self, job: Job) -> lock_entry.Entry:
         """The job's entry to add to: its up-to-date one (a tuning, what it lays over the settings), else a new one
         with the declared job's digests."""
         if job.locked is not None:
             return job.locked
-        return lockfile.Entry(job.name, *self.builder.fingerprint(lockfile.declared(job)))
+        return lock_entry.Entry(job.name, *self.builder.fingerprint(lockfile.declared(job)))
 
-    def rebuild(self, job: Job, entry: lockfile.Entry) -> tuple[Job, JobResult]:
+    def rebuild(self, job: Job, entry: lock_entry.Entry) -> tuple[Job, JobResult]:
         """The job with `entry` laid over it (as later builds will), built into dist/: that job and its build."""
         (locked,) = lockfile.apply(self.builder.project, [(lockfile.declared(job), entry)])
         return locked, self.builder.run_job(locked)
 
-    def write(self, entry: lockfile.Entry) -> str:
+    def write(self, entry: lock_entry.Entry) -> str:
         """Record the entry in targets.lock; what to say of it (a warning too where it cannot be written)."""
         lock, said = lockfile.record_and_say(self.builder.project, entry)
         if lock is None:
             self.progress(entry.job, f"WARNING: {said}")
         return said
 
-    def keep(self, locked: Job, result: JobResult, entry: lockfile.Entry, note: str) -> None:
+    def keep(self, locked: Job, result: JobResult, entry: lock_entry.Entry, note: str) -> None:
         """A rebuild that passes: the entry written, the job locked, `note` (with what the writing said) in its
         result's notes and said on every stream."""
         self.locked[locked.name] = locked

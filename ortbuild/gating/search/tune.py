@@ -20,8 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ortbuild import paths, runtime
-from ortbuild.artifact import loaders, manifest
+from ortbuild import installed, paths
+from ortbuild.artifact import loaders, manifest, manifest_types
 from ortbuild.errors import GateFailed, OrtbuildError, first_line, from_loader
 from ortbuild.gating.measure import emulated, load
 from ortbuild.gating.measure import sampling as latency
@@ -42,7 +42,7 @@ from ortbuild.gating.search.tune_search import (
 )
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
-from ortbuild.project import config, lockfile
+from ortbuild.project import config, lock_entry, lockfile
 from ortbuild.project.kinds import kind_rule
 from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, PhaseStarted, Verdict
@@ -74,7 +74,7 @@ def fp32_reference(project: config.Project, job: Job) -> Job | None:
     for t in project.targets.values():
         s = t.settings.get(job.model.name)
         if s is not None and t.name != job.target.name and s.precision == "fp32" and \
-                runtime.runtime_problem(t) is None and not emulated.emulated(t):
+                installed.runtime_problem(t) is None and not emulated.emulated(t):
             return Job(t, job.model, s)
     return None
 
@@ -207,7 +207,7 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
         return _nothing_kept(builder, lock, declared_job, tuning)
     keep = old if old is not None and not old.stale(source, settings) else None
     applies = {t: dict(v) for t, v in keep.applies.items() if t != "session"} if keep is not None else {}
-    entry = lockfile.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {})
+    entry = lock_entry.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {})
     entry = entry.merged({"session": tuning.applies} if tuning.applies else {}, tune=tuning.record())
     (locked,) = lockfile.apply(builder.project, [(declared_job, entry)])
     result = builder.run_job(locked)
@@ -239,7 +239,7 @@ def _nothing_kept(builder: Builder, lock: lockfile.Lock, job: Job, tuning: Tunin
     """The declared options won and nothing asks for a record (no entry to update, no `tune = true` that would tune
     again without one): the lock is left as it is, the artifact as built (its build, up to date, is the result)."""
     result = builder.run_job(job)
-    result.notes.append(f"tune: kept {tuning.kept()}; {lockfile.LOCK_FILE} not written (nothing to apply)")
+    result.notes.append(f"tune: kept {tuning.kept()}; {lock_entry.LOCK_FILE} not written (nothing to apply)")
     return lock, job, result
 
 
@@ -252,7 +252,7 @@ def tune_for_build(builder: Builder, tester: Tester, lock: lockfile.Lock, job: J
     plain = lockfile.declared(job)
     reference = fp32_reference(builder.project, plain)
     if reference is not None and not (paths.inside(builder.dist, reference.target.name, reference.model.name)
-                                      / manifest.MANIFEST).is_file():
+                                      / manifest_types.MANIFEST).is_file():
         reference = None
     tuning = Tuner(tester, budget, progress).search(job, reference).answer
     return record(builder, tester, lock, plain, tuning)

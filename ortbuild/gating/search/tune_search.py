@@ -32,7 +32,7 @@ from typing import Any
 from ortbuild.errors import OrtbuildError, first_line
 from ortbuild.gating.measure import load, percentiles
 from ortbuild.gating.measure import sampling as latency
-from ortbuild.project import lockfile
+from ortbuild.project import lock_entry
 from ortbuild.project.plan import Job
 
 DEFAULT_SECONDS = 120.0      # per job (`ortbuild tune --seconds`)
@@ -211,7 +211,7 @@ class Tuning:
 
     def kept(self) -> str:
         a = self.applies
-        parts = [f"{k} = {lockfile.toml_value(v)}" for k, v in a.items() if k != "config"]
+        parts = [f"{k} = {lock_entry.toml_value(v)}" for k, v in a.items() if k != "config"]
         parts += [f"config.\"{k}\" = \"{v}\"" for k, v in a.get("config", {}).items()]
         return "; ".join(parts) or "nothing (the declared session options are the fastest measured)"
 
