@@ -85,8 +85,6 @@ GENERATIVE = [nox.param(t.name, id=t.name, tags=[x for x in t.tags if x != kind_
 # Where `nox -s build` keeps a development key pair when no key is configured (git-ignored by `ortbuild init`).
 DEV_KEYS = ROOT / ".ortbuild" / "dev-keys"
 KEY_VARS = ("ORTBUILD_KEY", "ORTBUILD_KEY_FILE", "ORTBUILD_SIGNING_KEY", "ORTBUILD_SIGNING_KEY_FILE")
-
-
 RUNTIME_FLAVORS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml",
                    "onnxruntime-qnn", "onnxruntime-rocm")
 
@@ -321,14 +319,14 @@ def profile(session: nox.Session, target: str) -> None:
 @nox.session(venv_backend="none")
 def tune(session: nox.Session) -> None:
     """Tune the session options of the targets named by `-t` (all of them without), each in its own virtualenv:
-    `nox -s tune -- -t cpu-int8 --seconds 30` runs `ortbuild tune` there; what it keeps goes to targets.lock and is
+    `nox -s tune -- -t cpu-int8 --tune-seconds 30` runs `ortbuild tune` there; what it keeps goes to targets.lock and is
     shipped by a rebuild (docs/build-to-the-gates.md). One session, not one per target, and no tags: a tag or
     keyword selection (`nox -t openvino`, `nox -k int8`) never tunes, and so never rebuilds what it just tested."""
     assert PROJECT is not None
     args = list(session.posargs)
-    patterns = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-t", "--target")]
-    rest = [a for i, a in enumerate(args) if a not in ("-t", "--target") and (i == 0 or args[i - 1] not in
-                                                                                ("-t", "--target"))]
+    named = {i + 1 for i, a in enumerate(args[:-1]) if a in ("-t", "--target")}  # the words after -t
+    patterns = [args[i] for i in sorted(named)]
+    rest = [a for i, a in enumerate(args) if a not in ("-t", "--target") and i not in named]
     names = [t.name for t in TARGETS if kind_rule(t.kind).not_covered is None]  # e.g. not onnxruntime-genai's
     chosen = config.matches(names, patterns) if patterns else names
     if not chosen:

@@ -38,7 +38,7 @@ from tests.conftest import REPO
 PACKAGE = "ortbuild"
 MAX_LINES = 450
 MAX_ANY = 12.5                        # `Any` per 1,000 lines of the package (nox: 12.5, cibuildwheel: 3.0)
-NEAR_CAP = MAX_LINES * 9 // 10        # 405: a module this long is split by concept before it reaches the cap
+NEAR_CAP = MAX_LINES * 9 // 10 - 1    # 404: under 90% of the cap; a module this long is split by concept first
 TABLES: dict[str, str] = {}           # modules allowed past NEAR_CAP because they are a table: path -> why
 MAX_REEXPORTS = 0                     # `from m import X as X` / `import X as X`: none (issue 54: 82 before)
 # the modules that import what the user names: a plugin EP's package, a custom metric's "package.module:function"

@@ -1,8 +1,7 @@
 """What a manifest holds: `Manifest` (frozen dataclasses), the only place that knows the manifest's keys, and
 its strict reader (`Manifest.from_json`: every key known, every required key present, every type right, the
 free-form parts every reader indexes well-formed). Stdlib only: the noxfile reads manifests before any venv
-exists. Reading one from disk, writing it signed and checking an artifact against it: ortbuild.artifact.manifest.
-"""
+exists. Reading one from disk, writing it signed and checking an artifact against it: ortbuild.artifact.manifest."""
 
 from __future__ import annotations
 
@@ -298,7 +297,7 @@ class Manifest:
 
     @property
     def kind(self) -> Kind:  # of its model (ortbuild.project.kinds): its `generative` section says which
-        return "onnx" if self.generative is None else "generative"
+        return "generative" if self.generative else "onnx"
 
     def signed_files(self) -> list[tuple[str, str, int | None, str]]:
         """Every file beside the manifest that it signs, as (name, sha256, size or None, what): the artifact's files,
