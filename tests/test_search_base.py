@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ortbuild.artifact import keys
 from ortbuild.gating import runner
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
@@ -19,9 +18,9 @@ from ortbuild.gating.search.base import Budget, Found, Locking, Search
 from ortbuild.gating.search.tune_search import NOT_TRIED, Tuning
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
-from ortbuild.pipeline.progress import Progress
-from ortbuild.project import config, plan
+from ortbuild.project import plan
 from ortbuild.status import JobStatus, Verdict
+from tests.test_tune import parts
 
 
 class Ticks:
@@ -81,15 +80,6 @@ def test_a_budget_is_a_value() -> None:
 # ------------------------------------------------------------------------------------------ the searches
 
 
-def _parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
-    project = config.load(path)
-    dist = path.parent / "dist"
-    quiet = Progress(quiet=True)
-    secrets = keys.read_secrets()
-    return project, Builder(project, dist, secrets=secrets, progress=quiet), \
-        runner.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
-
-
 def _quiet(job: str, message: object) -> None:
     pass
 
@@ -97,7 +87,7 @@ def _quiet(job: str, message: object) -> None:
 def test_every_search_is_a_search(tmp_path: Path) -> None:
     from tests.test_explain import _emb_project
 
-    _, builder, tester = _parts(_emb_project(tmp_path))
+    _, builder, tester = parts(_emb_project(tmp_path))
     budget = Budget(rebuilds=1, seconds=1.0)
     locking = Locking(builder, _quiet)
     # mypy checks each against the protocol, isinstance at run time
@@ -118,7 +108,7 @@ def _failing_emb(tmp_path: Path) -> tuple[plan.Job, Builder, runner.Tester, JobR
 
     path = _emb_project(tmp_path)
     path.write_text(path.read_text().replace("cosine = 0.999 }", "cosine = 0.9999999 }"))
-    project, builder, tester = _parts(path)
+    project, builder, tester = parts(path)
     (job,) = plan.jobs(project)
     built = builder.run_job(job)
     assert built.status == JobStatus.BUILT, built.reason
@@ -147,7 +137,7 @@ def test_the_generative_search_is_cut_short_before_its_first_rebuild(tmp_path: P
     from tests.test_gensearch import _job
 
     job = _job(tmp_path, "int4-weight", "int4 = { block_size = 64, accuracy_level = 4 }")
-    _, builder, tester = _parts(tmp_path / "targets.toml")
+    _, builder, tester = parts(tmp_path / "targets.toml")
     failed = JobResult(job.target.name, job.model.name, JobStatus.FAILED, precision=job.settings.precision)
     search = gensearch.GenerativeSearch(Locking(builder, _quiet), tester, Budget(rebuilds=0, seconds=60.0), _quiet)
     found = search.repair(job, failed, "tokens gate FAIL (a test)")
@@ -160,7 +150,7 @@ def test_the_generative_search_is_cut_short_before_its_first_rebuild(tmp_path: P
 def test_tuning_is_cut_short_by_a_tiny_budget(make_project: Callable[..., Path]) -> None:
     from tests.test_tune import TARGETS
 
-    project, builder, tester = _parts(make_project(TARGETS))
+    project, builder, tester = parts(make_project(TARGETS))
     (job,) = plan.jobs(project, ["cpu-int8"])
     assert builder.run_job(job).status == JobStatus.BUILT
     found = tune.Tuner(tester, Budget(rebuilds=None, seconds=1e-3)).search(job, None)

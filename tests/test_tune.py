@@ -240,7 +240,7 @@ TARGETS = """
 """
 
 
-def _parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
+def parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
     project = config.load(path)
     dist = path.parent / "dist"
     quiet = Progress(quiet=True)
@@ -295,7 +295,7 @@ def test_a_recorded_tuning_ships_in_the_manifest_and_the_loader(make_project: Ca
     """record() on a given tuning (no measured numbers): the entry, the rebuild, the manifest and the loader's
     SESSION carry the tuned options; the next build is a no-op; an up-to-date entry's search part stays."""
     path = make_project(TARGETS.replace('"4" } }\n', '"4" } }\n    tune = true\n', 1))  # builds apply the entry
-    project, builder, tester = _parts(path)
+    project, builder, tester = parts(path)
     (job,) = plan.jobs(project, ["cpu"])
     assert builder.run_job(job).status == JobStatus.BUILT
     source, settings = builder.fingerprint(job)
@@ -328,7 +328,7 @@ def test_a_recorded_tuning_ships_in_the_manifest_and_the_loader(make_project: Ca
 
 def test_tune_for_build_tunes_a_tune_true_target(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS)
-    project, builder, tester = _parts(path)
+    project, builder, tester = parts(path)
     (job,) = plan.jobs(project, ["cpu-int8"])
     assert tune.wants_tune(job) and builder.run_job(job).status == JobStatus.BUILT
     lock, locked, result = tune.tune_for_build(builder, tester, lockfile.read(project), job, lambda j, m: None,
@@ -388,7 +388,7 @@ def test_a_tuning_that_keeps_nothing_writes_no_lock_entry_unless_tune_true_needs
     """The declared options won (a search whose every candidate was no faster): `ortbuild tune` leaves targets.lock
     alone; a `tune = true` target records it, or every build would tune again. No timing: the search is given."""
     path = make_project(TARGETS)
-    project, builder, tester = _parts(path)
+    project, builder, tester = parts(path)
     lost = Tuning(DECLARED, DECLARED, [Tried("intra_op_num_threads = 1", "declared", None, NO_FASTER)])
     (job,) = plan.jobs(project, ["cpu"])
     lock, _, result = tune.record(builder, tester, lockfile.read(project), job, lost)
