@@ -87,7 +87,7 @@ def built(o: Builds, project: config.Project, jobs: Sequence[plan.Job], secrets:
           force: bool = False, repair: bool = False, command: str = "build") -> Iterator[Built]:
     """Hold dist/'s lock (recovering what killed runs left), build the jobs that are missing or stale (all of
     them with `force`; TAMPERED ones too with `repair`) with their targets.lock entries, search where a target
-    asks (precision_search = "auto": gating/autobuild.py), and give what was built to what runs on it (`test`,
+    asks (precision_search = "auto": gating/search/autobuild.py), and give what was built to what runs on it (`test`,
     `profile`) under the lock."""
     fit = fitting(jobs)
     dist = dist_dir(o.dist, project)
@@ -121,8 +121,8 @@ def built(o: Builds, project: config.Project, jobs: Sequence[plan.Job], secrets:
 
 def _to_the_gates(budgets: Budgets, config_file: str, builder: Builder, jobs: Sequence[plan.Job],
                   done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
-    """The precision search and the session tuning of the jobs that ask for them (gating/autobuild.py,
-    gating/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
+    """The precision search and the session tuning of the jobs that ask for them (gating/search/autobuild.py,
+    gating/search/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
     tune` tunes its jobs itself."""
     from ortbuild.gating.search import autobuild, tune
 

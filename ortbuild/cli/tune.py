@@ -1,5 +1,5 @@
-"""`ortbuild tune`: build what is missing or stale, then tune each job's session options (gating/tune.py), write what
-was kept to targets.lock and rebuild the job with it; a table per job of every candidate tried."""
+"""`ortbuild tune`: build what is missing or stale, then tune each job's session options (gating/search/tune.py),
+write what was kept to targets.lock and rebuild the job with it; a table per job of every candidate tried."""
 
 from __future__ import annotations
 

@@ -258,7 +258,7 @@ class GatesPart(TypedDict):
     gates: dict[str, str]            # each gate's verdict by name (older reports: none)
     failed_gates: list[str]
     gates_key: str                   # a digest of what it judged by (gates.gates_key; older reports: none)
-    sections: NotRequired[dict[str, dict[str, object]]]  # the newer gates' sections (catalog), when one ran
+    sections: NotRequired[dict[str, dict[str, object]]]  # the other gates' sections, when one ran
     generative: NotRequired[bool]    # a generative model's record (its gates are its own): only when true
 
 

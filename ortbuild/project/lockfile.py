@@ -53,7 +53,7 @@ for _rule in RULES:
     if _rule.knob is not None:
         ALLOWED[_rule.knob.table] = ALLOWED.get(_rule.knob.table, frozenset()) | {
             k for k in (_rule.knob.nodes, _rule.knob.op_types) if k is not None}
-# session tuning's four settings (gating/tune_search.py), by name: two options and two config entries
+# session tuning's four settings (gating/search/tune_search.py), by name: two options and two config entries
 TUNED_CONFIG = frozenset({"session.intra_op.allow_spinning", "session.dynamic_block_base"})
 ALLOWED["session"] = frozenset({"intra_op_num_threads", "execution_mode", "config"})
 assert ALLOWED["session"] <= {k.name for k in keys_of(Session)}

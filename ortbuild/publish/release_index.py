@@ -66,7 +66,7 @@ class Verdicts(TypedDict):
     cold_start: NotRequired[str]     # the cold-start and memory gates, where a budget was set
     memory: NotRequired[str]
     startup_budgets: NotRequired[list[StartupBudget]]
-    gates: NotRequired[dict[str, GateVerdict]]  # the newer gates (ortbuild.gating.gates.catalog) that ran, by name
+    gates: NotRequired[dict[str, GateVerdict]]  # the newer gates (ortbuild.gating.gates.registry) that ran, by name
     forced: NotRequired[str]         # released with --force: why it was refused
 
 
@@ -130,7 +130,7 @@ def verdicts(r: TestResult | None, refusal: str | None) -> Verdicts:
     if "cold_start" in out or "memory" in out:
         out["startup_budgets"] = [{"kind": v["kind"], "budget": v.get("budget")}
                                   for v in rec.startup.get("verdicts", [])]
-    # the newer gates (ortbuild.gating.gates.catalog): each one's verdict and budget, never its figures
+    # the newer gates (ortbuild.gating.gates.registry): each one's verdict and budget, never its figures
     gates: dict[str, GateVerdict] = {name: {"verdict": str(s.get("verdict", "-")), "budget": s.get("budget", {})}
                                      for name, s in rec.sections.items()}
     if gates:

@@ -92,10 +92,10 @@ def no_data_set(lat: Latency, kind: ScenarioKind) -> tuple[Literal["-"], dict[st
 def section(verdict: Verdict | None, entries: list[dict[str, object]], summary: str, budget: dict[str, object],
             *, per_data_set: Mapping[str, dict[str, object]] | None = None,
             **figures: object) -> tuple[Verdict | Literal["-"], dict[str, object]]:
-    """A scenario gate's verdict and section (ortbuild.gating.gates.catalog): its one-line `summary` for the text table,
-    its `budget` for the release index (the target's table's, empty where only data sets declare the scenario;
-    where a judged data set's own budget, in `per_data_set`, differs from it, a `data_sets` map of those), every
-    data set's entry and the notes of the undecided ones."""
+    """A scenario gate's verdict and section (a Judged: ortbuild.gating.protocol): its one-line `summary` for the
+    text table, its `budget` for the release index (the target's table's, empty where only data sets declare the
+    scenario; where a judged data set's own budget, in `per_data_set`, differs from it, a `data_sets` map of those),
+    every data set's entry and the notes of the undecided ones."""
     differ = {name: own for name, own in (per_data_set or {}).items() if own != budget}
     if differ:
         budget = {**budget, "data_sets": differ}

@@ -157,7 +157,7 @@ def rows(results: list[records.RowDoc], full: bool = False,
 
 
 def gates_cell(r: TestResult) -> str:
-    """The newer gates (ortbuild.gating.gates.catalog), each by the summary its section carries:
+    """The newer gates (ortbuild.gating.gates.registry), each by the summary its section carries:
     `throughput 812/s >= 500; eval -0.4 pt`, or `-`."""
     said = [f"{name} {s.get('summary') or s.get('verdict', '-')}" for name, s in r.sections.items()]
     return "; ".join(said) or "-"

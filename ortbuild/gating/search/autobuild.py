@@ -1,6 +1,6 @@
 """Build to the gates: after a build, the jobs whose target says `precision_search = "auto"` and whose lock entry is
 missing or out of date are judged by their accuracy gate; a failing one (or one whose outputs broke: NaN, constant)
-gets the precision search (gating/explain.py), its answer is written to targets.lock and the job is rebuilt with it,
+gets the precision search (search/explain.py), its answer is written to targets.lock and the job is rebuilt with it,
 so what the build ships passes. One search per root cause: jobs of the same model whose precision step is the same
 (precision, its options, fusion, calibration, rule) try the first search's answer before searching themselves.
 A job that passes as declared gets an entry too (nothing laid over), so the next build does not judge it again.

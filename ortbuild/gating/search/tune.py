@@ -1,5 +1,5 @@
 """Session tuning of one built job (`ortbuild tune`, `tune = true`): measure through the generated Python loader
-(gating/tune_search.py: the candidates, the paired measurement, the greedy search), write the lock entry, rebuild.
+(search/tune_search.py: the candidates, the paired measurement, the greedy search), write the lock entry, rebuild.
 
 Tuner (a base.Search over a built job, given its fp32 reference) measures: the artifact as built, opened with the
 declared session options and with each candidate's (the loader's load(session=...)), every golden data set, the

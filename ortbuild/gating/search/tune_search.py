@@ -1,4 +1,4 @@
-"""Session tuning's search (`ortbuild tune`, `tune = true`; gating/tune.py runs it on a built job): the fastest
+"""Session tuning's search (`ortbuild tune`, `tune = true`; gating/search/tune.py runs it on a built job): the fastest
 session options that pass every gate, measured on the built artifact through its generated Python loader
 (load(session=...)) with the latency gate's statistics.
 
