@@ -147,15 +147,16 @@ class Tester:
             if check is not None:
                 check(ctx)
         skipped = []
-        for gate in gates:
-            if gate.timed and ctx.module is None:  # emulated: the timing gates say nothing about the device
-                if gate.declared(settings):
-                    res.set_verdict(gate.name, Verdict.SKIPPED)
-                    skipped.append(gate.name)
-                continue
-            res.record(gate.name, gate.run(ctx))
-            if ctx.golden_doc:
-                res.golden = cast(records.GoldenDoc, dict(ctx.golden_doc))
+        try:
+            for gate in gates:
+                if gate.timed and ctx.module is None:  # emulated: the timing gates say nothing about the device
+                    if gate.declared(settings):
+                        res.set_verdict(gate.name, Verdict.SKIPPED)
+                        skipped.append(gate.name)
+                    continue
+                res.record(gate.name, gate.run(ctx))
+        finally:  # the golden data a gate judged by (a generative model's tokens), also where a later gate failed
+            self._keep_golden(ctx, res)
         if skipped:
             res.reason = f"{', '.join(skipped)} SKIPPED: {emulated.timing_note(job.target, res.platform)}"
         undecided: list[str] = []
@@ -173,10 +174,16 @@ class Tester:
         search judges each candidate by the tokens gate). `session`: options over the artifact's, handed to the
         loader's load(session=...)."""
         ctx = self.context(job, res, {}, session)
-        judged = gate.run(ctx)
+        try:
+            return gate.run(ctx)
+        finally:
+            self._keep_golden(ctx, res)
+
+    @staticmethod
+    def _keep_golden(ctx: Context, res: TestResult) -> None:
+        """The record's `golden`: what a gate wrote as the job's golden data (an ONNX model's: open() sets it)."""
         if ctx.golden_doc:
             res.golden = cast(records.GoldenDoc, dict(ctx.golden_doc))
-        return judged
 
     def accuracy_gate(self, job: Job, res: TestResult, session: dict[str, object] | None = None) \
             -> tuple[ModuleType | None, golden.Golden, manifest_types.Manifest]:
