@@ -87,7 +87,7 @@ class Selection:
 
 
 def add_selection(sp: argparse.ArgumentParser, *, summary: bool = True, verbose: bool = True) -> None:
-    sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+    add_config(sp)
     sp.add_argument("-t", "--target", action="append", help="target name or glob (repeatable)")
     sp.add_argument("-m", "--model", action="append", help="model name or glob (repeatable)")
     sp.add_argument("--json", action="store_true", help="machine-readable output on stdout")
@@ -188,6 +188,15 @@ def add_dist(sp: argparse.ArgumentParser, what: str = "output directory") -> Non
 
 def add_config(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("-c", "--config", default=config.DEFAULT_FILE, help="targets.toml (default: %(default)s)")
+
+
+def add_builds(sp: argparse.ArgumentParser, signing_help: str) -> None:
+    """The flags of a command that builds what is missing or stale first (build, test, profile): what `Builds`
+    carries, keys, the searches' budgets, the writer's flags and the epoch override."""
+    add_keys(sp, signing_help)
+    add_budget(sp)
+    add_writer(sp)
+    add_epoch_decrease(sp)
 
 
 def add_epoch_decrease(sp: argparse.ArgumentParser) -> None:

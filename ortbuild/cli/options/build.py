@@ -42,10 +42,7 @@ def add_build(sub: Subparsers) -> None:
                         "was replaced; without it a build refuses them")
     b.add_argument("--strict", action="store_true",
                    help="fail (exit 5/4) on portable-only builds and skipped targets instead of reporting them")
-    options.add_keys(b, "signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
-    options.add_budget(b)
-    options.add_writer(b)
-    options.add_epoch_decrease(b)
+    options.add_builds(b, "signing key file (else $ORTBUILD_SIGNING_KEY, else $ORTBUILD_SIGNING_KEY_FILE)")
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,7 @@ def add_test(sub: Subparsers) -> None:
                          "accuracy gate pass, and the [[targets.X.overrides]] table to paste (docs/diagnose.md). "
                          "Default: for the artifacts whose accuracy gate failed; --explain: for every one; "
                          "--no-explain: never")
-    options.add_budget(te)
-    options.add_keys(te, REST)
-    options.add_writer(te)
-    options.add_epoch_decrease(te)
+    options.add_builds(te, REST)
 
 
 @dataclass(frozen=True)
@@ -106,7 +103,4 @@ def add_profile(sub: Subparsers) -> None:
     options.add_dist(pr)
     pr.add_argument("--runs", type=int, default=20, help="profiled runs after one warm-up (default: %(default)s)")
     pr.add_argument("--top", type=int, default=10, help="operators shown per artifact (default: %(default)s)")
-    options.add_keys(pr, REST)
-    options.add_budget(pr)
-    options.add_writer(pr)
-    options.add_epoch_decrease(pr)
+    options.add_builds(pr, REST)
