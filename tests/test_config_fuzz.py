@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ortbuild import cli
-from ortbuild.cli import SCHEMA_FILE
+from ortbuild.cli.info import SCHEMA_FILE
 from tests.conftest import MODELS, here_runtime
 
 EXAMPLES = 320

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from onnx import helper as h
 
-from ortbuild.gating.search import explain
+from ortbuild.gating.search import bisect, explain, explain_render, layerwise, predict
 from ortbuild.gating.search.base import Budget
 from ortbuild.project import config
 from ortbuild.project.plan import Job
@@ -121,28 +121,28 @@ def test_layerwise_error_points_at_where_the_error_shows(tmp_path: Path) -> None
     source = onnx.load(str(tmp_path / "fragile.onnx"))
     reduced = convert_float_to_float16(onnx.load(str(tmp_path / "fragile.onnx")), keep_io_types=True)
     opts = config.Fp16(keep_io_types=True, op_block_list=(), node_block_list=())
-    nodes = explain.changed_nodes(source, reduced, "fp16", opts)
+    nodes = layerwise.changed_nodes(source, reduced, "fp16", opts)
     assert [n.name for n in nodes] == ["fc1", "bias1", "relu1", "fc2", "shift", "unshift"]
     feed = dict(np.load(tmp_path / "fragile.inputs.npz"))
-    layers = explain.layerwise(source, reduced, nodes, feed)
+    layers = layerwise.layerwise(source, reduced, nodes, feed)
     assert layers[0].node == "unshift" and layers[0].error is not None and layers[0].error > 0.1
     assert all(x.error is not None and x.error < 1e-2 for x in layers[1:])  # fp16 rounding elsewhere
 
 
-def _search(passing: set[frozenset[str]], layers: list[explain.Layer], op_keys: bool,
-            max_rebuilds: int = 50) -> tuple[explain.Bisection, tuple[list[str], list[str]] | None]:
+def _search(passing: set[frozenset[str]], layers: list[layerwise.Layer], op_keys: bool,
+            max_rebuilds: int = 50) -> tuple[bisect.Bisection, tuple[list[str], list[str]] | None]:
     members = {x.op_type: {y.node for y in layers if y.op_type == x.op_type} for x in layers}
 
     def trial(nodes: list[str], ops: list[str]) -> tuple[bool, str]:
         kept = set(nodes) | {n for o in ops for n in members[o]}
         return any(p <= kept for p in passing), "-"
 
-    s = explain.Bisection(trial, Budget(max_rebuilds, 60.0).start(), lambda m: None)
+    s = bisect.Bisection(trial, Budget(max_rebuilds, 60.0).start(), lambda m: None)
     return s, s.search(layers, op_keys)
 
 
-LAYERS = [explain.Layer("b1", "Sub", 0.3, 0.3), explain.Layer("m1", "MatMul", 1e-3, 1e-3),
-          explain.Layer("a1", "Add", 1e-3, 1e-4), explain.Layer("a2", "Add", 1e-3, 0.0)]
+LAYERS = [layerwise.Layer("b1", "Sub", 0.3, 0.3), layerwise.Layer("m1", "MatMul", 1e-3, 1e-3),
+          layerwise.Layer("a1", "Add", 1e-3, 1e-4), layerwise.Layer("a2", "Add", 1e-3, 0.0)]
 
 
 def test_search_tries_op_types_then_bisects_to_nodes() -> None:
@@ -174,10 +174,10 @@ def test_search_combines_op_types_and_respects_its_bounds() -> None:
 def test_override_repeats_the_targets_own_list_entries() -> None:
     model = config.Model(name="m", path=Path("m.onnx"), inputs=Path("m.npz"), calibration=None)
     t = config.load(Path(__file__).parent.parent / "targets.toml", check_files=False).targets["cpu-int8"]
-    job = Job(t, model, explain.settings_with(t.settings["tiny_transformer"], explain.KNOBS["int8-dynamic"],
+    job = Job(t, model, bisect.settings_with(t.settings["tiny_transformer"], explain.KNOBS["int8-dynamic"],
                                               ["MatMul_1"], []))  # the target's own exclude_nodes
-    both = explain.settings_with(job.settings, explain.KNOBS["int8-dynamic"], ["MatMul_2"], [])
-    text = explain.override_toml(job, explain.KNOBS["int8-dynamic"], both)
+    both = bisect.settings_with(job.settings, explain.KNOBS["int8-dynamic"], ["MatMul_2"], [])
+    text = bisect.override_toml(job, explain.KNOBS["int8-dynamic"], both)
     assert text == ('[[targets.cpu-int8.overrides]]\nmodels = ["m"]\n'
                     'quantization = { exclude_nodes = ["MatMul_1", "MatMul_2"] }\n')
 
@@ -204,16 +204,16 @@ def test_the_override_checks_when_the_target_inherits_an_override_for_the_model(
     t = project.targets["int8"]
     job = Job(t, project.models["tiny_cnn"], t.settings["tiny_cnn"])
     assert job.settings.gates is not None and job.settings.gates.latency.p50_ms == 150
-    tested = explain.settings_with(job.settings, explain.KNOBS["int8-dynamic"], ["MatMul_2"], [])
-    text = explain.override_toml(job, explain.KNOBS["int8-dynamic"], tested)
+    tested = bisect.settings_with(job.settings, explain.KNOBS["int8-dynamic"], ["MatMul_2"], [])
+    text = bisect.override_toml(job, explain.KNOBS["int8-dynamic"], tested)
     assert 'exclude_nodes = ["Conv_0", "MatMul_2"]' in text
-    explain.check_override(project, job, text, tested)  # AssertionError where the printed table loses a setting
+    bisect.check_override(project, job, text, tested)  # AssertionError where the printed table loses a setting
     pasted_file = project.file.with_name("pasted.toml")  # targets.toml with the printed table pasted at its end
     pasted_file.write_text(project.file.read_text() + "\n" + text)
     pasted = config.load(pasted_file, check_files=False).targets["int8"].settings["tiny_cnn"].gates
     assert pasted is not None and pasted.latency.p50_ms == 150
     with pytest.raises(AssertionError, match="does not yield the tested settings"):  # a budget it would change
-        explain.check_override(project, job, text + "latency = { p50_ms = 1500 }\n", tested)
+        bisect.check_override(project, job, text + "latency = { p50_ms = 1500 }\n", tested)
 
 
 def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_path: Path) -> None:
@@ -229,8 +229,8 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
     samples = data.load_samples(model.calibration, ["image"])
     reduced = onnx.load(str(precision.run(model.path, src.model, s.precision, s.typed_precision_options(), tmp_path,
                                           samples).path))
-    nodes = explain.changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
-    layers = explain.layerwise(src.model, reduced, nodes, data.load_feed(model.inputs, ["image"]))
+    nodes = layerwise.changed_nodes(src.model, reduced, s.precision, s.typed_precision_options())
+    layers = layerwise.layerwise(src.model, reduced, nodes, data.load_feed(model.inputs, ["image"]))
     relus = [x for x in layers if x.op_type == "Relu"]
     assert relus and all(x.error is None for x in relus)
     assert all(x.error is not None and x.error < 0.1 for x in layers if x.op_type in ("Gemm", "MaxPool"))
@@ -240,7 +240,7 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
 
     feed = data.load_feed(model.inputs, ["image"])
     expected = {"logits": InferenceSession(src.model.SerializeToString()).run(["logits"], feed)[0]}
-    proxy = explain.Proxy(src.model, reduced, feed, expected, lambda o: {"cosine": 0.99})
+    proxy = predict.Proxy(src.model, reduced, feed, expected, lambda o: {"cosine": 0.99})
     relu_outputs = {o for n in src.model.graph.node if n.op_type == "Relu" for o in n.output}
     readers = [n.name for n in src.model.graph.node if relu_outputs & set(n.input)]
     convs = [x.node for x in layers if x.op_type == "Conv"]
@@ -351,7 +351,7 @@ def test_a_node_the_pre_processing_renamed_is_reported_not_searched(tmp_path: Pa
     an = explain.analyse(_job(_emb_project(tmp_path, bias=True)))  # MatMul + Add fused: a new node name
     assert [x.node for x in an.layers] == ["embed"]
     assert len(an.renamed) == 1 and an.renamed[0].startswith("fc") and an.renamed[0] != "fc"
-    text = "\n".join(explain.render("int8/emb", {"status": "not found", "renamed": an.renamed}))
+    text = "\n".join(explain_render.render("int8/emb", {"status": "not found", "renamed": an.renamed}))
     assert "not searched: 1 quantized node(s) the source model has no name for" in text
     assert "quantization = { preprocess = false } keeps the names" in text
     an = explain.analyse(_job(_emb_project(tmp_path, "per_channel = false, preprocess = false", bias=True)))
@@ -367,7 +367,7 @@ def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> 
     an = explain.analyse(job)
     gates = job.settings.gates
     assert gates is not None
-    proxy = explain.Proxy(an.source, an.reduced, an.feed, an.expected,
+    proxy = predict.Proxy(an.source, an.reduced, an.feed, an.expected,
                           lambda o: gates.accuracy_rule(job.settings.precision, o))
     base = proxy.predict([])
     assert base is not None and not base.passed and base.worst.startswith("y: cosine 0.9")
@@ -375,7 +375,7 @@ def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> 
     knob = explain.KNOBS["int8-dynamic"]
 
     def built(nodes: list[str]) -> onnx.ModelProto:
-        return explain.reduce_model(job, explain.settings_with(job.settings, knob, nodes, []), src)
+        return explain.reduce_model(job, bisect.settings_with(job.settings, knob, nodes, []), src)
 
     for keep in (["fc"], ["embed"], ["embed", "fc"]):
         patched = proxy.model(keep)
@@ -386,8 +386,8 @@ def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> 
     fc = proxy.predict(["fc"])
     assert fc is not None and fc.passed and fc.error < base.error
     # each set that keeps a changed node in float changes the graph; one that keeps another node does not
-    assert explain.graph_digest(built(["add_pos"])) == an.digest == explain.graph_digest(built([]))
-    assert len({an.digest, explain.graph_digest(built(["fc"])), explain.graph_digest(built(["embed"]))}) == 3
+    assert layerwise.graph_digest(built(["add_pos"])) == an.digest == layerwise.graph_digest(built([]))
+    assert len({an.digest, layerwise.graph_digest(built(["fc"])), layerwise.graph_digest(built(["embed"]))}) == 3
 
 
 def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
@@ -402,7 +402,7 @@ def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
     def graph(nodes: list[str], ops: list[str]) -> str:
         return ",".join(sorted(changed & set(nodes))) or "baseline"
 
-    s = explain.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
+    s = bisect.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
     assert not s.run(["b1"], [])           # the failing artifact's graph: its verdict, no rebuild
     assert s.run(["m1", "b1"], [])         # a new graph: rebuilt
     assert s.run(["m1", "a2"], [])         # the same graph as that rebuild: its verdict
@@ -414,27 +414,27 @@ def test_a_set_that_gives_a_graph_already_tried_is_not_rebuilt() -> None:
         in messages
     # the search's own candidates: whatever they are, every rebuild is a graph not tried before
     rebuilt.clear()
-    s = explain.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
+    s = bisect.Bisection(trial, Budget(50, 60.0).start(), messages.append, graph=graph, graphs={"baseline": -1})
     s.search(LAYERS, op_keys=False)
     assert len({graph(n, []) for n in rebuilt}) == len(rebuilt) and "baseline" not in {graph(n, []) for n in rebuilt}
 
 
-def _predicted(layers: list[explain.Layer], passing: set[str]) -> tuple[list[explain.Layer],
-                                                                        explain.Bisection, list[list[str]]]:
+def _predicted(layers: list[layerwise.Layer], passing: set[str]) -> tuple[list[layerwise.Layer],
+                                                                        bisect.Bisection, list[list[str]]]:
     """Layers with predictions (the set passes when it holds `passing`), ranked; a search that rebuilds with the
     same verdicts, and the sets it rebuilt."""
-    def predict(nodes: list[str]) -> explain.Prediction:
+    def predict(nodes: list[str]) -> layerwise.Prediction:
         ok = passing <= set(nodes)
-        return explain.Prediction(ok, 0.0 if ok else 0.1 - 0.01 * len(set(nodes) & passing), "-")
+        return layerwise.Prediction(ok, 0.0 if ok else 0.1 - 0.01 * len(set(nodes) & passing), "-")
 
-    ranked = explain.ranked([dataclasses.replace(x, alone=predict([x.node])) for x in layers])
+    ranked = layerwise.ranked([dataclasses.replace(x, alone=predict([x.node])) for x in layers])
     rebuilt: list[list[str]] = []
 
     def trial(nodes: list[str], ops: list[str]) -> tuple[bool, str]:
         rebuilt.append(nodes)
         return passing <= set(nodes), "-"
 
-    return ranked, explain.Bisection(trial, Budget(50, 60.0).start(), lambda m: None, predict=predict), rebuilt
+    return ranked, bisect.Bisection(trial, Budget(50, 60.0).start(), lambda m: None, predict=predict), rebuilt
 
 
 def test_the_first_rebuild_is_the_fewest_top_ranked_nodes_predicted_to_pass() -> None:
@@ -451,17 +451,17 @@ def test_the_first_rebuild_is_the_fewest_top_ranked_nodes_predicted_to_pass() ->
 
 
 def test_tables_never_show_none() -> None:
-    layers = [explain.Layer("relu", "Relu", None, 0.0, 0, "n/a (the reduced graph computes its output in conv)"),
-              explain.Layer("shift", "Add", None, 0.0), explain.Layer("fc", "MatMul", math.inf, math.inf, 2 << 20,
-                                                                      alone=explain.Prediction(True, 0.01, "y: cos"))]
-    doc = {"status": "found", "layers": explain.layers_doc(layers), "rebuilds": 1, "seconds": 1.0,
+    layers = [layerwise.Layer("relu", "Relu", None, 0.0, 0, "n/a (the reduced graph computes its output in conv)"),
+              layerwise.Layer("shift", "Add", None, 0.0), layerwise.Layer("fc", "MatMul", math.inf, math.inf, 2 << 20,
+                                                                      alone=layerwise.Prediction(True, 0.01, "y: cos"))]
+    doc = {"status": "found", "layers": explain_render.layers_doc(layers), "rebuilds": 1, "seconds": 1.0,
            "trials": [{"nodes": ["fc"], "op_types": [], "passed": True, "worst": "y: cos", "seconds": 1.0}],
            "skipped": [{"nodes": ["b"], "op_types": [], "same_as": "the failing artifact", "passed": False}],
            "predictions": {"status": "on", "baseline": "y: cos", "predicted": 1, "candidates": 3, "seconds": 0.1},
            "override": "[[targets.t.overrides]]\n",
            "result": {"accuracy": None, "worst": None, "size": None, "size_verdict": None, "latency_verdict": None,
                       "p50_ms": None}}
-    text = "\n".join(explain.render("t/m", doc))
+    text = "\n".join(explain_render.render("t/m", doc))
     assert "None" not in text and "null" not in json.dumps(doc["layers"])
     assert "layer-wise: relu (Relu) error n/a (the reduced graph computes its output in conv) vs fp32" in text
     assert "layer-wise: shift (Add) error n/a vs fp32" in text
@@ -574,7 +574,7 @@ def test_candidates_inside_if_branches_are_found_ranked_and_those_not_run_set_as
     assert then.weights == other.weights == 32 * 32 * 4  # the Constant's weight, made an initializer of its branch
     assert [x.node for x in an.layers] == ["pre", "then_fc", "else_fc"]  # measured, unmeasured, not run
     # the predictor puts back main-graph nodes only
-    proxy = explain.Proxy(an.source, an.reduced, an.feed, an.expected, lambda o: {"cosine": 0.999})
+    proxy = predict.Proxy(an.source, an.reduced, an.feed, an.expected, lambda o: {"cosine": 0.999})
     assert proxy.patchable("pre") and not proxy.patchable("then_fc")
     assert proxy.predict(["pre"]) is not None and proxy.predict(["then_fc"]) is None
 

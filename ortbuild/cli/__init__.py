@@ -24,7 +24,7 @@ from ortbuild.cli.artifacts import cmd_clean, cmd_inspect, cmd_keygen, cmd_rekey
 from ortbuild.cli.build import cmd_build, cmd_plan
 from ortbuild.cli.building import say_removed
 from ortbuild.cli.gate import cmd_profile, cmd_test
-from ortbuild.cli.info import SCHEMA_FILE, cmd_schema, cmd_summary, cmd_targets
+from ortbuild.cli.info import cmd_schema, cmd_summary, cmd_targets
 from ortbuild.cli.init import cmd_init
 from ortbuild.cli.options import artifacts as artifacts_options
 from ortbuild.cli.options import build as build_options
@@ -40,7 +40,7 @@ from ortbuild.errors import OrtbuildError
 if TYPE_CHECKING:
     from ortbuild.cli.options import Subparsers
 
-__all__ = ["COMMANDS", "SCHEMA_FILE", "main", "parser"]
+__all__ = ["COMMANDS", "main", "parser"]
 
 Opts = TypeVar("Opts")
 

@@ -45,7 +45,7 @@ def cmd_test(o: TestOptions) -> int:
     """Build what is missing or stale, then gate every artifact: golden outputs, latency and size budgets."""
     from ortbuild.gating import runner
     from ortbuild.gating.measure import speed
-    from ortbuild.gating.search import explain
+    from ortbuild.gating.search import explain_render
 
     sel, precision = o.selection, o.budgets.precision
     if (precision.rebuilds or 0) < 1 or precision.seconds <= 0:
@@ -107,7 +107,7 @@ def cmd_test(o: TestOptions) -> int:
         print(f"{left}; `ortbuild release` needs every gate: test again without --gates", file=sys.stderr)
     for r in explained:
         print()
-        print("\n".join(explain.render(f"{r.target}/{r.model}", r.explain)))
+        print("\n".join(explain_render.render(f"{r.target}/{r.model}", r.explain)))
     return code
 
 

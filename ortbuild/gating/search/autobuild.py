@@ -16,7 +16,7 @@ from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
 from ortbuild.gating.runner import Tester
-from ortbuild.gating.search import explain
+from ortbuild.gating.search import bisect, explain, explain_render
 from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say, Search
 from ortbuild.gating.search.bisect import changed_lists, describe_set
 from ortbuild.gating.search.gensearch import GenerativeSearch
@@ -132,7 +132,7 @@ class PrecisionSearch:
         result when it passes (the lock written), else None (the lock left as it was)."""
         knob = job.settings.rule.knob
         assert knob is not None
-        settings = explain.settings_with(job.settings, knob, nodes, op_types)
+        settings = bisect.settings_with(job.settings, knob, nodes, op_types)
         applies: dict[str, dict[str, object]] = {
             knob.table: dict(changed_lists(lockfile.declared(job).settings, knob, settings))}
         kept = describe_set(nodes, op_types)
@@ -155,7 +155,7 @@ class PrecisionSearch:
 
     def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:
         """The job fails with the search's table: nothing that fails its gate is shipped as passing."""
-        lines = explain.render(job.name, doc)
+        lines = explain_render.render(job.name, doc)
         out = dataclasses.replace(failed, status=JobStatus.FAILED, notes=list(failed.notes))
         hint = ("the nodes it changed were renamed by the quantizer's pre-processing, so none can be named: "
                 "quantization = { preprocess = false } keeps their names (the table lists them)"

@@ -52,14 +52,13 @@ from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc, PredictionsDoc
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search.base import Budget, Clock, Found, Say
-from ortbuild.gating.search.bisect import Bisection, Trial, check_override, override_toml, settings_with
-from ortbuild.gating.search.explain_render import layers_doc, render
+from ortbuild.gating.search.bisect import Bisection, check_override, override_toml, settings_with
+from ortbuild.gating.search.explain_render import layers_doc
 from ortbuild.gating.search.layerwise import (
     NOTHING,
     QUANT_OPS,
     Layer,
     Prediction,
-    Rewrites,
     changed_nodes,
     graph_digest,
     layerwise,
@@ -74,12 +73,6 @@ from ortbuild.project import config, data, options
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import Quantizer, SearchKnob
 from ortbuild.status import JobStatus, PhaseStarted, Verdict
-
-__all__ = [
-    "KNOBS", "NOTHING", "QUANT_OPS", "Analysis", "Bisection", "Explainer", "Knob", "Layer", "Prediction", "Proxy",
-    "Rewrites", "Trial", "analyse", "changed_nodes", "check_override", "graph_digest", "layers_doc", "layerwise",
-    "override_toml", "ranked", "reduce_model", "render", "settings_with",
-]
 
 Knob = SearchKnob
 # what each precision keeps in float, from its rule (PrecisionRule.knob): the precisions the search applies to
@@ -175,8 +168,9 @@ class Explainer:
             # no capture of its own: what the rebuilds' tools say goes to this search's log (or, with -v, shows)
             builder = Builder(self.builder.project, dist, force=True, progress=quiet, secrets=self.builder.secrets,
                               capture=False)
-            tester = Tester(self.tester.project, dist, self.tester.secret, str(self.tester.project.file), quiet,
+            tester = Tester(self.tester.project, dist, self.tester.secret, self.tester.config_arg, quiet,
                             self.tester.sign_key, judged=self.tester.judged)  # --gates: the answer's gates too
+            tester.golden_cache = self.tester.golden_cache  # the golden data of the model, computed once
 
             def trial(nodes: list[str], op_types: list[str]) -> tuple[bool, str]:
                 tjob = Job(job.target, job.model, settings_with(job.settings, knob, nodes, op_types))
@@ -213,7 +207,12 @@ class Explainer:
                 return doc
             final_job = Job(job.target, job.model, settings)
             self.progress(job.name, PhaseStarted("explain: the full gate (accuracy, size, latency) of the answer"))
-            (final,) = tester.run([final_job], {final_job.name: builder.run_job(final_job)}, False)
+            builder.run_job(final_job)
+            final = TestResult(job.target.name, job.model.name, job.settings.precision)
+            try:
+                tester.gate(final_job, final, {})
+            except OrtbuildError as e:
+                final.fail([e.message])
             doc["result"] = {"accuracy": final.accuracy, "worst": final.worst, "size": final.size,
                              "size_verdict": final.size_verdict, "latency_verdict": final.latency_verdict,
                              "p50_ms": final.latency.get("p50_ms"), "p90_ms": final.latency.get("p90_ms"),
