@@ -97,17 +97,18 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
-def _pytest(session: nox.Session, marks: str) -> None:
+def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
     """pytest over the tests `marks` selects: a pass on every CPU (pytest-xdist), then the `serial` ones alone
     (they observe machine-wide state: /dev/shm, other builds' leftovers). Arguments replace both passes."""
+    pytest = (python, "-m", "pytest")
     if session.posargs:
-        session.run("pytest", "-q", *session.posargs)
+        session.run(*pytest, "-q", *session.posargs, external=True)
         return
     # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
     # reason at the end (a missing Chromium or Node.js names the command that installs it)
-    session.run("pytest", "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
-                success_codes=[0, 5])
-    session.run("pytest", "-q", "-rs", "-m", f"({marks}) and serial", success_codes=[0, 5])  # 5: none selected
+    session.run(*pytest, "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
+                success_codes=[0, 5], external=True)
+    session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", success_codes=[0, 5], external=True)
 
 
 @nox.session(tags=["check"])
@@ -133,15 +134,20 @@ def e2e(session: nox.Session) -> None:
     _pytest(session, "(e2e or slow) and not generative")
 
 
-@nox.session(name="tests-generative", tags=["generative"], venv_backend="venv")
+@nox.session(name="tests-generative", tags=["generative"], venv_backend="none")
 def tests_generative(session: nox.Session) -> None:
     """The tests of generative models (marked `generative`): the model builder, onnxruntime-genai and the fp32
-    reference need torch and transformers. A pip venv (venv_backend="venv"): pip takes the CPU torch wheel a
-    machine keeps on disk, where uv would fetch PyPI's multi-GB CUDA build."""
-    from ortbuild.project.generation import BUILDER_REQUIREMENTS
+    reference need torch and transformers. They run in the generative targets' own virtualenv (one 1.3 GB torch
+    on disk, not two), with the test tools added to it."""
+    from ortbuild.nox import target_python
 
-    _install(session, "-e", ".[dev]", CPU_RUNTIME, *BUILDER_REQUIREMENTS)
-    _pytest(session, "generative")
+    python = target_python(session, "llm-cpu-fp32")
+    stamp = python.parent.parent / ".ortbuild-tests-installed"
+    want = _stamp(("-e", ".[dev]"), ())
+    if not stamp.exists() or stamp.read_text() != want:
+        session.run(str(python), "-m", "pip", "install", "--quiet", "-e", ".[dev]", external=True)
+        stamp.write_text(want)
+    _pytest(session, "generative", str(python))
 
 
 @nox.session

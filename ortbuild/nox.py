@@ -1,22 +1,20 @@
-"""ortbuild's nox sessions: build, test, profile and release, one of each per target of targets.toml, each
-target in its own virtualenv holding its ONNX Runtime flavor. A project's noxfile.py imports them:
+"""ortbuild's nox sessions: build, test, profile and release, one of each per target of targets.toml, each in
+the virtualenv of its ONNX Runtime flavor. A project's noxfile.py imports them:
 
     from ortbuild.nox import build, profile, release, test, tune  # noqa: F401  (registers one session per target)
 
-    nox -s build                  build every target, each in its own virtualenv with its ORT flavor
+    nox -s build / test / profile / release   every target: build what is missing or stale, the release gates,
+                                  ORT traces; sign, publish and verify
     nox -s "build(cpu-int8)"      one target;  nox -t openvino / nox -k int8 select by tag or keyword
-    nox -s test                   build what is missing or stale, then the release gates of every target
-    nox -s profile                profile every target's artifacts: ORT traces and the top operators
     nox -s tune -- -t cpu-int8    tune a target's session options (`ortbuild tune`; one session, no tags)
-    nox -s release                sign, publish and verify every tested target
 
 The configuration is `targets.toml` in the noxfile's directory (nox runs there), or $ORTBUILD_CONFIG. A target's
-build, test, profile and release share one virtualenv, .nox/target-<name>, holding the target's runtime and the
-same ortbuild as nox's own (ortbuild_requirement: a source checkout, editable; the wheel or sdist it was
-installed from; else ortbuild==<version>; $ORTBUILD_REQUIREMENT overrides it). Where a target's
-GPU/accelerator is absent (no NVIDIA driver or device; no Intel CPU, GPU or NPU for OpenVINO), that virtualenv
-holds the CPU flavor of the same ONNX Runtime version instead of the hardware wheel: the target's portable
-artifacts are built with it and its tests are SKIPPED with the reason. `-- --require`, `require = true` or
+sessions run in one virtualenv per distinct set of requirements, .nox/<kind>-<digest> (.nox/target-<name> links
+to it), holding the target's runtime and the same ortbuild as nox's own (ortbuild_requirement: a source checkout,
+editable; the wheel or sdist it was installed from; else ortbuild==<version>; $ORTBUILD_REQUIREMENT overrides it).
+Where a target's GPU/accelerator is absent (no NVIDIA driver or device; no Intel CPU, GPU or NPU for OpenVINO),
+that virtualenv holds the CPU flavor of the same ONNX Runtime version instead of the hardware wheel: the target's
+portable artifacts are built with it and its tests are SKIPPED with the reason. `-- --require`, `require = true` or
 ORTBUILD_INSTALL_RUNTIMES=all install the target's own runtime anyway.
 
 Imports stdlib, packaging, nox and ortbuild's stdlib-only modules: nox's interpreter needs nothing else.
@@ -28,6 +26,7 @@ import atexit
 import hashlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,21 +88,33 @@ RUNTIME_FLAVORS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "on
                    "onnxruntime-qnn", "onnxruntime-rocm")
 
 
-def _uv() -> str | None:
-    """uv, where nox was installed with it (`nox[uv]`)."""
+def _uv() -> str | None:  # uv, where nox was installed with it (`nox[uv]`)
     uv = getattr(nox.virtualenv, "UV", "uv")
     return uv if getattr(nox.virtualenv, "HAS_UV", False) else None
 
 
-def target_venv(session: nox.Session, target: str) -> Path:
-    """The virtualenv a target's build, test, profile and release sessions share. Generative targets that install
-    the same requirements share one (each would hold its own 1.3 GB of torch otherwise)."""
+def target_venv(session: nox.Session, target: str, *, link: bool = False) -> Path:
+    """The virtualenv a target's sessions run in: one per distinct set of requirements, `.nox/<kind>-<digest>`
+    (six of the example's targets hold onnxruntime alone; the generative ones share one 1.3 GB of torch). `link`:
+    `.nox/target-<name>`, which the target's own sessions point at it (so it says one of them ran here)."""
     envdir = str(getattr(session._runner.global_config, "envdir", ROOT / ".nox"))
     t = PROJECT.targets.get(target) if PROJECT is not None else None
     name = f"target-{target}"
-    if t is not None and (shared := kind_rule(t.kind).shared_venv) is not None:
-        name = f"{shared}-" + hashlib.sha256(" ".join(_requirements(session, t)[0]).encode()).hexdigest()[:12]
+    if t is not None and not link:
+        digest = hashlib.sha256(" ".join(_requirements(session, t)[0]).encode()).hexdigest()[:12]
+        name = f"{kind_rule(t.kind).venv}-{digest}"
     return Path(nox.sessions._normalize_path(envdir, name))
+
+
+def _link(link: Path, venv: Path) -> None:
+    """Point `link` at `venv` (a sibling), in place of a link elsewhere or of an earlier ortbuild's own venv."""
+    if not link.is_symlink() and (link / ".ortbuild-installed").exists():
+        shutil.rmtree(link)  # a per-target venv of an earlier ortbuild: its requirements live in `venv` now
+    if not link.exists() or (link.is_symlink() and os.readlink(link) != venv.name):
+        partial = link.with_name(link.name + ".partial")
+        partial.unlink(missing_ok=True)
+        partial.symlink_to(venv.name)
+        partial.replace(link)
 
 
 def _requirements(session: nox.Session, t: config.Target) -> tuple[tuple[str, ...], machine.StandIn | None]:
@@ -154,11 +165,8 @@ def _install_target(session: nox.Session, venv: Path, requirements: tuple[str, .
 
 
 def keys_env(session: nox.Session, venv: Path) -> dict[str, str]:
-    """The configured keys, or a local DEVELOPMENT key pair (made once, marked as such in every manifest).
-
-    Releases set ORTBUILD_KEY(_FILE) and ORTBUILD_SIGNING_KEY(_FILE) themselves; this default exists so that a
-    fresh clone builds with two commands, never to protect anything.
-    """
+    """The configured keys, or a local DEVELOPMENT key pair (made once, marked as such in every manifest): so that
+    a fresh clone builds with two commands, never to protect anything (releases set their own keys)."""
     if any(os.environ.get(v) for v in KEY_VARS):
         return {}
     if not (DEV_KEYS / "encryption.key").exists():
@@ -172,9 +180,8 @@ INSTALL_VAR = "ORTBUILD_INSTALL_RUNTIMES"  # "all": every target's own runtime, 
 
 
 def _target_env(session: nox.Session, target: str, *, required_fails: bool = False) -> tuple[config.Target, Path]:
-    """Install ortbuild and the target's runtime (or, where its hardware is absent, the CPU stand-in: see the
-    module's docstring) into the target's shared venv: (the target, its venv). Skip (or, when asked and the
-    target is required, fail) where that runtime cannot be installed."""
+    """(the target, its venv), holding ortbuild and the target's runtime or CPU stand-in (the module's docstring).
+    Skip (or, when asked and the target is required, fail) where that runtime cannot be installed."""
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     t = PROJECT.targets[target]
@@ -194,25 +201,23 @@ def _target_env(session: nox.Session, target: str, *, required_fails: bool = Fal
         if required_fails and required:
             session.error(f"{target}: its runtime '{t.runtime_text}' cannot be installed, and the target is required")
         session.skip(f"{target}: its runtime '{t.runtime_text}' cannot be installed on this machine")
+    _link(target_venv(session, target, link=True), venv)
     return t, venv
 
 
 def target_python(session: nox.Session, target: str) -> Path:
-    """The python of a target's virtualenv, made and installed as the target's sessions make it: a project's
-    noxfile runs its own model generators there (a generative target's venv holds torch and transformers)."""
+    """The python of a target's virtualenv, as its sessions make it: a project's noxfile runs its own model
+    generators there (a generative target's venv holds torch and transformers)."""
     _, venv = _target_env(session, target)
     return venv / "bin" / "python"
 
 
 def _ortbuild(session: nox.Session, venv: Path, *args: str, env: dict[str, str] | None = None,
-              silent: bool = False) -> None:
-    """`ortbuild ARGS` in the target's venv (`env`: added to the environment; `silent`: output shown on failure)."""
+              silent: bool = False) -> None:  # `env`: added to the environment; `silent`: output shown on failure
     session.run(str(venv / "bin" / "ortbuild"), *args, external=True, env=env, silent=silent)
 
 
 _SUMMARIES: list[str] = []  # what the sessions of this nox run ask to summarise at its end
-
-
 _RELEASES: list[list[str]] = []  # the release sessions' rows: target, bundle, where, what happened
 
 
@@ -231,14 +236,12 @@ def _print_summaries() -> None:
 
 
 def _summary(session: nox.Session, what: str) -> None:
-    """One table of every target's results at the very end of `nox -s build` / `nox -s test` / `nox -s release`,
-    after nox's own list of sessions: read from dist/ when nox exits (release: what its sessions recorded), in
-    nox's interpreter (ortbuild.gating.reports.summary is stdlib + packaging only)."""
-    if PROJECT is None or what in _SUMMARIES:
-        return
-    if not _SUMMARIES:
-        atexit.register(_print_summaries)
-    _SUMMARIES.append(what)
+    """One table of every target's results at the very end of `nox -s build/test/release`, read from dist/ when
+    nox exits (release: what its sessions recorded), in nox's interpreter (summary is stdlib + packaging only)."""
+    if PROJECT is not None and what not in _SUMMARIES:
+        _SUMMARIES.append(what)
+        if len(_SUMMARIES) == 1:
+            atexit.register(_print_summaries)
 
 
 @nox.session(venv_backend="none")
@@ -280,9 +283,8 @@ def _skipped_here(t: config.Target, gates: bool = False) -> str | None:
 @nox.session(venv_backend="none")
 @nox.parametrize("target", PARAMS)
 def test(session: nox.Session, target: str) -> None:
-    """Build (if missing or stale) and test one target's artifacts in the target's virtualenv: golden outputs,
-    latency and size budgets. Writes dist/<target>/<model>/test-report.json and dist/report.{json,html}; the
-    nox run ends with one summary of every target."""
+    """Build (if missing or stale) and test one target's artifacts in its virtualenv: golden outputs, latency and
+    size budgets, into dist/<target>/<model>/test-report.json and dist/report.{json,html}."""
     _test(session, target)
 
 
@@ -300,8 +302,8 @@ def _test(session: nox.Session, target: str) -> None:
 @nox.session(venv_backend="none")
 @nox.parametrize("target", PARAMS)
 def profile(session: nox.Session, target: str) -> None:
-    """Build (if missing or stale) and profile one target's artifacts through their loader, in the target's
-    virtualenv: dist/<target>/<model>/profile.trace.json (ORT's trace) and profile.json (the top operators)."""
+    """Build (if missing or stale) and profile one target's artifacts through their loader, in its virtualenv:
+    dist/<target>/<model>/profile.trace.json (ORT's trace) and profile.json (the top operators)."""
     t, venv = _target_env(session, target)
     assert PROJECT is not None
     _ortbuild(session, venv, "profile", "-c", str(PROJECT.file), "-t", target, *session.posargs,
@@ -318,10 +320,9 @@ def profile(session: nox.Session, target: str) -> None:
 
 @nox.session(venv_backend="none")
 def tune(session: nox.Session) -> None:
-    """Tune the session options of the targets named by `-t` (all of them without), each in its own virtualenv:
-    `nox -s tune -- -t cpu-int8 --tune-seconds 30` runs `ortbuild tune` there; what it keeps goes to targets.lock and is
-    shipped by a rebuild (docs/build-to-the-gates.md). One session, not one per target, and no tags: a tag or
-    keyword selection (`nox -t openvino`, `nox -k int8`) never tunes, and so never rebuilds what it just tested."""
+    """Tune the session options of the targets named by `-t` (all without) in their virtualenvs (`nox -s tune -- -t
+    cpu-int8 --tune-seconds 30`); what it keeps goes to targets.lock (docs/build-to-the-gates.md). One session, no
+    tags: a tag or keyword selection (`nox -t openvino`) never tunes, so never rebuilds what it just tested."""
     assert PROJECT is not None
     args = list(session.posargs)
     named = {i + 1 for i, a in enumerate(args[:-1]) if a in ("-t", "--target")}  # the words after -t
@@ -349,7 +350,7 @@ def _release(session: nox.Session, target: str) -> None:
     if PROJECT is None:
         session.error(f"{CONFIG} is invalid: {CONFIG_ERROR}")
     _summary(session, "release")
-    venv = target_venv(session, target)
+    venv = target_venv(session, target, link=True)
     ortbuild = venv / "bin" / "ortbuild"
     if not ortbuild.exists():
         _RELEASES.append([target, "-", "-", "FAILED: not tested here"])

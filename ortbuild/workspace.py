@@ -6,6 +6,7 @@
 - `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, on /dev/shm when it has room
   for `temp_need()` of the model's real size (all its files), else in the system temp dir on disk,
   named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory from a dead one's.
+- `no_core_dumps()`: no core file of a process that holds plaintext or keys (nor of the processes it starts).
 - `leftovers()` / `clean()`: what killed builds leave: private dirs of dead processes (anywhere we put them),
   and partial files (`.NAME.*.partial`, `.golden.*`) in dist/, which only a lock holder may remove.
 """
@@ -243,3 +244,20 @@ class Lock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def no_core_dumps(*, hard: bool = True) -> None:
+    """Set RLIMIT_CORE to 0 for this process and every process it starts (they inherit it): a core dump of a
+    process that holds a key or decrypted weights would hold them too. `hard` lowers the hard limit as well, so
+    that no child raises it again (for good: only the ortbuild command's own process asks for that)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit (Windows Error Reporting is configured system-wide)
+        return
+    soft_max = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    for limits in ((0, 0), (0, soft_max)) if hard else ((0, soft_max),):
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, limits)
+            return
+        except (OSError, ValueError):
+            continue

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import io
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -104,9 +108,65 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+def run_cli(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`ortbuild ARGS` in this process (cli.main), as `python -m ortbuild` would run it: in `cwd`, with `env` as the
+    whole environment where given, its standard output and error (its child processes' too) captured at the file
+    descriptors, an exception that escapes main() printed with its traceback and exit status 1. The environment,
+    working directory, argv and core-file limit are restored afterwards. What only a process shows (the exit status
+    of `python -m ortbuild`, signals, the hard core limit) is run_process's."""
+    from ortbuild import cli
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_core = resource.getrlimit(resource.RLIMIT_CORE)
+    streams = sys.stdout, sys.stderr
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        for s in streams:
+            s.flush()
+        fds = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(n, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace", write_through=True) for n in (1, 2))
+        try:
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
+            os.chdir(cwd)
+            sys.argv = ["ortbuild", *args]
+            try:
+                code = cli.main(list(args))
+            except SystemExit as e:  # argparse: usage errors (2), --help and --version (0)
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+            except BaseException:  # as the interpreter would report it
+                traceback.print_exc()
+                code = 1
+        finally:
+            for s in (sys.stdout, sys.stderr):
+                s.flush()
+            sys.stdout, sys.stderr = streams
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            for fd in fds:
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            os.chdir(saved_cwd)
+            sys.argv = saved_argv
+            resource.setrlimit(resource.RLIMIT_CORE, saved_core)
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode("utf-8", errors="replace"))
+    return subprocess.CompletedProcess(["ortbuild", *args], code, texts[0], texts[1])
+
+
+def run_process(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None) \
+        -> subprocess.CompletedProcess[str]:
+    """`python -m ortbuild ARGS` as its own process (run_cli runs it in this one)."""
+    return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def test_the_rules_name_the_kinds_in_order() -> None:
 def test_an_onnx_model_is_a_file_built_by_ortbuilds_pipeline() -> None:
     expected = KindRule(
         name="onnx", directory=False, made_on_first_use=False, wildcards=True,
-        model_keys=("calibration", "eval", "custom_ops"), requirements=(), shared_venv=None, session_suffix="",
+        model_keys=("calibration", "eval", "custom_ops"), requirements=(), venv="runtime", session_suffix="",
         tag=None, builder_in_key=False, not_covered=None, js_refusal=None, golden_tokens=False, token_gate=False,
         records_expected=True, flag=False, path_hint="name an ONNX model file",
         data_hint="name an .npz file or a directory of test_data_set_N/ (docs/targets-reference.md)")
@@ -42,7 +42,7 @@ def test_a_generative_model_is_a_directory_built_by_the_model_builder() -> None:
     assert g.model_keys == ("heldout",)
     assert g.requirements == generation.BUILDER_REQUIREMENTS
     assert g.requirements[0].startswith("onnxruntime-genai==") and any(r.startswith("torch==") for r in g.requirements)
-    assert g.shared_venv == "generative" and g.tag == "generative" and g.session_suffix == "-generative"
+    assert g.venv == "generative" and g.tag == "generative" and g.session_suffix == "-generative"
     assert g.session("test", "llm-int4") == "test-generative(llm-int4)"
     assert g.session("release", "llm-int4") == "release-generative(llm-int4)"
     assert g.builder_in_key and g.golden_tokens and g.token_gate and g.flag

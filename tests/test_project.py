@@ -88,13 +88,16 @@ def test_the_pages_commands_take_one_onnx_file_to_a_verified_release(tmp_path: P
         pytest.skip(f"int8 is not faster than fp32 on this CPU ({speedup.host()}): {printed[-800:]}")
     assert _shape(printed).strip() == _shape(_block("text")).strip()
     project = tmp_path / "encoder"
-    # each target in its own venv, holding its runtime and ortbuild from the wheel (not this checkout)
+    # each target in its runtime's venv (the two hold the same one: .nox/target-<name> links to it), holding its
+    # runtime and ortbuild from the wheel (not this checkout)
     for target in ("cpu-fp32", "cpu-int8"):
         python = project / ".nox" / f"target-{target}" / "bin" / "python"
+        assert (project / ".nox" / f"target-{target}").resolve().name.startswith("runtime-")
         where = subprocess.run([str(python), "-c", "import onnxruntime, ortbuild; print(ortbuild.__file__)"],
                                capture_output=True, text=True, env=env, cwd=project, timeout=60)
         assert where.returncode == 0, where.stderr
-        assert str(python.parent.parent) in where.stdout and str(REPO) not in where.stdout
+        venv = python.parent.parent.resolve()
+        assert Path(where.stdout.strip()).resolve().is_relative_to(venv) and str(REPO) not in where.stdout
         assert (project / "dist" / "release" / target / "SHA256SUMS.minisig").is_file()
     assert "2 PASS, 0 FAIL" in said["python -m nox -s test"]
     assert "released, verified" in said["python -m nox -s release"]

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import textwrap
 from pathlib import Path
@@ -24,7 +23,7 @@ from ortbuild.artifact import keys, manifest_types, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
 from ortbuild.publish import provenance, release, tarball, verify
-from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime
+from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime, run_cli
 
 pytestmark = pytest.mark.runtime
 EPOCH = "1767225600"  # 2026-01-01
@@ -67,8 +66,7 @@ def make_project(root: Path) -> Path:
 
 
 def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ortbuild", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})})
+    return run_cli(*args, cwd=cwd, env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,9 @@ GATES = ("accuracy", "size", "latency", "cold_start", "memory")
 @pytest.fixture(autouse=True)
 def clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each report written a minute after the last (they are seconds apart in real use)."""
-    minutes = iter(range(60))
-    monkeypatch.setattr(manifest, "iso_utc", lambda: f"2025-01-01T10:{next(minutes):02d}:00Z")
+    minutes, real = iter(range(60)), manifest.iso_utc  # (the CLI runs in this process: a given time stays as it is)
+    monkeypatch.setattr(manifest, "iso_utc",
+                        lambda when=None: real(when) if when else f"2025-01-01T10:{next(minutes):02d}:00Z")
 
 
 def result(target: str, model: str = "m", status: str = "PASS", *, p50: float = 1.0, p90: float = 1.2,
@@ -436,7 +437,8 @@ def test_a_failed_rebuild_is_no_longer_its_earlier_pass(tmp_path: Path) -> None:
     """The artifact passed; its rebuild fails (in `test`, or in `build`): the row is FAIL (build), the old PASS
     is counted nowhere, and release refuses the older artifact still in dist/."""
     toml = reshape_project(tmp_path)
-    assert run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path).returncode == 0
+    first = run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
     assert report_of(tmp_path)["results"][0]["status"] == "PASS"
     inputs(tmp_path, "bad")
     proc = run_cli("test", "-c", str(toml), "--quick", cwd=tmp_path)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MODELS, run_cli
+from tests.conftest import MODELS, run_cli, run_process
 
 TARGETS = """
     [targets.cpu]
@@ -303,7 +303,7 @@ def test_an_offline_batch_that_cannot_fit_in_memory_is_a_gate_error_before_it_is
         min_seconds = 0.5
         min_samples_per_second = 1
     """)
-    r = run_cli("test", "-c", str(config), "--no-explain")
+    r = run_process("test", "-c", str(config), "--no-explain")  # its own process: the probe reads its resident size
     assert r.returncode == 9, r.stderr[-2000:]
     assert "offline: cpu/tiny_cnn: 1024 concurrent calls of batch 65536 would need about" in r.stderr
     assert "GiB is available here" in r.stderr and "lower [latency.offline] batch or workers" in r.stderr

@@ -19,7 +19,7 @@ Keys from the environment stay raw base64 (the variable's name says the kind), s
 is caught by comparing them: an encryption key equal to the signing seed, or whose Ed25519 public half is the
 signing key's, is refused wherever the two meet (check_kinds; the loaders compare with their pinned public key).
 
-The ortbuild command disables core dumps (no_core_dumps) before it reads any key: a crashed build would
+The ortbuild command disables core dumps (workspace.no_core_dumps) before it reads any key: a crashed build would
 otherwise leave both keys and plaintext weights in a core file.
 """
 
@@ -186,23 +186,6 @@ def _read_text(path: str, what: str, hint: str) -> str:
 def private_problem(mode: int) -> bool:
     """Whether a key file's (or key directory's) mode lets group or others read, write or enter it."""
     return os.name == "posix" and bool(mode & 0o077)
-
-
-def no_core_dumps(*, hard: bool = True) -> None:
-    """Set RLIMIT_CORE to 0 for this process and every process it starts (they inherit it): a core dump of a
-    process that holds a key or decrypted weights would hold them too. `hard` lowers the hard limit as well, so
-    that no child raises it again (for good: only the ortbuild command's own process asks for that)."""
-    try:
-        import resource
-    except ImportError:  # Windows: no such limit (Windows Error Reporting is configured system-wide)
-        return
-    soft_max = resource.getrlimit(resource.RLIMIT_CORE)[1]
-    for limits in ((0, 0), (0, soft_max)) if hard else ((0, soft_max),):
-        try:
-            resource.setrlimit(resource.RLIMIT_CORE, limits)
-            return
-        except (OSError, ValueError):
-            continue
 
 
 def _anonymous_pipe(fd: int, path: str) -> bool:

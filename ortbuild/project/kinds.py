@@ -30,8 +30,7 @@ class KindRule:
     wildcards: bool                  # a target's wildcard patterns select it (False: a target must name it)
     model_keys: tuple[str, ...]      # the [models.X] keys only this kind takes (another kind's model refuses them)
     requirements: tuple[str, ...]    # what its targets' virtualenvs hold besides the ONNX Runtime flavor
-    shared_venv: str | None          # its targets of equal requirements share one venv "<this>-<digest>" (None:
-                                     # each target its own, target-<name>)
+    venv: str                        # its targets of equal requirements share one nox venv, "<this>-<digest>"
     session_suffix: str              # its nox sessions: build<suffix>(T), test<suffix>(T), release<suffix>(T)
     tag: str | None                  # the nox tag of its targets and of its own sessions (None: no tag of its own)
     builder_in_key: bool             # the model builder's package versions enter the build key
@@ -58,12 +57,12 @@ JS_REFUSAL = ("a generative model (onnxruntime-genai's decoder with its KV cache
 RULES: dict[Kind, KindRule] = {r.name: r for r in (
     KindRule(name="onnx", directory=False, made_on_first_use=False, wildcards=True,
              model_keys=("calibration", "eval", "custom_ops"),
-             requirements=(), shared_venv=None, session_suffix="", tag=None, builder_in_key=False, not_covered=None,
+             requirements=(), venv="runtime", session_suffix="", tag=None, builder_in_key=False, not_covered=None,
              js_refusal=None, golden_tokens=False, token_gate=False, records_expected=True, flag=False,
              path_hint="name an ONNX model file",
              data_hint="name an .npz file or a directory of test_data_set_N/ (docs/targets-reference.md)"),
     KindRule(name="generative", directory=True, made_on_first_use=True, wildcards=False, model_keys=("heldout",),
-             requirements=generation.BUILDER_REQUIREMENTS, shared_venv="generative", session_suffix="-generative",
+             requirements=generation.BUILDER_REQUIREMENTS, venv="generative", session_suffix="-generative",
              tag="generative", builder_in_key=True, not_covered=generation.NOT_PROFILED, js_refusal=JS_REFUSAL,
              golden_tokens=True, token_gate=True, records_expected=False, flag=True,
              path_hint="name an ONNX model file, or a Hugging Face-format directory of a generative model "

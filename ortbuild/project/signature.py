@@ -7,12 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ortbuild import modelfiles
 from ortbuild.errors import ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 SEED = 0  # generated golden inputs are the same on every run
@@ -47,6 +46,7 @@ def generated_inputs(model: Path, g: onnx.GraphProto, dims: Mapping[str, int]) \
         -> tuple[dict[str, np.ndarray], list[str]]:
     """Golden inputs from the graph's input signature: floats uniform in [0, 1), integers 0 (masks 1), booleans
     true; symbolic dims from `dims`, else batch 1, image 224, sequence 16. Returns them and how dims were set."""
+    import numpy as np
     import onnx
     from onnx import helper
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ortbuild.gating.reports import selection as gate_selection
-from ortbuild.gating.search import tune_search
-from ortbuild.gating.search.base import Budget
+from ortbuild.gating.search.base import TUNE_SECONDS, Budget
 from ortbuild.project import config
 
 if TYPE_CHECKING:  # what add_subparsers returns: each family's add_<command> adds to it
@@ -159,7 +158,7 @@ def add_budget(sp: argparse.ArgumentParser, tune_help: str = TUNE_HELP) -> None:
                          "(default: %(default)s)")
     sp.add_argument("--explain-seconds", type=float, default=300.0,
                     help="seconds per precision search (default: %(default)s)")
-    sp.add_argument("--tune-seconds", type=float, default=tune_search.DEFAULT_SECONDS, help=tune_help)
+    sp.add_argument("--tune-seconds", type=float, default=TUNE_SECONDS, help=tune_help)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ G = TypeVar("G", contravariant=True)  # what it starts from
 T = TypeVar("T")
 
 
+TUNE_SECONDS = 120.0  # the tuning search's default budget per job (`--tune-seconds`)
+
+
 @dataclass(frozen=True)
 class Budget:
     """What one search may spend: rebuilds (None: as many as its seconds allow) and seconds."""

@@ -35,7 +35,6 @@ from ortbuild.gating.measure import sampling as latency
 from ortbuild.project import lock_entry
 from ortbuild.project.plan import Job
 
-DEFAULT_SECONDS = 120.0      # per job (`ortbuild tune --seconds`)
 SPINNING = "session.intra_op.allow_spinning"
 BLOCK_BASE = "session.dynamic_block_base"
 BLOCK_BASES = ("4",)         # ORT's suggested start for dynamic block sizing
