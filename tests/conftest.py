@@ -190,3 +190,54 @@ def llm() -> Path:
     from tests.genmodels import example_llm
 
     return example_llm()
+
+
+# The `runtime` mark says a test's outcome depends on the installed ONNX Runtime flavor: `nox -s tests-openvino`
+# runs those tests (and only those) again inside the OpenVINO flavor. Checked on every run: a marked test that
+# opened no ONNX Runtime session, asked it (or ortbuild's probe) for no provider and started no process (which may:
+# a loader, `python -m ortbuild`), neither in its body nor in a fixture it uses (a module's build), fails, saying so.
+_TOUCHES = [0]               # sessions opened, provider lists asked and processes started in this process so far
+_TOUCHING: set[int] = set()  # the fixture definitions whose setup did either
+
+
+def _counted(owner: object, name: str) -> None:
+    real = getattr(owner, name)
+
+    def counting(*args: object, **kwargs: object) -> object:
+        _TOUCHES[0] += 1
+        return real(*args, **kwargs)
+
+    setattr(owner, name, counting)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import onnxruntime
+
+    from ortbuild import runtime
+
+    for owner, name in ((onnxruntime.InferenceSession, "__init__"), (onnxruntime, "get_available_providers"),
+                        (runtime, "probe_provider"), (subprocess.Popen, "__init__")):
+        _counted(owner, name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest) -> object:
+    before = _TOUCHES[0]
+    try:
+        return (yield)
+    finally:
+        if _TOUCHES[0] > before:
+            _TOUCHING.add(id(fixturedef))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    before = _TOUCHES[0]
+    result = yield
+    mark = item.get_closest_marker("runtime")
+    defs = item._fixtureinfo.name2fixturedefs.values() if mark and isinstance(item, pytest.Function) else ()
+    if mark and _TOUCHES[0] == before and not any(id(d) in _TOUCHING for ds in defs for d in ds):
+        pytest.fail(f"{item.nodeid} is marked `runtime` but opened no ONNX Runtime session, asked it for no "
+                    "provider and started no process (nor did a fixture it uses): its outcome cannot depend on the "
+                    "flavor; remove the mark", pytrace=False)
+    return result

@@ -20,8 +20,6 @@ from ortbuild.gating.measure import compare
 from ortbuild.project import config, plan
 from tests.conftest import MODELS, run_cli
 
-pytestmark = pytest.mark.runtime
-
 
 @pytest.mark.parametrize("x, up", [(5.46521e-05, 5.5e-05), (0.000282011, 0.00029), (0.499981, 0.5), (0.5, 0.5),
                                    (2.62205, 2.7), (123.4, 130.0), (0.0, 0.0), (1e-30, 1e-30)])
@@ -48,6 +46,7 @@ def _test(path: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.runtime
 def test_a_failed_fp32_gate_prints_the_override_that_accepts_it_and_pasting_it_passes(
         make_project: Callable[..., Path]) -> None:
     path = make_project("""
@@ -92,6 +91,7 @@ def _two_outputs(path: Path) -> None:
 
 
 @pytest.mark.parametrize("level", ["basic", "all"])
+@pytest.mark.runtime
 def test_only_the_failing_output_is_loosened_by_its_own_table(tmp_path: Path, level: str) -> None:
     from tests.conftest import here_runtime
 

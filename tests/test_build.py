@@ -19,7 +19,6 @@ from ortbuild.status import JobFinished, JobStatus
 BUILT, FAILED, PORTABLE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.PORTABLE
 SKIPPED, UP_TO_DATE = JobStatus.SKIPPED, JobStatus.UP_TO_DATE
 
-pytestmark = pytest.mark.runtime  # runs in every flavor's venv (nox: tests, tests-openvino)
 
 TWO_TARGETS = """
     [targets.fp32]
@@ -38,6 +37,7 @@ def build(path: Path, dist: Path, force: bool = False, **sel: list[str]) -> list
                    progress=lambda job, msg: None).run(plan.jobs(project, **sel))
 
 
+@pytest.mark.runtime
 def test_build_publishes_artifact_and_manifest(make_project: Callable[..., Path], tmp_path: Path) -> None:
     results = build(make_project(TWO_TARGETS, models=("tiny_cnn", "tiny_lstm")), tmp_path / "dist")
     assert [(r.target, r.model, r.status) for r in results] == [
@@ -56,6 +56,7 @@ def test_build_publishes_artifact_and_manifest(make_project: Callable[..., Path]
     assert doc["optimization"]["requested"] == "all"
 
 
+@pytest.mark.runtime
 def test_unchanged_jobs_are_reused_and_changes_rebuild(make_project: Callable[..., Path], tmp_path: Path) -> None:
     path = make_project(TWO_TARGETS)
     dist = tmp_path / "dist"
@@ -70,6 +71,7 @@ def test_unchanged_jobs_are_reused_and_changes_rebuild(make_project: Callable[..
     assert (dist / "fp32" / "tiny_cnn" / "model.onnx.enc").read_bytes() == b"tampered"
 
 
+@pytest.mark.runtime
 def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path], tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
@@ -83,6 +85,7 @@ def test_reproducible_under_source_date_epoch(make_project: Callable[..., Path],
             assert a == (tmp_path / "b" / t / "tiny_transformer" / name).read_bytes(), (t, name)
 
 
+@pytest.mark.runtime
 def test_a_failing_job_names_its_step_and_publishes_nothing(make_project: Callable[..., Path],
                                                             tmp_path: Path) -> None:
     path = make_project(TWO_TARGETS, models=("tiny_cnn", "tiny_lstm"))
@@ -132,6 +135,7 @@ def test_other_runtime_is_skipped_with_the_nox_command(make_project: Callable[..
     assert "nox -s 'build(gpu)'" in res.reason and not (tmp_path / "dist").exists()
 
 
+@pytest.mark.runtime
 def test_absent_provider_builds_portable(absent_provider_project: Path, tmp_path: Path) -> None:
     path = absent_provider_project
     res = build(path, tmp_path / "dist")[0]
@@ -141,6 +145,7 @@ def test_absent_provider_builds_portable(absent_provider_project: Path, tmp_path
     assert doc["optimization"]["portable"] and "CoreMLExecutionProvider" in doc["missing_providers"]
 
 
+@pytest.mark.runtime
 def test_nothing_is_written_outside_dist_and_the_private_temp_dir(make_project: Callable[..., Path],
                                                                   tmp_path: Path) -> None:
     """ORT's symbolic shape inference dumps models into the CWD when it fails (it does on the transformer)."""
@@ -186,6 +191,7 @@ def test_names_the_tools_would_ignore_are_config_errors(make_project: Callable[.
     assert expect in res.error.message and res.error.exit_code == 3
 
 
+@pytest.mark.runtime
 def test_touching_calibration_data_rebuilds_only_that_models_int8_static_artifacts(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
     import contextlib
@@ -245,6 +251,7 @@ def test_the_build_key_names_each_input_so_a_runtime_change_rebuilds_only_its_ta
     assert d == a  # an fp32 job does not depend on calibration data
 
 
+@pytest.mark.runtime
 def test_parallel_builds_equal_serial_ones_and_a_failing_job_hides_nothing(make_project: Callable[..., Path],
                                                                            tmp_path: Path) -> None:
     path = make_project(TWO_TARGETS + """
@@ -267,6 +274,7 @@ def test_parallel_builds_equal_serial_ones_and_a_failing_job_hides_nothing(make_
     assert results[1] == results[2]
 
 
+@pytest.mark.runtime
 def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that_its_loader_refuses(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
     """The plugin EP end to end. Where it offers a CPU device (Intel): an EPContext artifact whose manifest says
@@ -310,6 +318,7 @@ def test_openvino_plugin_target_ships_a_compiled_artifact_or_a_portable_one_that
     assert tree["compiled"] is None and any("compiled no node" in n for n in tree["notes"])
 
 
+@pytest.mark.runtime
 def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
     import contextlib
@@ -365,6 +374,7 @@ def test_an_external_data_model_is_hashed_signed_gated_and_rebuilt_by_every_file
         ("int8", "mlp", BUILT)]
 
 
+@pytest.mark.runtime
 def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_external_data_build(
         tmp_path: Path) -> None:
     import os
@@ -414,6 +424,7 @@ def test_no_plaintext_weight_bytes_outside_the_private_dir_during_or_after_an_ex
     assert not left, left  # no private dir of this build survives it
 
 
+@pytest.mark.runtime
 def test_an_unencrypted_target_publishes_the_plain_model_signed(make_project: Callable[..., Path],
                                                                 tmp_path: Path) -> None:
     import hashlib
@@ -431,6 +442,7 @@ def test_an_unencrypted_target_publishes_the_plain_model_signed(make_project: Ca
     assert [r.status for r in build(path, dist)] == [UP_TO_DATE]
 
 
+@pytest.mark.runtime
 def test_inputs_the_model_cannot_run_fail_the_reload_naming_the_inputs_file_and_shapes(tmp_path: Path) -> None:
     """PaddleOCR's text detector on a 300x300 image: its feature maps are added back up at every 1/2 scale, so the
     sides must be multiples of 32; `plan` accepts the free dimensions, ONNX Runtime fails at the first run."""
@@ -475,6 +487,7 @@ providers = ["CPUExecutionProvider"]
     ("test", 'up to date (unchanged build key; to rebuild it: ortbuild build --force -t fp32 -m tiny_cnn, or '
              'nox -s "build(fp32)" -- --force -m tiny_cnn)'),
 ])
+@pytest.mark.runtime
 def test_an_up_to_date_job_says_how_to_rebuild_it_from_the_command_that_built(
         make_project: Callable[..., Path], tmp_path: Path, command: str, says: str) -> None:
     """`ortbuild test` and `profile` have no --force: they name the build that rebuilds."""

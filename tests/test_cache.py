@@ -22,8 +22,6 @@ from ortbuild.pipeline import cache
 from tests.conftest import here_runtime, model_table
 from tests.test_registry import oci  # noqa: F401  (a module fixture: docker-registry on loopback)
 
-pytestmark = pytest.mark.runtime
-
 TARGETS = """
 [targets.cpu]
 runtime = "RUNTIME"

@@ -21,7 +21,6 @@ from onnx import helper as h
 from ortbuild.artifact import loaders
 from tests.conftest import here_runtime, run_cli
 
-pytestmark = pytest.mark.runtime
 EXTENSIONS = "onnxruntime-extensions==0.15.2"
 ext = pytest.importorskip("onnxruntime_extensions", reason=f"nox installs {EXTENSIONS} in the test sessions")
 
@@ -79,6 +78,7 @@ print(json.dumps({{"out": model.run({{"x": x}})["out"].tolist(), "modules": mods
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.runtime
 def test_a_model_with_an_extensions_operator_builds_tests_and_loads(tmp_path: Path) -> None:
     expected = contrib_model(tmp_path)
     path = _project(tmp_path)
@@ -112,6 +112,7 @@ def test_a_model_with_an_extensions_operator_builds_tests_and_loads(tmp_path: Pa
     assert "Inverse" in {r["op_type"] for r in json.loads(prof.stdout)["results"][0]["operators"]}
 
 
+@pytest.mark.runtime
 def test_without_the_library_the_model_does_not_load(tmp_path: Path) -> None:
     contrib_model(tmp_path)
     proc = run_cli("build", "-c", str(_project(tmp_path, "[]")))
@@ -119,6 +120,7 @@ def test_without_the_library_the_model_does_not_load(tmp_path: Path) -> None:
     assert "Inverse" in proc.stderr and "not a registered function/op" in proc.stderr
 
 
+@pytest.mark.runtime
 def test_a_library_path_ships_beside_the_artifact_pinned_by_sha256(tmp_path: Path) -> None:
     expected = contrib_model(tmp_path)
     (tmp_path / "libs").mkdir()

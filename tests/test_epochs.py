@@ -19,7 +19,6 @@ from ortbuild.errors import ArtifactError, RolledBack, UsageError
 from ortbuild.publish import deploy, epochs
 from tests.test_release import SIGNER, cli, make_project, public_key_file
 
-pytestmark = pytest.mark.runtime
 MODELS = ("breast_cancer_gb", "tiny_cnn")
 
 

@@ -22,8 +22,6 @@ from ortbuild.project import config
 from ortbuild.project.plan import Job
 from tests.conftest import here_runtime, run_cli
 
-pytestmark = pytest.mark.runtime
-
 
 def fragile_model(folder: Path) -> None:
     """y = (relu(x W1 + b1) W2 + 1000.37) - 1000: fp16 stores 1000.37 as 1000.5, and the Add's output has a
@@ -69,6 +67,7 @@ optimization = "basic"
     return path
 
 
+@pytest.mark.runtime
 def test_the_printed_override_pasted_into_targets_toml_makes_the_gate_pass(tmp_path: Path) -> None:
     path = _project(tmp_path)
     proc = run_cli("test", "-c", str(path), "-v")  # a failing accuracy gate is explained without being asked
@@ -95,6 +94,7 @@ def test_the_printed_override_pasted_into_targets_toml_makes_the_gate_pass(tmp_p
     assert "1 PASS, 0 FAIL" in proc.stdout and "explain cpu-fp16" not in proc.stdout
 
 
+@pytest.mark.runtime
 def test_no_explain_and_the_bounds(tmp_path: Path) -> None:
     path = _project(tmp_path)
     proc = run_cli("test", "-c", str(path), "--no-explain")
@@ -106,6 +106,7 @@ def test_no_explain_and_the_bounds(tmp_path: Path) -> None:
     assert run_cli("test", "-c", str(path), "--explain-rebuilds", "0").returncode == 2
 
 
+@pytest.mark.runtime
 def test_explain_on_request_of_a_passing_target_shows_the_layers(tmp_path: Path) -> None:
     path = _project(tmp_path, 'fp16 = { node_block_list = ["shift"] }\n')
     proc = run_cli("test", "-c", str(path), "--explain")
@@ -114,6 +115,7 @@ def test_explain_on_request_of_a_passing_target_shows_the_layers(tmp_path: Path)
     assert "rebuild" not in proc.stdout
 
 
+@pytest.mark.runtime
 def test_layerwise_error_points_at_where_the_error_shows(tmp_path: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -216,6 +218,7 @@ def test_the_override_checks_when_the_target_inherits_an_override_for_the_model(
         bisect.check_override(project, job, text + "latency = { p50_ms = 1500 }\n", tested)
 
 
+@pytest.mark.runtime
 def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_path: Path) -> None:
     """QDQ folds each Relu into its Conv, which then writes the Relu's output name before the activation:
     comparing that tensor with the fp32 Relu output would blame the Relu for the activation itself."""
@@ -249,6 +252,7 @@ def test_layerwise_error_skips_tensors_the_quantizer_handed_to_another_node(tmp_
     assert flatten is not None and flatten == proxy.predict([])
 
 
+@pytest.mark.runtime
 def test_a_model_past_protobufs_limit_is_not_searched_and_says_why(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,6 +267,7 @@ def test_a_model_past_protobufs_limit_is_not_searched_and_says_why(tmp_path: Pat
     assert doc["status"] == "FAIL" and doc["explain"]["status"] == "not run"
 
 
+@pytest.mark.runtime
 def test_a_failing_diagnosis_changes_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from ortbuild import cli
@@ -336,6 +341,7 @@ def _job(path: Path) -> Job:
     return plan.jobs(config.load(path))[0]
 
 
+@pytest.mark.runtime
 def test_candidates_are_the_nodes_the_quantizer_changed(tmp_path: Path) -> None:
     an = explain.analyse(_job(_emb_project(tmp_path)))
     # not the shape path the pre-processing folded (Shape, Gather, Constant, Concat), nor the float Add and Relu
@@ -347,6 +353,7 @@ def test_candidates_are_the_nodes_the_quantizer_changed(tmp_path: Path) -> None:
     assert [x.node for x in an.layers] == ["fc"]
 
 
+@pytest.mark.runtime
 def test_a_node_the_pre_processing_renamed_is_reported_not_searched(tmp_path: Path) -> None:
     an = explain.analyse(_job(_emb_project(tmp_path, bias=True)))  # MatMul + Add fused: a new node name
     assert [x.node for x in an.layers] == ["embed"]
@@ -358,6 +365,7 @@ def test_a_node_the_pre_processing_renamed_is_reported_not_searched(tmp_path: Pa
     assert sorted(x.node for x in an.layers) == ["embed", "fc"] and not an.renamed
 
 
+@pytest.mark.runtime
 def test_a_prediction_is_the_build_with_those_nodes_in_float(tmp_path: Path) -> None:
     from onnxruntime import InferenceSession
 
@@ -471,6 +479,7 @@ def test_tables_never_show_none() -> None:
     assert "accuracy - (-), size 0.0 KB (0.00x the source, -), latency p50 - (no budget)" in text
 
 
+@pytest.mark.runtime
 def test_int8_search_rebuilds_once_and_the_pasted_override_passes(tmp_path: Path) -> None:
     path = _emb_project(tmp_path)
     proc = run_cli("test", "-c", str(path))
@@ -491,6 +500,7 @@ def test_int8_search_rebuilds_once_and_the_pasted_override_passes(tmp_path: Path
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.runtime
 def test_the_search_announces_each_rebuild_and_keeps_what_ort_says_in_its_log(tmp_path: Path) -> None:
     """The search quantizes and opens sessions outside the gates: ORT's C++ warnings there (its graph cleanup
     removing the model's unused initializer `b`) go to dist/logs/<target>/<model>.explain.log, counted in the
@@ -563,6 +573,7 @@ accuracy = {{ cosine = 0.999 }}
     return path
 
 
+@pytest.mark.runtime
 def test_candidates_inside_if_branches_are_found_ranked_and_those_not_run_set_aside(tmp_path: Path) -> None:
     an = explain.analyse(_job(_if_project(tmp_path)))
     layers = {x.node: x for x in an.layers}
@@ -579,6 +590,7 @@ def test_candidates_inside_if_branches_are_found_ranked_and_those_not_run_set_as
     assert proxy.predict(["pre"]) is not None and proxy.predict(["then_fc"]) is None
 
 
+@pytest.mark.runtime
 def test_the_search_keeps_a_node_inside_an_if_branch_in_float_and_the_pasted_override_passes(tmp_path: Path) -> None:
     path = _if_project(tmp_path)
     proc = run_cli("test", "-c", str(path))

@@ -31,7 +31,6 @@ from tests.conftest import MODELS, REPO, TEST_KEY, here_runtime
 
 BUILT, FAILED, UP_TO_DATE = JobStatus.BUILT, JobStatus.FAILED, JobStatus.UP_TO_DATE
 
-pytestmark = pytest.mark.runtime
 
 TRANSFORMER = MODELS / "tiny_transformer.onnx"
 
@@ -150,6 +149,7 @@ def test_fused_op_types_are_op_types_only_with_fusion_on() -> None:
 
 # ------------------------------------------------------------------------------------------------ builds
 
+@pytest.mark.runtime
 def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds_on_change(
         make_project: Callable[..., Path], tmp_path: Path) -> None:
     from ortbuild.gating.record import TestResult
@@ -195,6 +195,7 @@ def test_a_fused_build_records_what_it_fused_passes_the_golden_test_and_rebuilds
     assert manifest_of(dist, "fused")["fusion"]["num_heads"] == 4
 
 
+@pytest.mark.runtime
 def test_the_documented_example_builds_and_says_what_the_docs_say(tmp_path: Path) -> None:
     doc = (REPO / "docs" / "targets.md").read_text().split("## Transformer fusion", 1)[1].split("\n## ", 1)[0]
     (toml,) = [b for b in re.findall(r"```toml\n(.*?)```", doc, flags=re.S) if "[project]" in b]
@@ -208,6 +209,7 @@ def test_the_documented_example_builds_and_says_what_the_docs_say(tmp_path: Path
     assert manifest_of(tmp_path / "dist", "cpu-fused-int8")["precision"]["name"] == "int8-dynamic"
 
 
+@pytest.mark.runtime
 def test_a_model_type_that_fuses_nothing_is_noted_and_the_source_kept(make_project: Callable[..., Path],
                                                                        tmp_path: Path) -> None:
     path = make_project('''
@@ -233,6 +235,7 @@ def test_a_node_name_the_fusion_removed_is_a_config_error(make_project: Callable
     assert "node 'Erf_101' of model 'tiny_transformer' was fused into another node by fusion 'bert'" in res.reason
 
 
+@pytest.mark.runtime
 def test_an_external_data_model_is_fused_with_external_data(make_project: Callable[..., Path], tmp_path: Path) -> None:
     src = tmp_path / "models" / "tiny_transformer.onnx"
     src.parent.mkdir()

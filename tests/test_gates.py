@@ -28,8 +28,6 @@ from ortbuild.artifact import golden
 from ortbuild.gating.reports import report
 from tests.conftest import CHROMIUM, CHROMIUM_INSTALL, CHROMIUM_VAR, MODELS, here_runtime, run_cli, tool
 
-pytestmark = pytest.mark.runtime
-
 
 def _inflatable(path: Path) -> None:
     """A MatMul whose weight is stored int8 and expanded in the graph (Cast, Mul): folding makes it fp32."""
@@ -130,6 +128,7 @@ models = ["inflated"]
     return root, proc
 
 
+@pytest.mark.runtime
 def test_each_bad_artifact_fails_its_gate_and_only_that_one(gated: tuple[Path, Any]) -> None:
     _, proc = gated
     assert proc.returncode == 9, proc.stderr[-3000:]
@@ -143,6 +142,7 @@ def test_each_bad_artifact_fails_its_gate_and_only_that_one(gated: tuple[Path, A
     assert failed_gates["folded/inflated"] == ("PASS", "PASS", "FAIL")
 
 
+@pytest.mark.runtime
 def test_failure_reports_name_exactly_what_failed(gated: tuple[Path, Any]) -> None:
     _, proc = gated
     res = _results(proc)
@@ -162,6 +162,7 @@ def test_failure_reports_name_exactly_what_failed(gated: tuple[Path, Any]) -> No
         assert f"-t {r['target']} -m {r['model']}" in r["reproduce"]
 
 
+@pytest.mark.runtime
 def test_auto_constant_folding_avoids_the_inflation_and_says_so(gated: tuple[Path, Any]) -> None:
     root, _ = gated
     auto = json.loads((root / "dist/auto/inflated/manifest.json").read_text())
@@ -173,6 +174,7 @@ def test_auto_constant_folding_avoids_the_inflation_and_says_so(gated: tuple[Pat
     assert folded["artifact"]["size_ratio"] > 3.5
 
 
+@pytest.mark.runtime
 def test_latency_method_is_recorded(gated: tuple[Path, Any]) -> None:
     res = _results(gated[1])
     lat = res["ok/cnn"]["latency"]
@@ -190,6 +192,7 @@ def test_latency_method_is_recorded(gated: tuple[Path, Any]) -> None:
     assert {"cpu", "isa_flags", "load_average", "onnxruntime", "cpus"} <= set(env)
 
 
+@pytest.mark.runtime
 def test_golden_data_is_stored_in_the_onnx_layout(gated: tuple[Path, Any]) -> None:
     folder = gated[0] / "dist/ok/cnn/golden"
     meta = json.loads((folder / "golden.json").read_text())
@@ -202,6 +205,7 @@ def test_golden_data_is_stored_in_the_onnx_layout(gated: tuple[Path, Any]) -> No
     assert set(meta["files"]) == {"test_data_set_0/input_0.pb", "test_data_set_0/output_0.pb"}
 
 
+@pytest.mark.runtime
 def test_reports_gather_every_result(gated: tuple[Path, Any]) -> None:
     root, proc = gated
     doc = json.loads((root / "dist" / report.REPORT_JSON).read_text())
@@ -210,6 +214,7 @@ def test_reports_gather_every_result(gated: tuple[Path, Any]) -> None:
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # offline
 
 
+@pytest.mark.runtime
 def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_path: Path) -> None:
     chromium = tool(*CHROMIUM, var=CHROMIUM_VAR, install=CHROMIUM_INSTALL)
     # the report again, against a baseline in which ok/cnn had failed: each row's change is shown
@@ -237,6 +242,7 @@ def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_p
         assert (np.abs(pixels - rgb).sum(axis=1) < 12).sum() > 200, name
 
 
+@pytest.mark.runtime
 def test_zipmap_sequence_of_maps_and_several_data_sets(tmp_path: Path) -> None:
     from onnx import numpy_helper as nh
     from skl2onnx import to_onnx
@@ -289,6 +295,7 @@ latency = {{ min_seconds = 0.1 }}
     assert "output 'output_label' (test_data_set_2): exact 1 of 5 elements differ; first at [3]" in fail
 
 
+@pytest.mark.runtime
 def test_a_target_that_cannot_run_here_is_skipped_unless_required(absent_provider_project: Path) -> None:
     root = absent_provider_project.parent
     proc = run_cli("test", "--json", cwd=root)
@@ -316,6 +323,7 @@ def _batch_model(root: Path) -> None:
         (d / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
 
 
+@pytest.mark.runtime
 def test_each_data_set_is_timed_against_its_own_budgets_from_one_build(tmp_path: Path) -> None:
     _batch_model(tmp_path)
     toml = f"""
@@ -435,6 +443,7 @@ def test_a_relative_fail_names_both_medians_and_the_ratio() -> None:
     assert [a["verdicts"]["relative"] for a in entry["attempts"]] == ["FAIL", "FAIL"]
 
 
+@pytest.mark.runtime
 def test_a_near_constant_golden_output_passes_with_a_warning_everywhere_it_is_said(tmp_path: Path) -> None:
     """Random noise fed to PaddleOCR's text detector: its probability map is all but zero (max 4.8e-5), so any
     artifact would pass; the verdict stays PASS and every place that shows it says so."""
@@ -473,6 +482,7 @@ latency = {{ min_seconds = 0.1 }}
     assert said in summary.stdout  # nox's last session prints this table
 
 
+@pytest.mark.runtime
 def test_real_golden_outputs_carry_no_warning(gated: tuple[Path, Any]) -> None:
     _, proc = gated
     assert all("warnings" not in r["golden"] for r in _results(proc).values())

@@ -496,7 +496,6 @@ def dev_tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.runtime
 def test_release_refuses_development_keys_unless_allowed(dev_tested: Path, tmp_path: Path) -> None:
     from tests.test_release import cli
 
@@ -525,7 +524,6 @@ def test_release_refuses_development_keys_unless_allowed(dev_tested: Path, tmp_p
     assert '"warnings": [\n    "released with DEVELOPMENT keys' in proc.stdout
 
 
-@pytest.mark.runtime
 def test_the_verify_command_release_prints_works_from_anywhere(dev_tested: Path, tmp_path: Path) -> None:
     """The signing key from a file with signing.pub beside it: the command names that signing.pub by its full
     path, and run as printed, from another directory, with no key in the environment but the decryption key,

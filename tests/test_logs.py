@@ -87,7 +87,6 @@ def test_live_rows_are_text_not_markup() -> None:
     assert "['CPUExecutionProvider'] [bold]x[/]" in text and "cpu/m" in text
 
 
-@pytest.mark.runtime
 def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..., Path], tmp_path: Path) -> None:
     """The int4 quantizer logs a line per node; ORT warns; none of it reaches the terminal without -v."""
     path = make_project("""
@@ -113,7 +112,6 @@ def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..
     assert loud.stderr.count("[int4/tiny_transformer]") > 3  # and every step
 
 
-@pytest.mark.runtime
 def test_summary_gathers_every_target(make_project: Callable[..., Path], tmp_path: Path) -> None:
     path = make_project("""
         [targets.a]
@@ -140,7 +138,6 @@ def test_summary_gathers_every_target(make_project: Callable[..., Path], tmp_pat
     assert "2 PASS" in proc.stdout and str(tmp_path / "dist" / "report.html") in proc.stdout
 
 
-@pytest.mark.runtime
 def test_quick_mode_states_its_confidence_and_release_refuses_it(make_project: Callable[..., Path],
                                                                  tmp_path: Path) -> None:
     path = make_project("""

@@ -29,8 +29,6 @@ from tests.test_openssf import model_signing  # noqa: F401  (a session fixture: 
 from tests.test_registry import oci  # noqa: F401  (a module fixture)
 from tests.test_release import SIGNER, cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
-pytestmark = pytest.mark.runtime
-
 # The spec's strings and rules, written out here (never imported from the module under test)
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"

@@ -23,8 +23,6 @@ from ortbuild.publish import registry
 from tests.test_cache import build, project, statuses
 from tests.test_release import public_key_file
 
-pytestmark = pytest.mark.runtime
-
 DEADLINE = 2.5           # seconds (ORTBUILD_REGISTRY_DEADLINE): every run below must end within 4x this
 TRICKLE_FOR = 40.0       # the slow server gives up after this (so that code without a deadline fails, not hangs)
 JUNK_LIMIT = 128 << 20   # what the junk server sends at most
@@ -199,6 +197,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Server]]:
         tcp.server_close()
 
 
+@pytest.mark.runtime
 def test_a_stalled_registry_is_a_warning_naming_it_and_the_build_asks_it_nothing_more(
         tmp_path: Path, serve: Callable[[str], Server]) -> None:
     server = serve("trickle")

@@ -233,7 +233,6 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.runtime
 def test_release_writes_model_sig_and_verify_takes_either_public_key(released: Path, tmp_path: Path) -> None:  # noqa: F811
     folder, pub = _release_copy(released, tmp_path)
     assert oct((folder / "model.sig").stat().st_mode & 0o777) == "0o644"
@@ -255,7 +254,6 @@ def test_release_writes_model_sig_and_verify_takes_either_public_key(released: P
     assert missing.returncode == 7 and "model.sig: missing" in missing.stderr and "signing.pub" in missing.stderr
 
 
-@pytest.mark.runtime
 def test_a_changed_sums_file_is_named_against_model_sig(released: Path, tmp_path: Path) -> None:  # noqa: F811
     folder, pub = _release_copy(released, tmp_path)
     (folder / "SHA256SUMS").write_bytes((folder / "SHA256SUMS").read_bytes() + b"\n")
@@ -263,7 +261,6 @@ def test_a_changed_sums_file_is_named_against_model_sig(released: Path, tmp_path
     assert proc.returncode == 7 and "SHA256SUMS: sha256 differs from" in proc.stderr and "model.sig" in proc.stderr
 
 
-@pytest.mark.runtime
 def test_pull_places_a_release_verified_with_model_signing_pub(released: Path, tmp_path: Path) -> None:  # noqa: F811
     folder, pub = _release_copy(released, tmp_path)
     key = keys.release_public_key(pub)
@@ -306,7 +303,6 @@ def _upstream_verify(exe: Path, folder: Path, pub: Path) -> subprocess.Completed
                            "--public_key", str(pub)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.runtime
 def test_upstream_model_signing_verifies_a_release_and_refuses_a_one_byte_change(
         model_signing: Path, released: Path, tmp_path: Path) -> None:  # noqa: F811
     folder, pub = _release_copy(released, tmp_path)
@@ -326,7 +322,6 @@ def test_upstream_model_signing_verifies_a_release_and_refuses_a_one_byte_change
     assert _upstream_verify(model_signing, folder, other).returncode != 0
 
 
-@pytest.mark.runtime
 def test_upstream_signing_lists_the_same_files_and_digests(
         model_signing: Path, released: Path, tmp_path: Path) -> None:  # noqa: F811
     """`model_signing sign key` over the release, with the derived key: the statement it writes has the resources
@@ -359,7 +354,6 @@ def test_the_docs_pin_the_versions_tested_here() -> None:
     assert f"pip install model-signing=={MODEL_SIGNING} pyopenssl=={PYOPENSSL}\n" in text
 
 
-@pytest.mark.runtime
 def test_release_prints_the_model_signing_command_and_it_verifies(
         model_signing: Path, tested: Path, tmp_path: Path) -> None:  # noqa: F811
     """The signing key from a file with keygen's model-signing.pub beside it: release prints the upstream command,

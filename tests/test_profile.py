@@ -14,8 +14,6 @@ from ortbuild import installed, runtime
 from ortbuild.gating.measure import profile
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.runtime
-
 
 def _event(cat: str, name: str, ts: int, dur: int, **args: str) -> dict[str, object]:
     return {"cat": cat, "name": name, "ts": ts, "dur": dur, "ph": "X", "args": args}
@@ -41,6 +39,7 @@ def test_summary_leaves_out_the_warm_up_and_lists_cpu_fallback() -> None:
         profile.summarize([], ["CPUExecutionProvider"])
 
 
+@pytest.mark.runtime
 def test_profile_writes_the_trace_and_top_operators_through_the_loader(make_project: Callable[..., Path]) -> None:
     path = make_project("""
         [targets.cpu]
@@ -80,6 +79,7 @@ def test_profile_writes_the_trace_and_top_operators_through_the_loader(make_proj
     assert not (folder / profile.SUMMARY).exists() and not (folder / profile.TRACE).exists()
 
 
+@pytest.mark.runtime
 def test_profile_of_a_target_that_cannot_run_here_is_skipped(absent_provider_project: Path) -> None:
     proc = run_cli("profile", "-c", str(absent_provider_project), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -91,6 +91,7 @@ def test_profile_of_a_target_that_cannot_run_here_is_skipped(absent_provider_pro
     assert run_cli("profile", "-c", str(absent_provider_project), "--runs", "0").returncode == 2
 
 
+@pytest.mark.runtime
 def test_profile_shows_cpu_fallback_of_openvino(make_project: Callable[..., Path]) -> None:
     """onnxruntime-openvino's EP takes no ONNX-ML tree ensemble: ORT runs it on the CPU provider, silently."""
     if runtime.provider_here("OpenVINOExecutionProvider") is not None or \

@@ -20,8 +20,6 @@ from ortbuild.publish import registry
 from tests.test_epochs import Releases, releases  # noqa: F401  (a module fixture)
 from tests.test_release import cli, public_key_file, released, tested  # noqa: F401  (module fixtures)
 
-pytestmark = pytest.mark.runtime
-
 
 def _free_port() -> int:
     with socket.socket() as s:

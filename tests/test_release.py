@@ -25,7 +25,6 @@ from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
 from ortbuild.publish import provenance, release, tarball, verify
 from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime, run_cli
 
-pytestmark = pytest.mark.runtime
 EPOCH = "1767225600"  # 2026-01-01
 PROJECT = """\
 [project]

@@ -21,8 +21,6 @@ from ortbuild.pipeline.steps import reload
 from ortbuild.status import JobStatus
 from tests.conftest import here_runtime, run_cli
 
-pytestmark = pytest.mark.runtime
-
 VOCAB, WIDTH, TOKENS = 64, 64, 16
 
 
@@ -138,6 +136,7 @@ def test_a_constant_where_the_source_varies_is_broken_and_a_constant_source_is_n
     assert reload.compare({"y": np.zeros(8, np.int64)}, {"y": np.arange(8)}) == []
 
 
+@pytest.mark.runtime
 def test_only_a_suspicious_output_runs_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nan_embedding_model(tmp_path)
     feed = dict(np.load(tmp_path / "nanemb.inputs.npz"))
@@ -170,6 +169,7 @@ def test_outputs_broken_is_a_step_error() -> None:
 
 # ----------------------------------------------------------------------------------------- real builds
 
+@pytest.mark.runtime
 def test_an_int8_artifact_whose_output_is_nan_fails_at_reload_and_publishes_nothing(tmp_path: Path) -> None:
     path = _project(tmp_path)
     proc = run_cli("build", "-c", str(path), "--json")
@@ -192,6 +192,7 @@ def test_an_int8_artifact_whose_output_is_nan_fails_at_reload_and_publishes_noth
     assert "Traceback" not in text.stdout + text.stderr
 
 
+@pytest.mark.runtime
 def test_the_job_result_carries_outputs_broken_and_a_repaired_candidate_builds(tmp_path: Path) -> None:
     """What the precision search's trial builds (gating/explain.py) and `precision_search = "auto"` see: the job's
     result FAILED with an OutputsBroken error (a broken candidate is a failed trial); `embed` kept in float
@@ -219,6 +220,7 @@ def test_a_constant_output_of_a_constant_source_still_builds(tmp_path: Path) -> 
     assert {j["status"] for j in json.loads(proc.stdout)["jobs"]} == {JobStatus.BUILT.value}
 
 
+@pytest.mark.runtime
 def test_test_reports_the_broken_build_and_searches_it(tmp_path: Path) -> None:
     """`ortbuild test`: the failed build is the job's FAIL, with its reason (no traceback), and the precision
     search runs for it as for a failing accuracy gate; its override, pasted, builds and passes."""

@@ -1,4 +1,4 @@
-"""What this environment can run. Marked `runtime`: nox runs these in every runtime flavor's venv."""
+"""What this environment can run. Those marked `runtime` run again in every runtime flavor's venv."""
 
 from __future__ import annotations
 
@@ -17,15 +17,14 @@ from ortbuild.status import JobStatus
 
 BUILT = JobStatus.BUILT
 
-pytestmark = pytest.mark.runtime
-
-
+@pytest.mark.runtime
 def test_one_flavor_is_installed_and_its_cpu_provider_works() -> None:
     flavor = installed.installed_flavor()
     assert flavor is not None and flavor.distribution in options.RUNTIMES
     assert runtime.probe_provider(Provider("CPUExecutionProvider")) is None
 
 
+@pytest.mark.runtime
 def test_a_provider_this_flavor_lacks_is_reported() -> None:
     reason = runtime.probe_provider(Provider("QNNExecutionProvider"))
     assert reason is not None and "QNNExecutionProvider is not in onnxruntime" in reason
@@ -43,6 +42,7 @@ def test_simd_level_names_the_vector_width() -> None:
     assert fp["simd_level"] == machine.simd_level() and set(fp["isa_flags"]) <= machine.cpu_flags()
 
 
+@pytest.mark.runtime
 def test_primary_provider_of_this_flavor_builds_and_runs(make_project: Callable[..., Path],
                                                          tmp_path: Path) -> None:
     """The flavor's own accelerator provider where it runs here (OpenVINO), else the CPU."""

@@ -12,8 +12,6 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from ortbuild.artifact import keys, loaders, manifest
 from ortbuild.gating import runner
 from ortbuild.gating.measure import sampling as latency
@@ -249,7 +247,6 @@ def parts(path: Path) -> tuple[config.Project, Builder, runner.Tester]:
         runner.Tester(project, dist, secrets.secret, str(path), quiet, secrets.signing)
 
 
-pytestmark = pytest.mark.runtime
 
 
 def test_tune_writes_a_lock_entry_the_next_build_applies(make_project: Callable[..., Path]) -> None:
