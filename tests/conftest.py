@@ -169,6 +169,25 @@ def run_process(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = No
                           text=True, timeout=600)
 
 
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A directory `make(dir)` fills once per test run, by whichever pytest-xdist worker asks first (the others
+    wait for it; a directory a failed `make` left is made again), copied for the caller: a module's tests may
+    change their copy. Modules that build the same project share one build this way."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    made, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(made, ignore_errors=True)
+            made.mkdir()
+            make(made)
+            done.touch()
+    copy = tmp_path_factory.mktemp(name) / name
+    shutil.copytree(made, copy, symlinks=True)
+    return copy
+
+
 @pytest.fixture
 def absent_provider_project(make_project: Callable[..., Path]) -> Path:
     """A target whose provider the runtime does not ship here: CoreML in the Linux onnxruntime wheel."""

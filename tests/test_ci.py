@@ -171,3 +171,13 @@ def test_the_workflow_parses_and_names_only_commands_that_exist() -> None:
                 else:
                     assert tool in KNOWN_TOOLS, f"{name}: unexpected command {tool!r}"
     assert seen["ortbuild"] >= 3 and seen["nox"] >= 2
+
+
+def test_every_module_with_e2e_or_slow_tests_says_what_they_cover() -> None:
+    """docs/testing.md lists, one line each, the modules whose tests `nox -s e2e` runs (and only those)."""
+    text = (REPO / "docs" / "testing.md").read_text()
+    section = text[text.index("### What `nox -s e2e` runs"):]
+    listed = set(re.findall(r"^- `(test_\w+\.py)`", section, flags=re.M))
+    marked = {p.name for p in (REPO / "tests").glob("test_*.py")
+              if re.search(r"pytest\.mark\.(e2e|slow)\b", p.read_text())}
+    assert listed == marked, f"listed, unmarked: {sorted(listed - marked)}; marked, unlisted: {sorted(marked - listed)}"

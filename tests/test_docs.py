@@ -136,7 +136,15 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize(("doc", "command"), _example_commands(), ids=lambda v: str(v)[:60])
+def _marked(doc: str, command: str) -> Any:
+    """testing.md's `ortbuild test --json > verdicts.json` builds and tests every target of the example project:
+    over 30 s, so it runs in `nox -s e2e` (marked slow)."""
+    return pytest.param(doc, command, marks=pytest.mark.slow) if command.startswith("ortbuild test --json") \
+        else (doc, command)
+
+
+@pytest.mark.parametrize(("doc", "command"), [_marked(d, c) for d, c in _example_commands()],
+                         ids=lambda v: str(v)[:60])
 def test_docs_command_runs(project: Path, doc: str, command: str) -> None:
     args = shlex.split(command)[1:]
     out = None

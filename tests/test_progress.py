@@ -109,6 +109,7 @@ def timed_lines(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_a_plain_pipe_run_of_test_never_goes_10_s_without_a_line(tmp_path: Path) -> None:
     path = _example_copy(tmp_path)
     cmd = [sys.executable, "-m", "ortbuild", "test", "-c", str(path), "-t", "cpu-fp32", "-t", "cpu-int8", "-t",

@@ -23,7 +23,7 @@ from ortbuild.artifact import keys, manifest_types, minisign
 from ortbuild.artifact.keys import SigningKey
 from ortbuild.errors import ArtifactError, GateFailed, OrtbuildError
 from ortbuild.publish import provenance, release, tarball, verify
-from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime, run_cli
+from tests.conftest import MODELS, TEST_SIGNING_SEED, here_runtime, run_cli, shared
 
 EPOCH = "1767225600"  # 2026-01-01
 PROJECT = """\
@@ -68,14 +68,17 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
     return run_cli(*args, cwd=cwd, env={**os.environ, "SOURCE_DATE_EPOCH": EPOCH, **(env or {})})
 
 
-@pytest.fixture(scope="module")
-def tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project whose two targets were built and tested: cpu passes, cpu-strict fails its accuracy gate."""
-    root = tmp_path_factory.mktemp("rel")
+def _tested(root: Path) -> None:
     make_project(root)
     proc = cli("test", "-j", "1", cwd=root)
     assert proc.returncode == 9, proc.stdout + proc.stderr  # cpu-strict fails, by design
-    return root
+
+
+@pytest.fixture(scope="module")
+def tested(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project whose two targets were built and tested: cpu passes, cpu-strict fails its accuracy gate (built
+    once per run, a copy per module: test_modelpack, test_openssf and test_registry use it too)."""
+    return shared(tmp_path_factory, "release-tested", _tested)
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +273,7 @@ def _check(folder: Path, public: bytes | EllipticCurvePublicKey = SIGNER.public_
 
 
 @pytest.mark.parametrize("key", ["signing.pub", "model-signing.pub"])
+@pytest.mark.slow
 def test_flipping_any_byte_of_any_published_file_fails_naming_the_file(released: Path, tmp_path: Path,
                                                                        key: str) -> None:
     """With signing.pub, every file SHA256SUMS.minisig covers (model.sig is checked with model-signing.pub:

@@ -53,6 +53,7 @@ def load_report(config: Path, target: str, model: str = "tiny_cnn") -> dict[str,
     return dict(doc["result"]["sections"])
 
 
+@pytest.mark.slow
 def test_scenarios_are_measured_judged_and_the_peak_found(make_project: Callable[..., Path]) -> None:
     config = make_project(TARGETS.replace("QPS", "100").replace("BUDGET", "1000"))
     r = run_cli("test", "-c", str(config), "-t", "cpu", "--find-peak")
@@ -309,6 +310,7 @@ def test_an_offline_batch_that_cannot_fit_in_memory_is_a_gate_error_before_it_is
     assert "GiB is available here" in r.stderr and "lower [latency.offline] batch or workers" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_small_batch_whose_calls_cannot_all_fit_is_sized_by_its_first_call(tmp_path: Path) -> None:
     """A batch of 32 (no larger than the probe) of a model whose output is 32 MiB a sample (an Expand): one call
     holds 1 GiB; 64 workers would need 63 GiB more. The first call is measured and the gate FAILs before the

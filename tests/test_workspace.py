@@ -176,6 +176,7 @@ def test_every_command_removes_dead_processes_private_dirs_as_it_starts(make_pro
 
 
 @pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.slow
 def test_concurrent_builds_with_different_settings_never_mismatch(make_project: Callable[..., Path], n: int) -> None:
     base = make_project(TARGETS, models=("tiny_cnn", "tiny_lstm"))
     text = base.read_text()
@@ -213,6 +214,7 @@ def test_lock_times_out_naming_the_holder_and_dead_holders_are_taken_over(make_p
     assert proc.returncode == 0 and f"took over the lock of pid {dead.pid}" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_manifest_is_tampered_and_only_repair_rebuilds_it(make_project: Callable[..., Path]) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
     assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True).returncode == 0

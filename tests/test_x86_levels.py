@@ -115,6 +115,7 @@ def _test(toml: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]
     return proc, rows
 
 
+@pytest.mark.slow
 def test_int8_that_saturates_on_avx2_fails_at_x86_64_v3_on_any_newer_cpu(make_project: Callable[..., Path]) -> None:
     """The LSTM with full 8-bit weights: cosine 0.9999 on AVX-512 VNNI's kernels, 0.900 on AVX2's u8s8 ones
     (vpmaddubsw saturates). A target at x86-64-v3 catches it on this machine, whatever its level (v3: natively;
