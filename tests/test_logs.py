@@ -100,7 +100,9 @@ def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..
     assert quiet.returncode == 0, quiet.stderr
     assert "matmul_nbits" not in quiet.stderr + quiet.stdout
     # two lines for the job: its build starting (a long phase, said on every stream) and its result
-    assert quiet.stderr.count("[int4/tiny_transformer]") == 2, quiet.stderr
+    said = [line for line in quiet.stderr.splitlines() if "[int4/tiny_transformer]" in line
+            and "] ... still " not in line]  # (a heartbeat where a phase runs long: a loaded machine)
+    assert len(said) == 2, quiet.stderr
     assert "[int4/tiny_transformer] building (no artifact yet)" in quiet.stderr
     record = json.loads((tmp_path / "dist" / "logs" / "int4" / "tiny_transformer.build.json").read_text())
     assert record["status"] == "built" and record["steps"]["precision"] > 0

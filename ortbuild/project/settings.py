@@ -287,8 +287,8 @@ class Target:
             "`onnxruntime-openvino==1.24.1`, `onnxruntime-gpu==1.31.1`; or an array of the flavor and the "
             "plugin execution providers it loads, e.g. `[\"onnxruntime==1.31.1\", "
             "\"onnxruntime-ep-openvino==1.8.1\"]` (one flavor per target). nox installs them into the "
-            "target's own virtualenv; `ortbuild build` refuses to build a target in an environment "
-            "whose flavor, plugins or versions do not match.")
+            "virtualenv of those requirements (targets that name the same share one); `ortbuild build` "
+            "refuses to build a target in an environment whose flavor, plugins or versions do not match.")
     custom_ops: tuple[CustomOps, ...] = setting(  # of the target and of all its models
         (), kind="strings", build="never", rebuilds="each of its jobs' settings hold the libraries",
         doc="Custom-operator libraries every model of this target needs, added to each model's `custom_ops` "
