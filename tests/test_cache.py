@@ -9,8 +9,6 @@ import base64
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 from ortbuild import cli
 from ortbuild.errors import Tampered
 from ortbuild.pipeline import cache
-from tests.conftest import here_runtime, model_table
+from tests.conftest import here_runtime, model_table, run_cli
 from tests.test_registry import oci  # noqa: F401  (a module fixture: docker-registry on loopback)
 
 TARGETS = """
@@ -378,8 +376,7 @@ def test_a_poisoned_entry_in_a_shared_directory_never_hangs_nor_fills_the_build(
         (entry / cache.ENTRY).write_text(json.dumps({**info, "files": [n for n in info["files"]
                                                                       if n != "manifest.json"]}))
     config = project(tmp_path / "b", targets=one)
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(config), "--cache", str(store),
-                           "--json"], capture_output=True, text=True, timeout=120)
+    proc = run_cli("build", "-c", str(config), "--cache", str(store), "--json")
     assert proc.returncode == 0, proc.stderr
     jobs = json.loads(proc.stdout)["jobs"]
     assert statuses(jobs) == {"cpu/tiny_cnn": "built"}

@@ -6,15 +6,13 @@ import base64
 import hashlib
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ortbuild.artifact import container, keygen, keys, pieces
 from ortbuild.errors import KeyMissing
-from tests.conftest import TEST_KEY
+from tests.conftest import TEST_KEY, run_cli
 
 KEK2 = bytes(range(100, 132))
 
@@ -89,8 +87,7 @@ def test_build_without_keys_fails_with_its_exit_code_and_the_fix(tmp_path: Path)
     from tests.conftest import REPO
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORTBUILD_")}
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-t", "cpu-fp32", "--dist", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli("build", "-t", "cpu-fp32", "--dist", str(tmp_path), cwd=REPO, env=env)
     assert proc.returncode == 8, proc.stderr
     assert "no signing key" in proc.stderr and "ortbuild keygen --out keys" in proc.stderr
     assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())

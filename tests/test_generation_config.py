@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -230,8 +228,7 @@ def test_building_a_generative_target_where_its_builder_is_missing_names_its_own
     if all(__import__("importlib").util.find_spec(m) for m in ("onnxruntime_genai", "torch", "transformers")):
         pytest.skip("this environment holds the model builder (tests/test_genai.py builds here)")
     path = _project(tmp_path, "[targets.llm]\n" + CPU + 'models = ["llm"]\n')
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(path)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli("build", "-c", str(path), cwd=tmp_path)
     assert proc.returncode == 4 and "Traceback" not in proc.stderr, proc.stderr
     assert "onnxruntime-genai==" in proc.stderr and "build-generative(llm)" in proc.stderr, proc.stderr
 

@@ -152,9 +152,8 @@ def test_a_fifo_key_file_is_refused_at_once_not_waited_on(made: dict[str, str], 
     fifo = _fifo(tmp_path / "encryption.key")
     env = {k: v for k, v in os.environ.items() if k not in KEY_VARS}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "rekey", str(tmp_path), "--old-key-file", str(fifo),
-                           "--new-key-file", made["encryption_key"], "--signing-key-file", made["signing_key"]],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = run_cli("rekey", str(tmp_path), "--old-key-file", str(fifo), "--new-key-file", made["encryption_key"],
+                   "--signing-key-file", made["signing_key"], env=env)
     assert proc.returncode == 8, proc.stderr
     assert f"{fifo}: cannot read the encryption key: a FIFO (named pipe), not a regular file" in proc.stderr
     assert "hint: give the key file itself (a regular file, mode 0600)" in proc.stderr
@@ -269,18 +268,16 @@ def test_the_cli_refuses_one_key_as_both_kinds_with_exit_8(made: dict[str, str],
     config = make_project('[targets.cpu]\nruntime = "RUNTIME"\nproviders = ["CPUExecutionProvider"]\n')
     env = {**{k: v for k, v in os.environ.items() if k not in KEY_VARS}, "ORTBUILD_KEY": B64["seed"],
            "ORTBUILD_SIGNING_KEY": B64["seed"]}
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(config), "-j", "1"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = run_cli("build", "-c", str(config), "-j", "1", env=env)
     assert proc.returncode == 8, proc.stdout + proc.stderr
     assert "the encryption key ($ORTBUILD_KEY) is the signing key ($ORTBUILD_SIGNING_KEY)" in proc.stderr
     assert not (tmp_path / "dist").exists()
     assert B64["seed"] not in proc.stdout + proc.stderr  # never the key itself
     seed = base64.b64decode(Path(made["signing_key"]).read_text().splitlines()[-1])
     same = _untyped(tmp_path / "new.key", seed)
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "rekey", str(tmp_path), "--old-key-file",
-                           made["encryption_key"], "--new-key-file", str(same), "--signing-key-file",
-                           made["signing_key"]], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+    proc = run_cli("rekey", str(tmp_path), "--old-key-file", made["encryption_key"], "--new-key-file", str(same),
+                   "--signing-key-file", made["signing_key"],
+                   env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
     assert proc.returncode == 8, proc.stderr
     assert f"the encryption key ({same}) is the signing key ({made['signing_key']})" in proc.stderr
 
@@ -446,18 +443,16 @@ def test_keygen_writes_model_signing_pub_the_derived_p256_key(made: dict[str, st
 def test_keygen_model_signing_pub_writes_only_that_file_for_the_configured_key(
         made: dict[str, str], no_key_env: None, tmp_path: Path) -> None:
     out = tmp_path / "published"
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "ORTBUILD_SIGNING_KEY_FILE": made["signing_key"]})
+    proc = run_cli("keygen", "--model-signing-pub", "--out", str(out),
+                   env={**os.environ, "ORTBUILD_SIGNING_KEY_FILE": made["signing_key"]})
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["model-signing.pub"]
     assert (out / "model-signing.pub").read_bytes() == Path(made["model_signing_public_key"]).read_bytes()
     assert f"wrote {out / 'model-signing.pub'}" in proc.stdout
     again = run_cli("keygen", "--model-signing-pub", "--out", str(out), "--signing-key-file", made["signing_key"])
     assert again.returncode == 8 and "exists: keygen never overwrites" in again.stderr, again.stderr
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "keygen", "--model-signing-pub", "--out",
-                           str(tmp_path / "none")], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
+    proc = run_cli("keygen", "--model-signing-pub", "--out", str(tmp_path / "none"),
+                   env={k: v for k, v in os.environ.items() if k not in KEY_VARS})
     assert proc.returncode == 8 and "--model-signing-pub needs the signing key" in proc.stderr, proc.stderr
     assert not (tmp_path / "none").exists()
     wrong = run_cli("keygen", "--out", str(tmp_path / "k2"), "--signing-key-file", made["signing_key"])

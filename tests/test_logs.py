@@ -7,8 +7,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +17,7 @@ from ortbuild import logs
 from ortbuild.paths import UnsafePath
 from ortbuild.pipeline.progress import Progress
 from ortbuild.status import JobFinished, JobStatus, Message, StepStarted
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli, run_process
 
 
 def test_capture_takes_native_python_and_logging_output(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -95,8 +93,8 @@ def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..
         providers = ["CPUExecutionProvider"]
         precision = "int4-weight"
     """, models=("tiny_transformer",))
-    base = [sys.executable, "-m", "ortbuild", "build", "-c", str(path), "--force", "-j", "1"]
-    quiet = subprocess.run(base, capture_output=True, text=True, cwd=REPO, timeout=600)
+    base = ["build", "-c", str(path), "--force", "-j", "1"]
+    quiet = run_process(*base, cwd=REPO)  # the third-party loggers as a fresh interpreter sets them up
     assert quiet.returncode == 0, quiet.stderr
     assert "matmul_nbits" not in quiet.stderr + quiet.stdout
     # two lines for the job: its build starting (a long phase, said on every stream) and its result
@@ -108,7 +106,7 @@ def test_a_build_is_quiet_and_keeps_its_log_and_record(make_project: Callable[..
     assert record["status"] == "built" and record["steps"]["precision"] > 0
     slowest = max(record["steps"], key=record["steps"].get)  # the precision step, or on a loaded machine the check
     assert "time (slowest step)" in quiet.stdout and f"({slowest} " in quiet.stdout, quiet.stdout
-    loud = subprocess.run([*base, "-v"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    loud = run_process(*base, "-v", cwd=REPO)
     assert loud.returncode == 0, loud.stderr
     assert "matmul_nbits_quantizer" in loud.stderr  # -v: the quantizer's own lines, as it runs
     assert loud.stderr.count("[int4/tiny_transformer]") > 3  # and every step
@@ -126,13 +124,11 @@ def test_summary_gathers_every_target(make_project: Callable[..., Path], tmp_pat
         optimization = "basic"
     """)
     for t in ("a", "b"):  # one run per target, as nox's sessions do
-        proc = subprocess.run([sys.executable, "-m", "ortbuild", "test", "-c", str(path), "-t", t, "--no-summary"],
-                              capture_output=True, text=True, cwd=REPO, timeout=600)
+        proc = run_cli("test", "-c", str(path), "-t", t, "--no-summary", cwd=REPO)
         assert proc.returncode == 0, proc.stderr
         assert "size (vs src/max)" not in proc.stdout  # no table: the summary prints it
     for what, header in (("build", "time (slowest step)"), ("test", "accuracy (worst)")):
-        proc = subprocess.run([sys.executable, "-m", "ortbuild", "summary", what, "-c", str(path)],
-                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        proc = run_cli("summary", what, "-c", str(path), cwd=REPO)
         assert proc.returncode == 0, proc.stderr
         rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("a ", "b "))]
         assert rows == [["a", "tiny_cnn"], ["b", "tiny_cnn"]], proc.stdout
@@ -148,18 +144,18 @@ def test_quick_mode_states_its_confidence_and_release_refuses_it(make_project: C
         providers = ["CPUExecutionProvider"]
         latency = { p90_ms = 1000, confidence = 0.99 }
     """)
-    test = [sys.executable, "-m", "ortbuild", "test", "-c", str(path), "--json"]
-    proc = subprocess.run([*test, "--quick"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    test = ["test", "-c", str(path), "--json"]
+    proc = run_cli(*test, "--quick", cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)["results"][0]
     assert r["quick"] is True and r["latency"]["confidence"] == 0.9 and r["latency"]["quick"] is True
-    release = [sys.executable, "-m", "ortbuild", "release", "-c", str(path), "--json"]
-    proc = subprocess.run(release, capture_output=True, text=True, cwd=REPO, timeout=600)
+    release = ["release", "-c", str(path), "--json"]
+    proc = run_cli(*release, cwd=REPO)
     assert proc.returncode == 9 and "tested with --quick (latency at 90% confidence)" in proc.stdout, proc.stdout
-    proc = subprocess.run(test, capture_output=True, text=True, cwd=REPO, timeout=600)  # the full sampling
+    proc = run_cli(*test, cwd=REPO)  # the full sampling
     r = json.loads(proc.stdout)["results"][0]
     assert proc.returncode == 0 and r["quick"] is False and r["latency"]["confidence"] == 0.99
-    proc = subprocess.run(release, capture_output=True, text=True, cwd=REPO, timeout=600)
+    proc = run_cli(*release, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

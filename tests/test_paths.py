@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 from ortbuild import paths
 from ortbuild.errors import ConfigError
 from ortbuild.project import config
-from tests.conftest import MODELS, here_runtime
+from tests.conftest import MODELS, here_runtime, run_cli
 
 ESCAPING = ["/tmp/x", "..", ".", "../../y", "a/b", "a\\b", "", " cpu", "-rf", ".hidden", "x" * 65, "nul\0byte",
             "café", "release", "report.json"]
@@ -37,8 +35,7 @@ runtime = "{here_runtime()}"
 providers = ["CPUExecutionProvider"]
 """)
     before = set(Path("/tmp").iterdir())
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(tmp_path / "targets.toml")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = run_cli("build", "-c", str(tmp_path / "targets.toml"), cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert "name" in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["targets.toml"]  # no dist/, no lock
