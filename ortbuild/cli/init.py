@@ -49,7 +49,7 @@ def cmd_init(o: InitOptions) -> int:
         print(f"  {note}")
     searched = any(s.precision_search == "auto" for t in project.targets.values() for s in t.settings.values())
     print(f"\n{len(project.models)} model(s), targets {', '.join(project.targets)}. Next:\n"
-          "  python -m nox -s test       # each target in its own virtualenv: build, then the release gates\n"
+          "  python -m nox -s test       # each target in its runtime's virtualenv: build, then the release gates\n"
           + ("  git add targets.lock        # what the build found (precision_search), if it wrote one: CI builds "
              "with --locked\n" if searched else "")
           + "  python -m nox -s release    # sign and bundle each tested target into dist/release/<target>/",
