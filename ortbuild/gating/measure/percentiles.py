@@ -14,6 +14,7 @@ ortbuild.gating.measure.sampling and ortbuild.gating.measure.engine.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -34,17 +35,28 @@ def _log_pmf(k: int, n: int, p: float) -> float:
             + k * math.log(p) + (n - k) * math.log1p(-p))
 
 
+@functools.lru_cache(maxsize=4096)
 def upper_rank(n: int, p: float, c: float) -> int | None:
     """The smallest k (1-based) whose order statistic x_(k) bounds the p-th percentile from above with
-    confidence c: P(Binom(n, p) <= k - 1) >= c. None when n samples cannot bound it."""
-    acc = 0.0
-    for k in range(1, n + 1):
-        acc += math.exp(_log_pmf(k - 1, n, p))
-        if acc >= c:
-            return k
-    return None
+    confidence c: P(Binom(n, p) <= k - 1) >= c. None when n samples cannot bound it. (Summed from the side of
+    the distribution the answer lies nearer: about n * min(p, 1 - p) terms, not n, for p90 and p99.)"""
+    if p <= 0.5:
+        acc = 0.0
+        for k in range(1, n + 1):
+            acc += math.exp(_log_pmf(k - 1, n, p))
+            if acc >= c:
+                return k
+        return None
+    # P(X <= k - 1) >= c  <=>  P(X >= k) <= 1 - c: the smallest such k, with the upper tail summed from k = n down
+    tail, err = 0.0, 1.0 - c
+    for k in range(n, 0, -1):
+        tail += math.exp(_log_pmf(k, n, p))
+        if tail > err:
+            return k + 1 if k < n else None
+    return 1
 
 
+@functools.lru_cache(maxsize=4096)
 def lower_rank(n: int, p: float, c: float) -> int | None:
     """The largest k whose order statistic x_(k) bounds the p-th percentile from below with confidence c:
     P(Binom(n, p) >= k) >= c. None when n samples cannot bound it."""
