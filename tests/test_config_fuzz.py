@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import math
@@ -146,9 +147,15 @@ def _mutate(doc: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
 
 
 SCHEMA = json.loads(SCHEMA_FILE.read_text())
-# checked against its metaschema once (jsonschema.validate does it on every call: ~1.5 s with this schema)
-jsonschema.validators.validator_for(SCHEMA).check_schema(SCHEMA)
-VALIDATOR = jsonschema.validators.validator_for(SCHEMA)(SCHEMA)
+
+
+@functools.cache
+def _validator() -> Any:
+    """The schema's validator, the schema checked against its metaschema once (jsonschema.validate does that on
+    every call: about 1.5 s for this schema)."""
+    cls = jsonschema.validators.validator_for(SCHEMA)
+    cls.check_schema(SCHEMA)
+    return cls(SCHEMA)
 
 
 def _has_deep(doc: Any) -> bool:
@@ -162,7 +169,7 @@ def _schema_accepts(doc: dict[str, Any]) -> bool:
     if _has_deep(doc):
         return False  # no key of targets.toml takes nested arrays
     try:
-        VALIDATOR.validate(doc)
+        _validator().validate(doc)
     except (jsonschema.ValidationError, RecursionError):
         return False
     return True

@@ -10,11 +10,12 @@ load; the loader's greedy tokens equal onnxruntime-genai's on an independent pla
 tampering, a wrong key and no key are refused before onnxruntime-genai sees anything; incremental rebuilds name
 the changed source file; a CUDA target is portable and refused; `ortbuild test`, `release` and `verify`.
 
-The model: models/generate_llm.py with 600 training steps, made once per machine into the tests' cache (the same
-entry tests/test_generative_run.py uses: ~2 minutes on 2 cores the first time). A model trained for fewer steps
-answers every prompt with the same token (40 steps: token 223 at every position of every prompt), and greedy
-agreement on such a model cannot tell a loader that ignores its prompt from one that works.
-Marked `generative`: run with a Python that has torch, transformers and onnxruntime-genai (/work/venvs/gen).
+The model: models/generate_llm.py with 600 training steps, made once per machine into the tests' cache (the `llm`
+fixture's entry, which `nox -s example-llm` trains and the other generative tests use: ~2 minutes the first
+time). A model trained for fewer steps answers every prompt with the same token (40 steps: token 223 at every
+position of every prompt), and greedy agreement on such a model cannot tell a loader that ignores its prompt
+from one that works.
+Marked `generative`: run with a Python that has torch, transformers and onnxruntime-genai (nox -s tests-generative).
 """
 
 from __future__ import annotations
@@ -38,13 +39,11 @@ from ortbuild.artifact import container, keys, loaders, manifest, manifest_types
 from ortbuild.errors import Tampered
 from ortbuild.project.kinds import kind_rule
 from tests.bigmodels import plaintext_hits
-from tests.conftest import MODELS, NODE_INSTALL, NODE_VAR, TEST_KEY, tool
-from tests.realmodels import CACHE
+from tests.conftest import NODE_INSTALL, NODE_VAR, TEST_KEY, tool
 
 pytestmark = pytest.mark.generative
 og = pytest.importorskip("onnxruntime_genai")
 
-STEPS = 600
 MODEL = "tiny_llama"
 TARGETS = f"""
 [project]
@@ -75,22 +74,6 @@ precision = "int4-weight"
 """
 SIDE = ("genai_config.json", "tokenizer.json", "tokenizer_config.json")  # signed, not encrypted
 LOADERS = (f"ortbuild_{MODEL}.py", loaders.NODE, loaders.WEB)
-
-
-def _llm() -> Path:
-    """The example model (Hugging Face format), generated once into the tests' cache."""
-    script = MODELS / "generate_llm.py"
-    out = CACHE / f"llm-{STEPS}-{hashlib.sha256(script.read_bytes()).hexdigest()[:12]}"
-    if not (out / "generated.json").exists():
-        partial = CACHE / f"{out.name}.partial-{os.getpid()}"
-        subprocess.run([sys.executable, str(script), str(partial), "--steps", str(STEPS)], check=True,
-                       capture_output=True, timeout=1200)
-        if not (out / "generated.json").exists():
-            shutil.rmtree(out, ignore_errors=True)
-            partial.rename(out)
-        else:
-            shutil.rmtree(partial)
-    return out
 
 
 @dataclass(frozen=True)
@@ -124,12 +107,12 @@ def _shm() -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
+def project(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> Project:
     """The three targets built once by `ortbuild build` in a fresh process whose cwd, TMPDIR and HOME are
     private directories (so that the plaintext scan knows every place the build could write)."""
     base = tmp_path_factory.mktemp("genai")
     root = base / "p"
-    shutil.copytree(_llm(), root / "models" / MODEL)
+    shutil.copytree(llm, root / "models" / MODEL)
     (root / "targets.toml").write_text(TARGETS)
     private = tuple(base / d for d in ("cwd", "tmp", "home"))
     for d in private:

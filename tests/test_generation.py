@@ -1,7 +1,7 @@
 """Generation latency and memory (ortbuild.gating.measure.generation, generation_memory, generation_report): the pure
 parts (budgets, lengths, the prompt, the rounds adapter over latency.sample) unmarked; the rest on genai builds of
 the example model (the builder CLI, fp32, into temporary folders), marked `generative` (torch, onnxruntime-genai:
-run with /work/venvs/gen/bin/python -m pytest)."""
+`nox -s tests-generative`)."""
 
 from __future__ import annotations
 
@@ -90,15 +90,9 @@ def _build(hf: Path, out: Path, precision: str = "fp32") -> Path:
 
 
 @pytest.fixture(scope="session")
-def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example model in Hugging Face format: /tmp/llm0 where made already, else made here (20 steps)."""
-    shared = Path("/tmp/llm0")
-    if (shared / "model.safetensors").is_file():
-        return shared
-    out = tmp_path_factory.mktemp("llm") / "hf"
-    subprocess.run([sys.executable, str(ROOT / "models" / "generate_llm.py"), str(out), "--steps", "20"],
-                   check=True, capture_output=True)
-    return out
+def hf_model(llm: Path) -> Path:
+    """The example model in Hugging Face format (the tests' cache: `llm`, which `nox -s example-llm` trains)."""
+    return llm
 
 
 @pytest.fixture(scope="session")
