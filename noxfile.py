@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -99,18 +98,15 @@ def lint(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
-    """pytest over the tests `marks` selects: a pass on every CPU and one more (pytest-xdist), then the `serial`
-    ones alone (they observe machine-wide state: /dev/shm, other builds' leftovers). Arguments replace both passes."""
+    """pytest over the tests `marks` selects: a pass on every CPU (pytest-xdist), then the `serial` ones alone
+    (they observe machine-wide state: /dev/shm, other builds' leftovers). Arguments replace both passes."""
     pytest = (python, "-m", "pytest")
     if session.posargs:
         session.run(*pytest, "-q", *session.posargs, external=True)
         return
-    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; one worker more than
-    # CPUs: a worker waiting on a child process, a timed run or a server's arrivals leaves its CPU to the others
-    # (the default session: 226 s with 3 workers vs 258 s with 2 on 2 CPUs); -rs: each skip's reason at the end (a
-    # missing Chromium or Node.js names the command that installs it)
-    workers = str((os.cpu_count() or 1) + 1)
-    session.run(*pytest, "-q", "-rs", "-n", workers, "--dist", "loadfile", "-m", f"({marks}) and not serial",
+    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
+    # reason at the end (a missing Chromium or Node.js names the command that installs it)
+    session.run(*pytest, "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
                 success_codes=[0, 5], external=True)
     session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", success_codes=[0, 5], external=True)
 
