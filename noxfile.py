@@ -29,9 +29,15 @@ EXAMPLE_LLM = HERE / "models" / "tiny_llama"
 @nox.session(name="example-llm", venv_backend="none", tags=["generative"])
 def example_llm(session: nox.Session) -> None:
     """models/tiny_llama: a 4-layer Llama trained here on the repository's docs (about 2 minutes on 2 cores) when
-    it is missing; `nox -t generative` builds, tests and releases it for the llm-* targets."""
+    it is missing; `nox -t generative` builds, tests and releases it for the llm-* targets. `-- --venv-only`: only
+    the generative targets' venv (torch), made or found (CI makes it before the checks, then trains beside them)."""
     from ortbuild.nox import target_python
 
+    if session.posargs == ["--venv-only"]:
+        target_python(session, "llm-cpu-fp32")
+        return
+    if session.posargs:
+        session.error(f"example-llm takes no arguments but --venv-only, not {session.posargs}")
     if (EXAMPLE_LLM / "config.json").is_file():
         session.log(f"{EXAMPLE_LLM} exists: not retrained (delete it to train it again)")
         return
