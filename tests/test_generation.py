@@ -22,7 +22,6 @@ from ortbuild.gating.measure.generation_budget import GenaiConfig, GenerationBud
 from ortbuild.gating.measure.percentiles import planned_samples
 from ortbuild.status import Verdict
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = GenaiConfig(vocab_size=50, context_length=128, special=frozenset({0, 1, 2}), layers=2,
                          present_key="present.0.key", share_buffer=True)
 generative = pytest.mark.generative
@@ -90,23 +89,17 @@ def _build(hf: Path, out: Path, precision: str = "fp32") -> Path:
 
 
 @pytest.fixture(scope="session")
-def hf_model(llm: Path) -> Path:
-    """The example model in Hugging Face format (the tests' cache: `llm`, which `nox -s example-llm` trains)."""
-    return llm
-
-
-@pytest.fixture(scope="session")
-def fp32(hf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fp32(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("onnxruntime_genai")
-    return _build(hf_model, tmp_path_factory.mktemp("gen") / "fp32")
+    return _build(llm, tmp_path_factory.mktemp("gen") / "fp32")
 
 
 @pytest.fixture(scope="session")
-def fp32_long(hf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fp32_long(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same weights with a 2048-token context (RoPE: the weights do not depend on the context length)."""
     pytest.importorskip("onnxruntime_genai")
     base = tmp_path_factory.mktemp("genlong")
-    hf = shutil.copytree(hf_model, base / "hf")
+    hf = shutil.copytree(llm, base / "hf")
     cfg = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
     return _build(hf, base / "fp32")
