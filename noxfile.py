@@ -97,7 +97,9 @@ def _install(session: nox.Session, *requirements: str, no_deps: tuple[str, ...] 
 
 @nox.session(tags=["check"])
 def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict."""
+    """ruff and mypy --strict (part of the parallel pass: `nox -t check -- --serial` skips them)."""
+    if session.posargs == ["--serial"]:
+        session.skip("lint has no serial tests")
     _install(session, "-e", ".", CPU_RUNTIME, "ruff==0.17.5", "mypy==2.4.1", "nox==2026.10.20")
     session.run("ruff", "check", ".")
     session.run("mypy")
@@ -105,16 +107,24 @@ def lint(session: nox.Session) -> None:
 
 def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
     """pytest over the tests `marks` selects: a pass on every CPU (pytest-xdist), then the `serial` ones alone
-    (they observe machine-wide state: /dev/shm, other builds' leftovers). Arguments replace both passes."""
+    (they observe machine-wide state: /dev/shm, other builds' leftovers). `-- --parallel` or `-- --serial`: that
+    pass only, with any further arguments added to it (CI runs sessions' parallel passes side by side, then
+    every serial pass alone); other arguments replace both passes."""
     pytest = (python, "-m", "pytest")
-    if session.posargs:
-        session.run(*pytest, "-q", *session.posargs, external=True)
+    args, passes = list(session.posargs), ("parallel", "serial")
+    if args and args[0] in ("--parallel", "--serial"):
+        passes, args = (args[0][2:],), args[1:]
+    elif args:
+        session.run(*pytest, "-q", *args, external=True)
         return
     # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
     # reason at the end (a missing Chromium or Node.js names the command that installs it)
-    session.run(*pytest, "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
-                success_codes=[0, 5], external=True)
-    session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", success_codes=[0, 5], external=True)
+    if "parallel" in passes:
+        session.run(*pytest, "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
+                    *args, success_codes=[0, 5], external=True)
+    if "serial" in passes:
+        session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", *args, success_codes=[0, 5],
+                    external=True)
 
 
 @nox.session(tags=["check"])

@@ -205,7 +205,7 @@ def test_the_documented_example_builds_and_says_what_the_docs_say(tmp_path: Path
     results = build(tmp_path / "fusion.toml", tmp_path / "dist")
     assert [r.status for r in results] == [BUILT, BUILT], [r.reason for r in results]
     for line in said.strip().splitlines():
-        assert all(line.removeprefix("note: ") in r.notes for r in results), line
+        assert all(line.removeprefix("note: ") in r.notes for r in results), (line, [r.notes for r in results])
     assert manifest_of(tmp_path / "dist", "cpu-fused-int8")["precision"]["name"] == "int8-dynamic"
 
 

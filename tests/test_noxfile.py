@@ -208,3 +208,29 @@ def test_ortbuild_nox_sets_the_defaults_it_documents(noxfile: Any) -> None:
 
     assert nox.options.default_venv_backend == "uv|virtualenv" and nox.options.reuse_venv == "yes"
     assert nox.options.sessions == ["test"]
+
+
+@pytest.fixture(scope="module")
+def repo_noxfile() -> dict[str, Any]:
+    """The repository's noxfile.py, run once (running it registers its sessions)."""
+    import runpy
+
+    return runpy.run_path(str(REPO / "noxfile.py"))
+
+
+@pytest.mark.parametrize(("posargs", "expected"), [
+    ([], [["-n", "auto", "--dist", "loadfile", "-m", "(x) and not serial"], ["-m", "(x) and serial"]]),
+    (["--parallel", "-n", "1"], [["-n", "auto", "--dist", "loadfile", "-m", "(x) and not serial", "-n", "1"]]),
+    (["--serial"], [["-m", "(x) and serial"]]),
+    (["-k", "gate"], [["-k", "gate"]]),
+])
+def test_the_check_sessions_run_one_pass_on_request(repo_noxfile: dict[str, Any], posargs: list[str],
+                                                    expected: list[list[str]], tmp_path: Path) -> None:
+    """`nox -s tests -- --parallel` (or `--serial`): that pass alone, the rest of the arguments added to it (CI
+    runs the sessions' parallel passes side by side, then the serial ones alone); other arguments replace both."""
+    pytest_ = repo_noxfile["_pytest"]
+    session = _Session(tmp_path)
+    session.posargs = posargs
+    pytest_(session, "x")
+    assert all(r[:4] == ("python", "-m", "pytest", "-q") for r in session.runs), session.runs
+    assert [[a for a in r[4:] if a != "-rs"] for r in session.runs] == expected, session.runs
