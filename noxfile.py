@@ -111,9 +111,9 @@ def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
     pass only, with any further arguments added to it (CI runs sessions' parallel passes side by side, then
     every serial pass alone); other arguments replace both passes."""
     pytest = (python, "-m", "pytest")
-    args, passes = list(session.posargs), ("parallel", "serial")
+    args, passes = list(session.posargs), ["parallel", "serial"]
     if args and args[0] in ("--parallel", "--serial"):
-        passes, args = (args[0][2:],), args[1:]
+        passes, args = [args[0][2:]], args[1:]
     elif args:
         session.run(*pytest, "-q", *args, external=True)
         return
