@@ -55,6 +55,7 @@ SKIPPED: dict[tuple[str, str], str] = {
                                        "(tests/test_modelpack.py runs it)"),
     ("release.md", "ortbuild verify pulled/"): "the files pulled above (tests/test_modelpack.py verifies them)",
     ("testing.md", "nox -s"): NOX,
+    ("testing.md", "python3 -m nox -t check"): "the project's own checks, run by `nox -t check` itself (CI)",
 }
 # Commands checked by their own test below rather than in the example project.
 OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16 --cache oci://ghcr.io/acme/models-cache"): "test_ci_matrix_example"}
@@ -99,8 +100,9 @@ def _all_commands() -> list[tuple[str, str]]:
 
 
 def _example_commands() -> list[tuple[str, str]]:
-    return [(doc, cmd) for doc, cmd in _all_commands()
-            if _skip_reason(doc, cmd) is None and (doc, cmd) not in OWN_TEST]
+    """Each command to run, once (a page may show the same command in several places)."""
+    return list(dict.fromkeys((doc, cmd) for doc, cmd in _all_commands()
+                              if _skip_reason(doc, cmd) is None and (doc, cmd) not in OWN_TEST))
 
 
 def test_every_example_is_run_or_listed() -> None:

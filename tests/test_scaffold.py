@@ -71,7 +71,7 @@ def test_golden_inputs_beside_a_model_are_used_not_generated(tmp_path: Path) -> 
     root.mkdir()
     shutil.copy(MODELS / "tiny_lstm.onnx", root / "lstm.v2.onnx")  # a dot in the name: a quoted TOML key
     shutil.copy(MODELS / "tiny_lstm.inputs.npz", root / "lstm.v2.inputs.npz")
-    proc = run_cli("init", cwd=root)
+    proc = run_cli("init", "--no-timing", cwd=root)
     assert proc.returncode == 0, proc.stderr
     model = config.load(root / "targets.toml").models["lstm.v2"]
     assert Path(model.inputs) == root / "lstm.v2.inputs.npz"
@@ -82,7 +82,7 @@ def test_golden_inputs_beside_a_model_are_used_not_generated(tmp_path: Path) -> 
 def test_golden_inputs_pointed_at(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_cnn", "tiny_transformer")
     samples = MODELS / "tiny_cnn.inputs.npz"
-    proc = run_cli("init", "--inputs", f"tiny_cnn={samples}", cwd=root)
+    proc = run_cli("init", "--no-timing", "--inputs", f"tiny_cnn={samples}", cwd=root)
     assert proc.returncode == 0, proc.stderr
     models = config.load(root / "targets.toml").models
     generated = root / "models" / "tiny_transformer.generated-inputs.npz"
@@ -90,7 +90,7 @@ def test_golden_inputs_pointed_at(tmp_path: Path) -> None:
     for bad, error in ((str(samples), "which model? 2 models here"), (f"vgg={samples}", "which model? 2 models"),
                        ("tiny_cnn=nowhere.npz", "nowhere.npz is neither a file"),
                        (f"tiny_cnn={MODELS / 'tiny_lstm.inputs.npz'}", "exit 3")):
-        proc = run_cli("init", "--force", "--inputs", bad, cwd=root)
+        proc = run_cli("init", "--no-timing", "--force", "--inputs", bad, cwd=root)
         if error == "exit 3":  # another model's samples: the check plan does, naming the file and the input
             assert proc.returncode == 3 and "[models.tiny_cnn.inputs]" in proc.stderr, proc.stderr
         else:
@@ -101,14 +101,14 @@ def test_init_never_replaces_a_file_unless_forced(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_transformer")
     (root / "targets.toml").write_text("# mine\n")
     (root / ".gitignore").write_text("*.pyc")
-    proc = run_cli("init", cwd=root)
+    proc = run_cli("init", "--no-timing", cwd=root)
     assert proc.returncode == 2 and "init would replace targets.toml" in proc.stderr and "--force" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (root / "targets.toml").read_text() == "# mine\n" and not (root / "noxfile.py").exists()
-    assert run_cli("init", "--force", cwd=root).returncode == 0
+    assert run_cli("init", "--no-timing", "--force", cwd=root).returncode == 0
     assert "[models.tiny_transformer]" in (root / "targets.toml").read_text()
     assert (root / ".gitignore").read_text().startswith("*.pyc\n# ortbuild")  # kept, ortbuild's lines added
-    assert run_cli("init", "--force", cwd=root).returncode == 0
+    assert run_cli("init", "--no-timing", "--force", cwd=root).returncode == 0
     assert (root / ".gitignore").read_text().count("dist/") == 1  # added once
 
 
@@ -194,8 +194,8 @@ def test_a_rerun_regenerates_its_own_inputs_and_never_touches_the_users(tmp_path
     mine = root / "models" / "tiny_transformer.inputs.npz"  # the user's samples of the second model
     shutil.copy(MODELS / "tiny_transformer.inputs.npz", mine)
     before = mine.read_bytes()
-    assert run_cli("init", cwd=root).returncode == 0
-    assert run_cli("init", "--force", "--dim", "seq=5", cwd=root).returncode == 0
+    assert run_cli("init", "--no-timing", cwd=root).returncode == 0
+    assert run_cli("init", "--no-timing", "--force", "--dim", "seq=5", cwd=root).returncode == 0
     assert mine.read_bytes() == before  # never replaced by generated data, with or without --force
     models = config.load(root / "targets.toml").models
     generated = {n: Path(m.inputs) for n, m in models.items() if Path(m.inputs) != mine}
