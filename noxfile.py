@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -118,9 +119,12 @@ def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
         session.run(*pytest, "-q", *args, external=True)
         return
     # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
-    # reason at the end (a missing Chromium or Node.js names the command that installs it)
+    # reason at the end (a missing Chromium or Node.js names the command that installs it). One worker more than
+    # CPUs: many tests wait (on a child process, a deadline, a socket), so a quiet machine's checks end sooner
+    # (docs/testing.md); CI, whose checks run beside other work, passes `-n auto` (one per CPU).
+    workers = str(len(os.sched_getaffinity(0)) + 1)
     if "parallel" in passes:
-        session.run(*pytest, "-q", "-rs", "-n", "auto", "--dist", "loadfile", "-m", f"({marks}) and not serial",
+        session.run(*pytest, "-q", "-rs", "-n", workers, "--dist", "loadfile", "-m", f"({marks}) and not serial",
                     *args, success_codes=[0, 5], external=True)
     if "serial" in passes:
         session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", *args, success_codes=[0, 5],

@@ -323,7 +323,7 @@ def profile_sample() -> list[str]:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def time_checks(burners: int) -> tuple[str, str]:
@@ -354,7 +354,7 @@ def time_checks(burners: int) -> tuple[str, str]:
     if code != 0:
         raise SampleError(f"`python3 -m nox -t check` failed (exit {code}) in a fresh clone: fix that first")
     took = {name: (ends - at) for (name, at), ends in zip(started, [*(s for _, s in started[1:]), t1], strict=True)}
-    total = f"{(t1 - t0) / 60:.0f} minutes"
+    total = f"{(t1 - t0) / 60:.1f} minutes ({t1 - t0:.0f} s)"  # not rounded down to a whole minute
     os_name = next((line.split("=", 1)[1].strip('"').split()[0] for line in Path("/etc/os-release").read_text()
                     .splitlines() if line.startswith("NAME=")), sys.platform)
     count = ["no", "one", "two", "three", "four"][burners] if burners < 5 else str(burners)

@@ -218,9 +218,12 @@ def repo_noxfile() -> dict[str, Any]:
     return runpy.run_path(str(REPO / "noxfile.py"))
 
 
+WORKERS = str(len(os.sched_getaffinity(0)) + 1)
+
+
 @pytest.mark.parametrize(("posargs", "expected"), [
-    ([], [["-n", "auto", "--dist", "loadfile", "-m", "(x) and not serial"], ["-m", "(x) and serial"]]),
-    (["--parallel", "-n", "1"], [["-n", "auto", "--dist", "loadfile", "-m", "(x) and not serial", "-n", "1"]]),
+    ([], [["-n", WORKERS, "--dist", "loadfile", "-m", "(x) and not serial"], ["-m", "(x) and serial"]]),
+    (["--parallel", "-n", "1"], [["-n", WORKERS, "--dist", "loadfile", "-m", "(x) and not serial", "-n", "1"]]),
     (["--serial"], [["-m", "(x) and serial"]]),
     (["-k", "gate"], [["-k", "gate"]]),
 ])
