@@ -222,4 +222,4 @@ def test_checks_timing_is_one_measurement() -> None:
     parts = [(float(n), unit) for n, unit in re.findall(r"([\d.]+) (s|min)\b", m[6])]
     assert len(parts) == 3, m[6]  # lint, tests, tests-openvino
     seconds = sum(n * (60 if unit == "min" else 1) for n, unit in parts)
-    assert abs(seconds - seconds_said) <= 60, (parts, total[0])  # the sessions' times (whole minutes, older pages)  # the sessions' times, nox's start aside
+    assert abs(seconds - seconds_said) <= 60, (parts, total[0])  # the sessions' times (whole minutes, older pages)
