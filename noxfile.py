@@ -107,7 +107,7 @@ def lint(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
-    """pytest over the tests `marks` selects: a pass on every CPU (pytest-xdist), then the `serial` ones alone
+    """pytest over the tests `marks` selects: a pass in parallel (pytest-xdist), then the `serial` ones alone
     (they observe machine-wide state: /dev/shm, other builds' leftovers). `-- --parallel` or `-- --serial`: that
     pass only, with any further arguments added to it (CI runs sessions' parallel passes side by side, then
     every serial pass alone); other arguments replace both passes."""
