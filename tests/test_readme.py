@@ -210,16 +210,15 @@ def test_checks_timing_is_one_measurement() -> None:
     both): the same total and machine, and docs/testing.md's parts add up to about that total."""
     readme, testing = (samples.marked(p.read_text(), "timing", "checks")["body"] for p in samples.TIMINGS["checks"])
     readme, testing = " ".join(readme.split()), " ".join(testing.split())
-    total = re.match(r"([\d.]+) minutes(?: \((\d+) s\))? on a fresh clone, (\d+)-CPU (\w+) machine(?: \([^)]*\))?, "
+    total = re.match(r"([\d.]+) minutes \((\d+) s\) on a fresh clone, (\d+)-CPU (\w+) machine(?: \([^)]*\))?, "
                      r"with (\w+) CPU burners?", readme)  # the CPU's x86-64 level in parentheses where it has one
     assert total is not None, readme
-    seconds_said = int(total[2]) if total[2] else float(total[1]) * 60  # older pages: whole minutes only
-    assert abs(float(total[1]) * 60 - seconds_said) <= 3, total[0]  # the minutes say the seconds
+    assert abs(float(total[1]) * 60 - int(total[2])) <= 3, total[0]  # the minutes say the seconds
     m = re.match(r"a fresh clone, (\d+)-CPU (\w+) machine \(.*?\), with (\w+) CPU burners? running beside it: "
-                 r"([\d.]+) minutes(?: \((\d+) s\))? \((.*?);", testing)
+                 r"([\d.]+) minutes \((\d+) s\) \((.*?);", testing)
     assert m is not None, testing
     assert (m[1], m[2], m[3], m[4], m[5]) == (total[3], total[4], total[5], total[1], total[2])
     parts = [(float(n), unit) for n, unit in re.findall(r"([\d.]+) (s|min)\b", m[6])]
     assert len(parts) == 3, m[6]  # lint, tests, tests-openvino
     seconds = sum(n * (60 if unit == "min" else 1) for n, unit in parts)
-    assert abs(seconds - seconds_said) <= 60, (parts, total[0])  # the sessions' times (whole minutes, older pages)
+    assert abs(seconds - int(total[2])) <= 60, (parts, total[0])  # the sessions' times, rounded to 0.1 min
