@@ -25,6 +25,7 @@ is the package's, not the check's.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -53,6 +54,13 @@ STATUS_MODULE = "ortbuild/status.py"
 
 # ---------------------------------------------------------------------------------------------------------
 # helpers (over any source root: `root / package` is the package directory)
+
+
+@functools.cache
+def _parse(text: str, filename: str) -> ast.Module:
+    """A source's tree, parsed once per module run (the checks below read the same 180 files; no check changes a
+    tree)."""
+    return ast.parse(text, filename=filename)
 
 
 def _modules(root: Path, package: str) -> dict[str, Path]:
@@ -113,7 +121,7 @@ def _imports(root: Path, package: str, type_checking: bool = False) -> list[Impo
         text = path.read_text()
         lines = text.splitlines()
         is_pkg = path.name == "__init__.py"
-        tree = ast.parse(text, filename=str(path))
+        tree = _parse(text, str(path))
         for node in (ast.walk(tree) if type_checking else _runtime_nodes(tree)):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -220,7 +228,7 @@ def dynamic_dispatch(root: Path, files: list[Path], plugins: frozenset[str] = PL
     for path in files:
         rel = path.relative_to(root).as_posix()
         lines = path.read_text().splitlines()
-        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+        for node in ast.walk(_parse("\n".join(lines), str(path))):
             if not isinstance(node, ast.Call):
                 continue
             name = _called_name(node.func)
@@ -244,7 +252,7 @@ def reexports(root: Path, package: str) -> list[str]:
     found = []
     for path in _modules(root, package).values():
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _parse(path.read_text(), str(path))
         imported: dict[str, int] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import | ast.ImportFrom):
@@ -277,7 +285,7 @@ def status_literals(root: Path, files: list[Path], words: frozenset[str] = STATU
         rel = path.relative_to(root).as_posix()
         if rel == allowed:
             continue
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _parse(path.read_text(), str(path))
         keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}  # doc["skipped"]: a key
         keys |= {id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
                  and isinstance(n.func, ast.Attribute) and n.func.attr == "get"}
@@ -302,7 +310,7 @@ def exit_code_reductions(root: Path, files: list[Path], allowed: str = STATUS_MO
         if rel == allowed:
             continue
         lines = path.read_text().splitlines()
-        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+        for node in ast.walk(_parse("\n".join(lines), str(path))):
             by_next = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next"
                        and len(node.args) == 2 and isinstance(node.args[0], ast.GeneratorExp)
                        and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0
@@ -360,7 +368,7 @@ def exit_code_literals(root: Path, files: list[Path], allowed: str = ERRORS_MODU
     or `code` (assigned, a keyword, a dict key, a parameter's default); and what the functions that compute a
     command's exit code return: `main`, the `cmd_*` commands, a function named for its exit code, what
     argparse runs (`set_defaults(func=...)`), and the functions those return the result of."""
-    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in files}
+    trees = {path: _parse(path.read_text(), str(path)) for path in files}
     functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
     seeds: set[str] = set()
     for tree in trees.values():
@@ -460,7 +468,7 @@ def import_promises(root: Path, package: str, extras: tuple[str, ...] = PURE_EXT
     "Imports stdlib, packaging, nox and ...:")."""
     out = {}
     for name, path in _modules(root, package).items():
-        doc = ast.get_docstring(ast.parse(path.read_text(), filename=str(path))) or ""
+        doc = ast.get_docstring(_parse(path.read_text(), str(path))) or ""
         clauses = re.findall(r"stdlib[^.:()]*", doc, flags=re.IGNORECASE)
         if clauses:
             out[name] = tuple(e for e in extras if any(re.search(rf"\b{e}\b", c) for c in clauses))
@@ -529,7 +537,7 @@ def private_imports(root: Path, package: str) -> list[str]:
         text = path.read_text()
         lines = text.splitlines()
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(text, filename=str(path))
+        tree = _parse(text, str(path))
         bound: dict[str, str] = {}    # a local name -> the dotted module it stands for
         bad: list[ast.stmt | ast.expr] = []
         for node in ast.walk(tree):
@@ -704,10 +712,10 @@ def any_density(root: Path, package: str) -> tuple[int, int]:
     for path in sorted((root / package).rglob("*.py")):
         text = path.read_text()
         lines += text.count("\n")
-        uses += sum(1 for node in ast.walk(ast.parse(text))
+        uses += sum(1 for node in ast.walk(_parse(text, "<unknown>"))
                     if (isinstance(node, ast.Name) and node.id == "Any")
                     or (isinstance(node, ast.Attribute) and node.attr == "Any"))
-        uses += sum(len(re.findall(r"\bAny\b", n.value)) for n in ast.walk(ast.parse(text))
+        uses += sum(len(re.findall(r"\bAny\b", n.value)) for n in ast.walk(_parse(text, "<unknown>"))
                     if isinstance(n, ast.Constant) and isinstance(n.value, str) and "[" in n.value)  # string hints
     return uses, lines
 

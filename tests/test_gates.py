@@ -214,7 +214,7 @@ def test_reports_gather_every_result(gated: tuple[Path, Any]) -> None:
     assert "<script" not in html and "http" not in html.replace("http://www.w3.org/2000/svg", "")  # offline
 
 
-@pytest.mark.runtime
+# not `runtime`: it checks the page, whichever flavor measured the numbers it shows
 def test_html_report_renders_in_headless_chromium(gated: tuple[Path, Any], tmp_path: Path) -> None:
     chromium = tool(*CHROMIUM, var=CHROMIUM_VAR, install=CHROMIUM_INSTALL)
     # the report again, against a baseline in which ok/cnn had failed: each row's change is shown

@@ -197,7 +197,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Server]]:
         tcp.server_close()
 
 
-@pytest.mark.runtime
+# not `runtime`: it checks the registry's deadline, which no flavor changes
 def test_a_stalled_registry_is_a_warning_naming_it_and_the_build_asks_it_nothing_more(
         tmp_path: Path, serve: Callable[[str], Server]) -> None:
     server = serve("trickle")
