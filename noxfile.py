@@ -106,11 +106,13 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
-def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
+def _pytest(session: nox.Session, marks: str, python: str = "python", *, serial: bool = True) -> None:
     """pytest over the tests `marks` selects: a pass in parallel (pytest-xdist), then the `serial` ones alone
     (they observe machine-wide state: /dev/shm, other builds' leftovers). `-- --parallel` or `-- --serial`: that
     pass only, with any further arguments added to it (CI runs sessions' parallel passes side by side, then
-    every serial pass alone); other arguments replace both passes."""
+    every serial pass alone); other arguments replace both passes. `serial=False`: no serial pass, for marks that
+    select no serial test (tests/conftest.py refuses a `runtime` test marked `serial`): a pytest that only
+    collects costs 8 s."""
     pytest = (python, "-m", "pytest")
     args, passes = list(session.posargs), ["parallel", "serial"]
     if args and args[0] in ("--parallel", "--serial"):
@@ -118,6 +120,8 @@ def _pytest(session: nox.Session, marks: str, python: str = "python") -> None:
     elif args:
         session.run(*pytest, "-q", *args, external=True)
         return
+    if not serial:
+        passes = [p for p in passes if p != "serial"]
     # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
     # reason at the end (a missing Chromium or Node.js names the command that installs it). One worker more than
     # CPUs: many tests wait (on a child process, a deadline, a socket), so a quiet machine's checks end sooner
@@ -142,7 +146,7 @@ def tests(session: nox.Session) -> None:
 def tests_openvino(session: nox.Session) -> None:
     """The runtime-dependent tests again, inside the OpenVINO flavor."""
     _install(session, "-e", ".[dev]", OPENVINO_RUNTIME, EXTENSIONS, no_deps=E2E_MODELS)
-    _pytest(session, "runtime and not e2e and not slow and not generative")
+    _pytest(session, "runtime and not e2e and not slow and not generative", serial=False)
 
 
 @nox.session

@@ -239,6 +239,14 @@ def pytest_configure(config: pytest.Config) -> None:
         _counted(owner, name)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """tests-openvino runs its `runtime` tests in one parallel pass, with no serial pass after it (noxfile.py):
+    a test marked both would never run there, so it is refused."""
+    both = [i.nodeid for i in items if i.get_closest_marker("runtime") and i.get_closest_marker("serial")]
+    if both:
+        raise pytest.UsageError(f"marked both `runtime` and `serial` (tests-openvino has no serial pass): {both}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest) -> object:
     before = _TOUCHES[0]

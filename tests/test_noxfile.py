@@ -237,3 +237,7 @@ def test_the_check_sessions_run_one_pass_on_request(repo_noxfile: dict[str, Any]
     pytest_(session, "x")
     assert all(r[:4] == ("python", "-m", "pytest", "-q") for r in session.runs), session.runs
     assert [[a for a in r[4:] if a != "-rs"] for r in session.runs] == expected, session.runs
+    session.runs.clear()  # without a serial pass (tests-openvino): the parallel one, or nothing on --serial
+    pytest_(session, "x", serial=False)
+    assert [[a for a in r[4:] if a != "-rs"] for r in session.runs] == [
+        e for e in expected if "(x) and serial" not in e], session.runs
