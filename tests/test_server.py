@@ -106,7 +106,8 @@ def test_a_scenario_without_a_budget_is_measured_and_reported_and_find_peak_need
         [targets.cpu.latency.offline]
         batch = 2
         min_seconds = 1
-    """)
+        window_seconds = 0.1
+    """)  # no budget: twice the windows a PASS needs, 20 of 0.1 s (the default 0.5 s windows took 8 s)
     for flags, said in [(("--find-peak",), "no selected target has a [latency.server] table"),
                         (("--find-peak", "--gates", "throughput"), "the server gate is not judged")]:
         r = run_cli("test", "-c", str(config), *flags)
@@ -115,7 +116,7 @@ def test_a_scenario_without_a_budget_is_measured_and_reported_and_find_peak_need
     assert r.returncode == 0, r.stderr
     doc = load_report(config, "cpu")  # "None: measured and reported, not judged"
     assert doc["throughput"]["verdict"] == "-" and doc["throughput"]["data_sets"][0]["samples_per_second"] > 0
-    config.write_text(config.read_text().replace("min_seconds = 1", "window_seconds = 0"))
+    config.write_text(config.read_text().replace("window_seconds = 0.1", "window_seconds = 0"))
     r = run_cli("plan", "-c", str(config))  # not a ZeroDivisionError when the gate runs
     assert r.returncode == 3 and "[targets.cpu.latency.offline.window_seconds] must be set, above 0" in r.stderr, \
         r.stderr
