@@ -1,4 +1,5 @@
-"""parallel: default -j is sized by every file of the biggest model, and says so when memory is what limits it."""
+"""parallel: default -j is sized by every file of the biggest model, and says so when memory is what limits it;
+small models build in the process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ortbuild import machine
 from ortbuild.cli import building
 from ortbuild.pipeline.parallel import default_workers
 from ortbuild.project import config, plan
@@ -25,8 +27,13 @@ def test_workers_are_sized_by_the_external_data_too_and_the_cli_says_why(
     assert len(jobs) == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     n, why = default_workers(jobs)
-    assert n == 4 and why == ""  # small models: one worker per job (24 GiB machines have room for 4 x 0.6 GiB)
-    # the weights grow to 64 GiB (a sparse file: nothing is written); the graph file stays a few KB
+    assert n == 1 and why == ""  # tiny models: built one after the other in this process, no worker started
+    # the weights grow (sparse files: nothing is written; the graph file stays a few KB): to 64 MiB, one worker
+    # per job (a 24 GiB machine has room for 4 x 0.8 GiB); to 64 GiB, one worker, and the CLI says why
+    with open(src.parent / "model.onnx.data", "r+b") as f:
+        f.truncate(64 << 20)
+    monkeypatch.setattr(machine, "available_memory", lambda: 24 << 30)
+    assert default_workers(jobs) == (4, "")
     with open(src.parent / "model.onnx.data", "r+b") as f:
         f.truncate(64 << 30)
     n, why = default_workers(jobs)

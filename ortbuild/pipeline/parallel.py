@@ -34,11 +34,17 @@ if TYPE_CHECKING:
 
 PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, numpy, onnx, ORT
 PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
+# Below this many model bytes (all jobs, all files) the jobs build one after the other in this process: a spawned
+# worker spends about a second of CPU importing numpy, onnx and ORT before its first job, more than small jobs
+# take (the CPU targets' 4 jobs of tiny_cnn and tiny_transformer: 2.5 s with -j 1, 3.7 s and twice the CPU
+# time with 2 workers, on 2 cores; docs/benchmarks.md).
+SMALL_WORK = 16 << 20
 
 
 def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     """As many workers as cores, as memory allows (a job needs its base plus ~3x its model, every file of it
-    counted), and jobs; with the reason when memory is what limits it."""
+    counted), and jobs; with the reason when memory is what limits it. Jobs whose models come to less than
+    SMALL_WORK bytes in all: one (this process, no worker to start)."""
     if not jobs:
         return 1, ""
     avail = machine.available_memory()
@@ -49,6 +55,8 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
                 sizes[j.model.name] = modelfiles.of_source(j.model.path, hashed=False).size
             except Exception:  # the build reports a broken model; here it only sizes workers
                 sizes[j.model.name] = j.model.path.stat().st_size if j.model.path.exists() else 0
+    if sum(sizes[j.model.name] for j in jobs) < SMALL_WORK:
+        return 1, ""
     name, biggest = max(sizes.items(), key=lambda kv: kv[1])
     need = PER_JOB_BASE + PER_JOB_FACTOR * biggest
     by_memory = max(1, avail // need)

@@ -118,7 +118,8 @@ class Writer:
 
 def add_jobs(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("-j", "--jobs", type=jobs_count, default=None,
-                    help="jobs built at once, in worker processes (default: cores, as memory allows)")
+                    help="jobs built at once, in worker processes (default: cores, as memory allows; models of "
+                         "less than 16 MiB in all build one after the other, in this process)")
     sp.add_argument("--lock-timeout", type=seconds, default=600.0,
                     help="seconds to wait for another ortbuild writing the same dist/ (default: %(default)s)")
 
