@@ -36,8 +36,8 @@ PER_JOB_BASE = 600 << 20  # a worker's resident set before its model: Python, nu
 PER_JOB_FACTOR = 3        # a job's peak resident set, in model sizes (all files): build.py keeps it under 2.5x
 # Below this many model bytes (all jobs, all files) the jobs build one after the other in this process: a spawned
 # worker spends about a second of CPU importing numpy, onnx and ORT before its first job, more than small jobs
-# take (the CPU targets' 4 jobs of tiny_cnn and tiny_transformer: 2.5 s with -j 1, 3.7 s and twice the CPU
-# time with 2 workers, on 2 cores; docs/benchmarks.md).
+# take (cpu-fp32 and cpu-int8 of tiny_cnn and tiny_transformer, 4 jobs, 2 cores, medians of 6 side by side: 2.9 s
+# and 3.0 CPU-seconds in this process, 4.3 s and 6.4 CPU-seconds with -j 2).
 SMALL_WORK = 16 << 20
 
 
