@@ -47,7 +47,6 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
     SMALL_WORK bytes in all: one (this process, no worker to start)."""
     if not jobs:
         return 1, ""
-    avail = machine.available_memory()
     sizes = {}
     for j in jobs:
         if j.model.name not in sizes:
@@ -59,6 +58,7 @@ def default_workers(jobs: Sequence[Job]) -> tuple[int, str]:
         return 1, ""
     name, biggest = max(sizes.items(), key=lambda kv: kv[1])
     need = PER_JOB_BASE + PER_JOB_FACTOR * biggest
+    avail = machine.available_memory()
     by_memory = max(1, avail // need)
     n = max(1, min(os.cpu_count() or 1, by_memory, len(jobs)))
     why = ""
