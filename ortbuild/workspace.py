@@ -3,9 +3,10 @@
 - `Lock(dist)`: an exclusive `fcntl.flock` on dist/.ortbuild.lock. The kernel drops it when its process dies,
   so the lock of a killed build is taken over at once; the file names the holder (pid, command, start) so a
   waiting process says whom it waits for, and gives up after a timeout.
-- `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, on /dev/shm when it has room
-  for `temp_need()` of the model's real size (all its files), else in the system temp dir on disk,
-  named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory from a dead one's.
+- `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, in $ORTBUILD_TMPDIR where set,
+  else on /dev/shm when it has room for `temp_need()` of the model's real size (all its files), else in the system
+  temp dir on disk, named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory
+  from a dead one's.
 - `no_core_dumps()`: no core file of a process that holds plaintext or keys (nor of the processes it starts).
 - `leftovers()` / `clean()`: what killed builds leave: private dirs of dead processes (anywhere we put them),
   and partial files (`.NAME.*.partial`, `.golden.*`) in dist/, which only a lock holder may remove.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ortbuild.errors import Busy
+from ortbuild.errors import Busy, UsageError
 from ortbuild.paths import UnsafePath
 
 LOCK = ".ortbuild.lock"
@@ -33,6 +34,9 @@ LOCK = ".ortbuild.lock"
 MARKER = ".ortbuild-dist"
 PRIVATE_PREFIX = "ortbuild-"
 PARTIAL_GLOBS = ("*.partial", ".golden.*")  # atomic_write's temp files, golden's temp dirs
+# Where set, the only place private dirs are made and looked for (a tmpfs of the user's choosing where /dev/shm is
+# small, as in a container; a test's own directory, so that no other process's sweep races it)
+TMPDIR_ENV = "ORTBUILD_TMPDIR"
 
 
 def _start_time(pid: int) -> str | None:
@@ -68,13 +72,35 @@ def _tag() -> str:
 
 # --------------------------------------------------------------------------------------- private dirs
 
-def _private_roots() -> list[Path]:
-    roots = [Path("/dev/shm"), Path(tempfile.gettempdir())]
+def configured_root() -> Path | None:
+    """$ORTBUILD_TMPDIR: an existing directory of this user's, not a symlink; None where unset."""
+    value = os.environ.get(TMPDIR_ENV, "")
+    if not value:
+        return None
+    root = Path(value).absolute()
+    if root.is_symlink() or not root.is_dir():
+        raise UsageError(f"{TMPDIR_ENV}={value} is not a directory: the build's private temp dirs (which hold "
+                         "plaintext models) go there", f"create it (a tmpfs keeps plaintext off the disk), or "
+                         f"unset {TMPDIR_ENV} for /dev/shm or the system temp dir")
+    if root.stat().st_uid != os.getuid():
+        raise UsageError(f"{TMPDIR_ENV}={value} belongs to another user: the build's plaintext would sit in a "
+                         "directory they control", f"point {TMPDIR_ENV} at a directory of your own")
+    return root
+
+
+def private_roots() -> list[Path]:
+    """Where private dirs are made and where the sweep of dead ones looks."""
+    own = configured_root()
+    roots = [own] if own is not None else [Path("/dev/shm"), Path(tempfile.gettempdir())]
     return [r for r in dict.fromkeys(roots) if r.is_dir()]
 
 
 def _private_root(need: int) -> str | None:
-    """/dev/shm (memory-backed: plaintext never reaches a disk) when it has room, else the temp dir."""
+    """$ORTBUILD_TMPDIR where set; else /dev/shm (memory-backed: plaintext never reaches a disk) when it has room,
+    else the temp dir."""
+    own = configured_root()
+    if own is not None:
+        return str(own)
     shm = Path("/dev/shm")
     try:
         st = os.statvfs(shm)
@@ -104,7 +130,7 @@ def private_dir(need: int) -> Iterator[Path]:
 
 def _dead_private_dirs() -> list[Path]:
     found = []
-    for root in _private_roots():
+    for root in private_roots():
         try:
             entries = list(root.glob(f"{PRIVATE_PREFIX}*-*-*"))
         except OSError:

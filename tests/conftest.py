@@ -239,12 +239,19 @@ def pytest_configure(config: pytest.Config) -> None:
         _counted(owner, name)
 
 
+# the marks of the sessions that run one parallel pass and no serial pass (noxfile.py: `serial=False`)
+NO_SERIAL_PASS = ("runtime", "e2e", "slow", "generative")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """tests-openvino runs its `runtime` tests in one parallel pass, with no serial pass after it (noxfile.py):
-    a test marked both would never run there, so it is refused."""
-    both = [i.nodeid for i in items if i.get_closest_marker("runtime") and i.get_closest_marker("serial")]
+    """Only `tests` has a serial pass (noxfile.py): tests-openvino (`runtime`), e2e (`e2e`, `slow`) and
+    tests-generative (`generative`) run one parallel pass, which leaves `serial` tests out, so a `serial` test with
+    one of their marks would never run there: it is refused."""
+    both = [f"{i.nodeid} ({m})" for i in items if i.get_closest_marker("serial")
+            for m in NO_SERIAL_PASS if i.get_closest_marker(m)]
     if both:
-        raise pytest.UsageError(f"marked both `runtime` and `serial` (tests-openvino has no serial pass): {both}")
+        raise pytest.UsageError(f"marked `serial` and a mark whose session has no serial pass: {both}; a test "
+                                "that needs the machine to itself goes in the default session")
 
 
 @pytest.hookimpl(wrapper=True)

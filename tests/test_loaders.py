@@ -1199,10 +1199,12 @@ def _needles(model: Path, folder: Path) -> list[bytes]:
     return pieces
 
 
-@pytest.mark.serial  # /dev/shm is scanned: other tests' builds must not be running
 def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, node_app: Path) -> None:
-    root, cwd, tmpdir = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp"
-    for d in (root, cwd, tmpdir):
+    """Everything the build and both loaders wrote (the project, the cwd, TMPDIR, the build's private dirs' root and
+    new files in /dev/shm) is scanned for the weights' bytes. The private dirs go in a root of this test's own
+    ($ORTBUILD_TMPDIR), so other tests' builds, running beside it, neither add to nor sweep what it scans."""
+    root, cwd, tmpdir, private = tmp_path / "p", tmp_path / "cwd", tmp_path / "tmp", tmp_path / "private"
+    for d in (root, cwd, tmpdir, private):
         d.mkdir()
     m = "tiny_transformer"
     (root / "targets.toml").write_text(f'[project]\nname = "t"\nversion = "1"\n[models.{m}]\n'
@@ -1211,10 +1213,11 @@ def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, n
                                        .replace('models = ["tiny_lstm"]', f'models = ["{m}"]'))
     shm = Path("/dev/shm")
     before = set(shm.iterdir()) if shm.exists() else set()
-    env = {**os.environ, "TMPDIR": str(tmpdir)}
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", "build", "-c", str(root / "targets.toml")], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {**os.environ, "TMPDIR": str(tmpdir), "ORTBUILD_TMPDIR": str(private)}
+    build = subprocess.Popen([sys.executable, "-m", "ortbuild", "build", "-c", str(root / "targets.toml")], cwd=cwd,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = build.communicate(timeout=600)
+    assert build.returncode == 0, err[-3000:]
     folder = root / "dist" / "fp32" / m
     script = (f"import sys; sys.path.insert(0, {str(folder / 'loader')!r}); import ortbuild_{m}; "
               f"ortbuild_{m}.load()")
@@ -1224,14 +1227,20 @@ def test_no_plaintext_model_bytes_on_disk_after_build_and_load(tmp_path: Path, n
     node(node_app, f"import {{ load }} from '{loader.as_posix()}'; await load({{ folder: '{folder.as_posix()}' }}); "
                    "console.log('1');")
     needles = _needles(MODELS / f"{m}.onnx", folder)
-    written = [p for d in (root, cwd, tmpdir) for p in d.rglob("*") if p.is_file()]
+    written = [p for d in (root, cwd, tmpdir, private) for p in d.rglob("*") if p.is_file()]
     written += [p for p in (set(shm.iterdir()) - before if shm.exists() else set()) if p.is_file()]
-    assert not [p for p in (set(shm.iterdir()) - before if shm.exists() else set()) if p.name.startswith("ortbuild")]
+    assert list(private.iterdir()) == []  # the build's private dirs are gone
+    assert not [p for p in (set(shm.iterdir()) - before if shm.exists() else set())
+                if p.name.startswith(f"ortbuild-{build.pid}-")]
     scanned = 0
     for p in written:
         if p.suffix in (".onnx", ".npz") and p.is_relative_to(MODELS):
             continue
-        data = p.read_bytes()
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:  # a new file in /dev/shm that its (other test's) process has removed since
+            assert p.is_relative_to(shm), p
+            continue
         scanned += len(data)
         hits = [n for n in needles if n in data]
         assert not hits, f"{p} holds plaintext weight bytes"

@@ -5,6 +5,7 @@ verify and both loaders against plain ORT, each in a fresh process (CI runs it; 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,15 @@ from tests.conftest import REPO
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # its plaintext scan counts every ortbuild private temp dir on the machine: alone, or another
-#                      test's live dir (an explain search in the other worker) reads as left behind
 def test_a_small_external_data_model_goes_through_every_step(tmp_path: Path) -> None:
-    out = tmp_path / "scale.json"
+    out, private = tmp_path / "scale.json", tmp_path / "private"
+    private.mkdir()
+    # the builds' private dirs in a directory of this test's own ($ORTBUILD_TMPDIR): its count of dirs left behind
+    # sees no other test's (and no other test's command sweeps this one's), so it runs beside the others
     proc = subprocess.run([sys.executable, "tests/benchmarks/bench_scale.py", "--gib", "0.02", "--reps", "1",
                            "--precisions", "fp32,int8-dynamic,int4-weight,fp16", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ORTBUILD_TMPDIR": str(private)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (result,) = json.loads(out.read_text())
     precisions = ("fp32", "int8-dynamic", "int4-weight", "fp16")
@@ -40,5 +43,6 @@ def test_a_small_external_data_model_goes_through_every_step(tmp_path: Path) -> 
     assert result["node_loader"]["time_ratio"] > 0 and result["node_loader"]["rss_ratio"] > 0
     assert "| Node loader vs plain onnxruntime-node" in proc.stdout
     assert result["plaintext"]["hits"] == [] and result["plaintext"]["private_dirs_left"] == []
+    assert list(private.iterdir()) == []
     # the artifacts (fp32 1x, fp16 0.5x, int8 0.25x, int4 0.16x) and their release bundles (as much) were scanned
     assert result["plaintext"]["scanned"] > 3.5 * result["weights"]

@@ -37,8 +37,10 @@ def _cli(*args: str) -> list[str]:
 
 
 def _isolated(root: Path) -> dict[str, str]:
-    """The environment of a command whose temp dir is `root` (ortbuild looks for leftovers there too)."""
-    return {**os.environ, "TMPDIR": str(root)}
+    """The environment of a command whose temp dir and private dirs' root ($ORTBUILD_TMPDIR) are `root`: ortbuild
+    makes its private dirs and looks for dead ones there only, so no other test's command (the suite runs in
+    parallel) sweeps this test's dead dirs, and this test's command sees no other test's."""
+    return {**os.environ, "TMPDIR": str(root), "ORTBUILD_TMPDIR": str(root)}
 
 
 def _artifacts(dist: Path) -> list[Path]:
@@ -65,19 +67,24 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _dead_private_dirs() -> list[Path]:
-    """ortbuild-<pid>-* temp dirs whose process is gone (builds and their workers): plaintext nobody owns."""
-    roots = {Path("/dev/shm"), Path(os.environ.get("TMPDIR", "/tmp"))}
-    return [d for r in roots if r.is_dir() for d in r.glob(f"{workspace.PRIVATE_PREFIX}*")
+def _dead_private_dirs(root: Path) -> list[Path]:
+    """ortbuild-<pid>-* temp dirs in `root` whose process is gone (builds and their workers): plaintext nobody
+    owns."""
+    return [d for d in root.glob(f"{workspace.PRIVATE_PREFIX}*")
             if d.name.split("-")[1].isdigit() and not _alive(int(d.name.split("-")[1]))]
 
 
-@pytest.mark.serial  # every command removes dead builds' private dirs: another test's command would race this one's
 @pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_project: Callable[..., Path],
-                                                                         tmp_path: Path) -> None:
+                                                                         tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_project(TARGETS, models=("tiny_cnn", "tiny_transformer"))
     dist = path.parent / "dist"
+    # every command here (and the in-process inspect) keeps its private dirs in, and sweeps, this test's own root
+    root = tmp_path / "private"
+    root.mkdir()
+    for k, v in _isolated(root).items():
+        monkeypatch.setenv(k, v)
     rng = random.Random(20261123)
     killed_in_build = leftovers_seen = 0
     # one complete build first, so kills also hit the replacement of published artifacts
@@ -94,14 +101,14 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
         # readers never crash on what a kill left; inspect names leftovers
         for folder in dist.glob("*/*"):
             assert cli.main(["inspect", str(folder)]) in (0, 7)  # 1 would be an internal error
-        leftovers_seen += len(workspace.partial_files(dist)) + len(_dead_private_dirs())
+        leftovers_seen += len(workspace.partial_files(dist)) + len(_dead_private_dirs(root))
     assert killed_in_build >= 10, "the kills must land inside build steps"
     assert leftovers_seen >= 1, "some kills must leave something for the recovery to remove"
     # the next build removes every leftover (partial files, the plaintext temp dirs of the dead processes)
-    left = workspace.partial_files(dist) + _dead_private_dirs()
+    left = workspace.partial_files(dist) + _dead_private_dirs(root)
     proc = subprocess.run(_cli("build", "-c", str(path)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert workspace.partial_files(dist) == [] and _dead_private_dirs() == []
+    assert workspace.partial_files(dist) == [] and _dead_private_dirs(root) == []
     assert _assert_no_torn_state(dist) == 4
     assert ("leftover(s) of interrupted builds" in proc.stderr) == bool(left)
 
@@ -118,7 +125,6 @@ def _dead_private_dir(root: Path) -> Path:
     return private
 
 
-@pytest.mark.serial  # its dead build's dir would be removed by any other test's command first
 def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_project: Callable[..., Path],
                                                                            tmp_path: Path) -> None:
     path = make_project(TARGETS.split("[targets.int8]")[0])
@@ -150,7 +156,6 @@ def test_clean_stale_removes_a_dead_builds_plaintext_dir_and_partial_files(make_
         shutil.rmtree(private, ignore_errors=True)
 
 
-@pytest.mark.serial  # its dead process's dir would be removed by any other test's command first
 @pytest.mark.parametrize("command", [["targets"], ["matrix", "--compact"], ["plan"], ["schema", "--check"]])
 def test_every_command_removes_dead_processes_private_dirs_as_it_starts(make_project: Callable[..., Path],
                                                                          command: list[str], tmp_path: Path) -> None:
@@ -329,16 +334,45 @@ def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0
         assert not d.exists()  # removed when the job ends
 
 
-@pytest.mark.serial  # every command removes dead processes' private dirs: another test's would remove this one's
-def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_removable() -> None:
+def test_ortbuild_tmpdir_is_the_only_place_private_dirs_are_made_and_swept(make_project: Callable[..., Path],
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    own, shm = tmp_path / "own", Path("/dev/shm")
+    own.mkdir()
+    monkeypatch.setenv(workspace.TMPDIR_ENV, str(own))
+    with workspace.private_dir(1 << 60) as d:  # more than any /dev/shm holds: the setting still decides
+        assert d.parent == own and oct(d.stat().st_mode & 0o777) == "0o700"
+    assert workspace.private_roots() == [own]
+    dead = _dead_private_dir(own)
+    proc = subprocess.run(_cli("plan", "-c", str(make_project(TARGETS))), capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0 and not dead.exists(), proc.stderr
+    assert f"removed 1 leftover(s) of interrupted builds: {dead}" in proc.stderr  # and nothing from /dev/shm
+    # not a directory, or a symlink: every command refuses, naming the variable and what to do
+    for bad in (tmp_path / "missing", tmp_path / "link"):
+        if bad.name == "link":
+            bad.symlink_to(own)
+        proc = subprocess.run(_cli("plan", "-c", str(tmp_path / "targets.toml")), capture_output=True, text=True,
+                              env={**os.environ, workspace.TMPDIR_ENV: str(bad)})
+        assert proc.returncode == 2, proc.stderr
+        assert f"{workspace.TMPDIR_ENV}={bad} is not a directory" in proc.stderr and "hint: create it" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    monkeypatch.delenv(workspace.TMPDIR_ENV)
+    assert own not in workspace.private_roots() and (shm in workspace.private_roots()) == shm.is_dir()
+
+
+def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_removable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a killed build's workers are orphans; some init processes reap them seconds later, and until then they
-    # are zombies: their plaintext dirs are nobody's and the next build's recovery must remove them
+    # are zombies: their plaintext dirs are nobody's and the next build's recovery must remove them. In a root of
+    # this test's own ($ORTBUILD_TMPDIR): another test's command, sweeping /dev/shm and /tmp, cannot remove it first
+    monkeypatch.setenv(workspace.TMPDIR_ENV, str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    private = Path(tempfile.gettempdir()) / "never-made"
+    private = tmp_path / "never-made"
     try:
         start = workspace._start_time(child.pid)
         assert start is not None
-        private = Path(tempfile.mkdtemp(prefix=f"{workspace.PRIVATE_PREFIX}{child.pid}-{start}-"))
+        private = Path(tempfile.mkdtemp(prefix=f"{workspace.PRIVATE_PREFIX}{child.pid}-{start}-", dir=tmp_path))
         assert private not in workspace._dead_private_dirs()  # running: its dir is in use
         child.kill()
         deadline = time.monotonic() + 10
@@ -425,19 +459,20 @@ def _private_dirs(roots: list[Path]) -> set[Path]:
     return {d for r in roots if r.is_dir() for d in r.glob(f"{workspace.PRIVATE_PREFIX}*-*-*")}
 
 
-@pytest.mark.serial  # it reads /dev/shm, which every build on the machine writes to
 def test_a_successful_build_test_and_profile_leave_no_private_dir(make_project: Callable[..., Path],
                                                                    tmp_path: Path) -> None:
     """Each step that writes plaintext (precision fp16/int8 static and dynamic, fusion, .ort, the golden and startup
     gates, the profiler) runs through a successful build, test and profile in worker processes; afterwards no
     private dir (ortbuild-<pid>-<start>-*) of the CLI or any of its processes is left in /dev/shm, and nothing at
-    all in the run's own TMPDIR."""
+    all in the run's own TMPDIR nor in its private dirs' root ($ORTBUILD_TMPDIR: a directory of this test's own,
+    so that it runs beside other tests' builds)."""
     path = make_project(LEAK_TARGETS, models=("tiny_cnn", "tiny_transformer"), calibration=True)
-    tmp = tmp_path / "tmp"
+    tmp, private = tmp_path / "tmp", tmp_path / "private"
     tmp.mkdir()
-    roots = [Path("/dev/shm"), tmp]
+    private.mkdir()
+    roots = [Path("/dev/shm"), tmp, private]
     before = _private_dirs(roots)
-    env = {**os.environ, "TMPDIR": str(tmp)}
+    env = {**os.environ, "TMPDIR": str(tmp), "ORTBUILD_TMPDIR": str(private)}
     for args in (["build", "-j", "2"], ["test"], ["profile", "--runs", "3"]):
         proc = subprocess.Popen(_cli(*args, "-c", str(path)), cwd=path.parent, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -448,4 +483,5 @@ def test_a_successful_build_test_and_profile_leave_no_private_dir(make_project: 
         left = [d for d in _private_dirs(roots) - before if int(d.name.split("-")[1]) in pids]
         assert left == [], f"`ortbuild {' '.join(args)}` succeeded and left {left} (its pids: {sorted(pids)})"
         assert list(tmp.iterdir()) == [], f"`ortbuild {' '.join(args)}` left files in its TMPDIR"
+        assert list(private.iterdir()) == [], f"`ortbuild {' '.join(args)}` left files in $ORTBUILD_TMPDIR"
     assert len(list((path.parent / "dist").glob("*/*/test-report.json"))) == 8

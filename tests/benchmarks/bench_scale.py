@@ -35,6 +35,7 @@ import onnx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from ortbuild import workspace  # noqa: E402
 from tests.bigmodels import dev_keys_env, layers_for, mlp, needles, plaintext_hits  # noqa: E402
 
 GIB = 1 << 30
@@ -104,7 +105,8 @@ if (which === 'plain') {
 console.log((performance.now() - t) / 1000);
 """
 
-PRIVATE_DIRS = ("/dev/shm", tempfile.gettempdir())  # where builds keep plaintext (workspace.private_dir)
+# where builds keep plaintext (workspace.private_dir): /dev/shm and the temp dir, or only $ORTBUILD_TMPDIR
+PRIVATE_DIRS = tuple(str(r) for r in workspace.private_roots())
 
 
 def _running(private_dir: Path) -> bool:
