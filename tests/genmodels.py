@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -117,3 +118,23 @@ def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Pat
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# Several runs of onnxruntime-genai's model builder in one interpreter: importing it (torch, transformers) is about
+# 5.5 s of a 6.5 s run on the example model, so each run after the first costs a second, not six
+_BUILDER_RUNS = """import json, runpy, sys
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["onnxruntime_genai.models.builder", *argv]
+    runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
+
+
+def builder_runs(*runs: list[str], cwd: Path | None = None) -> None:
+    """Run the model builder once per argument list (its command line: -i, -o, -p, -e, ...), in order, in one
+    fresh interpreter of this Python (each run's module code executes anew, as under `python -m`). Raises
+    RuntimeError with the builder's output when a run fails."""
+    done = subprocess.run([sys.executable, "-c", _BUILDER_RUNS, json.dumps(runs)], capture_output=True, text=True,
+                          cwd=cwd, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the model builder failed (exit {done.returncode}) on {runs}:\n{done.stderr[-4000:]}")
+

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.measure.generation_budget import GenaiConfig, GenerationBudget, Timing
 from ortbuild.gating.measure.percentiles import planned_samples
 from ortbuild.status import Verdict
+from tests.genmodels import builder_runs
 
 CONFIG = GenaiConfig(vocab_size=50, context_length=128, special=frozenset({0, 1, 2}), layers=2,
                          present_key="present.0.key", share_buffer=True)
@@ -81,28 +80,32 @@ def test_an_unreadable_genai_config_names_the_file(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- on genai builds
 
-def _build(hf: Path, out: Path, precision: str = "fp32") -> Path:
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out),
-                    "-p", precision, "-e", "cpu", "-c", str(out.parent / f"{out.name}-cache")],
-                   check=True, capture_output=True, cwd=out.parent)
+@pytest.fixture(scope="session")
+def builds(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 builds of the example model: as it is ("fp32"), and the same weights with a 2048-token context
+    ("fp32_long"; RoPE: the weights do not depend on the context length), made by the model builder's command
+    line in one interpreter (tests/genmodels.py)."""
+    pytest.importorskip("onnxruntime_genai")
+    base = tmp_path_factory.mktemp("gen")
+    hf = shutil.copytree(llm, base / "long-hf")
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
+    out = {"fp32": base / "fp32", "fp32_long": base / "long" / "fp32"}
+    out["fp32_long"].parent.mkdir()
+    builder_runs(*(["-i", str(src), "-o", str(out[name]), "-p", "fp32", "-e", "cpu",
+                    "-c", str(out[name].parent / f"{out[name].name}-cache")]
+                   for name, src in (("fp32", llm), ("fp32_long", hf))), cwd=base)
     return out
 
 
 @pytest.fixture(scope="session")
-def fp32(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("onnxruntime_genai")
-    return _build(llm, tmp_path_factory.mktemp("gen") / "fp32")
+def fp32(builds: dict[str, Path]) -> Path:
+    return builds["fp32"]
 
 
 @pytest.fixture(scope="session")
-def fp32_long(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same weights with a 2048-token context (RoPE: the weights do not depend on the context length)."""
-    pytest.importorskip("onnxruntime_genai")
-    base = tmp_path_factory.mktemp("genlong")
-    hf = shutil.copytree(llm, base / "hf")
-    cfg = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 2048}))
-    return _build(hf, base / "fp32")
+def fp32_long(builds: dict[str, Path]) -> Path:
+    return builds["fp32_long"]
 
 
 def _judge(folder: Path, budget: GenerationBudget, child: memory.Opener | None = None) -> Any:

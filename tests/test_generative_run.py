@@ -11,8 +11,6 @@ settings to differ: every block size and accuracy level gives the same cosine an
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from ortbuild.gating.measure.tokens import DEFAULTS, judge
 from ortbuild.generative import run
 from ortbuild.generative.reference import Reference, log_probs_of, reference
 from ortbuild.status import Verdict
+from tests.genmodels import builder_runs
 
 pytestmark = pytest.mark.generative
 og = pytest.importorskip("onnxruntime_genai")
@@ -32,20 +31,16 @@ HARMFUL = ["block_size=128", "accuracy_level=4"]
 ACCURATE = ["block_size=16", "accuracy_level=0"]  # int4 that keeps most greedy tokens on the example model
 
 
-def _build(src: Path, out: Path, precision: str, extra: list[str]) -> Path:
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out),
-           "-p", precision, "-e", "cpu", *(["--extra_options", *extra] if extra else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
-
-
 @pytest.fixture(scope="session")
 def builds(llm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The four builds, made by the model builder's command line in one interpreter (tests/genmodels.py)."""
     root = tmp_path_factory.mktemp("genai")
-    return {"fp32": _build(llm, root / "fp32", "fp32", []), "int4": _build(llm, root / "int4", "int4", ACCURATE),
-            "int4-default": _build(llm, root / "int4-default", "int4", []),
-            "int4-harmful": _build(llm, root / "int4-harmful", "int4", HARMFUL)}
+    settings = {"fp32": ("fp32", []), "int4": ("int4", ACCURATE), "int4-default": ("int4", []),
+                "int4-harmful": ("int4", HARMFUL)}
+    builder_runs(*([
+        "-i", str(llm), "-o", str(root / name), "-p", precision, "-e", "cpu",
+        *(["--extra_options", *extra] if extra else [])] for name, (precision, extra) in settings.items()))
+    return {name: root / name for name in settings}
 
 
 @pytest.fixture(scope="session")
