@@ -447,14 +447,18 @@ class _Tree:
         self._thread.start()
 
     def _poll(self) -> None:
+        # each process's parent, read once (from its /proc/PID/stat when first listed): a scan reads only the new
+        # processes' stat files, so polling every few ms costs little CPU beside the other tests
+        parent: dict[int, int] = {}
         while not self._done.is_set():
-            for stat in Path("/proc").glob("[0-9]*/stat"):
-                try:
-                    ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError, IndexError):
-                    continue
-                if ppid in self.pids:
-                    self.pids.add(int(stat.parent.name))
+            for name in os.listdir("/proc"):
+                if name.isdigit() and int(name) not in parent:
+                    try:
+                        parent[int(name)] = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    except (OSError, ValueError, IndexError):
+                        continue
+            while new := {pid for pid, ppid in parent.items() if ppid in self.pids and pid not in self.pids}:
+                self.pids |= new  # children, then theirs, whichever order the scan listed them in
             time.sleep(0.005)
 
     def stop(self) -> set[int]:
