@@ -87,9 +87,18 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
         monkeypatch.setenv(k, v)
     rng = random.Random(20261123)
     killed_in_build = leftovers_seen = 0
-    # one complete build first, so kills also hit the replacement of published artifacts
-    assert subprocess.run(_cli("build", "-c", str(path)), capture_output=True, timeout=600).returncode == 0
-    for i in range(30):  # 20 kills inside the jobs, 10 anywhere
+    # one complete build first, so kills also hit the replacement of published artifacts; timed, so that the kills'
+    # moments scale with how fast builds run on this machine now (beside the other tests, several times slower)
+    t0 = time.monotonic()
+    first = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-v"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    assert first.stderr is not None
+    while b"] building" not in (line := first.stderr.readline()) and line:
+        pass
+    started = time.monotonic()
+    assert first.wait(timeout=600) == 0
+    whole, jobs = time.monotonic() - t0, time.monotonic() - started
+    for i in range(36):  # 24 kills inside the jobs, 12 anywhere
         proc = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-j", str(1 + i % 2), "-v"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         head = b""
@@ -97,9 +106,9 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
             assert proc.stderr is not None
             while b"] building" not in head and (line := proc.stderr.readline()):
                 head += line
-            time.sleep(rng.uniform(0.0, 1.5))
+            time.sleep(rng.uniform(0.0, jobs))
         else:  # the others at a random moment from the process's start (start-up, lock, sweep, the first step)
-            time.sleep(rng.uniform(0.1, 2.2))
+            time.sleep(rng.uniform(0.1, whole))
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
         err = head + err
