@@ -122,13 +122,15 @@ def _pytest(session: nox.Session, marks: str, python: str = "python", *, serial:
         return
     if not serial:
         passes = [p for p in passes if p != "serial"]
-    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; -rs: each skip's
+    # a module's tests stay on one worker, in order: its module-scoped fixtures are made once; the heaviest modules
+    # are handed out first (tests/durations.py: by recorded durations, not by number of tests); -rs: each skip's
     # reason at the end (a missing Chromium or Node.js names the command that installs it). One worker more than
     # CPUs: many tests wait (on a child process, a deadline, a socket), so a quiet machine's checks end sooner
     # (docs/testing.md); CI, whose checks run beside other work, passes `-n auto` (one per CPU).
     workers = str(len(os.sched_getaffinity(0)) + 1)
     if "parallel" in passes:
-        session.run(*pytest, "-q", "-rs", "-n", workers, "--dist", "loadfile", "-m", f"({marks}) and not serial",
+        session.run(*pytest, "-q", "-rs", "-n", workers, "--dist", "loadfile", "--no-loadscope-reorder",
+                    "-m", f"({marks}) and not serial",
                     *args, success_codes=[0, 5], external=True)
     if "serial" in passes:
         session.run(*pytest, "-q", "-rs", "-m", f"({marks}) and serial", *args, success_codes=[0, 5],

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ortbuild.installed import installed_flavor
+from tests import durations
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "models"
@@ -243,15 +244,33 @@ def pytest_configure(config: pytest.Config) -> None:
 NO_SERIAL_PASS = ("runtime", "e2e", "slow", "generative")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected: a file weighs what runs of it
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Only `tests` has a serial pass (noxfile.py): tests-openvino (`runtime`), e2e (`e2e`, `slow`) and
     tests-generative (`generative`) run one parallel pass, which leaves `serial` tests out, so a `serial` test with
-    one of their marks would never run there: it is refused."""
+    one of their marks would never run there: it is refused. Then the heaviest files first (tests/durations.py)."""
     both = [f"{i.nodeid} ({m})" for i in items if i.get_closest_marker("serial")
             for m in NO_SERIAL_PASS if i.get_closest_marker(m)]
     if both:
         raise pytest.UsageError(f"marked `serial` and a mark whose session has no serial pass: {both}; a test "
                                 "that needs the machine to itself goes in the default session")
+    order = durations.heaviest_first([i.nodeid for i in items], durations.load())
+    items[:] = [items[i] for i in order]
+
+
+_MEASURED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(durations.WRITE_VAR):
+        _MEASURED[report.nodeid] = _MEASURED.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """`ORTBUILD_DURATIONS_WRITE=1`: this run's durations into tests/durations.json (by pytest-xdist's controller,
+    which gets every worker's reports)."""
+    if os.environ.get(durations.WRITE_VAR) and _MEASURED and not hasattr(session.config, "workerinput"):
+        durations.write(_MEASURED)
 
 
 @pytest.hookimpl(wrapper=True)

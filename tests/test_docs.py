@@ -56,6 +56,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("release.md", "ortbuild verify pulled/"): "the files pulled above (tests/test_modelpack.py verifies them)",
     ("testing.md", "nox -s"): NOX,
     ("testing.md", "python3 -m nox -t check"): "the project's own checks, run by `nox -t check` itself (CI)",
+    ("testing.md", "ORTBUILD_DURATIONS_WRITE=1 python3 -m nox"): "the project's own sessions (minutes each); the "
+                                                               "recording is run by tests/test_durations.py",
 }
 # Commands checked by their own test below rather than in the example project.
 OWN_TEST = {("ci.md", "ortbuild matrix -t cuda-fp16 --cache oci://ghcr.io/acme/models-cache"): "test_ci_matrix_example"}

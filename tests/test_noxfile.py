@@ -219,11 +219,12 @@ def repo_noxfile() -> dict[str, Any]:
 
 
 WORKERS = str(len(os.sched_getaffinity(0)) + 1)
+PARALLEL = ["-n", WORKERS, "--dist", "loadfile", "--no-loadscope-reorder", "-m", "(x) and not serial"]
 
 
 @pytest.mark.parametrize(("posargs", "expected"), [
-    ([], [["-n", WORKERS, "--dist", "loadfile", "-m", "(x) and not serial"], ["-m", "(x) and serial"]]),
-    (["--parallel", "-n", "1"], [["-n", WORKERS, "--dist", "loadfile", "-m", "(x) and not serial", "-n", "1"]]),
+    ([], [PARALLEL, ["-m", "(x) and serial"]]),
+    (["--parallel", "-n", "1"], [[*PARALLEL, "-n", "1"]]),
     (["--serial"], [["-m", "(x) and serial"]]),
     (["-k", "gate"], [["-k", "gate"]]),
 ])
