@@ -123,8 +123,11 @@ def test_a_plain_pipe_run_of_test_never_goes_10_s_without_a_line(tmp_path: Path)
     said = [x for _, x in lines]
     # the long sampling said nothing of its own: the heartbeat named it
     assert any(re.match(r"\[slow-sampling/tiny_cnn\] \.\.\. still latency on test_data_set_0", x) for x in said), text
+    # each job said it started and its verdict: PASS, or INCONCLUSIVE where other work competed with a latency gate
+    # (e2e runs beside other tests; the command exits 0 either way without --strict)
     for job in ("cpu-fp32/tiny_cnn", "cpu-int8/tiny_transformer", "slow-sampling/tiny_cnn"):
-        assert f"[{job}] testing" in said and f"[{job}] PASS" in said, text
+        assert f"[{job}] testing" in said, text
+        assert f"[{job}] PASS" in said or any(x.startswith(f"[{job}] INCONCLUSIVE: ") for x in said), text
     # the quiet default: what ONNX Runtime, the quantizers and Python warnings say stays in dist/logs/
     for third_party in ("Warning", "WARNING", "[W:onnxruntime", "onnxruntime.quantization", "Traceback"):
         assert not [x for x in said if third_party in x], text
