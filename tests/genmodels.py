@@ -137,4 +137,3 @@ def builder_runs(*runs: list[str], cwd: Path | None = None) -> None:
                           cwd=cwd, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the model builder failed (exit {done.returncode}) on {runs}:\n{done.stderr[-4000:]}")
-

@@ -74,6 +74,15 @@ def _dead_private_dirs(root: Path) -> list[Path]:
             if d.name.split("-")[1].isdigit() and not _alive(int(d.name.split("-")[1]))]
 
 
+def _until_building(proc: subprocess.Popen[bytes]) -> bytes:
+    """What a `build -v` wrote to stderr up to its first job's start ("] building"), or until it ended."""
+    assert proc.stderr is not None
+    head = b""
+    while b"] building" not in head and (line := proc.stderr.readline()):
+        head += line
+    return head
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_project: Callable[..., Path],
                                                                          tmp_path: Path,
@@ -92,9 +101,7 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
     t0 = time.monotonic()
     first = subprocess.Popen(_cli("build", "-c", str(path), "--force", "-v"), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
-    assert first.stderr is not None
-    while b"] building" not in (line := first.stderr.readline()) and line:
-        pass
+    _until_building(first)
     started = time.monotonic()
     assert first.wait(timeout=600) == 0
     whole, jobs = time.monotonic() - t0, time.monotonic() - started
@@ -105,9 +112,7 @@ def test_kill_9_at_random_moments_leaves_no_torn_state_and_no_plaintext(make_pro
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         head = b""
         if i % 3:  # two kills in three at a random moment after the first job started, however slow the start
-            assert proc.stderr is not None
-            while b"] building" not in head and (line := proc.stderr.readline()):
-                head += line
+            head = _until_building(proc)
             time.sleep(rng.uniform(0.0, jobs))
         else:  # the others at a random moment from the process's start (start-up, lock, sweep, the first step)
             time.sleep(rng.uniform(0.1, whole))
