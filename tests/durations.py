@@ -15,9 +15,10 @@ ones, in collection order; stale entries only cost a little balance, never a tes
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from ortbuild.files import atomic_write
 
 FILE = Path(__file__).with_name("durations.json")
 WRITE_VAR = "ORTBUILD_DURATIONS_WRITE"
@@ -36,13 +37,12 @@ def load(path: Path = FILE) -> dict[str, float]:
 def heaviest_first(nodeids: Sequence[str], durations: Mapping[str, float]) -> list[int]:
     """The indexes of `nodeids` ordered file by file, the heaviest file first (ties and unrecorded files in
     collection order), each file's tests in their own order."""
+    files = [nodeid.split("::", 1)[0] for nodeid in nodeids]
     weight: dict[str, float] = {}
-    for nodeid in nodeids:
-        f = nodeid.split("::", 1)[0]
+    for f, nodeid in zip(files, nodeids, strict=True):
         weight[f] = weight.get(f, 0.0) + durations.get(nodeid, 0.0)
     first_seen = {f: i for i, f in enumerate(weight)}
-    return sorted(range(len(nodeids)), key=lambda i: (-weight[nodeids[i].split("::", 1)[0]],
-                                                       first_seen[nodeids[i].split("::", 1)[0]], i))
+    return sorted(range(len(nodeids)), key=lambda i: (-weight[files[i]], first_seen[files[i]], i))
 
 
 def merged(recorded: Mapping[str, float], measured: Mapping[str, float]) -> dict[str, float]:
@@ -54,7 +54,6 @@ def merged(recorded: Mapping[str, float], measured: Mapping[str, float]) -> dict
 
 
 def write(measured: Mapping[str, float], path: Path = FILE) -> None:
-    """Merge a run's durations into `path` (write, then rename: never a half-written file)."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(merged(load(path), measured), indent=0) + "\n")
-    partial.replace(path)
+    """Merge a run's durations into `path` (ortbuild's own atomic write: never a half-written file)."""
+    data = json.dumps(merged(load(path), measured), indent=0) + "\n"
+    atomic_write(path, data.encode(), root=path.parent, mode=0o644)
