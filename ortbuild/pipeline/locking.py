@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ortbuild.errors import ConfigError
-from ortbuild.project import lockfile
+from ortbuild.project import lockfile, speedup
 from ortbuild.project.config import Project
 from ortbuild.project.plan import Job
 
@@ -39,9 +39,13 @@ def lay_over(project: Project, jobs: Sequence[Job], lock: lockfile.Lock,
                 notes.append(f"{lock.file.name}: the entry of {job.name} is not applied: its target asks for no "
                              "search or tuning (precision_search = \"auto\", tune = true); delete it")
             entry = entry.only(wants) if wants else None
+            if entry is not None and entry.choice and entry.choice.get("cpu") not in (None, speedup.level()):
+                notes.append(f"{lock.file.name}: the choice of {job.name} ({entry.choice.get('chosen')}) was measured "
+                             f"on an {entry.choice.get('cpu')} CPU ({entry.choice.get('cpu_model', '?')}), this one is "
+                             f"{speedup.host()}: delete the entry to measure the candidates here")
         lacking = lockfile.missing(job, entry)
         if lacking:
-            asks = {"search": 'precision_search = "auto"', "tune": "tune = true"}
+            asks = {"search": 'precision_search = "auto"', "tune": "tune = true", "choice": "candidates"}
             problems.append(f"{job.name} ({' and '.join(asks[p] for p in lacking)}): "
                             + (f"its entry is out of date ({why})" if why else "no entry" if entry is None
                                else f"its entry holds no {' and '.join(lacking)}"))

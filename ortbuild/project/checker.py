@@ -122,6 +122,8 @@ class Checker:
             if not isinstance(v, list):
                 raise self.fail(where, f"must be an array of tables ([[{where}]]), got {type_name(v)}")
             for i, item in enumerate(v):
+                if k.table == "candidate" and isinstance(item, str):  # a precision's name: { precision = NAME }
+                    item = {"precision": item}
                 self.table(item, k.table, f"{where}[{i}]")
         elif kind == "named":
             assert k.table

@@ -320,6 +320,7 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
             check_providers(chk, f"{where}.providers", f"{where}.providers", rt, eff["providers"])
             SETTINGS_CHECKS[models[m].kind](chk, where, m, eff)
             check_settings(chk, where, models[m], eff)
+            eff["candidates"] = _candidates(chk, where, models[m], eff)
             if not plat.nchwc and precisions.LEVEL_RULES[eff["optimization"]].nchwc:
                 raise chk.fail(f"{where}.optimization", f"'{eff['optimization']}' ties the artifact to the build "
                                f"machine's CPU (NCHWc blocks for its SIMD width), and a {t['platform']} target is "
@@ -341,6 +342,25 @@ def _load_targets(chk: Checker, raw: dict[str, Any], models: dict[str, Model], r
         check_relative_budgets(chk, name, target, targets)
     return targets
 
+
+
+def _candidates(chk: Checker, where: str, model: Model, eff: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's `candidates`, each a table (a name: `{ precision = NAME }`), checked as the job's settings with it
+    laid over them would be: build to the fastest artifact that passes (gating/search/fastest.py)."""
+    out = [c if isinstance(c, dict) else {"precision": c} for c in eff["candidates"]]
+    if out and model.kind != "onnx":
+        raise chk.fail(f"{where}.candidates", f"model '{model.name}' is generative: its precision is built by "
+                       "onnxruntime-genai's model builder, which candidates do not cover",
+                       "remove `candidates` from this target (or its override for this model)")
+    seen: list[dict[str, Any]] = []  # (one equal to the declared precision is that one: a lock entry's choice is)
+    for i, c in enumerate(out):
+        at = f"{where}.candidates[{i}]"
+        if c in seen:
+            raise chk.fail(at, f"{json.dumps(c)} is listed twice", "list each candidate once")
+        seen.append(c)
+        laid = merge(eff, c)
+        check_settings(chk, at, model, laid)
+    return out
 
 
 def _selected(chk: Checker, where: str, models: dict[str, Model], patterns: list[str]) -> list[str]:

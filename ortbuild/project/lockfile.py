@@ -28,16 +28,17 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ortbuild import files
 from ortbuild.errors import ConfigError
 from ortbuild.project import config
 from ortbuild.project.declare import keys_of, plain
 from ortbuild.project.kinds import kind_rule
-from ortbuild.project.lock_entry import LOCK_FILE, Entry, toml_value
+from ortbuild.project.lock_entry import LOCK_FILE, Entry, copied, toml_value
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import RULES
-from ortbuild.project.sections import Session
+from ortbuild.project.sections import Fp16, Int4, Quantization, Session
 from ortbuild.project.settings import Settings
 
 VERSION = 1
@@ -59,13 +60,17 @@ ALLOWED["session"] = frozenset({"intra_op_num_threads", "execution_mode", "confi
 assert ALLOWED["session"] <= {k.name for k in keys_of(Session)}
 # a generative model's search (gating/gensearch.py) also moves the model builder's int4 knobs
 ALLOWED["int4"] = ALLOWED["int4"] | {"block_size", "accuracy_level", "symmetric"}
+# what the choice among a target's `candidates` lays over: the precision (a string) and its options tables' keys,
+# checked on apply against the candidates the target lists (`_check_choice`)
+CHOSEN: dict[str, frozenset[str]] = {t: frozenset(k.name for k in keys_of(cls)) for t, cls in
+                                     (("quantization", Quantization), ("int4", Int4), ("fp16", Fp16))}
 
 
 def wanted(settings: Settings) -> list[str]:
     """The parts of an entry the job's settings ask for: "search" (precision_search = "auto" on a precision the
-    search applies to) and "tune" (tune = true)."""
+    search applies to), "tune" (tune = true) and "choice" (`candidates`: the fastest that passes)."""
     return [part for part, asks in (("search", settings.precision_search == "auto" and settings.rule.knob is not None),
-                                    ("tune", settings.tune)) if asks]
+                                    ("tune", settings.tune), ("choice", bool(settings.candidates))) if asks]
 
 
 def declared(job: Job) -> Job:
@@ -75,8 +80,7 @@ def declared(job: Job) -> Job:
 
 def missing(job: Job, entry: Entry | None) -> list[str]:
     """The parts the job asks for that `entry` (an up-to-date one, or None) does not hold."""
-    return [part for part in wanted(job.settings) if entry is None or not (entry.search if part == "search"
-                                                                            else entry.tune)]
+    return [part for part in wanted(job.settings) if entry is None or not getattr(entry, part)]
 
 
 def path_of(project: config.Project) -> Path:
@@ -125,8 +129,8 @@ class Lock:
             out.append(f"\n[jobs.{json.dumps(name)}]\n")
             out.append(f"source = {json.dumps(e.source)}\n")
             out.append(f"settings = {json.dumps(e.settings)}\n")
-            out.append(f"applies = {toml_value({t: dict(v) for t, v in e.applies.items()})}\n")
-            for part, values in (("search", e.search), ("tune", e.tune)):
+            out.append(f"applies = {toml_value(copied(e.applies))}\n")
+            for part, values in (("search", e.search), ("tune", e.tune), ("choice", e.choice)):
                 if values:
                     out.append(f"\n[jobs.{json.dumps(name)}.{part}]\n")
                     out += [f"{config.toml_key(k)} = {toml_value(v)}\n" for k, v in values.items()]
@@ -198,20 +202,24 @@ def _read(path: Path) -> Lock:
             raise ConfigError(str(path), key, "an entry is a table named \"target/model\"", _FIX)
         if not all(isinstance(t.get(k), str) for k in ("source", "settings")):
             raise ConfigError(str(path), key, "needs `source` and `settings` digests (strings)", _FIX)
-        applies, search, tune = t.get("applies", {}), t.get("search", {}), t.get("tune", {})
+        applies, search, tune, choice = (t.get(k, {}) for k in ("applies", "search", "tune", "choice"))
         if not isinstance(applies, dict):
             raise ConfigError(str(path), f"{key}.applies", "must be a table of tables, e.g. "
                               "{ quantization = { exclude_nodes = [...] } }", _FIX)
         for table, values in applies.items():
-            if table not in ALLOWED or not isinstance(values, dict):
+            if table == "precision" and isinstance(values, str):  # a candidate's: checked against them by apply()
+                continue
+            if (table not in ALLOWED and table not in CHOSEN) or not isinstance(values, dict):
                 raise ConfigError(str(path), f"{key}.applies.{table}", f"{_only()}, each a table", _FIX)
-        if not isinstance(search, dict) or not isinstance(tune, dict):
-            raise ConfigError(str(path), key, "`search` and `tune` must be tables", _FIX)
-        unknown = set(t) - {"source", "settings", "applies", "search", "tune"}
+        if not all(isinstance(x, dict) for x in (search, tune, choice)):
+            raise ConfigError(str(path), key, "`search`, `tune` and `choice` must be tables", _FIX)
+        unknown = set(t) - {"source", "settings", "applies", "search", "tune", "choice"}
         if unknown:
             raise ConfigError(str(path), key, f"unknown key(s) {', '.join(sorted(unknown))}", _FIX)
         for table, values in applies.items():
-            allowed = ALLOWED.get(table, frozenset())
+            if table == "precision":
+                continue
+            allowed = ALLOWED.get(table, frozenset()) | CHOSEN.get(table, frozenset())
             wrong = sorted(k for k in values if k not in allowed)
             config_ = values.get("config") if table == "session" else None
             if config_ is not None and (not isinstance(config_, dict) or set(config_) - TUNED_CONFIG):
@@ -219,19 +227,20 @@ def _read(path: Path) -> Lock:
                              ", ".join(f"config.{json.dumps(k)}" for k in sorted(set(config_) - TUNED_CONFIG)))
             if wrong:
                 raise ConfigError(str(path), f"{key}.applies.{table}", f"{', '.join(wrong)}: {_only()}", _FIX)
-        for part, values in (("search", search), ("tune", tune)):
+        for part, values in (("search", search), ("tune", tune), ("choice", choice)):
             for k, v in values.items():
                 if not _plain_value(v):
                     raise ConfigError(str(path), f"{key}.{part}.{k}", f"holds {type(v).__name__} {v!r}: only "
                                       "strings, finite numbers, booleans and lists of them", _FIX)
-        entries[name] = Entry(name, t["source"], t["settings"], applies, search, tune)
+        entries[name] = Entry(name, t["source"], t["settings"], applies, search, tune, choice)
     return Lock(path, entries)
 
 
 def _only() -> str:
     return ("a lock entry lays only what the searches and tuning find over the settings (the lists kept in float, "
-            f"the generative search's int4 knobs and tuning's four session settings: {_allowed_text()}), never a "
-            "gate, a budget, the precision or another session option: write those in targets.toml")
+            f"the generative search's int4 knobs and tuning's four session settings: {_allowed_text()}) and the "
+            "candidate the build chose (`precision` and its options, one of the target's `candidates`), never a gate, "
+            "a budget, another precision or another session option: write those in targets.toml")
 
 
 def _allowed_text() -> str:
@@ -248,15 +257,41 @@ def _plain_value(v: object) -> bool:
 _FIX = "delete the entry (or the file): the next build searches again where a target asks (precision_search, tune)"
 
 
+def variant(applies: Mapping[str, Any]) -> dict[str, Any]:
+    """What of `applies` (a lock entry's, or a candidate's table) chooses a candidate: `precision` and the keys of
+    its options tables that the searches do not set (the lists they keep in float, the generative int4 knobs)."""
+    out: dict[str, Any] = {"precision": applies["precision"]} if "precision" in applies else {}
+    for table, keys in CHOSEN.items():
+        values = applies.get(table)
+        if isinstance(values, Mapping):
+            picked = {k: v for k, v in values.items() if k in keys and k not in ALLOWED.get(table, frozenset())}
+            if picked:
+                out[table] = picked
+    return out
+
+
+def _check_choice(project: config.Project, job: Job, entry: Entry) -> None:
+    """An entry that chooses a precision (or its options) chooses one of the job's `candidates`, or none."""
+    chosen = variant(entry.applies)
+    if not chosen:
+        return
+    listed = [variant(c) for c in job.settings.candidates]
+    if chosen not in listed:
+        what = ", ".join(f"{t} = {toml_value(v)}" for t, v in chosen.items())
+        raise ConfigError(str(path_of(project)), f"jobs.{json.dumps(entry.job)}.applies",
+                          f"chooses {what}, which is not one of the target's candidates "
+                          f"({', '.join(toml_value(c) for c in listed) or 'it lists none'}): {_only()}", _FIX)
+
+
 def apply(project: config.Project, pairs: Sequence[tuple[Job, Entry]]) -> list[Job]:
     """The jobs with their entries' settings laid over their own: targets.toml read again with each entry as one
     more `[[targets.X.overrides]]` table of the target (merged as data, nothing written), validated as
     targets.toml is. A config error names the lock's entry."""
     tables: dict[str, list[dict[str, object]]] = {}
     for job, entry in pairs:
+        _check_choice(project, job, entry)
         if entry.applies:
-            tables.setdefault(job.target.name, []).append(
-                {"models": [job.model.name], **{t: dict(v) for t, v in entry.applies.items()}})
+            tables.setdefault(job.target.name, []).append({"models": [job.model.name], **copied(entry.applies)})
     if not tables:
         return [dataclasses.replace(job, locked=entry) for job, entry in pairs]
     try:
@@ -266,7 +301,7 @@ def apply(project: config.Project, pairs: Sequence[tuple[Job, Entry]]) -> list[J
             if entry.applies:
                 try:
                     config.load_with_overrides(project.file, {job.target.name: [
-                        {"models": [job.model.name], **{t: dict(v) for t, v in entry.applies.items()}}]})
+                        {"models": [job.model.name], **copied(entry.applies)}]})
                 except ConfigError as one:
                     key = one.where.split("].", 1)[-1] if ".overrides[" in one.where else one.where
                     raise ConfigError(str(path_of(project)), f"jobs.{json.dumps(entry.job)}.applies",

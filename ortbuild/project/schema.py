@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from ortbuild.paths import NAME_PATTERN, NAME_RULE, RESERVED_NAMES
+from ortbuild.project.precisions import PRECISIONS
 from ortbuild.project.providers import PROVIDER_OPTIONS, PROVIDERS, ProviderOption
 from ortbuild.project.session_keys import (
     CONFIG_FLAGS,
@@ -76,6 +77,9 @@ def _key_schema(k: Key) -> dict[str, object]:
         s = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}
     elif k.kind == "table":
         s = {"$ref": f"#/$defs/{k.table}"}
+    elif k.kind == "tables" and k.table == "candidate":  # a precision's name, or a table of it and its options
+        s = {"type": "array", "items": {"anyOf": [{"type": "string", "enum": list(PRECISIONS)},
+                                                  {"$ref": f"#/$defs/{k.table}"}]}}
     elif k.kind == "tables":
         s = {"type": "array", "items": {"$ref": f"#/$defs/{k.table}"}}
     elif k.kind == "named":
@@ -140,7 +144,7 @@ _TITLES = {
     "latency_multi_stream": "[targets.NAME.latency.multi_stream]",
     "size": "[targets.NAME.size]", "memory": "[targets.NAME.memory]", "eval": "[targets.NAME.eval]",
     "model_eval": "[models.NAME.eval]", "tokens": "[targets.NAME.tokens]",
-    "generation": "[targets.NAME.generation]",
+    "generation": "[targets.NAME.generation]", "candidate": "[targets.NAME] candidates",
 }
 
 

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ortbuild.project.declare import KINDS, Key, keys_of, sub_tables
+from ortbuild.project.precisions import PRECISIONS
 from ortbuild.project.sections import FUSION_INFERS_SIZES, FUSION_MODEL_TYPES, FUSION_OFF, MS_MAX, SCENARIOS
 from ortbuild.project.settings import Gates, Model, Project, Settings, Target
 
@@ -37,6 +38,11 @@ OVERRIDES = Key(name="overrides", kind="tables", table="override", default=[], b
                     "See docs/targets.md, Layers.")
 OVERRIDE_MODELS = Key(name="models", kind="strings", required=True, build="never",
                       doc="Glob patterns of the models it applies to.")
+CANDIDATE = (Key(name="precision", kind="string", required=True, build="never", choices=PRECISIONS,
+                 doc="The candidate's precision."),
+             *(Key(name=t, kind="table", table=t, default=None, build="never",
+                   doc=f"Its `{t}` options, laid over the target's key by key.") for t in ("quantization", "int4",
+                                                                                          "fp16")))
 DATA_SET = (*(Key(name=f"p{p}_ms", kind="number", default=None, maximum=MS_MAX, build="never",
                    doc=f"Budget of the {what} latency on this data set, in ms.")
                for p, what in (("50", "median"), ("90", "90th percentile"), ("99", "99th percentile"))),
@@ -78,6 +84,7 @@ TABLES: dict[str, tuple[Key, ...]] = {
     "accuracy": ACCURACY,
     "output_accuracy": OUTPUT_ACCURACY,
     "latency_data_set": DATA_SET,
+    "candidate": CANDIDATE,
     **{name: keys_of(cls) for name, cls in {**sub_tables(Settings), **sub_tables(Gates)}.items()},
 }
 

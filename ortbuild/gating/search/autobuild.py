@@ -19,6 +19,7 @@ from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain, explain_render
 from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say, Search
 from ortbuild.gating.search.bisect import changed_lists, describe_set
+from ortbuild.gating.search.fastest import FastestSearch
 from ortbuild.gating.search.gensearch import GenerativeSearch
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
@@ -30,8 +31,9 @@ from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
 
 
 def wants_search(job: Job) -> bool:
-    """`auto` on a precision the search applies to, and no up-to-date search in the lock (a tuning alone is not one)."""
-    return "search" in lockfile.missing(job, job.locked)
+    """`auto` on a precision the search applies to, or `candidates`, and no up-to-date search or choice in the lock
+    (a tuning alone is not one)."""
+    return bool({"search", "choice"} & set(lockfile.missing(job, job.locked)))
 
 
 def root_cause(job: Job) -> str:
@@ -182,6 +184,7 @@ class AutoSearch:
         self.budget = budget
         self.locking = Locking(builder, progress)
         self.searches = {kind: make(self.locking, tester, budget, progress) for kind, make in SEARCHES.items()}
+        self.fastest = FastestSearch(self.locking, tester, budget, progress)
 
     @property
     def locked(self) -> dict[str, Job]:
@@ -189,7 +192,10 @@ class AutoSearch:
         return self.locking.locked
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
-        """Judge the job's build and repair it where it fails: its final result."""
+        """Judge the job's build and repair it where it fails (with `candidates`: build to the fastest artifact that
+        passes, fastest.py): its final result."""
+        if job.settings.candidates:
+            return self.fastest.search(job, given)
         return self.searches[job.model.kind].search(job, given)
 
     def run(self, jobs: Sequence[Job], done: dict[str, JobResult]) -> None:

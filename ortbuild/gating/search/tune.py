@@ -79,7 +79,7 @@ def fp32_reference(project: config.Project, job: Job) -> Job | None:
     return None
 
 
-class _Sessions:
+class Sessions:
     """Opens the artifact through its loader with given session options (a LoaderError as ortbuild's error)."""
 
     def __init__(self, module: ModuleType, folder: Path, secret: bytes | None, where: str) -> None:
@@ -92,13 +92,13 @@ class _Sessions:
             raise from_loader(e, self.where) from None
 
 
-def _plan(job: Job) -> latency.Plan:
+def plan_of(job: Job) -> latency.Plan:
     gates = job.settings.gates
     assert gates is not None
     return latency.Plan(gates.latency.confidence, 0, MIN_SECONDS, RETRY_WAIT_SECONDS)
 
 
-def _measure(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan,
+def measure_pair(models: tuple[Any, Any], feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan,
              deadline: float = math.inf) -> Comparison:
     """Current against candidate on every data set, paired and interleaved: the worst data set's comparison. Each
     data set's warm-up and sampling get an equal share of the time left before `deadline` (time.monotonic())."""
@@ -140,18 +140,18 @@ class Tuner:
                                                 "\"auto\"), then tune it")
         cpus = os.cpu_count() or 1
         waited = load.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
-        sessions = _Sessions(module, folder, tester.secret, name)
+        sessions = Sessions(module, folder, tester.secret, name)
         feeds = [ds.inputs for ds in g.sets]
         gates = job.settings.gates
         assert gates is not None
-        plan, warmup = _plan(job), gates.latency.warmup_runs
+        plan, warmup = plan_of(job), gates.latency.warmup_runs
 
         clock = self.budget.start()  # search() counts from here too: every measurement ends by its deadline
 
         def measure(current: Session, candidate: Session) -> Comparison:
             # two fresh sessions each time (also for the same options): a session's own placement in memory can make
             # it faster or slower than another with the same options, and each comparison says so in its interval
-            return _measure((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, clock.deadline)
+            return measure_pair((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, clock.deadline)
 
         def accurate(session: Session) -> tuple[bool, str]:
             r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
@@ -186,9 +186,9 @@ def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, referenc
     try:
         manifest.read(ref_folder)
         ref = loaders.import_python_loader(loaders.python_path(ref_folder, reference.model.name))
-        theirs = _Sessions(ref, ref_folder, tester.secret, reference.name).open(session)
-        mine = _Sessions(module, folder, tester.secret, job.name).open(session)
-        c = _measure((theirs, mine), feeds, warmup, plan)
+        theirs = Sessions(ref, ref_folder, tester.secret, reference.name).open(session)
+        mine = Sessions(module, folder, tester.secret, job.name).open(session)
+        c = measure_pair((theirs, mine), feeds, warmup, plan)
     except (OrtbuildError, KeyError, TypeError) as e:  # another model's inputs, an artifact not built
         return f"{what}: not measured ({first_line(e) if isinstance(e, OrtbuildError) else e})"
     return (f"{job.settings.precision} is {c.speedup:.2f}x {reference.name}'s (fp32) speed, "
@@ -206,8 +206,9 @@ def record(builder: Builder, tester: Tester, lock: lockfile.Lock, declared_job: 
     if not tuning.applies and old is None and not declared_job.settings.tune:
         return _nothing_kept(builder, lock, declared_job, tuning)
     keep = old if old is not None and not old.stale(source, settings) else None
-    applies = {t: dict(v) for t, v in keep.applies.items() if t != "session"} if keep is not None else {}
-    entry = lock_entry.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {})
+    applies = {t: v for t, v in lock_entry.copied(keep.applies).items() if t != "session"} if keep else {}
+    entry = lock_entry.Entry(declared_job.name, source, settings, applies, dict(keep.search) if keep else {}, {},
+                             dict(keep.choice) if keep else {})
     entry = entry.merged({"session": tuning.applies} if tuning.applies else {}, tune=tuning.record())
     (locked,) = lockfile.apply(builder.project, [(declared_job, entry)])
     result = builder.run_job(locked)
