@@ -87,6 +87,27 @@ def test_a_job_that_passes_as_declared_is_recorded_and_not_judged_again(tmp_path
     assert "accuracy gate" not in err
 
 
+def test_a_search_the_budget_stopped_says_so_and_a_larger_budget_refines_it(tmp_path: Path) -> None:
+    path = _project(tmp_path, 'accuracy = { cosine = 0.999 }\nprecision_search = "auto"\n')
+    assert _build(path)[0] == 0
+    lock = tmp_path / "targets.lock"
+    entry = tomllib.loads(lock.read_text())["jobs"]["int8/emb"]
+    assert entry["search"]["minimal"] is True and entry["search"]["budget_seconds"] == 300
+    # as a search stopped by a 5 s budget would have left it: both nodes in float, not minimal
+    text = lock.read_text().replace('exclude_nodes = ["fc"]', 'exclude_nodes = ["fc", "embed"]')
+    lock.write_text(text.replace("minimal = true", "minimal = false").replace("budget_seconds = 300",
+                                                                                 "budget_seconds = 5"))
+    code, jobs, err = _build(path, "--locked")  # CI: the lock decides, nothing is searched
+    assert code == 0 and jobs["int8/emb"]["status"] == "up-to-date" and "searching again" not in err
+    code, jobs, err = _build(path, "--explain-seconds", "4")  # no more budget than it had: nothing searched
+    assert code == 0 and "searching again" not in err
+    code, jobs, err = _build(path)  # 300 s: searched again from the declared settings
+    assert code == 0, err[-2000:]
+    assert "the entry's search was stopped by its budget (5 s): searching again with 300 s" in err
+    entry = tomllib.loads(lock.read_text())["jobs"]["int8/emb"]
+    assert entry["applies"] == {"quantization": {"exclude_nodes": ["fc"]}} and entry["search"]["minimal"] is True
+
+
 def test_no_passing_set_within_the_budget_fails_the_job_with_the_search_table(tmp_path: Path) -> None:
     path = _project(tmp_path, AUTO.replace("0.999 }", "0.9999999 }"))
     code, jobs, err = _build(path, "--explain-rebuilds", "1")

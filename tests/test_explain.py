@@ -131,6 +131,31 @@ def test_layerwise_error_points_at_where_the_error_shows(tmp_path: Path) -> None
     assert all(x.error is not None and x.error < 1e-2 for x in layers[1:])  # fp16 rounding elsewhere
 
 
+@pytest.mark.runtime
+def test_layerwise_error_streamed_one_sample_at_a_time_equals_the_whole_feeds(tmp_path: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    fragile_model(tmp_path)
+    source = onnx.load(str(tmp_path / "fragile.onnx"))
+    reduced = convert_float_to_float16(onnx.load(str(tmp_path / "fragile.onnx")), keep_io_types=True)
+    nodes = layerwise.changed_nodes(source, reduced, "fp16", config.Fp16(keep_io_types=True))
+    feed = dict(np.load(tmp_path / "fragile.inputs.npz"))
+    each = layerwise.samples(feed, source)
+    assert len(each) == 4 and all(f["x"].shape == (1, 16) for f in each)  # a symbolic batch: one sample each
+    whole = {x.node: x.error for x in layerwise.layerwise(source, reduced, nodes, feed)}
+    streamed = {x.node: x.error for x in layerwise.layerwise(source, reduced, nodes, each)}
+    assert streamed.keys() == whole.keys()
+    assert all(streamed[n] == pytest.approx(whole[n], rel=1e-6) for n in whole)  # the same sums of squares
+    seen = []
+    first = layerwise.layerwise(source, reduced, nodes, each, more=lambda: bool(seen.append(1)) and False)
+    assert len(seen) == 1 and first  # `more` asked once, after the first sample: it said stop
+    assert layerwise.joined(each)["x"].tolist() == feed["x"].tolist()
+    # a fixed batch dimension runs the feed whole
+    emb_model(tmp_path)
+    emb = onnx.load(str(tmp_path / "emb.onnx"))
+    assert len(layerwise.samples(dict(np.load(tmp_path / "emb.inputs.npz")), emb)) == 1
+
+
 def _search(passing: set[frozenset[str]], layers: list[layerwise.Layer], op_keys: bool,
             max_rebuilds: int = 50) -> tuple[bisect.Bisection, tuple[list[str], list[str]] | None]:
     members = {x.op_type: {y.node for y in layers if y.op_type == x.op_type} for x in layers}

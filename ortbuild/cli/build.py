@@ -133,9 +133,12 @@ def cmd_plan(opts: PlanOptions) -> int:
         if j.locked is not None:
             notes.append(f"{lock_entry.LOCK_FILE} lays over its settings: {j.locked.describe()}")
         for part in lockfile.missing(j, j.locked):
-            notes.append('precision_search = "auto" and no search in targets.lock: the build judges its accuracy and '
-                         "searches where it fails" if part == "search" else
-                         "tune = true and no tuning in targets.lock: the build tunes its session options")
+            notes.append({"search": 'precision_search = "auto" and no search in targets.lock: the build judges its '
+                                    "accuracy and searches where it fails",
+                          "tune": "tune = true and no tuning in targets.lock: the build tunes its session options",
+                          "choice": f"candidates and no choice in targets.lock: the build makes {j.settings.precision} "
+                                    f"and {len(j.settings.candidates)} candidate(s), judges each and ships the "
+                                    "fastest that passes on this CPU"}[part])
         if j.settings.rule.quantizer is not Quantizer.NONE and j.model.name in graphs:
             if j.model.name not in reduced:
                 reduced[j.model.name] = _already_reduced(graphs[j.model.name])

@@ -112,7 +112,8 @@ def built(o: Builds, project: config.Project, jobs: Sequence[plan.Job], secrets:
         with Progress(quiet=o.selection.json, verbose=verbose, what="building") as progress:
             builder.progress = progress
             done = {f"{r.target}/{r.model}": r for r in builder.run(jobs, workers=worker_count(writer.jobs, fit))}
-            searched = _to_the_gates(o.budgets, o.selection.config, builder, jobs, done, progress)
+            searched = _to_the_gates(o.budgets, o.selection.config, builder, jobs, done, progress,
+                                     refine=not writer.locked)
         for r in done.values():
             if r.status != JobStatus.SKIPPED:  # another runtime's environment keeps its own record
                 record(dist, r)
@@ -120,13 +121,15 @@ def built(o: Builds, project: config.Project, jobs: Sequence[plan.Job], secrets:
 
 
 def _to_the_gates(budgets: Budgets, config_file: str, builder: Builder, jobs: Sequence[plan.Job],
-                  done: dict[str, JobResult], progress: Progress) -> dict[str, plan.Job]:
+                  done: dict[str, JobResult], progress: Progress, *, refine: bool = True) -> dict[str, plan.Job]:
     """The precision search and the session tuning of the jobs that ask for them (gating/search/autobuild.py,
     gating/search/tune.py; numpy, onnx and ONNX Runtime load only when one does): the jobs rebuilt, by name. `ortbuild
-    tune` tunes its jobs itself."""
+    tune` tunes its jobs itself. `refine` (not with --locked): a search its budget stopped is searched again where
+    this build's budget is larger."""
     from ortbuild.gating.search import autobuild, tune
 
-    searching = [j for j in jobs if autobuild.wants_search(j) and j.name in done]
+    searching = [j for j in jobs if j.name in done and (autobuild.wants_search(j) or
+                                                         (refine and autobuild.refinable(j, budgets.precision)))]
     tuning = [j for j in jobs if tune.wants_tune(j) and j.name in done] if builder.command != "tune" else []
     if not searching and not tuning:
         return {}

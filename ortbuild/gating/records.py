@@ -168,6 +168,7 @@ class ExplainDoc(TypedDict, total=False):
     table: str
     layers: list[LayerDoc]
     baseline: ExplainBaseline
+    analysed: str
     renamed: list[str]
     predictions: PredictionsDoc
     trials: list[TrialDoc]

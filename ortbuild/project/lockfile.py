@@ -1,7 +1,8 @@
 """targets.lock: what the build found for a job, applied by later builds without searching again.
 
-Two things write it: the precision search of a target with `precision_search = "auto"` (the sets kept in float)
-and session tuning (`ortbuild tune`, or `tune = true` on a target: the session options measured fastest). One
+Three things write it: the precision search of a target with `precision_search = "auto"` (the sets kept in float),
+session tuning (`ortbuild tune`, or `tune = true` on a target: the session options measured fastest) and the
+choice among a target's `candidates` (the fastest artifact that passes: its precision and options). One
 entry per (target, model), keyed by two digests: `source` (the model's files, its golden inputs, its expected
 outputs where given and, for the precisions that read them, its calibration data) and `settings` (the job's
 declared settings, as the build key holds them, and its accuracy rule). An entry whose digests no longer match is
@@ -9,7 +10,8 @@ out of date: the build says so and searches again, or `--locked` fails (for CI).
 over the declared settings, as one more `[[targets.X.overrides]]` table would (lists and tables given whole), so a
 locked job is exactly a job with that override: targets.toml's own validation checks it. It may only hold the
 lists the search keeps in float, the generative search's int4 knobs and tuning's four session settings (ALLOWED),
-checked on read: the lock never loosens a gate and never names a file. An entry applies only to a job that asks
+checked on read, and a precision with its options only where it is one of the job's candidates (CHOSEN, checked on
+apply): the lock never loosens a gate and never names a file. An entry applies only to a job that asks
 for a search or tuning, and only the part it asks for (Entry.only: ortbuild.project.lock_entry).
 
 The file is TOML, sorted, one table per job, written atomically under a lock on its folder (builds of one

@@ -36,6 +36,18 @@ def wants_search(job: Job) -> bool:
     return bool({"search", "choice"} & set(lockfile.missing(job, job.locked)))
 
 
+def refinable(job: Job, budget: Budget) -> bool:
+    """The job's up-to-date search was stopped by a smaller budget than `budget` (`minimal = false`): a build
+    with this one searches again (the lock keeps the old answer unless the new search finds one)."""
+    found = job.locked.search if job.locked is not None else {}
+    if found.get("minimal") is not False:
+        return False
+    seconds, rebuilds = found.get("budget_seconds"), found.get("budget_rebuilds")
+    more_seconds = isinstance(seconds, int | float) and budget.seconds > seconds
+    more_rebuilds = isinstance(rebuilds, int) and (budget.rebuilds is None or budget.rebuilds > rebuilds)
+    return more_seconds or more_rebuilds
+
+
 def root_cause(job: Job) -> str:
     """What decides the precision step's output and its judgement: jobs that share it share a search."""
     s = job.settings
@@ -65,6 +77,8 @@ class PrecisionSearch:
         otherwise), else as repaired, or failed with the search's table."""
         clock = self.budget.start()
         r = given
+        if job.locked is not None and refinable(job, self.budget) and r.status.usable:
+            return self._refine(job, r, clock)
         if r.status in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED):
             res = TestResult(job.target.name, job.model.name, job.settings.precision)
             self.progress(job.name, PhaseStarted("precision_search = \"auto\": the accuracy gate of the build"))
@@ -84,19 +98,33 @@ class PrecisionSearch:
             why = f"broken outputs ({r.error.message})"
         else:
             return clock.found(r, found=False, cut_short=False)
-        return self._repair(job, r, res, why)
+        return self._repair(job, r, res, why, clock)
 
-    def _repair(self, job: Job, failed: JobResult, res: TestResult, why: str) -> Found[JobResult]:
-        clock = self.budget.start()
+    def _refine(self, job: Job, built: JobResult, clock: Clock) -> Found[JobResult]:
+        """A search its budget stopped, searched again from the declared settings with this larger budget: its
+        answer replaces the entry's; where it finds none, the entry and the artifact as built stand."""
+        assert job.locked is not None
+        old = job.locked.search
+        why = str(old.get("failed_with", "accuracy gate FAIL"))
+        res = TestResult(job.target.name, job.model.name, job.settings.precision, accuracy=Verdict.FAIL, worst=why)
+        self.progress(job.name, f"precision_search: the entry's search was stopped by its budget "
+                                f"({old.get('budget_seconds')} s): searching again with {self.budget.seconds:g} s")
+        declared = dataclasses.replace(lockfile.declared(job), locked=job.locked)
+        return self._repair(declared, built, res, why, clock, fallback=built)
+
+    def _repair(self, job: Job, failed: JobResult, res: TestResult, why: str, clock: Clock,
+                fallback: JobResult | None = None) -> Found[JobResult]:
+        """The search, its answer rebuilt into dist/ and locked; `fallback`: what stands where it finds none (a
+        refinement's passing build), else the job fails with the search's table."""
         key = root_cause(job)
-        if key in self.failed:  # the same root cause found nothing within the budget: it is not searched again
+        if key in self.failed and fallback is None:  # the same root cause found nothing within the budget: not searched
             other, doc = self.failed[key]
             self.progress(job.name, f"precision_search: {why}; not searched: {other}'s search, of the same model and "
                                     "precision step, found no passing set")
             return clock.found(self._failed(job, failed, {"status": "not found", "reason": f"the search of {other} "
                                             f"(the same model and precision step) found none: {doc.get('reason', '')}"},
                                             why), found=False, cut_short=False)
-        if key in self.answers:  # the same root cause: try that search's answer first (one rebuild)
+        if key in self.answers and fallback is None:  # the same root cause: that search's answer first (one rebuild)
             other, nodes, op_types = self.answers[key]
             self.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the answer of {other}'s search"))
             built = self._rebuild(job, nodes, op_types, {"reused_from": other}, clock)
@@ -106,23 +134,36 @@ class PrecisionSearch:
         ex = explain.Explainer(self.locking.builder, self.tester, self.budget, progress=self.progress,
                                final_gate=False)
         try:
-            found = ex.search(job, res)
+            found = ex.search(job, res, clock)
             doc, cut_short = found.answer, found.cut_short
-            clock.rebuilt(found.rebuilds)
         except OrtbuildError as e:
             doc, cut_short = {"status": JobStatus.FAILED.value, "reason": e.message}, False
+        if doc.get("status") != "found" and fallback is not None:
+            fallback.notes.append(f"precision_search: searching again found no set that passes within the budget "
+                                  f"({doc.get('reason', '')}): the entry stands")
+            self.progress(job.name, JobFinished(fallback.status, fallback.notes[-1]))
+            return clock.found(fallback, found=True, cut_short=cut_short)
         if doc.get("status") != "found":
             self.failed[key] = (job.name, doc)
             return clock.found(self._failed(job, failed, doc, why), found=False, cut_short=cut_short)
         nodes, op_types = list(doc.get("nodes", [])), list(doc.get("op_types", []))
         self.answers[key] = (job.name, nodes, op_types)
         evidence: dict[str, object] = {"rebuilds": int(doc.get("rebuilds", 0)),
-                                       "seconds": round(clock.spent(), 1), "failed_with": why}
+                                       "seconds": round(clock.spent(), 1), "failed_with": why,
+                                       # a search its budget stopped found a set that passes, maybe not the
+                                       # fewest nodes: a later build with a larger budget searches again (refine)
+                                       "minimal": not cut_short, "budget_seconds": self.budget.seconds}
+        if self.budget.rebuilds is not None:
+            evidence["budget_rebuilds"] = self.budget.rebuilds
+        if cut_short:
+            evidence["stopped"] = str(doc.get("stopped") or doc.get("reason", ""))
         trials = doc.get("trials", [])
         passing = [t for t in trials if t["passed"] and (t["nodes"], t["op_types"]) == (nodes, op_types)]
         if passing:
             evidence["worst"] = passing[-1]["worst"]
         built = self._rebuild(job, nodes, op_types, evidence, clock)
+        if built is None and fallback is not None:
+            return clock.found(fallback, found=True, cut_short=cut_short)
         if built is None:  # it passed in the search's scratch build and fails here: say so, ship nothing
             return clock.found(self._failed(job, failed, {"status": "not found", "reason": "the search's answer did "
                                             "not pass when rebuilt into dist/"}, why), found=False, cut_short=cut_short)
@@ -151,6 +192,9 @@ class PrecisionSearch:
         if res.accuracy != Verdict.PASS:
             return None
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""
+        if evidence.get("minimal") is False:
+            source += (f"; NOT minimal: {evidence.get('stopped', 'the budget stopped the search')}, a build with a "
+                       "larger --explain-seconds/--explain-rebuilds searches again for fewer")
         self.locking.keep(locked, result, entry.merged({}, search={**entry.search, "worst": res.worst}),
                           f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst})")
         return result
@@ -202,5 +246,5 @@ class AutoSearch:
         """Judge, search and rebuild the jobs that want it; `done` gets their final results."""
         for job in jobs:
             r = done.get(job.name)
-            if r is not None and wants_search(job):
+            if r is not None and (wants_search(job) or refinable(job, self.budget)):
                 done[job.name] = self.search(job, r).answer

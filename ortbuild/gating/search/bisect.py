@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ortbuild.gating.records import SkippedSet, TrialDoc
 from ortbuild.gating.search.base import Clock
 from ortbuild.gating.search.layerwise import Layer, Prediction
-from ortbuild.project import config
+from ortbuild.project import config, lockfile
 from ortbuild.project.plan import Job
 from ortbuild.project.precisions import SearchKnob
 from ortbuild.status import Event, PhaseStarted, Verdict
@@ -49,6 +49,11 @@ def check_override(project: config.Project, job: Job, text: str, expected: confi
     """Parse targets.toml with `text` appended: the model's settings must be those that were tested, its gates
     (budgets and accuracy rule, outside the settings' equality) those it had."""
     parsed = config.load_pasted(project.file, text).targets[job.target.name].settings[job.model.name]
+    if job.locked is not None and lockfile.variant(job.locked.applies):  # a candidate the lock lays over
+        knob = expected.rule.knob
+        assert knob is not None
+        parsed = dataclasses.replace(expected, **{knob.table: dataclasses.replace(
+            getattr(expected, knob.table), **changed_lists(expected, knob, parsed))})
     if parsed != expected or parsed.gates != expected.gates:
         raise AssertionError(f"the printed override does not yield the tested settings: {parsed} != {expected}")
 

@@ -61,8 +61,10 @@ from ortbuild.gating.search.layerwise import (
     Prediction,
     changed_nodes,
     graph_digest,
+    joined,
     layerwise,
     ranked,
+    samples,
     session_of,
 )
 from ortbuild.gating.search.predict import Proxy
@@ -91,6 +93,8 @@ class Analysis:
     src: check.CheckResult           # the check step's result for the source model
     expected: dict[str, object]      # the source model's outputs on `feed`
     renamed: list[str]               # changed nodes the source has no name for (renamed by pre-processing)
+    analysed: int = 1                # golden samples the layer-wise error and the predictions ran on
+    of: int = 1                      # of the golden samples
 
 
 class Explainer:
@@ -110,13 +114,14 @@ class Explainer:
         """The search's record for one job (the test report's `explain` section)."""
         return self.search(job, res).answer
 
-    def search(self, job: Job, given: TestResult) -> Found[ExplainDoc]:
+    def search(self, job: Job, given: TestResult, clock: Clock | None = None) -> Found[ExplainDoc]:
         """The search for one job, what the converters and ONNX Runtime say in it kept in its log,
-        dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the build's capture)."""
+        dist/logs/<target>/<model>.explain.log (ortbuild.logs; none with -v, as the build's capture). `clock`: the
+        caller's, already started (one deadline for a whole build-to-the-gates search), else this budget's."""
         dist = self.builder.dist
         log = logs.log_path(dist, job.target.name, job.model.name, "explain") if self.builder.capture else None
         cap: logs.Captured | None = None
-        clock = self.budget.start()
+        clock = clock or self.budget.start()
         try:
             with logs.captured(log, dist) as cap:
                 doc = self._explain(job, given, clock)
@@ -138,10 +143,11 @@ class Explainer:
                     "protobuf's 2 GB limit does not fit; keep layers in float by hand (quantization.exclude_nodes, "
                     "int4.exclude_nodes, fp16.node_block_list) or explain a smaller model of the same architecture"}
         self.progress(job.name, PhaseStarted("explain: layer-wise error against fp32 on the golden inputs"))
-        an = analyse(job)
+        an = analyse(job, lambda: clock.within(ANALYSIS_SHARE))
         layers = an.layers
         doc: ExplainDoc = {"precision": job.settings.precision, "table": knob.table,
-                           "layers": layers_doc(layers), "baseline": {"accuracy": res.accuracy, "worst": res.worst}}
+                           "layers": layers_doc(layers), "baseline": {"accuracy": res.accuracy, "worst": res.worst},
+                           "analysed": f"{an.analysed} of {an.of} golden sample(s)"}
         if an.renamed:
             doc["renamed"] = an.renamed
         if res.accuracy == Verdict.PASS:
@@ -280,26 +286,41 @@ def reduce_model(job: Job, settings: config.Settings, src: check.CheckResult, *,
         return onnx.load(str(out.path))
 
 
-def analyse(job: Job) -> Analysis:
-    """The failing artifact's precision step: its candidates and their layer-wise errors."""
+ANALYSIS_SHARE = 0.25  # of a search's seconds, what the layer-wise error may take (one golden sample at least)
+
+
+def analyse(job: Job, more: Callable[[], bool] = lambda: True) -> Analysis:
+    """The failing artifact's precision step: its candidates and their layer-wise errors, on the golden samples
+    taken one at a time while `more()` says so (the first always): the Analysis' feed is those samples, which
+    the predictions run on too."""
     s = job.settings
     src = check.run(job.model.path)
     # the names the build accepts in exclude_nodes (check.settings_problems: every graph's, bodies included)
     known = {n.name for g in accounting.graphs(src.model.graph) for n in g.node}
     names = [i["name"] for i in src.signature["inputs"]]
-    feed = data.load_feed(job.model.inputs, names)
+    every = samples(data.load_feed(job.model.inputs, names), src.model)
     reduced = reduce_model(job, s, src)
     base = reduce_model(job, s, src, converter_input=True)
-    # the golden outputs the gate compares with: the source model's, weights loaded
+    nodes = changed_nodes(base, reduced, s.precision, s.typed_precision_options())
+    renamed = [n.name for n in nodes if n.name not in known]
+    nodes = [n for n in nodes if n.name in known]
+    used: list[data.Feed] = []
+
+    def go_on() -> bool:
+        on = more()
+        if on:
+            used.append(every[len(used)])
+        return on
+
+    used.append(every[0])
+    layers = layerwise(base, reduced, nodes, every, s.custom_ops, go_on)
+    feed = joined(used)
+    # the golden outputs the gate compares with, on the samples analysed: the source model's, weights loaded
     source = onnx.load(str(job.model.path)) if src.files.has_external_data else src.model
     outputs = [o.name for o in source.graph.output]
     expected = dict(zip(outputs, session_of(source, s.custom_ops).run(outputs, dict(feed)), strict=True))
     del source
-    nodes = changed_nodes(base, reduced, s.precision, s.typed_precision_options())
-    renamed = [n.name for n in nodes if n.name not in known]
-    nodes = [n for n in nodes if n.name in known]
-    return Analysis(layerwise(base, reduced, nodes, feed, s.custom_ops), base, reduced, feed,
-                    graph_digest(reduced), src, expected, renamed)
+    return Analysis(layers, base, reduced, feed, graph_digest(reduced), src, expected, renamed, len(used), len(every))
 
 
 def _in_subgraphs(reduced: onnx.ModelProto) -> str:

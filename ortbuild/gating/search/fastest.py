@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild import logs, machine, paths
-from ortbuild.errors import GateFailed, OrtbuildError, first_line
+from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain
@@ -157,7 +157,7 @@ class FastestSearch:
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
         clock = self.budget.start()
         declared = lockfile.declared(job)
-        if not given.status.usable:
+        if not given.status.usable and not isinstance(given.error, OutputsBroken):  # not the precision's doing
             return clock.found(given, found=False, cut_short=False)
         options = options_of(declared)
         self.progress(job.name, PhaseStarted(f"candidates: {len(options)} artifacts built, judged and timed against "
@@ -173,6 +173,7 @@ class FastestSearch:
         record: dict[str, object] = {
             "chosen": pick.option.label if pick is not None else "none", "why": why,
             "cpu": speedup.level(), "cpu_model": machine.cpu_model(),
+            "isa": " ".join(machine.fingerprint()["isa_flags"]),
             "measured": [t.line() for t in tried], "complete": complete, "seconds": round(clock.spent(), 1)}
         if pick is None:
             return clock.found(self._failed(job, given, why, tried), found=False, cut_short=not complete)
@@ -251,9 +252,9 @@ class FastestSearch:
         if res.accuracy != Verdict.PASS and t.repaired is None and knob is not None \
                 and cjob.settings.precision_search == "auto" and not clock.out_of_time():
             self.progress(declared.name, f"candidates: {t.option.label}: accuracy FAIL ({res.worst}); searching")
-            ex = explain.Explainer(self.locking.builder, self.tester, Budget(self.budget.rebuilds, clock.left()),
+            ex = explain.Explainer(self.locking.builder, self.tester, self.budget,
                                    progress=self.progress, final_gate=False)
-            doc = ex.search(cjob, res).answer
+            doc = ex.search(cjob, res, clock).answer
             if doc.get("status") == "found":
                 fixed = bisect.settings_with(cjob.settings, knob, list(doc.get("nodes", [])),
                                              list(doc.get("op_types", [])))

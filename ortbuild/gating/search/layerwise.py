@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,18 +99,23 @@ def executed(model: onnx.ModelProto, feed: data.Feed, custom_ops: Sequence[confi
     return {e["name"][:-len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)}
 
 
-def _outputs_of(model: onnx.ModelProto, names: Sequence[str], feed: data.Feed,
-                custom_ops: Sequence[config.CustomOps] = ()) -> dict[str, np.ndarray]:
-    """The values of the tensors `names` (those the graph computes) on `feed`: CPU provider, no optimization."""
+def _exposed(model: onnx.ModelProto, names: Sequence[str], custom_ops: Sequence[config.CustomOps] = ()) \
+        -> tuple[onnxruntime.InferenceSession, list[str]]:
+    """A session that outputs the tensors `names` (those the graph computes), and which: CPU provider, no
+    optimization."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {o for n in m.graph.node for o in n.output} | {o.name for o in m.graph.output}
     present = [n for n in names if n in have]
     known = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in present if n not in known)
-    values = session_of(m, custom_ops).run(present, dict(feed))
-    return {n: v for n, v in zip(present, values, strict=True)
-            if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+    return session_of(m, custom_ops), present
+
+
+def _run(session: onnxruntime.InferenceSession, present: list[str], feed: data.Feed) -> dict[str, np.ndarray]:
+    values = session.run(present, dict(feed))
+    return {n: v for n, v in zip(present, values, strict=True) if isinstance(v, np.ndarray) and v.dtype.kind == "f"}
+
 
 
 def _quantizing(node: onnx.NodeProto) -> bool:
@@ -247,15 +252,63 @@ def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: 
     return out
 
 
+def samples(feed: data.Feed, model: onnx.ModelProto) -> list[data.Feed]:
+    """The feed one sample at a time (its inputs sliced along their first axis), where every input has that axis
+    with the same length, more than 1, and `model` leaves it free (a symbolic batch); else the feed whole."""
+    lengths = {v.shape[0] if isinstance(v, np.ndarray) and v.ndim else -1 for v in feed.values()}
+    if len(lengths) != 1 or (n := lengths.pop()) <= 1:
+        return [feed]
+    for i in model.graph.input:
+        dims = i.type.tensor_type.shape.dim
+        if i.name in feed and dims and dims[0].HasField("dim_value"):  # a fixed batch: the feed runs whole
+            return [feed]
+    return [{k: v[i:i + 1] for k, v in feed.items()} for i in range(n)]
+
+
+def joined(feeds: Sequence[data.Feed]) -> data.Feed:
+    """Samples (`samples`) as one feed again."""
+    return feeds[0] if len(feeds) == 1 else {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+
+
+class Errors:
+    """Each tensor's relative L2 error against fp32 over the samples seen so far, kept as sums of squares: one
+    sample's tensors in memory at a time, the same error as over the samples joined (rel_error)."""
+
+    def __init__(self) -> None:
+        self.diff: dict[str, float] = {}
+        self.ref: dict[str, float] = {}
+
+    def add(self, got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> None:
+        for n in ref.keys() & got.keys():
+            a, b = np.asarray(got[n], np.float64), np.asarray(ref[n], np.float64)
+            if a.shape != b.shape or (np.isfinite(b).all() and not np.isfinite(a).all()):
+                self.diff[n] = math.inf
+            else:
+                self.diff[n] = self.diff.get(n, 0.0) + float(np.square(a - b).sum())
+            self.ref[n] = self.ref.get(n, 0.0) + float(np.square(b).sum())
+
+    def errors(self) -> dict[str, float]:
+        return {n: math.sqrt(d) / math.sqrt(self.ref[n]) if self.ref[n] > 0 else math.sqrt(d)
+                for n, d in self.diff.items()}
+
+
 def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-              feed: data.Feed, custom_ops: Sequence[config.CustomOps] = ()) -> list[Layer]:
+              feed: data.Feed | Sequence[data.Feed], custom_ops: Sequence[config.CustomOps] = (),
+              more: Callable[[], bool] = lambda: True) -> list[Layer]:
     """The changed nodes' errors against fp32, most harmful first (by error added, then by error). A node inside
     an If/Loop/Scan body has no measured error (a body's tensors cannot be made outputs of the model): those come
-    after the measured ones, by the weights they keep in float."""
+    after the measured ones, by the weights they keep in float. `feed`: one feed, or samples run one at a time
+    (memory: one sample's tensors), the first always, each next one while `more()` says so."""
+    feeds = [feed] if isinstance(feed, dict) else list(feed)
     names = [o for n in source.graph.node for o in n.output if o]
-    ref = _outputs_of(source, names, feed, custom_ops)
-    got = _outputs_of(reduced, names, feed, custom_ops)
-    err = {n: rel_error(got[n], ref[n]) for n in names if n in got and n in ref}
+    ref_session, got_session = _exposed(source, names, custom_ops), _exposed(reduced, names, custom_ops)
+    acc = Errors()
+    for i, f in enumerate(feeds):
+        if i and not more():
+            break
+        acc.add(_run(*got_session, f), _run(*ref_session, f))
+    err = acc.errors()
+    feed = feeds[0]
     # a tensor the precision step hands to another node (QDQ folds a Relu into its Conv, which then writes the
     # Relu's output name, before the activation) is no measure of the node that wrote it in the source
     source_names = {n.name for n in source.graph.node}

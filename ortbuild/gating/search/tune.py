@@ -48,6 +48,7 @@ from ortbuild.project.plan import Job
 from ortbuild.status import JobStatus, PhaseStarted, Verdict
 
 QUIET_WAIT_SECONDS = 10.0    # before a job's search, at most: for the load to fall
+VERSUS_SHARE = 0.15          # of the seconds left after the declared gate, the fp32 note's (a reduced precision's)
 
 
 def wants_tune(job: Job) -> bool:
@@ -128,6 +129,7 @@ class Tuner:
         """A declared setting that fails its accuracy gate is a GateFailed: nothing to tune."""
         tester, progress, reference = self.tester, self.progress, given
         declared_job, seconds = lockfile.declared(job), self.budget.seconds
+        clock = self.budget.start()  # one deadline for all of it: the gate, the wait, every measurement, the note
         name = declared_job.name
         folder = paths.inside(tester.dist, declared_job.target.name, declared_job.model.name)
         decl = declared_session(declared_job)
@@ -139,19 +141,20 @@ class Tuner:
                              "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
                                                 "\"auto\"), then tune it")
         cpus = os.cpu_count() or 1
-        waited = load.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10), cpus)
+        waited = load.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10, clock.left()), cpus)
         sessions = Sessions(module, folder, tester.secret, name)
         feeds = [ds.inputs for ds in g.sets]
         gates = job.settings.gates
         assert gates is not None
         plan, warmup = plan_of(job), gates.latency.warmup_runs
-
-        clock = self.budget.start()  # search() counts from here too: every measurement ends by its deadline
+        # the fp32 note's share, kept from the search: its measurement ends by the same deadline
+        note_share = VERSUS_SHARE * clock.left() if reference is not None else 0.0
 
         def measure(current: Session, candidate: Session) -> Comparison:
             # two fresh sessions each time (also for the same options): a session's own placement in memory can make
             # it faster or slower than another with the same options, and each comparison says so in its interval
-            return measure_pair((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan, clock.deadline)
+            return measure_pair((sessions.open(current), sessions.open(candidate)), feeds, warmup, plan,
+                                clock.deadline - note_share)
 
         def accurate(session: Session) -> tuple[bool, str]:
             r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
@@ -164,13 +167,13 @@ class Tuner:
         progress(name, PhaseStarted(f"tune: session options, greedy, at most {seconds:g} s, and the runs in flight "
                                     f"then (paired, interleaved runs at {plan.confidence:.0%} confidence); then the "
                                     "fp32 note and a rebuild with what it keeps"))
-        tuning = search(decl, cpus, measure, accurate, clock.left(), clock=clock.now,
+        tuning = search(decl, cpus, measure, accurate, clock.left() - note_share, clock=clock.now,
                         progress=lambda m: progress(name, m))
         if not waited["quiet"]:
             tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
                                 "the ratios are paired, but tune again on a quiet machine to confirm")
         if reference is not None:
-            note = _versus(tester, job, module, folder, reference, tuning.tuned, feeds, warmup, plan)
+            note = _versus(tester, job, module, folder, reference, tuning.tuned, feeds, warmup, plan, clock.deadline)
             tuning.notes.append(note)
             progress(name, f"tune: {note}")
         cut_short = tuning.final is None or any(t.verdict == NOT_TRIED for t in tuning.tried)
@@ -178,7 +181,7 @@ class Tuner:
 
 
 def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, reference: Job, session: Session,
-            feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan) -> str:
+            feeds: list[dict[str, Any]], warmup: int, plan: latency.Plan, deadline: float = math.inf) -> str:
     """The note on a reduced precision's speed against the fp32 artifact of the same model (same session options,
     paired and interleaved)."""
     ref_folder = paths.inside(tester.dist, reference.target.name, reference.model.name)
@@ -188,7 +191,7 @@ def _versus(tester: Tester, job: Job, module: ModuleType, folder: Path, referenc
         ref = loaders.import_python_loader(loaders.python_path(ref_folder, reference.model.name))
         theirs = Sessions(ref, ref_folder, tester.secret, reference.name).open(session)
         mine = Sessions(module, folder, tester.secret, job.name).open(session)
-        c = measure_pair((theirs, mine), feeds, warmup, plan)
+        c = measure_pair((theirs, mine), feeds, warmup, plan, deadline)
     except (OrtbuildError, KeyError, TypeError) as e:  # another model's inputs, an artifact not built
         return f"{what}: not measured ({first_line(e) if isinstance(e, OrtbuildError) else e})"
     return (f"{job.settings.precision} is {c.speedup:.2f}x {reference.name}'s (fp32) speed, "

@@ -155,12 +155,15 @@ def compare(calls: Mapping[str, Callable[[], object]], plan: latency.Plan, *, cp
     (at most plan.retry_wait_seconds), the two looks sharing one error budget."""
     cpus = cpus or os.cpu_count() or 1
     spending: dict[str, percentiles.Spending] = {}
+    ends = clock() + plan.max_seconds  # both looks end by the plan's deadline
     first = latency.sample(calls, "candidate", [RELATIVE], plan, spending, clock, read, cpus)
     found = comparison_of(first)
-    if not found.faster or not first.series["candidate"].instability():
+    if not found.faster or not first.series["candidate"].instability() or clock() >= ends:
         return found
-    waited = (wait or (lambda s, c: load.wait_for_quiet(s, c, read)))(plan.retry_wait_seconds, cpus)
-    again = latency.sample(calls, "candidate", [RELATIVE], plan, spending, clock, read, cpus)
+    waited = (wait or (lambda s, c: load.wait_for_quiet(s, c, read)))(min(plan.retry_wait_seconds,
+                                                                          max(0.0, ends - clock())), cpus)
+    again = latency.sample(calls, "candidate", [RELATIVE], dataclasses.replace(plan, max_seconds=max(
+        0.0, ends - clock())), spending, clock, read, cpus)
     return comparison_of(again, [f"measured again: faster under {'; '.join(first.series['candidate'].instability())}"
                                  f" ({waited})"])
 
