@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def project(tmp_path: Path) -> config.Project:
     return config.load(tmp_path / "targets.toml", check_files=False)
 
 
-def _entry(**applies: dict[str, object]) -> lock_entry.Entry:
+def _entry(**applies: object) -> lock_entry.Entry:
     return lock_entry.Entry("int8/m", "sha256:s", "sha256:t", applies, {"kept": 'node "b"', "rebuilds": 2},
                           {"speedup": 1.25})
 
@@ -75,7 +76,7 @@ def test_an_entry_is_stale_when_its_source_or_settings_digest_differs() -> None:
     ('version = 1\n[jobs.int8]\nsource = "x"\nsettings = "y"', '[jobs."int8"] an entry is a table named'),
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { quantization = 1 }',
      '[jobs."int8/m".applies.quantization] a lock entry lays only'),
-    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { precision = "fp32" }',
+    ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { precision = 32 }',
      '[jobs."int8/m".applies.precision] a lock entry lays only'),
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\nextra = 1', "unknown key(s) extra"),
     ('version = 1\n[jobs."int8/m"]\nsource = "x"\nsettings = "y"\napplies = { quantization = { exclude_nodez = [] } }',
@@ -112,10 +113,27 @@ def test_the_docs_example_is_a_lock_ortbuild_reads(project: config.Project) -> N
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "build-to-the-gates.md").read_text()
-    (block,) = re.findall(r"^```toml targets.lock\n(.*?)^```", text, flags=re.S | re.M)
-    lockfile.path_of(project).write_text(block)
+    search, choice = re.findall(r"^```toml targets.lock\n(.*?)^```", text, flags=re.S | re.M)
+    lockfile.path_of(project).write_text(search)
     (entry,) = lockfile.read(project).entries.values()
     assert entry.target == "cpu-int8" and entry.applies["quantization"]["exclude_nodes"]
+    lockfile.path_of(project).write_text(choice)
+    (entry,) = lockfile.read(project).entries.values()
+    assert entry.applies == {"precision": "fp32"} and entry.choice["chosen"] == "fp32" and entry.choice["cpu"]
+
+
+def test_an_entry_chooses_only_among_the_targets_candidates(project: config.Project) -> None:
+    """`applies.precision` (and a precision's options beyond the searches' lists) passes the read, and is refused
+    where it lays them over a job whose target does not list them as a candidate: the lock cannot ship a
+    precision targets.toml does not name."""
+    job = plan.jobs(project)[0]
+    for applies in ({"precision": "fp32"}, {"quantization": {"per_channel": True}}):
+        with pytest.raises(ConfigError) as e:
+            lockfile.apply(project, [(job, _entry(**applies))])
+        assert '[jobs."int8/m".applies] chooses' in e.value.message and "(it lists none)" in e.value.message
+    listed = dataclasses.replace(job, settings=dataclasses.replace(job.settings, candidates=({"precision": "fp32"},)))
+    (locked,) = lockfile.apply(project, [(listed, _entry(precision="fp32"))])
+    assert locked.settings.precision == "fp32"
 
 
 # ------------------------------------------------------------------------- what an entry may do (trust, third pass)

@@ -186,7 +186,7 @@ def main() -> int:
             print(f"  {line}")
         if not choice:
             problems.append(f"{name}: no choice recorded")
-        elif not choice.get("complete"):
+        elif not choice.get("all_measured"):
             problems.append(f"{name}: not every candidate was built and judged within {a.seconds:g} s")
         elif "measured slower than fp32" in str(choice.get("why")) and choice.get("chosen") != "fp32":
             problems.append(f"{name}: shipped {choice.get('chosen')} though a candidate was slower (TIE {TIE})")

@@ -107,8 +107,9 @@ class PrecisionSearch:
         old = job.locked.search
         why = str(old.get("failed_with", "accuracy gate FAIL"))
         res = TestResult(job.target.name, job.model.name, job.settings.precision, accuracy=Verdict.FAIL, worst=why)
-        self.progress(job.name, f"precision_search: the entry's search was stopped by its budget "
-                                f"({old.get('budget_seconds')} s): searching again with {self.budget.seconds:g} s")
+        self.progress(job.name, PhaseStarted(f"precision_search: the entry's search was stopped by its budget "
+                                             f"({old.get('budget_seconds', 0):g} s): searching again with "
+                                             f"{self.budget.seconds:g} s"))
         declared = dataclasses.replace(lockfile.declared(job), locked=job.locked)
         return self._repair(declared, built, res, why, clock, fallback=built)
 

@@ -13,7 +13,7 @@ nothing measurable ships over an fp32 four times its size, an int8 three times s
 candidate's ratio with its interval, and the CPU it was measured on (its x86-64 level and model) are written to
 targets.lock (`applies`: the chosen precision and options; `choice`: how), the job rebuilt into dist/ through it
 and judged again (base.Locking), as for the precision search. Bounded by the search's Budget (seconds): candidates
-left when it runs out are said to be not tried, and the entry says `complete = false`.
+left when it runs out are said to be not tried, and the entry says `all_measured = false`.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class FastestSearch:
             "chosen": pick.option.label if pick is not None else "none", "why": why,
             "cpu": speedup.level(), "cpu_model": machine.cpu_model(),
             "isa": " ".join(machine.fingerprint()["isa_flags"]),
-            "measured": [t.line() for t in tried], "complete": complete, "seconds": round(clock.spent(), 1)}
+            "measured": [t.line() for t in tried], "all_measured": complete, "seconds": round(clock.spent(), 1)}
         if pick is None:
             return clock.found(self._failed(job, given, why, tried), found=False, cut_short=not complete)
         return clock.found(self._keep(job, given, pick, record), found=True, cut_short=not complete)
