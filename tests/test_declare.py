@@ -42,6 +42,7 @@ VARIANTS: dict[str, object] = {
     "target.int4.exclude_nodes": ["conv1"],
     "target.fp16.op_block_list": ["Relu"],
     "target.fp16.node_block_list": ["conv1"],
+    "target.candidates": ["int8-dynamic"],
     "model.path": str(MODELS / "tiny_lstm.onnx"),
     "model.inputs": str(MODELS / "tiny_lstm.inputs.npz"),
     "model.calibration": str(MODELS / "tiny_lstm.calib.npz"),

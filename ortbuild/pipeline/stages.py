@@ -134,7 +134,9 @@ def _precision(prep: Prepared, done: Done) -> precision.PrecisionResult:
     done.add(prec)  # reported (the share converted) even when it converted too little below
     if prec.changed is not None:
         little = precision.too_little(s.precision, prec.changed, s.typed_precision_options())
-        if little:
+        if little and prec.already:  # the source's own quantization holds the rest: little is left to convert
+            prec.notes.append(f"{little[0]}: the source is already reduced, the rest is its own quantization")
+        elif little:
             raise StepError(prep.job.target.name, prep.job.model.name, "precision", *little)
     if prec.path != prep.job.model.path.resolve():
         check.run(prec.path)  # every precision output must pass the full checker

@@ -348,7 +348,7 @@ def _candidates(chk: Checker, where: str, model: Model, eff: dict[str, Any]) -> 
     """The job's `candidates`, each a table (a name: `{ precision = NAME }`), checked as the job's settings with it
     laid over them would be: build to the fastest artifact that passes (gating/search/fastest.py)."""
     out = [c if isinstance(c, dict) else {"precision": c} for c in eff["candidates"]]
-    if out and model.kind != "onnx":
+    if out and kind_rule(model.kind).directory:  # a model builder's directory: the builder sets its precision
         raise chk.fail(f"{where}.candidates", f"model '{model.name}' is generative: its precision is built by "
                        "onnxruntime-genai's model builder, which candidates do not cover",
                        "remove `candidates` from this target (or its override for this model)")

@@ -240,7 +240,6 @@ class Settings:
             "lock lays over. See docs/build-to-the-gates.md.")
     candidates: tuple[Mapping[str, Any], ...] = setting(
         (), kind="tables", table="candidate", build="never",
-        rebuilds="the candidate the build chose enters the build key through the settings targets.lock lays over",
         doc="Build to the fastest artifact that passes: other precisions (and variants of them) the build may ship "
             "instead of the declared one, e.g. `[\"fp32\", { precision = \"int8-static\", quantization = { "
             "per_channel = true } }]`, each a precision name or a table of `precision` and its options table "
@@ -249,7 +248,8 @@ class Settings:
             "repairing a failing one), times each passing one against fp32 on this machine (paired, interleaved "
             "runs), and ships the fastest, the smallest of those that are as fast; a reduced precision measured "
             "slower than fp32 ships only where fp32 is a candidate. The choice, its ratios and the CPU they were "
-            "measured on go to `targets.lock`. See docs/build-to-the-gates.md.")
+            "measured on go to `targets.lock`. It does not rebuild by itself: the candidate chosen enters the build key "
+            "through the settings the lock lays over. See docs/build-to-the-gates.md.")
     tune: bool = setting(
         False, build="never",
         doc="The build tunes the session options (`ortbuild tune`) when `targets.lock` has no tuning for the "

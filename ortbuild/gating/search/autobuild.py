@@ -48,6 +48,29 @@ def refinable(job: Job, budget: Budget) -> bool:
     return more_seconds or more_rebuilds
 
 
+# the op types ORT's quantizers and converters reduce: an already-reduced source keeps them as it stores them
+REDUCIBLE = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather", "LSTM", "GRU", "Attention",
+                       "EmbedLayerNormalization"})
+
+
+def source_quantization(job: Job) -> tuple[list[str], str] | None:
+    """For a source that is already quantized or fp16 (its weights mostly int8/int4/fp16, or quantized ops):
+    its nodes the precision step would reduce again, every graph's (kept in float, the step leaves the source's
+    own quantization as it is), and why it is reduced; None for a float source."""
+    import onnx
+
+    from ortbuild.pipeline.steps import accounting
+
+    if job.settings.rule.knob is None:
+        return None
+    model = onnx.load(str(job.model.path), load_external_data=False)
+    reason = accounting.already_reduced(model)
+    if reason is None:
+        return None
+    nodes = [n.name for g in accounting.graphs(model.graph) for n in g.node if n.name and n.op_type in REDUCIBLE]
+    return (list(dict.fromkeys(nodes)), reason) if nodes else None
+
+
 def root_cause(job: Job) -> str:
     """What decides the precision step's output and its judgement: jobs that share it share a search."""
     s = job.settings
@@ -131,6 +154,15 @@ class PrecisionSearch:
             built = self._rebuild(job, nodes, op_types, {"reused_from": other}, clock)
             if built is not None:
                 return clock.found(built, found=True, cut_short=False)
+        own = source_quantization(job) if fallback is None else None
+        if own is not None:  # an already-reduced source: its own quantization first (one rebuild), then the search
+            nodes, reason = own
+            self.progress(job.name, PhaseStarted(f"precision_search: {why}; the source is already reduced ({reason}): "
+                                                 "trying its own quantization"))
+            built = self._rebuild(job, nodes, [], {"failed_with": why, "source_quantization": reason}, clock,
+                                  kept=f"the source's own quantization ({len(nodes)} node(s) as it stores them)")
+            if built is not None:
+                return clock.found(built, found=True, cut_short=False)
         self.progress(job.name, PhaseStarted(f"precision_search: {why}; searching"))
         ex = explain.Explainer(self.locking.builder, self.tester, self.budget, progress=self.progress,
                                final_gate=False)
@@ -171,7 +203,7 @@ class PrecisionSearch:
         return clock.found(built, found=True, cut_short=cut_short)
 
     def _rebuild(self, job: Job, nodes: list[str], op_types: list[str], evidence: dict[str, object],
-                 clock: Clock) -> JobResult | None:
+                 clock: Clock, kept: str = "") -> JobResult | None:
         """Build the job with the answer into dist/ (through the lock, as later builds will) and judge it: its
         result when it passes (the lock written), else None (the lock left as it was)."""
         knob = job.settings.rule.knob
@@ -179,7 +211,7 @@ class PrecisionSearch:
         settings = bisect.settings_with(job.settings, knob, nodes, op_types)
         applies: dict[str, dict[str, object]] = {
             knob.table: dict(changed_lists(lockfile.declared(job).settings, knob, settings))}
-        kept = describe_set(nodes, op_types)
+        kept = kept or describe_set(nodes, op_types)
         entry = self.locking.entry(job).merged(applies, search={"kept": kept, **evidence})
         locked, result = self.locking.rebuild(job, entry)
         clock.rebuilt()

@@ -12,8 +12,10 @@ others, those within TIE of the fastest are as fast, and the smallest artifact o
 nothing measurable ships over an fp32 four times its size, an int8 three times slower does not. The choice, every
 candidate's ratio with its interval, and the CPU it was measured on (its x86-64 level and model) are written to
 targets.lock (`applies`: the chosen precision and options; `choice`: how), the job rebuilt into dist/ through it
-and judged again (base.Locking), as for the precision search. Bounded by the search's Budget (seconds): candidates
-left when it runs out are said to be not tried, and the entry says `all_measured = false`.
+and judged again (base.Locking), as for the precision search. Bounded by the search's Budget (seconds): the timing
+keeps MEASURE_SECONDS per candidate (at most TIMING_SHARE of the budget) from the repairs, each repair gets an equal
+part of the rest; candidates left when it runs out are said to be not tried or not timed, the choice says which,
+and the entry says `all_measured = false`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
 
 TIE = 0.05              # candidates whose median ratio is within this share of the fastest one's are as fast
 MEASURE_SECONDS = 10.0  # of paired runs of one candidate against fp32, at most (fewer once the verdict is decided)
+TIMING_SHARE = 0.5      # of the budget, at most, kept from the repairs for the timing (MEASURE_SECONDS a candidate)
 FP32 = "fp32"
 
 
@@ -140,6 +143,9 @@ def choose(tried: Sequence[Tried]) -> tuple[Tried | None, str]:
         why += ", the fastest that passes"
     if slow:
         why += "; measured slower than fp32: " + "; ".join(f"{t.option.label} ({t.timing()})" for t in slow)
+    untimed = [t for t in passing if t.ratio is None]
+    if untimed:
+        why += "; passes but " + "; ".join(f"{t.option.label}: {t.note or 'not timed'}" for t in untimed)
     return pick, why
 
 
@@ -189,14 +195,17 @@ class FastestSearch:
         tried: list[Tried] = []
         opened: dict[str, Any] = {}
         feeds: list[dict[str, Any]] = []
-        for opt in options:
+        # the timing's share, kept from the repairs; each repair gets an equal part of the rest
+        reserve = min(TIMING_SHARE * self.budget.seconds, MEASURE_SECONDS * sum(o.precision != FP32 for o in options))
+        for i, opt in enumerate(options):
             t = Tried(opt)
             tried.append(t)
             if clock.out_of_time():
                 t.note = "not tried (out of time)"
                 continue
             self.progress(declared.name, f"candidates: {opt.label}: building and judging")
-            session, g = self._judged(builder, tester, declared, t, clock)
+            repair = Budget(self.budget.rebuilds, max(0.0, clock.left() - reserve) / (len(options) - i))
+            session, g = self._judged(builder, tester, declared, t, repair.start())
             if session is not None:
                 opened[opt.label] = session
                 feeds = feeds or [ds.inputs for ds in g]
@@ -254,7 +263,7 @@ class FastestSearch:
             self.progress(declared.name, f"candidates: {t.option.label}: accuracy FAIL ({res.worst}); searching")
             ex = explain.Explainer(self.locking.builder, self.tester, self.budget,
                                    progress=self.progress, final_gate=False)
-            doc = ex.search(cjob, res, clock).answer
+            doc = ex.search(cjob, res, clock).answer  # `clock`: this candidate's share of the budget
             if doc.get("status") == "found":
                 fixed = bisect.settings_with(cjob.settings, knob, list(doc.get("nodes", [])),
                                              list(doc.get("op_types", [])))

@@ -47,6 +47,7 @@ class PrecisionResult:
     options: dict[str, object]       # the options as used (the manifest records them)
     notes: list[str] = field(default_factory=list)
     changed: accounting.Accounting | None = None  # what the step converted (None: fp32, nothing to convert)
+    already: str | None = None       # why the source is already quantized or fp16 (None: it is not)
 
     def manifest_section(self) -> manifest_types.PrecisionInfo:
         return manifest_types.PrecisionInfo(self.precision, self.options,
@@ -231,7 +232,7 @@ def run(source: Path, model: onnx.ModelProto, precision: str | PrecisionRule,
     if already:
         notes.append(f"the source is already reduced ({already}): {rule.name} converts it again; "
                      "precision = \"fp32\" ships it as it is")
-    return PrecisionResult(res.path, res.precision, res.options, notes, changed)
+    return PrecisionResult(res.path, res.precision, res.options, notes, changed, already)
 
 
 def _run(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: PrecisionOptions, work: Path,
