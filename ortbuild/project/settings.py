@@ -248,8 +248,8 @@ class Settings:
             "repairing a failing one), times each passing one against fp32 on this machine (paired, interleaved "
             "runs), and ships the fastest, the smallest of those that are as fast; a reduced precision measured "
             "slower than fp32 ships only where fp32 is a candidate. The choice, its ratios and the CPU they were "
-            "measured on go to `targets.lock`. It does not rebuild by itself: the candidate chosen enters the build key "
-            "through the settings the lock lays over. See docs/build-to-the-gates.md.")
+            "measured on go to `targets.lock`. It does not rebuild by itself: the candidate chosen enters the build "
+            "key through the settings the lock lays over. See docs/build-to-the-gates.md.")
     tune: bool = setting(
         False, build="never",
         doc="The build tunes the session options (`ortbuild tune`) when `targets.lock` has no tuning for the "
