@@ -210,7 +210,9 @@ class FastestSearch:
                 opened[opt.label] = session
                 feeds = feeds or [ds.inputs for ds in g]
         ref = next((opened.get(t.option.label) for t in tried if t.option.precision == FP32), None)
-        timed = [t for t in tried if t.passed and t.option.precision != FP32]
+        # the passing ones first; a failing one is timed too, where time is left (what a repair would be worth)
+        timed = sorted((t for t in tried if t.option.label in opened and t.option.precision != FP32),
+                       key=lambda t: not t.passed)
         for i, t in enumerate(timed):
             if ref is None:
                 t.note = "not timed: the fp32 artifact could not be built or run"
@@ -273,11 +275,14 @@ class FastestSearch:
                 t.repaired = {knob.table: lists}
                 return self._judged(builder, tester, declared, t, clock)
             t.worst = f"{res.worst}; the precision search found no set kept in float that passes: {doc.get('reason')}"
-            return None, []
+            t.size = built.size
+            folder = paths.inside(tester.dist, cjob.target.name, cjob.model.name)
+            return (Sessions(module, folder, tester.secret, cjob.name).open({}) if module is not None else None,
+                    list(g.sets))
         t.worst = res.worst
         t.passed = res.accuracy == Verdict.PASS
         t.size = built.size
-        if not t.passed or module is None:
+        if module is None:
             return None, list(g.sets)
         folder = paths.inside(tester.dist, cjob.target.name, cjob.model.name)
         return Sessions(module, folder, tester.secret, cjob.name).open({}), list(g.sets)
