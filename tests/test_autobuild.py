@@ -278,7 +278,7 @@ def test_an_already_int8_source_ships_its_own_quantization_with_no_override(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the source is already reduced (64% of its weight bytes are int8/int4/fp16): trying its own " \
            "quantization" in proc.stderr
-    assert "kept the source's own quantization (2 node(s) as it stores them) in float: accuracy PASS" in proc.stderr
+    assert "shipped the source's own quantization (2 node(s) as it stores them): accuracy PASS" in proc.stderr
     entry = tomllib.loads((tmp_path / "targets.lock").read_text())["jobs"]["int8/own"]
     assert entry["applies"] == {"quantization": {"exclude_nodes": ["body", "head"]}}
     assert entry["search"]["source_quantization"] == "64% of its weight bytes are int8/int4/fp16"

@@ -12,7 +12,7 @@ project with two targets: `det-int8` (int8-dynamic as `ortbuild init` writes it,
 - `ortbuild tune -t det-fp32 --seconds T`, its wall time against T (the rebuild with what it keeps included), and
   the tuning's own seconds from targets.lock.
 
-Peak RSS is each command's (getrusage of the children, one command at a time). Checks (exit 1 when one is missed):
+Peak RSS is each command's own (getrusage of a wrapper's one child). Checks (exit 1 when one is missed):
 each wall time within 10% of its budget plus what the command does outside it (at most --slack seconds: starting,
 reading the project, the rebuild).
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ runtime = "onnxruntime=={__import__('importlib.metadata').metadata.version('onnx
 providers = ["CPUExecutionProvider"]
 precision = "fp32"
 session = {{ intra_op_num_threads = {os.cpu_count() or 1} }}
+# offline optimization moves 0.03% of the probability map's 26 M values past rtol 1e-4 / atol 1e-5 on 64 pages
+accuracy = {{ mismatch_fraction = 0.01 }}
 
 [targets.det-int8]
 extends = "det-fp32"
@@ -72,13 +73,20 @@ precision_search = "{search}"
     return path
 
 
+# runs one command and prints its peak RSS (KB) last on stderr: its own children only, whatever ran before
+_PEAK = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(p.returncode)")
+
+
 def run(args: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    """The command's wall seconds, its peak RSS (MB: the largest child so far, so one command at a time) and its
-    result."""
+    """The command's wall seconds, its peak RSS (MB) and its result."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ortbuild", *args], capture_output=True, text=True, env=env,
-                          check=False)
-    return time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, proc
+    proc = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "ortbuild", *args],
+                          capture_output=True, text=True, env=env, check=False)
+    wall = time.monotonic() - t0
+    err, _, peak = proc.stderr.rstrip().rpartition("\n")
+    proc.stderr = err
+    return wall, int(peak) / 1024 if peak.isdigit() else float("nan"), proc
 
 
 def main() -> int:

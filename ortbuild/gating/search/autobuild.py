@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
@@ -47,6 +48,8 @@ def refinable(job: Job, budget: Budget) -> bool:
     more_rebuilds = isinstance(rebuilds, int) and (budget.rebuilds is None or budget.rebuilds > rebuilds)
     return more_seconds or more_rebuilds
 
+
+KEEP_SHARE = 0.2  # of a search's seconds, at most, kept for the answer's rebuild into dist/ and its gate
 
 # the op types ORT's quantizers and converters reduce: an already-reduced source keeps them as it stores them
 REDUCIBLE = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather", "LSTM", "GRU", "Attention",
@@ -93,6 +96,7 @@ class PrecisionSearch:
         self.budget = budget
         self.progress = progress
         self.answers: dict[str, tuple[str, list[str], list[str]]] = {}  # root cause -> (job, nodes, op types)
+        self.gate_seconds: dict[str, float] = {}  # job -> what its accuracy gate took (the search keeps it for the end)
         self.failed: dict[str, tuple[str, ExplainDoc]] = {}  # root cause -> (job, its search) that found none
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
@@ -106,7 +110,9 @@ class PrecisionSearch:
             res = TestResult(job.target.name, job.model.name, job.settings.precision)
             self.progress(job.name, PhaseStarted("precision_search = \"auto\": the accuracy gate of the build"))
             try:
+                t0 = time.monotonic()
                 self.tester.accuracy_gate(job, res)
+                self.gate_seconds[job.name] = time.monotonic() - t0
             except OrtbuildError as e:  # not judged here (e.g. no emulation for its platform): `test` says why
                 r.notes.append(f"precision_search: the accuracy gate could not run here, nothing searched: "
                                f"{first_line(e)}")
@@ -166,9 +172,15 @@ class PrecisionSearch:
         self.progress(job.name, PhaseStarted(f"precision_search: {why}; searching"))
         ex = explain.Explainer(self.locking.builder, self.tester, self.budget, progress=self.progress,
                                final_gate=False)
+        # the answer's rebuild into dist/ and its gate come after the search, inside the budget: kept from it (as
+        # long as the build and the gate of the job took, the first gate computing the golden data too: at most
+        # KEEP_SHARE of the budget)
+        keep = min(failed.seconds + self.gate_seconds.get(job.name, 0.0), KEEP_SHARE * self.budget.seconds)
+        searching = Budget(clock.rebuilds_left(), max(0.0, clock.left() - keep)).start()
         try:
-            found = ex.search(job, res, clock)
+            found = ex.search(job, res, searching)
             doc, cut_short = found.answer, found.cut_short
+            clock.rebuilt(found.rebuilds)
         except OrtbuildError as e:
             doc, cut_short = {"status": JobStatus.FAILED.value, "reason": e.message}, False
         if doc.get("status") != "found" and fallback is not None:
@@ -228,8 +240,9 @@ class PrecisionSearch:
         if evidence.get("minimal") is False:
             source += (f"; NOT minimal: {evidence.get('stopped', 'the budget stopped the search')}, a build with a "
                        "larger --explain-seconds/--explain-rebuilds searches again for fewer")
+        what = f"shipped {kept}" if "source_quantization" in evidence else f"kept {kept} in float"
         self.locking.keep(locked, result, entry.merged({}, search={**entry.search, "worst": res.worst}),
-                          f"precision_search: kept {kept} in float{source}: accuracy PASS ({res.worst})")
+                          f"precision_search: {what}{source}: accuracy PASS ({res.worst})")
         return result
 
     def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:

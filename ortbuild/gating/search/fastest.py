@@ -173,7 +173,7 @@ class FastestSearch:
         log = logs.log_path(dist, job.target.name, job.model.name, "candidates") if self.locking.builder.capture \
             else None
         with tempfile.TemporaryDirectory(prefix="ortbuild-candidates-") as scratch, logs.captured(log, dist):
-            tried = self._measure(declared, options, Path(scratch), clock)
+            tried = self._measure(declared, options, Path(scratch), clock, given.seconds)
         pick, why = choose(tried)
         complete = not any(t.note.startswith("not tried") for t in tried)
         record: dict[str, object] = {
@@ -185,7 +185,10 @@ class FastestSearch:
             return clock.found(self._failed(job, given, why, tried), found=False, cut_short=not complete)
         return clock.found(self._keep(job, given, pick, record), found=True, cut_short=not complete)
 
-    def _measure(self, declared: Job, options: Sequence[Option], scratch: Path, clock: Clock) -> list[Tried]:
+    def _measure(self, declared: Job, options: Sequence[Option], scratch: Path, clock: Clock,
+                 build_seconds: float) -> list[Tried]:
+        """Each option built, judged (repaired) and timed; `build_seconds`: what the declared build took, the
+        estimate of each candidate's build kept from the repairs with the timing's share."""
         base = self.locking.builder
         builder = Builder(base.project, scratch, force=True, progress=Progress(quiet=True), secrets=base.secrets,
                           capture=False)
@@ -195,9 +198,11 @@ class FastestSearch:
         tried: list[Tried] = []
         opened: dict[str, Any] = {}
         feeds: list[dict[str, Any]] = []
-        # the timing's share, kept from the repairs; each repair gets an equal part of the rest
-        reserve = min(TIMING_SHARE * self.budget.seconds, MEASURE_SECONDS * sum(o.precision != FP32 for o in options))
+        # the timing's share and the builds still to come, kept from the repairs; each repair gets an equal part of
+        # the rest
+        timing = min(TIMING_SHARE * self.budget.seconds, MEASURE_SECONDS * sum(o.precision != FP32 for o in options))
         for i, opt in enumerate(options):
+            reserve = timing + build_seconds * (len(options) - i)
             t = Tried(opt)
             tried.append(t)
             if clock.out_of_time():

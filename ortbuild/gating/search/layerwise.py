@@ -252,13 +252,14 @@ def changed_nodes(source: onnx.ModelProto, reduced: onnx.ModelProto, precision: 
     return out
 
 
-def samples(feed: data.Feed, model: onnx.ModelProto) -> list[data.Feed]:
+def samples(feed: data.Feed, model: onnx.ModelProto | None = None) -> list[data.Feed]:
     """The feed one sample at a time (its inputs sliced along their first axis), where every input has that axis
-    with the same length, more than 1, and `model` leaves it free (a symbolic batch); else the feed whole."""
+    with the same length, more than 1, and `model` (where given) leaves it free (a symbolic batch); else the feed
+    whole."""
     lengths = {v.shape[0] if isinstance(v, np.ndarray) and v.ndim else -1 for v in feed.values()}
     if len(lengths) != 1 or (n := lengths.pop()) <= 1:
         return [feed]
-    for i in model.graph.input:
+    for i in model.graph.input if model is not None else ():
         dims = i.type.tensor_type.shape.dim
         if i.name in feed and dims and dims[0].HasField("dim_value"):  # a fixed batch: the feed runs whole
             return [feed]

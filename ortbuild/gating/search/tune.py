@@ -28,6 +28,7 @@ from ortbuild.gating.measure import sampling as latency
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search.base import Budget, Found, Say
+from ortbuild.gating.search.layerwise import joined, samples
 from ortbuild.gating.search.tune_search import (
     MIN_SECONDS,
     NOT_TRIED,
@@ -78,6 +79,34 @@ def fp32_reference(project: config.Project, job: Job) -> Job | None:
                 installed.runtime_problem(t) is None and not emulated.emulated(t):
             return Job(t, job.model, s)
     return None
+
+
+RUN_SHARE = 1 / 40  # of the budget, what one timed run of a data set may take: a longer one is timed on a slice
+
+
+def fitted(session: Any, feeds: list[dict[str, Any]], seconds: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """The data sets to time on: each whole where one run takes at most RUN_SHARE of `seconds`, else its first
+    samples (along a batch axis every input shares), as many as fit; and what to say of those sliced."""
+    out, notes = [], []
+    for feed in feeds:
+        t0 = time.monotonic()
+        session.run(feed)
+        whole = time.monotonic() - t0
+        each = samples(feed)
+        if whole <= seconds * RUN_SHARE or len(each) == 1:
+            out.append(feed)
+            continue
+        k = max(1, min(len(each), int(seconds * RUN_SHARE / (whole / len(each)))))
+        part = joined(each[:k])
+        try:
+            session.run(part)
+        except Exception:
+            out.append(feed)
+            continue
+        out.append(part)
+        notes.append(f"timed on the first {k} of {len(each)} golden samples: one run of all of them takes "
+                     f"{whole:.1f} s, more than {RUN_SHARE:.1%} of the {seconds:g} s budget")
+    return out, notes
 
 
 class Sessions:
@@ -135,7 +164,9 @@ class Tuner:
         decl = declared_session(declared_job)
         res = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
         progress(name, PhaseStarted("tune: the accuracy gate with the declared session options"))
+        t0 = time.monotonic()
         module, g, _ = tester.accuracy_gate(job, res, session=decl)
+        gate_seconds = time.monotonic() - t0  # a candidate's accuracy check starts only where as much is left
         if res.accuracy != Verdict.PASS or module is None:
             raise GateFailed(f"{name}: the accuracy gate fails with the declared session options ({res.worst}): "
                              "nothing to tune", "make the artifact pass first (`ortbuild test`, precision_search = "
@@ -143,7 +174,7 @@ class Tuner:
         cpus = os.cpu_count() or 1
         waited = load.wait_for_quiet(min(QUIET_WAIT_SECONDS, seconds / 10, clock.left()), cpus)
         sessions = Sessions(module, folder, tester.secret, name)
-        feeds = [ds.inputs for ds in g.sets]
+        feeds, sliced = fitted(sessions.open(decl), [ds.inputs for ds in g.sets], seconds)
         gates = job.settings.gates
         assert gates is not None
         plan, warmup = plan_of(job), gates.latency.warmup_runs
@@ -157,6 +188,9 @@ class Tuner:
                                 clock.deadline - note_share)
 
         def accurate(session: Session) -> tuple[bool, str]:
+            if clock.left() < gate_seconds:  # it would end past the deadline: the candidate is not kept
+                return False, (f"not judged: its accuracy gate takes about {gate_seconds:.0f} s, "
+                               f"{clock.left():.0f} s left")
             r = TestResult(declared_job.target.name, declared_job.model.name, declared_job.settings.precision)
             try:
                 tester.accuracy_gate(job, r, session=session)
@@ -169,6 +203,7 @@ class Tuner:
                                     "fp32 note and a rebuild with what it keeps"))
         tuning = search(decl, cpus, measure, accurate, clock.left() - note_share, clock=clock.now,
                         progress=lambda m: progress(name, m))
+        tuning.notes.extend(sliced)
         if not waited["quiet"]:
             tuning.notes.append(f"the machine stayed loaded (load {waited['load']} on {cpus} CPUs) before the search: "
                                 "the ratios are paired, but tune again on a quiet machine to confirm")
