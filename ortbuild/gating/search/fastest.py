@@ -34,7 +34,7 @@ from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain
 from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say
-from ortbuild.gating.search.tune import Sessions, measure_pair, plan_of
+from ortbuild.gating.search.tune import Sessions, fitted, measure_pair, plan_of
 from ortbuild.gating.search.tune_search import Comparison
 from ortbuild.pipeline.build import Builder
 from ortbuild.pipeline.job import JobResult
@@ -159,9 +159,11 @@ class FastestSearch:
         self.tester = tester
         self.budget = budget
         self.progress = progress
+        self.notes: list[str] = []  # of the job searched last: how its candidates were timed
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
         clock = self.budget.start()
+        self.notes = []
         declared = lockfile.declared(job)
         if not given.status.usable and not isinstance(given.error, OutputsBroken):  # not the precision's doing
             return clock.found(given, found=False, cut_short=False)
@@ -181,6 +183,8 @@ class FastestSearch:
             "cpu": speedup.level(), "cpu_model": machine.cpu_model(),
             "isa": " ".join(machine.fingerprint()["isa_flags"]),
             "measured": [t.line() for t in tried], "all_measured": complete, "seconds": round(clock.spent(), 1)}
+        if self.notes:
+            record["notes"] = list(self.notes)
         if pick is None:
             return clock.found(self._failed(job, given, why, tried), found=False, cut_short=not complete)
         return clock.found(self._keep(job, given, pick, record), found=True, cut_short=not complete)
@@ -215,6 +219,9 @@ class FastestSearch:
                 opened[opt.label] = session
                 feeds = feeds or [ds.inputs for ds in g]
         ref = next((opened.get(t.option.label) for t in tried if t.option.precision == FP32), None)
+        if ref is not None and feeds:  # a golden set too long to time in MEASURE_SECONDS: its first samples
+            feeds, sliced = fitted(ref, feeds, 2 * MEASURE_SECONDS)
+            self.notes.extend(sliced)
         # the passing ones first; a failing one is timed too, where time is left (what a repair would be worth)
         timed = sorted((t for t in tried if t.option.label in opened and t.option.precision != FP32),
                        key=lambda t: not t.passed)
