@@ -23,6 +23,7 @@ reading the project, the rebuild).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
 import os
 import subprocess
@@ -57,7 +58,7 @@ path = "{det}"
 inputs = "det.inputs.npz"
 
 [targets.det-fp32]
-runtime = "onnxruntime=={__import__('importlib.metadata').metadata.version('onnxruntime')}"
+runtime = "onnxruntime=={md.version('onnxruntime')}"
 providers = ["CPUExecutionProvider"]
 precision = "fp32"
 session = {{ intra_op_num_threads = {os.cpu_count() or 1} }}

@@ -17,6 +17,7 @@ Check (exit 1 when missed): the build and the accuracy gate pass, with no overri
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
 import os
 import subprocess
@@ -82,7 +83,7 @@ path = "{src}"
 inputs = "enc.inputs.npz"
 
 [targets.cpu-int8]
-runtime = "onnxruntime=={__import__('importlib.metadata').metadata.version('onnxruntime')}"
+runtime = "onnxruntime=={md.version('onnxruntime')}"
 providers = ["CPUExecutionProvider"]
 precision = "int8-dynamic"
 quantization = {{ per_channel = true, reduce_range = true }}
