@@ -225,15 +225,8 @@ class PrecisionSearch:
             knob.table: dict(changed_lists(lockfile.declared(job).settings, knob, settings))}
         kept = kept or describe_set(nodes, op_types)
         entry = self.locking.entry(job).merged(applies, search={"kept": kept, **evidence})
-        locked, result = self.locking.rebuild(job, entry)
+        locked, result, res = self.locking.judged(job, entry, self.tester)
         clock.rebuilt()
-        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED, JobStatus.PORTABLE):
-            return None
-        res = TestResult(job.target.name, job.model.name, job.settings.precision)
-        try:
-            self.tester.accuracy_gate(locked, res)
-        except OrtbuildError as e:
-            res.accuracy, res.worst = Verdict.FAIL, first_line(e)
         if res.accuracy != Verdict.PASS:
             return None
         source = f" (the answer of {evidence['reused_from']}'s search)" if "reused_from" in evidence else ""

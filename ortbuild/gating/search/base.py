@@ -24,6 +24,8 @@ from ortbuild.project import lock_entry, lockfile
 from ortbuild.status import Event, JobFinished
 
 if TYPE_CHECKING:
+    from ortbuild.gating.record import TestResult
+    from ortbuild.gating.runner import Tester
     from ortbuild.pipeline.build import Builder
     from ortbuild.pipeline.job import JobResult
     from ortbuild.project.plan import Job
@@ -138,6 +140,24 @@ class Locking:
         """The job with `entry` laid over it (as later builds will), built into dist/: that job and its build."""
         (locked,) = lockfile.apply(self.builder.project, [(lockfile.declared(job), entry)])
         return locked, self.builder.run_job(locked)
+
+    def judged(self, job: Job, entry: lock_entry.Entry, tester: Tester) -> tuple[Job, JobResult, TestResult]:
+        """rebuild(), then the rebuilt artifact's accuracy gate (a build with no artifact to judge, or a gate that
+        cannot run, is a FAIL saying why): the job, its build and the gate's result."""
+        from ortbuild.errors import OrtbuildError, first_line
+        from ortbuild.gating.record import TestResult
+        from ortbuild.status import JobStatus, Verdict
+
+        locked, result = self.rebuild(job, entry)
+        res = TestResult(job.target.name, job.model.name, locked.settings.precision)
+        if result.status not in (JobStatus.BUILT, JobStatus.UP_TO_DATE, JobStatus.PULLED, JobStatus.PORTABLE):
+            res.accuracy, res.worst = Verdict.FAIL, f"build {result.status}: {result.reason}"
+            return locked, result, res
+        try:
+            tester.accuracy_gate(locked, res)
+        except OrtbuildError as e:
+            res.accuracy, res.worst = Verdict.FAIL, first_line(e)
+        return locked, result, res
 
     def write(self, entry: lock_entry.Entry) -> str:
         """Record the entry in targets.lock; what to say of it (a warning too where it cannot be written)."""

@@ -304,23 +304,22 @@ def analyse(job: Job, more: Callable[[], bool] = lambda: True) -> Analysis:
     nodes = changed_nodes(base, reduced, s.precision, s.typed_precision_options())
     renamed = [n.name for n in nodes if n.name not in known]
     nodes = [n for n in nodes if n.name in known]
-    used: list[data.Feed] = []
+    used = 1  # samples layerwise() runs: the first, and each next one `more()` lets it
 
     def go_on() -> bool:
+        nonlocal used
         on = more()
-        if on:
-            used.append(every[len(used)])
+        used += on
         return on
 
-    used.append(every[0])
     layers = layerwise(base, reduced, nodes, every, s.custom_ops, go_on)
-    feed = joined(used)
+    feed = joined(every[:used])
     # the golden outputs the gate compares with, on the samples analysed: the source model's, weights loaded
     source = onnx.load(str(job.model.path)) if src.files.has_external_data else src.model
     outputs = [o.name for o in source.graph.output]
     expected = dict(zip(outputs, session_of(source, s.custom_ops).run(outputs, dict(feed)), strict=True))
     del source
-    return Analysis(layers, base, reduced, feed, graph_digest(reduced), src, expected, renamed, len(used), len(every))
+    return Analysis(layers, base, reduced, feed, graph_digest(reduced), src, expected, renamed, used, len(every))
 
 
 def _in_subgraphs(reduced: onnx.ModelProto) -> str:

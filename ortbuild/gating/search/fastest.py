@@ -159,11 +159,9 @@ class FastestSearch:
         self.tester = tester
         self.budget = budget
         self.progress = progress
-        self.notes: list[str] = []  # of the job searched last: how its candidates were timed
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
         clock = self.budget.start()
-        self.notes = []
         declared = lockfile.declared(job)
         if not given.status.usable and not isinstance(given.error, OutputsBroken):  # not the precision's doing
             return clock.found(given, found=False, cut_short=False)
@@ -175,7 +173,7 @@ class FastestSearch:
         log = logs.log_path(dist, job.target.name, job.model.name, "candidates") if self.locking.builder.capture \
             else None
         with tempfile.TemporaryDirectory(prefix="ortbuild-candidates-") as scratch, logs.captured(log, dist):
-            tried = self._measure(declared, options, Path(scratch), clock, given.seconds)
+            tried, notes = self._measure(declared, options, Path(scratch), clock, given.seconds)
         pick, why = choose(tried)
         complete = not any(t.note.startswith("not tried") for t in tried)
         record: dict[str, object] = {
@@ -183,16 +181,16 @@ class FastestSearch:
             "cpu": speedup.level(), "cpu_model": machine.cpu_model(),
             "isa": " ".join(machine.fingerprint()["isa_flags"]),
             "measured": [t.line() for t in tried], "all_measured": complete, "seconds": round(clock.spent(), 1)}
-        if self.notes:
-            record["notes"] = list(self.notes)
+        if notes:
+            record["notes"] = notes
         if pick is None:
             return clock.found(self._failed(job, given, why, tried), found=False, cut_short=not complete)
         return clock.found(self._keep(job, given, pick, record), found=True, cut_short=not complete)
 
     def _measure(self, declared: Job, options: Sequence[Option], scratch: Path, clock: Clock,
-                 build_seconds: float) -> list[Tried]:
-        """Each option built, judged (repaired) and timed; `build_seconds`: what the declared build took, the
-        estimate of each candidate's build kept from the repairs with the timing's share."""
+                 build_seconds: float) -> tuple[list[Tried], list[str]]:
+        """Each option built, judged (repaired) and timed, and how they were timed; `build_seconds`: what the
+        declared build took, the estimate of each candidate's build kept from the repairs with the timing's share."""
         base = self.locking.builder
         builder = Builder(base.project, scratch, force=True, progress=Progress(quiet=True), secrets=base.secrets,
                           capture=False)
@@ -219,9 +217,9 @@ class FastestSearch:
                 opened[opt.label] = session
                 feeds = feeds or [ds.inputs for ds in g]
         ref = next((opened.get(t.option.label) for t in tried if t.option.precision == FP32), None)
+        sliced: list[str] = []
         if ref is not None and feeds:  # a golden set too long to time in MEASURE_SECONDS: its first samples
             feeds, sliced = fitted(ref, feeds, 2 * MEASURE_SECONDS)
-            self.notes.extend(sliced)
         # the passing ones first; a failing one is timed too, where time is left (what a repair would be worth)
         timed = sorted((t for t in tried if t.option.label in opened and t.option.precision != FP32),
                        key=lambda t: not t.passed)
@@ -241,7 +239,7 @@ class FastestSearch:
                                             plan_of(declared), time.monotonic() + share)
             except OrtbuildError as e:
                 t.note = f"not timed: {first_line(e)}"
-        return tried
+        return tried, sliced
 
     def _job(self, declared: Job, applies: Mapping[str, Any]) -> Job | None:
         if not applies:
@@ -256,7 +254,8 @@ class FastestSearch:
     def _judged(self, builder: Builder, tester: Tester, declared: Job, t: Tried, clock: Clock) \
             -> tuple[Any | None, list[Any]]:
         """Build and judge one candidate (`t.option` laid over the declared job; repaired where the target asks and
-        it fails): its session (None where it does not pass) and the golden data sets."""
+        it fails): its session, passing or not (None where it was not built or cannot run here), and the golden data
+        sets."""
         cjob = self._job(declared, t.option.applies)
         if cjob is None:
             t.worst = "its settings do not apply to this model"
@@ -287,12 +286,9 @@ class FastestSearch:
                 t.repaired = {knob.table: lists}
                 return self._judged(builder, tester, declared, t, clock)
             t.worst = f"{res.worst}; the precision search found no set kept in float that passes: {doc.get('reason')}"
-            t.size = built.size
-            folder = paths.inside(tester.dist, cjob.target.name, cjob.model.name)
-            return (Sessions(module, folder, tester.secret, cjob.name).open({}) if module is not None else None,
-                    list(g.sets))
-        t.worst = res.worst
-        t.passed = res.accuracy == Verdict.PASS
+        else:
+            t.worst = res.worst
+            t.passed = res.accuracy == Verdict.PASS
         t.size = built.size
         if module is None:
             return None, list(g.sets)
@@ -307,16 +303,10 @@ class FastestSearch:
         if "search" in lockfile.wanted(declared.settings):  # precision_search = "auto": its part, as it ended
             entry = entry.merged({}, search={"result": f"repaired as the candidate {pick.option.label}" if
                                              pick.repaired else f"passes as the candidate {pick.option.label}"})
-        locked, result = self.locking.rebuild(job, entry)
-        res = TestResult(job.target.name, job.model.name, locked.settings.precision)
-        if result.status.usable:
-            try:
-                self.tester.accuracy_gate(locked, res)
-            except OrtbuildError as e:
-                res.accuracy, res.worst = Verdict.FAIL, first_line(e)
-        if not result.status.usable or res.accuracy != Verdict.PASS:
+        locked, result, res = self.locking.judged(job, entry, self.tester)
+        if res.accuracy != Verdict.PASS:
             return self._failed(job, given, f"the chosen candidate {pick.option.label} did not pass when rebuilt "
-                                            f"into dist/ ({res.worst or result.reason})", [pick])
+                                            f"into dist/ ({res.worst})", [pick])
         self.locking.keep(locked, result, entry, f"candidates: shipped {record['why']}")
         return result
 

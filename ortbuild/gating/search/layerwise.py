@@ -58,13 +58,22 @@ class Layer:
     ran: bool = True                 # False: inside an If/Loop/Scan body the golden inputs do not run (not searched)
 
 
-def rel_error(got: object, ref: object) -> float:
+def _squares(got: object, ref: object) -> tuple[float, float]:
+    """The squared L2 norms of got - ref (inf: another shape, or non-finite where ref is finite) and of ref."""
     a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    ref2 = float(np.square(b).sum())
     if a.shape != b.shape or (np.isfinite(b).all() and not np.isfinite(a).all()):
-        return math.inf
-    norm = float(np.linalg.norm(b.ravel()))
-    diff = float(np.linalg.norm((a - b).ravel()))
-    return diff / norm if norm > 0 else diff
+        return math.inf, ref2
+    return float(np.square(a - b).sum()), ref2
+
+
+def _relative(diff2: float, ref2: float) -> float:
+    return math.sqrt(diff2) / math.sqrt(ref2) if ref2 > 0 else math.sqrt(diff2)
+
+
+def rel_error(got: object, ref: object) -> float:
+    """The relative L2 error of got against ref (inf: another shape, or non-finite where ref is finite)."""
+    return _relative(*_squares(got, ref))
 
 
 def session_of(model: onnx.ModelProto, custom_ops: Sequence[config.CustomOps]) -> onnxruntime.InferenceSession:
@@ -281,16 +290,12 @@ class Errors:
 
     def add(self, got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> None:
         for n in ref.keys() & got.keys():
-            a, b = np.asarray(got[n], np.float64), np.asarray(ref[n], np.float64)
-            if a.shape != b.shape or (np.isfinite(b).all() and not np.isfinite(a).all()):
-                self.diff[n] = math.inf
-            else:
-                self.diff[n] = self.diff.get(n, 0.0) + float(np.square(a - b).sum())
-            self.ref[n] = self.ref.get(n, 0.0) + float(np.square(b).sum())
+            diff2, ref2 = _squares(got[n], ref[n])
+            self.diff[n] = self.diff.get(n, 0.0) + diff2
+            self.ref[n] = self.ref.get(n, 0.0) + ref2
 
     def errors(self) -> dict[str, float]:
-        return {n: math.sqrt(d) / math.sqrt(self.ref[n]) if self.ref[n] > 0 else math.sqrt(d)
-                for n, d in self.diff.items()}
+        return {n: _relative(d, self.ref[n]) for n, d in self.diff.items()}
 
 
 def layerwise(source: onnx.ModelProto, reduced: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
