@@ -136,14 +136,21 @@ def _dead_private_dirs() -> list[Path]:
         except OSError:
             continue
         for d in entries:
-            parts = d.name[len(PRIVATE_PREFIX):].split("-")
             try:
                 owned = d.is_dir() and not d.is_symlink() and d.stat().st_uid == os.getuid()
             except OSError:
                 continue
-            if owned and parts[0].isdigit() and parts[1].isdigit() and not _alive(int(parts[0]), parts[1]):
+            if owned and owner_alive(d) is False:
                 found.append(d)
     return found
+
+
+def owner_alive(d: Path) -> bool | None:
+    """Whether the ortbuild process that made private dir `d` still runs; None where `d` is not one of ours."""
+    parts = d.name[len(PRIVATE_PREFIX):].split("-") if d.name.startswith(PRIVATE_PREFIX) else []
+    if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return _alive(int(parts[0]), parts[1])
 
 
 def remove_dead_private_dirs() -> list[Path]:

@@ -401,12 +401,14 @@ def test_the_private_dir_of_a_process_that_exited_but_is_not_reaped_yet_is_remov
         assert start is not None
         private = Path(tempfile.mkdtemp(prefix=f"{workspace.PRIVATE_PREFIX}{child.pid}-{start}-", dir=tmp_path))
         assert private not in workspace._dead_private_dirs()  # running: its dir is in use
+        assert workspace.owner_alive(private) is True and workspace.owner_alive(tmp_path / "other-dir") is None
         child.kill()
         deadline = time.monotonic() + 10
         while _alive(child.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert private in workspace._dead_private_dirs()  # exited, not reaped (we have not waited for it)
+        assert workspace.owner_alive(private) is False
     finally:
         child.kill()
         child.wait()
