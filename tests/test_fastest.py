@@ -164,3 +164,19 @@ def test_bad_candidates_are_config_errors_naming_the_entry(tmp_path: Path, candi
     assert proc.returncode == ConfigError.exit_code
     assert f"[{where}]" in proc.stderr and says in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_candidates_of_a_target_this_machine_emulates_are_refused_not_timed_under_emulation(tmp_path: Path) -> None:
+    from ortbuild import emulation
+
+    if emulation.host() == "linux-aarch64":
+        pytest.skip("this machine is an aarch64 one: a linux-aarch64 target's candidates are timed here")
+    path = _project(tmp_path, 'platform = "linux-aarch64"\noptimization = "extended"\ncandidates = ["fp32"]\n')
+    code, jobs, _ = _build(path)
+    assert code != 0 and jobs["int8/emb"]["status"] == "failed"
+    error = jobs["int8/emb"]["error"]
+    assert isinstance(error, dict)
+    assert error["message"].startswith("[targets.int8] candidates: a linux-aarch64 target's candidates are timed on "
+                                       "the machine it runs on, and this one emulates it")
+    assert "set `candidates = []` on it" in error["hint"]
+    assert not (tmp_path / "targets.lock").exists()

@@ -28,8 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ortbuild import logs, machine, paths
-from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
+from ortbuild import emulation, logs, machine, paths
+from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, UsageError, first_line
+from ortbuild.gating.measure import emulated
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain
@@ -165,6 +166,8 @@ class FastestSearch:
         declared = lockfile.declared(job)
         if not given.status.usable and not isinstance(given.error, OutputsBroken):  # not the precision's doing
             return clock.found(given, found=False, cut_short=False)
+        if emulated.emulated(job.target):  # timings under qemu say nothing of the device's speed
+            return clock.found(self._refused(job, given), found=False, cut_short=False)
         options = options_of(declared)
         self.progress(job.name, PhaseStarted(f"candidates: {len(options)} artifacts built, judged and timed against "
                                              f"fp32 on this CPU ({speedup.level()}), at most "
@@ -309,6 +312,18 @@ class FastestSearch:
                                             f"into dist/ ({res.worst})", [pick])
         self.locking.keep(locked, result, entry, f"candidates: shipped {record['why']}")
         return result
+
+    def _refused(self, job: Job, given: JobResult) -> JobResult:
+        out = replace(given, status=JobStatus.FAILED, notes=list(given.notes))
+        out.error = UsageError(
+            f"[targets.{job.target.name}] candidates: a {job.target.platform} target's candidates are timed on the "
+            f"machine it runs on, and this one emulates it ({emulation.host()}): emulation says nothing of the "
+            "device's speed",
+            f"build this target on {emulated.where_timed(job.target)} (the lock keeps its choice for builds here), or "
+            "set `candidates = []` on it")
+        out.reason = out.error.message
+        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
+        return out
 
     def _failed(self, job: Job, given: JobResult, why: str, tried: Sequence[Tried]) -> JobResult:
         out = replace(given, status=JobStatus.FAILED, notes=list(given.notes))
