@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from ortbuild import __version__, files, installed, machine, runtime
 from ortbuild.artifact import keys, loaders, manifest, manifest_types
 from ortbuild.errors import KeyMissing, WrongKey
+from ortbuild.pipeline.steps import recipes
 from ortbuild.project import options
 from ortbuild.project.config import Target
 from ortbuild.project.kinds import kind_rule
@@ -51,6 +52,8 @@ def key_parts(job: Job, sources: dict[str, str], inputs_sha: str, calib_sha: str
         "simd_level": machine.simd_level() if options.LEVEL_RULES[job.settings.optimization].nchwc else None,
         "sealing": sealing,  # key ids (never keys) and whether encryption is deterministic
     }
+    if job.settings.rule.needs_calibration:  # int8-static: its recipes (steps/recipes.py) as this ortbuild has them
+        parts["static_recipes"] = recipes.VERSION
     if kind_rule(job.model.kind).builder_in_key:  # the model builder's output depends on its packages' versions
         parts["builder"] = builder_versions()
     return parts

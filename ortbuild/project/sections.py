@@ -46,6 +46,12 @@ class Quantization:
         "minmax", doc="int8-static calibration.")
     preprocess: bool = setting(
         True, doc="Run `quant_pre_process` (symbolic shape inference + basic optimization) first.")
+    recipe: Literal["auto", "none"] = setting(
+        "auto", build="when-set",
+        doc="int8-static's starting point. `auto`: a graph with attention gets the transformer recipe (MatMul and "
+            "Gemm quantized, or `op_types`; their outputs and the attention's MatMuls of two activations left in "
+            "float: docs/targets.md#int8-static-of-transformers); other graphs, ORT's defaults. `none`: "
+            "`quantize_static`'s defaults for every graph.")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import onnx
 
 from ortbuild import modelfiles
 from ortbuild.artifact import manifest_types
-from ortbuild.pipeline.steps import accounting, streamquant
+from ortbuild.pipeline.steps import accounting, recipes, streamquant
 from ortbuild.project import precisions
 from ortbuild.project.config import Fp16, Int4, PrecisionOptions, Quantization, as_plain
 from ortbuild.project.data import Feed
@@ -323,12 +323,20 @@ def _int8(source: Path, model: onnx.ModelProto, rule: PrecisionRule, opts: Quant
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile,
                   "distribution": CalibrationMethod.Distribution}[opts.calibration_method]
+        recipe = recipes.transformer(onnx.load(str(pre), load_external_data=False).graph, opts.op_types) \
+            if opts.recipe == "auto" else None
+        if recipe is not None:  # a known-good start for this kind of graph (recipes.py)
+            common.update(op_types_to_quantize=list(recipe.op_types), nodes_to_exclude=list(dict.fromkeys(
+                [*opts.exclude_nodes, *recipe.exclude_nodes])) or None)
+            notes.append(recipe.note)
+        used["recipe"] = recipe.name if recipe is not None else "none"
         with streamed:
             quantize_static(
                 str(pre), str(out), _Reader(calibration),
                 quant_format=QuantFormat.QDQ if opts.format == "qdq" else QuantFormat.QOperator,
                 activation_type=_qtype(opts.activation_type), calibrate_method=method,
-                calibration_providers=["CPUExecutionProvider"], use_external_data_format=external, **common)
+                calibration_providers=["CPUExecutionProvider"], use_external_data_format=external,
+                extra_options=dict(recipe.extra_options) if recipe is not None else {}, **common)
         used["calibration_samples"] = len(calibration)
         if nested:
             notes.append(f"weights inside If/Loop/Scan bodies stay float: onnxruntime {_ort_version()}'s static "
