@@ -365,7 +365,8 @@ def test_tune_user_errors(make_project: Callable[..., Path]) -> None:
     # a job whose build fails (here: its published artifact was modified) fails the command with its own code
     assert run_cli("build", "-c", str(path), "-t", "cpu").returncode == 0
     artifact = path.parent / "dist" / "cpu" / "tiny_cnn" / "model.onnx.enc"
-    artifact.write_bytes(artifact.read_bytes()[:-1] + b"\0")
+    sealed = artifact.read_bytes()
+    artifact.write_bytes(sealed[:-1] + bytes([sealed[-1] ^ 1]))  # a flipped bit (a byte set to 0 may be 0 already)
     tampered = run_cli("tune", "-c", str(path), "-t", "cpu", "--tune-seconds", "1")
     assert tampered.returncode == 7 and "TAMPERED" in tampered.stderr, tampered.stderr[-2000:]
 
