@@ -18,7 +18,7 @@ from ortbuild.gating.record import TestResult
 from ortbuild.gating.records import ExplainDoc
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain, explain_render
-from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say, Search
+from ortbuild.gating.search.base import Budget, Clock, Found, JobSearch, Locking, Say, Search
 from ortbuild.gating.search.bisect import changed_lists, describe_set
 from ortbuild.gating.search.fastest import FastestSearch
 from ortbuild.gating.search.gensearch import GenerativeSearch
@@ -85,16 +85,13 @@ def root_cause(job: Job) -> str:
                       default=str)
 
 
-class PrecisionSearch:
+class PrecisionSearch(JobSearch):
     """Build to the gates for an ONNX model: its accuracy gate judges the build; a failing one (or broken outputs)
     gets the precision bisection (explain.Explainer, in a scratch dist, this search's budget), and its answer is
     rebuilt into dist/ through targets.lock (base.Locking) and judged again."""
 
     def __init__(self, locking: Locking, tester: Tester, budget: Budget, progress: Say) -> None:
-        self.locking = locking
-        self.tester = tester
-        self.budget = budget
-        self.progress = progress
+        super().__init__(locking, tester, budget, progress)
         self.answers: dict[str, tuple[str, list[str], list[str]]] = {}  # root cause -> (job, nodes, op types)
         self.gate_seconds: dict[str, float] = {}  # job -> what its accuracy gate took (the search keeps it for the end)
         self.failed: dict[str, tuple[str, ExplainDoc]] = {}  # root cause -> (job, its search) that found none
@@ -241,17 +238,14 @@ class PrecisionSearch:
     def _failed(self, job: Job, failed: JobResult, doc: ExplainDoc, why: str) -> JobResult:
         """The job fails with the search's table: nothing that fails its gate is shipped as passing."""
         lines = explain_render.render(job.name, doc)
-        out = dataclasses.replace(failed, status=JobStatus.FAILED, notes=list(failed.notes))
         hint = ("the nodes it changed were renamed by the quantizer's pre-processing, so none can be named: "
                 "quantization = { preprocess = false } keeps their names (the table lists them)"
                 if doc.get("renamed") and not doc.get("trials") else
                 "raise --explain-rebuilds/--explain-seconds, loosen the accuracy rule, or pick another precision for "
                 "this target")
-        out.error = GateFailed(f"{job.name}: precision_search = \"auto\" found no set kept in float that passes "
-                               f"({why}): {doc.get('reason', '')}\n" + "\n".join(lines), hint)
-        out.reason = out.error.message.split("\n", 1)[0]
-        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
-        return out
+        return self.fail(job, failed, GateFailed(f"{job.name}: precision_search = \"auto\" found no set kept in float "
+                                                 f"that passes ({why}): {doc.get('reason', '')}\n" + "\n".join(lines),
+                                                 hint))
 
 
 # each kind of model's build-to-the-gates search (base.Search over a job's build result)

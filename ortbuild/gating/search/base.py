@@ -8,6 +8,8 @@ session tuning (tune.py: `ortbuild tune`, `tune = true`).
 - `Search`: the one protocol, `search(job, given) -> Found`: the job, what the search starts from (the failing
   test result, the build result, the fp32 reference), and the budget it holds; `Found`: what it found, whether the
   budget cut it short, the rebuilds and seconds spent.
+- `JobSearch`: what each build-to-the-gates search holds (the lock step, the tester, its budget, progress) and how
+  a job it cannot ship fails.
 - `Locking`: the lock step of the build-to-the-gates searches: a job's entry in targets.lock, the job rebuilt through
   it into dist/, the entry written, the jobs so locked.
 """
@@ -24,6 +26,7 @@ from ortbuild.project import lock_entry, lockfile
 from ortbuild.status import Event, JobFinished
 
 if TYPE_CHECKING:
+    from ortbuild.errors import OrtbuildError
     from ortbuild.gating.record import TestResult
     from ortbuild.gating.runner import Tester
     from ortbuild.pipeline.build import Builder
@@ -117,6 +120,28 @@ class Search(Protocol[G, A]):
     budget: Budget
 
     def search(self, job: Job, given: G) -> Found[A]: ...
+
+
+class JobSearch:
+    """What each build-to-the-gates search over a job's build result holds (autobuild.PrecisionSearch,
+    fastest.FastestSearch, gensearch.GenerativeSearch): the build run's lock step, its tester, the budget each job
+    starts afresh, and where progress goes; and how a job it cannot ship fails."""
+
+    def __init__(self, locking: Locking, tester: Tester, budget: Budget, progress: Say) -> None:
+        self.locking = locking
+        self.tester = tester
+        self.budget = budget
+        self.progress = progress
+
+    def fail(self, job: Job, given: JobResult, error: OrtbuildError) -> JobResult:
+        """`given` as a failed job with `error` (its first line the reason), said on the progress stream."""
+        from ortbuild.status import JobStatus
+
+        out = dataclasses.replace(given, status=JobStatus.FAILED, notes=list(given.notes))
+        out.error = error
+        out.reason = error.message.split("\n", 1)[0]
+        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
+        return out
 
 
 class Locking:

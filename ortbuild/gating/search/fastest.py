@@ -34,7 +34,7 @@ from ortbuild.gating.measure import emulated
 from ortbuild.gating.record import TestResult
 from ortbuild.gating.runner import Tester
 from ortbuild.gating.search import bisect, explain
-from ortbuild.gating.search.base import Budget, Clock, Found, Locking, Say
+from ortbuild.gating.search.base import Budget, Clock, Found, JobSearch
 from ortbuild.gating.search.tune import Sessions, fitted, measure_pair, plan_of
 from ortbuild.gating.search.tune_search import Comparison
 from ortbuild.pipeline.build import Builder
@@ -42,7 +42,7 @@ from ortbuild.pipeline.job import JobResult
 from ortbuild.pipeline.progress import Progress
 from ortbuild.project import lock_entry, lockfile, speedup
 from ortbuild.project.plan import Job
-from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
+from ortbuild.status import JobStatus, PhaseStarted, Verdict
 
 TIE = 0.05              # candidates whose median ratio is within this share of the fastest one's are as fast
 MEASURE_SECONDS = 10.0  # of paired runs of one candidate against fp32, at most (fewer once the verdict is decided)
@@ -150,16 +150,10 @@ def choose(tried: Sequence[Tried]) -> tuple[Tried | None, str]:
     return pick, why
 
 
-class FastestSearch:
+class FastestSearch(JobSearch):
     """Build to the fastest artifact that passes, a base.Search over a job's build result (the declared settings,
     built into dist/): the candidates built and judged in a scratch dist, timed against fp32, the choice locked and
     rebuilt into dist/; a job none of whose candidates may ship fails with the table of what was measured."""
-
-    def __init__(self, locking: Locking, tester: Tester, budget: Budget, progress: Say) -> None:
-        self.locking = locking
-        self.tester = tester
-        self.budget = budget
-        self.progress = progress
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
         clock = self.budget.start()
@@ -314,23 +308,16 @@ class FastestSearch:
         return result
 
     def _refused(self, job: Job, given: JobResult) -> JobResult:
-        out = replace(given, status=JobStatus.FAILED, notes=list(given.notes))
-        out.error = UsageError(
+        return self.fail(job, given, UsageError(
             f"[targets.{job.target.name}] candidates: a {job.target.platform} target's candidates are timed on the "
             f"machine it runs on, and this one emulates it ({emulation.host()}): emulation says nothing of the "
             "device's speed",
             f"build this target on {emulated.where_timed(job.target)} (the lock keeps its choice for builds here), or "
-            "set `candidates = []` on it")
-        out.reason = out.error.message
-        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
-        return out
+            "set `candidates = []` on it"))
 
     def _failed(self, job: Job, given: JobResult, why: str, tried: Sequence[Tried]) -> JobResult:
-        out = replace(given, status=JobStatus.FAILED, notes=list(given.notes))
         table = "\n".join(f"  {t.line()}" for t in tried)
-        out.error = GateFailed(f"{job.name}: no candidate may ship ({why})\n{table}",
-                               "add \"fp32\" to the target's candidates to fall back to it, loosen the accuracy rule, "
-                               "or raise --explain-seconds")
-        out.reason = out.error.message.split("\n", 1)[0]
-        self.progress(job.name, JobFinished(JobStatus.FAILED, f"FAILED: {out.reason}"))
-        return out
+        return self.fail(job, given, GateFailed(
+            f"{job.name}: no candidate may ship ({why})\n{table}",
+            "add \"fp32\" to the target's candidates to fall back to it, loosen the accuracy rule, or raise "
+            "--explain-seconds"))

@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ortbuild.artifact import manifest
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
 from ortbuild.gating.record import TestResult
-from ortbuild.gating.search.base import Budget, Found, Locking, Say
+from ortbuild.gating.search.base import Found, JobSearch
 from ortbuild.paths import inside
 from ortbuild.pipeline.job import JobResult
 from ortbuild.project.plan import Job
 from ortbuild.project.sections import Int4, Quantization
 from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
-
-if TYPE_CHECKING:
-    from ortbuild.gating.runner import Tester
 
 LM_HEAD = "/lm_head/MatMul"
 MIN_BLOCK = 16
@@ -87,15 +83,9 @@ def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[st
         yield f"layer {i} kept in float", table, {**keys, "exclude_nodes": list(kept)}
 
 
-class GenerativeSearch:
+class GenerativeSearch(JobSearch):
     """Build to the gates for a generative model: its tokens gate judges the build; a failing one (or NaN logits at
     reload) gets the builder's knobs, in order, each a rebuild through targets.lock (base.Locking)."""
-
-    def __init__(self, locking: Locking, tester: Tester, budget: Budget, progress: Say) -> None:
-        self.locking = locking
-        self.tester = tester
-        self.budget = budget
-        self.progress = progress
 
     def search(self, job: Job, given: JobResult) -> Found[JobResult]:
         """The job's final result: as built where its tokens pass (or cannot be judged here, or its build failed
