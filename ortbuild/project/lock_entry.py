@@ -71,10 +71,13 @@ class Entry:
 
     def describe(self) -> str:
         """What the entry changes, in one line: `quantization.exclude_nodes = [...]; session.intra_op... = 1`."""
-        parts = [f"{table}.{k} = {toml_value(v)}" if isinstance(values, Mapping) else f"{table} = {toml_value(values)}"
-                 for table, values in self.applies.items()
-                 for k, v in (values.items() if isinstance(values, Mapping) else [("", values)])]
-        return "; ".join(dict.fromkeys(parts)) or "nothing (the declared settings pass)"
+        parts: list[str] = []
+        for table, values in self.applies.items():  # tables key by key; `precision`, a string, as it is
+            if isinstance(values, Mapping):
+                parts += [f"{table}.{k} = {toml_value(v)}" for k, v in values.items()]
+            else:
+                parts.append(f"{table} = {toml_value(values)}")
+        return "; ".join(parts) or "nothing (the declared settings pass)"
 
     def as_record(self) -> dict[str, object]:
         """What the manifest records of it: its digests and what it lays over the settings (how each part was

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from ortbuild import machine  # noqa: E402
 from ortbuild.project import speedup  # noqa: E402
+from tests.benchmarks.bench_fastest import tokens  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import CACHE, sha256  # noqa: E402
 
@@ -66,13 +67,10 @@ def main() -> int:
     a = ap.parse_args()
     print(f"CPU: {speedup.host()}, ISA flags {' '.join(machine.fingerprint()['isa_flags'])}; {os.cpu_count()} CPUs")
     src = model()
-    rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="bench-own-") as tmp:
         root = Path(tmp)
-        ids = rng.integers(1000, 30000, (4, 32)).astype(np.int64)
-        ids[:, 0], ids[:, -1] = 101, 102
-        np.savez(root / "enc.inputs.npz", input_ids=ids, attention_mask=np.ones_like(ids),
-                 token_type_ids=np.zeros_like(ids))
+        feed = tokens(0)
+        np.savez(root / "enc.inputs.npz", **feed, token_type_ids=np.zeros_like(feed["input_ids"]))
         path = root / "targets.toml"
         path.write_text(f"""[project]
 name = "bench-own"

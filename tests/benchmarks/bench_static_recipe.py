@@ -45,7 +45,7 @@ from ortbuild.artifact import container, keys  # noqa: E402
 from ortbuild.gating.measure import sampling  # noqa: E402
 from ortbuild.gating.search.tune import measure_pair  # noqa: E402
 from ortbuild.project import speedup  # noqa: E402
-from tests.benchmarks.bench_fastest import lines, ocr_model, page  # noqa: E402
+from tests.benchmarks.bench_fastest import lines, ocr_model, page, tokens  # noqa: E402
 from tests.bigmodels import dev_keys_env  # noqa: E402
 from tests.realmodels import minilm  # noqa: E402
 
@@ -64,13 +64,6 @@ kind = nncf.ModelType.TRANSFORMER if sys.argv[4] == "transformer" else None
 q = nncf.quantize(onnx.load(sys.argv[1]), nncf.Dataset(feeds), model_type=kind, subset_size=len(feeds))
 onnx.save(q, sys.argv[3])
 """
-
-
-def tokens(seed: int, batch: int, length: int = 32) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, 30000, (batch, length)).astype(np.int64)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
 def model(name: str) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
