@@ -196,6 +196,8 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "tests/benchmarks/bench_loader.py", *session.posargs)
     # both loaders against plain ORT on manifest format 3 (pieces on every core) and format 2, 67 MB and 0.5 GiB
     session.run("python", "tests/benchmarks/bench_formats.py")
+    # the routes from decrypted memory to ORT (copied, borrowed, OrtValues) and the loader vs plain ORT, 0.25 GiB
+    session.run("python", "tests/benchmarks/bench_routes.py")
     # the cold start of a 48-layer 9.7 MB model: loader vs plain ORT vs the offline graph without crypto, step by step
     session.run("python", "tests/benchmarks/bench_coldstart.py")
     # compiled OpenVINO artifacts: session creation vs compiling at load, OpenVINO vs CPU EP latency

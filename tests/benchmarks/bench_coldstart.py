@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ortbuild import installed  # noqa: E402
+from tests.benchmarks.machine_class import describe  # noqa: E402
 from tests.bigmodels import dev_keys_env, transformer_like  # noqa: E402
 
 MODEL = "tlike48"
@@ -247,6 +248,7 @@ def main() -> int:
         ort_import, loader_import = imports(where["loader"], env, max(5, a.runs // 3))
         profiled = measure(where, root / MODEL / "inputs.npz", env, max(5, a.runs // 3), str(root / "profile"))
     blas = "as set" if a.openblas_default else "1"
+    print(f"# {describe()}")
     print(f"# {os.cpu_count()} CPUs; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; medians of "
           f"{a.runs} fresh processes per mode, alternating; OPENBLAS_NUM_THREADS {blas}; ms, ratios to plain")
     print(table(got))

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.benchmarks.bench_loader import WIDTH, build, child  # noqa: E402
 from tests.benchmarks.bench_scale import GIB, node_first_runs, versus  # noqa: E402
+from tests.benchmarks.machine_class import describe  # noqa: E402
 
 MB = 1_000_000
 PLAIN, FORMAT3, FORMAT2 = "plain", "format 3", "format 2"
@@ -157,6 +158,7 @@ def main() -> int:
         if result is not None:
             results.append(result)
             print(table(result), end="\n\n", flush=True)
+    print(f"# {describe()}")
     print(f"# {os.cpu_count()} CPUs; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))

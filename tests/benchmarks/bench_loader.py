@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ortbuild import installed  # noqa: E402
+from tests.benchmarks.machine_class import describe  # noqa: E402
 from tests.bigmodels import dev_keys_env, mlp  # noqa: E402
 
 MB = 1_000_000
@@ -257,6 +258,7 @@ def main() -> int:
         weights, env = build(Path(tmp), sizes)
         rows = first_inference(Path(tmp), weights, env, a.runs)
     rates = decrypt_rates()
+    print(f"# {describe()}")
     print(f"# {os.cpu_count()} CPUs; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after; medians of "
           f"{a.runs} runs")
     print(table(rows, rates))
