@@ -745,7 +745,7 @@ def _huge_advised(buf: Any) -> bool:
                     reason="needs Linux with transparent huge pages")
 def test_external_data_goes_into_huge_pages_when_asked_or_large(dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """load(huge_pages=True) asks for transparent huge pages (MADV_HUGEPAGE) for the decrypted external data,
-    False never; by default only from _HUGE_FROM bytes (measured faster from ~1 GB, slower at 0.27-0.54 GB on
+    False never; by default only from _HUGE_FROM bytes (measured faster at 2.3 GB, slower at 0.27-1 GB on
     this machine class: docs/loaders.md). Outputs are the same either way."""
     folder = dist / "ext" / "tiny_transformer"
     mod: Any = loaders.import_python_loader(loaders.python_path(folder, "tiny_transformer"))

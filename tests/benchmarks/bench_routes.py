@@ -24,7 +24,7 @@ after `import onnxruntime` to the end of the first inference, with its own peak 
   parallel prepacking;
 - `loader, 4 KiB pages` / `loader, huge pages`: the generated Python loader (signature, one pass of read + sha256
   + decrypt on every core, the borrowed route), its external data in 4 KiB pages (`load(huge_pages=False)`) or in
-  transparent huge pages (`load(huge_pages=True)`); by default it takes huge pages from 768 MiB of external data.
+  transparent huge pages (`load(huge_pages=True)`); by default it takes huge pages from 2 GiB of external data.
 
 The first line says the machine class (x86-64 level and the ISA flags that matter here: AVX2, AVX-512, VNNI,
 SHA-NI, VAES) and whether the VM reports free pages to its host (then memory a process touches for the first time
@@ -229,7 +229,7 @@ def table(result: dict[str, Any]) -> str:
              "fresh processes", "",
              "| route | time to first inference | of which until the session exists | peak RSS | time / plain | "
              "peak RSS / plain |", "|---|---|---|---|---|---|"]
-    default = LOADER_HUGE if result["data_bytes"] >= 768 << 20 else LOADER_4K
+    default = LOADER_HUGE if result["data_bytes"] >= 2 << 30 else LOADER_4K  # the loader's _HUGE_FROM
     for mode, row in med.items():
         label = mode + (" (the default at this size)" if mode == default else "")
         lines.append(f"| {label} | {row['seconds']:.2f} s | {row['session']:.2f} s | {row['peak_rss'] / MB:.0f} MB | "
