@@ -760,6 +760,8 @@ def test_external_data_goes_into_huge_pages_when_asked_or_large(dist: Path, monk
     assert [_huge_advised(w) for w in mod.load()._weights] == [True]
     monkeypatch.setattr(mod, "_HUGE_FROM", size + 1)
     assert [_huge_advised(w) for w in mod.load()._weights] == [False]
+    with pytest.raises(mod.LoaderError, match=r"huge_pages must be True, False or None.*'yes'"):
+        mod.load(huge_pages="yes")
 
 
 # ------------------------------------------------------------------------------------------- Node
