@@ -392,6 +392,21 @@ def test_init_times_int8_against_fp32_and_decides_by_what_it_measured(tmp_path: 
     assert ("cpu-int8" in targets) == (ratio < speedup.MAX_RATIO)  # what it wrote follows what it printed
 
 
+def test_init_times_int8_of_a_model_whose_weights_are_external_data(tmp_path: Path) -> None:
+    """Weights beside the graph (model.onnx + model.onnx.data, as big models ship) are quantized and timed too."""
+    import onnx
+
+    root = _project(tmp_path)
+    onnx.save_model(onnx.load(str(MODELS / "tiny_transformer.onnx")), str(root / "models" / "ext.onnx"),
+                    save_as_external_data=True, all_tensors_to_one_file=True, location="ext.onnx.data",
+                    size_threshold=1024)
+    proc = run_cli("init", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    text = (root / "targets.toml").read_text()
+    assert re.search(r"#   ext: int8 takes [0-9.]+x fp32's time \(median of \d+ paired runs", text), text
+    assert "could not be made or run here" not in text
+
+
 def test_without_onnxruntime_init_says_what_it_did_not_measure_or_record(tmp_path: Path) -> None:
     root = _project(tmp_path, "tiny_transformer")
     made = scaffold.plan(root, [], [], {}, (), None)
