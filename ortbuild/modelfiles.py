@@ -83,6 +83,12 @@ class ModelFiles:
     def has_external_data(self) -> bool:
         return bool(self.external)
 
+    @property
+    def keeps_external_data(self) -> bool:
+        """Whether copies of this model (intermediates, the artifact) keep the weights as external data: the
+        source does, or could not be one file."""
+        return self.has_external_data or needs_external_data(self.weights_size)
+
     def digests(self) -> dict[str, str]:
         """Build-key parts: `source` (the graph file) and `source:<location>` per external-data file, so a
         changed weight file is named by the plan."""

@@ -58,8 +58,7 @@ class Step:
 
 def _external(prep: Prepared, files: modelfiles.ModelFiles) -> bool:
     """Intermediates keep the weights as external data when the source does, or could not be one file."""
-    return (prep.job.settings.external_data or files.has_external_data
-            or modelfiles.needs_external_data(files.weights_size))
+    return prep.job.settings.external_data or files.keeps_external_data
 
 
 def _check(prep: Prepared, done: Done) -> tuple[check.CheckResult, Inputs]:

@@ -36,8 +36,7 @@ def _session(threads: int, path: Path) -> object:
 def _quantized(source: Path, quantization: Mapping[str, object], work: Path) -> Path:
     """The source quantized by the build's precision step as int8-dynamic with `quantization` (the quantizers'
     log warnings, e.g. symbolic shape inference's, not on init's terminal: the build keeps them in its logs)."""
-    files = modelfiles.of(source, hashed=False)  # weights beside the graph stay external data, as the build keeps them
-    external = files.has_external_data or modelfiles.needs_external_data(files.weights_size)
+    external = modelfiles.of(source, hashed=False).keeps_external_data  # as the build keeps them
     logging.disable(logging.WARNING)
     try:
         return precision.run(source, modelfiles.load_graph(source), "int8-dynamic", dict(quantization), work,
