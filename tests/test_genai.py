@@ -451,6 +451,9 @@ def test_a_cuda_target_is_portable_and_its_loader_refuses_it(project: Project, o
     with pytest.raises(mod.ProviderUnavailableError) as err:
         mod.load(key=project.key, folder=folder)
     assert "CUDAExecutionProvider" in str(err.value)
+    # the CPU package here: the message names the package CUDA needs, and how to install it
+    assert doc["generative"]["runtime"] == "onnxruntime-genai-cuda==0.18.0"
+    assert "pip install onnxruntime-genai-cuda==0.18.0 onnxruntime-gpu==1.31.1" in str(err.value), str(err.value)
     assert opened == []  # no silent fallback to the CPU
     proc = project.run("test", "-t", "cuda", "--no-explain")
     assert proc.returncode == 0, proc.stdout + proc.stderr

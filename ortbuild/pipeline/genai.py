@@ -83,7 +83,8 @@ def assemble(prep: Prepared, done: Done) -> manifest_types.Manifest:
     fact = genbuild.facts(built)
     gen = manifest_types.Generative(
         architecture=done[genbuild.GenSource].architecture, model_type=fact["model_type"],
-        builder=buildkey.builder_versions(), runtime=generation.GENAI, precision=built.precision,
+        builder=buildkey.builder_versions(), runtime=generation.genai_for(job.target.runtime),
+        precision=built.precision,
         execution_provider=built.execution_provider, extra_options=dict(built.extra_options),
         context_length=fact["context_length"], vocab_size=fact["vocab_size"], num_layers=fact["num_layers"],
         eos_token_ids=fact["eos_token_ids"], config=genbuild.CONFIG_FILE,
