@@ -89,6 +89,18 @@ class Tokens:
         None, maximum=1.0, build="never",
         doc="Least mean overlap of the top-5 next tokens with the reference's, along the reference's "
             "continuation. Default per precision.")
+    max_kl: float | None = setting(
+        None, maximum=1e6, build="never",
+        doc="Largest mean KL divergence of the artifact's next-token distribution from the fp32 source's, in nats "
+            "per position, along the reference's continuations (teacher forcing). Default per precision.")
+    min_top1: float | None = setting(
+        None, maximum=1.0, build="never",
+        doc="Least top-1 agreement with the fp32 source at the decided positions: those where its top-1 token's "
+            "logit leads the second's by at least `margin`. Default per precision.")
+    margin: float | None = setting(
+        None, maximum=1e6, build="never",
+        doc="What a decided position is for `min_top1`: fp32's top-1 logit minus its second's, in nats (1.0: the "
+            "top-1 token at least e = 2.7 times as likely as the next). Default 1.0.")
     max_ppl_increase: float | None = setting(
         None, maximum=1e6, build="never",
         doc="Largest relative increase of the perplexity on the model's `heldout` text over the reference's "
