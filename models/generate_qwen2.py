@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts  # noqa: E402
+from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, default steps, shard size
     "small": (128, 384, 4, 4, 2, 2048, 300, "2MB"),
