@@ -148,7 +148,9 @@ def test_kl_divergence_is_the_mean_over_positions_and_names_the_largest() -> Non
     assert judge(REF, cand, replace(LENIENT, max_kl=kl / 20 + 1e-9), decode)[0] is Verdict.PASS
     verdict, _, lines = judge(REF, cand, replace(LENIENT, max_kl=kl / 20 - 1e-9), decode)
     assert verdict is Verdict.FAIL
-    assert f"largest {kl:.4f}: prompt 'Second prompt', step 7: fp32's top-1 'b' (id 1), the artifact's 'b'" in lines[1]
+    lead = tokens.margins(REF.prompts[1].logits[6:7])[0]
+    assert (f"largest {kl:.4f}: prompt 'Second prompt', step 7: fp32's top-1 'b' (id 1) (leading by {lead:.3f}), the "
+            "artifact's 'b'") in lines[1]
 
 
 def test_top1_counts_flips_only_where_fp32_is_decided_and_names_the_margin() -> None:
