@@ -257,7 +257,7 @@ def _timed(model: Any, config: GenaiConfig, prompt: list[int], warm: list[Timing
             note = (f"max_seconds = {budget.max_seconds:g} fits {fit} generations of {warm[-1].seconds:.2f} s "
                     f"(another {fit} kept for a retry under load); a verdict on the tightest percentile at "
                     f"{plan.confidence:g} confidence needs at least {need}: raise max_seconds to about "
-                    f"{2 * need * warm[-1].seconds + budget.max_seconds - left:.0f}, or budget a lower percentile")
+                    f"{2 * need * warm[-1].seconds + budget.max_seconds - left:.3g}, or budget a lower percentile")
     say(f"generation: {budget.prompt_tokens} prompt + {budget.new_tokens} new tokens, up to "
         f"{plan.min_samples or end} generations")
     rounds = _Rounds(lambda: generate_once(model, prompt, budget.new_tokens))

@@ -264,18 +264,6 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
                         f"matched before its first divergence, mean of {len(docs)} prompts); worst: prompt "
                         f"{_short(worst['prompt'])} at step {worst['first_divergence']}: expected "
                         f"{_token(decode, worst['expected'])}, got {_token(decode, worst['got'])}{_at_flip(worst)}")
-    if min_cos < rule.min_cosine:
-        at = min(range(len(docs)), key=lambda j: docs[j]["min_cosine"])
-        step = docs[at]["min_cosine_step"]
-        expected, top = ref.prompts[at].tokens[step - 1], int(np.argmax(cand.logits[at][step - 1]))
-        problems.append(f"next-token logits cosine {min_cos:.6f} < {rule.min_cosine}: prompt "
-                        f"{_short(docs[at]['prompt'])}, step {step}: expected {_token(decode, expected)}, "
-                        + ("the artifact still ranks it first" if top == expected
-                           else f"the artifact's top token {_token(decode, top)}"))
-    if top5 < rule.min_top5:
-        worst = min(docs, key=lambda d: d["top5"])
-        problems.append(f"top-5 overlap {top5:.4f} < {rule.min_top5} (mean over all steps); lowest: prompt "
-                        f"{_short(worst['prompt'])} ({worst['top5']:.4f})")
     if doc["kl_mean"] > rule.max_kl:
         at = max(range(len(docs)), key=lambda j: docs[j]["kl_max"])
         step = docs[at]["kl_max_step"]
@@ -294,6 +282,18 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
                         f"decided: prompt {_short(d['prompt'])}, step {f['step']}: expected "
                         f"{_token(decode, f['expected'])}, got {_token(decode, f['got'])}, fp32's margin "
                         f"{f['margin']:.3f}")
+    if min_cos < rule.min_cosine:
+        at = min(range(len(docs)), key=lambda j: docs[j]["min_cosine"])
+        step = docs[at]["min_cosine_step"]
+        expected, top = ref.prompts[at].tokens[step - 1], int(np.argmax(cand.logits[at][step - 1]))
+        problems.append(f"next-token logits cosine {min_cos:.6f} < {rule.min_cosine}: prompt "
+                        f"{_short(docs[at]['prompt'])}, step {step}: expected {_token(decode, expected)}, "
+                        + ("the artifact still ranks it first" if top == expected
+                           else f"the artifact's top token {_token(decode, top)}"))
+    if top5 < rule.min_top5:
+        worst = min(docs, key=lambda d: d["top5"])
+        problems.append(f"top-5 overlap {top5:.4f} < {rule.min_top5} (mean over all steps); lowest: prompt "
+                        f"{_short(worst['prompt'])} ({worst['top5']:.4f})")
     if increase is not None and increase > rule.max_ppl_increase:
         problems.append(f"held-out perplexity {ppl:.4f} is {increase:+.2%} vs the reference's {ref_ppl:.4f} "
                         f"(max_ppl_increase {rule.max_ppl_increase:.2%})")
