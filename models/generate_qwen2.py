@@ -4,8 +4,8 @@ BPE tokenizer with Qwen's chat tokens and a chat template, weights sharded (`mod
 
     python models/generate_qwen2.py OUTDIR [--size small|bench] [--steps N]   (needs torch, transformers, tokenizers)
 
-`small` (1.1M parameters, 300 steps: about 1.5 minutes on one core) is what the tests use; `bench` (10.8M
-parameters, 8 layers, 300 steps: about 10 minutes on one core) is what tests/benchmarks/bench_gen_gates.py judges
+`small` (1.1M parameters, 300 steps: about 1.5 minutes on one core) is what the tests use; `bench` (10.5M
+parameters, 10 layers, 300 steps: about 10 minutes on one core) is what tests/benchmarks/bench_gen_gates.py judges
 the token gates on. Both are trained on the same text as the example model (models/tiny_llama.corpus.txt, seeded,
 one thread: the same weights on every run with the same libraries) and get its outlier channels
 (models/generate_llm.py: exact in fp32, what makes large int4 blocks harmful). Nothing is downloaded or
@@ -24,7 +24,7 @@ from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, default steps, shard size
     "small": (128, 384, 4, 4, 2, 2048, 300, "2MB"),
-    "bench": (288, 1152, 8, 8, 2, 4096, 300, "8MB"),
+    "bench": (256, 1024, 10, 8, 2, 4096, 300, "8MB"),
 }
 CONTEXT = 512
 SEQ, BATCH, LR = 128, 16, 5e-3

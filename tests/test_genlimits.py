@@ -65,6 +65,17 @@ def test_an_architecture_the_builder_does_not_make_is_refused_naming_it(tmp_path
     _check(*_setup(tmp_path / "ok", LLAMA))
 
 
+def test_a_head_size_groupqueryattention_cannot_run_is_refused(tmp_path: Path) -> None:
+    """hidden 288 over 8 heads: heads of 36 channels, which ONNX Runtime's GroupQueryAttention refuses at the first
+    token ("head_size must be a multiple of 8"), after a builder run that succeeds."""
+    folder, job = _setup(tmp_path, {**LLAMA, "hidden_size": 288, "num_attention_heads": 8})
+    with pytest.raises(ConfigError) as err:
+        _check(folder, job)
+    assert "attention heads of 36 channels (hidden_size 288 / num_attention_heads 8)" in err.value.detail
+    assert "needs a multiple of 8" in err.value.detail
+    _check(*_setup(tmp_path / "ok", {**LLAMA, "hidden_size": 256, "num_attention_heads": 8}))
+
+
 def test_a_model_too_big_for_one_onnx_file_at_its_precision_is_refused_before_the_builder(tmp_path: Path) -> None:
     """630M float32 parameters (an untied Qwen2.5-0.5B): 2.35 GiB at fp32, over 2 GiB; int4 fits."""
     size = 630_000_000 * 4

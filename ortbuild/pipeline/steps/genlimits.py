@@ -1,9 +1,9 @@
 """What a generative model's build can be refused for before the model builder runs (its `check` step), read from
-the directory's config.json, its weights' sizes and its tokenizer: an architecture the builder does not make, a
-model that cannot be one ONNX file at the target's precision (the 2 GB protobuf limit, docs/generative.md), a
-golden prompt that does not fit the context with the tokens the gate generates after it, and generation lengths
-over the context. Each is a ConfigError naming the key, the prompt or the limit, in seconds rather than after
-the builder's minutes."""
+the directory's config.json, its weights' sizes and its tokenizer: an architecture the builder does not make (or
+attention heads ONNX Runtime's GroupQueryAttention cannot run), a model that cannot be one ONNX file at the
+target's precision (the 2 GB protobuf limit, docs/generative.md), a golden prompt that does not fit the context
+with the tokens the gate generates after it, and generation lengths over the context. Each is a ConfigError
+naming the key, the prompt or the limit, in seconds rather than after the builder's minutes."""
 
 from __future__ import annotations
 
@@ -63,6 +63,14 @@ def check(folder: Path, hf: Mapping[str, Any], settings: Settings, prompts: Sequ
         raise ConfigError(config, f"models.{model}.path", f"{folder / 'config.json'} names architecture {arch}, "
                           "which onnxruntime-genai 0.18.0's model builder does not make as a decoder LLM",
                           f"one of {', '.join(sorted(ARCHITECTURES))}")
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    head = hf.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
+                                  else None)
+    if isinstance(head, int) and head % 8:
+        raise ConfigError(config, f"models.{model}.path", f"{folder / 'config.json'}: attention heads of {head} "
+                          f"channels (hidden_size {hidden} / num_attention_heads {heads}): ONNX Runtime 1.31's "
+                          "GroupQueryAttention, which the builder's graph uses, needs a multiple of 8 (\"head_size "
+                          "must be a multiple of 8\" at the first token)", "a model whose head size is a multiple of 8")
     params, stored = weights(folder, hf)
     least = params * BYTES_PER_WEIGHT.get(settings.precision, 0.5)
     if least > PROTOBUF_LIMIT:
