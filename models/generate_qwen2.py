@@ -4,7 +4,7 @@ BPE tokenizer with Qwen's chat tokens and a chat template, weights sharded (`mod
 
     python models/generate_qwen2.py OUTDIR [--size small|bench] [--steps N]   (needs torch, transformers, tokenizers)
 
-`small` (1.1M parameters, 300 steps: about 1.5 minutes on one core) is what the tests use; `bench` (10.5M
+`small` (1.1M parameters, 300 steps: about 1.5 minutes on one core) is what the tests use; `bench` (10.3M
 parameters, 10 layers, 300 steps: about 10 minutes on one core) is what tests/benchmarks/bench_gen_gates.py judges
 the token gates on. Both are trained on the same text as the example model (models/tiny_llama.corpus.txt, seeded,
 one thread: the same weights on every run with the same libraries) and get its outlier channels

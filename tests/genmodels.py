@@ -100,7 +100,7 @@ def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Pat
 
 def qwen2_llm(size: str = "small", cache_root: Path | None = None) -> Path:
     """models/generate_qwen2.py's model of `size` (small: 1.1M parameters, about 1.5 minutes to train; bench:
-    10.5M, about 10), cached as example_llm's is: a Qwen2 with its own tokenizer, sharded weights and a chat
+    10.3M, about 10), cached as example_llm's is: a Qwen2 with its own tokenizer, sharded weights and a chat
     template."""
     return _made(cache_root, f"qwen2-{size}-{llm_digest(QWEN2)}", [str(QWEN2), "--size", size])
 

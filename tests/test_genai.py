@@ -487,6 +487,8 @@ def test_test_release_and_verify(project: Project, tmp_path: Path) -> None:
     prompts = result["sections"]["tokens"]["prompts"]
     assert [p["prompt"] for p in prompts] == project.prompts()
     assert all(p["first_divergence"] is None and p["agreement"] == 1.0 for p in prompts)  # fp32: exact
+    # no [targets.fp32.generation] budget: the generation gate measures nothing (no generation, no process)
+    assert result["gates"]["generation"] == "-" and result["sections"]["generation"]["summary"] == "not measured"
     tokens = folder / "golden" / "tokens.json"
     signed = {g["name"]: g["sha256"] for g in json.loads((folder / manifest_types.MANIFEST).read_text())["golden"]}
     assert signed["golden/tokens.json"] == hashlib.sha256(tokens.read_bytes()).hexdigest()

@@ -3,7 +3,7 @@ its own tokenizer with Qwen's chat tokens, a chat template, sharded safetensors,
 generative path: int8 passes the tokens gate though its greedy continuations flip (at near-ties, reported with
 fp32's margin), a harmful int4 fails naming the position, both tokens and fp32's margin, `precision_search =
 "auto"` repairs the builder's default int4 (harmful on a model this narrow: 128 hidden channels, two of them
-outliers), and the artifact answers chat messages through the model's own template. The 10.5M-parameter size, on
+outliers), and the artifact answers chat messages through the model's own template. The 10.3M-parameter size, on
 which the builder's default int4 passes as it is, is measured by tests/benchmarks/bench_gen_gates.py
 (docs/generative.md#the-tokens-gate)."""
 

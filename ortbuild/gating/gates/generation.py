@@ -19,6 +19,9 @@ def generation(ctx: Context) -> Judged:
     gates = ctx.job.settings.gates
     assert gates is not None
     g, where = gates.generation, f"targets.{ctx.job.target.name}.generation"
+    if not g.declared:  # no budget, no measurement: nothing is opened or timed
+        return Judged("-", {"summary": "not measured", "note": f"no budget in [{where}] (ttft_*, tpot_*, "
+                            "min_tokens_per_second, max_memory_mb): nothing measured"}, [])
     budget = GenerationBudget(
         prompt_tokens=g.prompt_tokens, new_tokens=g.new_tokens, ttft_p50_ms=g.ttft_p50_ms, ttft_p90_ms=g.ttft_p90_ms,
         ttft_p99_ms=g.ttft_p99_ms, tpot_p50_ms=g.tpot_p50_ms, tpot_p90_ms=g.tpot_p90_ms, tpot_p99_ms=g.tpot_p99_ms,
