@@ -204,15 +204,95 @@ def fold(graph: Path, target: str, model: str) -> tuple[str, ...]:
                         "ignores external data), which protobuf limits to 2 GiB",
                         "use a smaller precision (int4-weight) or a smaller model; writing the plaintext weights to a "
                         "file for onnxruntime-genai to read is what ortbuild never does")
-    proto = onnx.load(str(graph), load_external_data=True)
     tmp = graph.with_name(graph.name + ".folded")
-    onnx.save_model(proto, str(tmp), save_as_external_data=False)
-    del proto
+    if not _fold_streaming(onnx, graph, tmp):  # a tensor outside the initializers holds external data: in memory
+        proto = onnx.load(str(graph), load_external_data=True)
+        onnx.save_model(proto, str(tmp), save_as_external_data=False)
+        del proto
     for f in data:
         f.unlink()
     tmp.replace(graph)
     return (f"weights folded into the graph ({', '.join(f.name for f in data)}): onnxruntime-genai opens it from "
             "memory as one file",)
+
+
+def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
+    """fold() one initializer at a time: the bytes onnx.save_model writes for the model loaded with its external
+    data (protobuf writes fields in field-number order, so the model is its fields before the graph (7), the graph,
+    then the rest; the graph likewise around its initializers (5)), with one tensor's data in memory at a time
+    instead of the whole model twice (the loaded proto and its serialization). False where a tensor other than an
+    initializer holds external data (nothing written)."""
+    from onnx import external_data_helper as ext
+
+    proto = onnx.load(str(graph), load_external_data=False)
+    inits = list(proto.graph.initializer)
+    own = {id(t) for t in inits}
+    every = getattr(ext, "_get_all_tensors", None)
+    if every is None or any(ext.uses_external_data(t) for t in every(proto) if id(t) not in own):
+        return False
+    del proto.graph.initializer[:]
+    g_head, g_tail = _split_fields(proto.graph.SerializeToString(), 5)
+    proto.ClearField("graph")
+    m_head, m_tail = _split_fields(proto.SerializeToString(), 7)
+
+    def tensor(t: Any) -> bytes:
+        t = type(t).FromString(t.SerializeToString())
+        if ext.uses_external_data(t):
+            ext.load_external_data_for_tensor(t, str(graph.parent))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+        body: bytes = t.SerializeToString()
+        return _varint(5 << 3 | 2) + _varint(len(body)) + body
+
+    sizes = [len(tensor(t)) for t in inits]  # a first pass for the graph's length, which goes before it
+    with out.open("wb") as f:
+        f.write(m_head + _varint(7 << 3 | 2) + _varint(len(g_head) + sum(sizes) + len(g_tail)) + g_head)
+        for t, n in zip(inits, sizes, strict=True):
+            piece = tensor(t)
+            if len(piece) != n:
+                raise OSError(f"{graph}: an initializer's external data changed while it was folded")
+            f.write(piece)
+        f.write(g_tail + m_tail)
+    return True
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _split_fields(buf: bytes, field: int) -> tuple[bytes, bytes]:
+    """A serialized message split before its first field numbered above `field` (protobuf's wire format)."""
+    pos = 0
+    while pos < len(buf):
+        start, key, shift = pos, 0, 0
+        while True:
+            key |= (buf[pos] & 0x7F) << shift
+            pos, shift = pos + 1, shift + 7
+            if not buf[pos - 1] & 0x80:
+                break
+        if key >> 3 > field:
+            return buf[:start], buf[start:]
+        kind = key & 7
+        if kind == 0:
+            while buf[pos] & 0x80:
+                pos += 1
+            pos += 1
+        elif kind == 2:
+            n, shift = 0, 0
+            while True:
+                n |= (buf[pos] & 0x7F) << shift
+                pos, shift = pos + 1, shift + 7
+                if not buf[pos - 1] & 0x80:
+                    break
+            pos += n
+        else:
+            pos += 8 if kind == 1 else 4
+    return buf, b""
 
 
 def facts(built: GenBuilt) -> Mapping[str, Any]:
