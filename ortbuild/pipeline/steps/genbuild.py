@@ -217,11 +217,11 @@ def fold(graph: Path, target: str, model: str) -> tuple[str, ...]:
 
 
 def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
-    """fold() one initializer at a time: the bytes onnx.save_model writes for the model loaded with its external
-    data (protobuf writes fields in field-number order, so the model is its fields before the graph (7), the graph,
-    then the rest; the graph likewise around its initializers (5)), with one tensor's data in memory at a time
-    instead of the whole model twice (the loaded proto and its serialization). False where a tensor other than an
-    initializer holds external data (nothing written)."""
+    """fold() without the model in memory: the bytes onnx.save_model writes for the model loaded with its external
+    data, each initializer's data copied from the data file in 8 MiB pieces. Protobuf writes fields in field-number
+    order, so the model is its fields before the graph (7), the graph, then the rest; the graph likewise around its
+    initializers (5), and a tensor around its raw_data (9). False where a tensor other than an initializer holds
+    external data, or data outside the graph's folder (nothing written: onnx.load then does it, or refuses)."""
     from onnx import external_data_helper as ext
 
     proto = onnx.load(str(graph), load_external_data=False)
@@ -230,28 +230,44 @@ def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
     every = getattr(ext, "_get_all_tensors", None)
     if every is None or any(ext.uses_external_data(t) for t in every(proto) if id(t) not in own):
         return False
+    plan: list[tuple[bytes, Path | None, int, int, bytes]] = []  # head, data file, offset, length, tail
+    for t in inits:
+        if not ext.uses_external_data(t):
+            plan.append((t.SerializeToString(), None, 0, 0, b""))
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        src = graph.parent / info.get("location", "")
+        offset = int(info.get("offset") or 0)
+        if not src.is_file() or not src.resolve().is_relative_to(graph.parent.resolve()):
+            return False
+        length = int(info["length"]) if info.get("length") else src.stat().st_size - offset
+        meta = type(t)()
+        meta.CopyFrom(t)
+        del meta.external_data[:]
+        meta.data_location = onnx.TensorProto.DEFAULT  # as onnx.load sets it
+        head, tail = _split_fields(meta.SerializeToString(), 8)
+        plan.append((head + _varint(9 << 3 | 2) + _varint(length), src, offset, length, tail))
+    pieces = [len(head) + length + len(tail) for head, _, _, length, tail in plan]
     del proto.graph.initializer[:]
     g_head, g_tail = _split_fields(proto.graph.SerializeToString(), 5)
+    g_size = len(g_head) + len(g_tail) + sum(len(_varint(5 << 3 | 2)) + len(_varint(n)) + n for n in pieces)
     proto.ClearField("graph")
     m_head, m_tail = _split_fields(proto.SerializeToString(), 7)
-
-    def tensor(t: Any) -> bytes:
-        t = type(t).FromString(t.SerializeToString())
-        if ext.uses_external_data(t):
-            ext.load_external_data_for_tensor(t, str(graph.parent))
-            t.data_location = onnx.TensorProto.DEFAULT
-            del t.external_data[:]
-        body: bytes = t.SerializeToString()
-        return _varint(5 << 3 | 2) + _varint(len(body)) + body
-
-    sizes = [len(tensor(t)) for t in inits]  # a first pass for the graph's length, which goes before it
     with out.open("wb") as f:
-        f.write(m_head + _varint(7 << 3 | 2) + _varint(len(g_head) + sum(sizes) + len(g_tail)) + g_head)
-        for t, n in zip(inits, sizes, strict=True):
-            piece = tensor(t)
-            if len(piece) != n:
-                raise OSError(f"{graph}: an initializer's external data changed while it was folded")
-            f.write(piece)
+        f.write(m_head + _varint(7 << 3 | 2) + _varint(g_size) + g_head)
+        for (head, src, offset, length, tail), n in zip(plan, pieces, strict=True):
+            f.write(_varint(5 << 3 | 2) + _varint(n) + head)
+            if src is not None:
+                with src.open("rb") as data:
+                    data.seek(offset)
+                    left = length
+                    while left:
+                        chunk = data.read(min(left, 8 << 20))
+                        if not chunk:
+                            raise OSError(f"{src} ends before the {length} bytes of an initializer at {offset}")
+                        f.write(chunk)
+                        left -= len(chunk)
+            f.write(tail)
         f.write(g_tail + m_tail)
     return True
 
