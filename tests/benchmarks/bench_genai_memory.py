@@ -232,9 +232,11 @@ def compare(artifact: Path, plain: Path, procs: int, gens: int) -> dict[str, Any
             med["ttft_ms"] = statistics.median(x for r in rs for x in r["ttft_ms"])
             med["tpot_ms"] = statistics.median(x for r in rs for x in r["tpot_ms"])
         out[mode] = {k: round(v, 3 if k.endswith("_s") else 1) for k, v in med.items()}
+        out[mode]["runs"] = {k: [round(r[k], 2 if k.endswith("_s") else 0) for r in rs]
+                             for k in ("hwm_mb", "rss_mb", "open_s")}
     for mode in ("loader", "loader-bytes"):
         out[mode]["vs_plain"] = {k: round(v / out["plain"][k], 2) for k, v in out[mode].items()
-                                 if k in out["plain"] and out["plain"][k]}
+                                 if k != "runs" and k in out["plain"] and out["plain"][k]}
     return out
 
 
