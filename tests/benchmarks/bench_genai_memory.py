@@ -10,8 +10,9 @@ keys in $ORTBUILD_KEY and $ORTBUILD_SIGNING_KEY (development keys will do). One 
 
 1. **Build**: `ortbuild build --force` of one target per precision, its process tree sampled every 20 ms (RSS of
    each process: the ortbuild process, which folds the weights, opens the build and runs its loader, and the model
-   builder's subprocess), and /dev/shm's use (the build's private dir: memory too). Peaks as a ratio of the source's
-   fp32 weights (the bytes of its safetensors files).
+   builder's subprocess), and /dev/shm's use (the build's private dir: memory too; the tree's RSS plus it, at the
+   same instant, is the build's footprint). Peaks as a ratio of the source's fp32 weights (the bytes of its
+   safetensors files).
 2. **Open**: fresh processes, alternating: `og.Model(og.Config(plain))` + `og.Tokenizer` on the builder's own
    output for the same options (model.onnx + model.onnx.data: the reference), the loader's `load()`, and the loader
    forced onto `Config.add_model_data(bytes)` (its fallback, and the route before the pipe). Peak RSS (VmHWM) when
@@ -142,7 +143,7 @@ class Sampler(threading.Thread):
     def __init__(self, pid: int, every: float = 0.005) -> None:
         super().__init__(daemon=True)
         self.pid, self.every, self.halt = pid, every, threading.Event()
-        self.footprint = self.shm = 0.0
+        self.footprint = self.shm = self.with_shm = 0.0
         self.procs: dict[int, dict[str, Any]] = {}
         self.shm0 = _shm_used()
         self.start()
@@ -157,7 +158,9 @@ class Sampler(threading.Thread):
                 if s and s.get("VmRSS", 0.0) >= self.procs.get(p, {}).get("VmRSS", -1.0):
                     self.procs[p] = {**s, "VmHWM": max(s.get("VmHWM", 0.0), self.procs.get(p, {}).get("VmHWM", 0.0))}
             self.footprint = max(self.footprint, total + _memfds(pids))
-            self.shm = max(self.shm, _shm_used() - self.shm0)
+            shm = _shm_used() - self.shm0
+            self.shm = max(self.shm, shm)
+            self.with_shm = max(self.with_shm, total + shm)  # the build's private dir on /dev/shm is RAM too
             time.sleep(self.every)
 
     def stop(self) -> None:
@@ -180,6 +183,7 @@ def build(project: Path, target: str, fp32_mb: float) -> dict[str, Any]:
     builder = max((p for p in procs if "onnxruntime_genai.models.builder" in p["cmd"]), key=lambda p: p["VmHWM"])
     main = max((p for p in procs if " -m ortbuild " in p["cmd"]), key=lambda p: p["VmHWM"])
     figures = {"seconds": round(seconds, 1), "tree_peak_mb": round(sampler.footprint),
+               "tree_and_dev_shm_peak_mb": round(sampler.with_shm),
                "builder_peak_mb": round(builder["VmHWM"]), "builder_at_peak_anon_mb": round(builder["RssAnon"]),
                "builder_at_peak_file_mb": round(builder["RssFile"]), "ortbuild_process_peak_mb": round(main["VmHWM"]),
                "dev_shm_peak_mb": round(sampler.shm)}

@@ -6,6 +6,7 @@ golden prompts: never NaN, and what the sealed artifact must reproduce through i
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -248,6 +249,9 @@ def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
         head, tail = _split_fields(meta.SerializeToString(), 8)
         plan.append((head + _varint(9 << 3 | 2) + _varint(length), src, offset, length, tail))
     pieces = [len(head) + length + len(tail) for head, _, _, length, tail in plan]
+    spans = sorted((str(src), offset, offset + length) for _, src, offset, length, _ in plan if src is not None)
+    # each range of the data file freed once copied (it is RAM on /dev/shm), unless two tensors share bytes
+    free = _punch_hole() if all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(spans)) else None
     del proto.graph.initializer[:]
     g_head, g_tail = _split_fields(proto.graph.SerializeToString(), 5)
     g_size = len(g_head) + len(g_tail) + sum(len(_varint(5 << 3 | 2)) + len(_varint(n)) + n for n in pieces)
@@ -258,7 +262,7 @@ def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
         for (head, src, offset, length, tail), n in zip(plan, pieces, strict=True):
             f.write(_varint(5 << 3 | 2) + _varint(n) + head)
             if src is not None:
-                with src.open("rb") as data:
+                with src.open("rb" if free is None else "r+b") as data:  # punching a hole needs a writable fd
                     data.seek(offset)
                     left = length
                     while left:
@@ -266,10 +270,24 @@ def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
                         if not chunk:
                             raise OSError(f"{src} ends before the {length} bytes of an initializer at {offset}")
                         f.write(chunk)
+                        if free is not None:
+                            free(data.fileno(), offset + length - left, len(chunk))
                         left -= len(chunk)
             f.write(tail)
         f.write(g_tail + m_tail)
     return True
+
+
+def _punch_hole() -> Any:
+    """fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, length) where the C library has it (Linux), else None."""
+    try:
+        import ctypes
+
+        fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
+    except (OSError, AttributeError, TypeError):
+        return None
+    return lambda fd, offset, length: fallocate(fd, 3, offset, length)
 
 
 def _varint(n: int) -> bytes:
