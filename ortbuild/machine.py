@@ -154,7 +154,10 @@ class StandIn:
 
 # the hardware flavors and plugin EPs, and what tells that their hardware is absent
 _NEEDS: dict[str, Callable[[], str | None]] = {
-    "onnxruntime-gpu": nvidia_absent, "onnxruntime-openvino": intel_absent, "onnxruntime-ep-openvino": intel_absent}
+    "onnxruntime-gpu": nvidia_absent, "onnxruntime-openvino": intel_absent, "onnxruntime-ep-openvino": intel_absent,
+    "onnxruntime-genai-cuda": nvidia_absent}
+# a hardware package that has a CPU package of the same version to stand in for it (the flavor: onnxruntime)
+_CPU_PACKAGE = {"onnxruntime-genai-cuda": "onnxruntime-genai"}
 
 
 def stand_in(requirements: Sequence[str]) -> StandIn | None:
@@ -174,8 +177,9 @@ def stand_in(requirements: Sequence[str]) -> StandIn | None:
             continue
         left_out.append(text)
         reasons += [why] if why not in reasons else []
-        if i == 0:  # the flavor: the CPU flavor at the same version
-            kept.append("onnxruntime" + text.strip()[len(req.name):].lstrip())  # its version, as written
+        cpu = "onnxruntime" if i == 0 else _CPU_PACKAGE.get(canonicalize_name(req.name))
+        if cpu is not None:  # the flavor (or genai's CUDA package): the CPU package at the same version
+            kept.append(cpu + text.strip()[len(req.name):].lstrip())  # its version, as written
     if not left_out:
         return None
     return StandIn(tuple(kept), tuple(left_out), "; ".join(reasons))

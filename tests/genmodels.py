@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "models" / "generate_llm.py"
+QWEN2 = ROOT / "models" / "generate_qwen2.py"  # a Qwen2 as real models are laid out (sharded, chat template)
 CORPUS = ROOT / "models" / "tiny_llama.corpus.txt"  # the training text: a committed snapshot of the docs' prose
 # the libraries whose versions change the weights or the files written
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
@@ -59,10 +60,10 @@ def _version(name: str) -> str:
         return "absent"
 
 
-def llm_digest() -> str:
-    """sha256 (first 16 hex digits) of what the example model's weights depend on."""
+def llm_digest(*generators: Path) -> str:
+    """sha256 (first 16 hex digits) of what the example model's weights depend on (and `generators`')."""
     h = hashlib.sha256()
-    for path in [GENERATOR, CORPUS]:
+    for path in [GENERATOR, CORPUS, *generators]:
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     for name in LIBRARIES:
         h.update(f"{name}=={_version(name)}\0".encode())
@@ -93,9 +94,22 @@ def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Pat
     llm-<digest>[-<steps>]/. `steps` overrides the generator's default training steps (a quicker, worse model).
     Needs torch, transformers and tokenizers in this interpreter; raises RuntimeError with the generator's output
     when it fails."""
+    name = f"llm-{llm_digest()}" + (f"-{steps}" if steps is not None else "")
+    return _made(cache_root, name, [str(GENERATOR)] + (["--steps", str(steps)] if steps is not None else []))
+
+
+def qwen2_llm(size: str = "small", cache_root: Path | None = None) -> Path:
+    """models/generate_qwen2.py's model of `size` (small: 1.1M parameters, about 1.5 minutes to train; bench:
+    10.5M, about 10), cached as example_llm's is: a Qwen2 with its own tokenizer, sharded weights and a chat
+    template."""
+    return _made(cache_root, f"qwen2-{size}-{llm_digest(QWEN2)}", [str(QWEN2), "--size", size])
+
+
+def _made(cache_root: Path | None, name: str, generator: list[str]) -> Path:
+    """The cached model `name`, made by running `generator` (a script and its arguments, the output directory
+    appended) under a lock, into a temporary directory renamed into place."""
     root = cache_root if cache_root is not None else default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    name = f"llm-{llm_digest()}" + (f"-{steps}" if steps is not None else "")
     final = root / name
     if (final / DONE).is_file():
         return final
@@ -104,13 +118,11 @@ def example_llm(cache_root: Path | None = None, steps: int | None = None) -> Pat
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=root))
         try:
-            cmd = [sys.executable, str(GENERATOR), str(tmp / "model")]
-            if steps is not None:
-                cmd += ["--steps", str(steps)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            done = subprocess.run([sys.executable, generator[0], str(tmp / "model"), *generator[1:]],
+                                  capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(
-                    f"{GENERATOR.name} failed (exit {done.returncode}) with {sys.executable}:\n"
+                    f"{Path(generator[0]).name} failed (exit {done.returncode}) with {sys.executable}:\n"
                     f"{done.stderr[-4000:]}")
             if final.exists():  # a finished model cannot be here (checked under the lock): a leftover
                 shutil.rmtree(final)

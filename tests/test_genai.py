@@ -336,6 +336,21 @@ def test_the_loader_gives_onnxruntime_genais_tokens_on_the_plaintext_build(proje
     assert len(continuations) > len(project.prompts()) // 2  # a model whose greedy output depends on the prompt
 
 
+def test_chat_on_a_model_without_a_chat_template_is_a_feed_error(project: Project) -> None:
+    """The example model has none (tests/test_genai_app.py gives a copy one): chat() and a session's messages say so;
+    plain text still works."""
+    folder = project.dist("fp32")
+    mod = _loader(folder)
+    model = mod.load(key=project.key, folder=folder)
+    assert model.chat_template is None and not (folder / "chat_template.jinja").exists()
+    messages = [{"role": "user", "content": "The"}]
+    for call in (lambda: model.chat(messages), lambda: model.session().send(messages)):
+        with pytest.raises(mod.FeedError, match=f"^fp32/{MODEL} has no chat template") as err:
+            call()
+        assert err.value.code == "bad_feed"
+    assert model.session().send("The", 4) == model.generate("The", 4)
+
+
 # --------------------------------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize(("name", "code"), [("model.onnx.enc", "tampered"), ("genai_config.json", "tampered"),
@@ -451,6 +466,9 @@ def test_a_cuda_target_is_portable_and_its_loader_refuses_it(project: Project, o
     with pytest.raises(mod.ProviderUnavailableError) as err:
         mod.load(key=project.key, folder=folder)
     assert "CUDAExecutionProvider" in str(err.value)
+    # the CPU package here: the message names the package CUDA needs, and how to install it
+    assert doc["generative"]["runtime"] == "onnxruntime-genai-cuda==0.18.0"
+    assert "pip install onnxruntime-genai-cuda==0.18.0 onnxruntime-gpu==1.31.1" in str(err.value), str(err.value)
     assert opened == []  # no silent fallback to the CPU
     proc = project.run("test", "-t", "cuda", "--no-explain")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,11 +175,36 @@ def test_too_few_generations_to_bound_a_p99_is_inconclusive_with_how_many_more(f
 
 
 @generative
-def test_nothing_budgeted_reports_the_figures_without_a_verdict(fp32: Path) -> None:
-    verdict, section, lines = _judge(fp32, GenerationBudget(prompt_tokens=8, new_tokens=4))
-    assert verdict == "-" and lines == [] and section["verdicts"] == []
-    # no budget, nothing to decide: a brief sample (at most BRIEF_RUNS rounds or BRIEF_SECONDS), not the plan's 100
-    assert 1 <= section["generations"] <= latency.BRIEF_RUNS < planned_samples([], 0.95, 0)
+def test_no_budget_no_measurement(fp32: Path) -> None:
+    """Nothing budgeted: one warm-up generation, reported as such, no timed generations and no fresh processes."""
+    verdict, section, lines = _judge(fp32, GenerationBudget(prompt_tokens=8, new_tokens=4), _opener(fp32))
+    assert verdict == "-" and lines == [] and section["generations"] == 0 and "memory" not in section
+    assert section["timed"].startswith("not timed: no ttft_*/tpot_*/min_tokens_per_second budget")
+    assert section["summary"] == "not timed"
+    # a memory budget alone: the processes, not the timed generations
+    verdict, section, _ = _judge(fp32, GenerationBudget(max_memory_mb=1e6), _opener(fp32))
+    assert verdict is Verdict.PASS and section["generations"] == 0 and section["memory"]["processes"] >= 8
+    assert section["summary"].startswith("not timed, peak ")
+
+
+@generative
+def test_max_seconds_bounds_the_whole_gate_and_says_what_would_decide(fp32: Path) -> None:
+    """max_seconds caps the timed generations (half kept for a retry under load) and the memory processes; what
+    cannot be decided in it is INCONCLUSIVE, saying how long would do."""
+    one = gen.generate_once(gen.open_folder(str(fp32)), gen.prompt_ids(gen.read_config(fp32), 64), 32).seconds
+    limit = 12 * one
+    start = time.perf_counter()
+    verdict, section, _ = _judge(fp32, GenerationBudget(tpot_p90_ms=60_000.0, max_seconds=limit))
+    assert time.perf_counter() - start < limit + 20 * one + 2.0   # the open and warm-up beside it
+    assert verdict is Verdict.INCONCLUSIVE and section["generations"] <= 6
+    assert f"max_seconds = {limit:g} fits" in section["note"] and "needs at least 29" in section["note"]
+    assert "raise max_seconds to about" in section["note"]
+    verdict, section, lines = _judge(fp32, GenerationBudget(max_memory_mb=1e6, max_seconds=0.001), _opener(fp32))
+    assert verdict is Verdict.INCONCLUSIVE and lines == []
+    note = section["memory"]["verdict"]["note"]
+    assert note.startswith("max_memory_mb not measured: 8 fresh processes at context 256")
+    assert "max_seconds = 0.001" in note
+    assert "state a shorter targets.cpu.generation.context_length" in note
 
 
 @generative

@@ -109,23 +109,34 @@ def test_fp32_artifact_agrees_with_the_reference(builds: dict[str, Path], ref: R
     assert doc["ppl_increase"] is not None and abs(doc["ppl_increase"]) < 1e-4
 
 
-def test_int4_blocks_of_16_pass_the_builder_default_and_a_harmful_setting_fail(builds: dict[str, Path],
-                                                                                 ref: Reference) -> None:
+def test_int4_by_its_distribution_the_builder_default_passes_and_a_harmful_setting_fails(
+        builds: dict[str, Path], ref: Reference) -> None:
+    """The int4 rule judges the next-token distributions (KL, top-1 where fp32 is decided), not greedy agreement:
+    the builder's CPU default flips near-ties (agreement 0.59) yet its distribution is close, so it passes; blocks
+    of 128 move decided tokens and fail, naming the position, both tokens and fp32's margin there."""
     model = og.Model(str(builds["int4"]))
-    verdict, default, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
+    verdict, accurate, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
     assert verdict is Verdict.PASS, lines
-    assert default["exact_prompts"] < 12                  # int4 flips greedy tokens even then
-    model = og.Model(str(builds["int4-default"]))  # the builder's CPU default: the token-flip trap (ORT 29849)
-    verdict, trap, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
-    assert verdict is Verdict.FAIL and trap["agreement"] < default["agreement"], lines
+    assert accurate["exact_prompts"] < 12                  # int4 flips greedy tokens even then
+    model = og.Model(str(builds["int4-default"]))  # the builder's CPU default (ORT 29849's near-tie flips)
+    _, default, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
+    # on this outlier-channel model it sits near the bound (KL 0.046 here): its verdict is not asserted
+    assert default["agreement"] < 0.7 and accurate["kl_mean"] < default["kl_mean"] < 2 * DEFAULTS["int4"].max_kl
+    flips = [d["flip_margin"] for d in default["prompts"] if d["flip_margin"] is not None]
+    assert flips and min(flips) < 1.0  # greedy flips, reported with fp32's margin: some at near-ties
     model = og.Model(str(builds["int4-harmful"]))
     verdict, harmful, lines = judge(ref, run.observe(model, ref), DEFAULTS["int4"], _decoder(model))
     assert verdict is Verdict.FAIL
-    assert harmful["min_cosine"] < trap["min_cosine"] < default["min_cosine"]
-    failure = next(line for line in lines if "cosine" in line and "<" in line)
-    worst = min(harmful["prompts"], key=lambda d: d["min_cosine"])
-    assert repr(worst["prompt"][:20]).rstrip("'") in failure
-    assert f"step {worst['min_cosine_step']}: expected '" in failure
+    assert harmful["kl_mean"] > DEFAULTS["int4"].max_kl > default["kl_mean"] > accurate["kl_mean"]
+    assert harmful["top1_decided"] < DEFAULTS["int4"].min_top1 <= default["top1_decided"]
+    failure = next(line for line in lines if "top-1 agreement" in line)
+    worst = max((f for d in harmful["prompts"] for f in d["decided_flips"]), key=lambda f: f["margin"])
+    assert f"step {worst['step']}: expected '" in failure and f"fp32's margin {worst['margin']:.3f}" in failure
+    assert f"(id {worst['expected']}), got '" in failure and f"(id {worst['got']})" in failure
+    kl = next(line for line in lines if line.startswith("  KL divergence"))
+    assert f"KL divergence {harmful['kl_mean']:.5f} > max_kl 0.05" in kl and "(leading by " in kl
     first = min((d for d in harmful["prompts"] if d["first_divergence"]), key=lambda d: d["first_divergence"] or 0)
     assert lines[-1].startswith(f"  earliest divergence: prompt {repr(first['prompt'][:20]).rstrip(chr(39))}")
-    assert f"at step {first['first_divergence']}: expected '" in lines[-1] and "), got '" in lines[-1]
+    assert f"(fp32's top-1 led by {first['flip_margin']:.3f} there)" in lines[-1]
+
+

@@ -28,6 +28,7 @@ def absent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(machine._NEEDS, "onnxruntime-gpu", lambda: NO_GPU)
     monkeypatch.setitem(machine._NEEDS, "onnxruntime-openvino", lambda: NO_INTEL)
     monkeypatch.setitem(machine._NEEDS, "onnxruntime-ep-openvino", lambda: NO_INTEL)
+    monkeypatch.setitem(machine._NEEDS, "onnxruntime-genai-cuda", lambda: NO_GPU)
 
 
 def test_stand_in_replaces_the_flavor_at_its_version_and_drops_absent_plugins(absent: None) -> None:
@@ -40,6 +41,19 @@ def test_stand_in_replaces_the_flavor_at_its_version_and_drops_absent_plugins(ab
     s = machine.stand_in(["onnxruntime-openvino>=1.24,<1.25"])
     assert s is not None and s.requirements == ("onnxruntime>=1.24,<1.25",)
     assert machine.stand_in(["onnxruntime==1.31.1", "onnxruntime-extensions==0.15.2"]) is None  # nothing absent
+
+
+def test_a_cuda_generative_target_gets_genai_cuda_and_the_cpu_genai_as_its_stand_in(absent: None) -> None:
+    """onnxruntime-genai's CPU package cannot start CUDA: a CUDA target's venv gets onnxruntime-genai-cuda (with
+    onnxruntime-gpu); where no GPU is, the CPU packages of the same versions build its portable artifact."""
+    project = config.load(REPO / "targets.toml", check_files=False)
+    reqs = project.targets["llm-cuda-int4"].requirements
+    assert reqs[:2] == ("onnxruntime-gpu==1.31.1", "onnxruntime-genai-cuda==0.18.0")
+    assert "onnxruntime-genai==0.18.0" in project.targets["llm-cpu-int4"].requirements
+    s = machine.stand_in(reqs)
+    assert s is not None and s.requirements[:2] == ("onnxruntime==1.31.1", "onnxruntime-genai==0.18.0")
+    assert s.left_out == ("onnxruntime-gpu==1.31.1", "onnxruntime-genai-cuda==0.18.0") and s.reason == NO_GPU
+    assert s.requirements[2:] == reqs[2:]  # the builder's packages, as they are
 
 
 def test_hardware_present_means_no_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,9 @@ def test_identical_passes_the_strictest_rule_with_exact_numbers() -> None:
     assert doc["min_cosine"] == pytest.approx(1.0, abs=1e-12) and doc["ppl_increase"] == pytest.approx(0.0)
     assert [p["first_divergence"] for p in doc["prompts"]] == [None, None]
     assert doc["rule"] == {"match_tokens": 32, "min_agreement": 0.95, "min_cosine": 0.9999, "min_top5": 0.99,
-                           "max_ppl_increase": 0.001}
+                           "max_ppl_increase": 0.001, "max_kl": 0.001, "min_top1": 1.0, "margin": 1.0}
+    assert doc["kl_mean"] == pytest.approx(0.0, abs=1e-12) and doc["top1_decided"] == 1.0 and doc["top1_all"] == 1.0
+    assert doc["decided"] == 20  # every position of _logits leads by a margin of about 10
     assert len(lines) == 1 and lines[0].startswith("tokens: PASS: 2/2 prompts exact")
     json.dumps(doc)
 
@@ -126,8 +128,53 @@ def test_a_failure_without_an_early_divergence_names_the_earliest_one() -> None:
     verdict, doc, lines = judge(REF, cand, replace(LENIENT, min_cosine=0.9999), decode)
     assert verdict is Verdict.FAIL and doc["prompts"][0]["min_cosine_step"] == 5
     assert "step 5: expected 'e' (id 4), the artifact still ranks it first" in lines[1]
-    assert lines[2] == "  earliest divergence: prompt 'Second prompt' at step 9: expected 'd' (id 3), got 'i' (id 8)"
+    margin = tokens.margins(REF.prompts[1].logits)[8]
+    assert lines[2] == ("  earliest divergence: prompt 'Second prompt' at step 9: expected 'd' (id 3), got 'i' (id 8)"
+                        f" (fp32's top-1 led by {margin:.3f} there)")
+    assert doc["prompts"][1]["flip_margin"] == pytest.approx(margin, abs=1e-4)
     assert len(judge(REF, cand, LENIENT, decode)[2]) == 1           # passing: no divergence line
+
+
+def test_kl_divergence_is_the_mean_over_positions_and_names_the_largest() -> None:
+    cand = same(REF)
+    worse = cand.logits[1].copy()
+    worse[6] = REF.prompts[1].logits[6] * 0.5          # step 7: the same top token, a flatter distribution
+    cand = replace(cand, logits=(cand.logits[0], worse))
+    lp, lq = tokens.log_softmax(REF.prompts[1].logits[6:7]), tokens.log_softmax(worse[6:7])
+    kl = float((np.exp(lp) * (lp - lq)).sum())
+    _, doc, _ = judge(REF, cand, LENIENT, decode)
+    assert kl > 0 and doc["kl_max"] == pytest.approx(kl) and doc["kl_mean"] == pytest.approx(kl / 20)
+    assert doc["prompts"][1]["kl_max_step"] == 7 and doc["top1_decided"] == 1.0
+    assert judge(REF, cand, replace(LENIENT, max_kl=kl / 20 + 1e-9), decode)[0] is Verdict.PASS
+    verdict, _, lines = judge(REF, cand, replace(LENIENT, max_kl=kl / 20 - 1e-9), decode)
+    assert verdict is Verdict.FAIL
+    lead = tokens.margins(REF.prompts[1].logits[6:7])[0]
+    assert (f"largest {kl:.4f}: prompt 'Second prompt', step 7: fp32's top-1 'b' (id 1) (leading by {lead:.3f}), the "
+            "artifact's 'b'") in lines[1]
+
+
+def test_top1_counts_flips_only_where_fp32_is_decided_and_names_the_margin() -> None:
+    ref = make_ref({"p": [0, 1, 2, 3]})
+    logits = ref.prompts[0].logits.copy()
+    logits[1, 7] = logits[1, 1] - 0.5                 # step 2: a near-tie in fp32 (margin 0.5)
+    ref = replace(ref, prompts=(replace(ref.prompts[0], logits=logits),))
+    got = logits.copy()
+    got[1, 7], got[1, 1] = logits[1, 1], logits[1, 7]  # the artifact flips the near-tie: not counted
+    cand = replace(same(ref), logits=(got,))
+    _, doc, _ = judge(ref, cand, LENIENT, decode)
+    assert doc["decided"] == 3 and doc["top1_decided"] == 1.0 and doc["top1_all"] == 0.75
+    assert doc["prompts"][0]["decided_flips"] == []
+    got[3, 2] = got[3, 3] + 1.0                        # step 4: decided in fp32 (margin ~10), flipped
+    margin = float(tokens.margins(logits)[3])
+    _, doc, lines = judge(ref, replace(cand, logits=(got,)), replace(LENIENT, min_top1=0.9), decode)
+    assert doc["top1_decided"] == pytest.approx(2 / 3)
+    assert doc["prompts"][0]["decided_flips"] == [{"step": 4, "expected": 3, "got": 2, "margin": round(margin, 4)}]
+    assert (f"top-1 agreement 0.6667 < min_top1 0.9 at the 3 decided positions (fp32's top-1 leads by >= margin "
+            f"1.0): 1 flipped; the most decided: prompt 'p', step 4: expected 'd' (id 3), got 'c' (id 2), fp32's "
+            f"margin {margin:.3f}") in lines[1]
+    # a margin above every position's: nothing is decided, nothing judged
+    assert judge(ref, replace(cand, logits=(got,)), replace(LENIENT, min_top1=0.9, margin=100.0), decode)[0] \
+        is Verdict.PASS
 
 
 def test_top5_is_the_mean_overlap_over_all_steps() -> None:
@@ -178,6 +225,10 @@ def test_helpers() -> None:
     a = np.array([[5.0, 4, 3, 2, 1, 0, -1]])
     assert tokens.top5_overlap(a, a).tolist() == [1.0]
     assert tokens.top5_overlap(a, np.array([[5.0, 4, 3, 2, -9, 0, 9]])).tolist() == [0.8]
+    assert tokens.margins(np.array([[1.0, 3.5, 2.0], [0.0, 0.0, 0.0]])).tolist() == [1.5, 0.0]
+    assert tokens.kl_divergence(a, a).tolist() == [0.0]
+    assert tokens.kl_divergence(np.array([[0.0, 0.0]]), np.array([[0.0, math.log(3)]]))[0] == \
+        pytest.approx(0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75))
 
 
 def test_defaults_cover_every_precision_and_loosen_with_it() -> None:
@@ -189,3 +240,4 @@ def test_defaults_cover_every_precision_and_loosen_with_it() -> None:
         assert stricter.min_cosine >= looser.min_cosine
         assert stricter.min_top5 >= looser.min_top5
         assert stricter.max_ppl_increase <= looser.max_ppl_increase
+        assert stricter.max_kl <= looser.max_kl and stricter.min_top1 >= looser.min_top1

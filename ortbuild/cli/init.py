@@ -48,8 +48,11 @@ def cmd_init(o: InitOptions) -> int:
     for note in made.notes:
         print(f"  {note}")
     searched = any(s.precision_search == "auto" for t in project.targets.values() for s in t.settings.values())
+    generative = any(kind_rule(m.kind).directory for m in project.models.values())
     print(f"\n{len(project.models)} model(s), targets {', '.join(project.targets)}. Next:\n"
           "  python -m nox -s test       # each target in its runtime's virtualenv: build, then the release gates\n"
+          + ("  python -m nox -t generative # the generative targets: build, test and release, in a venv with torch "
+             "(docs/generative.md)\n" if generative else "")
           + ("  git add targets.lock        # what the build found (precision_search), if it wrote one: CI builds "
              "with --locked\n" if searched else "")
           + "  python -m nox -s release    # sign and bundle each tested target into dist/release/<target>/",

@@ -10,6 +10,7 @@ treat it as they treat the others; its `generative` section says what the loader
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from ortbuild import __version__, files, machine
@@ -18,7 +19,7 @@ from ortbuild.errors import ArtifactError
 from ortbuild.pipeline import buildkey
 from ortbuild.pipeline.job import Done, Prepared
 from ortbuild.pipeline.stages import PIPELINE, Step
-from ortbuild.pipeline.steps import encrypt, genbuild, package
+from ortbuild.pipeline.steps import encrypt, genbuild, genlimits, package
 from ortbuild.project import generation
 from ortbuild.status import ArtifactState
 
@@ -33,8 +34,13 @@ class Sealed:
 
 
 def _check(prep: Prepared, done: Done) -> genbuild.GenSource:
-    return genbuild.check(prep.job.model.path, prep.job.model.inputs, str(prep.project.file), prep.job.model.name,
-                          prep.files.size)
+    job = prep.job
+    source = genbuild.check(job.model.path, job.model.inputs, str(prep.project.file), job.model.name,
+                            prep.files.size)
+    hf = json.loads((job.model.path / generation.HF_CONFIG).read_text(encoding="utf-8"))
+    genlimits.check(job.model.path, hf, job.settings, source.prompts, str(prep.project.file), job.target.name,
+                    job.model.name, job.model.inputs)
+    return source
 
 
 def _build(prep: Prepared, done: Done) -> genbuild.GenBuilt:
@@ -83,7 +89,8 @@ def assemble(prep: Prepared, done: Done) -> manifest_types.Manifest:
     fact = genbuild.facts(built)
     gen = manifest_types.Generative(
         architecture=done[genbuild.GenSource].architecture, model_type=fact["model_type"],
-        builder=buildkey.builder_versions(), runtime=generation.GENAI, precision=built.precision,
+        builder=buildkey.builder_versions(), runtime=generation.genai_for(job.target.runtime),
+        precision=built.precision,
         execution_provider=built.execution_provider, extra_options=dict(built.extra_options),
         context_length=fact["context_length"], vocab_size=fact["vocab_size"], num_layers=fact["num_layers"],
         eos_token_ids=fact["eos_token_ids"], config=genbuild.CONFIG_FILE,

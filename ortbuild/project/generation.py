@@ -7,6 +7,7 @@ Stdlib-only (the noxfile imports it through ortbuild.project.config).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,23 @@ from ortbuild.project.sections import MS_MAX
 # runtime the loaders open the model with. Pinned: the builder's output is part of the build key.
 GENAI = "onnxruntime-genai==0.18.0"
 BUILDER_REQUIREMENTS = (GENAI, "torch==2.13.0", "transformers==5.24.0", "onnx_ir==1.1.0")
+# onnxruntime-genai's package per ONNX Runtime flavor: the CPU package cannot start CUDA (its is_cuda_available()
+# is false everywhere); onnxruntime-genai-cuda (same version, same `onnxruntime_genai` module) requires
+# onnxruntime-gpu, as the genai docs say for CUDA. A flavor not named here gets the CPU package.
+GENAI_BY_FLAVOR = {"onnxruntime-gpu": "onnxruntime-genai-cuda"}
+
+
+def genai_for(runtime: str) -> str:
+    """The onnxruntime-genai requirement for a target whose ONNX Runtime flavor is `runtime` (a pinned
+    requirement such as `onnxruntime-gpu==1.31.1`)."""
+    flavor = re.split(r"[=<>!~\[; ]", runtime.strip(), maxsplit=1)[0].lower().replace("_", "-")
+    package = GENAI_BY_FLAVOR.get(flavor)
+    return GENAI if package is None else package + GENAI[len("onnxruntime-genai"):]
+
+
+def requirements_for(runtime: str, requirements: tuple[str, ...]) -> tuple[str, ...]:
+    """A kind's requirements with the CPU onnxruntime-genai swapped for the flavor's package (genai_for)."""
+    return tuple(genai_for(runtime) if r == GENAI else r for r in requirements)
 # The files of a Hugging Face-format directory the builder reads (weights: any of WEIGHTS)
 HF_CONFIG = "config.json"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -71,6 +89,18 @@ class Tokens:
         None, maximum=1.0, build="never",
         doc="Least mean overlap of the top-5 next tokens with the reference's, along the reference's "
             "continuation. Default per precision.")
+    max_kl: float | None = setting(
+        None, maximum=1e6, build="never",
+        doc="Largest mean KL divergence of the artifact's next-token distribution from the fp32 source's, in nats "
+            "per position, along the reference's continuations (teacher forcing). Default per precision.")
+    min_top1: float | None = setting(
+        None, maximum=1.0, build="never",
+        doc="Least top-1 agreement with the fp32 source at the decided positions: those where its top-1 token's "
+            "logit leads the second's by at least `margin`. Default per precision.")
+    margin: float | None = setting(
+        None, maximum=1e6, build="never",
+        doc="What a decided position is for `min_top1`: fp32's top-1 logit minus its second's, in nats (1.0: the "
+            "top-1 token at least e = 2.7 times as likely as the next). Default 1.0.")
     max_ppl_increase: float | None = setting(
         None, maximum=1e6, build="never",
         doc="Largest relative increase of the perplexity on the model's `heldout` text over the reference's "

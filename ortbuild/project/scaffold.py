@@ -1,6 +1,6 @@
-"""`ortbuild init`: a project scaffolded from its ONNX models: targets.toml (the models found, their golden inputs
-found beside them or generated from each model's input signature), a noxfile.py importing ortbuild's sessions, a
-.gitignore for what ortbuild writes, and a CI workflow over `ortbuild matrix` (docs/project.md)."""
+"""`ortbuild init`: a project scaffolded from its models: targets.toml (the ONNX models found, their golden inputs
+found beside them or generated from each one's input signature; Hugging Face-format directories, generative, in an
+int4 target), a noxfile.py importing ortbuild's sessions, a .gitignore and a CI workflow over `ortbuild matrix`."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ortbuild import __version__, files
+from ortbuild import __version__, files, paths
 from ortbuild.errors import ConfigError, UsageError, first_line
-from ortbuild.project import config, data, expected, signature, speedup
+from ortbuild.project import config, data, expected, generation, signature, speedup
 from ortbuild.project.config import Project
 from ortbuild.project.discovery import find_models, golden_beside, model_name
-from ortbuild.project.presets import PRESETS, SUITS, with_parents
+from ortbuild.project.presets import PRESETS, RUNTIME, SUITS, with_parents
 
 if TYPE_CHECKING:
     import onnx
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 GITIGNORE = ("dist/", ".nox/", ".ortbuild/", "keys/*.key", ".venv/", "__pycache__/")
 GENERATED = "generated-inputs.npz"  # golden inputs init made up: models/NAME.generated-inputs.npz
 WORKFLOW = Path(".github") / "workflows" / "ortbuild.yml"
+PROMPTS = "generated-prompts.txt"  # generic golden prompts init writes for Hugging Face-format dirs without prompts.txt
 
 @dataclass(frozen=True)
 class Found:
@@ -93,7 +94,7 @@ class Toml:
 
 
 def targets_toml(project: str, models: list[tuple[Found, Path]], targets: Sequence[str], root: Path,
-                 only: dict[str, list[str]], said: Toml | None = None) -> str:
+                 only: dict[str, list[str]], said: Toml | None = None, generative: str = "") -> str:
     said = said or Toml()
     lines = [f"# Written by `ortbuild init`, on {speedup.host()}. Every key: ortbuild's docs/targets-reference.md;",
              "# `ortbuild schema` prints the JSON Schema. Build and test every target, each in its own virtualenv:",
@@ -108,7 +109,27 @@ def targets_toml(project: str, models: list[tuple[Found, Path]], targets: Sequen
     for name in targets:
         lines += [f"[targets.{name}]", *said.targets.get(name, []),
                   *([f"models = {json.dumps(only[name])}"] if name in only else []), PRESETS[name][1]]
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join([*lines, generative]).rstrip() + "\n"
+
+
+def generative_dirs(root: Path, given: Sequence[str]) -> list[Path]:
+    """The Hugging Face-format directories (generation.directory_problem) given or directly in a folder given, else
+    directly in models/ or in the project."""
+    tops = [Path(g) for g in given if Path(g).is_dir()] if given else [root / "models", root]
+    found = [d for t in tops if t.is_dir() and os.access(t, os.R_OK | os.X_OK)
+             for d in [t] * bool(given) + sorted(t.iterdir()) if d.is_dir() and not generation.directory_problem(d)]
+    return list(dict.fromkeys(Path(os.path.abspath(d)) for d in found))
+
+
+def _generative(root: Path, dirs: list[Path], taken: set[str], scaffold: Scaffold) -> list[tuple[Found, Path]]:
+    """Hugging Face-format directories as models (golden prompts: each one's prompts.txt, else PROMPTS)."""
+    out = []
+    for d in dirs:  # named by the whole directory name (a dot in it kept)
+        own = d / "prompts.txt"
+        found = Found(model_name(Path(f"{d.name}.dir"), taken), d, own if own.is_file() else None)
+        out.append((found, found.inputs or root / PROMPTS))
+        scaffold.notes.append(f"{found.name}: a Hugging Face-format directory, prompts {shown(out[-1][1], root)}")
+    return out
 
 
 def _pointed(models: list[Path], inputs: Sequence[str]) -> dict[Path, Path]:
@@ -262,11 +283,17 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
     from jinja2 import Environment, PackageLoader
 
     scaffold = Scaffold(notes=[f"scaffolded on {speedup.host()}"])
-    models = find_models(root, given)
+    generative, models = generative_dirs(root, given), list[Path]()
+    for part in [[g] for g in given] or [[]]:  # a folder of Hugging Face-format directories holds no .onnx
+        try:
+            models += [m for m in find_models(root, part) if m not in models]
+        except UsageError:
+            if not any(d.is_relative_to(os.path.abspath(part[0]) if part else root.absolute()) for d in generative):
+                raise
     graphs = {path: signature.graph(path) for path in models}
     chosen = _inputs(root, models, _pointed(models, inputs), graphs, dims, scaffold)
     project = re.sub(r"[^A-Za-z0-9_.-]", "-", root.resolve().name).strip("-.") or "models"
-    names = with_parents(targets or ["cpu-fp32", "cpu-int8"])
+    names = with_parents(targets or ["cpu-fp32", "cpu-int8"]) if models else []
     only = _suited(names, chosen, graphs, bool(targets), scaffold)
     said = Toml()
     if probe is None:
@@ -283,9 +310,12 @@ def plan(root: Path, given: Sequence[str], targets: Sequence[str], dims: dict[st
             _record(root, found, path, feeds[found.name], probe.outputs, said, scaffold)
         if "cpu-int8" in names:
             _int8_speed(names, only, chosen, feeds, probe, bool(targets), said, scaffold)
-    scaffold.files[root / "targets.toml"] = targets_toml(project, chosen, names, root, only, said)
-    env = Environment(loader=PackageLoader("ortbuild.project", "templates"), keep_trailing_newline=True,
-                      autoescape=False)
+    env = Environment(loader=PackageLoader("ortbuild.project", "templates"), keep_trailing_newline=True)  # no escaping
+    llms = _generative(root, generative, {paths.loader_module(f.name).lower() for f, _ in chosen}, scaffold)
+    if any(f.inputs is None for f, _ in llms) and not os.path.lexists(root / PROMPTS):
+        scaffold.files[root / PROMPTS] = env.get_template("generated-prompts.txt.j2").render()
+    llm = env.get_template("generative.toml.j2").render(runtime=RUNTIME, models=[f.name for f, _ in llms])
+    scaffold.files[root / "targets.toml"] = targets_toml(project, chosen + llms, names, root, only, said, llm)
     scaffold.files[root / "noxfile.py"] = env.get_template("noxfile.py.j2").render()
     scaffold.files[root / WORKFLOW] = env.get_template("ci.yml.j2").render(version=__version__)
     return scaffold

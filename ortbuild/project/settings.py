@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
-from ortbuild.project import kinds, precisions, providers
+from ortbuild.project import generation, kinds, precisions, providers
 from ortbuild.project.declare import build_json, derived, setting
 from ortbuild.project.generation import Generation, Tokens
 from ortbuild.project.kinds import Kind, kind_rule
@@ -338,7 +338,7 @@ class Target:
         """Everything the target's environment installs: the flavor, its plugin EPs, its custom-op packages, and what
         its kind of model needs (a generative model's: the model builder and onnxruntime-genai)."""
         return (self.runtime, *self.plugins, *(c.spec for c in self.custom_ops if c.package),
-                *kind_rule(self.kind).requirements)
+                *generation.requirements_for(self.runtime, kind_rule(self.kind).requirements))
 
     def session(self, kind: str) -> str:
         """The nox session of this target for `kind` (build, test, release): its kind of model's (KindRule.session)."""

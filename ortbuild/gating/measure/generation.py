@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -175,16 +176,88 @@ def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: Generation
     if budget.max_memory_mb is not None and child is None:
         raise ValueError("max_memory_mb needs the child Opener")
     say = progress or (lambda _: None)
+    deadline = time.perf_counter() + budget.max_seconds  # everything the gate measures, warm-up and memory too
     model = open_model()
     prompt = prompt_ids(config, budget.prompt_tokens)
-    warm = [generate_once(model, prompt, budget.new_tokens) for _ in range(WARMUP_GENERATIONS)]
     budgets = budget.budgets()
+    # no budget, no measurement: the timed generations run only for a TTFT/TPOT/tokens-per-second budget, the
+    # fresh processes only for max_memory_mb; one warm-up generation (the pace) either way
+    warm = [generate_once(model, prompt, budget.new_tokens) for _ in range(WARMUP_GENERATIONS if budgets else 1)]
+    found: list[Verdict] = []
+    lines: list[str] = []
+    notes: list[str] = []
+    if budgets:
+        section, found, lines, note = _timed(model, config, prompt, warm, budget, budgets, deadline, name,
+                                             where, quick, read, wait, say)
+        notes += [note] if note else []
+    else:
+        section = report.warmup_section(budget, warm[0])
+    mem_verdict = None
+    if child is not None and budget.max_memory_mb is not None:
+        ctx = budget.context_length or config.context_length
+        per_token_s = warm[-1].ttft_ms / 1e3 / budget.prompt_tokens   # the prefill's pace (attention grows faster)
+        need = memory_seconds(ctx, per_token_s, warm[-1].tpot_ms / 1e3 * budget.new_tokens)
+        left = deadline - time.perf_counter()
+        if need > left:
+            mem_verdict = Verdict.INCONCLUSIVE
+            why = (f"max_memory_mb not measured: {memory.FIRST_PROCESSES} fresh processes at context {ctx} (the "
+                   f"prefill of {ctx - budget.new_tokens} tokens at the {1 / per_token_s:.0f} tokens/s measured) "
+                   f"take about {need:.0f} s, past the {max(left, 0):.0f} s left of max_seconds = "
+                   f"{budget.max_seconds:g}: state a shorter {where.strip('[]')}.context_length (the context the "
+                   "app opens), or raise max_seconds")
+            section["memory"] = {"context_length": ctx, "verdict": {"kind": "max_memory_mb", "budget":
+                                 budget.max_memory_mb, "verdict": Verdict.INCONCLUSIVE, "note": why}}
+            notes.append(why)
+        else:
+            say(f"generation memory: fresh processes at context {ctx}")
+            mo = memory.measure(child, prompt_ids(config, ctx - budget.new_tokens), budget.new_tokens,
+                                config.present_key, config.layers, budget.max_memory_mb, budget.confidence,
+                                max(left, 0.0))
+            doc = memory.section(mo, ctx, budget.new_tokens, budget.max_memory_mb)
+            section["memory"] = doc
+            mem_verdict = memory.verdict_of(mo, budget.max_memory_mb)
+            lines += memory.failure_lines(name, mo, doc, budget.max_memory_mb, where)
+            if mem_verdict is Verdict.INCONCLUSIVE:
+                notes.append(f"max_memory_mb: {cast(dict[str, Any], section['memory'])['verdict']['note']}")
+    verdict = gate_verdict([*found, mem_verdict])
+    if notes:
+        section["note"] = "; ".join(notes)
+    section["summary"] = report.summary(section)
+    return Judged(verdict if verdict is not None else "-", section, lines)
+
+
+def memory_seconds(context: int, prefill_s_per_token: float, decode_s: float) -> float:
+    """What the memory gate's first look takes at least: FIRST_PROCESSES fresh processes, each prefilling the
+    context at the measured pace (a lower bound: attention's cost grows faster than the tokens) and decoding."""
+    return memory.FIRST_PROCESSES * (context * prefill_s_per_token + decode_s)
+
+
+def needed_samples(percentile: float, confidence: float) -> int:
+    """The fewest generations that can PASS a percentile budget at `confidence` (all of them under it):
+    percentile ** n <= 1 - confidence."""
+    return max(1, math.ceil(math.log(1 - confidence) / math.log(percentile)))
+
+
+def _timed(model: Any, config: GenaiConfig, prompt: list[int], warm: list[Timing], budget: GenerationBudget,
+           budgets: list[Any], deadline: float, name: str, where: str, quick: bool, read: Callable[[], float | None],
+           wait: Callable[[float, int], WaitDoc] | None,
+           say: Callable[[str], None]) -> tuple[dict[str, Any], list[Verdict], list[str], str]:
+    """The timed generations within what is left of max_seconds: (section, verdicts, failure lines, a note)."""
     plan = latency.plan_of(budget.confidence, budget.min_samples, 0.0, budget.retry_wait_seconds, quick)
     end = planned_samples([b.percentile for b in budgets], plan.confidence, plan.min_samples)
-    fit = int(budget.max_seconds / max(warm[-1].seconds, 1e-6))
+    left = deadline - time.perf_counter()
+    fit = int(left / max(warm[-1].seconds, 1e-6))
     capped = end > fit
-    if capped:
-        plan = latency.Plan(plan.confidence, max(latency.FIRST_LOOK, fit), 0.0, plan.retry_wait_seconds)
+    note = ""
+    if capped:  # one look at what fits; a FAIL's retry (under load) measures again: each attempt gets half
+        fit = max(1, fit // 2)
+        plan = latency.Plan(plan.confidence, fit, 0.0, 0.0)
+        need = max(needed_samples(b.percentile, plan.confidence) for b in budgets)
+        if fit < need:
+            note = (f"max_seconds = {budget.max_seconds:g} fits {fit} generations of {warm[-1].seconds:.2f} s "
+                    f"(another {fit} kept for a retry under load); a verdict on the tightest percentile at "
+                    f"{plan.confidence:g} confidence needs at least {need}: raise max_seconds to about "
+                    f"{2 * need * warm[-1].seconds + budget.max_seconds - left:.3g}, or budget a lower percentile")
     say(f"generation: {budget.prompt_tokens} prompt + {budget.new_tokens} new tokens, up to "
         f"{plan.min_samples or end} generations")
     rounds = _Rounds(lambda: generate_once(model, prompt, budget.new_tokens))
@@ -194,29 +267,14 @@ def judge(open_model: Callable[[], Any], config: GenaiConfig, budget: Generation
     seconds = time.perf_counter() - t0
     final = rounds.timings[-len(out.final.series["ttft"].samples):]
     section = report.section(budget, config, plan, out, final, warm[0], seconds, quick, PROMPT_SEED,
-                             WARMUP_GENERATIONS)
+                             len(warm))
     if capped:
         section["capped"] = f"{end} planned generations would take past max_seconds = {budget.max_seconds:g}: " \
                             f"one look at {plan.min_samples}"
     found = [v.verdict for v in out.verdicts.values()]
     lines = [line for k, v in out.verdicts.items() if v.verdict is Verdict.FAIL
              for line in report.fail_lines(name, k, v, budget, where)]
-    mem_verdict = None
-    if child is not None:
-        ctx = budget.context_length or config.context_length
-        say(f"generation memory: fresh processes at context {ctx}")
-        mo = memory.measure(child, prompt_ids(config, ctx - budget.new_tokens), budget.new_tokens,
-                            config.present_key, config.layers, budget.max_memory_mb, plan.confidence,
-                            budget.max_seconds)
-        doc = memory.section(mo, ctx, budget.new_tokens, budget.max_memory_mb)
-        section["memory"] = doc
-        mem_verdict = memory.verdict_of(mo, budget.max_memory_mb)
-        lines += memory.failure_lines(name, mo, doc, budget.max_memory_mb, where)
-    verdict = gate_verdict([*found, mem_verdict])
     notes = [f"{k}: {v.note}" for k, v in out.verdicts.items() if v.verdict is Verdict.INCONCLUSIVE and v.note]
-    if mem_verdict is Verdict.INCONCLUSIVE:
-        notes.append(f"max_memory_mb: {cast(dict[str, Any], section['memory'])['verdict']['note']}")
-    if notes:
-        section["note"] = "; ".join(notes)
-    section["summary"] = report.summary(section)
-    return Judged(verdict if verdict is not None else "-", section, lines)
+    if note and any(v is Verdict.INCONCLUSIVE for v in found):
+        notes.append(note)
+    return section, found, lines, "; ".join(notes)

@@ -20,7 +20,8 @@ the peak), and the RSS after opening, so the generation's share (peak - opened) 
 
 The verdict on `max_memory_mb` is the memory gate's (ortbuild.gating.measure.startup.judge): the median peak over
 fresh processes, with the distribution-free sequential test at the stated confidence (the first look at
-startup.FIRST_LOOK processes, then doubling, within max_seconds). Without a budget one process is measured.
+startup.FIRST_LOOK processes, then doubling, within max_seconds). Without a budget nothing is measured (the gate
+does not call it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ortbuild.status import Verdict
 
 MIB = 1 << 20
 PROCESS_TIMEOUT_S = 600
+FIRST_PROCESSES = startup.FIRST_LOOK  # fresh processes before the memory verdict's first look
 
 CHILD = r"""
 import sys, json, time

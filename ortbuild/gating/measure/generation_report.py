@@ -86,9 +86,22 @@ def fail_lines(name: str, kind: str, v: PercentileVerdict, budget: GenerationBud
             + (" or a shorter prompt lowers it" if what == "TTFT" else " lowers it")]
 
 
+def warmup_section(budget: GenerationBudget, first: Timing) -> dict[str, object]:
+    """The section where no TTFT/TPOT/tokens-per-second budget is set: nothing timed beyond one warm-up
+    generation (the pace the memory measurement is planned by), reported as such."""
+    return {"budget": budget.set(), "generations": 0,
+            "settings": {"prompt_tokens": budget.prompt_tokens, "new_tokens": budget.new_tokens,
+                         "max_seconds": budget.max_seconds, "warmup_generations": 1},
+            "first_generation": {"ttft_ms": round(first.ttft_ms, 4), "tpot_ms": round(first.tpot_ms, 4)},
+            "timed": "not timed: no ttft_*/tpot_*/min_tokens_per_second budget (no budget, no measurement)"}
+
+
 def summary(section: Mapping[str, Any]) -> str:
     """The text table's cell: TTFT and TPOT medians, decode tokens/s, peak memory."""
     said = f"TTFT {section['ttft_ms']['p50']:.2f} ms, TPOT {section['tpot_ms']['p50']:.2f} ms, " \
-           f"{section['tokens_per_second']['decode_p50']:.0f} tok/s"
-    peak = section.get("memory", {}).get("peak_rss_mb")
+           f"{section['tokens_per_second']['decode_p50']:.0f} tok/s" if "ttft_ms" in section else "not timed"
+    memory = section.get("memory", {})
+    peak = memory.get("peak_rss_mb")
+    if not isinstance(peak, dict) and memory:
+        return said + ", memory not measured"
     return said + (f", peak {peak['p50']:.0f} MB" if isinstance(peak, dict) else "")

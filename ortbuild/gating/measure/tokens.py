@@ -63,14 +63,32 @@ class TokenRule:
     min_cosine: float        # minimum teacher-forced logits cosine over all steps of all prompts
     min_top5: float          # mean top-5 overlap over all steps of all prompts
     max_ppl_increase: float  # held-out perplexity: artifact / reference - 1 at most (0.05 = 5%)
+    max_kl: float = float("inf")  # mean KL(fp32 || artifact) of the next-token distributions, nats per position
+    min_top1: float = 0.0    # top-1 agreement at the decided positions (fp32's top-1 leads by >= margin)
+    margin: float = 1.0      # what "decided" means: fp32's top-1 logit minus its second's (nats of probability ratio)
 
 
 DEFAULTS: dict[str, TokenRule] = {
-    "fp32": TokenRule(match_tokens=32, min_agreement=0.95, min_cosine=0.9999, min_top5=0.99, max_ppl_increase=0.001),
-    "fp16": TokenRule(match_tokens=8, min_agreement=0.85, min_cosine=0.998, min_top5=0.97, max_ppl_increase=0.01),
-    "int8": TokenRule(match_tokens=2, min_agreement=0.8, min_cosine=0.995, min_top5=0.95, max_ppl_increase=0.02),
-    "int4": TokenRule(match_tokens=0, min_agreement=0.7, min_cosine=0.9, min_top5=0.75, max_ppl_increase=0.05),
+    # fp32 computes what torch does: greedy tokens must match, its distribution all but equal
+    "fp32": TokenRule(match_tokens=32, min_agreement=0.95, min_cosine=0.9999, min_top5=0.99, max_ppl_increase=0.001,
+                      max_kl=0.001, min_top1=1.0),
+    # the reduced precisions are judged by the next-token distributions (KL, top-1 where fp32 is decided): greedy
+    # agreement flips at near-ties on noise (reported, with fp32's margin at each flip, not judged); cosine and
+    # top-5 stay as backstops
+    "fp16": TokenRule(match_tokens=0, min_agreement=0.0, min_cosine=0.998, min_top5=0.97, max_ppl_increase=0.01,
+                      max_kl=0.005, min_top1=0.995),
+    "int8": TokenRule(match_tokens=0, min_agreement=0.0, min_cosine=0.995, min_top5=0.95, max_ppl_increase=0.02,
+                      max_kl=0.01, min_top1=0.99),
+    "int4": TokenRule(match_tokens=0, min_agreement=0.0, min_cosine=0.8, min_top5=0.7, max_ppl_increase=0.05,
+                      max_kl=0.05, min_top1=0.98),
 }
+
+
+class Flip(TypedDict):
+    step: int          # 1-based position in the continuation
+    expected: int      # fp32's top-1 token there
+    got: int           # the artifact's
+    margin: float      # fp32's top-1 logit minus its second's
 
 
 class PromptDoc(TypedDict):
@@ -83,6 +101,12 @@ class PromptDoc(TypedDict):
     min_cosine: float
     min_cosine_step: int
     top5: float
+    flip_margin: float | None      # fp32's top-1 margin at the first divergence (None: no divergence there)
+    kl_mean: float                 # KL(fp32 || artifact) per position along the fp32 trajectory: mean, max
+    kl_max: float
+    kl_max_step: int
+    decided: int                   # positions where fp32's top-1 leads by >= the rule's margin
+    decided_flips: list[Flip]      # those of them where the artifact's top-1 differs
 
 
 class TokensDoc(TypedDict):
@@ -94,6 +118,12 @@ class TokensDoc(TypedDict):
     perplexity: float | None           # the artifact's, on the held-out text
     reference_perplexity: float | None
     ppl_increase: float | None
+    kl_mean: float                     # over every position of every prompt
+    kl_p99: float
+    kl_max: float
+    decided: int                       # positions where fp32's top-1 leads by >= margin
+    top1_decided: float                # the artifact's top-1 agreement there
+    top1_all: float                    # and at every position
     rule: dict[str, float]
 
 
@@ -122,6 +152,29 @@ def top5_overlap(a: np.ndarray, b: np.ndarray, k: int = 5) -> np.ndarray:
     return np.array([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(top_a, top_b, strict=True)])
 
 
+def log_softmax(a: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64."""
+    x = np.asarray(a, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return np.asarray(x - np.log(np.exp(x).sum(axis=1, keepdims=True)), dtype=np.float64)
+
+
+def kl_divergence(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Per row: KL(p_ref || p_got) of the next-token distributions of two [steps, vocab] logit arrays, in nats (what
+    llama.cpp's perplexity tool reports per quantization type)."""
+    lp, lq = log_softmax(ref), log_softmax(got)
+    return np.asarray(np.maximum((np.exp(lp) * (lp - lq)).sum(axis=1), 0.0), dtype=np.float64)
+
+
+def margins(logits: np.ndarray) -> np.ndarray:
+    """Per row: the top-1 logit minus the second's (log of the two probabilities' ratio); inf with one column."""
+    x = np.asarray(logits, dtype=np.float64)
+    if x.shape[1] < 2:
+        return np.full(len(x), np.inf)
+    top2 = np.partition(x, -2, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
 def perplexity(logprobs: np.ndarray) -> float:
     return float(np.exp(-np.mean(logprobs))) if len(logprobs) else float("nan")
 
@@ -135,20 +188,35 @@ def _token(decode: Callable[[list[int]], str], token: int | None) -> str:
 
 
 def _prompt(text: str, expected: list[int], got: list[int], ref_logits: np.ndarray,
-            logits: np.ndarray) -> PromptDoc:
+            logits: np.ndarray, margin: float) -> PromptDoc:
     if logits.shape != ref_logits.shape:
         raise ValueError(f"prompt {_short(text)}: teacher-forced logits {logits.shape}, the reference's "
                          f"{ref_logits.shape}")
     div = first_divergence(expected, got)
-    cos = cosines(ref_logits, logits) if len(expected) else np.ones(1)
-    top5 = top5_overlap(ref_logits, logits) if len(expected) else np.ones(1)
+    n = len(expected)
+    cos = cosines(ref_logits, logits) if n else np.ones(1)
+    top5 = top5_overlap(ref_logits, logits) if n else np.ones(1)
+    kl = kl_divergence(ref_logits, logits) if n else np.zeros(1)
+    gap = margins(ref_logits) if n else np.zeros(0)
+    ref_top, top = (np.argmax(ref_logits, axis=1), np.argmax(logits, axis=1)) if n else ([], [])
+    flips = [Flip(step=i + 1, expected=int(ref_top[i]), got=int(top[i]), margin=round(float(gap[i]), 4))
+             for i in range(n) if gap[i] >= margin and ref_top[i] != top[i]]
     at = None if div is None else div - 1
     return PromptDoc(
-        prompt=text, tokens=len(expected), first_divergence=div,
-        expected=None if at is None or at >= len(expected) else expected[at],
+        prompt=text, tokens=n, first_divergence=div,
+        expected=None if at is None or at >= n else expected[at],
         got=None if at is None or at >= len(got) else got[at],
-        agreement=1.0 if div is None else (div - 1) / max(1, len(expected)),
-        min_cosine=float(cos.min()), min_cosine_step=int(cos.argmin()) + 1, top5=float(top5.mean()))
+        agreement=1.0 if div is None else (div - 1) / max(1, n),
+        min_cosine=float(cos.min()), min_cosine_step=int(cos.argmin()) + 1, top5=float(top5.mean()),
+        flip_margin=None if at is None or at >= n else round(float(gap[at]), 4),
+        kl_mean=float(kl.mean()), kl_max=float(kl.max()), kl_max_step=int(kl.argmax()) + 1,
+        decided=int((gap >= margin).sum()), decided_flips=flips)
+
+
+def _at_flip(d: PromptDoc) -> str:
+    """Where a greedy run diverged, with fp32's margin there: a near-tie or a decided token."""
+    m = d["flip_margin"]
+    return "" if m is None else f" (fp32's top-1 led by {m:.3f} there)"
 
 
 def judge(ref: Reference, cand: Candidate, rule: TokenRule,
@@ -157,7 +225,7 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if len(cand.traces) != len(ref.prompts) or len(cand.logits) != len(ref.prompts):
         raise ValueError(f"{len(ref.prompts)} prompts in the reference, {len(cand.traces)} greedy runs and "
                          f"{len(cand.logits)} teacher-forced runs in the candidate")
-    docs = [_prompt(p.text, p.tokens, t.tokens, p.logits, lg)
+    docs = [_prompt(p.text, p.tokens, t.tokens, p.logits, lg, rule.margin)
             for p, t, lg in zip(ref.prompts, cand.traces, cand.logits, strict=True)]
     steps = [top5_overlap(p.logits, lg) for p, lg in zip(ref.prompts, cand.logits, strict=True) if len(p.tokens)]
     agreement = float(np.mean([d["agreement"] for d in docs])) if docs else 1.0
@@ -170,9 +238,18 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
                              f"{len(ref.heldout_logprobs)} tokens")
         ref_ppl, ppl = perplexity(ref.heldout_logprobs), perplexity(cand.heldout_logprobs)
         increase = ppl / ref_ppl - 1
+    pairs = [(p.logits, lg) for p, lg in zip(ref.prompts, cand.logits, strict=True) if len(p.tokens)]
+    kls = np.concatenate([kl_divergence(a, b) for a, b in pairs]) if pairs else np.zeros(1)
+    same = np.concatenate([np.argmax(a, axis=1) == np.argmax(b, axis=1) for a, b in pairs]) if pairs \
+        else np.ones(1, dtype=bool)
+    decided = sum(d["decided"] for d in docs)
+    flips = sum(len(d["decided_flips"]) for d in docs)
+    top1_decided = 1.0 - flips / decided if decided else 1.0
     doc = TokensDoc(prompts=docs, agreement=agreement, exact_prompts=sum(d["first_divergence"] is None for d in docs),
                     min_cosine=min_cos, top5=top5, perplexity=ppl, reference_perplexity=ref_ppl,
-                    ppl_increase=increase, rule=asdict(rule))
+                    ppl_increase=increase, kl_mean=float(kls.mean()), kl_p99=float(np.quantile(kls, 0.99)),
+                    kl_max=float(kls.max()), decided=decided, top1_decided=top1_decided,
+                    top1_all=float(same.mean()), rule=asdict(rule))
 
     problems: list[str] = []
     early = [d for d in docs if d["first_divergence"] is not None
@@ -180,13 +257,31 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     for d in early:
         problems.append(f"prompt {_short(d['prompt'])}: greedy diverges at step {d['first_divergence']} (the "
                         f"first {rule.match_tokens} tokens must match): expected {_token(decode, d['expected'])}, "
-                        f"got {_token(decode, d['got'])}")
+                        f"got {_token(decode, d['got'])}{_at_flip(d)}")
     if agreement < rule.min_agreement:
         worst = min(docs, key=lambda d: d["agreement"])
         problems.append(f"token agreement {agreement:.3f} < {rule.min_agreement} (the share of each continuation "
                         f"matched before its first divergence, mean of {len(docs)} prompts); worst: prompt "
                         f"{_short(worst['prompt'])} at step {worst['first_divergence']}: expected "
-                        f"{_token(decode, worst['expected'])}, got {_token(decode, worst['got'])}")
+                        f"{_token(decode, worst['expected'])}, got {_token(decode, worst['got'])}{_at_flip(worst)}")
+    if doc["kl_mean"] > rule.max_kl:
+        at = max(range(len(docs)), key=lambda j: docs[j]["kl_max"])
+        step = docs[at]["kl_max_step"]
+        top = int(np.argmax(cand.logits[at][step - 1]))
+        expected = int(np.argmax(ref.prompts[at].logits[step - 1]))
+        lead = float(margins(ref.prompts[at].logits[step - 1:step])[0])
+        problems.append(f"KL divergence {doc['kl_mean']:.5f} > max_kl {rule.max_kl} (nats per position, mean of "
+                        f"{len(kls)} positions along fp32's continuations; p99 {doc['kl_p99']:.4f}); largest "
+                        f"{docs[at]['kl_max']:.4f}: prompt {_short(docs[at]['prompt'])}, step {step}: fp32's top-1 "
+                        f"{_token(decode, expected)} (leading by {lead:.3f}), the artifact's {_token(decode, top)}")
+    if top1_decided < rule.min_top1:
+        d = max((d for d in docs if d["decided_flips"]), key=lambda d: max(f["margin"] for f in d["decided_flips"]))
+        f = max(d["decided_flips"], key=lambda f: f["margin"])
+        problems.append(f"top-1 agreement {top1_decided:.4f} < min_top1 {rule.min_top1} at the {decided} decided "
+                        f"positions (fp32's top-1 leads by >= margin {rule.margin}): {flips} flipped; the most "
+                        f"decided: prompt {_short(d['prompt'])}, step {f['step']}: expected "
+                        f"{_token(decode, f['expected'])}, got {_token(decode, f['got'])}, fp32's margin "
+                        f"{f['margin']:.3f}")
     if min_cos < rule.min_cosine:
         at = min(range(len(docs)), key=lambda j: docs[j]["min_cosine"])
         step = docs[at]["min_cosine_step"]
@@ -206,9 +301,11 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if problems and not early and diverged:
         first = min(diverged, key=lambda d: d["first_divergence"] or 0)
         problems.append(f"earliest divergence: prompt {_short(first['prompt'])} at step {first['first_divergence']}: "
-                        f"expected {_token(decode, first['expected'])}, got {_token(decode, first['got'])}")
+                        f"expected {_token(decode, first['expected'])}, got {_token(decode, first['got'])}"
+                        f"{_at_flip(first)}")
     verdict = Verdict.FAIL if problems else Verdict.PASS
     summary = (f"tokens: {verdict}: {doc['exact_prompts']}/{len(docs)} prompts exact, agreement {agreement:.3f}, "
-               f"min cosine {min_cos:.6f}, top-5 {top5:.4f}"
+               f"min cosine {min_cos:.6f}, top-5 {top5:.4f}, KL {doc['kl_mean']:.5f}, top-1 {top1_decided:.4f} of "
+               f"{decided} decided"
                + ("" if increase is None else f", perplexity {ppl:.4f} ({increase:+.2%})"))
     return verdict, doc, [summary, *(f"  {p}" for p in problems)]

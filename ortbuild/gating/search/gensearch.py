@@ -3,10 +3,12 @@ when its tokens gate fails, the builder's precision knobs are tried in order, ea
 judged by the tokens gate, and the first setting that passes is kept in targets.lock (what later builds apply):
 
   int4-weight:   accuracy_level 0 (the MatMuls computed in fp32, where levels 2-4 compute in fp16/bf16/int8)
-                 -> block_size halved, down to 16
-                 -> asymmetric blocks (symmetric = false: a zero point per block)
+                 -> block_size 32, then 16 (those smaller than the target's)
+                 -> asymmetric blocks (symmetric = false: a zero point per block), where the builder can make
+                    them (not with tied int4 embeddings: ASYMMETRIC_TIED)
                  -> lm_head kept in float (nodes_to_exclude)
-                 -> whole layers kept in float, the first and the last first, then inwards
+                 -> whole layers kept in float: the first and the last, then the outermost 4 (the 2 next
+                    inwards added), 8, ... up to every layer
   int8-dynamic:  lm_head kept in float -> whole layers, as above
 The knobs are cumulative (a smaller block keeps accuracy_level 0). ORT issue 29849 is the case it repairs: the
 builder's CPU int4 default (accuracy_level 4) flipping greedy tokens. The rebuild budget is the search's
@@ -16,8 +18,10 @@ tokens verdict, so nothing that fails its gate ships.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from ortbuild.artifact import manifest
 from ortbuild.errors import GateFailed, OrtbuildError, OutputsBroken, first_line
@@ -52,8 +56,27 @@ def outside_in(n: int) -> list[int]:
     return out
 
 
+def tied_embeddings(model_dir: Path) -> bool:
+    """Whether the source's config.json says it ties the input embeddings to lm_head (save_pretrained() writes the
+    key; where it is absent an asymmetric build is tried, and fails as a candidate if it cannot load)."""
+    try:
+        doc = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("tie_word_embeddings") is True
+
+
+# onnxruntime-genai 0.18's builder gathers tied int4 embeddings from the quantized lm_head; with a zero point per
+# block (is_symmetric=false) that graph does not load ("Type (tensor(uint8)) of output arg
+# (/model/embed_tokens/Reshape/output_0) ... does not match expected type (tensor(float))"), checked on a tied Qwen2
+ASYMMETRIC_TIED = ("not tried: the builder's tied int4 embeddings (tie_word_embeddings, lm_head quantized) take "
+                   "symmetric blocks only: onnxruntime-genai 0.18 makes a graph ONNX Runtime cannot load")
+
+
 def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[str, object]]]:
-    """(what changes, the options table, its keys) of each setting to try, cumulative, in order."""
+    """(what changes, the options table, its keys) of each setting to try, cumulative, in order; a setting the
+    builder cannot make has no keys (its `what` says why). Every kind of knob comes within a few rebuilds (blocks:
+    32, then 16; layers: the outermost 2, 4, 8, ... up to all), so a bounded budget reaches each of them."""
     opts = job.settings.typed_precision_options()
     if isinstance(opts, Int4):
         table, keys = "int4", {"block_size": opts.block_size, "accuracy_level": opts.accuracy_level,
@@ -61,14 +84,16 @@ def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[st
         if opts.accuracy_level not in (0, 1):
             keys = {**keys, "accuracy_level": 0}
             yield "accuracy_level 0", table, keys
-        block = opts.block_size
-        while block > MIN_BLOCK:
-            block //= 2
-            keys = {**keys, "block_size": block}
-            yield f"block_size {block}", table, keys
+        for block in (32, MIN_BLOCK):
+            if opts.block_size > block:
+                keys = {**keys, "block_size": block}
+                yield f"block_size {block}", table, keys
         if opts.symmetric:  # a zero point per block: a block's range fitted, not mirrored around zero
-            keys = {**keys, "symmetric": False}
-            yield "asymmetric blocks", table, keys
+            if tied_embeddings(job.model.path) and LM_HEAD not in opts.exclude_nodes:
+                yield f"asymmetric blocks: {ASYMMETRIC_TIED}", table, {}
+            else:
+                keys = {**keys, "symmetric": False}
+                yield "asymmetric blocks", table, keys
     elif isinstance(opts, Quantization):
         table, keys = "quantization", {"exclude_nodes": list(opts.exclude_nodes)}
     else:
@@ -78,9 +103,15 @@ def candidates(job: Job, matmuls: list[str]) -> Iterator[tuple[str, str, dict[st
         kept.append(LM_HEAD)
         yield "lm_head kept in float", table, {**keys, "exclude_nodes": list(kept)}
     layers = layers_of(matmuls)
-    for i in outside_in(len(layers)):
-        kept += [n for n in layers[i] if n not in kept]
-        yield f"layer {i} kept in float", table, {**keys, "exclude_nodes": list(kept)}
+    order = outside_in(len(layers))
+    count = 2
+    while order:
+        count = min(count, len(order))
+        chosen = sorted(order[:count])
+        kept += [n for i in chosen for n in layers[i] if n not in kept]
+        kind = "layer" if len(chosen) == 1 else "layers"
+        yield f"{kind} {', '.join(map(str, chosen))} kept in float", table, {**keys, "exclude_nodes": list(kept)}
+        order, count = order[count:], count * 2
 
 
 class GenerativeSearch(JobSearch):
@@ -125,6 +156,9 @@ class GenerativeSearch(JobSearch):
         cut_short = False
         self.progress(job.name, PhaseStarted(f"precision_search: {why}; trying the builder's precision knobs"))
         for what, table, keys in candidates(job, matmuls):
+            if not keys:  # a setting the builder cannot make: said, not built
+                tried.append(what)
+                continue
             if clock.exhausted():
                 n = clock.rebuilds
                 tried.append(f"(stopped: {n} rebuilds, {clock.spent():.0f} s: --explain-rebuilds/-seconds)"

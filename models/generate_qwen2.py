@@ -1,0 +1,122 @@
+"""Generate a Qwen2-architecture causal LM trained here, as a real model's directory is laid out: its own byte-level
+BPE tokenizer with Qwen's chat tokens and a chat template, weights sharded (`model-0000N-of-0000M.safetensors` and
+`model.safetensors.index.json`), tied embeddings, grouped-query attention with biases on q/k/v.
+
+    python models/generate_qwen2.py OUTDIR [--size small|bench] [--steps N]   (needs torch, transformers, tokenizers)
+
+`small` (1.1M parameters, 300 steps: about 1.5 minutes on one core) is what the tests use; `bench` (10.5M
+parameters, 10 layers, 300 steps: about 10 minutes on one core) is what tests/benchmarks/bench_gen_gates.py judges
+the token gates on. Both are trained on the same text as the example model (models/tiny_llama.corpus.txt, seeded,
+one thread: the same weights on every run with the same libraries) and get its outlier channels
+(models/generate_llm.py: exact in fp32, what makes large int4 blocks harmful). Nothing is downloaded or
+committed. Also written: prompts.txt, heldout.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts
+
+SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, default steps, shard size
+    "small": (128, 384, 4, 4, 2, 2048, 300, "2MB"),
+    "bench": (256, 1024, 10, 8, 2, 4096, 300, "8MB"),
+}
+CONTEXT = 512
+SEQ, BATCH, LR = 128, 16, 5e-3
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's chat template, as its tokenizer_config.json carries it (system message optional)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def add_outliers(model: object) -> None:
+    """OUTLIER_CHANNELS scaled by OUTLIER_SCALE inside every layer, undone exactly by the norm before them (the
+    tied lm_head is left alone: scaling it would scale the embeddings too)."""
+    import torch
+
+    s = OUTLIER_SCALE
+    with torch.no_grad():
+        for c in OUTLIER_CHANNELS:
+            for layer in model.model.layers:  # type: ignore[attr-defined]
+                layer.input_layernorm.weight[c] /= s
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.weight[:, c] *= s
+                layer.post_attention_layernorm.weight[c] /= s
+                layer.mlp.gate_proj.weight[:, c] *= s
+                layer.mlp.up_proj.weight[:, c] *= s
+                layer.mlp.up_proj.weight[c, :] /= s
+                layer.mlp.down_proj.weight[:, c] *= s
+
+
+def generate(out: Path, size: str = "small", steps: int | None = None) -> Path:
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    hidden, inter, layers, heads, kv, vocab, default_steps, shard = SIZES[size]
+    steps = default_steps if steps is None else steps
+    torch.manual_seed(0)
+    np.random.seed(0)
+    torch.set_num_threads(1)
+    train, held = corpus()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([train], trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, chat_template=CHAT_TEMPLATE)
+    eos = tok.token_to_id("<|im_end|>")
+    config = Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=inter,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                         max_position_embeddings=CONTEXT, tie_word_embeddings=True, rope_theta=1e6,
+                         bos_token_id=tok.token_to_id("<|endoftext|>"), eos_token_id=eos, rms_norm_eps=1e-6)
+    model = Qwen2ForCausalLM(config)
+    # the text, and a few chat turns made of it (so the chat tokens are tokens the model has seen)
+    sentences = [s.strip() for s in train.split(". ") if len(s.split()) > 6]
+    chats = "".join(f"<|im_start|>user\n{a}.<|im_end|>\n<|im_start|>assistant\n{b}.<|im_end|>\n"
+                    for a, b in zip(sentences[::2], sentences[1::2], strict=False))
+    ids = torch.tensor(tok.encode(train + "\n" + chats).ids, dtype=torch.long)
+    optim = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=LR, total_steps=steps)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - SEQ - 1, (BATCH,), generator=gen)
+        x = torch.stack([ids[s: s + SEQ] for s in starts])
+        loss = model(input_ids=x, labels=x).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr, flush=True)
+    model.eval()
+    add_outliers(model)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=shard)
+    fast.save_pretrained(out)
+    (out / "prompts.txt").write_text("\n".join(prompts(train)) + "\n", encoding="utf-8")
+    (out / "heldout.txt").write_text(held[:6000] + "\n", encoding="utf-8")
+    params = sum(p.numel() for p in model.parameters())
+    (out / "generated.json").write_text(json.dumps({"size": size, "steps": steps, "parameters": params,
+                                                   "final_loss": round(loss.item(), 4)}) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--steps", type=int)
+    args = parser.parse_args()
+    print(generate(args.out, args.size, args.steps))
