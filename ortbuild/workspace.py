@@ -4,9 +4,10 @@
   so the lock of a killed build is taken over at once; the file names the holder (pid, command, start) so a
   waiting process says whom it waits for, and gives up after a timeout.
 - `private_dir()`: the build's temp space (it holds plaintext models): mode 0700, in $ORTBUILD_TMPDIR where set,
-  else on /dev/shm when it has room for `temp_need()` of the model's real size (all its files), else in the system
-  temp dir on disk, named ortbuild-<pid>-<process start time>-*, so a later run can tell a live build's directory
-  from a dead one's.
+  else on /dev/shm when it has room for `temp_need()` of the model's real size (all its files), else beside the
+  output directory this process has locked (dist/.ortbuild-*.partial: the build's own file system, never inside
+  dist/<target>; the build log says so), else in the system temp dir, named ortbuild-<pid>-<process start time>-*,
+  so a later run can tell a live build's directory from a dead one's.
 - `no_core_dumps()`: no core file of a process that holds plaintext or keys (nor of the processes it starts).
 - `leftovers()` / `clean()`: what killed builds leave: private dirs of dead processes (anywhere we put them),
   and partial files (`.NAME.*.partial`, `.golden.*`) in dist/, which only a lock holder may remove.
@@ -95,20 +96,33 @@ def private_roots() -> list[Path]:
     return [r for r in dict.fromkeys(roots) if r.is_dir()]
 
 
-def _private_root(need: int) -> str | None:
-    """$ORTBUILD_TMPDIR where set; else /dev/shm (memory-backed: plaintext never reaches a disk) when it has room,
-    else the temp dir."""
-    own = configured_root()
-    if own is not None:
-        return str(own)
-    shm = Path("/dev/shm")
+SHM = Path("/dev/shm")
+_LOCKED: list[Path] = []  # the output directories this process holds the lock of (Lock), innermost last
+
+
+def shm_free() -> int | None:
+    """Bytes free on /dev/shm for this process, or None where there is no /dev/shm it can write to."""
     try:
-        st = os.statvfs(shm)
+        st = os.statvfs(SHM)
     except OSError:
         return None
-    if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize > need:
-        return str(shm)
-    return None
+    return st.f_bavail * st.f_frsize if os.access(SHM, os.W_OK | os.X_OK) else None
+
+
+def _private_root(need: int) -> tuple[Path | None, str]:
+    """Where a private dir goes, and why there when it is not /dev/shm or $ORTBUILD_TMPDIR ("" then): the setting
+    where set; else /dev/shm (memory-backed: plaintext never reaches a disk) when it has room; else the output
+    directory this process has locked (the build's own file system: a container's /dev/shm is often 64 MB, the
+    system temp dir another small tmpfs); else the system temp dir (None)."""
+    own = configured_root()
+    if own is not None:
+        return own, ""
+    free = shm_free()
+    if free is not None and free > need:
+        return SHM, ""
+    why = (f"{SHM} has {free / (1 << 20):.0f} MB free, less than the {need / (1 << 20):.0f} MB this build may need"
+           if free is not None else f"there is no writable {SHM}")
+    return (_LOCKED[-1] if _LOCKED else None), why
 
 
 def temp_need(model_bytes: int) -> int:
@@ -121,7 +135,14 @@ def temp_need(model_bytes: int) -> int:
 def private_dir(need: int) -> Iterator[Path]:
     """A private (0700) temp dir for one job's build phase, removed when the job ends however it ends,
     short of kill -9; then the next run's clean() removes it."""
-    path = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{_tag()}-", dir=_private_root(need)))
+    root, why = _private_root(need)
+    if root is not None and root in _LOCKED:  # a partial of dist/: the next run's clean() removes it if this one dies
+        path = Path(tempfile.mkdtemp(prefix=f".{PRIVATE_PREFIX}{_tag()}-", suffix=".partial", dir=root))
+    else:
+        path = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{_tag()}-", dir=root))
+    if why:
+        print(f"ortbuild: private temp dir {path} (mode 0700, removed when the build ends): {why}", file=sys.stderr,
+              flush=True)
     try:
         yield path
     finally:
@@ -269,10 +290,13 @@ class Lock:
         self.fd = fd
         if ours:
             mark(self.dist)
+        _LOCKED.append(self.dist.absolute())
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.fd is not None:
+            if self.dist.absolute() in _LOCKED:
+                _LOCKED.remove(self.dist.absolute())
             os.ftruncate(self.fd, 0)  # released cleanly: nobody to take over from
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)

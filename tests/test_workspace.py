@@ -361,6 +361,35 @@ def test_the_private_dir_is_in_memory_when_it_has_room_else_on_disk_and_always_0
         assert not d.exists()  # removed when the job ends
 
 
+def test_a_small_dev_shm_puts_the_private_dir_beside_the_locked_dist_0700_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import stat
+
+    monkeypatch.delenv(workspace.TMPDIR_ENV, raising=False)
+    monkeypatch.setattr(workspace, "shm_free", lambda: 64 << 20)  # a container's /dev/shm
+    dist = tmp_path / "dist"
+    with workspace.Lock(dist), workspace.private_dir(1 << 30) as d:
+        # on the build's file system, in dist/ itself (not in dist/<target>/), a partial the next run's clean removes
+        assert d.parent == dist.absolute() and d.name.startswith(f".{workspace.PRIVATE_PREFIX}{os.getpid()}-")
+        assert d.name.endswith(".partial") and d in [p.absolute() for p in workspace.partial_files(dist)]
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+        (d / "model.onnx").write_bytes(b"plaintext")
+    assert not d.exists() and sorted(p.name for p in dist.iterdir()) == sorted([workspace.LOCK, workspace.MARKER])
+    lines = [line for line in capsys.readouterr().err.splitlines() if "private temp dir" in line]
+    assert lines == [f"ortbuild: private temp dir {d} (mode 0700, removed when the build ends): /dev/shm has 64 MB "
+                     "free, less than the 1024 MB this build may need"]
+    # no output directory locked (a command that builds nothing): the system temp dir, said the same way
+    with workspace.private_dir(1 << 30) as d:
+        assert d.parent == Path(tempfile.gettempdir()) and stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert f"private temp dir {d} " in capsys.readouterr().err
+    # room on /dev/shm: there, without a word
+    monkeypatch.setattr(workspace, "shm_free", lambda: 1 << 40)
+    if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+        with workspace.Lock(dist), workspace.private_dir(1 << 30) as d:
+            assert d.parent == Path("/dev/shm")
+        assert "private temp dir" not in capsys.readouterr().err
+
+
 def test_ortbuild_tmpdir_is_the_only_place_private_dirs_are_made_and_swept(make_project: Callable[..., Path],
                                                                           tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ golden prompts: never NaN, and what the sealed artifact must reproduce through i
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -204,15 +205,128 @@ def fold(graph: Path, target: str, model: str) -> tuple[str, ...]:
                         "ignores external data), which protobuf limits to 2 GiB",
                         "use a smaller precision (int4-weight) or a smaller model; writing the plaintext weights to a "
                         "file for onnxruntime-genai to read is what ortbuild never does")
-    proto = onnx.load(str(graph), load_external_data=True)
     tmp = graph.with_name(graph.name + ".folded")
-    onnx.save_model(proto, str(tmp), save_as_external_data=False)
-    del proto
+    if not _fold_streaming(onnx, graph, tmp):  # a tensor outside the initializers holds external data: in memory
+        proto = onnx.load(str(graph), load_external_data=True)
+        onnx.save_model(proto, str(tmp), save_as_external_data=False)
+        del proto
     for f in data:
         f.unlink()
     tmp.replace(graph)
     return (f"weights folded into the graph ({', '.join(f.name for f in data)}): onnxruntime-genai opens it from "
             "memory as one file",)
+
+
+def _fold_streaming(onnx: Any, graph: Path, out: Path) -> bool:
+    """fold() without the model in memory: the bytes onnx.save_model writes for the model loaded with its external
+    data, each initializer's data copied from the data file in 8 MiB pieces. Protobuf writes fields in field-number
+    order, so the model is its fields before the graph (7), the graph, then the rest; the graph likewise around its
+    initializers (5), and a tensor around its raw_data (9). False where a tensor other than an initializer holds
+    external data, or data outside the graph's folder (nothing written: onnx.load then does it, or refuses)."""
+    from onnx import external_data_helper as ext
+
+    proto = onnx.load(str(graph), load_external_data=False)
+    inits = list(proto.graph.initializer)
+    own = {id(t) for t in inits}
+    every = getattr(ext, "_get_all_tensors", None)
+    if every is None or any(ext.uses_external_data(t) for t in every(proto) if id(t) not in own):
+        return False
+    plan: list[tuple[bytes, Path | None, int, int, bytes]] = []  # head, data file, offset, length, tail
+    for t in inits:
+        if not ext.uses_external_data(t):
+            plan.append((t.SerializeToString(), None, 0, 0, b""))
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        src = graph.parent / info.get("location", "")
+        offset = int(info.get("offset") or 0)
+        if not src.is_file() or not src.resolve().is_relative_to(graph.parent.resolve()):
+            return False
+        length = int(info["length"]) if info.get("length") else src.stat().st_size - offset
+        meta = type(t)()
+        meta.CopyFrom(t)
+        del meta.external_data[:]
+        meta.data_location = onnx.TensorProto.DEFAULT  # as onnx.load sets it
+        head, tail = _split_fields(meta.SerializeToString(), 8)
+        plan.append((head + _varint(9 << 3 | 2) + _varint(length), src, offset, length, tail))
+    pieces = [len(head) + length + len(tail) for head, _, _, length, tail in plan]
+    spans = sorted((str(src), offset, offset + length) for _, src, offset, length, _ in plan if src is not None)
+    # each range of the data file freed once copied (it is RAM on /dev/shm), unless two tensors share bytes
+    free = _punch_hole() if all(a[0] != b[0] or a[2] <= b[1] for a, b in itertools.pairwise(spans)) else None
+    del proto.graph.initializer[:]
+    g_head, g_tail = _split_fields(proto.graph.SerializeToString(), 5)
+    g_size = len(g_head) + len(g_tail) + sum(len(_varint(5 << 3 | 2)) + len(_varint(n)) + n for n in pieces)
+    proto.ClearField("graph")
+    m_head, m_tail = _split_fields(proto.SerializeToString(), 7)
+    with out.open("wb") as f:
+        f.write(m_head + _varint(7 << 3 | 2) + _varint(g_size) + g_head)
+        for (head, src, offset, length, tail), n in zip(plan, pieces, strict=True):
+            f.write(_varint(5 << 3 | 2) + _varint(n) + head)
+            if src is not None:
+                with src.open("rb" if free is None else "r+b") as data:  # punching a hole needs a writable fd
+                    data.seek(offset)
+                    left = length
+                    while left:
+                        chunk = data.read(min(left, 8 << 20))
+                        if not chunk:
+                            raise OSError(f"{src} ends before the {length} bytes of an initializer at {offset}")
+                        f.write(chunk)
+                        if free is not None:
+                            free(data.fileno(), offset + length - left, len(chunk))
+                        left -= len(chunk)
+            f.write(tail)
+        f.write(g_tail + m_tail)
+    return True
+
+
+def _punch_hole() -> Any:
+    """fallocate(fd, PUNCH_HOLE | KEEP_SIZE, offset, length) where the C library has it (Linux), else None."""
+    try:
+        import ctypes
+
+        fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
+    except (OSError, AttributeError, TypeError):
+        return None
+    return lambda fd, offset, length: fallocate(fd, 3, offset, length)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _split_fields(buf: bytes, field: int) -> tuple[bytes, bytes]:
+    """A serialized message split before its first field numbered above `field` (protobuf's wire format)."""
+    pos = 0
+    while pos < len(buf):
+        start, key, shift = pos, 0, 0
+        while True:
+            key |= (buf[pos] & 0x7F) << shift
+            pos, shift = pos + 1, shift + 7
+            if not buf[pos - 1] & 0x80:
+                break
+        if key >> 3 > field:
+            return buf[:start], buf[start:]
+        kind = key & 7
+        if kind == 0:
+            while buf[pos] & 0x80:
+                pos += 1
+            pos += 1
+        elif kind == 2:
+            n, shift = 0, 0
+            while True:
+                n |= (buf[pos] & 0x7F) << shift
+                pos, shift = pos + 1, shift + 7
+                if not buf[pos - 1] & 0x80:
+                    break
+            pos += n
+        else:
+            pos += 8 if kind == 1 else 4
+    return buf, b""
 
 
 def facts(built: GenBuilt) -> Mapping[str, Any]:
