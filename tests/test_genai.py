@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,6 +335,41 @@ def test_the_loader_gives_onnxruntime_genais_tokens_on_the_plaintext_build(proje
         assert "".join(model.stream(prompt, max_tokens=16)) == text
         continuations.add(tuple(expected))
     assert len(continuations) > len(project.prompts()) // 2  # a model whose greedy output depends on the prompt
+
+
+@pytest.mark.parametrize("route", ["pipe", "bytes"])
+def test_both_routes_to_onnxruntime_genai_give_the_same_tokens(project: Project, plain: Path, route: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph of FEED_MIN_BYTES or more goes through the pipe a child process feeds (forced here on the example's
+    small graph), a smaller one as bytes; a child that cannot start falls back to bytes. Each gives onnxruntime-genai's
+    own tokens on the plaintext build, and no plaintext graph file is left in the temp dir."""
+    folder = project.dist("fp32")
+    mod = _loader(folder)
+    started: list[list[str]] = []
+    popen = subprocess.Popen
+
+    def spy(args: list[str], **kw: Any) -> Any:
+        started.append(list(args))
+        return popen(args, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    monkeypatch.setattr(mod, "FEED_MIN_BYTES", 0 if route == "pipe" else 1 << 40)
+    before = set(Path(tempfile.gettempdir()).glob("ortbuild-genai-*"))
+    model = mod.load(key=project.key, folder=folder)
+    assert set(Path(tempfile.gettempdir()).glob("ortbuild-genai-*")) == before  # its private dir is gone
+    assert len(started) == (1 if route == "pipe" else 0)
+    if route == "pipe":
+        assert started[0][1:4] == ["-I", "-S", "-c"]  # the loader's own Python, isolated
+    reference = og.Model(og.Config(str(plain)))
+    tokenizer = og.Tokenizer(reference)
+    for prompt in project.prompts()[:3]:
+        ids = [int(t) for t in tokenizer.encode(prompt)]
+        assert model.generate_ids(ids, 12) == _greedy(reference, tokenizer, ids, 12), prompt
+    if route == "pipe":  # a Python that cannot run the feeder: the bytes route, the same tokens
+        monkeypatch.setattr(sys, "executable", "/bin/false")
+        again = mod.load(key=project.key, folder=folder)
+        ids = [int(t) for t in tokenizer.encode(project.prompts()[0])]
+        assert again.generate_ids(ids, 12) == model.generate_ids(ids, 12)
 
 
 def test_chat_on_a_model_without_a_chat_template_is_a_feed_error(project: Project) -> None:
