@@ -45,6 +45,26 @@ def test_budgets_are_named_by_their_key_and_judged_on_their_series() -> None:
     assert GenerationBudget().budgets() == []
 
 
+def test_each_budget_is_judged_on_its_own_series_in_the_sampler() -> None:
+    """A TPOT budget between the TPOT and the TTFT figures passes (judged on TPOT), a TTFT one there fails: the
+    sampler calls each budget's own values() (it once called Budget.values unbound, judging TPOT and tokens/s
+    budgets on the TTFT samples)."""
+    def fake() -> Timing:  # TTFT 10 ms, TPOT 1 ms
+        return Timing(10.0, (1.0, 1.0), 0.0)
+
+    rounds = gen._Rounds(fake)
+    budgets = GenerationBudget(tpot_p90_ms=5.0, min_tokens_per_second=500.0).budgets()
+    out = latency.sample({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft", budgets,
+                         latency.Plan(0.95, 0, 0.0, 0.0), clock=rounds.clock, read=lambda: 0.0)
+    assert out.verdicts["tpot_p90_ms"].verdict is Verdict.PASS and out.verdicts["tpot_p90_ms"].observed == pytest.approx(1.0)
+    assert out.verdicts["min_tokens_per_second"].verdict is Verdict.PASS
+    rounds = gen._Rounds(fake)
+    out = latency.sample({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft",
+                         GenerationBudget(ttft_p90_ms=5.0).budgets(), latency.Plan(0.95, 0, 0.0, 0.0),
+                         clock=rounds.clock, read=lambda: 0.0)
+    assert out.verdicts["ttft_p90_ms"].verdict is Verdict.FAIL and out.verdicts["ttft_p90_ms"].observed == pytest.approx(10.0)
+
+
 def test_lengths_that_do_not_fit_are_refused_with_the_numbers() -> None:
     assert gen.shape_problem(GenerationBudget(), CONFIG) is None
     assert "97 is above the context length 96" in str(

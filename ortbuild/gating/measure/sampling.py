@@ -271,7 +271,9 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
         if not (looks.due(i) or late):
             continue
         samples = {name: s.samples for name, s in series.items()}
-        decided = looks.judge(partial(Budget.values, series=samples, mine=mine))
+        # each budget its own values (a SeriesBudget judges another series than `mine`: Budget.values, unbound,
+        # would hand every budget `mine`'s samples)
+        decided = looks.judge(partial(_values, series=samples, mine=mine))
         failed = looks.failed()
         decided = decided or bool(failed)
         at_end = (i >= end and clock() - start >= plan.min_seconds) or late
@@ -289,6 +291,11 @@ def sample(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[B
 
 
 Outcome = Retried[Attempt]  # latency's: its attempts are Attempts
+
+
+def _values(budget: Budget, series: Mapping[str, list[float]], mine: str) -> tuple[list[float], float]:
+    """What `budget` is judged on: its own values() (a subclass's override included)."""
+    return budget.values(series, mine)
 
 
 def gate(calls: Mapping[str, Callable[[], object]], mine: str, budgets: list[Budget], plan: Plan, *,
