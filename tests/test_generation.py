@@ -56,13 +56,15 @@ def test_each_budget_is_judged_on_its_own_series_in_the_sampler() -> None:
     budgets = GenerationBudget(tpot_p90_ms=5.0, min_tokens_per_second=500.0).budgets()
     out = latency.sample({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft", budgets,
                          latency.Plan(0.95, 0, 0.0, 0.0), clock=rounds.clock, read=lambda: 0.0)
-    assert out.verdicts["tpot_p90_ms"].verdict is Verdict.PASS and out.verdicts["tpot_p90_ms"].observed == pytest.approx(1.0)
+    tpot = out.verdicts["tpot_p90_ms"]
+    assert tpot.verdict is Verdict.PASS and tpot.observed == pytest.approx(1.0)
     assert out.verdicts["min_tokens_per_second"].verdict is Verdict.PASS
     rounds = gen._Rounds(fake)
     out = latency.sample({"ttft": rounds.call("ttft"), "tpot": rounds.call("tpot")}, "ttft",
                          GenerationBudget(ttft_p90_ms=5.0).budgets(), latency.Plan(0.95, 0, 0.0, 0.0),
                          clock=rounds.clock, read=lambda: 0.0)
-    assert out.verdicts["ttft_p90_ms"].verdict is Verdict.FAIL and out.verdicts["ttft_p90_ms"].observed == pytest.approx(10.0)
+    ttft = out.verdicts["ttft_p90_ms"]
+    assert ttft.verdict is Verdict.FAIL and ttft.observed == pytest.approx(10.0)
 
 
 def test_lengths_that_do_not_fit_are_refused_with_the_numbers() -> None:
