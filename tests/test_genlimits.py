@@ -116,4 +116,5 @@ def test_a_golden_prompt_that_does_not_fit_the_context_names_the_prompt_and_the_
     assert f"prompt 2 of {folder / 'prompts.txt'} ('the loaders check" in err.value.detail
     assert "with the 32 tokens the tokens gate generates after it" in err.value.detail
     assert "above model 'llm''s context length 40" in err.value.detail
+    assert err.value.hint == "shorten the prompt, or lower [targets.t.tokens] max_tokens"
     _check(folder, job, ("Hello",))

@@ -94,11 +94,11 @@ def check(folder: Path, hf: Mapping[str, Any], settings: Settings, prompts: Sequ
             raise ConfigError(config, f"targets.{target}.generation", f"prompt_tokens + new_tokens = "
                               f"{g.prompt_tokens + g.new_tokens} is above the context length {limit} of model "
                               f"'{model}'", "state lengths the context holds")
-        _prompts_fit(folder, prompts, gates.tokens.max_tokens, context, config, model, prompts_file)
+        _prompts_fit(folder, prompts, gates.tokens.max_tokens, context, config, target, model, prompts_file)
 
 
-def _prompts_fit(folder: Path, prompts: Sequence[str], new: int, context: int, config: str, model: str,
-                 prompts_file: Path) -> None:
+def _prompts_fit(folder: Path, prompts: Sequence[str], new: int, context: int, config: str, target: str,
+                 model: str, prompts_file: Path) -> None:
     """Every golden prompt, tokenized by the directory's tokenizer.json, leaves room for the `new` tokens the
     tokens gate generates after it (tokenizers, where installed: the builder's venv has it)."""
     try:
@@ -118,4 +118,4 @@ def _prompts_fit(folder: Path, prompts: Sequence[str], new: int, context: int, c
                               f"({prompt[:60]!r}{'...' if len(prompt) > 60 else ''}) is {count} tokens: with the "
                               f"{new} tokens the tokens gate generates after it, {count + new} is above model "
                               f"'{model}''s context length {context}",
-                              "shorten the prompt, or lower [targets.X.tokens] max_tokens")
+                              f"shorten the prompt, or lower [targets.{target}.tokens] max_tokens")
