@@ -19,7 +19,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
@@ -107,6 +107,30 @@ def add_outliers(model: LlamaForCausalLM) -> None:
             model.lm_head.weight[:, c] *= s
 
 
+def train_model(model: Any, ids: Any, steps: int, lr: float, every: int = 100) -> float:
+    """AdamW with a one-cycle schedule over BATCH random windows of SEQ tokens of `ids` per step (a seeded
+    generator), then eval mode: the last step's loss. The generators seed torch before they build the model."""
+    import torch
+
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=lr, total_steps=steps)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        starts = torch.randint(0, len(ids) - SEQ - 1, (BATCH,), generator=gen)
+        x = torch.stack([ids[s: s + SEQ] for s in starts])
+        loss = model(input_ids=x, labels=x).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        sched.step()
+        if step % every == 0 or step == steps - 1:
+            print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr, flush=True)
+    model.eval()
+    return float(loss.item())
+
+
 def generate(out: Path, steps: int = 600) -> Path:
     import numpy as np
     import torch
@@ -127,29 +151,14 @@ def generate(out: Path, steps: int = 600) -> Path:
     config = LlamaConfig(vocab_size=tok.get_vocab_size(), bos_token_id=1, eos_token_id=2, **CONFIG)
     model = LlamaForCausalLM(config)
     ids = torch.tensor(tok.encode(train).ids, dtype=torch.long)
-    optim = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=LR, total_steps=steps)
-    gen = torch.Generator().manual_seed(0)
-    seq, batch = SEQ, BATCH
-    model.train()
-    for step in range(steps):
-        starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-        x = torch.stack([ids[s: s + seq] for s in starts])
-        loss = model(input_ids=x, labels=x).loss
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        sched.step()
-        if step % 100 == 0 or step == steps - 1:
-            print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr)
-    model.eval()
+    loss = train_model(model, ids, steps, LR)
     add_outliers(model)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
     (out / "prompts.txt").write_text("\n".join(prompts(train)) + "\n", encoding="utf-8")
     (out / "heldout.txt").write_text(held[:6000] + "\n", encoding="utf-8")
-    (out / "generated.json").write_text(json.dumps({"steps": steps, "final_loss": round(loss.item(), 4)}) + "\n")
+    (out / "generated.json").write_text(json.dumps({"steps": steps, "final_loss": round(loss, 4)}) + "\n")
     return out
 
 

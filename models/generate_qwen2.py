@@ -20,14 +20,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts
+from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts, train_model
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, default steps, shard size
     "small": (128, 384, 4, 4, 2, 2048, 300, "2MB"),
     "bench": (256, 1024, 10, 8, 2, 4096, 300, "8MB"),
 }
 CONTEXT = 512
-SEQ, BATCH, LR = 128, 16, 5e-3
+LR = 5e-3  # SEQ 128 tokens x BATCH 16 per step, as the example model's (generate_llm.train_model)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's chat template, as its tokenizer_config.json carries it (system message optional)
 CHAT_TEMPLATE = (
@@ -85,22 +85,7 @@ def generate(out: Path, size: str = "small", steps: int | None = None) -> Path:
     chats = "".join(f"<|im_start|>user\n{a}.<|im_end|>\n<|im_start|>assistant\n{b}.<|im_end|>\n"
                     for a, b in zip(sentences[::2], sentences[1::2], strict=False))
     ids = torch.tensor(tok.encode(train + "\n" + chats).ids, dtype=torch.long)
-    optim = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=LR, total_steps=steps)
-    gen = torch.Generator().manual_seed(0)
-    model.train()
-    loss = torch.tensor(0.0)
-    for step in range(steps):
-        starts = torch.randint(0, len(ids) - SEQ - 1, (BATCH,), generator=gen)
-        x = torch.stack([ids[s: s + SEQ] for s in starts])
-        loss = model(input_ids=x, labels=x).loss
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        sched.step()
-        if step % 50 == 0 or step == steps - 1:
-            print(f"step {step}: loss {loss.item():.3f}", file=sys.stderr, flush=True)
-    model.eval()
+    loss = train_model(model, ids, steps, LR, every=50)
     add_outliers(model)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True, max_shard_size=shard)
@@ -109,7 +94,7 @@ def generate(out: Path, size: str = "small", steps: int | None = None) -> Path:
     (out / "heldout.txt").write_text(held[:6000] + "\n", encoding="utf-8")
     params = sum(p.numel() for p in model.parameters())
     (out / "generated.json").write_text(json.dumps({"size": size, "steps": steps, "parameters": params,
-                                                   "final_loss": round(loss.item(), 4)}) + "\n")
+                                                   "final_loss": round(loss, 4)}) + "\n")
     return out
 
 
