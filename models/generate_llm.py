@@ -87,8 +87,10 @@ def prompts(text: str, count: int = 12) -> list[str]:
     return out
 
 
-def add_outliers(model: LlamaForCausalLM) -> None:
-    """Scale OUTLIER_CHANNELS by OUTLIER_SCALE where the next op undoes it exactly (see OUTLIER_CHANNELS)."""
+def add_outliers(model: LlamaForCausalLM, lm_head: bool = True) -> None:
+    """Scale OUTLIER_CHANNELS by OUTLIER_SCALE where the next op undoes it exactly (see OUTLIER_CHANNELS).
+    `lm_head` False: the final norm and lm_head are left alone (a tied lm_head is the embedding: scaling its
+    columns would scale the embeddings too)."""
     import torch
 
     s = OUTLIER_SCALE
@@ -103,8 +105,9 @@ def add_outliers(model: LlamaForCausalLM) -> None:
                 layer.mlp.up_proj.weight[:, c] *= s
                 layer.mlp.up_proj.weight[c, :] /= s
                 layer.mlp.down_proj.weight[:, c] *= s
-            model.model.norm.weight[c] /= s
-            model.lm_head.weight[:, c] *= s
+            if lm_head:
+                model.model.norm.weight[c] /= s
+                model.lm_head.weight[:, c] *= s
 
 
 def train_model(model: Any, ids: Any, steps: int, lr: float, every: int = 100) -> float:

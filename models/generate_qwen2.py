@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_llm import OUTLIER_CHANNELS, OUTLIER_SCALE, corpus, prompts, train_model
+from generate_llm import add_outliers, corpus, prompts, train_model
 
 SIZES = {  # hidden, intermediate, layers, heads, kv heads, vocabulary, default steps, shard size
     "small": (128, 384, 4, 4, 2, 2048, 300, "2MB"),
@@ -33,25 +33,6 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-def add_outliers(model: object) -> None:
-    """OUTLIER_CHANNELS scaled by OUTLIER_SCALE inside every layer, undone exactly by the norm before them (the
-    tied lm_head is left alone: scaling it would scale the embeddings too)."""
-    import torch
-
-    s = OUTLIER_SCALE
-    with torch.no_grad():
-        for c in OUTLIER_CHANNELS:
-            for layer in model.model.layers:  # type: ignore[attr-defined]
-                layer.input_layernorm.weight[c] /= s
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.weight[:, c] *= s
-                layer.post_attention_layernorm.weight[c] /= s
-                layer.mlp.gate_proj.weight[:, c] *= s
-                layer.mlp.up_proj.weight[:, c] *= s
-                layer.mlp.up_proj.weight[c, :] /= s
-                layer.mlp.down_proj.weight[:, c] *= s
 
 
 def generate(out: Path, size: str = "small", steps: int | None = None) -> Path:
@@ -86,7 +67,7 @@ def generate(out: Path, size: str = "small", steps: int | None = None) -> Path:
                     for a, b in zip(sentences[::2], sentences[1::2], strict=False))
     ids = torch.tensor(tok.encode(train + "\n" + chats).ids, dtype=torch.long)
     loss = train_model(model, ids, steps, LR, every=50)
-    add_outliers(model)
+    add_outliers(model, lm_head=False)  # tied: the embedding is lm_head
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True, max_shard_size=shard)
     fast.save_pretrained(out)
