@@ -187,20 +187,36 @@ def _token(decode: Callable[[list[int]], str], token: int | None) -> str:
     return "the end" if token is None else f"{decode([token])!r} (id {token})"
 
 
-def _prompt(text: str, expected: list[int], got: list[int], ref_logits: np.ndarray,
-            logits: np.ndarray, margin: float) -> PromptDoc:
+@dataclass(frozen=True)
+class _Steps:
+    """One prompt's measures at each step of the reference's continuation (empty: no continuation)."""
+
+    cos: np.ndarray       # logits cosine
+    top5: np.ndarray      # top-5 overlap
+    kl: np.ndarray        # KL(fp32 || artifact)
+    gap: np.ndarray       # fp32's top-1 margin
+    same: np.ndarray      # the artifact's top-1 is fp32's
+    ref_top: np.ndarray   # fp32's top-1, the artifact's
+    top: np.ndarray
+
+
+def _steps(text: str, ref_logits: np.ndarray, logits: np.ndarray) -> _Steps:
+    """Every per-step measure of one prompt, each computed once (the prompt's figures and the totals use them)."""
     if logits.shape != ref_logits.shape:
         raise ValueError(f"prompt {_short(text)}: teacher-forced logits {logits.shape}, the reference's "
                          f"{ref_logits.shape}")
+    ref_top, top = np.argmax(ref_logits, axis=1), np.argmax(logits, axis=1)
+    return _Steps(cosines(ref_logits, logits), top5_overlap(ref_logits, logits), kl_divergence(ref_logits, logits),
+                  margins(ref_logits), ref_top == top, ref_top, top)
+
+
+def _prompt(text: str, expected: list[int], got: list[int], steps: _Steps, margin: float) -> PromptDoc:
     div = first_divergence(expected, got)
     n = len(expected)
-    cos = cosines(ref_logits, logits) if n else np.ones(1)
-    top5 = top5_overlap(ref_logits, logits) if n else np.ones(1)
-    kl = kl_divergence(ref_logits, logits) if n else np.zeros(1)
-    gap = margins(ref_logits) if n else np.zeros(0)
-    ref_top, top = (np.argmax(ref_logits, axis=1), np.argmax(logits, axis=1)) if n else ([], [])
-    flips = [Flip(step=i + 1, expected=int(ref_top[i]), got=int(top[i]), margin=round(float(gap[i]), 4))
-             for i in range(n) if gap[i] >= margin and ref_top[i] != top[i]]
+    cos, top5, kl = (steps.cos, steps.top5, steps.kl) if n else (np.ones(1), np.ones(1), np.zeros(1))
+    gap = steps.gap
+    flips = [Flip(step=i + 1, expected=int(steps.ref_top[i]), got=int(steps.top[i]), margin=round(float(gap[i]), 4))
+             for i in range(n) if gap[i] >= margin and not steps.same[i]]
     at = None if div is None else div - 1
     return PromptDoc(
         prompt=text, tokens=n, first_divergence=div,
@@ -225,12 +241,13 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if len(cand.traces) != len(ref.prompts) or len(cand.logits) != len(ref.prompts):
         raise ValueError(f"{len(ref.prompts)} prompts in the reference, {len(cand.traces)} greedy runs and "
                          f"{len(cand.logits)} teacher-forced runs in the candidate")
-    docs = [_prompt(p.text, p.tokens, t.tokens, p.logits, lg, rule.margin)
-            for p, t, lg in zip(ref.prompts, cand.traces, cand.logits, strict=True)]
-    steps = [top5_overlap(p.logits, lg) for p, lg in zip(ref.prompts, cand.logits, strict=True) if len(p.tokens)]
+    measured = [_steps(p.text, p.logits, lg) for p, lg in zip(ref.prompts, cand.logits, strict=True)]
+    docs = [_prompt(p.text, p.tokens, t.tokens, m, rule.margin)
+            for p, t, m in zip(ref.prompts, cand.traces, measured, strict=True)]
+    steps = [m for p, m in zip(ref.prompts, measured, strict=True) if len(p.tokens)]  # the totals' steps
     agreement = float(np.mean([d["agreement"] for d in docs])) if docs else 1.0
     min_cos = min((d["min_cosine"] for d in docs), default=1.0)
-    top5 = float(np.concatenate(steps).mean()) if steps else 1.0
+    top5 = float(np.concatenate([m.top5 for m in steps]).mean()) if steps else 1.0
     ref_ppl = ppl = increase = None
     if ref.heldout_logprobs is not None:
         if cand.heldout_logprobs is None or len(cand.heldout_logprobs) != len(ref.heldout_logprobs):
@@ -238,10 +255,8 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
                              f"{len(ref.heldout_logprobs)} tokens")
         ref_ppl, ppl = perplexity(ref.heldout_logprobs), perplexity(cand.heldout_logprobs)
         increase = ppl / ref_ppl - 1
-    pairs = [(p.logits, lg) for p, lg in zip(ref.prompts, cand.logits, strict=True) if len(p.tokens)]
-    kls = np.concatenate([kl_divergence(a, b) for a, b in pairs]) if pairs else np.zeros(1)
-    same = np.concatenate([np.argmax(a, axis=1) == np.argmax(b, axis=1) for a, b in pairs]) if pairs \
-        else np.ones(1, dtype=bool)
+    kls = np.concatenate([m.kl for m in steps]) if steps else np.zeros(1)
+    same = np.concatenate([m.same for m in steps]) if steps else np.ones(1, dtype=bool)
     decided = sum(d["decided"] for d in docs)
     flips = sum(len(d["decided_flips"]) for d in docs)
     top1_decided = 1.0 - flips / decided if decided else 1.0
@@ -267,9 +282,8 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if doc["kl_mean"] > rule.max_kl:
         at = max(range(len(docs)), key=lambda j: docs[j]["kl_max"])
         step = docs[at]["kl_max_step"]
-        top = int(np.argmax(cand.logits[at][step - 1]))
-        expected = int(np.argmax(ref.prompts[at].logits[step - 1]))
-        lead = float(margins(ref.prompts[at].logits[step - 1:step])[0])
+        top, expected = int(measured[at].top[step - 1]), int(measured[at].ref_top[step - 1])
+        lead = float(measured[at].gap[step - 1])
         problems.append(f"KL divergence {doc['kl_mean']:.5f} > max_kl {rule.max_kl} (nats per position, mean of "
                         f"{len(kls)} positions along fp32's continuations; p99 {doc['kl_p99']:.4f}); largest "
                         f"{docs[at]['kl_max']:.4f}: prompt {_short(docs[at]['prompt'])}, step {step}: fp32's top-1 "
@@ -285,7 +299,7 @@ def judge(ref: Reference, cand: Candidate, rule: TokenRule,
     if min_cos < rule.min_cosine:
         at = min(range(len(docs)), key=lambda j: docs[j]["min_cosine"])
         step = docs[at]["min_cosine_step"]
-        expected, top = ref.prompts[at].tokens[step - 1], int(np.argmax(cand.logits[at][step - 1]))
+        expected, top = ref.prompts[at].tokens[step - 1], int(measured[at].top[step - 1])
         problems.append(f"next-token logits cosine {min_cos:.6f} < {rule.min_cosine}: prompt "
                         f"{_short(docs[at]['prompt'])}, step {step}: expected {_token(decode, expected)}, "
                         + ("the artifact still ranks it first" if top == expected
