@@ -299,30 +299,29 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it."""
+    n, shift = 0, 0
+    while True:
+        n |= (buf[pos] & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not buf[pos - 1] & 0x80:
+            return n, pos
+
+
 def _split_fields(buf: bytes, field: int) -> tuple[bytes, bytes]:
     """A serialized message split before its first field numbered above `field` (protobuf's wire format)."""
     pos = 0
     while pos < len(buf):
-        start, key, shift = pos, 0, 0
-        while True:
-            key |= (buf[pos] & 0x7F) << shift
-            pos, shift = pos + 1, shift + 7
-            if not buf[pos - 1] & 0x80:
-                break
+        start = pos
+        key, pos = _read_varint(buf, pos)
         if key >> 3 > field:
             return buf[:start], buf[start:]
         kind = key & 7
         if kind == 0:
-            while buf[pos] & 0x80:
-                pos += 1
-            pos += 1
+            pos = _read_varint(buf, pos)[1]
         elif kind == 2:
-            n, shift = 0, 0
-            while True:
-                n |= (buf[pos] & 0x7F) << shift
-                pos, shift = pos + 1, shift + 7
-                if not buf[pos - 1] & 0x80:
-                    break
+            n, pos = _read_varint(buf, pos)
             pos += n
         else:
             pos += 8 if kind == 1 else 4
