@@ -2,14 +2,16 @@
 `[models.X]` one: ortbuild.project.kinds), which requirements its targets' virtualenvs get, and the budgets
 `[targets.X.tokens]` (token-level accuracy) and `[targets.X.generation]` (time to first token, time per output
 token, tokens per second, peak memory with the KV cache).
-Stdlib-only (the noxfile imports it through ortbuild.project.config).
+Stdlib + packaging only (the noxfile imports it through ortbuild.project.config).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from ortbuild.project.declare import setting
 from ortbuild.project.sections import MS_MAX
@@ -28,8 +30,7 @@ GENAI_BY_FLAVOR = {"onnxruntime-gpu": "onnxruntime-genai-cuda"}
 def genai_for(runtime: str) -> str:
     """The onnxruntime-genai requirement for a target whose ONNX Runtime flavor is `runtime` (a pinned
     requirement such as `onnxruntime-gpu==1.31.1`)."""
-    flavor = re.split(r"[=<>!~\[; ]", runtime.strip(), maxsplit=1)[0].lower().replace("_", "-")
-    package = GENAI_BY_FLAVOR.get(flavor)
+    package = GENAI_BY_FLAVOR.get(canonicalize_name(Requirement(runtime).name))
     return GENAI if package is None else package + GENAI[len("onnxruntime-genai"):]
 
 
