@@ -10,7 +10,6 @@ treat it as they treat the others; its `generative` section says what the loader
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 
 from ortbuild import __version__, files, machine
@@ -37,9 +36,8 @@ def _check(prep: Prepared, done: Done) -> genbuild.GenSource:
     job = prep.job
     source = genbuild.check(job.model.path, job.model.inputs, str(prep.project.file), job.model.name,
                             prep.files.size)
-    hf = json.loads((job.model.path / generation.HF_CONFIG).read_text(encoding="utf-8"))
-    genlimits.check(job.model.path, hf, job.settings, source.prompts, str(prep.project.file), job.target.name,
-                    job.model.name, job.model.inputs)
+    genlimits.check(job.model.path, source.config, job.settings, source.prompts, str(prep.project.file),
+                    job.target.name, job.model.name, job.model.inputs)
     return source
 
 

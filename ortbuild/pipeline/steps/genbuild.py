@@ -35,6 +35,7 @@ class GenSource:
     architecture: str
     prompts: tuple[str, ...]
     size: int                         # every file of the directory
+    config: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)  # its config.json
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def check(folder: Path, prompts: Path, config: str, model: str, size: int) -> Ge
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ConfigError(config, f"models.{model}.path", f"{folder / generation.HF_CONFIG} names no `architectures`",
                           "write the model with transformers' save_pretrained() (it records the architecture)")
-    return GenSource(archs[0], read_prompts(prompts, config, f"models.{model}.inputs"), size)
+    return GenSource(archs[0], read_prompts(prompts, config, f"models.{model}.inputs"), size, hf)
 
 
 HF_REMOTE = "hf_remote"  # the builder's trust_remote_code switch: always passed as false
