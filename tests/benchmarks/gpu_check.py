@@ -8,8 +8,9 @@
   greedy tokens of its golden prompts compared with the tokens its build recorded (on the CPU provider), and time
   to first token / per output token over `--generations` generations of 64 prompt + 32 new tokens.
 
-Needs only what the loaders need (onnxruntime-gpu, onnxruntime-genai-cuda, numpy, cryptography) and the key
-($ORTBUILD_KEY). Run from the repository root after `ortbuild build -t cuda-fp16 -t llm-cuda-int4`:
+Needs what the loaders need (onnxruntime-gpu, onnxruntime-genai-cuda, numpy, cryptography), this checkout (the
+generation gate's prompt and timing: ortbuild.gating.measure.generation) and the key ($ORTBUILD_KEY). Run from
+the repository root after `ortbuild build -t cuda-fp16 -t llm-cuda-int4`:
 
     python tests/benchmarks/gpu_check.py --json gpu.json
 """
@@ -30,6 +31,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from ortbuild.gating.measure import generation  # noqa: E402  (numpy and the standard library only)
 
 
 def _loader(folder: Path) -> Any:
@@ -122,23 +125,11 @@ def llm_target(dist: Path, target: str, generations: int) -> list[dict[str, Any]
                     flips.append({"prompt": prompt, "cpu": tokens, "cuda": got})
             doc["golden_prompts_equal"] = f"{same}/{len(golden)}"
             doc["flips"] = flips[:4]
-            rng = np.random.default_rng(0)
-            ids = [int(x) for x in rng.integers(10, int(model.manifest["generative"]["vocab_size"]) - 10, 64)]
-            ttft, tpot = [], []
-            for g in range(generations + 2):
-                params = og.GeneratorParams(model.model)
-                params.set_search_options(max_length=96, min_length=96, do_sample=False)
-                gen = og.Generator(model.model, params)
-                t0 = time.perf_counter()
-                gen.append_tokens(ids)
-                gen.generate_next_token()
-                t1 = time.perf_counter()
-                for _ in range(31):
-                    gen.generate_next_token()
-                t2 = time.perf_counter()
-                if g >= 2:
-                    ttft.append(t1 - t0)
-                    tpot.append((t2 - t1) / 31)
+            # the generation gate's own prompt (ids drawn from the vocabulary less its special tokens) and timing
+            ids = generation.prompt_ids(generation.read_config(folder), 64)
+            timings = [generation.generate_once(model.model, ids, 32) for _ in range(generations + 2)][2:]
+            ttft = [t.ttft_ms / 1e3 for t in timings]
+            tpot = [t.tpot_ms / 1e3 for t in timings]
             doc["ttft_ms"], doc["tpot_ms"] = _ms(ttft), _ms(tpot)
             doc["decode_tokens_per_s_p50"] = round(1 / statistics.median(tpot), 1)
         except Exception as e:
