@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import os
 import sys
 import tempfile
 import time
@@ -36,9 +36,10 @@ def build(model: Path, setting: str, out: Path) -> Path:
                  f"is_symmetric={'false' if 'asym' in parts else 'true'}"]
         if "lmhead" in parts:
             extra.append("nodes_to_exclude=/lm_head/MatMul")
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(model), "-o", str(out), "-p",
-           parts[0], "-e", "cpu", "-c", str(out) + ".cache", "--extra_options", *extra, "hf_remote=false"]
-    subprocess.run(cmd, check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    from tests.genmodels import builder_runs
+
+    builder_runs(["-i", str(model), "-o", str(out), "-p", parts[0], "-e", "cpu", "-c", str(out) + ".cache",
+                  "--extra_options", *extra, "hf_remote=false"])
     return out
 
 
@@ -50,6 +51,7 @@ def main() -> int:
     ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the builder reads the directory: never a hub
     import onnxruntime_genai as og
     from machine_class import describe
 
