@@ -2,16 +2,13 @@
 `[models.X]` one: ortbuild.project.kinds), which requirements its targets' virtualenvs get, and the budgets
 `[targets.X.tokens]` (token-level accuracy) and `[targets.X.generation]` (time to first token, time per output
 token, tokens per second, peak memory with the KV cache).
-Stdlib + packaging only (the noxfile imports it through ortbuild.project.config).
+Stdlib-only at import (the noxfile imports it through ortbuild.project.config; stdlib-only modules import it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from ortbuild.project.declare import setting
 from ortbuild.project.sections import MS_MAX
@@ -30,6 +27,9 @@ GENAI_BY_FLAVOR = {"onnxruntime-gpu": "onnxruntime-genai-cuda"}
 def genai_for(runtime: str) -> str:
     """The onnxruntime-genai requirement for a target whose ONNX Runtime flavor is `runtime` (a pinned
     requirement such as `onnxruntime-gpu==1.31.1`)."""
+    from packaging.requirements import Requirement  # here: this module imports the stdlib only
+    from packaging.utils import canonicalize_name
+
     package = GENAI_BY_FLAVOR.get(canonicalize_name(Requirement(runtime).name))
     return GENAI if package is None else package + GENAI[len("onnxruntime-genai"):]
 
