@@ -376,6 +376,10 @@ def test_int8_measured_no_faster_here_is_left_out_or_said_to_be_slower(tmp_path:
     text = made.files[root / "targets.toml"]
     assert "slower than fp32 here, kept: asked for" in text and "models = " not in text
     assert any(n.startswith("warning: cpu-int8 (asked for) is no faster") for n in made.notes)
+    made, _ = _plan(root, {"tiny_transformer": 0.9496, "tiny_lstm": 0.9449})  # judged as printed (two decimals)
+    text = made.files[root / "targets.toml"]
+    assert "tiny_transformer: int8 takes 0.95x" in text and "not 5% faster than fp32 here, left out" in text
+    assert 'models = ["tiny_lstm"]' in text and "tiny_lstm: int8 takes 0.94x" in text
 
 
 def test_init_times_int8_against_fp32_and_decides_by_what_it_measured(tmp_path: Path) -> None:
