@@ -29,6 +29,7 @@ from ortbuild.gating.record import TestResult
 from ortbuild.gating.search.base import Found, JobSearch
 from ortbuild.paths import inside
 from ortbuild.pipeline.job import JobResult
+from ortbuild.project import generation
 from ortbuild.project.plan import Job
 from ortbuild.project.sections import Int4, Quantization
 from ortbuild.status import JobFinished, JobStatus, PhaseStarted, Verdict
@@ -60,7 +61,7 @@ def tied_embeddings(model_dir: Path) -> bool:
     """Whether the source's config.json says it ties the input embeddings to lm_head (save_pretrained() writes the
     key; where it is absent an asymmetric build is tried, and fails as a candidate if it cannot load)."""
     try:
-        doc = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        doc = json.loads((model_dir / generation.HF_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("tie_word_embeddings") is True

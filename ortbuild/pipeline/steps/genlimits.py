@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ortbuild.errors import ConfigError
+from ortbuild.project import generation
 from ortbuild.project.config import Settings
 
 PROTOBUF_LIMIT = (2 << 30) - (64 << 20)  # a single ONNX file is a protobuf: under 2 GiB, with room for the graph
@@ -60,14 +61,14 @@ def check(folder: Path, hf: Mapping[str, Any], settings: Settings, prompts: Sequ
     """Refuse, before the builder runs, what it would refuse or make unusable (the module's docstring)."""
     arch = str(hf["architectures"][0])
     if arch not in ARCHITECTURES:
-        raise ConfigError(config, f"models.{model}.path", f"{folder / 'config.json'} names architecture {arch}, "
+        raise ConfigError(config, f"models.{model}.path", f"{folder / generation.HF_CONFIG} names architecture {arch}, "
                           "which onnxruntime-genai 0.18.0's model builder does not make as a decoder LLM",
                           f"one of {', '.join(sorted(ARCHITECTURES))}")
     heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
     head = hf.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads
                                   else None)
     if isinstance(head, int) and head % 8:
-        raise ConfigError(config, f"models.{model}.path", f"{folder / 'config.json'}: attention heads of {head} "
+        raise ConfigError(config, f"models.{model}.path", f"{folder / generation.HF_CONFIG}: attention heads of {head} "
                           f"channels (hidden_size {hidden} / num_attention_heads {heads}): ONNX Runtime 1.31's "
                           "GroupQueryAttention, which the builder's graph uses, needs a multiple of 8 (\"head_size "
                           "must be a multiple of 8\" at the first token)", "a model whose head size is a multiple of 8")
@@ -88,7 +89,7 @@ def check(folder: Path, hf: Mapping[str, Any], settings: Settings, prompts: Sequ
         if g.context_length is not None and g.context_length > context:
             raise ConfigError(config, f"targets.{target}.generation.context_length", f"{g.context_length} is above "
                               f"model '{model}''s context length {context} (max_position_embeddings in "
-                              f"{folder / 'config.json'})", f"at most {context}")
+                              f"{folder / generation.HF_CONFIG})", f"at most {context}")
         limit = g.context_length or context
         if g.declared and g.prompt_tokens + g.new_tokens > limit:
             raise ConfigError(config, f"targets.{target}.generation", f"prompt_tokens + new_tokens = "
@@ -106,9 +107,9 @@ def _prompts_fit(folder: Path, prompts: Sequence[str], new: int, context: int, c
     except ImportError:
         return
     try:
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok = Tokenizer.from_file(str(folder / generation.TOKENIZER))
     except Exception as e:  # the tokenizers library's own exception type
-        raise ConfigError(config, f"models.{model}.path", f"{folder / 'tokenizer.json'} cannot be read by the "
+        raise ConfigError(config, f"models.{model}.path", f"{folder / generation.TOKENIZER} cannot be read by the "
                           f"tokenizers library: {str(e)[:200]}", "write it with transformers' save_pretrained()") \
             from None
     for line, prompt in enumerate(prompts, 1):
